@@ -1,0 +1,122 @@
+# Helpers shared by every chapter: warnings, the chapter wiring, the test registrations.
+
+# Warnings for our own targets (errors only when SHARDLAB_WERROR is on, as in CI).
+function(shardlab_warnings target)
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow -Wconversion -Wno-sign-conversion
+      $<$<BOOL:${SHARDLAB_WERROR}>:-Werror>>
+    # GCC 12 warns about std::string concatenation at -O3 that cannot overlap (GCC PR105329).
+    $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<CXX_COMPILER_ID:GNU>>:-Wno-restrict>)
+endfunction()
+
+# The chapter list in CMakeLists.txt must name every folder in chapters/, in order.
+function(shardlab_check_chapter_list chapters)
+  file(GLOB found RELATIVE ${PROJECT_SOURCE_DIR}/chapters ${PROJECT_SOURCE_DIR}/chapters/[0-9][0-9]_*)
+  list(SORT found)
+  set(listed ${chapters})
+  if(NOT "${found}" STREQUAL "${listed}")
+    message(FATAL_ERROR "The chapter list in CMakeLists.txt (${listed}) does not match the "
+                        "folders in chapters/ (${found}).")
+  endif()
+  foreach(chapter IN LISTS chapters)
+    foreach(tree exercises solutions)
+      if(NOT IS_DIRECTORY ${PROJECT_SOURCE_DIR}/${tree}/${chapter})
+        message(FATAL_ERROR "Chapter ${chapter} has no ${tree}/${chapter} folder.")
+      endif()
+    endforeach()
+  endforeach()
+endfunction()
+
+# A test that runs COMMAND and expects exit code EXIT (a number, or "nonzero") and output
+# matching every regex in MATCH (and none in NO_MATCH).
+function(shardlab_add_expect_test name)
+  cmake_parse_arguments(ARG "" "EXIT;TIMEOUT" "COMMAND;MATCH;NO_MATCH;LABELS;ENVIRONMENT" ${ARGN})
+  if(NOT DEFINED ARG_TIMEOUT)
+    set(ARG_TIMEOUT 60)
+  endif()
+  # Lists travel to expect.cmake joined with "@@" (a ';' would split the argument).
+  string(REPLACE ";" "@@" match "${ARG_MATCH}")
+  string(REPLACE ";" "@@" no_match "${ARG_NO_MATCH}")
+  string(REPLACE ";" "@@" command "${ARG_COMMAND}")
+  add_test(NAME ${name}
+    COMMAND ${CMAKE_COMMAND} "-DCOMMAND=${command}" "-DEXIT=${ARG_EXIT}"
+            "-DMATCH=${match}" "-DNO_MATCH=${no_match}"
+            -P ${PROJECT_SOURCE_DIR}/cmake/expect.cmake)
+  set_tests_properties(${name} PROPERTIES TIMEOUT ${ARG_TIMEOUT} LABELS "${ARG_LABELS}")
+  if(ARG_ENVIRONMENT)
+    set_tests_properties(${name} PROPERTIES ENVIRONMENT "${ARG_ENVIRONMENT}")
+  endif()
+endfunction()
+
+# mpirun with what a 2-core CI box running as root needs: more ranks than cores, and
+# permission to run as root (through the environment, so nothing changes for other users).
+set(SHARDLAB_MPI_ENV "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1")
+function(shardlab_mpirun_command out_var ranks)
+  set(${out_var} ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${ranks} --oversubscribe
+      ${MPIEXEC_PREFLAGS} ${ARGN} PARENT_SCOPE)
+endfunction()
+
+# shardlab_add_chapter(<NN_slug> SOURCES <file>... TESTS <test_file>...)
+#
+# Wires one chapter, as DESIGN.md describes:
+#   chNN_<slug>_solution  library from solutions/NN_slug/<SOURCES>
+#   chNN_<slug>_exercise  library from exercises/NN_slug/<SOURCES> (the learner's stubs)
+#   chNN_<slug>           the chapter program (links the solution; the exercise when
+#                         SHARDLAB_LEARNER is on)
+#   test_chNN_solution / test_chNN_exercise   each TESTS file compiled against each library
+# CTest: chNN.solution must pass. chNN.exercise must fail with every test case failing
+# on the untouched stubs (a test that passes on a stub is a bug); in learner mode it must
+# pass instead, because the learner has filled the stubs in.
+function(shardlab_add_chapter chapter)
+  cmake_parse_arguments(ARG "" "" "SOURCES;TESTS" ${ARGN})
+  string(SUBSTRING ${chapter} 0 2 number)
+  set(target ch${chapter})
+  set(short ch${number})
+  set(chapter_dir ${PROJECT_SOURCE_DIR}/chapters/${chapter})
+
+  foreach(kind solution exercise)
+    set(sources)
+    foreach(source IN LISTS ARG_SOURCES)
+      list(APPEND sources ${PROJECT_SOURCE_DIR}/${kind}s/${chapter}/${source})
+    endforeach()
+    add_library(${target}_${kind} STATIC ${sources})
+    target_include_directories(${target}_${kind} PUBLIC ${chapter_dir})
+    target_link_libraries(${target}_${kind} PUBLIC shardlab::common)
+    shardlab_warnings(${target}_${kind})
+  endforeach()
+
+  if(SHARDLAB_LEARNER)
+    set(program_impl ${target}_exercise)
+  else()
+    set(program_impl ${target}_solution)
+  endif()
+  add_executable(${target} ${chapter_dir}/main.cpp)
+  target_link_libraries(${target} PRIVATE ${program_impl})
+  shardlab_warnings(${target})
+  set_property(GLOBAL APPEND PROPERTY SHARDLAB_PROGRAMS ${target})
+
+  if(NOT SHARDLAB_TESTS)
+    return()
+  endif()
+  set(test_sources)
+  foreach(test IN LISTS ARG_TESTS)
+    list(APPEND test_sources ${chapter_dir}/${test})
+  endforeach()
+  foreach(kind solution exercise)
+    add_executable(test_${short}_${kind} ${test_sources})
+    target_link_libraries(test_${short}_${kind} PRIVATE ${target}_${kind} shardlab::testing)
+    shardlab_warnings(test_${short}_${kind})
+  endforeach()
+  add_test(NAME ${short}.solution COMMAND test_${short}_solution)
+  set_tests_properties(${short}.solution PROPERTIES LABELS "${short};solution" TIMEOUT 120)
+  if(SHARDLAB_LEARNER)
+    add_test(NAME ${short}.exercise COMMAND test_${short}_exercise)
+    set_tests_properties(${short}.exercise PROPERTIES LABELS "${short};exercise" TIMEOUT 120)
+  else()
+    shardlab_add_expect_test(${short}.exercise_fails_on_stubs
+      COMMAND $<TARGET_FILE:test_${short}_exercise>
+      EXIT nonzero
+      MATCH "test cases: *[0-9]+ \\| *0 passed" "TODO\\(${short}"
+      LABELS "${short};exercise")
+  endif()
+endfunction()

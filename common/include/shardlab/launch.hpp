@@ -1,0 +1,113 @@
+// launch: the command line, the ranks, and the exit code of every chapter program.
+//
+//   int main(int argc, char** argv) {
+//     shardlab::Program program("ch01_matmul_split", "Matmul split by rows, then columns");
+//     int rows = 4;
+//     program.cli().add_option("--rows", rows, "rows of x")->check(CLI::PositiveNumber);
+//     return program.run(argc, argv, [&](shardlab::Context& ctx) { ... });
+//   }
+//
+// run() parses the common flags (below) and the chapter's own, picks the backend
+// (mpi when started by mpirun, else threads), starts the ranks, runs the body on each,
+// and turns what happened into an exit code:
+//   0  ok
+//   1  a verification failed (Context::verify), or a rank failed: its error is printed,
+//      the other ranks are stopped (MPI_Abort under MPI), nobody is left waiting
+//   2  bad usage: one line on stderr saying what is wrong
+//
+// Common flags: --ranks N, --backend threads|mpi, --device cpu, --seed S, --json,
+// --csv-dir DIR, --quiet, --timeout SECONDS, --help, --version.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "shardlab/comm.hpp"
+
+namespace shardlab {
+
+/// The common flags, after parsing.
+struct Options {
+  int ranks = 2;                    // --ranks (threads backend)
+  std::string backend = "auto";     // --backend auto|threads|mpi
+  std::string device = "cpu";       // --device (cpu; cuda comes with the CUDA backend)
+  std::uint64_t seed = 0;           // --seed: every random tensor derives from it
+  bool json = false;                // --json: one JSON object on stdout, text on stderr
+  std::string csv_dir;              // --csv-dir: where benchmark CSV files go
+  bool quiet = false;               // --quiet: no human-readable text
+  double timeout_s = 60;            // --timeout: how long a blocking call may wait
+};
+
+/// What a rank's body gets: its communicator, the options, and the job's outputs.
+class Context {
+ public:
+  Context(Communicator& comm, const Options& options) : comm_(comm), options_(options) {}
+
+  Communicator& comm() { return comm_; }
+  int rank() const { return comm_.rank(); }
+  int size() const { return comm_.size(); }
+  const Options& options() const { return options_; }
+
+  /// Human text from rank 0 (the job's voice): stdout, or stderr under --json,
+  /// nothing under --quiet. Other ranks' calls are ignored.
+  void say(const std::string& text);
+  /// One line from every rank, printed by rank 0 in rank order as "[rank r] line".
+  /// Every rank must call it (it gathers the lines; the traffic is not counted).
+  void say_each(const std::string& line);
+  /// True when human text is printed at all (not --quiet).
+  bool talking() const { return !options_.quiet; }
+  /// True when the text goes to a colour terminal.
+  bool color() const;
+
+  /// Records a check. A failed one prints `what` and makes the job exit 1 (after the
+  /// body finishes on every rank, so a result can still be reported).
+  bool verify(bool ok, const std::string& what);
+  bool ok() const { return ok_; }
+
+  /// The --json object (rank 0's is printed); `ok` and the common fields are added.
+  nlohmann::json& json() { return json_; }
+
+ private:
+  Communicator& comm_;
+  const Options& options_;
+  nlohmann::json json_ = nlohmann::json::object();
+  bool ok_ = true;
+};
+
+using Body = std::function<void(Context&)>;
+
+class Program {
+ public:
+  Program(std::string name, std::string description);
+  /// The parser: chapters add their own flags to it before run().
+  CLI::App& cli() { return app_; }
+  /// Chapter checks that need several flags at once; throw UsageError to exit 2.
+  void validate(std::function<void(const Options&)> check) { validate_ = std::move(check); }
+  /// Parses argv, runs `body` on every rank, returns the exit code (see the top).
+  int run(int argc, char** argv, const Body& body);
+  const Options& options() const { return options_; }
+
+ private:
+  int run_threads(const Body& body);
+  int run_mpi(const Body& body);
+  std::string name_;
+  CLI::App app_;
+  Options options_;
+  std::function<void(const Options&)> validate_;
+  bool ranks_given_ = false;
+};
+
+/// True when this process was started by mpirun (or another MPI launcher).
+bool started_by_mpirun();
+
+/// Runs body(comm) on every rank of a fresh threads communicator of `ranks` ranks and
+/// returns when all are done. If any rank throws, the others are stopped and the first
+/// error is rethrown here (tests use this; programs use Program::run).
+void run_threads(int ranks, const std::function<void(Communicator&)>& body,
+                 std::chrono::milliseconds timeout = std::chrono::seconds(10));
+
+}  // namespace shardlab

@@ -1,0 +1,32 @@
+// results: benchmark rows as CSV for the notebooks, written so a crash never leaves
+// half a file (everything goes to a temporary name that is renamed at the end).
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace shardlab {
+
+/// Writes `content` to `path` through `path.tmp.<pid>` and a rename.
+void write_file_atomic(const std::filesystem::path& path, const std::string& content);
+
+/// A CSV table: header first, then rows; save() writes it atomically.
+class CsvTable {
+ public:
+  explicit CsvTable(std::vector<std::string> columns);
+  /// Adds a row; it must have one value per column.
+  void add(std::vector<std::string> row);
+  std::string str() const;
+  void save(const std::filesystem::path& path) const;
+  std::size_t rows() const { return rows_.size(); }
+
+ private:
+  std::vector<std::string> columns_;
+  std::vector<std::vector<std::string>> rows_;
+};
+
+/// `value` with `digits` significant digits, the way CSV and tables print numbers.
+std::string format_number(double value, int digits = 6);
+
+}  // namespace shardlab

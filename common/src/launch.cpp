@@ -1,0 +1,246 @@
+// launch: parse the command line, start the ranks, turn what happened into an exit code.
+#include "shardlab/launch.hpp"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <mutex>
+#include <thread>
+
+#include "shardlab/check.hpp"
+#include "shardlab/comm_mpi.hpp"
+#include "shardlab/comm_threads.hpp"
+#include "shardlab/tensor.hpp"
+#include "shardlab/version.hpp"
+
+namespace shardlab {
+
+bool started_by_mpirun() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"})
+    if (std::getenv(var) != nullptr) return true;
+  return false;
+}
+
+// ---------------------------------------------------------------------------
+// Context
+
+void Context::say(const std::string& text) {
+  if (rank() != 0 || !talking()) return;
+  std::FILE* out = options_.json ? stderr : stdout;
+  std::fputs(text.c_str(), out);
+  if (!text.empty() && text.back() != '\n') std::fputc('\n', out);
+  std::fflush(out);
+}
+
+void Context::say_each(const std::string& line) {
+  const std::vector<std::string> lines = comm_.gather_strings(line, 0);
+  std::string text;
+  for (std::size_t r = 0; r < lines.size(); ++r)
+    text += "[rank " + std::to_string(r) + "] " + lines[r] + "\n";
+  say(text);
+}
+
+bool Context::color() const { return use_color(options_.json ? STDERR_FILENO : STDOUT_FILENO); }
+
+bool Context::verify(bool ok, const std::string& what) {
+  if (!ok) {
+    ok_ = false;
+    std::fprintf(stderr, "rank %d: verification failed: %s\n", rank(), what.c_str());
+  }
+  return ok;
+}
+
+// ---------------------------------------------------------------------------
+// Program
+
+namespace {
+
+/// What one rank's body ended with.
+struct Outcome {
+  int code = 0;  // 0 ok, 1 failed, 2 usage
+  std::string message;
+  bool aborted = false;  // stopped because another rank failed: not the cause
+};
+
+Outcome classify(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const UsageError& e) {
+    return {2, e.what(), false};
+  } catch (const CommAborted& e) {
+    return {1, e.what(), true};
+  } catch (const std::exception& e) {
+    return {1, e.what(), false};
+  } catch (...) {
+    return {1, "unknown error", false};
+  }
+}
+
+/// Runs the body on one rank, with the end-of-job agreement on `ok` and the JSON.
+int run_rank(Communicator& comm, const Options& options, const Body& body) {
+  Context ctx(comm, options);
+  body(ctx);
+  const bool ok = comm.all_true(ctx.ok());
+  if (comm.rank() == 0 && options.json) {
+    nlohmann::json& j = ctx.json();
+    j["ok"] = ok;
+    j["backend"] = std::string(comm.backend());
+    j["ranks"] = comm.size();
+    j["seed"] = options.seed;
+    std::cout << j.dump(2) << std::endl;
+  }
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+Program::Program(std::string name, std::string description)
+    : name_(std::move(name)), app_(std::move(description), name_) {
+  app_.set_version_flag("--version", std::string(name_) + " (ShardLab " + version + ")");
+  app_.add_option_function<int>(
+         "-r,--ranks", [this](int n) { options_.ranks = n; ranks_given_ = true; },
+         "number of ranks (threads backend; under mpirun, mpirun's -np decides) [2]")
+      ->check(CLI::Range(1, 1024));
+  app_.add_option("--backend", options_.backend, "auto, threads or mpi (auto: mpi under mpirun)")
+      ->check(CLI::IsMember({"auto", "threads", "mpi"}))
+      ->capture_default_str();
+  app_.add_option("--device", options_.device, "where tensors live")
+      ->check(CLI::IsMember({"cpu"}))
+      ->capture_default_str();
+  app_.add_option("--seed", options_.seed, "seed of every random tensor")->capture_default_str();
+  app_.add_flag("--json", options_.json, "print one JSON object on stdout (text goes to stderr)");
+  app_.add_option("--csv-dir", options_.csv_dir, "folder for benchmark CSV files");
+  app_.add_flag("-q,--quiet", options_.quiet, "no human-readable text");
+  app_.add_option("--timeout", options_.timeout_s,
+                  "seconds a blocking call may wait before the job fails")
+      ->check(CLI::Range(0.001, 86400.0))
+      ->capture_default_str();
+}
+
+int Program::run(int argc, char** argv, const Body& body) {
+  const bool under_mpirun = started_by_mpirun();
+  // Under mpirun only rank 0 reports usage errors, so the message appears once.
+  const bool speaks = !under_mpirun || std::getenv("OMPI_COMM_WORLD_RANK") == nullptr ||
+                      std::string(std::getenv("OMPI_COMM_WORLD_RANK")) == "0";
+  try {
+    app_.parse(argc, argv);
+    if (options_.backend == "auto") options_.backend = under_mpirun ? "mpi" : "threads";
+    if (options_.backend == "mpi" && !mpi::available())
+      throw UsageError("--backend mpi: this build has no MPI backend (install OpenMPI and rebuild)");
+    if (options_.backend == "threads" && under_mpirun)
+      throw UsageError("--backend threads under mpirun: run one process, or drop --backend");
+    if (validate_) validate_(options_);
+  } catch (const CLI::CallForHelp& e) {
+    if (speaks) std::cout << app_.help();
+    return 0;
+  } catch (const CLI::CallForAllHelp& e) {
+    if (speaks) std::cout << app_.help("", CLI::AppFormatMode::All);
+    return 0;
+  } catch (const CLI::CallForVersion& e) {
+    if (speaks) std::cout << app_.version() << "\n";
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    if (speaks) std::fprintf(stderr, "%s: error: %s (see --help)\n", name_.c_str(), e.what());
+    return 2;
+  } catch (const UsageError& e) {
+    if (speaks) std::fprintf(stderr, "%s: error: %s\n", name_.c_str(), e.what());
+    return 2;
+  }
+  return options_.backend == "mpi" ? run_mpi(body) : run_threads(body);
+}
+
+int Program::run_threads(const Body& body) {
+  const int n = options_.ranks;
+  ThreadWorld world(n, std::chrono::milliseconds(static_cast<long>(options_.timeout_s * 1000)));
+  std::vector<std::unique_ptr<Communicator>> comms;
+  for (int r = 0; r < n; ++r) comms.push_back(world.communicator(r));
+  std::vector<int> codes(static_cast<std::size_t>(n), 0);
+  std::vector<Outcome> failures(static_cast<std::size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      const auto i = static_cast<std::size_t>(r);
+      try {
+        codes[i] = run_rank(*comms[i], options_, body);
+      } catch (...) {
+        failures[i] = classify(std::current_exception());
+        codes[i] = failures[i].code;
+        world.abort("rank " + std::to_string(r) + " failed");
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+
+  // Report the ranks that failed first-hand, not the ones stopped because of them.
+  int code = 0;
+  for (int r = 0; r < n; ++r) {
+    const Outcome& f = failures[static_cast<std::size_t>(r)];
+    if (f.code != 0 && !f.aborted) {
+      std::fprintf(stderr, "%s: %s%s\n", name_.c_str(), f.code == 2 ? "error: " : "", f.message.c_str());
+      code = std::max(code, f.code);
+    }
+  }
+  for (int c : codes) code = std::max(code, c);
+  return code;
+}
+
+int Program::run_mpi(const Body& body) {
+  mpi::init(nullptr, nullptr, std::chrono::milliseconds(static_cast<long>(options_.timeout_s * 1000)));
+  const int rank = mpi::world_rank();
+  if (ranks_given_ && options_.ranks != mpi::world_size()) {
+    if (rank == 0)
+      std::fprintf(stderr, "%s: error: --ranks %d, but mpirun started %d processes\n",
+                   name_.c_str(), options_.ranks, mpi::world_size());
+    mpi::finalize();
+    return 2;
+  }
+  int code = 0;
+  try {
+    auto comm = mpi::world(std::chrono::milliseconds(static_cast<long>(options_.timeout_s * 1000)));
+    code = run_rank(*comm, options_, body);
+  } catch (...) {
+    const Outcome f = classify(std::current_exception());
+    std::fprintf(stderr, "%s: %s%s (ending the job)\n", name_.c_str(), f.code == 2 ? "error: " : "",
+                 f.message.c_str());
+    mpi::abort(f.code);
+  }
+  mpi::finalize();
+  return code;
+}
+
+// ---------------------------------------------------------------------------
+
+void run_threads(int ranks, const std::function<void(Communicator&)>& body,
+                 std::chrono::milliseconds timeout) {
+  ThreadWorld world(ranks, timeout);
+  std::vector<std::unique_ptr<Communicator>> comms;
+  for (int r = 0; r < ranks; ++r) comms.push_back(world.communicator(r));
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(ranks));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        body(*comms[static_cast<std::size_t>(r)]);
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+        world.abort("rank " + std::to_string(r) + " failed");
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  // The first-hand error wins over the CommAborted of the ranks it stopped.
+  std::exception_ptr aborted;
+  for (const std::exception_ptr& e : errors) {
+    if (!e) continue;
+    if (classify(e).aborted) {
+      if (!aborted) aborted = e;
+      continue;
+    }
+    std::rethrow_exception(e);
+  }
+  if (aborted) std::rethrow_exception(aborted);
+}
+
+}  // namespace shardlab

@@ -1,0 +1,32 @@
+// failure_demo: a program that goes wrong on purpose, so the tests can show that every
+// kind of failure ends the job promptly with a message and exit code 1.
+//
+//   --mode deadlock   every rank receives from its right neighbour; nobody sends
+//   --mode throw      the last rank throws while the others wait in a barrier
+//   --mode mismatch   rank 0 allreduces 8 floats, the others 6
+//   --mode verify     a verification fails (the job still finishes and reports)
+//   --mode ok         nothing goes wrong
+#include <stdexcept>
+#include <vector>
+
+#include "shardlab/launch.hpp"
+
+int main(int argc, char** argv) {
+  shardlab::Program program("failure_demo", "Fails on purpose, to show how failures end a job");
+  std::string mode = "ok";
+  program.cli()
+      .add_option("--mode", mode, "deadlock, throw, mismatch, verify or ok")
+      ->check(CLI::IsMember({"deadlock", "throw", "mismatch", "verify", "ok"}));
+  return program.run(argc, argv, [&](shardlab::Context& ctx) {
+    auto& comm = ctx.comm();
+    std::vector<float> buf(mode == "mismatch" && ctx.rank() != 0 ? 6 : 8, 1.0f);
+    if (mode == "deadlock") comm.recv(buf, (ctx.rank() + 1) % ctx.size(), 7);
+    if (mode == "throw" && ctx.rank() == ctx.size() - 1)
+      throw std::runtime_error("rank " + std::to_string(ctx.rank()) + " failed on purpose");
+    if (mode == "mismatch") comm.allreduce(buf);
+    comm.barrier();
+    ctx.verify(mode != "verify", "the answer was wrong on purpose");
+    ctx.json()["mode"] = mode;
+    ctx.say("done");
+  });
+}
