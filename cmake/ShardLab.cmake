@@ -56,7 +56,8 @@ function(shardlab_mpirun_command out_var ranks)
       ${MPIEXEC_PREFLAGS} ${ARGN} PARENT_SCOPE)
 endfunction()
 
-# shardlab_add_chapter(<NN_slug> SOURCES <file>... TESTS <test_file>...)
+# shardlab_add_chapter(<NN_slug> SOURCES <file>... TESTS <test_file>...
+#                      [BAD_USAGE "<args>"...] [MPI_ARGS <arg>...])
 #
 # Wires one chapter, as DESIGN.md describes:
 #   chNN_<slug>_solution  library from solutions/NN_slug/<SOURCES>
@@ -64,11 +65,13 @@ endfunction()
 #   chNN_<slug>           the chapter program (links the solution; the exercise when
 #                         SHARDLAB_LEARNER is on)
 #   test_chNN_solution / test_chNN_exercise   each TESTS file compiled against each library
-# CTest: chNN.solution must pass. chNN.exercise must fail with every test case failing
+# CTest: the program runs, prints JSON, rejects the common bad usages and the chapter's
+# BAD_USAGE ones with exit 2, and under mpirun -np 3 (with MPI_ARGS) gives the same JSON
+# as --ranks 3. chNN.solution must pass. chNN.exercise must fail with every test case failing
 # on the untouched stubs (a test that passes on a stub is a bug); in learner mode it must
 # pass instead, because the learner has filled the stubs in.
 function(shardlab_add_chapter chapter)
-  cmake_parse_arguments(ARG "" "" "SOURCES;TESTS" ${ARGN})
+  cmake_parse_arguments(ARG "" "" "SOURCES;TESTS;BAD_USAGE;MPI_ARGS" ${ARGN})
   string(SUBSTRING ${chapter} 0 2 number)
   set(target ch${chapter})
   set(short ch${number})
@@ -98,6 +101,36 @@ function(shardlab_add_chapter chapter)
   if(NOT SHARDLAB_TESTS)
     return()
   endif()
+
+  # Every program: a plain run passes; bad usage is one line on stderr and exit 2.
+  set(program $<TARGET_FILE:${target}>)
+  shardlab_add_expect_test(${short}.runs COMMAND ${program} --quiet EXIT 0 LABELS "${short};program")
+  shardlab_add_expect_test(${short}.json COMMAND ${program} --json --ranks 3
+    EXIT 0 MATCH "\"ok\": true" "\"ranks\": 3" LABELS "${short};program")
+  shardlab_add_expect_test(${short}.help COMMAND ${program} --help EXIT 0 MATCH "--ranks"
+    LABELS "${short};program")
+  set(bad_usages "--ranks 0" "--ranks abc" "--ranks -3" "--backend carrier-pigeon"
+                 "--timeout 0" "--seed -1" "--no-such-flag" "stray-argument" ${ARG_BAD_USAGE})
+  set(index 0)
+  foreach(bad IN LISTS bad_usages)
+    math(EXPR index "${index} + 1")
+    separate_arguments(bad_args UNIX_COMMAND "${bad}")
+    shardlab_add_expect_test(${short}.usage_${index} COMMAND ${program} ${bad_args}
+      EXIT 2 MATCH "^${target}: error: [^\n]+\n$" LABELS "${short};program")
+  endforeach()
+  # Under mpirun the program prints the same results as with threads (only the
+  # backend's name, and whether its traffic is modeled, differ).
+  if(SHARDLAB_HAVE_MPI)
+    shardlab_mpirun_command(mpi_cmd 3 ${program} --json --quiet ${ARG_MPI_ARGS})
+    string(REPLACE ";" "@@" mpi_cmd "${mpi_cmd}")
+    string(REPLACE ";" "@@" threads_cmd "${program};--json;--quiet;--ranks;3;${ARG_MPI_ARGS}")
+    add_test(NAME ${short}.mpi_matches_threads
+      COMMAND ${CMAKE_COMMAND} "-DFIRST=${mpi_cmd}" "-DSECOND=${threads_cmd}"
+              -P ${PROJECT_SOURCE_DIR}/cmake/same_json.cmake)
+    set_tests_properties(${short}.mpi_matches_threads PROPERTIES
+      LABELS "${short};mpi" TIMEOUT 120 ENVIRONMENT "${SHARDLAB_MPI_ENV}")
+  endif()
+
   set(test_sources)
   foreach(test IN LISTS ARG_TESTS)
     list(APPEND test_sources ${chapter_dir}/${test})

@@ -102,6 +102,7 @@ Program::Program(std::string name, std::string description)
   app_.add_option_function<int>(
          "-r,--ranks", [this](int n) { options_.ranks = n; ranks_given_ = true; },
          "number of ranks (threads backend; under mpirun, mpirun's -np decides) [2]")
+      ->check(CLI::Number)
       ->check(CLI::Range(1, 1024));
   app_.add_option("--backend", options_.backend, "auto, threads or mpi (auto: mpi under mpirun)")
       ->check(CLI::IsMember({"auto", "threads", "mpi"}))
@@ -109,12 +110,15 @@ Program::Program(std::string name, std::string description)
   app_.add_option("--device", options_.device, "where tensors live")
       ->check(CLI::IsMember({"cpu"}))
       ->capture_default_str();
-  app_.add_option("--seed", options_.seed, "seed of every random tensor")->capture_default_str();
+  app_.add_option("--seed", options_.seed, "seed of every random tensor")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app_.add_flag("--json", options_.json, "print one JSON object on stdout (text goes to stderr)");
   app_.add_option("--csv-dir", options_.csv_dir, "folder for benchmark CSV files");
   app_.add_flag("-q,--quiet", options_.quiet, "no human-readable text");
   app_.add_option("--timeout", options_.timeout_s,
                   "seconds a blocking call may wait before the job fails")
+      ->check(CLI::Number)
       ->check(CLI::Range(0.001, 86400.0))
       ->capture_default_str();
 }

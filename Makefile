@@ -1,0 +1,48 @@
+# A thin entry point over CMake presets. `make help` lists the targets.
+PRESET ?= default
+CH ?=
+
+.PHONY: all build test check docs run setup format tidy clean help
+
+all: build
+
+help:
+	@echo "make                build (preset $(PRESET): Release, tests)"
+	@echo "make test           build and run the whole test suite"
+	@echo "make check CH=01    build YOUR exercise for chapter 01 and run its tests"
+	@echo "make check          your progress over all chapters"
+	@echo "make run            run every chapter program (threads backend)"
+	@echo "make docs           Doxygen over common/ and the chapter texts"
+	@echo "make format | tidy  clang-format / clang-tidy over the sources"
+	@echo "make setup          install what is missing, build, run every chapter"
+	@echo "PRESET=debug make test   the same under AddressSanitizer and UBSan"
+
+build:
+	cmake --preset $(PRESET) > /dev/null
+	cmake --build --preset $(PRESET)
+
+test: build
+	ctest --preset $(PRESET)
+
+check:
+	@scripts/check.sh $(CH)
+
+run: build
+	scripts/run_chapters.sh build/$(PRESET)/bin
+
+docs: build
+	cmake --build --preset $(PRESET) --target docs
+
+setup:
+	scripts/setup.sh
+
+SOURCES = $(shell git ls-files '*.cpp' '*.hpp' '*.cu')
+
+format:
+	clang-format -i $(SOURCES)
+
+tidy: build
+	clang-tidy -p build/$(PRESET) --quiet $(filter %.cpp,$(SOURCES))
+
+clean:
+	rm -rf build

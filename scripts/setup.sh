@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# ShardLab set-up, for a fresh Debian 12 machine (run as root, or as a user with sudo).
+#
+#   scripts/setup.sh            install what is missing, build, run every chapter
+#   scripts/setup.sh test       install what is missing, build, run the whole test suite
+#   scripts/setup.sh test --ci  the same with warnings as errors (what .ci/run does)
+#
+# Idempotent: packages already installed are not touched, the Python environment is
+# only refreshed when notebooks/requirements.txt changes, and builds are incremental.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+mode=${1:-run}
+preset=default
+[[ "${2:-}" == "--ci" ]] && preset=ci
+case "$mode" in run|test) ;; *) echo "usage: scripts/setup.sh [run|test] [--ci]" >&2; exit 2 ;; esac
+
+say() { printf '\n== %s\n' "$*"; }
+
+# ---------------------------------------------------------------------------
+# 1. Debian packages (only the missing ones).
+packages=(cmake ninja-build g++ make pkg-config libopenmpi-dev openmpi-bin doctest-dev
+          libcli11-dev nlohmann-json3-dev doxygen python3 python3-venv python3-pip)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  say "installing ${missing[*]}"
+  sudo=""
+  [[ $(id -u) -ne 0 ]] && sudo=sudo
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# ---------------------------------------------------------------------------
+# 2. The plotting environment for the notebooks (.venv), refreshed when the
+#    requirements change.
+stamp=.venv/.requirements.sha256
+want=$(sha256sum notebooks/requirements.txt | cut -d' ' -f1)
+if [[ ! -x .venv/bin/python || "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
+  say "Python environment .venv (notebooks/requirements.txt)"
+  python3 -m venv .venv
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -r notebooks/requirements.txt
+  echo "$want" > "$stamp"
+fi
+
+# ---------------------------------------------------------------------------
+# 3. Build.
+say "building (preset $preset)"
+cmake --preset "$preset" > /dev/null
+cmake --build --preset "$preset"
+
+# ---------------------------------------------------------------------------
+# 4. Run the chapters, or the tests.
+if [[ "$mode" == run ]]; then
+  scripts/run_chapters.sh "build/default/bin"
+  say "done: every chapter ran. Next: read chapters/01_matmul_split/README.md, then 'make check CH=01'."
+  exit 0
+fi
+
+say "test suite"
+ctest --preset "$preset"
+say "learner build: the untouched exercises must build and report every chapter as to do"
+if scripts/check.sh > build/check.log 2>&1; then
+  cat build/check.log
+  echo "setup: 'make check' passed on the untouched stubs; a stub is not a stub" >&2
+  exit 1
+fi
+cat build/check.log
+say "all tests passed"
