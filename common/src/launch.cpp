@@ -94,6 +94,29 @@ int run_rank(Communicator& comm, const Options& options, const Body& body) {
   return ok ? 0 : 1;
 }
 
+/// Runs body(comm) on every rank of a threads world, one thread each; a rank that throws
+/// ends the job for the others. Returns each rank's error (null where it finished).
+std::vector<std::exception_ptr> run_ranks(int ranks, std::chrono::milliseconds timeout,
+                                          const std::function<void(Communicator&)>& body) {
+  ThreadWorld world(ranks, timeout);
+  std::vector<std::unique_ptr<Communicator>> comms;
+  for (int r = 0; r < ranks; ++r) comms.push_back(world.communicator(r));
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(ranks));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        body(*comms[static_cast<std::size_t>(r)]);
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+        world.abort("rank " + std::to_string(r) + " failed");
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return errors;
+}
+
 }  // namespace
 
 Program::Program(std::string name, std::string description)
@@ -157,34 +180,20 @@ int Program::run(int argc, char** argv, const Body& body) {
 
 int Program::run_threads(const Body& body) {
   const int n = options_.ranks;
-  ThreadWorld world(n, std::chrono::milliseconds(static_cast<long>(options_.timeout_s * 1000)));
-  std::vector<std::unique_ptr<Communicator>> comms;
-  for (int r = 0; r < n; ++r) comms.push_back(world.communicator(r));
   std::vector<int> codes(static_cast<std::size_t>(n), 0);
-  std::vector<Outcome> failures(static_cast<std::size_t>(n));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      const auto i = static_cast<std::size_t>(r);
-      try {
-        codes[i] = run_rank(*comms[i], options_, body);
-      } catch (...) {
-        failures[i] = classify(std::current_exception());
-        codes[i] = failures[i].code;
-        world.abort("rank " + std::to_string(r) + " failed");
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-
+  const std::vector<std::exception_ptr> errors = run_ranks(
+      n, std::chrono::milliseconds(static_cast<long>(options_.timeout_s * 1000)),
+      [&](Communicator& comm) {
+        codes[static_cast<std::size_t>(comm.rank())] = run_rank(comm, options_, body);
+      });
   // Report the ranks that failed first-hand, not the ones stopped because of them.
   int code = 0;
-  for (int r = 0; r < n; ++r) {
-    const Outcome& f = failures[static_cast<std::size_t>(r)];
-    if (f.code != 0 && !f.aborted) {
+  for (const std::exception_ptr& error : errors) {
+    if (!error) continue;
+    const Outcome f = classify(error);
+    code = std::max(code, f.code);
+    if (!f.aborted)
       std::fprintf(stderr, "%s: %s%s\n", name_.c_str(), f.code == 2 ? "error: " : "", f.message.c_str());
-      code = std::max(code, f.code);
-    }
   }
   for (int c : codes) code = std::max(code, c);
   return code;
@@ -218,31 +227,13 @@ int Program::run_mpi(const Body& body) {
 
 void run_threads(int ranks, const std::function<void(Communicator&)>& body,
                  std::chrono::milliseconds timeout) {
-  ThreadWorld world(ranks, timeout);
-  std::vector<std::unique_ptr<Communicator>> comms;
-  for (int r = 0; r < ranks; ++r) comms.push_back(world.communicator(r));
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(ranks));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        body(*comms[static_cast<std::size_t>(r)]);
-      } catch (...) {
-        errors[static_cast<std::size_t>(r)] = std::current_exception();
-        world.abort("rank " + std::to_string(r) + " failed");
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  const std::vector<std::exception_ptr> errors = run_ranks(ranks, timeout, body);
   // The first-hand error wins over the CommAborted of the ranks it stopped.
   std::exception_ptr aborted;
   for (const std::exception_ptr& e : errors) {
     if (!e) continue;
-    if (classify(e).aborted) {
-      if (!aborted) aborted = e;
-      continue;
-    }
-    std::rethrow_exception(e);
+    if (!classify(e).aborted) std::rethrow_exception(e);
+    if (!aborted) aborted = e;
   }
   if (aborted) std::rethrow_exception(aborted);
 }
