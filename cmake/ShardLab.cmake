@@ -58,22 +58,27 @@ function(shardlab_mpirun_command out_var ranks)
       ${MPIEXEC_PREFLAGS} ${ARGN} PARENT_SCOPE)
 endfunction()
 
-# shardlab_add_chapter(<NN_slug> SOURCES <file>... TESTS <test_file>...
-#                      [BAD_USAGE "<args>"...] [MPI_ARGS <arg>...])
+# shardlab_add_chapter(<NN_slug> SOURCES <file>... [CHAPTER_SOURCES <file>...]
+#                      TESTS <test_file>... [BAD_USAGE "<args>"...] [MPI_ARGS <arg>...]
+#                      [MPI_RANKS <n>])
 #
 # Wires one chapter, as DESIGN.md describes:
-#   chNN_<slug>_solution  library from solutions/NN_slug/<SOURCES>
+#   chNN_<slug>_solution  library from solutions/NN_slug/<SOURCES> (plus the chapter's own
+#                         CHAPTER_SOURCES, which call the API: compiled into both libraries)
 #   chNN_<slug>_exercise  library from exercises/NN_slug/<SOURCES> (the learner's stubs)
 #   chNN_<slug>           the chapter program (links the solution; the exercise when
 #                         SHARDLAB_LEARNER is on)
 #   test_chNN_solution / test_chNN_exercise   each TESTS file compiled against each library
 # CTest: the program runs, prints JSON, rejects the common bad usages and the chapter's
-# BAD_USAGE ones with exit 2, and under mpirun -np 3 (with MPI_ARGS) gives the same JSON
-# as --ranks 3. chNN.solution must pass. chNN.exercise must fail with every test case failing
+# BAD_USAGE ones with exit 2, and under mpirun -np MPI_RANKS (default 3, with MPI_ARGS)
+# gives the same JSON as --ranks MPI_RANKS. chNN.solution must pass. chNN.exercise must fail with every test case failing
 # on the untouched stubs (a test that passes on a stub is a bug); in learner mode it must
 # pass instead, because the learner has filled the stubs in.
 function(shardlab_add_chapter chapter)
-  cmake_parse_arguments(ARG "" "" "SOURCES;TESTS;BAD_USAGE;MPI_ARGS" ${ARGN})
+  cmake_parse_arguments(ARG "" "MPI_RANKS" "SOURCES;CHAPTER_SOURCES;TESTS;BAD_USAGE;MPI_ARGS" ${ARGN})
+  if(NOT ARG_MPI_RANKS)
+    set(ARG_MPI_RANKS 3)
+  endif()
   string(SUBSTRING ${chapter} 0 2 number)
   set(target ch${chapter})
   set(short ch${number})
@@ -83,6 +88,9 @@ function(shardlab_add_chapter chapter)
     set(sources)
     foreach(source IN LISTS ARG_SOURCES)
       list(APPEND sources ${PROJECT_SOURCE_DIR}/${kind}s/${chapter}/${source})
+    endforeach()
+    foreach(source IN LISTS ARG_CHAPTER_SOURCES)
+      list(APPEND sources ${chapter_dir}/${source})
     endforeach()
     add_library(${target}_${kind} STATIC ${sources})
     target_include_directories(${target}_${kind} PUBLIC ${chapter_dir})
@@ -121,11 +129,12 @@ function(shardlab_add_chapter chapter)
       EXIT 2 MATCH "^${target}: error: [^\n]+\n$" LABELS "${short};program")
   endforeach()
   # Under mpirun the program prints the same results as with threads (only the
-  # backend's name, and whether its traffic is modeled, differ).
+  # backend's name, and whether its traffic is modeled, differ). MPI_RANKS 2 where
+  # OpenMPI's allreduce of 3 ranks sums in another order than the threads backend.
   if(SHARDLAB_HAVE_MPI)
-    shardlab_mpirun_command(mpi_cmd 3 ${program} --json --quiet ${ARG_MPI_ARGS})
+    shardlab_mpirun_command(mpi_cmd ${ARG_MPI_RANKS} ${program} --json --quiet ${ARG_MPI_ARGS})
     string(REPLACE ";" "@@" mpi_cmd "${mpi_cmd}")
-    string(REPLACE ";" "@@" threads_cmd "${program};--json;--quiet;--ranks;3;${ARG_MPI_ARGS}")
+    string(REPLACE ";" "@@" threads_cmd "${program};--json;--quiet;--ranks;${ARG_MPI_RANKS};${ARG_MPI_ARGS}")
     add_test(NAME ${short}.mpi_matches_threads
       COMMAND ${CMAKE_COMMAND} "-DFIRST=${mpi_cmd}" "-DSECOND=${threads_cmd}"
               -P ${PROJECT_SOURCE_DIR}/cmake/same_json.cmake)

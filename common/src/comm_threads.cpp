@@ -50,7 +50,12 @@ struct ThreadWorld::State {
   std::mutex reason_mutex;
   std::string reason;
 
-  State(int n, std::chrono::milliseconds t) : size(n), timeout(t) {
+  // Spinning only pays when every rank has a core of its own; otherwise a spinning rank
+  // takes the core from the rank it waits for.
+  int spins;
+
+  State(int n, std::chrono::milliseconds t)
+      : size(n), timeout(t), spins(n <= static_cast<int>(std::thread::hardware_concurrency()) ? 4000 : 0) {
     for (int r = 0; r < n; ++r) waiters.push_back(std::make_unique<Waiter>());
   }
 
@@ -79,7 +84,7 @@ struct ThreadWorld::State {
   /// (false); throws CommAborted if the job is ended meanwhile.
   template <class Done>
   bool wait_until(int world_rank, Done&& done, Clock::time_point deadline) {
-    for (int spin = 0; spin < 4000; ++spin) {
+    for (int spin = 0; spin < spins; ++spin) {
       if (done()) return true;
       if (aborted.load(std::memory_order_relaxed)) throw_aborted(world_rank);
       cpu_relax();

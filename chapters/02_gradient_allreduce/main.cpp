@@ -1,0 +1,280 @@
+// Chapter 02 — gradient AllReduce: data-parallel training that stays in sync.
+//
+// The course's point (so-large-lm ch. 8 §3 "数据并行 / 关键问题——梯度同步"; CS336 lecture
+// 7 §3.1-3.2): with the batch split across devices, each device computes a different
+// dL/dw. If each replica steps on its own gradient the replicas drift apart; so data
+// parallelism allreduces the gradients every step, and then every replica takes the
+// same step the single device would have taken on the whole batch.
+//
+// The program trains a 2-layer MLP (Linear -> tanh -> Linear) with SGD on a seeded
+// regression task, the global batch split across the ranks (unevenly when it must be),
+// and prints: the replicas' divergence, the distance to a single-device run on the full
+// batch, the loss curve, and the allreduce traffic per step next to its formula.
+//
+//   --sync none         each replica steps on its own gradient: watch them drift
+//   --sync allreduce    one allreduce per parameter tensor (default)
+//   --sync bucketed     gradients packed into --bucket-kb buckets, one allreduce each
+//   --sync overlap      bucket allreduces on a communication thread during backward
+//   --accum-steps k     k micro-batches per step, one sync per step
+//   --benchmark         every sync mode and a sweep of bucket sizes, as CSV
+//
+// Run:
+//   build/default/bin/ch02_gradient_allreduce --ranks 4
+//   build/default/bin/ch02_gradient_allreduce --ranks 3 --sync none
+//   mpirun -np 3 build/default/bin/ch02_gradient_allreduce --sync overlap
+//   build/default/bin/ch02_gradient_allreduce --benchmark --in 256 --hidden 1024 --csv-dir results
+//
+// Expected: with any sync other than none, replica divergence 0 (bitwise identical) and
+// the final weights within 1e-6 (relative) of the single-device run.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "shardlab/launch.hpp"
+#include "shardlab/results.hpp"
+#include "trainer.hpp"
+
+using namespace shardlab;
+using ch02::Config;
+using ch02::Sync;
+
+namespace {
+
+// The final weights may differ from the single-device run by this much, relative to the
+// largest weight of each tensor. Not 0: splitting the batch changes the order in which
+// the per-row gradient contributions are added, and float addition is not associative.
+constexpr double relative_tolerance = 1e-6;
+
+/// max over ranks of max |w_r - w_0| over all parameters (uncounted).
+float replica_divergence(Communicator& comm, ch02::Mlp& model) {
+  Communicator::Uncounted quiet(comm);
+  float worst = 0;
+  for (nn::Parameter* p : model.parameters()) {
+    Tensor rank0 = p->value;
+    comm.broadcast(rank0, 0);
+    worst = std::max(worst, max_abs_diff(p->value, rank0));
+  }
+  comm.allreduce(std::span<float>(&worst, 1), ReduceOp::max);
+  return worst;
+}
+
+struct Distance {
+  float max_abs = 0;  // max |w - w_single| over all parameters
+  double max_rel = 0;  // max_abs / max |w_single| over all parameters
+};
+/// How far this rank's weights are from the single-device run's (worst over ranks).
+Distance distance(Communicator& comm, ch02::Mlp& model, ch02::Mlp& single) {
+  Distance d;
+  float scale = 0;
+  auto mine = model.parameters(), ref = single.parameters();
+  for (std::size_t i = 0; i < mine.size(); ++i) {
+    d.max_abs = std::max(d.max_abs, max_abs_diff(mine[i]->value, ref[i]->value));
+    scale = std::max(scale, max_abs(ref[i]->value));
+  }
+  {
+    Communicator::Uncounted quiet(comm);
+    comm.allreduce(std::span<float>(&d.max_abs, 1), ReduceOp::max);
+  }
+  d.max_rel = static_cast<double>(d.max_abs) / static_cast<double>(std::max(scale, 1e-30f));
+  return d;
+}
+
+/// One value from every rank, gathered everywhere (uncounted).
+template <class T>
+std::vector<T> from_every_rank(Communicator& comm, T mine) {
+  Communicator::Uncounted quiet(comm);
+  std::vector<T> all(static_cast<std::size_t>(comm.size()));
+  comm.allgather(std::span<const T>(&mine, 1), all);
+  return all;
+}
+
+double max_over_ranks(Communicator& comm, double mine) {
+  Communicator::Uncounted quiet(comm);
+  comm.allreduce(std::span<double>(&mine, 1), ReduceOp::max);
+  return mine;
+}
+
+std::int64_t gradient_elements(const Config& cfg) { return cfg.in * cfg.hidden + cfg.hidden + cfg.hidden + 1; }
+
+// ---------------------------------------------------------------------------
+// Benchmark: every sync mode, and a sweep of bucket sizes, as CSV rows.
+
+void benchmark(Context& ctx, const Config& base) {
+  Communicator& comm = ctx.comm();
+  // step = making the batch + compute (forward, backward, update) + waiting on communication
+  CsvTable table({"sync", "ranks", "bucket_kb", "accum_steps", "grad_bytes", "buckets",
+                  "step_ms", "compute_ms", "comm_wait_ms", "allreduce_calls_per_step",
+                  "bytes_sent_per_rank_per_step"});
+  struct Run {
+    Sync sync;
+    double bucket_kb;
+  };
+  std::vector<Run> runs = {{Sync::none, 0}, {Sync::allreduce, 0}};
+  for (double kb : {1.0, 16.0, 256.0, 4096.0}) runs.push_back({Sync::bucketed, kb});
+  for (double kb : {16.0, 256.0}) runs.push_back({Sync::overlap, kb});
+  ctx.say("sync        bucket KiB  buckets   step ms  compute ms  comm wait ms");
+  for (const Run& run : runs) {
+    Config cfg = base;
+    cfg.sync = run.sync;
+    cfg.bucket_kb = run.bucket_kb > 0 ? run.bucket_kb : base.bucket_kb;
+    ch02::Mlp model(cfg);
+    const ch02::Trace t = ch02::train(comm, cfg, model);
+    const double n = cfg.steps;
+    // The slowest rank sets the pace of a synchronous step.
+    const double step_ms = max_over_ranks(comm, t.step_s) / n * 1e3;
+    const double compute_ms = max_over_ranks(comm, t.compute_s) / n * 1e3;
+    const double wait_ms = max_over_ranks(comm, t.comm_wait_s) / n * 1e3;
+    char line[160];
+    std::snprintf(line, sizeof line, "%-10s %10s %8zu %9.3f %11.3f %13.3f", std::string(ch02::sync_name(run.sync)).c_str(),
+                  run.bucket_kb > 0 ? format_number(run.bucket_kb).c_str() : "-", t.buckets, step_ms, compute_ms, wait_ms);
+    ctx.say(line);
+    table.add({std::string(ch02::sync_name(run.sync)), std::to_string(ctx.size()),
+               run.bucket_kb > 0 ? format_number(run.bucket_kb) : "", std::to_string(cfg.accum_steps),
+               std::to_string(gradient_elements(cfg) * 4), std::to_string(t.buckets),
+               format_number(step_ms), format_number(compute_ms), format_number(wait_ms),
+               format_number(static_cast<double>(t.allreduce.calls) / n, 12),
+               format_number(static_cast<double>(t.allreduce.bytes_sent) / n, 12)});
+  }
+  if (ctx.rank() == 0) {
+    const std::string dir = ctx.options().csv_dir.empty() ? "results" : ctx.options().csv_dir;
+    const std::string path = dir + "/02_gradient_allreduce.csv";
+    table.save(path);
+    ctx.say("wrote " + path);
+    ctx.json()["csv"] = path;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Program program("ch02_gradient_allreduce", "Chapter 02: data-parallel training kept in sync by gradient allreduce");
+  Config cfg;
+  std::string sync = "allreduce";
+  bool bench = false;
+  auto& cli = program.cli();
+  cli.add_option("--sync", sync, "none, allreduce, bucketed or overlap")
+      ->check(CLI::IsMember({"none", "allreduce", "bucketed", "overlap"}))->capture_default_str();
+  cli.add_option("--steps", cfg.steps, "training steps")->check(CLI::Range(1, 1000000))->capture_default_str();
+  cli.add_option("--batch", cfg.batch, "global batch B, split across the ranks")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  cli.add_option("--bucket-kb", cfg.bucket_kb, "bucket capacity in KiB (bucketed, overlap)")
+      ->check(CLI::Range(0.001, 1048576.0))->capture_default_str();
+  cli.add_option("--accum-steps", cfg.accum_steps, "micro-batches per step (one sync per step)")
+      ->check(CLI::Range(1, 4096))->capture_default_str();
+  cli.add_option("--lr", cfg.lr, "SGD learning rate")->check(CLI::Range(0.0f, 10.0f))->capture_default_str();
+  cli.add_option("--in", cfg.in, "input features I")->check(CLI::Range(1, 65536))->capture_default_str();
+  cli.add_option("--hidden", cfg.hidden, "hidden units H")->check(CLI::Range(1, 65536))->capture_default_str();
+  cli.add_flag("--benchmark", bench, "time every sync mode and bucket size, write CSV");
+
+  return program.run(argc, argv, [&](Context& ctx) {
+    Communicator& comm = ctx.comm();
+    cfg.sync = ch02::parse_sync(sync);
+    cfg.seed = ctx.options().seed;
+    const int P = ctx.size();
+    nlohmann::json& json = ctx.json();
+    json["chapter"] = "02_gradient_allreduce";
+    if (bench) return benchmark(ctx, cfg);
+
+    std::ostringstream head;
+    head << "Chapter 02 - data-parallel SGD on " << P << " rank" << (P > 1 ? "s" : "") << " ("
+         << comm.backend() << "), --sync " << sync << ": MLP " << cfg.in << " -> " << cfg.hidden
+         << " -> 1, global batch " << cfg.batch << ", " << cfg.steps << " steps";
+    if (cfg.accum_steps > 1) head << ", " << cfg.accum_steps << " micro-batches per step";
+    ctx.say(head.str());
+    std::ostringstream rows;
+    rows << "batch rows " << shard_range(cfg.batch, P, ctx.rank()).offset << ".."
+         << shard_range(cfg.batch, P, ctx.rank()).offset + shard_range(cfg.batch, P, ctx.rank()).length;
+    ctx.say_each(rows.str());
+
+    // 1. The single-device reference on the full batch (every rank can afford it).
+    ch02::Mlp single(cfg);
+    const ch02::Trace reference = ch02::train_single_device(cfg, single);
+
+    // 2. The distributed run; after each of the first steps, how far apart are the replicas?
+    ch02::Mlp model(cfg);
+    std::vector<float> divergence;
+    const ch02::Trace trace = ch02::train(comm, cfg, model, [&](int step) {
+      if (step < 5 || step == cfg.steps - 1) divergence.push_back(replica_divergence(comm, model));
+    });
+    const float final_divergence = divergence.back();
+
+    std::string curve = "\nstep   loss (distributed)   loss (single device)   replicas differ by\n";
+    for (int s = 0; s < cfg.steps; ++s) {
+      if (s >= 5 && s != cfg.steps - 1) continue;
+      if (s == cfg.steps - 1 && cfg.steps > 6) curve += " ...\n";
+      const float d = divergence[std::min<std::size_t>(static_cast<std::size_t>(s), divergence.size() - 1)];
+      char line[120];
+      std::snprintf(line, sizeof line, "%4d   %18.9f   %20.9f   %s\n", s + 1, trace.losses[static_cast<std::size_t>(s)],
+                    reference.losses[static_cast<std::size_t>(s)], format_number(d, 3).c_str());
+      curve += line;
+    }
+    ctx.say(curve);
+
+    // 3. Distance to the single-device run, and the traffic.
+    const Distance dist = distance(comm, model, single);
+    double loss_diff = 0;
+    for (std::size_t s = 0; s < trace.losses.size(); ++s)
+      loss_diff = std::max(loss_diff, std::fabs(trace.losses[s] - reference.losses[s]) / std::max(1e-30, reference.losses[s]));
+
+    const std::int64_t grad_bytes = gradient_elements(cfg) * 4;
+    const double steps = cfg.steps;
+    const auto sent = from_every_rank<std::int64_t>(comm, static_cast<std::int64_t>(trace.allreduce.bytes_sent));
+    std::vector<double> sent_per_step;
+    std::int64_t sent_total = 0;
+    for (std::int64_t b : sent) {
+      sent_per_step.push_back(static_cast<double>(b) / steps);
+      sent_total += b;
+    }
+    const double calls_per_step = static_cast<double>(trace.allreduce.calls) / steps;
+    const bool synced = cfg.sync != Sync::none;
+    // Ring-shaped allreduce: each rank sends 2(N-1)/N of the gradient bytes per step;
+    // summed over ranks exactly 2(N-1) * grad bytes, however the chunks divide.
+    const double formula_per_rank = synced ? 2.0 * (P - 1) / P * static_cast<double>(grad_bytes) : 0.0;
+    const std::int64_t formula_total = synced ? 2 * (P - 1) * grad_bytes * cfg.steps : 0;
+    const double wait_s = max_over_ranks(comm, trace.comm_wait_s), compute_s = max_over_ranks(comm, trace.compute_s);
+
+    std::ostringstream out;
+    out << "replicas differ by " << format_number(final_divergence, 3)
+        << (synced ? (final_divergence == 0 ? " (bitwise identical)" : " (SHOULD BE 0)")
+                   : " (no sync: each replica followed its own gradient)")
+        << "\nvs single device on the full batch: weights max abs diff " << format_number(dist.max_abs, 3)
+        << ", relative " << format_number(dist.max_rel, 3) << " (tolerance " << relative_tolerance
+        << " when synced); loss curve relative diff " << format_number(loss_diff, 3)
+        << "\nallreduce per step: " << format_number(calls_per_step) << " call(s)";
+    if (trace.buckets) out << " (" << trace.buckets << " bucket(s) of <= " << format_number(cfg.bucket_kb) << " KiB)";
+    out << ", bytes sent per rank: ";
+    for (std::size_t q = 0; q < sent_per_step.size(); ++q) out << (q ? " " : "") << format_number(sent_per_step[q]);
+    out << "\n  formula 2(N-1)/N x " << grad_bytes << " gradient bytes = " << format_number(formula_per_rank)
+        << " per rank; summed over ranks: measured " << sent_total / cfg.steps << ", formula 2(N-1) x "
+        << grad_bytes << " = " << formula_total / cfg.steps
+        << (trace.allreduce.calls && comm.stats().modeled[static_cast<std::size_t>(Op::allreduce)]
+                ? "  [modeled: MPI hides its algorithm]" : "")
+        << "\ntime (slowest rank): computing " << format_number(compute_s * 1e3, 3) << " ms, waiting on communication "
+        << format_number(wait_s * 1e3, 3) << " ms";
+    ctx.say(out.str());
+
+    if (synced) {
+      ctx.verify(final_divergence == 0, "replicas are not identical after syncing: they differ by " +
+                                            format_number(final_divergence));
+      ctx.verify(dist.max_rel <= relative_tolerance, "weights differ from the single-device run by " +
+                                                         format_number(dist.max_rel) + " relative");
+      ctx.verify(sent_total == formula_total, "allreduce sent " + std::to_string(sent_total) +
+                                                  " bytes over all ranks, formula says " + std::to_string(formula_total));
+    }
+    json["sync"] = sync;
+    json["accum_steps"] = cfg.accum_steps;
+    json["replica_max_divergence"] = final_divergence;
+    json["vs_single_device_max_abs_diff"] = dist.max_abs;
+    json["vs_single_device_max_rel_diff"] = dist.max_rel;
+    json["relative_tolerance"] = relative_tolerance;
+    json["loss_curve_max_rel_diff"] = loss_diff;
+    json["allreduce_calls_per_step"] = calls_per_step;
+    json["buckets"] = trace.buckets;
+    json["gradient_bytes"] = grad_bytes;
+    json["bytes_sent_per_rank_per_step"] = sent_per_step;
+    json["formula_bytes_per_rank_per_step"] = formula_per_rank;
+    json["final_loss"] = trace.losses.back();
+    json["single_device_final_loss"] = reference.losses.back();
+    json["losses"] = trace.losses;
+  });
+}

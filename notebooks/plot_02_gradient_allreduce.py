@@ -1,0 +1,38 @@
+"""Chapter 02: step time split into compute and communication wait, per sync mode.
+
+Reads the CSV written by `ch02_gradient_allreduce --benchmark --csv-dir DIR` and saves
+DIR/02_gradient_allreduce.png.
+
+    .venv/bin/python notebooks/plot_02_gradient_allreduce.py results
+"""
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+
+def plot(csv_dir: Path) -> Path:
+    df = pd.read_csv(csv_dir / "02_gradient_allreduce.csv")
+    labels = [
+        s if pd.isna(kb) else f"{s}\n{kb:g} KiB" for s, kb in zip(df["sync"], df["bucket_kb"])
+    ]
+    fig, ax = plt.subplots(figsize=(9, 4))
+    ax.bar(labels, df["compute_ms"], label="compute")
+    ax.bar(labels, df["comm_wait_ms"], bottom=df["compute_ms"], label="waiting on communication")
+    ax.set_ylabel("ms per step (slowest rank)")
+    ranks = int(df["ranks"].iloc[0])
+    grad_mib = df["grad_bytes"].iloc[0] / 2**20
+    ax.set_title(f"Data-parallel step, {ranks} ranks, {grad_mib:.2f} MiB of gradients")
+    ax.legend()
+    fig.tight_layout()
+    out = csv_dir / "02_gradient_allreduce.png"
+    fig.savefig(out, dpi=120)
+    return out
+
+
+if __name__ == "__main__":
+    print(plot(Path(sys.argv[1] if len(sys.argv) > 1 else "results")))
