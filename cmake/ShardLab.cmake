@@ -59,8 +59,8 @@ function(shardlab_mpirun_command out_var ranks)
 endfunction()
 
 # shardlab_add_chapter(<NN_slug> SOURCES <file>... [CHAPTER_SOURCES <file>...]
-#                      TESTS <test_file>... [BAD_USAGE "<args>"...] [MPI_ARGS <arg>...]
-#                      [MPI_RANKS <n>])
+#                      TESTS <test_file>... [CHAPTER_TESTS <test_file>...]
+#                      [BAD_USAGE "<args>"...] [MPI_ARGS <arg>...] [MPI_RANKS <n>])
 #
 # Wires one chapter, as DESIGN.md describes:
 #   chNN_<slug>_solution  library from solutions/NN_slug/<SOURCES> (plus the chapter's own
@@ -75,7 +75,8 @@ endfunction()
 # on the untouched stubs (a test that passes on a stub is a bug); in learner mode it must
 # pass instead, because the learner has filled the stubs in.
 function(shardlab_add_chapter chapter)
-  cmake_parse_arguments(ARG "" "MPI_RANKS" "SOURCES;CHAPTER_SOURCES;TESTS;BAD_USAGE;MPI_ARGS" ${ARGN})
+  cmake_parse_arguments(ARG "" "MPI_RANKS"
+    "SOURCES;CHAPTER_SOURCES;TESTS;CHAPTER_TESTS;BAD_USAGE;MPI_ARGS" ${ARGN})
   if(NOT ARG_MPI_RANKS)
     set(ARG_MPI_RANKS 3)
   endif()
@@ -151,6 +152,19 @@ function(shardlab_add_chapter chapter)
     target_link_libraries(test_${short}_${kind} PRIVATE ${target}_${kind} shardlab::testing)
     shardlab_warnings(test_${short}_${kind})
   endforeach()
+  # Tests of the chapter's own code (CHAPTER_SOURCES), which the exercise does not touch:
+  # built once, against the solution.
+  if(ARG_CHAPTER_TESTS)
+    set(chapter_tests)
+    foreach(test IN LISTS ARG_CHAPTER_TESTS)
+      list(APPEND chapter_tests ${chapter_dir}/${test})
+    endforeach()
+    add_executable(test_${short}_chapter ${chapter_tests})
+    target_link_libraries(test_${short}_chapter PRIVATE ${target}_solution shardlab::testing)
+    shardlab_warnings(test_${short}_chapter)
+    add_test(NAME ${short}.chapter COMMAND test_${short}_chapter)
+    set_tests_properties(${short}.chapter PROPERTIES LABELS "${short};solution" TIMEOUT 120)
+  endif()
   add_test(NAME ${short}.solution COMMAND test_${short}_solution)
   set_tests_properties(${short}.solution PROPERTIES LABELS "${short};solution" TIMEOUT 120)
   if(SHARDLAB_LEARNER)

@@ -144,6 +144,7 @@ Request Communicator::isend_bytes(const void* buf, std::size_t count, DType type
   const std::size_t bytes = count * dtype_size(type);
   if (counting_) ++stats_[Op::send].calls;
   count_traffic(Op::send, peer == rank_ ? 0 : bytes, 0);
+  if (trace_) trace_({Op::send, peer, tag, buf, bytes});
   return isend_impl(buf, bytes, peer, tag);
 }
 
@@ -152,6 +153,7 @@ Request Communicator::irecv_bytes(void* buf, std::size_t count, DType type, int 
   const std::size_t bytes = count * dtype_size(type);
   if (counting_) ++stats_[Op::recv].calls;
   count_traffic(Op::recv, 0, peer == rank_ ? 0 : bytes);
+  if (trace_) trace_({Op::recv, peer, tag, buf, bytes});
   return irecv_impl(buf, bytes, peer, tag);
 }
 
@@ -173,6 +175,10 @@ void Communicator::sendrecv_bytes(const void* out, std::size_t out_count, void* 
   if (counting_) ++stats_[Op::sendrecv].calls;
   count_traffic(Op::sendrecv, dest == rank_ ? 0 : out_count * elem,
                 source == rank_ ? 0 : in_count * elem);
+  if (trace_) {
+    trace_({Op::send, dest, tag, out, out_count * elem});
+    trace_({Op::recv, source, tag, in, in_count * elem});
+  }
   // Post the receive first, so a ring of sendrecvs never waits on itself.
   Request requests[2] = {irecv_impl(in, in_count * elem, source, tag),
                          isend_impl(out, out_count * elem, dest, tag)};

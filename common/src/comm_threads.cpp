@@ -483,16 +483,22 @@ class ThreadComm final : public Communicator {
   }
 
   /// dst = op over q = 0..N-1 of (source(q) + c.offset), c.length bytes, in rank order.
+  /// One pass over memory: each block is gathered into a small accumulator that stays in
+  /// L1, then written out once. dst may be one of the sources (every source block is
+  /// read before the block is written).
   template <class Source>
   void reduce_chunk(Bytes c, DType type, ReduceOp op, Source&& source, void* dst) {
-    if (c.length == 0) return;
-    const std::size_t n = c.length / dtype_size(type);
-    scratch_.resize(c.length);
-    std::memcpy(scratch_.data(), static_cast<const char*>(source(0)) + c.offset, c.length);
-    for (int q = 1; q < size(); ++q)
-      reduce_into(scratch_.data(), static_cast<const char*>(source(q)) + c.offset, n, type, op);
-    finish_reduce(scratch_.data(), n, type, op, size());
-    std::memcpy(dst, scratch_.data(), c.length);
+    constexpr std::size_t block = 8192;  // bytes; a multiple of every element size
+    alignas(64) char acc[block];
+    const std::size_t elem = dtype_size(type);
+    for (std::size_t done = 0; done < c.length; done += block) {
+      const std::size_t len = std::min(block, c.length - done);
+      std::memcpy(acc, static_cast<const char*>(source(0)) + c.offset + done, len);
+      for (int q = 1; q < size(); ++q)
+        reduce_into(acc, static_cast<const char*>(source(q)) + c.offset + done, len / elem, type, op);
+      finish_reduce(acc, len / elem, type, op, size());
+      std::memcpy(static_cast<char*>(dst) + done, acc, len);
+    }
   }
 
   /// Posts `mine`, meets the others, checks that everyone called the same collective,
@@ -546,7 +552,6 @@ class ThreadComm final : public Communicator {
   }
 
   std::shared_ptr<Group> g_;
-  std::vector<char> scratch_;
 };
 
 }  // namespace

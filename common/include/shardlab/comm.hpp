@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <ranges>
 #include <span>
@@ -124,6 +125,15 @@ struct CommError : std::runtime_error {
 /// reports the first rank's error, not these.
 struct CommAborted : CommError {
   using CommError::CommError;
+};
+
+/// One point-to-point transfer as a trace hook sees it (Communicator::trace_messages).
+struct MessageEvent {
+  Op op;               // Op::send or Op::recv (a sendrecv gives one of each)
+  int peer;            // destination or source
+  int tag;
+  const void* buffer;  // the caller's buffer: where in its data the message starts
+  std::size_t bytes;
 };
 
 // ---------------------------------------------------------------------------
@@ -287,6 +297,11 @@ class Communicator {
     bool was_;
   };
 
+  /// Calls `hook` for every send and receive this rank posts, before it starts: to print
+  /// every message while learning, or to check in a test which chunk each step moved.
+  /// An empty function stops tracing.
+  void trace_messages(std::function<void(const MessageEvent&)> hook) { trace_ = std::move(hook); }
+
   /// Gathers one string from every rank to `root` (uncounted); the result has size()
   /// entries on root and is empty elsewhere.
   std::vector<std::string> gather_strings(const std::string& mine, int root = 0);
@@ -356,6 +371,7 @@ class Communicator {
   std::chrono::milliseconds timeout_;
   CommStats stats_{};
   bool counting_ = true;
+  std::function<void(const MessageEvent&)> trace_;
 };
 
 // ---------------------------------------------------------------------------

@@ -1,0 +1,188 @@
+// Chapter 03: the allreduce algorithms that are not the exercise — the ring put
+// together, its pipelined form, the naive one and recursive doubling — and the formulas
+// for what each sends. All of them on the communicator's point-to-point calls only.
+#include <bit>
+#include <vector>
+
+#include "ring_allreduce.hpp"
+#include "shardlab/check.hpp"
+#include "shardlab/tensor.hpp"
+
+namespace ch03 {
+
+using shardlab::Request;
+using shardlab::shard_range;
+
+namespace {
+int mod(int a, int n) { return ((a % n) + n) % n; }
+
+std::span<float> chunk(std::span<float> data, int ranks, int c) {
+  const shardlab::ShardRange range = shard_range(static_cast<std::int64_t>(data.size()), ranks, c);
+  return data.subspan(static_cast<std::size_t>(range.offset), static_cast<std::size_t>(range.length));
+}
+
+void add(std::span<float> into, std::span<const float> x) {
+  for (std::size_t i = 0; i < into.size(); ++i) into[i] += x[i];
+}
+}  // namespace
+
+int owned_chunk(int rank, int ranks) { return mod(rank + 1, ranks); }
+
+void ring_allreduce(Communicator& comm, std::span<float> data) {
+  ring_reduce_scatter(comm, data);
+  ring_allgather(comm, data);
+}
+
+// ---------------------------------------------------------------------------
+// Pipelined ring
+
+void pipelined_ring_allreduce(Communicator& comm, std::span<float> data, std::size_t segment) {
+  const int N = comm.size(), r = comm.rank();
+  if (N == 1) return;
+  if (segment == 0) throw shardlab::UsageError("pipelined ring: the segment must be at least 1 element");
+  const int right = mod(r + 1, N), left = mod(r - 1, N);
+  // Segment k of a chunk: [k * segment, min((k + 1) * segment, chunk size)).
+  auto segments = [&](std::span<float> c) { return (c.size() + segment - 1) / segment; };
+  auto piece = [&](std::span<float> c, std::size_t k) {
+    return c.subspan(k * segment, std::min(segment, c.size() - k * segment));
+  };
+  // Incoming segments land in a few slots that are reused in turn, so the data being
+  // added stays in cache instead of streaming a whole chunk through memory.
+  constexpr std::size_t slots = 4;
+  static thread_local std::vector<float> scratch;
+  if (scratch.size() < slots * segment) scratch.resize(slots * segment);
+  auto slot = [&](std::size_t k, std::size_t n) { return std::span<float>(scratch.data() + (k % slots) * segment, n); };
+
+  static thread_local std::vector<Request> sends, recvs;
+  sends.clear();
+  for (std::size_t k = 0; k < segments(chunk(data, N, r)); ++k)
+    sends.push_back(comm.isend(piece(chunk(data, N, r), k), right, 0));
+
+  // Reduce-scatter. Step s receives chunk (r - s - 1) segment by segment; each segment is
+  // added as it lands and passed straight on (it is step s + 1's send).
+  for (int s = 0; s < N - 1; ++s) {
+    const std::span<float> mine = chunk(data, N, mod(r - s - 1, N));
+    const std::size_t count = segments(mine);
+    recvs.clear();
+    recvs.resize(count);
+    for (std::size_t k = 0; k < std::min(count, slots); ++k)
+      recvs[k] = comm.irecv(slot(k, piece(mine, k).size()), left, 0);
+    for (std::size_t k = 0; k < count; ++k) {
+      comm.wait(recvs[k]);
+      const std::span<float> part = piece(mine, k);
+      add(part, slot(k, part.size()));
+      if (k + slots < count) recvs[k + slots] = comm.irecv(slot(k, piece(mine, k + slots).size()), left, 0);
+      if (s < N - 2) sends.push_back(comm.isend(part, right, 0));
+    }
+  }
+  // The chunks sent above are received into below: let those sends finish first.
+  comm.wait_all(sends);
+  sends.clear();
+
+  // All-gather: chunks arrive complete, straight into place, and move on at once.
+  const std::span<float> owned = chunk(data, N, owned_chunk(r, N));
+  for (std::size_t k = 0; k < segments(owned); ++k) sends.push_back(comm.isend(piece(owned, k), right, 1));
+  for (int s = 0; s < N - 1; ++s) {
+    const std::span<float> in = chunk(data, N, mod(r - s, N));
+    recvs.clear();
+    for (std::size_t k = 0; k < segments(in); ++k) recvs.push_back(comm.irecv(piece(in, k), left, 1));
+    for (std::size_t k = 0; k < recvs.size(); ++k) {
+      comm.wait(recvs[k]);
+      if (s < N - 2) sends.push_back(comm.isend(piece(in, k), right, 1));
+    }
+  }
+  comm.wait_all(sends);
+  sends.clear();
+}
+
+// ---------------------------------------------------------------------------
+// Naive: everything to rank 0, and back.
+
+void naive_allreduce(Communicator& comm, std::span<float> data) {
+  const int N = comm.size();
+  if (comm.rank() != 0) {
+    comm.send(data, 0, 0);
+    comm.recv(data, 0, 1);
+    return;
+  }
+  static thread_local std::vector<float> incoming;  // kept between calls (see ring.cpp)
+  if (incoming.size() < data.size()) incoming.resize(data.size());
+  const std::span<float> in(incoming.data(), data.size());
+  for (int q = 1; q < N; ++q) {  // in rank order: the same sum as the threads backend's
+    comm.recv(in, q, 0);
+    add(data, in);
+  }
+  for (int q = 1; q < N; ++q) comm.send(data, q, 1);
+}
+
+// ---------------------------------------------------------------------------
+// Recursive doubling
+
+void recursive_doubling_allreduce(Communicator& comm, std::span<float> data) {
+  const int N = comm.size(), r = comm.rank();
+  const int P2 = static_cast<int>(std::bit_floor(static_cast<unsigned>(N)));
+  const int extra = N - P2;  // ranks 0..2*extra-1 pair up: even ones sit the rounds out
+  static thread_local std::vector<float> scratch;  // kept between calls (see ring.cpp)
+  if (scratch.size() < data.size()) scratch.resize(data.size());
+  const std::span<float> incoming(scratch.data(), data.size());
+  int vrank;  // rank among the P2 that take part in the rounds, or -1
+  if (r < 2 * extra) {
+    if (r % 2 == 0) {
+      comm.send(data, r + 1, 0);
+      vrank = -1;
+    } else {
+      comm.recv(incoming, r - 1, 0);
+      add(data, incoming);
+      vrank = r / 2;
+    }
+  } else {
+    vrank = r - extra;
+  }
+  if (vrank >= 0) {
+    // Round k: swap whole buffers with the partner 2^k away and add.
+    for (int distance = 1; distance < P2; distance *= 2) {
+      const int vpartner = vrank ^ distance;
+      const int partner = vpartner < extra ? 2 * vpartner + 1 : vpartner + extra;
+      comm.sendrecv(data, partner, incoming, partner, 1);
+      // Add in the same order on both sides (lower rank's data first), so that the two
+      // partners hold the same bits.
+      if (partner < r) {
+        for (std::size_t i = 0; i < data.size(); ++i) data[i] = incoming[i] + data[i];
+      } else {
+        add(data, incoming);
+      }
+    }
+  }
+  if (r < 2 * extra) {  // hand the result back to the even rank that sat out
+    if (r % 2 == 0) comm.recv(data, r + 1, 2);
+    else comm.send(data, r - 1, 2);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Formulas
+
+std::size_t formula_bytes_sent(std::string_view algorithm, std::size_t count, int rank, int ranks) {
+  const std::size_t S = count * sizeof(float);
+  const auto N = static_cast<std::size_t>(ranks);
+  if (ranks == 1) return 0;
+  if (algorithm == "naive") return rank == 0 ? (N - 1) * S : S;
+  if (algorithm == "ring" || algorithm == "pipelined") {
+    // Every chunk but (r+1) in reduce-scatter, every chunk but (r+2) in all-gather.
+    auto size = [&](int c) {
+      return static_cast<std::size_t>(shard_range(static_cast<std::int64_t>(count), ranks, mod(c, ranks)).length) *
+             sizeof(float);
+    };
+    return 2 * S - size(rank + 1) - size(rank + 2);
+  }
+  if (algorithm == "recursive_doubling") {
+    const int P2 = static_cast<int>(std::bit_floor(static_cast<unsigned>(ranks)));
+    const int extra = ranks - P2;
+    const auto rounds = static_cast<std::size_t>(std::countr_zero(static_cast<unsigned>(P2)));
+    if (rank < 2 * extra) return rank % 2 == 0 ? S : (rounds + 1) * S;
+    return rounds * S;
+  }
+  throw shardlab::UsageError("no formula for algorithm '" + std::string(algorithm) + "'");
+}
+
+}  // namespace ch03

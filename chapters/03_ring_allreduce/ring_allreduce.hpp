@@ -1,0 +1,64 @@
+// Chapter 03 API: allreduce (sum) from scratch, on the communicator's point-to-point
+// calls only.
+//
+// Names: N = comm.size() ranks, r = comm.rank(), S = data.size() elements. The ring
+// algorithms cut the buffer into N chunks, chunk c = shard_range(S, N, c) (uneven when
+// N does not divide S; empty chunks when S < N). Neighbours: right = (r + 1) % N,
+// left = (r - 1 + N) % N.
+//
+// Bytes each rank sends (and receives), f = sizeof(float):
+//   naive               rank 0: (N-1) S f; the others: S f
+//   ring                (2S - |c_{r+1}| - |c_{r+2}|) f = 2(N-1)/N S f when N divides S
+//   recursive doubling  log2(N) S f (N a power of two; see the README otherwise)
+//
+// The learner writes ring_reduce_scatter and ring_allgather in
+// exercises/03_ring_allreduce/ring.cpp; the reference is solutions/03_ring_allreduce/.
+#pragma once
+
+#include <cstddef>
+#include <span>
+#include <string_view>
+
+#include "shardlab/comm.hpp"
+
+namespace ch03 {
+
+using shardlab::Communicator;
+
+/// The chunk rank r holds fully reduced after ring_reduce_scatter: (r + 1) % N.
+int owned_chunk(int rank, int ranks);
+
+/// Ring reduce-scatter, N-1 steps. At step s = 0..N-2, rank r sends chunk (r - s) mod N
+/// to the right and receives chunk (r - s - 1) mod N from the left, adding it into its
+/// own copy. Afterwards chunk owned_chunk(r, N) of `data` holds the sum over all ranks;
+/// the other chunks hold partial sums.
+void ring_reduce_scatter(Communicator& comm, std::span<float> data);
+
+/// Ring all-gather, N-1 steps, after ring_reduce_scatter. At step s, rank r sends chunk
+/// (r + 1 - s) mod N to the right and receives chunk (r - s) mod N from the left into
+/// `data`. Afterwards every chunk holds the sum on every rank.
+void ring_allgather(Communicator& comm, std::span<float> data);
+
+/// ring_reduce_scatter, then ring_allgather.
+void ring_allreduce(Communicator& comm, std::span<float> data);
+
+/// The same ring with every chunk cut into segments of `segment` elements and
+/// non-blocking sends and receives, so that adding one segment overlaps the transfer
+/// of the next, and a reduced segment moves on before its chunk is finished.
+void pipelined_ring_allreduce(Communicator& comm, std::span<float> data, std::size_t segment);
+
+/// Naive: every rank sends its buffer to rank 0, which adds them in rank order and
+/// sends the sum back to each. Rank 0 is the bottleneck.
+void naive_allreduce(Communicator& comm, std::span<float> data);
+
+/// Recursive doubling: log2(N) rounds; in round k, rank r exchanges its whole buffer
+/// with rank r XOR 2^k and adds. When N is not a power of two, the first 2(N - P2)
+/// ranks (P2 the largest power of two <= N) pair up first: each even one hands its
+/// buffer to the odd one above it and gets the result back at the end.
+void recursive_doubling_allreduce(Communicator& comm, std::span<float> data);
+
+/// Bytes `rank` sends in each algorithm ("naive", "ring", "pipelined",
+/// "recursive_doubling"), from the formulas above.
+std::size_t formula_bytes_sent(std::string_view algorithm, std::size_t count, int rank, int ranks);
+
+}  // namespace ch03
