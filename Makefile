@@ -2,7 +2,7 @@
 PRESET ?= default
 CH ?=
 
-.PHONY: all build test check docs run setup format tidy clean help
+.PHONY: all build test check docs run plots setup format tidy clean help
 
 all: build
 
@@ -12,6 +12,7 @@ help:
 	@echo "make check CH=01    build YOUR exercise for chapter 01 and run its tests"
 	@echo "make check          your progress over all chapters"
 	@echo "make run            run every chapter program (threads backend)"
+	@echo "make plots          plot every benchmark CSV in RESULTS (default results/)"
 	@echo "make docs           Doxygen over common/ and the chapter texts"
 	@echo "make format | tidy  clang-format / clang-tidy over the sources"
 	@echo "make setup          install what is missing, build, run every chapter"
@@ -29,6 +30,13 @@ check:
 
 run: build
 	scripts/run_chapters.sh build/$(PRESET)/bin
+
+RESULTS ?= results
+plots:
+	@for script in notebooks/plot_*.py; do \
+	  csv=$(RESULTS)/$$(basename $$script .py | sed 's/^plot_//').csv; \
+	  if [ -f $$csv ]; then .venv/bin/python $$script $(RESULTS); else echo "skip $$script: no $$csv"; fi; \
+	done
 
 docs: build
 	cmake --build --preset $(PRESET) --target docs

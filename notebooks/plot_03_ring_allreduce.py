@@ -1,0 +1,54 @@
+"""Chapter 03: algbw and busbw against message size, one line per algorithm, with the
+memcpy of the same size as the ceiling.
+
+Reads the CSV written by `ch03_ring_allreduce -b ... -e ... --csv-dir DIR` and saves
+DIR/03_ring_allreduce_algbw.png and DIR/03_ring_allreduce_busbw.png.
+
+    .venv/bin/python notebooks/plot_03_ring_allreduce.py results
+"""
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+STYLE = {
+    "naive": dict(marker="v"),
+    "ring": dict(marker="o"),
+    "pipelined": dict(marker="s"),
+    "recursive_doubling": dict(marker="^"),
+    "native": dict(marker="D", linewidth=2.5),
+    "memcpy": dict(color="black", linestyle="--", linewidth=1.5),
+}
+
+
+def plot(csv_dir) -> list:
+    csv_dir = Path(csv_dir)
+    df = pd.read_csv(csv_dir / "03_ring_allreduce.csv")
+    ranks, backend = int(df["ranks"].iloc[0]), df["backend"].iloc[0]
+    written = []
+    for column, label in [("algbw_GBps", "algbw = S / t"), ("busbw_GBps", "busbw = algbw x 2(N-1)/N")]:
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        for name, rows in df.groupby("algorithm", sort=False):
+            ax.plot(rows["bytes"], rows[column], label=name if name != "memcpy" else "memcpy (ceiling)",
+                    **STYLE.get(name, {}))
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("message size (bytes)")
+        ax.set_ylabel(f"{label} (GB/s)")
+        ax.set_title(f"allreduce, {ranks} ranks, {backend} backend")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        out = csv_dir / f"03_ring_allreduce_{column.split('_')[0]}.png"
+        fig.savefig(out, dpi=120)
+        plt.close(fig)
+        written.append(out)
+    return written
+
+
+if __name__ == "__main__":
+    for path in plot(sys.argv[1] if len(sys.argv) > 1 else "results"):
+        print(path)
