@@ -15,7 +15,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 
-def plot(csv_dir: Path) -> Path:
+def plot(csv_dir) -> Path:
+    csv_dir = Path(csv_dir)
     df = pd.read_csv(csv_dir / "02_gradient_allreduce.csv")
     labels = [
         s if pd.isna(kb) else f"{s}\n{kb:g} KiB" for s, kb in zip(df["sync"], df["bucket_kb"])
