@@ -139,36 +139,39 @@ void Communicator::count_traffic(Op op, std::uint64_t bytes_sent, std::uint64_t 
 // ---------------------------------------------------------------------------
 // Point to point. A message to oneself is allowed and moves no bytes between ranks.
 
-Request Communicator::isend_bytes(const void* buf, std::size_t count, DType type, int peer, int tag) {
+Request Communicator::isend_bytes(const void* buf, std::size_t count, DType type, Memory mem, int peer,
+                                  int tag) {
   check_peer(peer, "send");
   const std::size_t bytes = count * dtype_size(type);
   if (counting_) ++stats_[Op::send].calls;
   count_traffic(Op::send, peer == rank_ ? 0 : bytes, 0);
   if (trace_) trace_({Op::send, peer, tag, buf, bytes});
-  return isend_impl(buf, bytes, peer, tag);
+  return isend_impl(buf, bytes, mem, peer, tag);
 }
 
-Request Communicator::irecv_bytes(void* buf, std::size_t count, DType type, int peer, int tag) {
+Request Communicator::irecv_bytes(void* buf, std::size_t count, DType type, Memory mem, int peer, int tag) {
   check_peer(peer, "recv");
   const std::size_t bytes = count * dtype_size(type);
   if (counting_) ++stats_[Op::recv].calls;
   count_traffic(Op::recv, 0, peer == rank_ ? 0 : bytes);
   if (trace_) trace_({Op::recv, peer, tag, buf, bytes});
-  return irecv_impl(buf, bytes, peer, tag);
+  return irecv_impl(buf, bytes, mem, peer, tag);
 }
 
-void Communicator::send_bytes(const void* buf, std::size_t count, DType type, int peer, int tag) {
-  Request r = isend_bytes(buf, count, type, peer, tag);
+void Communicator::send_bytes(const void* buf, std::size_t count, DType type, Memory mem, int peer,
+                              int tag) {
+  Request r = isend_bytes(buf, count, type, mem, peer, tag);
   wait(r);
 }
 
-void Communicator::recv_bytes(void* buf, std::size_t count, DType type, int peer, int tag) {
-  Request r = irecv_bytes(buf, count, type, peer, tag);
+void Communicator::recv_bytes(void* buf, std::size_t count, DType type, Memory mem, int peer, int tag) {
+  Request r = irecv_bytes(buf, count, type, mem, peer, tag);
   wait(r);
 }
 
 void Communicator::sendrecv_bytes(const void* out, std::size_t out_count, void* in,
-                                  std::size_t in_count, DType type, int dest, int source, int tag) {
+                                  std::size_t in_count, DType type, Memory out_mem, Memory in_mem,
+                                  int dest, int source, int tag) {
   check_peer(dest, "sendrecv");
   check_peer(source, "sendrecv");
   const std::size_t elem = dtype_size(type);
@@ -180,8 +183,8 @@ void Communicator::sendrecv_bytes(const void* out, std::size_t out_count, void* 
     trace_({Op::recv, source, tag, in, in_count * elem});
   }
   // Post the receive first, so a ring of sendrecvs never waits on itself.
-  Request requests[2] = {irecv_impl(in, in_count * elem, source, tag),
-                         isend_impl(out, out_count * elem, dest, tag)};
+  Request requests[2] = {irecv_impl(in, in_count * elem, in_mem, source, tag),
+                         isend_impl(out, out_count * elem, out_mem, dest, tag)};
   wait_all(requests);
 }
 

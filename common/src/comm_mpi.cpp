@@ -168,13 +168,15 @@ class MpiComm final : public Communicator {
   std::string_view backend() const override { return "mpi"; }
 
  protected:
-  Request isend_impl(const void* buf, std::size_t bytes, int peer, int tag) override {
+  Request isend_impl(const void* buf, std::size_t bytes, Memory mem, int peer, int tag) override {
+    host_only(mem, "send");
     auto r = describe(true, peer, tag, bytes);
     MPI_CHECK(MPI_Isend(buf, as_int(bytes, "send"), MPI_BYTE, peer, tag, comm_, &r->request));
     return Request(std::move(r));
   }
 
-  Request irecv_impl(void* buf, std::size_t bytes, int peer, int tag) override {
+  Request irecv_impl(void* buf, std::size_t bytes, Memory mem, int peer, int tag) override {
+    host_only(mem, "recv");
     auto r = describe(false, peer, tag, bytes);
     MPI_CHECK(MPI_Irecv(buf, as_int(bytes, "recv"), MPI_BYTE, peer, tag, comm_, &r->request));
     return Request(std::move(r));
@@ -215,14 +217,16 @@ class MpiComm final : public Communicator {
     }
   }
 
-  void allreduce_impl(void* buf, std::size_t count, DType type, ReduceOp op) override {
+  void allreduce_impl(void* buf, std::size_t count, DType type, Memory mem, ReduceOp op) override {
+    host_only(mem, "allreduce");
     modeled(Op::allreduce, count, type);
     Watched w("allreduce");
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, as_int(count, "allreduce"), mpi_type(type), mpi_op(op), comm_));
     finish_reduce(buf, count, type, op, size());
   }
 
-  void reduce_impl(void* buf, std::size_t count, DType type, ReduceOp op, int root) override {
+  void reduce_impl(void* buf, std::size_t count, DType type, Memory mem, ReduceOp op, int root) override {
+    host_only(mem, "reduce");
     check_root(root, "reduce");
     modeled(Op::reduce, count, type, root);
     Watched w("reduce");
@@ -235,15 +239,17 @@ class MpiComm final : public Communicator {
     }
   }
 
-  void broadcast_impl(void* buf, std::size_t count, DType type, int root) override {
+  void broadcast_impl(void* buf, std::size_t count, DType type, Memory mem, int root) override {
+    host_only(mem, "broadcast");
     check_root(root, "broadcast");
     modeled(Op::broadcast, count, type, root);
     Watched w("broadcast");
     MPI_CHECK(MPI_Bcast(buf, as_int(count, "broadcast"), mpi_type(type), root, comm_));
   }
 
-  void reduce_scatter_impl(const void* in, void* out, std::size_t count, DType type,
+  void reduce_scatter_impl(const void* in, void* out, std::size_t count, DType type, Memory mem,
                            ReduceOp op) override {
+    host_only(mem, "reduce_scatter");
     modeled(Op::reduce_scatter, count, type);
     Watched w("reduce_scatter");
     MPI_CHECK(MPI_Reduce_scatter_block(in, out, as_int(count, "reduce_scatter"), mpi_type(type),
@@ -251,8 +257,9 @@ class MpiComm final : public Communicator {
     finish_reduce(out, count, type, op, size());
   }
 
-  void allgatherv_impl(const void* in, void* out, std::span<const std::size_t> counts,
-                       DType type) override {
+  void allgatherv_impl(const void* in, void* out, std::span<const std::size_t> counts, DType type,
+                       Memory mem) override {
+    host_only(mem, "allgather");
     count_traffic(Op::allgather, collective_traffic(Op::allgather, counts, dtype_size(type), rank()));
     mark_modeled(Op::allgather);
     const auto [n, displs] = ints(counts, "allgather");
@@ -262,7 +269,8 @@ class MpiComm final : public Communicator {
   }
 
   void gatherv_impl(const void* in, void* out, std::span<const std::size_t> counts, DType type,
-                    int root) override {
+                    Memory mem, int root) override {
+    host_only(mem, "gatherv");
     check_root(root, "gatherv");
     count_traffic(Op::gather, collective_traffic(Op::gather, counts, dtype_size(type), rank(), root));
     mark_modeled(Op::gather);
@@ -272,7 +280,8 @@ class MpiComm final : public Communicator {
                           displs.data(), mpi_type(type), root, comm_));
   }
 
-  void alltoall_impl(const void* in, void* out, std::size_t block, DType type) override {
+  void alltoall_impl(const void* in, void* out, std::size_t block, DType type, Memory mem) override {
+    host_only(mem, "alltoall");
     modeled(Op::alltoall, block, type);
     Watched w("alltoall");
     const int n = as_int(block, "alltoall");
@@ -294,6 +303,12 @@ class MpiComm final : public Communicator {
   }
 
  private:
+  /// Open MPI as packaged here is not CUDA-aware: device buffers are refused, not crashed on.
+  static void host_only(Memory mem, const char* what) {
+    if (mem == Memory::device)
+      throw UsageError(std::string(what) + ": the MPI backend takes host buffers only (this Open MPI is not "
+                       "CUDA-aware); use the threads backend for device buffers");
+  }
   static int rank_of(MPI_Comm c) {
     int r = 0;
     MPI_Comm_rank(c, &r);

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "shardlab/check.hpp"
+#include "shardlab/cuda.hpp"
 #include "shardlab/results.hpp"
 #include "shardlab/tensor.hpp"
 
@@ -36,6 +37,13 @@ struct Waiter {
   std::mutex m;
   std::condition_variable cv;
 };
+
+/// memcpy for host buffers; cudaMemcpy (any direction, any device) when one is on a GPU.
+void copy_bytes(void* dst, const void* src, std::size_t bytes, Memory mem) {
+  if (bytes == 0) return;
+  if (mem == Memory::device) cuda::copy(dst, src, bytes);
+  else std::memcpy(dst, src, bytes);
+}
 
 std::string seconds(std::chrono::milliseconds t) {
   return format_number(static_cast<double>(t.count()) / 1000.0, 3) + " s";
@@ -122,6 +130,7 @@ struct Message final : Request::Impl {
   const void* src = nullptr;  // send
   void* dst = nullptr;        // recv
   std::size_t bytes = 0;
+  Memory mem = Memory::host;
   std::atomic<int> state{queued};
   std::string error;  // set before `done` when sizes disagree
 
@@ -148,6 +157,7 @@ struct Slot {
   const void* in = nullptr;
   void* out = nullptr;
   std::vector<std::size_t> counts;  // allgatherv / gatherv
+  Memory mem = Memory::host;
   int color = 0, key = 0;           // split
   std::shared_ptr<Group> made;      // split: the group its color's leader created
 
@@ -165,6 +175,7 @@ struct Slot {
       s += std::to_string(count) + " x ";
     }
     s += dtype_name(type);
+    if (mem == Memory::device) s += " on device";
     if (op == Op::allreduce || op == Op::reduce || op == Op::reduce_scatter)
       s += ", " + std::string(reduce_op_name(reduce));
     if (op == Op::reduce || op == Op::broadcast || op == Op::gather)
@@ -173,7 +184,7 @@ struct Slot {
   }
   bool agrees_with(const Slot& o) const {
     return op == o.op && is_split == o.is_split && count == o.count && type == o.type &&
-           reduce == o.reduce && root == o.root && counts == o.counts;
+           reduce == o.reduce && root == o.root && counts == o.counts && mem == o.mem;
   }
 };
 
@@ -223,8 +234,9 @@ void complete(Message& send, Message& recv) {
                             std::to_string(send.bytes) + " bytes";
     send.error = why;
     recv.error = why;
-  } else if (send.bytes > 0) {
-    std::memcpy(recv.dst, send.src, send.bytes);
+  } else {
+    const bool device = send.mem == Memory::device || recv.mem == Memory::device;
+    copy_bytes(recv.dst, send.src, send.bytes, device ? Memory::device : Memory::host);
   }
   const std::shared_ptr<WorldState> world = send.group->world;
   const int send_owner = send.group->world_rank(send.me);
@@ -275,16 +287,18 @@ class ThreadComm final : public Communicator {
   std::string_view backend() const override { return "threads"; }
 
  protected:
-  Request isend_impl(const void* buf, std::size_t bytes, int peer, int tag) override {
+  Request isend_impl(const void* buf, std::size_t bytes, Memory mem, int peer, int tag) override {
     auto msg = make_message(true, peer, tag, bytes);
     msg->src = buf;
+    msg->mem = mem;
     post(*msg);
     return Request(std::move(msg));
   }
 
-  Request irecv_impl(void* buf, std::size_t bytes, int peer, int tag) override {
+  Request irecv_impl(void* buf, std::size_t bytes, Memory mem, int peer, int tag) override {
     auto msg = make_message(false, peer, tag, bytes);
     msg->dst = buf;
+    msg->mem = mem;
     post(*msg);
     return Request(std::move(msg));
   }
@@ -308,102 +322,102 @@ class ThreadComm final : public Communicator {
     if (!msg.error.empty()) throw CommError("rank " + std::to_string(rank()) + ": " + msg.error);
   }
 
-  void allreduce_impl(void* buf, std::size_t count, DType type, ReduceOp op) override {
+  void allreduce_impl(void* buf, std::size_t count, DType type, Memory mem, ReduceOp op) override {
     const std::size_t elem = dtype_size(type);
     count_collective_traffic(Op::allreduce, count, elem);
-    if (size() == 1) return finish_reduce(buf, count, type, op, 1);
-    run(make_slot(Op::allreduce, count, type, op, 0, buf, buf), [&] {
+    if (size() == 1) return;  // avg over one rank: nothing to divide
+    run(make_slot(Op::allreduce, count, type, op, 0, buf, buf, mem), [&] {
       // 1. reduce-scatter: this rank reduces chunk `rank` of every rank's buffer, in rank
       //    order (so the result does not depend on who reduces), into its own buffer.
       const Bytes mine = chunk(count, elem, rank());
-      reduce_chunk(mine, type, op, [&](int q) { return slot(q).in; },
+      reduce_chunk(mine, type, op, mem, [&](int q) { return slot(q).in; },
                    static_cast<char*>(buf) + mine.offset);
       sync("allreduce");
       // 2. all-gather: copy every other rank's reduced chunk out of its buffer.
       for (int q = 0; q < size(); ++q) {
         if (q == rank()) continue;
         const Bytes c = chunk(count, elem, q);
-        std::memcpy(static_cast<char*>(buf) + c.offset, static_cast<const char*>(slot(q).out) + c.offset,
-                    c.length);
+        copy_bytes(static_cast<char*>(buf) + c.offset, static_cast<const char*>(slot(q).out) + c.offset,
+                   c.length, mem);
       }
     });
   }
 
-  void reduce_impl(void* buf, std::size_t count, DType type, ReduceOp op, int root) override {
+  void reduce_impl(void* buf, std::size_t count, DType type, Memory mem, ReduceOp op, int root) override {
     check_root(root, "reduce");
     const std::size_t elem = dtype_size(type);
     count_collective_traffic(Op::reduce, count, elem, root);
-    if (size() == 1) return finish_reduce(buf, count, type, op, 1);
-    run(make_slot(Op::reduce, count, type, op, root, buf, buf), [&] {
+    if (size() == 1) return;
+    run(make_slot(Op::reduce, count, type, op, root, buf, buf, mem), [&] {
       // Reduce-scatter as in allreduce, each rank writing its reduced chunk into root's
       // buffer (only this rank touches that chunk there, so no one reads it after).
       const Bytes mine = chunk(count, elem, rank());
-      reduce_chunk(mine, type, op, [&](int q) { return slot(q).in; },
+      reduce_chunk(mine, type, op, mem, [&](int q) { return slot(q).in; },
                    static_cast<char*>(slot(root).out) + mine.offset);
     });
   }
 
-  void broadcast_impl(void* buf, std::size_t count, DType type, int root) override {
+  void broadcast_impl(void* buf, std::size_t count, DType type, Memory mem, int root) override {
     check_root(root, "broadcast");
     count_collective_traffic(Op::broadcast, count, dtype_size(type), root);
     if (size() == 1) return;
-    run(make_slot(Op::broadcast, count, type, ReduceOp::sum, root, buf, buf), [&] {
-      if (rank() != root) std::memcpy(buf, slot(root).in, count * dtype_size(type));
+    run(make_slot(Op::broadcast, count, type, ReduceOp::sum, root, buf, buf, mem), [&] {
+      if (rank() != root) copy_bytes(buf, slot(root).in, count * dtype_size(type), mem);
     });
   }
 
-  void reduce_scatter_impl(const void* in, void* out, std::size_t count, DType type,
+  void reduce_scatter_impl(const void* in, void* out, std::size_t count, DType type, Memory mem,
                            ReduceOp op) override {
     const std::size_t elem = dtype_size(type);
     count_collective_traffic(Op::reduce_scatter, count, elem);
-    run(make_slot(Op::reduce_scatter, count, type, op, 0, in, out), [&] {
+    run(make_slot(Op::reduce_scatter, count, type, op, 0, in, out, mem), [&] {
       const Bytes block{static_cast<std::size_t>(rank()) * count * elem, count * elem};
-      reduce_chunk(block, type, op, [&](int q) { return slot(q).in; },
+      reduce_chunk(block, type, op, mem, [&](int q) { return slot(q).in; },
                    static_cast<char*>(out));
     });
   }
 
-  void allgatherv_impl(const void* in, void* out, std::span<const std::size_t> counts,
-                       DType type) override {
+  void allgatherv_impl(const void* in, void* out, std::span<const std::size_t> counts, DType type,
+                       Memory mem) override {
     const std::size_t elem = dtype_size(type);
     count_traffic(Op::allgather, collective_traffic(Op::allgather, counts, elem, rank(), 0));
-    Slot s = make_slot(Op::allgather, 0, type, ReduceOp::sum, 0, in, out);
+    Slot s = make_slot(Op::allgather, 0, type, ReduceOp::sum, 0, in, out, mem);
     s.counts.assign(counts.begin(), counts.end());
     run(std::move(s), [&] {
       std::size_t offset = 0;
       for (int q = 0; q < size(); ++q) {
         const std::size_t n = counts[static_cast<std::size_t>(q)] * elem;
-        if (n) std::memcpy(static_cast<char*>(out) + offset, slot(q).in, n);
+        copy_bytes(static_cast<char*>(out) + offset, slot(q).in, n, mem);
         offset += n;
       }
     });
   }
 
   void gatherv_impl(const void* in, void* out, std::span<const std::size_t> counts, DType type,
-                    int root) override {
+                    Memory mem, int root) override {
     check_root(root, "gatherv");
     const std::size_t elem = dtype_size(type);
     count_traffic(Op::gather, collective_traffic(Op::gather, counts, elem, rank(), root));
-    Slot s = make_slot(Op::gather, 0, type, ReduceOp::sum, root, in, out);
+    Slot s = make_slot(Op::gather, 0, type, ReduceOp::sum, root, in, out, mem);
     s.counts.assign(counts.begin(), counts.end());
     run(std::move(s), [&] {
       if (rank() != root) return;
       std::size_t offset = 0;
       for (int q = 0; q < size(); ++q) {
         const std::size_t n = counts[static_cast<std::size_t>(q)] * elem;
-        if (n) std::memcpy(static_cast<char*>(out) + offset, slot(q).in, n);
+        copy_bytes(static_cast<char*>(out) + offset, slot(q).in, n, mem);
         offset += n;
       }
     });
   }
 
-  void alltoall_impl(const void* in, void* out, std::size_t block, DType type) override {
+  void alltoall_impl(const void* in, void* out, std::size_t block, DType type, Memory mem) override {
     const std::size_t elem = dtype_size(type);
     count_collective_traffic(Op::alltoall, block, elem);
-    run(make_slot(Op::alltoall, block, type, ReduceOp::sum, 0, in, out), [&] {
+    run(make_slot(Op::alltoall, block, type, ReduceOp::sum, 0, in, out, mem), [&] {
       const std::size_t b = block * elem;
       for (int q = 0; q < size(); ++q)
-        if (b) std::memcpy(static_cast<char*>(out) + q * b, static_cast<const char*>(slot(q).in) + rank() * b, b);
+        copy_bytes(static_cast<char*>(out) + q * b, static_cast<const char*>(slot(q).in) + rank() * b, b, mem);
     });
   }
 
@@ -461,8 +475,9 @@ class ThreadComm final : public Communicator {
   }
 
   Slot make_slot(Op op, std::size_t count, DType type, ReduceOp reduce, int root, const void* in,
-                 void* out) const {
+                 void* out, Memory mem = Memory::host) const {
     Slot s;
+    s.mem = mem;
     s.op = op;
     s.count = count;
     s.type = type;
@@ -483,14 +498,25 @@ class ThreadComm final : public Communicator {
   }
 
   /// dst = op over q = 0..N-1 of (source(q) + c.offset), c.length bytes, in rank order.
-  /// One pass over memory: each block is gathered into a small accumulator that stays in
-  /// L1, then written out once. dst may be one of the sources (every source block is
-  /// read before the block is written).
+  /// Host: one pass over memory — each block is gathered into a small accumulator that
+  /// stays in L1, then written out once. Device: the same with a device accumulator and
+  /// reduction kernels. dst may be one of the sources (every source block is read before
+  /// the block is written).
   template <class Source>
-  void reduce_chunk(Bytes c, DType type, ReduceOp op, Source&& source, void* dst) {
+  void reduce_chunk(Bytes c, DType type, ReduceOp op, Memory mem, Source&& source, void* dst) {
+    const std::size_t elem = dtype_size(type);
+    if (mem == Memory::device) {
+      if (c.length == 0) return;
+      cuda::DeviceTensor acc(1, static_cast<std::int64_t>((c.length + sizeof(float) - 1) / sizeof(float)));
+      cuda::copy(acc.data(), static_cast<const char*>(source(0)) + c.offset, c.length);
+      for (int q = 1; q < size(); ++q)
+        cuda::reduce_into(acc.data(), static_cast<const char*>(source(q)) + c.offset, c.length / elem, type, op);
+      cuda::finish_reduce(acc.data(), c.length / elem, type, op, size());
+      cuda::copy(dst, acc.data(), c.length);
+      return;
+    }
     constexpr std::size_t block = 8192;  // bytes; a multiple of every element size
     alignas(64) char acc[block];
-    const std::size_t elem = dtype_size(type);
     for (std::size_t done = 0; done < c.length; done += block) {
       const std::size_t len = std::min(block, c.length - done);
       std::memcpy(acc, static_cast<const char*>(source(0)) + c.offset + done, len);

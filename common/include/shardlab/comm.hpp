@@ -67,6 +67,32 @@ template <class R>
 concept Buffer = std::ranges::contiguous_range<R> && std::ranges::sized_range<R> &&
                  Element<std::ranges::range_value_t<R>>;
 
+/// Where a buffer lives. Host buffers work on every backend. Device (CUDA) buffers work
+/// on the threads backend (copies through cudaMemcpy, reductions as kernels), so N ranks
+/// can share one GPU; the MPI backend refuses them (Open MPI here is not CUDA-aware).
+enum class Memory : std::uint8_t { host, device };
+
+/// A buffer type says it lives on the device with `static constexpr Memory memory =
+/// Memory::device;` (DeviceTensor, DeviceSpan); every other buffer is host memory.
+template <class R>
+constexpr Memory memory_of() {
+  using B = std::remove_cvref_t<R>;
+  if constexpr (requires { B::memory; }) return B::memory;
+  else return Memory::host;
+}
+
+/// A view of `count` elements of device memory, for passing raw device pointers.
+template <class T>
+struct DeviceSpan {
+  static constexpr Memory memory = Memory::device;
+  T* ptr = nullptr;
+  std::size_t count = 0;
+  T* data() const { return ptr; }
+  std::size_t size() const { return count; }
+  T* begin() const { return ptr; }
+  T* end() const { return ptr + count; }
+};
+
 /// sum, avg (sum / N), max, min: what allreduce, reduce and reduce_scatter combine with.
 enum class ReduceOp : std::uint8_t { sum, avg, max, min };
 std::string_view reduce_op_name(ReduceOp op);
@@ -179,26 +205,26 @@ class Communicator {
 
   template <Buffer R>
   void send(const R& buf, int peer, int tag = 0) {
-    send_bytes(std::ranges::data(buf), count(buf), dtype<R>(), peer, tag);
+    send_bytes(std::ranges::data(buf), count(buf), dtype<R>(), memory_of<R>(), peer, tag);
   }
   template <Buffer R>
   void recv(R&& buf, int peer, int tag = 0) {
-    recv_bytes(std::ranges::data(buf), count(buf), dtype<R>(), peer, tag);
+    recv_bytes(std::ranges::data(buf), count(buf), dtype<R>(), memory_of<R>(), peer, tag);
   }
   /// Sends `out` to `dest` and receives `in` from `source` at once (no deadlock in a ring).
   template <Buffer S, Buffer R>
   void sendrecv(const S& out, int dest, R&& in, int source, int tag = 0) {
     static_assert(std::is_same_v<std::ranges::range_value_t<S>, std::ranges::range_value_t<R>>);
     sendrecv_bytes(std::ranges::data(out), count(out), std::ranges::data(in), count(in),
-                   dtype<R>(), dest, source, tag);
+                   dtype<R>(), memory_of<S>(), memory_of<R>(), dest, source, tag);
   }
   template <Buffer R>
   [[nodiscard]] Request isend(const R& buf, int peer, int tag = 0) {
-    return isend_bytes(std::ranges::data(buf), count(buf), dtype<R>(), peer, tag);
+    return isend_bytes(std::ranges::data(buf), count(buf), dtype<R>(), memory_of<R>(), peer, tag);
   }
   template <Buffer R>
   [[nodiscard]] Request irecv(R&& buf, int peer, int tag = 0) {
-    return irecv_bytes(std::ranges::data(buf), count(buf), dtype<R>(), peer, tag);
+    return irecv_bytes(std::ranges::data(buf), count(buf), dtype<R>(), memory_of<R>(), peer, tag);
   }
   /// Blocks until `request` completes (with the timeout); it is then no longer pending.
   void wait(Request& request);
@@ -209,17 +235,17 @@ class Communicator {
   /// In place: every rank ends with op over all ranks' buffers, element by element.
   template <Buffer R>
   void allreduce(R&& buf, ReduceOp op = ReduceOp::sum) {
-    collective(Op::allreduce, [&] { allreduce_impl(std::ranges::data(buf), count(buf), dtype<R>(), op); });
+    collective(Op::allreduce, [&] { allreduce_impl(std::ranges::data(buf), count(buf), dtype<R>(), memory_of<R>(), op); });
   }
   /// In place: `root` ends with op over all ranks' buffers; the others' are unchanged.
   template <Buffer R>
   void reduce(R&& buf, ReduceOp op, int root) {
-    collective(Op::reduce, [&] { reduce_impl(std::ranges::data(buf), count(buf), dtype<R>(), op, root); });
+    collective(Op::reduce, [&] { reduce_impl(std::ranges::data(buf), count(buf), dtype<R>(), memory_of<R>(), op, root); });
   }
   /// In place: every rank ends with root's buffer.
   template <Buffer R>
   void broadcast(R&& buf, int root) {
-    collective(Op::broadcast, [&] { broadcast_impl(std::ranges::data(buf), count(buf), dtype<R>(), root); });
+    collective(Op::broadcast, [&] { broadcast_impl(std::ranges::data(buf), count(buf), dtype<R>(), memory_of<R>(), root); });
   }
   /// `in` holds size() blocks of out.size() elements; rank r gets op over all ranks'
   /// block r in `out`.
@@ -228,7 +254,8 @@ class Communicator {
     static_assert(std::is_same_v<std::ranges::range_value_t<S>, std::ranges::range_value_t<R>>);
     check_blocks("reduce_scatter", count(in), count(out));
     collective(Op::reduce_scatter, [&] {
-      reduce_scatter_impl(std::ranges::data(in), std::ranges::data(out), count(out), dtype<R>(), op);
+      reduce_scatter_impl(std::ranges::data(in), std::ranges::data(out), count(out), dtype<R>(),
+                          same_memory<S, R>("reduce_scatter"), op);
     });
   }
   /// Every rank's `in` (the same length on all), concatenated in rank order into `out`.
@@ -238,7 +265,8 @@ class Communicator {
     check_blocks("allgather", count(out), count(in));
     std::vector<std::size_t> counts(static_cast<std::size_t>(size_), count(in));
     collective(Op::allgather, [&] {
-      allgatherv_impl(std::ranges::data(in), std::ranges::data(out), counts, dtype<R>());
+      allgatherv_impl(std::ranges::data(in), std::ranges::data(out), counts, dtype<R>(),
+                      same_memory<S, R>("allgather"));
     });
   }
   /// Like allgather, but rank r contributes counts[r] elements (uneven shards).
@@ -247,7 +275,8 @@ class Communicator {
     static_assert(std::is_same_v<std::ranges::range_value_t<S>, std::ranges::range_value_t<R>>);
     check_counts("allgatherv", counts, count(in), count(out));
     collective(Op::allgather, [&] {
-      allgatherv_impl(std::ranges::data(in), std::ranges::data(out), counts, dtype<R>());
+      allgatherv_impl(std::ranges::data(in), std::ranges::data(out), counts, dtype<R>(),
+                      same_memory<S, R>("allgather"));
     });
   }
   /// Every rank's `in` concatenated in rank order into `out` on `root` only (`out` is
@@ -257,7 +286,8 @@ class Communicator {
     static_assert(std::is_same_v<std::ranges::range_value_t<S>, std::ranges::range_value_t<R>>);
     check_counts("gatherv", counts, count(in), rank_ == root ? count(out) : total(counts));
     collective(Op::gather, [&] {
-      gatherv_impl(std::ranges::data(in), std::ranges::data(out), counts, dtype<R>(), root);
+      gatherv_impl(std::ranges::data(in), std::ranges::data(out), counts, dtype<R>(),
+                   same_memory<S, R>("gatherv"), root);
     });
   }
   /// `in` holds size() blocks; block j goes to rank j, and rank r's block j arrives in
@@ -269,7 +299,7 @@ class Communicator {
     if (count(in) != count(out)) throw_usage("alltoall: in and out must have the same length");
     collective(Op::alltoall, [&] {
       alltoall_impl(std::ranges::data(in), std::ranges::data(out),
-                    count(in) / static_cast<std::size_t>(size_), dtype<R>());
+                    count(in) / static_cast<std::size_t>(size_), dtype<R>(), same_memory<S, R>("alltoall"));
     });
   }
   /// Returns when every rank has called it.
@@ -313,29 +343,31 @@ class Communicator {
       : rank_(rank), size_(size), timeout_(timeout) {}
 
   // What a backend implements. Counts are in elements of `type`.
-  virtual Request isend_impl(const void* buf, std::size_t bytes, int peer, int tag) = 0;
-  virtual Request irecv_impl(void* buf, std::size_t bytes, int peer, int tag) = 0;
+  virtual Request isend_impl(const void* buf, std::size_t bytes, Memory mem, int peer, int tag) = 0;
+  virtual Request irecv_impl(void* buf, std::size_t bytes, Memory mem, int peer, int tag) = 0;
   virtual void wait_impl(Request::Impl& request) = 0;
-  virtual void allreduce_impl(void* buf, std::size_t count, DType type, ReduceOp op) = 0;
-  virtual void reduce_impl(void* buf, std::size_t count, DType type, ReduceOp op, int root) = 0;
-  virtual void broadcast_impl(void* buf, std::size_t count, DType type, int root) = 0;
+  virtual void allreduce_impl(void* buf, std::size_t count, DType type, Memory mem, ReduceOp op) = 0;
+  virtual void reduce_impl(void* buf, std::size_t count, DType type, Memory mem, ReduceOp op,
+                           int root) = 0;
+  virtual void broadcast_impl(void* buf, std::size_t count, DType type, Memory mem, int root) = 0;
   virtual void reduce_scatter_impl(const void* in, void* out, std::size_t count, DType type,
-                                   ReduceOp op) = 0;
+                                   Memory mem, ReduceOp op) = 0;
   virtual void allgatherv_impl(const void* in, void* out, std::span<const std::size_t> counts,
-                               DType type) = 0;
+                               DType type, Memory mem) = 0;
   virtual void gatherv_impl(const void* in, void* out, std::span<const std::size_t> counts,
-                            DType type, int root) = 0;
-  virtual void alltoall_impl(const void* in, void* out, std::size_t block, DType type) = 0;
+                            DType type, Memory mem, int root) = 0;
+  virtual void alltoall_impl(const void* in, void* out, std::size_t block, DType type,
+                             Memory mem) = 0;
   virtual void barrier_impl() = 0;
   virtual std::unique_ptr<Communicator> split_impl(int color, int key) = 0;
 
   // Point-to-point as the templates see it: checked, counted, then handed to the backend.
-  Request isend_bytes(const void* buf, std::size_t count, DType type, int peer, int tag);
-  Request irecv_bytes(void* buf, std::size_t count, DType type, int peer, int tag);
-  void send_bytes(const void* buf, std::size_t count, DType type, int peer, int tag);
-  void recv_bytes(void* buf, std::size_t count, DType type, int peer, int tag);
+  Request isend_bytes(const void* buf, std::size_t count, DType type, Memory mem, int peer, int tag);
+  Request irecv_bytes(void* buf, std::size_t count, DType type, Memory mem, int peer, int tag);
+  void send_bytes(const void* buf, std::size_t count, DType type, Memory mem, int peer, int tag);
+  void recv_bytes(void* buf, std::size_t count, DType type, Memory mem, int peer, int tag);
   void sendrecv_bytes(const void* out, std::size_t out_count, void* in, std::size_t in_count,
-                      DType type, int dest, int source, int tag);
+                      DType type, Memory out_mem, Memory in_mem, int dest, int source, int tag);
 
   /// Adds bytes to the counters of `op` (nothing while Uncounted is alive). Backends call
   /// it from their collectives; the point-to-point wrappers count for themselves.
@@ -357,6 +389,12 @@ class Communicator {
     return static_cast<std::size_t>(std::ranges::size(buf));
   }
   static std::size_t total(std::span<const std::size_t> counts);
+  template <class S, class R>
+  Memory same_memory(std::string_view what) const {
+    if constexpr (memory_of<S>() != memory_of<R>())
+      throw_usage(std::string(what) + ": in and out must both be host or both be device buffers");
+    return memory_of<R>();
+  }
   template <class F>
   void collective(Op op, F&& body) {
     if (counting_) ++stats_[op].calls;

@@ -1,14 +1,102 @@
-// cuda: what the rest of the library asks of the CUDA runtime. Builds without CUDA too
-// (then there is never a device).
+// cuda: what the library asks of CUDA — devices, device memory, the few kernels the
+// chapters need, and cuBLAS's matmul. It builds without CUDA too: then there is never a
+// device, and anything that needs one throws UsageError with a clear message.
+//
+// Every kernel here has a CPU reference in tensor.hpp / nn.hpp, and test_cuda.cpp checks
+// each against it on random data before anything is timed (llm.c's pattern). Errors go
+// through one check function: CUDA_CHECK(call), CUBLAS_CHECK(call) name the call, the
+// file and the line.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
+
+#include "shardlab/comm.hpp"
+#include "shardlab/tensor.hpp"
 
 namespace shardlab::cuda {
 
-/// Number of usable CUDA devices: 0 without a driver, a GPU, or a CUDA build.
+// ---------------------------------------------------------------------------
+// Devices
+
+/// True when this build has CUDA (nvcc was found at configure time).
+bool built();
+/// Number of usable CUDA devices: 0 without a CUDA build, a driver or a GPU.
 int device_count();
-/// "NVIDIA H100 80GB HBM3, sm_90, 80 GiB" for device `index`, or why there is none.
+/// "NVIDIA H100 80GB HBM3, sm_90, 132 SMs, 79 GiB" for device `index`, or why there is none.
 std::string describe_device(int index);
+/// Peak FP32 throughput from the device's properties: SMs x FP32 lanes per SM x clock x 2
+/// (an FMA is two flops). 0 when the architecture's lanes per SM are not in the table.
+double peak_fp32_tflops(int index);
+/// Makes `index` the current device of the calling thread (each rank's thread calls it).
+void set_device(int index);
+/// The device rank `rank` uses: ranks map to GPUs round robin.
+int device_for_rank(int rank);
+
+// ---------------------------------------------------------------------------
+// Device memory
+
+/// A float tensor in device memory (plain cudaMalloc: no managed memory), row-major,
+/// rows x cols. Moves, does not copy; to_device / to_host copy explicitly.
+class DeviceTensor {
+ public:
+  static constexpr Memory memory = Memory::device;  // the communicator reads this
+  DeviceTensor() = default;
+  DeviceTensor(std::int64_t rows, std::int64_t cols);  // zero-filled
+  ~DeviceTensor();
+  DeviceTensor(DeviceTensor&& o) noexcept;
+  DeviceTensor& operator=(DeviceTensor&& o) noexcept;
+  DeviceTensor(const DeviceTensor&) = delete;
+  DeviceTensor& operator=(const DeviceTensor&) = delete;
+
+  static DeviceTensor to_device(const Tensor& host);
+  Tensor to_host() const;
+
+  std::int64_t rows() const { return rows_; }
+  std::int64_t cols() const { return cols_; }
+  std::int64_t size() const { return rows_ * cols_; }
+  float* data() const { return data_; }
+  float* begin() const { return data_; }
+  float* end() const { return data_ + size(); }
+
+ private:
+  float* data_ = nullptr;
+  std::int64_t rows_ = 0, cols_ = 0;
+};
+
+/// cudaMemcpy with cudaMemcpyDefault: host or device, either way, any device.
+void copy(void* dst, const void* src, std::size_t bytes);
+
+// ---------------------------------------------------------------------------
+// Kernels (each next to its CPU reference: tensor.hpp, nn.hpp)
+
+/// out = a @ b through cuBLAS (FP32). Row-major a (M x K) and b (K x N) are, to
+/// column-major cuBLAS, a^T and b^T; it computes out^T = b^T a^T, which in row-major is
+/// exactly out = a @ b, by swapping the operands: no transposes are materialised.
+DeviceTensor matmul(const DeviceTensor& a, const DeviceTensor& b);
+/// y += alpha * x.
+void axpy(float alpha, const DeviceTensor& x, DeviceTensor& y);
+/// x *= s.
+void scale(DeviceTensor& x, float s);
+/// out = a + b.
+DeviceTensor add(const DeviceTensor& a, const DeviceTensor& b);
+/// y = tanh(x), and dx = dy * (1 - y^2).
+DeviceTensor tanh_forward(const DeviceTensor& x);
+DeviceTensor tanh_backward(const DeviceTensor& y, const DeviceTensor& dy);
+/// One Adam step (Kingma & Ba 2015, Algorithm 1) on every element, t counting from 1:
+/// m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps).
+void adam_step(DeviceTensor& p, const DeviceTensor& g, DeviceTensor& m, DeviceTensor& v, float lr, float b1,
+               float b2, float eps, int t);
+/// max |a - b| over all elements, computed on the device.
+float max_abs_diff(const DeviceTensor& a, const DeviceTensor& b);
+
+/// For the threads backend's reductions over device buffers: acc = op(acc, x), count
+/// elements of `type` (x may live on another device), and avg's division by `ranks`.
+void reduce_into(void* acc, const void* x, std::size_t count, DType type, ReduceOp op);
+void finish_reduce(void* acc, std::size_t count, DType type, ReduceOp op, int ranks);
+
+/// Waits for the calling thread's device to finish its work.
+void synchronize();
 
 }  // namespace shardlab::cuda

@@ -1,0 +1,346 @@
+// cuda: devices, device memory, kernels and cuBLAS (see cuda.hpp). Compiled with
+// --default-stream per-thread, so each rank's thread works on a stream of its own.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "shardlab/check.hpp"
+#include "shardlab/cuda.hpp"
+
+namespace shardlab::cuda {
+
+// ---------------------------------------------------------------------------
+// Errors: one check function behind CUDA_CHECK and CUBLAS_CHECK.
+
+namespace {
+[[noreturn]] void fail(const std::string& what, const char* call, const char* file, int line) {
+  throw std::runtime_error(std::string(call) + " failed at " + file + ":" + std::to_string(line) + ": " + what);
+}
+void check(cudaError_t e, const char* call, const char* file, int line) {
+  if (e != cudaSuccess) fail(cudaGetErrorString(e), call, file, line);
+}
+void check(cublasStatus_t s, const char* call, const char* file, int line) {
+  if (s != CUBLAS_STATUS_SUCCESS) fail(cublasGetStatusString(s), call, file, line);
+}
+}  // namespace
+
+#define CUDA_CHECK(call) ::shardlab::cuda::check((call), #call, __FILE__, __LINE__)
+#define CUBLAS_CHECK(call) ::shardlab::cuda::check((call), #call, __FILE__, __LINE__)
+
+// ---------------------------------------------------------------------------
+// Devices
+
+bool built() { return true; }
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // no driver or no device: clear the error, report none
+    return 0;
+  }
+  return n;
+}
+
+namespace {
+int attribute(cudaDeviceAttr a, int index) {
+  int v = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&v, a, index));
+  return v;
+}
+/// FP32 lanes per SM, by compute capability (CUDA C Programming Guide, "Arithmetic
+/// Instructions" throughput table).
+int fp32_lanes(int major, int minor) {
+  if (major == 7) return 64;                      // Volta, Turing
+  if (major == 8) return minor == 0 ? 64 : 128;   // A100; Ampere GA10x, Ada
+  if (major >= 9) return 128;                     // Hopper, Blackwell
+  return 0;
+}
+}  // namespace
+
+std::string describe_device(int index) {
+  if (index < 0 || index >= device_count()) return "no CUDA device " + std::to_string(index);
+  cudaDeviceProp p{};
+  CUDA_CHECK(cudaGetDeviceProperties(&p, index));
+  return std::string(p.name) + ", sm_" + std::to_string(p.major) + std::to_string(p.minor) + ", " +
+         std::to_string(p.multiProcessorCount) + " SMs, " + std::to_string(p.totalGlobalMem >> 30) + " GiB";
+}
+
+double peak_fp32_tflops(int index) {
+  const int major = attribute(cudaDevAttrComputeCapabilityMajor, index);
+  const int minor = attribute(cudaDevAttrComputeCapabilityMinor, index);
+  const double sms = attribute(cudaDevAttrMultiProcessorCount, index);
+  const double khz = attribute(cudaDevAttrClockRate, index);
+  return sms * fp32_lanes(major, minor) * khz * 1e3 * 2.0 / 1e12;
+}
+
+void set_device(int index) { CUDA_CHECK(cudaSetDevice(index)); }
+
+int device_for_rank(int rank) {
+  const int n = device_count();
+  if (n == 0) throw UsageError("--device cuda: no CUDA device found");
+  return rank % n;
+}
+
+void synchronize() { CUDA_CHECK(cudaStreamSynchronize(cudaStreamPerThread)); }
+
+// ---------------------------------------------------------------------------
+// Device memory
+
+DeviceTensor::DeviceTensor(std::int64_t rows, std::int64_t cols) : rows_(rows), cols_(cols) {
+  require(rows >= 0 && cols >= 0, "DeviceTensor: negative size");
+  if (size() == 0) return;
+  CUDA_CHECK(cudaMalloc(&data_, static_cast<std::size_t>(size()) * sizeof(float)));
+  CUDA_CHECK(cudaMemsetAsync(data_, 0, static_cast<std::size_t>(size()) * sizeof(float), cudaStreamPerThread));
+}
+
+DeviceTensor::~DeviceTensor() {
+  if (data_) cudaFree(data_);
+}
+
+DeviceTensor::DeviceTensor(DeviceTensor&& o) noexcept : data_(o.data_), rows_(o.rows_), cols_(o.cols_) {
+  o.data_ = nullptr;
+  o.rows_ = o.cols_ = 0;
+}
+
+DeviceTensor& DeviceTensor::operator=(DeviceTensor&& o) noexcept {
+  std::swap(data_, o.data_);
+  std::swap(rows_, o.rows_);
+  std::swap(cols_, o.cols_);
+  return *this;
+}
+
+DeviceTensor DeviceTensor::to_device(const Tensor& host) {
+  DeviceTensor d(host.ndim() == 2 ? host.rows() : 1, host.ndim() == 2 ? host.cols() : host.size());
+  copy(d.data(), host.data(), static_cast<std::size_t>(host.size()) * sizeof(float));
+  return d;
+}
+
+Tensor DeviceTensor::to_host() const {
+  Tensor t(rows_, cols_);
+  copy(t.data(), data_, static_cast<std::size_t>(size()) * sizeof(float));
+  return t;
+}
+
+void copy(void* dst, const void* src, std::size_t bytes) {
+  if (bytes == 0) return;
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cudaStreamPerThread));
+  CUDA_CHECK(cudaStreamSynchronize(cudaStreamPerThread));
+}
+
+// ---------------------------------------------------------------------------
+// Kernels: grid-stride loops, one thread per element.
+
+namespace {
+constexpr int threads = 256;
+unsigned blocks(std::int64_t n) {
+  return static_cast<unsigned>(std::min<std::int64_t>((n + threads - 1) / threads, 65535));
+}
+void launched() { CUDA_CHECK(cudaGetLastError()); }
+
+__global__ void axpy_kernel(float alpha, const float* x, float* y, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += std::int64_t{gridDim.x} * blockDim.x)
+    y[i] += alpha * x[i];
+}
+__global__ void scale_kernel(float* x, float s, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += std::int64_t{gridDim.x} * blockDim.x)
+    x[i] *= s;
+}
+__global__ void add_kernel(const float* a, const float* b, float* out, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += std::int64_t{gridDim.x} * blockDim.x)
+    out[i] = a[i] + b[i];
+}
+__global__ void tanh_kernel(const float* x, float* y, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += std::int64_t{gridDim.x} * blockDim.x)
+    y[i] = tanhf(x[i]);
+}
+__global__ void tanh_backward_kernel(const float* y, const float* dy, float* dx, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += std::int64_t{gridDim.x} * blockDim.x)
+    dx[i] = dy[i] * (1.0f - y[i] * y[i]);
+}
+__global__ void adam_kernel(float* p, const float* g, float* m, float* v, float lr, float b1, float b2, float eps,
+                            float correction1, float correction2, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += std::int64_t{gridDim.x} * blockDim.x) {
+    m[i] = b1 * m[i] + (1.0f - b1) * g[i];
+    v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
+    p[i] -= lr * (m[i] / correction1) / (sqrtf(v[i] / correction2) + eps);
+  }
+}
+/// Each block writes the max |a - b| of its elements (NaN if any is NaN) to partial[block].
+__global__ void max_abs_diff_kernel(const float* a, const float* b, float* partial, std::int64_t n) {
+  __shared__ float best[threads];
+  float m = 0.0f;
+  for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += std::int64_t{gridDim.x} * blockDim.x) {
+    const float d = fabsf(a[i] - b[i]);
+    m = (d != d || m != m) ? d + m : fmaxf(m, d);  // NaN wins
+  }
+  best[threadIdx.x] = m;
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) {
+      const float o = best[threadIdx.x + stride], s = best[threadIdx.x];
+      best[threadIdx.x] = (o != o || s != s) ? o + s : fmaxf(s, o);
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = best[0];
+}
+template <class T>
+__global__ void reduce_kernel(T* acc, const T* x, std::size_t n, ReduceOp op) {
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += std::size_t{gridDim.x} * blockDim.x) {
+    switch (op) {
+      case ReduceOp::sum:
+      case ReduceOp::avg: acc[i] = static_cast<T>(acc[i] + x[i]); break;
+      case ReduceOp::max: acc[i] = x[i] > acc[i] ? x[i] : acc[i]; break;
+      case ReduceOp::min: acc[i] = x[i] < acc[i] ? x[i] : acc[i]; break;
+    }
+  }
+}
+template <class T>
+__global__ void divide_kernel(T* acc, std::size_t n, int ranks) {
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += std::size_t{gridDim.x} * blockDim.x)
+    acc[i] = static_cast<T>(acc[i] / static_cast<T>(ranks));
+}
+
+void require_same(const DeviceTensor& a, const DeviceTensor& b, const char* what) {
+  require(a.rows() == b.rows() && a.cols() == b.cols(), std::string(what) + ": shapes differ");
+}
+
+template <class F>
+void dispatch(DType type, F&& f) {
+  switch (type) {
+    case DType::f32: f(float{}); break;
+    case DType::f64: f(double{}); break;
+    case DType::i32: f(std::int32_t{}); break;
+    case DType::i64: f(std::int64_t{}); break;
+    case DType::u8: f(std::uint8_t{}); break;
+  }
+}
+
+int device_of(const void* p) {
+  cudaPointerAttributes a{};
+  CUDA_CHECK(cudaPointerGetAttributes(&a, p));
+  return a.type == cudaMemoryTypeDevice ? a.device : -1;
+}
+}  // namespace
+
+void axpy(float alpha, const DeviceTensor& x, DeviceTensor& y) {
+  require_same(x, y, "axpy");
+  axpy_kernel<<<blocks(y.size()), threads, 0, cudaStreamPerThread>>>(alpha, x.data(), y.data(), y.size());
+  launched();
+}
+
+void scale(DeviceTensor& x, float s) {
+  scale_kernel<<<blocks(x.size()), threads, 0, cudaStreamPerThread>>>(x.data(), s, x.size());
+  launched();
+}
+
+DeviceTensor add(const DeviceTensor& a, const DeviceTensor& b) {
+  require_same(a, b, "add");
+  DeviceTensor out(a.rows(), a.cols());
+  add_kernel<<<blocks(a.size()), threads, 0, cudaStreamPerThread>>>(a.data(), b.data(), out.data(), a.size());
+  launched();
+  return out;
+}
+
+DeviceTensor tanh_forward(const DeviceTensor& x) {
+  DeviceTensor y(x.rows(), x.cols());
+  tanh_kernel<<<blocks(x.size()), threads, 0, cudaStreamPerThread>>>(x.data(), y.data(), x.size());
+  launched();
+  return y;
+}
+
+DeviceTensor tanh_backward(const DeviceTensor& y, const DeviceTensor& dy) {
+  require_same(y, dy, "tanh_backward");
+  DeviceTensor dx(y.rows(), y.cols());
+  tanh_backward_kernel<<<blocks(y.size()), threads, 0, cudaStreamPerThread>>>(y.data(), dy.data(), dx.data(), y.size());
+  launched();
+  return dx;
+}
+
+void adam_step(DeviceTensor& p, const DeviceTensor& g, DeviceTensor& m, DeviceTensor& v, float lr, float b1,
+               float b2, float eps, int t) {
+  require_same(p, g, "adam_step");
+  require_same(p, m, "adam_step");
+  require_same(p, v, "adam_step");
+  require(t >= 1, "adam_step: t counts from 1");
+  const float c1 = 1.0f - std::pow(b1, static_cast<float>(t)), c2 = 1.0f - std::pow(b2, static_cast<float>(t));
+  adam_kernel<<<blocks(p.size()), threads, 0, cudaStreamPerThread>>>(p.data(), g.data(), m.data(), v.data(), lr, b1,
+                                                                     b2, eps, c1, c2, p.size());
+  launched();
+}
+
+float max_abs_diff(const DeviceTensor& a, const DeviceTensor& b) {
+  require_same(a, b, "max_abs_diff");
+  if (a.size() == 0) return 0.0f;
+  const unsigned n_blocks = std::min<unsigned>(blocks(a.size()), 1024);
+  DeviceTensor partial(1, n_blocks);
+  max_abs_diff_kernel<<<n_blocks, threads, 0, cudaStreamPerThread>>>(a.data(), b.data(), partial.data(), a.size());
+  launched();
+  const Tensor host = partial.to_host();
+  float m = 0.0f;
+  for (float v : host) {
+    if (std::isnan(v)) return v;
+    m = std::max(m, v);
+  }
+  return m;
+}
+
+DeviceTensor matmul(const DeviceTensor& a, const DeviceTensor& b) {
+  require(a.cols() == b.rows(), "matmul: inner dimensions differ");
+  const int M = static_cast<int>(a.rows()), K = static_cast<int>(a.cols()), N = static_cast<int>(b.cols());
+  DeviceTensor out(M, N);
+  if (M == 0 || N == 0) return out;
+  // One handle per thread (each rank's thread has its own), bound to its stream.
+  thread_local cublasHandle_t handle = nullptr;
+  thread_local int handle_device = -1;
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  if (!handle || handle_device != device) {
+    CUBLAS_CHECK(cublasCreate(&handle));
+    CUBLAS_CHECK(cublasSetStream(handle, cudaStreamPerThread));
+    handle_device = device;
+  }
+  const float one = 1.0f, zero = 0.0f;
+  // Column-major out^T (N x M) = b^T (N x K) @ a^T (K x M): pass b first, then a.
+  CUBLAS_CHECK(cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, &one, b.data(), N, a.data(), K, &zero,
+                           out.data(), N));
+  return out;
+}
+
+void reduce_into(void* acc, const void* x, std::size_t count, DType type, ReduceOp op) {
+  if (count == 0) return;
+  const std::size_t bytes = count * dtype_size(type);
+  int here = 0;
+  CUDA_CHECK(cudaGetDevice(&here));
+  // A kernel reads only its own device's memory: bring x over first if it lives elsewhere.
+  DeviceTensor staged;
+  if (device_of(x) != here) {
+    staged = DeviceTensor(1, static_cast<std::int64_t>((bytes + sizeof(float) - 1) / sizeof(float)));
+    copy(staged.data(), x, bytes);
+    x = staged.data();
+  }
+  dispatch(type, [&](auto zero) {
+    using T = decltype(zero);
+    reduce_kernel<T><<<blocks(static_cast<std::int64_t>(count)), threads, 0, cudaStreamPerThread>>>(
+        static_cast<T*>(acc), static_cast<const T*>(x), count, op);
+  });
+  launched();
+  synchronize();
+}
+
+void finish_reduce(void* acc, std::size_t count, DType type, ReduceOp op, int ranks) {
+  if (op != ReduceOp::avg || count == 0) return;
+  dispatch(type, [&](auto zero) {
+    using T = decltype(zero);
+    divide_kernel<T><<<blocks(static_cast<std::int64_t>(count)), threads, 0, cudaStreamPerThread>>>(
+        static_cast<T*>(acc), count, ranks);
+  });
+  launched();
+  synchronize();
+}
+
+}  // namespace shardlab::cuda
