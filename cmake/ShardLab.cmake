@@ -60,7 +60,8 @@ endfunction()
 
 # shardlab_add_chapter(<NN_slug> SOURCES <file>... [CHAPTER_SOURCES <file>...]
 #                      TESTS <test_file>... [CHAPTER_TESTS <test_file>...]
-#                      [BAD_USAGE "<args>"...] [MPI_ARGS <arg>...] [MPI_RANKS <n>])
+#                      [BAD_USAGE "<args>"...] [MPI_ARGS <arg>...] [MPI_RANKS <n>]
+#                      [GPU_ARGS <arg>...])
 #
 # Wires one chapter, as DESIGN.md describes:
 #   chNN_<slug>_solution  library from solutions/NN_slug/<SOURCES> (plus the chapter's own
@@ -76,7 +77,7 @@ endfunction()
 # pass instead, because the learner has filled the stubs in.
 function(shardlab_add_chapter chapter)
   cmake_parse_arguments(ARG "" "MPI_RANKS"
-    "SOURCES;CHAPTER_SOURCES;TESTS;CHAPTER_TESTS;BAD_USAGE;MPI_ARGS" ${ARGN})
+    "SOURCES;CHAPTER_SOURCES;TESTS;CHAPTER_TESTS;BAD_USAGE;MPI_ARGS;GPU_ARGS" ${ARGN})
   if(NOT ARG_MPI_RANKS)
     set(ARG_MPI_RANKS 3)
   endif()
@@ -129,6 +130,13 @@ function(shardlab_add_chapter chapter)
     shardlab_add_expect_test(${short}.usage_${index} COMMAND ${program} ${bad_args}
       EXIT 2 MATCH "^${target}: error: [^\n]+\n$" LABELS "${short};program")
   endforeach()
+  # Chapters with a GPU path (GPU_ARGS given): --device cuda runs and verifies on a GPU
+  # (label gpu; skipped where there is none).
+  if(ARG_GPU_ARGS)
+    add_test(NAME ${short}.gpu COMMAND ${PROJECT_SOURCE_DIR}/scripts/gpu_run.sh ${program} --quiet ${ARG_GPU_ARGS})
+    set_tests_properties(${short}.gpu PROPERTIES LABELS "${short};gpu" TIMEOUT 300 SKIP_RETURN_CODE 77)
+  endif()
+
   # Under mpirun the program prints the same results as with threads (only the
   # backend's name, and whether its traffic is modeled, differ). MPI_RANKS 2 where
   # OpenMPI's allreduce of 3 ranks sums in another order than the threads backend.

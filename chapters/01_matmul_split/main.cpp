@@ -18,6 +18,9 @@
 //   build/default/bin/ch01_matmul_split --ranks 3 --rows 7 --inner 5 --cols 9
 //   mpirun -np 3 build/default/bin/ch01_matmul_split     3 MPI processes, same numbers
 //   ... --json                                           one JSON object on stdout
+//   ... --device cuda                                    the matmuls on GPUs (cuBLAS), the
+//                                                        communication on device buffers
+//   ... --benchmark [--device cuda]                      GEMM throughput next to the peak
 //
 // Expected (2 ranks): data and column parallel bitwise equal to x @ w, each 32 elements
 // received in all ((P-1)*M*N); row parallel within rounding, 64 elements (2(P-1)*M*N).
@@ -25,7 +28,10 @@
 #include <cstdio>
 #include <sstream>
 
+#include <chrono>
+
 #include "matmul_split.hpp"
+#include "shardlab/cuda.hpp"
 #include "shardlab/launch.hpp"
 #include "shardlab/results.hpp"
 
@@ -57,11 +63,49 @@ struct Result {
   bool modeled = false;
 };
 
+/// --device cuda: the same strategy with its matmul on this rank's GPU (cuBLAS) and its
+/// communication on device buffers; the result comes back to the host to be checked.
+Tensor run_on_gpu(const std::string& key, Communicator& comm, const Tensor& x, const Tensor& w) {
+  using cuda::DeviceTensor;
+  const int P = comm.size(), r = comm.rank();
+  const std::int64_t M = x.rows(), N = w.cols();
+  if (key == "row_parallel") {
+    DeviceTensor partial =
+        cuda::matmul(DeviceTensor::to_device(shard(x, P, 1, r)), DeviceTensor::to_device(shard(w, P, 0, r)));
+    comm.allreduce(partial, ReduceOp::sum);
+    return partial.to_host();
+  }
+  const bool rows = key == "data_parallel";
+  const DeviceTensor mine = rows ? cuda::matmul(DeviceTensor::to_device(shard(x, P, 0, r)), DeviceTensor::to_device(w))
+                                 : cuda::matmul(DeviceTensor::to_device(x), DeviceTensor::to_device(shard(w, P, 1, r)));
+  std::vector<std::size_t> counts;
+  for (int q = 0; q < P; ++q)
+    counts.push_back(static_cast<std::size_t>(shard_range(rows ? M : N, P, q).length * (rows ? N : M)));
+  DeviceTensor gathered(1, M * N);
+  comm.allgatherv(mine, gathered, counts);
+  const Tensor flat = gathered.to_host();
+  if (rows) {  // row shards, one after another, are already the M x N result
+    Tensor out(M, N);
+    std::copy(flat.begin(), flat.end(), out.begin());
+    return out;
+  }
+  // Column blocks arrive one after another (M x cols_q each): lay them side by side.
+  std::vector<Tensor> blocks;
+  const float* p = flat.data();
+  for (int q = 0; q < P; ++q) {
+    Tensor block(M, shard_range(N, P, q).length);
+    std::copy(p, p + block.size(), block.begin());
+    p += block.size();
+    blocks.push_back(std::move(block));
+  }
+  return concat(blocks, 1);
+}
+
 Result measure(Context& ctx, const Strategy& s, const Tensor& x, const Tensor& w, const Tensor& ref) {
   Communicator& comm = ctx.comm();
   Result r;
   const CommStats before = comm.stats();
-  r.out = s.run(comm, x, w);
+  r.out = ctx.on_gpu() ? run_on_gpu(s.key, comm, x, w) : s.run(comm, x, w);
   const CommStats delta = comm.stats().since(before);
   const std::int64_t mine = static_cast<std::int64_t>(delta.total().bytes_received / sizeof(float));
   r.modeled = std::any_of(delta.modeled.begin(), delta.modeled.end(), [](bool m) { return m; }) &&
@@ -89,6 +133,76 @@ std::string range_text(std::int64_t size, int parts, int part) {
   return std::to_string(r.offset) + ".." + std::to_string(r.offset + r.length);
 }
 
+// ---------------------------------------------------------------------------
+// GEMM benchmark: how close one device's matmul gets to its peak.
+
+void gemm_benchmark(Context& ctx, double given_peak) {
+  if (ctx.rank() != 0) return;  // one device's throughput: rank 0 measures
+  using Clock = std::chrono::steady_clock;
+  const bool gpu = ctx.on_gpu();
+  int device = 0;
+  std::string what = "cpu: ShardLab's i-k-j loop, one core";
+  double peak = given_peak;
+  if (gpu) {
+    device = cuda::device_for_rank(0);
+    what = "cuda: cuBLAS SGEMM on " + cuda::describe_device(device);
+    if (peak == 0) peak = cuda::peak_fp32_tflops(device);
+    // Validate against the CPU reference before timing anything.
+    const Tensor a = randn(256, 256, 1), b = randn(256, 256, 2);
+    const Tensor got = cuda::matmul(cuda::DeviceTensor::to_device(a), cuda::DeviceTensor::to_device(b)).to_host();
+    const float diff = max_abs_diff(got, matmul(a, b)), bound = matmul_reorder_bound(a, b);
+    ctx.verify(diff <= bound, "cuBLAS 256^3 differs from the CPU matmul by " + format_number(diff));
+    ctx.say("validated: cuBLAS vs CPU on 256^3, max abs diff " + format_number(diff, 3) + " (bound " +
+            format_number(bound, 3) + ")");
+  }
+  const std::vector<std::int64_t> sizes = gpu ? std::vector<std::int64_t>{1024, 2048, 4096, 8192}
+                                              : std::vector<std::int64_t>{128, 256, 512};
+  CsvTable csv({"device", "M", "K", "N", "time_us", "tflops", "peak_tflops", "fraction_of_peak"});
+  std::string table = "\nGEMM benchmark (" + what + "), FP32, best of 5\n"
+                      "      M      K      N    time (us)    TFLOP/s   peak TFLOP/s   fraction\n";
+  nlohmann::json rows = nlohmann::json::array();
+  for (std::int64_t n : sizes) {
+    const Tensor a = randn(n, n, 3), b = randn(n, n, 4);
+    double best = 1e300;
+    if (gpu) {
+      const auto da = cuda::DeviceTensor::to_device(a), db = cuda::DeviceTensor::to_device(b);
+      (void)cuda::matmul(da, db);  // warm-up: handle creation, first launch
+      cuda::synchronize();
+      for (int i = 0; i < 5; ++i) {
+        const auto t0 = Clock::now();
+        const auto out = cuda::matmul(da, db);
+        cuda::synchronize();
+        best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+      }
+    } else {
+      for (int i = 0; i < 5; ++i) {
+        const auto t0 = Clock::now();
+        const Tensor out = matmul(a, b);
+        best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+      }
+    }
+    const double tflops = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / best / 1e12;
+    const double fraction = peak > 0 ? tflops / peak : 0;
+    char line[160];
+    std::snprintf(line, sizeof line, "  %5lld  %5lld  %5lld  %11.1f  %9.3f  %13s  %9s\n", static_cast<long long>(n),
+                  static_cast<long long>(n), static_cast<long long>(n), best * 1e6, tflops,
+                  peak > 0 ? format_number(peak, 4).c_str() : "unknown",
+                  peak > 0 ? format_number(fraction, 3).c_str() : "-");
+    table += line;
+    csv.add({gpu ? "cuda" : "cpu", std::to_string(n), std::to_string(n), std::to_string(n), format_number(best * 1e6, 8),
+             format_number(tflops, 8), format_number(peak, 6), format_number(fraction, 6)});
+    rows.push_back({{"M", n}, {"K", n}, {"N", n}, {"time_us", best * 1e6}, {"tflops", tflops}, {"fraction_of_peak", fraction}});
+  }
+  if (peak == 0) table += "  (peak not known for this device: give it with --peak-tflops)\n";
+  ctx.say(table);
+  ctx.json()["gemm"] = {{"device", what}, {"peak_tflops", peak}, {"rows", rows}};
+  if (!ctx.options().csv_dir.empty()) {
+    const std::string path = ctx.options().csv_dir + "/01_matmul_split.csv";
+    csv.save(path);
+    ctx.say("wrote " + path);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -97,6 +211,12 @@ int main(int argc, char** argv) {
   program.cli().add_option("--rows", M, "M, rows of x and out")->check(CLI::Range(1, 4096))->capture_default_str();
   program.cli().add_option("--inner", K, "K, columns of x = rows of w")->check(CLI::Range(1, 4096))->capture_default_str();
   program.cli().add_option("--cols", N, "N, columns of w and out")->check(CLI::Range(1, 4096))->capture_default_str();
+  program.supports_cuda();
+  bool bench = false;
+  double peak = 0;
+  program.cli().add_flag("--benchmark", bench, "after the strategies, time one device's GEMM against its peak");
+  program.cli().add_option("--peak-tflops", peak, "the device's FP32 peak, when its properties do not tell")
+      ->check(CLI::Range(0.0, 1e6));
 
   return program.run(argc, argv, [&](Context& ctx) {
     const int P = ctx.size(), r = ctx.rank();
@@ -133,12 +253,17 @@ int main(int argc, char** argv) {
          2 * (p - 1) * MN, false, {P, 1}, {P, 0}, {1, 0}},
     };
     const float bound = matmul_reorder_bound(x, w);
+    // On a GPU cuBLAS sums in its own order (and fuses multiply-adds): no strategy is then
+    // bitwise, and all are checked against the summation-order bound.
+    const bool gpu = ctx.on_gpu();
     nlohmann::json& json = ctx.json();
     json["chapter"] = "01_matmul_split";
     json["shape"] = {{"M", M}, {"K", K}, {"N", N}};
     std::vector<std::string> table;
     int step = 1;
-    for (const Strategy& s : strategies) {
+    for (const Strategy& base : strategies) {
+      Strategy s = base;
+      s.bitwise = s.bitwise && !gpu;
       ctx.say("\n" + std::to_string(step++) + ". " + s.title + ": split " + s.splits);
       print(x, "x", s.x_view);
       print(w, "w", s.w_view);
@@ -238,5 +363,6 @@ int main(int argc, char** argv) {
                           "  strategy                   measured    formula   max abs diff\n";
     for (const std::string& row : table) summary += row + "\n";
     ctx.say(summary);
+    if (bench) gemm_benchmark(ctx, peak);
   });
 }

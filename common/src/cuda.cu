@@ -292,8 +292,8 @@ float max_abs_diff(const DeviceTensor& a, const DeviceTensor& b) {
 DeviceTensor matmul(const DeviceTensor& a, const DeviceTensor& b) {
   require(a.cols() == b.rows(), "matmul: inner dimensions differ");
   const int M = static_cast<int>(a.rows()), K = static_cast<int>(a.cols()), N = static_cast<int>(b.cols());
-  DeviceTensor out(M, N);
-  if (M == 0 || N == 0) return out;
+  DeviceTensor out(M, N);  // zero-filled: the answer when K is 0
+  if (M == 0 || N == 0 || K == 0) return out;
   // One handle per thread (each rank's thread has its own), bound to its stream.
   thread_local cublasHandle_t handle = nullptr;
   thread_local int handle_device = -1;

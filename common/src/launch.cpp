@@ -12,6 +12,7 @@
 #include "shardlab/check.hpp"
 #include "shardlab/comm_mpi.hpp"
 #include "shardlab/comm_threads.hpp"
+#include "shardlab/cuda.hpp"
 #include "shardlab/tensor.hpp"
 #include "shardlab/version.hpp"
 
@@ -80,6 +81,7 @@ Outcome classify(const std::exception_ptr& error) {
 
 /// Runs the body on one rank, with the end-of-job agreement on `ok` and the JSON.
 int run_rank(Communicator& comm, const Options& options, const Body& body) {
+  if (options.device == "cuda") cuda::set_device(cuda::device_for_rank(comm.rank()));
   Context ctx(comm, options);
   body(ctx);
   const bool ok = comm.all_true(ctx.ok());
@@ -89,6 +91,7 @@ int run_rank(Communicator& comm, const Options& options, const Body& body) {
     j["backend"] = std::string(comm.backend());
     j["ranks"] = comm.size();
     j["seed"] = options.seed;
+    j["device"] = options.device;
     std::cout << j.dump(2) << std::endl;
   }
   return ok ? 0 : 1;
@@ -130,8 +133,8 @@ Program::Program(std::string name, std::string description)
   app_.add_option("--backend", options_.backend, "auto, threads or mpi (auto: mpi under mpirun)")
       ->check(CLI::IsMember({"auto", "threads", "mpi"}))
       ->capture_default_str();
-  app_.add_option("--device", options_.device, "where tensors live")
-      ->check(CLI::IsMember({"cpu"}))
+  app_.add_option("--device", options_.device, "where tensors live: cpu, or cuda (ranks map to GPUs round robin)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   app_.add_option("--seed", options_.seed, "seed of every random tensor")
       ->check(CLI::NonNegativeNumber)
@@ -158,6 +161,14 @@ int Program::run(int argc, char** argv, const Body& body) {
       throw UsageError("--backend mpi: this build has no MPI backend (install OpenMPI and rebuild)");
     if (options_.backend == "threads" && under_mpirun)
       throw UsageError("--backend threads under mpirun: run one process, or drop --backend");
+    if (options_.device == "cuda") {
+      if (!cuda_) throw UsageError("--device cuda: this chapter runs on the CPU only so far");
+      if (cuda::device_count() == 0)
+        throw UsageError(std::string("--device cuda: no CUDA device found") +
+                         (cuda::built() ? "" : " (this build has no CUDA)"));
+      if (options_.backend == "mpi")
+        throw UsageError("--device cuda runs on the threads backend (this Open MPI is not CUDA-aware)");
+    }
     if (validate_) validate_(options_);
   } catch (const CLI::CallForHelp& e) {
     if (speaks) std::cout << app_.help();

@@ -63,4 +63,19 @@ Tensor mse_backward(const Tensor& pred, const Tensor& target, double denominator
 
 void sgd_step(Parameter& p, float lr) { axpy(-lr, p.grad, p.value); }
 
+void adam_step(Parameter& p, AdamState& s, float lr, float b1, float b2, float eps) {
+  if (s.m.empty() && !p.value.empty()) {
+    s.m = Tensor(p.value.rows(), p.value.cols());
+    s.v = Tensor(p.value.rows(), p.value.cols());
+  }
+  ++s.t;
+  const float c1 = 1.0f - std::pow(b1, static_cast<float>(s.t)), c2 = 1.0f - std::pow(b2, static_cast<float>(s.t));
+  for (std::int64_t i = 0; i < p.value.size(); ++i) {
+    const float g = p.grad[i];
+    s.m[i] = b1 * s.m[i] + (1.0f - b1) * g;
+    s.v[i] = b2 * s.v[i] + (1.0f - b2) * g * g;
+    p.value[i] -= lr * (s.m[i] / c1) / (std::sqrt(s.v[i] / c2) + eps);
+  }
+}
+
 }  // namespace shardlab::nn

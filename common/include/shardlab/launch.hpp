@@ -15,7 +15,7 @@
 //      the other ranks are stopped (MPI_Abort under MPI), nobody is left waiting
 //   2  bad usage: one line on stderr saying what is wrong
 //
-// Common flags: --ranks N, --backend threads|mpi, --device cpu, --seed S, --json,
+// Common flags: --ranks N, --backend threads|mpi, --device cpu|cuda, --seed S, --json,
 // --csv-dir DIR, --quiet, --timeout SECONDS, --help, --version.
 #pragma once
 
@@ -34,7 +34,7 @@ namespace shardlab {
 struct Options {
   int ranks = 2;                    // --ranks (threads backend)
   std::string backend = "auto";     // --backend auto|threads|mpi
-  std::string device = "cpu";       // --device (cpu; cuda comes with the CUDA backend)
+  std::string device = "cpu";       // --device cpu|cuda: cuda puts rank r on GPU r % count
   std::uint64_t seed = 0;           // --seed: every random tensor derives from it
   bool json = false;                // --json: one JSON object on stdout, text on stderr
   std::string csv_dir;              // --csv-dir: where benchmark CSV files go
@@ -51,6 +51,8 @@ class Context {
   int rank() const { return comm_.rank(); }
   int size() const { return comm_.size(); }
   const Options& options() const { return options_; }
+  /// True under --device cuda (this rank's thread is then on GPU rank % device count).
+  bool on_gpu() const { return options_.device == "cuda"; }
 
   /// Human text from rank 0 (the job's voice): stdout, or stderr under --json,
   /// nothing under --quiet. Other ranks' calls are ignored.
@@ -85,6 +87,8 @@ class Program {
   Program(std::string name, std::string description);
   /// The parser: chapters add their own flags to it before run().
   CLI::App& cli() { return app_; }
+  /// The chapter has a GPU path: --device cuda is accepted (otherwise it is bad usage).
+  void supports_cuda() { cuda_ = true; }
   /// Chapter checks that need several flags at once; throw UsageError to exit 2.
   void validate(std::function<void(const Options&)> check) { validate_ = std::move(check); }
   /// Parses argv, runs `body` on every rank, returns the exit code (see the top).
@@ -99,6 +103,7 @@ class Program {
   Options options_;
   std::function<void(const Options&)> validate_;
   bool ranks_given_ = false;
+  bool cuda_ = false;
 };
 
 /// True when this process was started by mpirun (or another MPI launcher).

@@ -48,4 +48,16 @@ Tensor mse_backward(const Tensor& pred, const Tensor& target, double denominator
 /// value -= lr * grad.
 void sgd_step(Parameter& p, float lr);
 
+/// Adam's state for one parameter: first and second moments, and the step count.
+struct AdamState {
+  Tensor m, v;
+  int t = 0;
+};
+/// One Adam step (Kingma & Ba 2015, Algorithm 1), element by element:
+///   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+///   value -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps).
+/// The CPU reference of cuda::adam_step.
+void adam_step(Parameter& p, AdamState& state, float lr, float b1 = 0.9f, float b2 = 0.999f,
+               float eps = 1e-8f);
+
 }  // namespace shardlab::nn

@@ -1,0 +1,99 @@
+// GPU tests (CTest label `gpu`): every kernel against its CPU reference on random data,
+// cuBLAS's matmul against the CPU matmul, and the threads backend moving and reducing
+// device buffers for ranks that share one GPU. Without a CUDA device the program says
+// "skipped: no CUDA device" and exits 77, which CTest reports as skipped — never passed.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <cstdio>
+
+#include "shardlab/cuda.hpp"
+#include "shardlab/launch.hpp"
+#include "shardlab/nn.hpp"
+#include "shardlab/testing.hpp"
+
+using namespace shardlab;
+using shardlab::testing::check_close;
+
+namespace {
+/// Float32 kernels and their CPU references may round differently (the GPU fuses
+/// multiply-adds, and its tanhf is within 2 ulp): a few ulp, relative.
+constexpr float kernel_rtol = 4e-7f, kernel_atol = 1e-7f;
+}  // namespace
+
+TEST_SUITE("cuda") {
+  TEST_CASE("elementwise kernels match their CPU references on random data") {
+    cuda::set_device(0);
+    const Tensor a = randn(37, 129, 1), b = randn(37, 129, 2);
+    const auto da = cuda::DeviceTensor::to_device(a), db = cuda::DeviceTensor::to_device(b);
+    check_close(cuda::add(da, db).to_host(), add(a, b), kernel_atol, kernel_rtol, "add");
+    auto y = cuda::DeviceTensor::to_device(b);
+    cuda::axpy(0.37f, da, y);
+    Tensor y_ref = b;
+    axpy(0.37f, a, y_ref);
+    check_close(y.to_host(), y_ref, kernel_atol, kernel_rtol, "axpy");
+    cuda::scale(y, -2.5f);
+    check_close(y.to_host(), scale(y_ref, -2.5f), kernel_atol, kernel_rtol, "scale");
+    const auto t = cuda::tanh_forward(da);
+    check_close(t.to_host(), nn::tanh_forward(a), 1e-6f, 1e-6f, "tanh");
+    check_close(cuda::tanh_backward(t, db).to_host(), nn::tanh_backward(t.to_host(), b), 1e-6f, 1e-6f,
+                "tanh backward");
+    CHECK(cuda::max_abs_diff(da, db) == doctest::Approx(max_abs_diff(a, b)));
+    CHECK(cuda::max_abs_diff(da, da) == 0.0f);
+  }
+
+  TEST_CASE("the Adam kernel matches the CPU Adam over several steps") {
+    cuda::set_device(0);
+    nn::Parameter p(randn(8, 33, 3));
+    nn::AdamState state;
+    auto dp = cuda::DeviceTensor::to_device(p.value);
+    cuda::DeviceTensor m(8, 33), v(8, 33);
+    for (int t = 1; t <= 5; ++t) {
+      p.grad = randn(8, 33, 100 + static_cast<std::uint64_t>(t));
+      nn::adam_step(p, state, 1e-2f);
+      cuda::adam_step(dp, cuda::DeviceTensor::to_device(p.grad), m, v, 1e-2f, 0.9f, 0.999f, 1e-8f, t);
+    }
+    check_close(dp.to_host(), p.value, 1e-6f, 1e-5f, "Adam after 5 steps");
+  }
+
+  TEST_CASE("cuBLAS matmul equals the CPU matmul within the summation-order bound") {
+    cuda::set_device(0);
+    for (auto [M, K, N] : {std::array<std::int64_t, 3>{4, 5, 8}, {1, 1, 1}, {65, 257, 33}, {128, 512, 64}}) {
+      CAPTURE(M);
+      CAPTURE(K);
+      CAPTURE(N);
+      const Tensor x = randn(M, K, 7), w = randn(K, N, 8);
+      const Tensor got = cuda::matmul(cuda::DeviceTensor::to_device(x), cuda::DeviceTensor::to_device(w)).to_host();
+      check_close(got, matmul(x, w), matmul_reorder_bound(x, w), 0.0f, "cuBLAS x @ w");
+    }
+  }
+
+  TEST_CASE("the threads backend allreduces and passes device buffers between ranks on one GPU") {
+    for (int n : {1, 2, 3, 4}) {
+      CAPTURE(n);
+      run_threads(n, [n](Communicator& comm) {
+        cuda::set_device(0);
+        const Tensor mine = randn(1, 1001, 50 + static_cast<std::uint64_t>(comm.rank()));
+        Tensor host = mine;
+        auto dev = cuda::DeviceTensor::to_device(mine);
+        comm.allreduce(host);
+        comm.allreduce(dev);
+        CHECK(dev.to_host().bitwise_equal(host));  // the same rank-order sums, in kernels
+        // A ring of sendrecvs between device buffers.
+        cuda::DeviceTensor in(1, 1001);
+        comm.sendrecv(cuda::DeviceTensor::to_device(mine), (comm.rank() + 1) % n, in, (comm.rank() + n - 1) % n);
+        CHECK(in.to_host().bitwise_equal(randn(1, 1001, 50 + static_cast<std::uint64_t>((comm.rank() + n - 1) % n))));
+      });
+    }
+  }
+}
+
+int main(int argc, char** argv) {
+  if (cuda::device_count() == 0) {
+    std::printf("skipped: no CUDA device%s\n", cuda::built() ? "" : " (this build has no CUDA)");
+    return 77;
+  }
+  std::printf("device 0: %s\n", cuda::describe_device(0).c_str());
+  doctest::Context context(argc, argv);
+  return context.run();
+}
