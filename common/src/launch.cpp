@@ -11,6 +11,7 @@
 
 #include "shardlab/check.hpp"
 #include "shardlab/comm_mpi.hpp"
+#include "shardlab/comm_nccl.hpp"
 #include "shardlab/comm_threads.hpp"
 #include "shardlab/cuda.hpp"
 #include "shardlab/tensor.hpp"
@@ -80,8 +81,14 @@ Outcome classify(const std::exception_ptr& error) {
 }
 
 /// Runs the body on one rank, with the end-of-job agreement on `ok` and the JSON.
-int run_rank(Communicator& comm, const Options& options, const Body& body) {
-  if (options.device == "cuda") cuda::set_device(cuda::device_for_rank(comm.rank()));
+int run_rank(Communicator& host, const Options& options, const Body& body) {
+  std::unique_ptr<Communicator> gpus;
+  if (options.device == "cuda") {
+    const int device = cuda::device_for_rank(host.rank());
+    cuda::set_device(device);
+    if (options.backend == "nccl") gpus = nccl::create(host, device);
+  }
+  Communicator& comm = gpus ? *gpus : host;
   Context ctx(comm, options);
   body(ctx);
   const bool ok = comm.all_true(ctx.ok());
@@ -130,8 +137,9 @@ Program::Program(std::string name, std::string description)
          "number of ranks (threads backend; under mpirun, mpirun's -np decides) [2]")
       ->check(CLI::Number)
       ->check(CLI::Range(1, 1024));
-  app_.add_option("--backend", options_.backend, "auto, threads or mpi (auto: mpi under mpirun)")
-      ->check(CLI::IsMember({"auto", "threads", "mpi"}))
+  app_.add_option("--backend", options_.backend,
+                  "auto, threads, mpi or nccl (auto: mpi under mpirun; nccl: one GPU per rank, implies --device cuda)")
+      ->check(CLI::IsMember({"auto", "threads", "mpi", "nccl"}))
       ->capture_default_str();
   app_.add_option("--device", options_.device, "where tensors live: cpu, or cuda (ranks map to GPUs round robin)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
@@ -161,13 +169,20 @@ int Program::run(int argc, char** argv, const Body& body) {
       throw UsageError("--backend mpi: this build has no MPI backend (install OpenMPI and rebuild)");
     if (options_.backend == "threads" && under_mpirun)
       throw UsageError("--backend threads under mpirun: run one process, or drop --backend");
+    if (options_.backend == "nccl") {
+      if (!nccl::available()) throw UsageError("--backend nccl: this build has no NCCL (install it and rebuild)");
+      options_.device = "cuda";
+      if (cuda_ && cuda::device_count() > 0 && !under_mpirun && options_.ranks > cuda::device_count())
+        throw UsageError("--backend nccl needs one GPU per rank: " + std::to_string(options_.ranks) + " ranks, " +
+                         std::to_string(cuda::device_count()) + " GPU(s)");
+    }
     if (options_.device == "cuda") {
       if (!cuda_) throw UsageError("--device cuda: this chapter runs on the CPU only so far");
       if (cuda::device_count() == 0)
         throw UsageError(std::string("--device cuda: no CUDA device found") +
                          (cuda::built() ? "" : " (this build has no CUDA)"));
       if (options_.backend == "mpi")
-        throw UsageError("--device cuda runs on the threads backend (this Open MPI is not CUDA-aware)");
+        throw UsageError("--device cuda with MPI: use --backend nccl (this Open MPI is not CUDA-aware)");
     }
     if (validate_) validate_(options_);
   } catch (const CLI::CallForHelp& e) {
@@ -186,7 +201,9 @@ int Program::run(int argc, char** argv, const Body& body) {
     if (speaks) std::fprintf(stderr, "%s: error: %s\n", name_.c_str(), e.what());
     return 2;
   }
-  return options_.backend == "mpi" ? run_mpi(body) : run_threads(body);
+  // NCCL rides on a host communicator: MPI under mpirun, threads otherwise.
+  const bool mpi = options_.backend == "mpi" || (options_.backend == "nccl" && under_mpirun);
+  return mpi ? run_mpi(body) : run_threads(body);
 }
 
 int Program::run_threads(const Body& body) {

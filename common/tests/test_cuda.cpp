@@ -7,6 +7,7 @@
 
 #include <cstdio>
 
+#include "shardlab/comm_nccl.hpp"
 #include "shardlab/cuda.hpp"
 #include "shardlab/launch.hpp"
 #include "shardlab/nn.hpp"
@@ -86,6 +87,33 @@ TEST_SUITE("cuda") {
       });
     }
   }
+}
+
+TEST_CASE("NCCL: collectives and a sendrecv ring on device buffers equal the host results" *
+          doctest::skip(!nccl::available())) {
+  const int n = cuda::device_count();  // one GPU per rank
+  run_threads(n, [n](Communicator& host) {
+    cuda::set_device(host.rank());
+    auto comm = nccl::create(host, host.rank());
+    CHECK(comm->backend() == "nccl");
+    const Tensor mine = randn(1, 4099, 70 + static_cast<std::uint64_t>(host.rank()));
+    Tensor expected = mine;
+    host.allreduce(expected);
+    auto dev = cuda::DeviceTensor::to_device(mine);
+    comm->allreduce(dev);
+    check_close(dev.to_host(), expected, 1e-5f, 1e-6f, "NCCL allreduce");
+    // Uneven allgather (one broadcast per rank), and a ring of device sendrecvs.
+    std::vector<std::size_t> counts;
+    for (int q = 0; q < n; ++q) counts.push_back(static_cast<std::size_t>(q + 1));
+    cuda::DeviceTensor all(1, n * (n + 1) / 2);
+    comm->allgatherv(cuda::DeviceTensor::to_device(full(1, host.rank() + 1, static_cast<float>(host.rank()))), all, counts);
+    CHECK(all.to_host()[static_cast<std::int64_t>(n * (n + 1) / 2 - 1)] == static_cast<float>(n - 1));
+    cuda::DeviceTensor in(1, 4099);
+    comm->sendrecv(cuda::DeviceTensor::to_device(mine), (host.rank() + 1) % n, in, (host.rank() + n - 1) % n);
+    CHECK(in.to_host().bitwise_equal(randn(1, 4099, 70 + static_cast<std::uint64_t>((host.rank() + n - 1) % n))));
+    // Host buffers on the same communicator go through the host backend.
+    CHECK(comm->all_true(true));
+  });
 }
 
 int main(int argc, char** argv) {
