@@ -28,6 +28,7 @@
 
 #include "ring_allreduce.hpp"
 #include "shardlab/check.hpp"
+#include "shardlab/cuda.hpp"
 #include "shardlab/launch.hpp"
 #include "shardlab/results.hpp"
 #include "shardlab/tensor.hpp"
@@ -66,14 +67,46 @@ void run_algorithm(const std::string& name, Communicator& comm, std::span<float>
   else comm.allreduce(data, ReduceOp::sum);
 }
 
-/// Runs `name` once on fresh data; returns the number of wrong elements on this rank.
-std::size_t wrong_after_run(const std::string& name, Communicator& comm, std::vector<float>& buf, const Settings& s) {
-  fill(buf, comm.rank());
-  run_algorithm(name, comm, buf, s);
-  std::size_t wrong = 0;
-  for (std::size_t i = 0; i < buf.size(); ++i) wrong += buf[i] != expected(i, comm.size());
-  return wrong;
-}
+/// The buffers an algorithm runs on: host memory, or under --device cuda this rank's GPU
+/// (there only the native allreduce and memcpy run: the from-scratch algorithms add on
+/// the host).
+struct Buffers {
+  bool gpu;
+  std::vector<float> host, other;
+  cuda::DeviceTensor device, device_other;
+
+  Buffers(std::size_t count, bool on_gpu) : gpu(on_gpu), host(count), other(on_gpu ? 0 : count) {
+    if (!gpu) return;
+    device = cuda::DeviceTensor(1, static_cast<std::int64_t>(count));
+    device_other = cuda::DeviceTensor(1, static_cast<std::int64_t>(count));
+  }
+  std::size_t bytes() const { return host.size() * sizeof(float); }
+  void run(const std::string& name, Communicator& comm, const Settings& s) {
+    if (name == "memcpy") {
+      if (gpu) cuda::copy(device_other.data(), device.data(), bytes());
+      else std::memcpy(other.data(), host.data(), bytes());
+    } else if (gpu) {
+      comm.allreduce(device, ReduceOp::sum);
+    } else {
+      run_algorithm(name, comm, host, s);
+    }
+  }
+  /// Runs `name` once on fresh data; returns the number of wrong elements on this rank.
+  std::size_t wrong_after_run(const std::string& name, Communicator& comm, const Settings& s) {
+    fill(host, comm.rank());
+    if (gpu) cuda::copy(device.data(), host.data(), bytes());
+    run(name, comm, s);
+    if (gpu) cuda::copy(host.data(), device.data(), bytes());
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < host.size(); ++i) wrong += host[i] != expected(i, comm.size());
+    return wrong;
+  }
+  /// Zeros: sums of zeros stay zero, however many timed iterations run in place.
+  void zero() {
+    std::fill(host.begin(), host.end(), 0.0f);
+    if (gpu) cuda::copy(device.data(), host.data(), bytes());
+  }
+};
 
 template <class T>
 T max_over_ranks(Communicator& comm, T mine) {
@@ -103,13 +136,15 @@ void correctness(Context& ctx, const std::vector<std::string>& algorithms, const
   const int N = ctx.size();
   std::ostringstream head;
   head << "Chapter 03 - allreduce (sum) of " << s.count << " floats (" << human_bytes(4.0 * static_cast<double>(s.count))
-       << ") on " << N << " ranks (" << comm.backend() << " backend)\n\n"
+       << ") on " << N << " ranks (" << comm.backend() << " backend" << (ctx.on_gpu() ? ", device buffers on GPUs" : "")
+       << ")\n\n"
        << "algorithm            correct   bytes sent per rank (measured)        formula per rank\n";
   ctx.say(head.str());
-  std::vector<float> buf(s.count);
+  Buffers buf(s.count, ctx.on_gpu());
   for (const std::string& name : algorithms) {
     const CommStats before = comm.stats();
-    const std::size_t wrong = static_cast<std::uint64_t>(sum_over_ranks<std::int64_t>(comm, static_cast<std::int64_t>(wrong_after_run(name, comm, buf, s))));
+    const std::size_t wrong = static_cast<std::uint64_t>(
+        sum_over_ranks<std::int64_t>(comm, static_cast<std::int64_t>(buf.wrong_after_run(name, comm, s))));
     const CommStats delta = comm.stats().since(before);
     const auto sent = static_cast<std::int64_t>(delta.total().bytes_sent);
     std::vector<std::int64_t> all_sent(static_cast<std::size_t>(N));
@@ -172,28 +207,24 @@ void benchmark(Context& ctx, const std::vector<std::string>& algorithms, const S
        << s.min_bytes << " -e " << s.max_bytes << " -f " << s.factor << " -n " << s.iters << " -w " << s.warmup
        << ", pipelined segments of " << format_number(s.segment_kb) << " KiB\n"
        << "# time: per iteration, the best of " << rounds << " rounds of -n iterations, algorithms taking turns\n"
-       << "# busbw = algbw * 2(N-1)/N = algbw * " << format_number(bus_factor, 4)
-       << "; memcpy: each rank copies S bytes (the machine's limit), busbw = algbw\n#\n"
+       << "# busbw = algbw * 2(N-1)/N = algbw * " << format_number(bus_factor, 4) << "; memcpy: each rank copies S bytes "
+       << (ctx.on_gpu() ? "device to device on its GPU" : "(the machine's limit)") << ", busbw = algbw\n#\n"
        << "#       size         count    type   redop            algorithm     time    algbw    busbw  #wrong\n"
        << "#        (B)    (elements)                                          (us)   (GB/s)   (GB/s)";
   ctx.say(head.str());
   for (double b = static_cast<double>(s.min_bytes); b <= static_cast<double>(s.max_bytes) * (1 + 1e-9); b *= s.factor) {
     const std::size_t count = std::max<std::size_t>(1, static_cast<std::size_t>(b) / 4);
     const std::size_t bytes = count * 4;
-    std::vector<float> buf(count), other(count);
-    // Correctness first, on fresh data; then the buffer is zeroed, so that sums of zeros
-    // stay zero however many timed iterations run in place.
+    Buffers buf(count, ctx.on_gpu());
+    // Correctness first, on fresh data; then the buffer is zeroed for the timing.
     std::map<std::string, std::uint64_t> wrong;
     for (const std::string& name : names) {
       if (name == "memcpy") continue;
       wrong[name] = static_cast<std::uint64_t>(
-          sum_over_ranks<std::int64_t>(comm, static_cast<std::int64_t>(wrong_after_run(name, comm, buf, s))));
+          sum_over_ranks<std::int64_t>(comm, static_cast<std::int64_t>(buf.wrong_after_run(name, comm, s))));
     }
-    std::fill(buf.begin(), buf.end(), 0.0f);
-    auto once = [&](const std::string& name) {
-      if (name == "memcpy") std::memcpy(other.data(), buf.data(), bytes);
-      else run_algorithm(name, comm, buf, s);
-    };
+    buf.zero();
+    auto once = [&](const std::string& name) { buf.run(name, comm, s); };
     // Timing: rounds of -n iterations, the algorithms taking turns within each round (so
     // a slow spell of a shared machine hits them alike); each keeps its best round.
     std::map<std::string, double> best;
@@ -299,8 +330,16 @@ int main(int argc, char** argv) {
     require(s.factor >= 2, "-f must be at least 2 (got " + format_number(s.factor) + ")");
   });
 
+  program.supports_cuda();
   return program.run(argc, argv, [&](Context& ctx) {
     std::vector<std::string> algorithms = s.algo == "all" ? all_algorithms : std::vector<std::string>{s.algo};
+    if (ctx.on_gpu()) {
+      // On device buffers: the backend's allreduce (threads: copies and kernels; nccl:
+      // ncclAllReduce) and the device memcpy. The from-scratch algorithms add on the host.
+      if (s.algo != "all" && s.algo != "native")
+        throw UsageError("--device cuda: only --algo native runs on device buffers (the from-scratch algorithms add on the host)");
+      algorithms = {"native"};
+    }
     // The benchmark compares against the native allreduce, so it always runs it.
     if (s.benchmark && std::find(algorithms.begin(), algorithms.end(), "native") == algorithms.end())
       algorithms.push_back("native");
