@@ -25,10 +25,9 @@
 // Expected (2 ranks): data and column parallel bitwise equal to x @ w, each 32 elements
 // received in all ((P-1)*M*N); row parallel within rounding, 64 elements (2(P-1)*M*N).
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <sstream>
-
-#include <chrono>
 
 #include "matmul_split.hpp"
 #include "shardlab/cuda.hpp"
@@ -43,21 +42,21 @@ namespace {
 // One strategy: run it, measure what it received on each rank, compare with x @ w.
 
 struct Strategy {
-  const char* key;          // JSON key
-  const char* title;        // what the reader sees
-  const char* splits;       // what is split
-  const char* collective;   // what it communicates
+  const char* key;         // JSON key
+  const char* title;       // what the reader sees
+  const char* splits;      // what is split
+  const char* collective;  // what it communicates
   const char* formula_text;
   Tensor (*run)(Communicator&, const Tensor&, const Tensor&);
-  std::uint64_t formula;    // elements received, summed over ranks
-  bool bitwise;             // the summation order is the reference's, so exact
+  std::uint64_t formula;  // elements received, summed over ranks
+  bool bitwise;           // the summation order is the reference's, so exact
   ShardView x_view, w_view, out_view;
 };
 
 struct Result {
   Tensor out;
-  float max_abs_diff = 0;       // worst over ranks
-  bool bitwise_equal = true;    // on every rank
+  float max_abs_diff = 0;              // worst over ranks
+  bool bitwise_equal = true;           // on every rank
   std::vector<std::int64_t> received;  // elements, per rank
   std::int64_t total = 0;
   bool modeled = false;
@@ -70,17 +69,19 @@ Tensor run_on_gpu(const std::string& key, Communicator& comm, const Tensor& x, c
   const int P = comm.size(), r = comm.rank();
   const std::int64_t M = x.rows(), N = w.cols();
   if (key == "row_parallel") {
-    DeviceTensor partial =
-        cuda::matmul(DeviceTensor::to_device(shard(x, P, 1, r)), DeviceTensor::to_device(shard(w, P, 0, r)));
+    DeviceTensor partial = cuda::matmul(DeviceTensor::to_device(shard(x, P, 1, r)),
+                                        DeviceTensor::to_device(shard(w, P, 0, r)));
     comm.allreduce(partial, ReduceOp::sum);
     return partial.to_host();
   }
   const bool rows = key == "data_parallel";
-  const DeviceTensor mine = rows ? cuda::matmul(DeviceTensor::to_device(shard(x, P, 0, r)), DeviceTensor::to_device(w))
-                                 : cuda::matmul(DeviceTensor::to_device(x), DeviceTensor::to_device(shard(w, P, 1, r)));
+  const DeviceTensor mine =
+      rows ? cuda::matmul(DeviceTensor::to_device(shard(x, P, 0, r)), DeviceTensor::to_device(w))
+           : cuda::matmul(DeviceTensor::to_device(x), DeviceTensor::to_device(shard(w, P, 1, r)));
   std::vector<std::size_t> counts;
   for (int q = 0; q < P; ++q)
-    counts.push_back(static_cast<std::size_t>(shard_range(rows ? M : N, P, q).length * (rows ? N : M)));
+    counts.push_back(
+        static_cast<std::size_t>(shard_range(rows ? M : N, P, q).length * (rows ? N : M)));
   DeviceTensor gathered(1, M * N);
   comm.allgatherv(mine, gathered, counts);
   const Tensor flat = gathered.to_host();
@@ -101,7 +102,8 @@ Tensor run_on_gpu(const std::string& key, Communicator& comm, const Tensor& x, c
   return concat(blocks, 1);
 }
 
-Result measure(Context& ctx, const Strategy& s, const Tensor& x, const Tensor& w, const Tensor& ref) {
+Result measure(Context& ctx, const Strategy& s, const Tensor& x, const Tensor& w,
+               const Tensor& ref) {
   Communicator& comm = ctx.comm();
   Result r;
   const CommStats before = comm.stats();
@@ -149,16 +151,18 @@ void gemm_benchmark(Context& ctx, double given_peak) {
     if (peak == 0) peak = cuda::peak_fp32_tflops(device);
     // Validate against the CPU reference before timing anything.
     const Tensor a = randn(256, 256, 1), b = randn(256, 256, 2);
-    const Tensor got = cuda::matmul(cuda::DeviceTensor::to_device(a), cuda::DeviceTensor::to_device(b)).to_host();
+    const Tensor got =
+        cuda::matmul(cuda::DeviceTensor::to_device(a), cuda::DeviceTensor::to_device(b)).to_host();
     const float diff = max_abs_diff(got, matmul(a, b)), bound = matmul_reorder_bound(a, b);
     ctx.verify(diff <= bound, "cuBLAS 256^3 differs from the CPU matmul by " + format_number(diff));
-    ctx.say("validated: cuBLAS vs CPU on 256^3, max abs diff " + format_number(diff, 3) + " (bound " +
-            format_number(bound, 3) + ")");
+    ctx.say("validated: cuBLAS vs CPU on 256^3, max abs diff " + format_number(diff, 3) +
+            " (bound " + format_number(bound, 3) + ")");
   }
   const std::vector<std::int64_t> sizes = gpu ? std::vector<std::int64_t>{1024, 2048, 4096, 8192}
                                               : std::vector<std::int64_t>{128, 256, 512};
   CsvTable csv({"device", "M", "K", "N", "time_us", "tflops", "peak_tflops", "fraction_of_peak"});
-  std::string table = "\nGEMM benchmark (" + what + "), FP32, best of 5\n"
+  std::string table = "\nGEMM benchmark (" + what +
+                      "), FP32, best of 5\n"
                       "      M      K      N    time (us)    TFLOP/s   peak TFLOP/s   fraction\n";
   nlohmann::json rows = nlohmann::json::array();
   for (std::int64_t n : sizes) {
@@ -181,17 +185,24 @@ void gemm_benchmark(Context& ctx, double given_peak) {
         best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
       }
     }
-    const double tflops = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / best / 1e12;
+    const double tflops = 2.0 * static_cast<double>(n) * static_cast<double>(n) *
+                          static_cast<double>(n) / best / 1e12;
     const double fraction = peak > 0 ? tflops / peak : 0;
     char line[160];
-    std::snprintf(line, sizeof line, "  %5lld  %5lld  %5lld  %11.1f  %9.3f  %13s  %9s\n", static_cast<long long>(n),
-                  static_cast<long long>(n), static_cast<long long>(n), best * 1e6, tflops,
-                  peak > 0 ? format_number(peak, 4).c_str() : "unknown",
+    std::snprintf(line, sizeof line, "  %5lld  %5lld  %5lld  %11.1f  %9.3f  %13s  %9s\n",
+                  static_cast<long long>(n), static_cast<long long>(n), static_cast<long long>(n),
+                  best * 1e6, tflops, peak > 0 ? format_number(peak, 4).c_str() : "unknown",
                   peak > 0 ? format_number(fraction, 3).c_str() : "-");
     table += line;
-    csv.add({gpu ? "cuda" : "cpu", std::to_string(n), std::to_string(n), std::to_string(n), format_number(best * 1e6, 8),
-             format_number(tflops, 8), format_number(peak, 6), format_number(fraction, 6)});
-    rows.push_back({{"M", n}, {"K", n}, {"N", n}, {"time_us", best * 1e6}, {"tflops", tflops}, {"fraction_of_peak", fraction}});
+    csv.add({gpu ? "cuda" : "cpu", std::to_string(n), std::to_string(n), std::to_string(n),
+             format_number(best * 1e6, 8), format_number(tflops, 8), format_number(peak, 6),
+             format_number(fraction, 6)});
+    rows.push_back({{"M", n},
+                    {"K", n},
+                    {"N", n},
+                    {"time_us", best * 1e6},
+                    {"tflops", tflops},
+                    {"fraction_of_peak", fraction}});
   }
   if (peak == 0) table += "  (peak not known for this device: give it with --peak-tflops)\n";
   ctx.say(table);
@@ -206,16 +217,28 @@ void gemm_benchmark(Context& ctx, double given_peak) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Program program("ch01_matmul_split", "Chapter 01: one matmul, split by rows, by columns, and by the inner dimension");
+  Program program("ch01_matmul_split",
+                  "Chapter 01: one matmul, split by rows, by columns, and by the inner dimension");
   std::int64_t M = 4, K = 5, N = 8;
-  program.cli().add_option("--rows", M, "M, rows of x and out")->check(CLI::Range(1, 4096))->capture_default_str();
-  program.cli().add_option("--inner", K, "K, columns of x = rows of w")->check(CLI::Range(1, 4096))->capture_default_str();
-  program.cli().add_option("--cols", N, "N, columns of w and out")->check(CLI::Range(1, 4096))->capture_default_str();
+  program.cli()
+      .add_option("--rows", M, "M, rows of x and out")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  program.cli()
+      .add_option("--inner", K, "K, columns of x = rows of w")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  program.cli()
+      .add_option("--cols", N, "N, columns of w and out")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
   program.supports_cuda();
   bool bench = false;
   double peak = 0;
-  program.cli().add_flag("--benchmark", bench, "after the strategies, time one device's GEMM against its peak");
-  program.cli().add_option("--peak-tflops", peak, "the device's FP32 peak, when its properties do not tell")
+  program.cli().add_flag("--benchmark", bench,
+                         "after the strategies, time one device's GEMM against its peak");
+  program.cli()
+      .add_option("--peak-tflops", peak, "the device's FP32 peak, when its properties do not tell")
       ->check(CLI::Range(0.0, 1e6));
 
   return program.run(argc, argv, [&](Context& ctx) {
@@ -230,8 +253,9 @@ int main(int argc, char** argv) {
     };
 
     std::ostringstream head;
-    head << "Chapter 01 - out = x @ w with x " << M << "x" << K << ", w " << K << "x" << N << ", on "
-         << P << " rank" << (P > 1 ? "s" : "") << " (" << ctx.comm().backend() << " backend)\n";
+    head << "Chapter 01 - out = x @ w with x " << M << "x" << K << ", w " << K << "x" << N
+         << ", on " << P << " rank" << (P > 1 ? "s" : "") << " (" << ctx.comm().backend()
+         << " backend)\n";
     ctx.say(head.str());
 
     // -----------------------------------------------------------------------
@@ -242,15 +266,39 @@ int main(int argc, char** argv) {
     // -----------------------------------------------------------------------
     // 2. The three strategies.
     const Strategy strategies[] = {
-        {"data_parallel", "Data parallel", "x along dim 0 (rows); w whole on every rank",
-         "allgather of out's row shards", "(P-1)*M*N", ch01::data_parallel_matmul, (p - 1) * MN,
-         true, {P, 0}, {1, 0}, {P, 0}},
-        {"column_parallel", "Model (column) parallel", "w along dim 1 (columns); x whole on every rank",
-         "allgather of out's column shards", "(P-1)*M*N", ch01::column_parallel_matmul,
-         (p - 1) * MN, true, {1, 0}, {P, 1}, {P, 1}},
-        {"row_parallel", "Row parallel", "x along dim 1 and w along dim 0 (the inner dimension K)",
-         "allreduce (sum) of M x N partial products", "2*(P-1)*M*N", ch01::row_parallel_matmul,
-         2 * (p - 1) * MN, false, {P, 1}, {P, 0}, {1, 0}},
+        {"data_parallel",
+         "Data parallel",
+         "x along dim 0 (rows); w whole on every rank",
+         "allgather of out's row shards",
+         "(P-1)*M*N",
+         ch01::data_parallel_matmul,
+         (p - 1) * MN,
+         true,
+         {P, 0},
+         {1, 0},
+         {P, 0}},
+        {"column_parallel",
+         "Model (column) parallel",
+         "w along dim 1 (columns); x whole on every rank",
+         "allgather of out's column shards",
+         "(P-1)*M*N",
+         ch01::column_parallel_matmul,
+         (p - 1) * MN,
+         true,
+         {1, 0},
+         {P, 1},
+         {P, 1}},
+        {"row_parallel",
+         "Row parallel",
+         "x along dim 1 and w along dim 0 (the inner dimension K)",
+         "allreduce (sum) of M x N partial products",
+         "2*(P-1)*M*N",
+         ch01::row_parallel_matmul,
+         2 * (p - 1) * MN,
+         false,
+         {P, 1},
+         {P, 0},
+         {1, 0}},
     };
     const float bound = matmul_reorder_bound(x, w);
     // On a GPU cuBLAS sums in its own order (and fuses multiply-adds): no strategy is then
@@ -272,7 +320,8 @@ int main(int argc, char** argv) {
       if (std::string(s.key) == "data_parallel")
         mine << "x rows " << range_text(M, P, r) << " @ w -> out rows " << range_text(M, P, r);
       else if (std::string(s.key) == "column_parallel")
-        mine << "x @ w columns " << range_text(N, P, r) << " -> out columns " << range_text(N, P, r);
+        mine << "x @ w columns " << range_text(N, P, r) << " -> out columns "
+             << range_text(N, P, r);
       else
         mine << "x columns " << range_text(K, P, r) << " @ w rows " << range_text(K, P, r)
              << " -> a partial sum of all of out";
@@ -282,16 +331,20 @@ int main(int argc, char** argv) {
       print(res.out, "out after the " + std::string(s.collective), s.out_view);
       std::ostringstream line;
       line << "   max |out - reference| = " << format_number(res.max_abs_diff, 3);
-      if (s.bitwise) line << (res.bitwise_equal ? " (bitwise equal)" : " (NOT bitwise equal)");
-      else line << " (rounding bound " << format_number(bound, 3) << ")";
-      line << "\n   communicated: " << res.total << " elements received in all (per rank: "
-           << join(res.received) << "); formula " << s.formula_text << " = " << s.formula
+      if (s.bitwise)
+        line << (res.bitwise_equal ? " (bitwise equal)" : " (NOT bitwise equal)");
+      else
+        line << " (rounding bound " << format_number(bound, 3) << ")";
+      line << "\n   communicated: " << res.total
+           << " elements received in all (per rank: " << join(res.received) << "); formula "
+           << s.formula_text << " = " << s.formula
            << (res.modeled ? "  [modeled: MPI hides its algorithm]" : "");
       ctx.say(line.str());
 
       const bool correct = s.bitwise ? res.bitwise_equal : res.max_abs_diff <= bound;
-      ctx.verify(correct, std::string(s.title) + ": max abs diff " + format_number(res.max_abs_diff) +
-                              (s.bitwise ? " (must be bitwise equal)" : " > bound " + format_number(bound)));
+      ctx.verify(correct,
+                 std::string(s.title) + ": max abs diff " + format_number(res.max_abs_diff) +
+                     (s.bitwise ? " (must be bitwise equal)" : " > bound " + format_number(bound)));
       ctx.verify(static_cast<std::uint64_t>(res.total) == s.formula,
                  std::string(s.title) + ": communicated " + std::to_string(res.total) +
                      " elements, formula says " + std::to_string(s.formula));
@@ -324,8 +377,8 @@ int main(int argc, char** argv) {
     Tensor grad = matmul(transpose(x_r), out_r);  // this rank's dL/dw, from its rows only
     const float local_diff = max_abs_diff(grad, grad_ref);
     std::ostringstream g;
-    g << "local dL/dw from rows " << range_text(M, P, r) << ": max |dW_r - dW| = "
-      << format_number(local_diff, 3);
+    g << "local dL/dw from rows " << range_text(M, P, r)
+      << ": max |dW_r - dW| = " << format_number(local_diff, 3);
     ctx.say_each(g.str());
     // Do the ranks' gradients differ? Compare each with rank 0's.
     Tensor grad0 = grad;
@@ -351,7 +404,8 @@ int main(int argc, char** argv) {
       << "): that sum is the gradient, and chapter 02 computes it every step.";
     ctx.say(b.str());
     ctx.verify(sum_diff <= grad_bound, "backward: the summed gradient is off by " +
-                                           format_number(sum_diff) + " > bound " + format_number(grad_bound));
+                                           format_number(sum_diff) + " > bound " +
+                                           format_number(grad_bound));
     ctx.verify(P == 1 || M < 2 || spread > 0, "backward: the ranks' gradients should differ");
     json["backward"] = {{"local_grads_max_spread", spread},
                         {"sum_max_abs_diff", sum_diff},
@@ -359,8 +413,9 @@ int main(int argc, char** argv) {
 
     // -----------------------------------------------------------------------
     // 4. Summary.
-    std::string summary = "\nSummary (elements received, summed over ranks)\n"
-                          "  strategy                   measured    formula   max abs diff\n";
+    std::string summary =
+        "\nSummary (elements received, summed over ranks)\n"
+        "  strategy                   measured    formula   max abs diff\n";
     for (const std::string& row : table) summary += row + "\n";
     ctx.say(summary);
     if (bench) gemm_benchmark(ctx, peak);

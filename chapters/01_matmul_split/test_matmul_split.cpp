@@ -33,8 +33,10 @@ void check_strategy(int n, Strategy strategy, bool bitwise, const char* name) {
       const Tensor got = strategy(comm, x, w);
       const std::string what = std::string(name) + " on rank " + std::to_string(comm.rank()) +
                                " of " + std::to_string(n);
-      if (bitwise) check_equal(got, want, what);
-      else check_close(got, want, bound, 0.0f, what);
+      if (bitwise)
+        check_equal(got, want, what);
+      else
+        check_close(got, want, bound, 0.0f, what);
     });
   }
 }
@@ -104,8 +106,8 @@ TEST_SUITE("ch01") {
         });
         std::uint64_t total = 0;
         for (std::uint64_t r : received) total += r;
-        CHECK_MESSAGE(total == c.formula, c.name << ": measured " << total
-                                                << " elements, formula says " << c.formula);
+        CHECK_MESSAGE(total == c.formula,
+                      c.name << ": measured " << total << " elements, formula says " << c.formula);
       }
     });
   }

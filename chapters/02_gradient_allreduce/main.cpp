@@ -60,7 +60,7 @@ float replica_divergence(Communicator& comm, ch02::Mlp& model) {
 }
 
 struct Distance {
-  float max_abs = 0;  // max |w - w_single| over all parameters
+  float max_abs = 0;   // max |w - w_single| over all parameters
   double max_rel = 0;  // max_abs / max |w_single| over all parameters
 };
 /// How far this rank's weights are from the single-device run's (worst over ranks).
@@ -95,7 +95,9 @@ double max_over_ranks(Communicator& comm, double mine) {
   return mine;
 }
 
-std::int64_t gradient_elements(const Config& cfg) { return cfg.in * cfg.hidden + cfg.hidden + cfg.hidden + 1; }
+std::int64_t gradient_elements(const Config& cfg) {
+  return cfg.in * cfg.hidden + cfg.hidden + cfg.hidden + 1;
+}
 
 // ---------------------------------------------------------------------------
 // Benchmark: every sync mode, and a sweep of bucket sizes, as CSV rows.
@@ -103,8 +105,8 @@ std::int64_t gradient_elements(const Config& cfg) { return cfg.in * cfg.hidden +
 void benchmark(Context& ctx, const Config& base) {
   Communicator& comm = ctx.comm();
   // step = making the batch + compute (forward, backward, update) + waiting on communication
-  CsvTable table({"sync", "ranks", "bucket_kb", "accum_steps", "grad_bytes", "buckets",
-                  "step_ms", "compute_ms", "comm_wait_ms", "allreduce_calls_per_step",
+  CsvTable table({"sync", "ranks", "bucket_kb", "accum_steps", "grad_bytes", "buckets", "step_ms",
+                  "compute_ms", "comm_wait_ms", "allreduce_calls_per_step",
                   "bytes_sent_per_rank_per_step"});
   struct Run {
     Sync sync;
@@ -126,13 +128,16 @@ void benchmark(Context& ctx, const Config& base) {
     const double compute_ms = max_over_ranks(comm, t.compute_s) / n * 1e3;
     const double wait_ms = max_over_ranks(comm, t.comm_wait_s) / n * 1e3;
     char line[160];
-    std::snprintf(line, sizeof line, "%-10s %10s %8zu %9.3f %11.3f %13.3f", std::string(ch02::sync_name(run.sync)).c_str(),
-                  run.bucket_kb > 0 ? format_number(run.bucket_kb).c_str() : "-", t.buckets, step_ms, compute_ms, wait_ms);
+    std::snprintf(line, sizeof line, "%-10s %10s %8zu %9.3f %11.3f %13.3f",
+                  std::string(ch02::sync_name(run.sync)).c_str(),
+                  run.bucket_kb > 0 ? format_number(run.bucket_kb).c_str() : "-", t.buckets,
+                  step_ms, compute_ms, wait_ms);
     ctx.say(line);
     table.add({std::string(ch02::sync_name(run.sync)), std::to_string(ctx.size()),
-               run.bucket_kb > 0 ? format_number(run.bucket_kb) : "", std::to_string(cfg.accum_steps),
-               std::to_string(gradient_elements(cfg) * 4), std::to_string(t.buckets),
-               format_number(step_ms), format_number(compute_ms), format_number(wait_ms),
+               run.bucket_kb > 0 ? format_number(run.bucket_kb) : "",
+               std::to_string(cfg.accum_steps), std::to_string(gradient_elements(cfg) * 4),
+               std::to_string(t.buckets), format_number(step_ms), format_number(compute_ms),
+               format_number(wait_ms),
                format_number(static_cast<double>(t.allreduce.calls) / n, 12),
                format_number(static_cast<double>(t.allreduce.bytes_sent) / n, 12)});
   }
@@ -148,22 +153,36 @@ void benchmark(Context& ctx, const Config& base) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Program program("ch02_gradient_allreduce", "Chapter 02: data-parallel training kept in sync by gradient allreduce");
+  Program program("ch02_gradient_allreduce",
+                  "Chapter 02: data-parallel training kept in sync by gradient allreduce");
   Config cfg;
   std::string sync = "allreduce";
   bool bench = false;
   auto& cli = program.cli();
   cli.add_option("--sync", sync, "none, allreduce, bucketed or overlap")
-      ->check(CLI::IsMember({"none", "allreduce", "bucketed", "overlap"}))->capture_default_str();
-  cli.add_option("--steps", cfg.steps, "training steps")->check(CLI::Range(1, 1000000))->capture_default_str();
-  cli.add_option("--batch", cfg.batch, "global batch B, split across the ranks")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+      ->check(CLI::IsMember({"none", "allreduce", "bucketed", "overlap"}))
+      ->capture_default_str();
+  cli.add_option("--steps", cfg.steps, "training steps")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  cli.add_option("--batch", cfg.batch, "global batch B, split across the ranks")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   cli.add_option("--bucket-kb", cfg.bucket_kb, "bucket capacity in KiB (bucketed, overlap)")
-      ->check(CLI::Range(0.001, 1048576.0))->capture_default_str();
+      ->check(CLI::Range(0.001, 1048576.0))
+      ->capture_default_str();
   cli.add_option("--accum-steps", cfg.accum_steps, "micro-batches per step (one sync per step)")
-      ->check(CLI::Range(1, 4096))->capture_default_str();
-  cli.add_option("--lr", cfg.lr, "SGD learning rate")->check(CLI::Range(0.0f, 10.0f))->capture_default_str();
-  cli.add_option("--in", cfg.in, "input features I")->check(CLI::Range(1, 65536))->capture_default_str();
-  cli.add_option("--hidden", cfg.hidden, "hidden units H")->check(CLI::Range(1, 65536))->capture_default_str();
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  cli.add_option("--lr", cfg.lr, "SGD learning rate")
+      ->check(CLI::Range(0.0f, 10.0f))
+      ->capture_default_str();
+  cli.add_option("--in", cfg.in, "input features I")
+      ->check(CLI::Range(1, 65536))
+      ->capture_default_str();
+  cli.add_option("--hidden", cfg.hidden, "hidden units H")
+      ->check(CLI::Range(1, 65536))
+      ->capture_default_str();
   cli.add_flag("--benchmark", bench, "time every sync mode and bucket size, write CSV");
 
   return program.run(argc, argv, [&](Context& ctx) {
@@ -183,7 +202,8 @@ int main(int argc, char** argv) {
     ctx.say(head.str());
     std::ostringstream rows;
     rows << "batch rows " << shard_range(cfg.batch, P, ctx.rank()).offset << ".."
-         << shard_range(cfg.batch, P, ctx.rank()).offset + shard_range(cfg.batch, P, ctx.rank()).length;
+         << shard_range(cfg.batch, P, ctx.rank()).offset +
+                shard_range(cfg.batch, P, ctx.rank()).length;
     ctx.say_each(rows.str());
 
     // 1. The single-device reference on the full batch (every rank can afford it).
@@ -202,9 +222,11 @@ int main(int argc, char** argv) {
     for (int s = 0; s < cfg.steps; ++s) {
       if (s >= 5 && s != cfg.steps - 1) continue;
       if (s == cfg.steps - 1 && cfg.steps > 6) curve += " ...\n";
-      const float d = divergence[std::min<std::size_t>(static_cast<std::size_t>(s), divergence.size() - 1)];
+      const float d =
+          divergence[std::min<std::size_t>(static_cast<std::size_t>(s), divergence.size() - 1)];
       char line[120];
-      std::snprintf(line, sizeof line, "%4d   %18.9f   %20.9f   %s\n", s + 1, trace.losses[static_cast<std::size_t>(s)],
+      std::snprintf(line, sizeof line, "%4d   %18.9f   %20.9f   %s\n", s + 1,
+                    trace.losses[static_cast<std::size_t>(s)],
                     reference.losses[static_cast<std::size_t>(s)], format_number(d, 3).c_str());
       curve += line;
     }
@@ -214,11 +236,13 @@ int main(int argc, char** argv) {
     const Distance dist = distance(comm, model, single);
     double loss_diff = 0;
     for (std::size_t s = 0; s < trace.losses.size(); ++s)
-      loss_diff = std::max(loss_diff, std::fabs(trace.losses[s] - reference.losses[s]) / std::max(1e-30, reference.losses[s]));
+      loss_diff = std::max(loss_diff, std::fabs(trace.losses[s] - reference.losses[s]) /
+                                          std::max(1e-30, reference.losses[s]));
 
     const std::int64_t grad_bytes = gradient_elements(cfg) * 4;
     const double steps = cfg.steps;
-    const auto sent = from_every_rank<std::int64_t>(comm, static_cast<std::int64_t>(trace.allreduce.bytes_sent));
+    const auto sent =
+        from_every_rank<std::int64_t>(comm, static_cast<std::int64_t>(trace.allreduce.bytes_sent));
     std::vector<double> sent_per_step;
     std::int64_t sent_total = 0;
     for (std::int64_t b : sent) {
@@ -229,37 +253,48 @@ int main(int argc, char** argv) {
     const bool synced = cfg.sync != Sync::none;
     // Ring-shaped allreduce: each rank sends 2(N-1)/N of the gradient bytes per step;
     // summed over ranks exactly 2(N-1) * grad bytes, however the chunks divide.
-    const double formula_per_rank = synced ? 2.0 * (P - 1) / P * static_cast<double>(grad_bytes) : 0.0;
+    const double formula_per_rank =
+        synced ? 2.0 * (P - 1) / P * static_cast<double>(grad_bytes) : 0.0;
     const std::int64_t formula_total = synced ? 2 * (P - 1) * grad_bytes * cfg.steps : 0;
-    const double wait_s = max_over_ranks(comm, trace.comm_wait_s), compute_s = max_over_ranks(comm, trace.compute_s);
+    const double wait_s = max_over_ranks(comm, trace.comm_wait_s),
+                 compute_s = max_over_ranks(comm, trace.compute_s);
 
     std::ostringstream out;
     out << "replicas differ by " << format_number(final_divergence, 3)
         << (synced ? (final_divergence == 0 ? " (bitwise identical)" : " (SHOULD BE 0)")
                    : " (no sync: each replica followed its own gradient)")
-        << "\nvs single device on the full batch: weights max abs diff " << format_number(dist.max_abs, 3)
-        << ", relative " << format_number(dist.max_rel, 3) << " (tolerance " << relative_tolerance
-        << " when synced); loss curve relative diff " << format_number(loss_diff, 3)
-        << "\nallreduce per step: " << format_number(calls_per_step) << " call(s)";
-    if (trace.buckets) out << " (" << trace.buckets << " bucket(s) of <= " << format_number(cfg.bucket_kb) << " KiB)";
+        << "\nvs single device on the full batch: weights max abs diff "
+        << format_number(dist.max_abs, 3) << ", relative " << format_number(dist.max_rel, 3)
+        << " (tolerance " << relative_tolerance << " when synced); loss curve relative diff "
+        << format_number(loss_diff, 3) << "\nallreduce per step: " << format_number(calls_per_step)
+        << " call(s)";
+    if (trace.buckets)
+      out << " (" << trace.buckets << " bucket(s) of <= " << format_number(cfg.bucket_kb)
+          << " KiB)";
     out << ", bytes sent per rank: ";
-    for (std::size_t q = 0; q < sent_per_step.size(); ++q) out << (q ? " " : "") << format_number(sent_per_step[q]);
-    out << "\n  formula 2(N-1)/N x " << grad_bytes << " gradient bytes = " << format_number(formula_per_rank)
-        << " per rank; summed over ranks: measured " << sent_total / cfg.steps << ", formula 2(N-1) x "
-        << grad_bytes << " = " << formula_total / cfg.steps
+    for (std::size_t q = 0; q < sent_per_step.size(); ++q)
+      out << (q ? " " : "") << format_number(sent_per_step[q]);
+    out << "\n  formula 2(N-1)/N x " << grad_bytes
+        << " gradient bytes = " << format_number(formula_per_rank)
+        << " per rank; summed over ranks: measured " << sent_total / cfg.steps
+        << ", formula 2(N-1) x " << grad_bytes << " = " << formula_total / cfg.steps
         << (trace.allreduce.calls && comm.stats().modeled[static_cast<std::size_t>(Op::allreduce)]
-                ? "  [modeled: MPI hides its algorithm]" : "")
-        << "\ntime (slowest rank): computing " << format_number(compute_s * 1e3, 3) << " ms, waiting on communication "
-        << format_number(wait_s * 1e3, 3) << " ms";
+                ? "  [modeled: MPI hides its algorithm]"
+                : "")
+        << "\ntime (slowest rank): computing " << format_number(compute_s * 1e3, 3)
+        << " ms, waiting on communication " << format_number(wait_s * 1e3, 3) << " ms";
     ctx.say(out.str());
 
     if (synced) {
-      ctx.verify(final_divergence == 0, "replicas are not identical after syncing: they differ by " +
-                                            format_number(final_divergence));
-      ctx.verify(dist.max_rel <= relative_tolerance, "weights differ from the single-device run by " +
-                                                         format_number(dist.max_rel) + " relative");
+      ctx.verify(final_divergence == 0,
+                 "replicas are not identical after syncing: they differ by " +
+                     format_number(final_divergence));
+      ctx.verify(dist.max_rel <= relative_tolerance,
+                 "weights differ from the single-device run by " + format_number(dist.max_rel) +
+                     " relative");
       ctx.verify(sent_total == formula_total, "allreduce sent " + std::to_string(sent_total) +
-                                                  " bytes over all ranks, formula says " + std::to_string(formula_total));
+                                                  " bytes over all ranks, formula says " +
+                                                  std::to_string(formula_total));
     }
     json["sync"] = sync;
     json["accum_steps"] = cfg.accum_steps;

@@ -17,7 +17,8 @@ namespace {
 
 /// Rank r's fake gradients: three tensors of odd sizes with rank-dependent values.
 std::vector<Tensor> fake_grads(int rank) {
-  std::vector<Tensor> g = {randn(3, 5, 100 + rank), randn(1, 7, 200 + rank), randn(11, 2, 300 + rank)};
+  std::vector<Tensor> g = {randn(3, 5, 100 + rank), randn(1, 7, 200 + rank),
+                           randn(11, 2, 300 + rank)};
   return g;
 }
 std::vector<Tensor*> pointers(std::vector<Tensor>& v) {
@@ -30,7 +31,8 @@ std::vector<Tensor> weighted_average(int n, std::int64_t batch) {
   std::vector<Tensor> sum = fake_grads(0);
   for (Tensor& t : sum) std::fill(t.begin(), t.end(), 0.0f);
   for (int r = 0; r < n; ++r) {
-    const auto share = static_cast<float>(static_cast<double>(shard_range(batch, n, r).length) / static_cast<double>(batch));
+    const auto share = static_cast<float>(static_cast<double>(shard_range(batch, n, r).length) /
+                                          static_cast<double>(batch));
     std::vector<Tensor> g = fake_grads(r);
     for (std::size_t i = 0; i < g.size(); ++i) axpy(share, g[i], sum[i]);
   }
@@ -71,7 +73,8 @@ TEST_SUITE("ch02") {
         const auto ptrs = pointers(g);
         ch02::allreduce_gradients(comm, ptrs, shard_range(batch, n, comm.rank()).length, batch);
         for (std::size_t i = 0; i < g.size(); ++i)
-          check_close(g[i], want[i], 1e-6f, 1e-6f, "gradient " + std::to_string(i) + " on rank " + std::to_string(comm.rank()));
+          check_close(g[i], want[i], 1e-6f, 1e-6f,
+                      "gradient " + std::to_string(i) + " on rank " + std::to_string(comm.rank()));
       });
     });
   }
@@ -147,7 +150,8 @@ TEST_SUITE("ch02") {
         for (int r = 1; r < n; ++r) {
           auto a = models[0].parameters(), b = models[static_cast<std::size_t>(r)].parameters();
           for (std::size_t i = 0; i < a.size(); ++i)
-            check_equal(b[i]->value, a[i]->value, "parameter " + std::to_string(i) + " of rank " + std::to_string(r));
+            check_equal(b[i]->value, a[i]->value,
+                        "parameter " + std::to_string(i) + " of rank " + std::to_string(r));
         }
         CHECK(relative_distance(models[0], single) <= 1e-6);
       });
@@ -166,15 +170,18 @@ TEST_SUITE("ch02") {
         std::vector<ch02::Mlp> models(static_cast<std::size_t>(n), ch02::Mlp(cfg));
         std::vector<std::uint64_t> calls(static_cast<std::size_t>(n));
         run_threads(n, [&](Communicator& comm) {
-          const ch02::Trace t = ch02::train(comm, cfg, models[static_cast<std::size_t>(comm.rank())]);
+          const ch02::Trace t =
+              ch02::train(comm, cfg, models[static_cast<std::size_t>(comm.rank())]);
           calls[static_cast<std::size_t>(comm.rank())] = t.allreduce.calls;
         });
         CHECK(relative_distance(models[0], single) <= 1e-6);
         // One sync per step, not per micro-batch.
         std::vector<Tensor> g;
         for (auto* p : models[0].parameters()) g.push_back(p->grad);
-        CHECK(calls[0] == ch02::plan_buckets(pointers(g), static_cast<std::int64_t>(cfg.bucket_kb * 1024)).size() *
-                              static_cast<std::size_t>(cfg.steps));
+        CHECK(calls[0] ==
+              ch02::plan_buckets(pointers(g), static_cast<std::int64_t>(cfg.bucket_kb * 1024))
+                      .size() *
+                  static_cast<std::size_t>(cfg.steps));
       }
     }
   }

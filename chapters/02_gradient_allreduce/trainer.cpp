@@ -24,10 +24,14 @@ Sync parse_sync(std::string_view name) {
 
 std::string_view sync_name(Sync sync) {
   switch (sync) {
-    case Sync::none: return "none";
-    case Sync::allreduce: return "allreduce";
-    case Sync::bucketed: return "bucketed";
-    case Sync::overlap: return "overlap";
+    case Sync::none:
+      return "none";
+    case Sync::allreduce:
+      return "allreduce";
+    case Sync::bucketed:
+      return "bucketed";
+    case Sync::overlap:
+      return "overlap";
   }
   return "?";
 }
@@ -35,7 +39,8 @@ std::string_view sync_name(Sync sync) {
 // ---------------------------------------------------------------------------
 // The model
 
-Mlp::Mlp(const Config& cfg) : l1_(cfg.in, cfg.hidden, cfg.seed * 4 + 1), l2_(cfg.hidden, 1, cfg.seed * 4 + 2) {}
+Mlp::Mlp(const Config& cfg)
+    : l1_(cfg.in, cfg.hidden, cfg.seed * 4 + 1), l2_(cfg.hidden, 1, cfg.seed * 4 + 2) {}
 
 Tensor Mlp::forward(const Tensor& x) {
   h_ = nn::tanh_forward(l1_.forward(x));
@@ -49,7 +54,9 @@ void Mlp::backward(const Tensor& dpred, const std::function<void(int)>& ready) {
   if (ready) ready(1);
 }
 
-std::vector<nn::Parameter*> Mlp::parameters() { return {&l1_.weight, &l1_.bias, &l2_.weight, &l2_.bias}; }
+std::vector<nn::Parameter*> Mlp::parameters() {
+  return {&l1_.weight, &l1_.bias, &l2_.weight, &l2_.bias};
+}
 
 void Mlp::zero_grad() {
   for (nn::Parameter* p : parameters()) std::fill(p->grad.begin(), p->grad.end(), 0.0f);
@@ -67,7 +74,8 @@ void make_batch(const Config& cfg, int step, Tensor& x, Tensor& y) {
     teacher = std::make_unique<Mlp>(teacher_cfg);
     teacher_key = key;
   }
-  x = shardlab::randn(cfg.batch, cfg.in, cfg.seed * 1000003ull + static_cast<std::uint64_t>(step) + 17);
+  x = shardlab::randn(cfg.batch, cfg.in,
+                      cfg.seed * 1000003ull + static_cast<std::uint64_t>(step) + 17);
   y = teacher->forward(x);
 }
 
@@ -81,7 +89,8 @@ double seconds_since(Clock::time_point t) {
 }
 }  // namespace
 
-Trace train(Communicator& comm, const Config& cfg, Mlp& model, const std::function<void(int)>& after_step) {
+Trace train(Communicator& comm, const Config& cfg, Mlp& model,
+            const std::function<void(int)>& after_step) {
   const int P = comm.size(), r = comm.rank();
   const std::int64_t local_batch = shard_range(cfg.batch, P, r).length;
   std::vector<nn::Parameter*> params = model.parameters();
@@ -130,19 +139,26 @@ Trace train(Communicator& comm, const Config& cfg, Mlp& model, const std::functi
           });
         }
       };
-      model.backward(nn::mse_backward(pred, ym, static_cast<double>(std::max<std::int64_t>(local_batch, 1))), on_ready);
+      model.backward(
+          nn::mse_backward(pred, ym, static_cast<double>(std::max<std::int64_t>(local_batch, 1))),
+          on_ready);
       compute += seconds_since(t0);
     }
 
     // Sync the gradients.
     const Clock::time_point t1 = Clock::now();
     switch (cfg.sync) {
-      case Sync::none: break;
-      case Sync::allreduce: allreduce_gradients(comm, grads, local_batch, cfg.batch); break;
+      case Sync::none:
+        break;
+      case Sync::allreduce:
+        allreduce_gradients(comm, grads, local_batch, cfg.batch);
+        break;
       case Sync::bucketed:
         for (const Bucket& b : buckets) allreduce_bucket(comm, b, grads, local_batch, cfg.batch);
         break;
-      case Sync::overlap: comm_thread->wait_all(); break;
+      case Sync::overlap:
+        comm_thread->wait_all();
+        break;
     }
     wait += seconds_since(t1);
 

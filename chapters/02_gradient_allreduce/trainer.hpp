@@ -21,14 +21,14 @@ Sync parse_sync(std::string_view name);
 std::string_view sync_name(Sync sync);
 
 struct Config {
-  std::int64_t in = 16;        // I: input features
-  std::int64_t hidden = 64;    // H: hidden units
-  std::int64_t batch = 64;     // B: global batch, split across ranks
+  std::int64_t in = 16;      // I: input features
+  std::int64_t hidden = 64;  // H: hidden units
+  std::int64_t batch = 64;   // B: global batch, split across ranks
   int steps = 20;
-  int accum_steps = 1;         // k: micro-batches per step; one sync per step
+  int accum_steps = 1;  // k: micro-batches per step; one sync per step
   float lr = 0.05f;
   Sync sync = Sync::allreduce;
-  double bucket_kb = 1.0;      // bucket capacity for bucketed and overlap
+  double bucket_kb = 1.0;  // bucket capacity for bucketed and overlap
   std::uint64_t seed = 0;
 };
 
@@ -53,10 +53,10 @@ class Mlp {
 void make_batch(const Config& cfg, int step, Tensor& x, Tensor& y);
 
 struct Trace {
-  std::vector<double> losses;            // global mean loss before each step's update
+  std::vector<double> losses;             // global mean loss before each step's update
   double compute_s = 0, comm_wait_s = 0;  // this rank's totals
   double step_s = 0;
-  shardlab::OpStats allreduce;           // this rank's allreduce traffic, all steps
+  shardlab::OpStats allreduce;  // this rank's allreduce traffic, all steps
   std::size_t buckets = 0;
 };
 

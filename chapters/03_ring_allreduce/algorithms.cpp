@@ -18,7 +18,8 @@ int mod(int a, int n) { return ((a % n) + n) % n; }
 
 std::span<float> chunk(std::span<float> data, int ranks, int c) {
   const shardlab::ShardRange range = shard_range(static_cast<std::int64_t>(data.size()), ranks, c);
-  return data.subspan(static_cast<std::size_t>(range.offset), static_cast<std::size_t>(range.length));
+  return data.subspan(static_cast<std::size_t>(range.offset),
+                      static_cast<std::size_t>(range.length));
 }
 
 void add(std::span<float> into, std::span<const float> x) {
@@ -39,7 +40,8 @@ void ring_allreduce(Communicator& comm, std::span<float> data) {
 void pipelined_ring_allreduce(Communicator& comm, std::span<float> data, std::size_t segment) {
   const int N = comm.size(), r = comm.rank();
   if (N == 1) return;
-  if (segment == 0) throw shardlab::UsageError("pipelined ring: the segment must be at least 1 element");
+  if (segment == 0)
+    throw shardlab::UsageError("pipelined ring: the segment must be at least 1 element");
   const int right = mod(r + 1, N), left = mod(r - 1, N);
   // Segment k of a chunk: [k * segment, min((k + 1) * segment, chunk size)).
   auto segments = [&](std::span<float> c) { return (c.size() + segment - 1) / segment; };
@@ -51,7 +53,9 @@ void pipelined_ring_allreduce(Communicator& comm, std::span<float> data, std::si
   constexpr std::size_t slots = 4;
   static thread_local std::vector<float> scratch;
   if (scratch.size() < slots * segment) scratch.resize(slots * segment);
-  auto slot = [&](std::size_t k, std::size_t n) { return std::span<float>(scratch.data() + (k % slots) * segment, n); };
+  auto slot = [&](std::size_t k, std::size_t n) {
+    return std::span<float>(scratch.data() + (k % slots) * segment, n);
+  };
 
   static thread_local std::vector<Request> sends, recvs;
   sends.clear();
@@ -71,7 +75,8 @@ void pipelined_ring_allreduce(Communicator& comm, std::span<float> data, std::si
       comm.wait(recvs[k]);
       const std::span<float> part = piece(mine, k);
       add(part, slot(k, part.size()));
-      if (k + slots < count) recvs[k + slots] = comm.irecv(slot(k, piece(mine, k + slots).size()), left, 0);
+      if (k + slots < count)
+        recvs[k + slots] = comm.irecv(slot(k, piece(mine, k + slots).size()), left, 0);
       if (s < N - 2) sends.push_back(comm.isend(part, right, 0));
     }
   }
@@ -81,11 +86,13 @@ void pipelined_ring_allreduce(Communicator& comm, std::span<float> data, std::si
 
   // All-gather: chunks arrive complete, straight into place, and move on at once.
   const std::span<float> owned = chunk(data, N, owned_chunk(r, N));
-  for (std::size_t k = 0; k < segments(owned); ++k) sends.push_back(comm.isend(piece(owned, k), right, 1));
+  for (std::size_t k = 0; k < segments(owned); ++k)
+    sends.push_back(comm.isend(piece(owned, k), right, 1));
   for (int s = 0; s < N - 1; ++s) {
     const std::span<float> in = chunk(data, N, mod(r - s, N));
     recvs.clear();
-    for (std::size_t k = 0; k < segments(in); ++k) recvs.push_back(comm.irecv(piece(in, k), left, 1));
+    for (std::size_t k = 0; k < segments(in); ++k)
+      recvs.push_back(comm.irecv(piece(in, k), left, 1));
     for (std::size_t k = 0; k < recvs.size(); ++k) {
       comm.wait(recvs[k]);
       if (s < N - 2) sends.push_back(comm.isend(piece(in, k), right, 1));
@@ -154,8 +161,10 @@ void recursive_doubling_allreduce(Communicator& comm, std::span<float> data) {
     }
   }
   if (r < 2 * extra) {  // hand the result back to the even rank that sat out
-    if (r % 2 == 0) comm.recv(data, r + 1, 2);
-    else comm.send(data, r - 1, 2);
+    if (r % 2 == 0)
+      comm.recv(data, r + 1, 2);
+    else
+      comm.send(data, r - 1, 2);
   }
 }
 
@@ -170,7 +179,8 @@ std::size_t formula_bytes_sent(std::string_view algorithm, std::size_t count, in
   if (algorithm == "ring" || algorithm == "pipelined") {
     // Every chunk but (r+1) in reduce-scatter, every chunk but (r+2) in all-gather.
     auto size = [&](int c) {
-      return static_cast<std::size_t>(shard_range(static_cast<std::int64_t>(count), ranks, mod(c, ranks)).length) *
+      return static_cast<std::size_t>(
+                 shard_range(static_cast<std::int64_t>(count), ranks, mod(c, ranks)).length) *
              sizeof(float);
     };
     return 2 * S - size(rank + 1) - size(rank + 2);

@@ -68,8 +68,9 @@ struct StepLog {
 /// "" if step s of the log sent chunk first_send(s) (and received into chunk
 /// first_recv(s) where the receive lands in `data`), else which rank, step and chunk.
 template <class SendChunk, class RecvChunk>
-std::string steps_error(const StepLog& log, std::span<const float> data, int rank, int ranks, const char* phase,
-                        SendChunk want_send, RecvChunk want_recv, const char* rule) {
+std::string steps_error(const StepLog& log, std::span<const float> data, int rank, int ranks,
+                        const char* phase, SendChunk want_send, RecvChunk want_recv,
+                        const char* rule) {
   if (ranks == 1) return "";
   if (log.sends.size() != static_cast<std::size_t>(ranks - 1))
     return "rank " + std::to_string(rank) + ", " + phase + ": " + std::to_string(log.sends.size()) +
@@ -84,12 +85,15 @@ std::string steps_error(const StepLog& log, std::span<const float> data, int ran
   for (int s = 0; s < ranks - 1; ++s) {
     const auto& send = log.sends[static_cast<std::size_t>(s)];
     const int sent = chunk_at(send.buffer, data, ranks);
-    const std::string where = "rank " + std::to_string(rank) + ", " + phase + " step " + std::to_string(s) + ": ";
+    const std::string where =
+        "rank " + std::to_string(rank) + ", " + phase + " step " + std::to_string(s) + ": ";
     if (send.peer != mod(rank + 1, ranks))
-      return where + "sent to rank " + std::to_string(send.peer) + ", but the ring sends to the right neighbour " +
-             std::to_string(mod(rank + 1, ranks));
+      return where + "sent to rank " + std::to_string(send.peer) +
+             ", but the ring sends to the right neighbour " + std::to_string(mod(rank + 1, ranks));
     if (!is_chunk(send, want_send(s)))
-      return where + "sent " + (sent >= 0 ? "chunk " + std::to_string(sent) : "a buffer that is not a chunk of the data") +
+      return where + "sent " +
+             (sent >= 0 ? "chunk " + std::to_string(sent)
+                        : "a buffer that is not a chunk of the data") +
              ", but this step sends chunk " + std::to_string(want_send(s)) + " (" + rule + ")";
     if (s < static_cast<int>(log.recvs.size())) {
       const auto& recv = log.recvs[static_cast<std::size_t>(s)];
@@ -97,23 +101,27 @@ std::string steps_error(const StepLog& log, std::span<const float> data, int ran
       // A receive into scratch (outside the data) cannot be placed; one into the data must
       // land on the right chunk.
       if (got >= 0 && !is_chunk(recv, want_recv(s)))
-        return where + "received into chunk " + std::to_string(got) + ", but this step receives chunk " +
-               std::to_string(want_recv(s)) + " (" + rule + ")";
+        return where + "received into chunk " + std::to_string(got) +
+               ", but this step receives chunk " + std::to_string(want_recv(s)) + " (" + rule + ")";
     }
   }
   return "";
 }
 
-inline std::string reduce_scatter_steps_error(const StepLog& log, std::span<const float> data, int rank, int ranks) {
-  return steps_error(log, data, rank, ranks, "reduce-scatter", [&](int s) { return mod(rank - s, ranks); },
-                     [&](int s) { return mod(rank - s - 1, ranks); },
-                     "step s sends chunk (r - s) mod N and receives chunk (r - s - 1) mod N");
+inline std::string reduce_scatter_steps_error(const StepLog& log, std::span<const float> data,
+                                              int rank, int ranks) {
+  return steps_error(
+      log, data, rank, ranks, "reduce-scatter", [&](int s) { return mod(rank - s, ranks); },
+      [&](int s) { return mod(rank - s - 1, ranks); },
+      "step s sends chunk (r - s) mod N and receives chunk (r - s - 1) mod N");
 }
 
-inline std::string allgather_steps_error(const StepLog& log, std::span<const float> data, int rank, int ranks) {
-  return steps_error(log, data, rank, ranks, "all-gather", [&](int s) { return mod(rank + 1 - s, ranks); },
-                     [&](int s) { return mod(rank - s, ranks); },
-                     "step s sends chunk (r + 1 - s) mod N and receives chunk (r - s) mod N");
+inline std::string allgather_steps_error(const StepLog& log, std::span<const float> data, int rank,
+                                         int ranks) {
+  return steps_error(
+      log, data, rank, ranks, "all-gather", [&](int s) { return mod(rank + 1 - s, ranks); },
+      [&](int s) { return mod(rank - s, ranks); },
+      "step s sends chunk (r + 1 - s) mod N and receives chunk (r - s) mod N");
 }
 
 inline std::string ranks_in(unsigned mask) {
@@ -129,24 +137,28 @@ inline std::string reduce_scatter_error(std::span<const float> data, int rank, i
   const int owned = owned_chunk(rank, ranks);
   const auto range = shardlab::shard_range(static_cast<std::int64_t>(data.size()), ranks, owned);
   const unsigned all = (1u << ranks) - 1;
-  for (auto i = static_cast<std::size_t>(range.offset); i < static_cast<std::size_t>(range.offset + range.length); ++i) {
+  for (auto i = static_cast<std::size_t>(range.offset);
+       i < static_cast<std::size_t>(range.offset + range.length); ++i) {
     const Decoded d = decode(data[i]);
-    std::string where = "rank " + std::to_string(rank) + ", after reduce-scatter, chunk " + std::to_string(owned) +
-                        " (element " + std::to_string(i) + ")";
+    std::string where = "rank " + std::to_string(rank) + ", after reduce-scatter, chunk " +
+                        std::to_string(owned) + " (element " + std::to_string(i) + ")";
     if (d.mask == all && d.chunk == owned) continue;
     if (d.chunk != owned)
       return where + " holds data of chunk " + std::to_string(d.chunk) +
-             ": a chunk index is wrong (send chunk (r - s) mod N, add into chunk (r - s - 1) mod N)";
+             ": a chunk index is wrong (send chunk (r - s) mod N, add into chunk (r - s - 1) mod "
+             "N)";
     // Contributions join chunk c in ring order: rank c starts it, rank c + j adds its own
     // at step j - 1. The first one missing names the step that went wrong.
     for (int j = 1; j < ranks; ++j) {
       const int q = mod(owned + j, ranks);
       if (!(d.mask & (1u << q)))
-        return where + " holds the sum over ranks " + ranks_in(d.mask) + " only: rank " + std::to_string(q) +
-               "'s contribution should have joined at step " + std::to_string(j - 1) + ", when rank " +
-               std::to_string(q) + " adds into chunk " + std::to_string(owned) + " and passes it on";
+        return where + " holds the sum over ranks " + ranks_in(d.mask) + " only: rank " +
+               std::to_string(q) + "'s contribution should have joined at step " +
+               std::to_string(j - 1) + ", when rank " + std::to_string(q) + " adds into chunk " +
+               std::to_string(owned) + " and passes it on";
     }
-    return where + " holds ranks " + ranks_in(d.mask) + ": a contribution arrived twice or from the wrong step";
+    return where + " holds ranks " + ranks_in(d.mask) +
+           ": a contribution arrived twice or from the wrong step";
   }
   return "";
 }
@@ -159,9 +171,10 @@ inline std::string allgather_error(std::span<const float> data, int rank, int ra
     const int c = chunk_of(i, data.size(), ranks);
     const Decoded d = decode(data[i]);
     if (d.mask == all && d.chunk == c) continue;
-    return "rank " + std::to_string(rank) + ", after all-gather, chunk " + std::to_string(c) + " (element " +
-           std::to_string(i) + ") holds ranks " + ranks_in(d.mask) + " of chunk " + std::to_string(d.chunk) +
-           "; it should have arrived complete from the left at step " + std::to_string(mod(rank - c, ranks)) +
+    return "rank " + std::to_string(rank) + ", after all-gather, chunk " + std::to_string(c) +
+           " (element " + std::to_string(i) + ") holds ranks " + ranks_in(d.mask) + " of chunk " +
+           std::to_string(d.chunk) + "; it should have arrived complete from the left at step " +
+           std::to_string(mod(rank - c, ranks)) +
            " (receive chunk (r - s) mod N, send chunk (r + 1 - s) mod N)";
   }
   return "";

@@ -13,9 +13,11 @@ using namespace shardlab;
 using shardlab::testing::for_each_world_size;
 
 namespace {
-void check_algorithm(const char* name, const std::function<void(Communicator&, std::span<float>)>& run) {
+void check_algorithm(const char* name,
+                     const std::function<void(Communicator&, std::span<float>)>& run) {
   for_each_world_size([&](int n) {
-    for (std::size_t count : {std::size_t{0}, std::size_t{1}, static_cast<std::size_t>(n) + 1, std::size_t{4099}}) {
+    for (std::size_t count :
+         {std::size_t{0}, std::size_t{1}, static_cast<std::size_t>(n) + 1, std::size_t{4099}}) {
       CAPTURE(count);
       run_threads(n, [&](Communicator& comm) {
         std::vector<float> mine = ch03::check::tagged_input(count, comm.rank(), n), native = mine;
@@ -58,7 +60,8 @@ TEST_SUITE("ch03.algorithms") {
       Tensor x = randn(1, 5003, 9 + static_cast<std::uint64_t>(comm.rank())), ring = x;
       ch03::pipelined_ring_allreduce(comm, x.span(), 64);
       ch03::ring_allreduce(comm, ring.span());
-      CHECK_MESSAGE(x.bitwise_equal(ring), "pipelined and plain ring add in the same order, so must agree");
+      CHECK_MESSAGE(x.bitwise_equal(ring),
+                    "pipelined and plain ring add in the same order, so must agree");
       Tensor first = x;
       comm.broadcast(first, 0);
       CHECK(x.bitwise_equal(first));

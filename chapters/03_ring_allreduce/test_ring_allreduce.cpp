@@ -23,7 +23,9 @@ std::vector<std::size_t> counts_for(int n) {
 void reduce_scatter_wrong_chunk(Communicator& comm, std::span<float> data) {
   const int N = comm.size(), r = comm.rank();
   const std::size_t len = data.size() / static_cast<std::size_t>(N);
-  auto chunk = [&](int c) { return data.subspan(static_cast<std::size_t>(check::mod(c, N)) * len, len); };
+  auto chunk = [&](int c) {
+    return data.subspan(static_cast<std::size_t>(check::mod(c, N)) * len, len);
+  };
   std::vector<float> in(len);
   for (int s = 0; s < N - 1; ++s) {
     const std::span<float> mine = chunk(r - s - 1);
@@ -47,8 +49,10 @@ TEST_SUITE("ch03") {
       wrong_steps = check::reduce_scatter_steps_error(log, data, 1, 4);
       result = check::reduce_scatter_error(data, 1, 4);
     });
-    CHECK(wrong_steps == "rank 1, reduce-scatter step 0: sent chunk 2, but this step sends chunk 1 (step s sends chunk "
-                   "(r - s) mod N and receives chunk (r - s - 1) mod N)");
+    CHECK(wrong_steps ==
+          "rank 1, reduce-scatter step 0: sent chunk 2, but this step sends chunk 1 (step s sends "
+          "chunk "
+          "(r - s) mod N and receives chunk (r - s - 1) mod N)");
     CHECK(result.find("rank 1, after reduce-scatter, chunk 2") == 0);
 
     for_each_world_size([](int n) {
@@ -84,7 +88,8 @@ TEST_SUITE("ch03") {
             }
             return sum;
           }();
-          const auto mine = shard_range(static_cast<std::int64_t>(count), n, ch03::owned_chunk(comm.rank(), n));
+          const auto mine =
+              shard_range(static_cast<std::int64_t>(count), n, ch03::owned_chunk(comm.rank(), n));
           for (std::int64_t i = mine.offset; i < mine.offset + mine.length; ++i)
             data[static_cast<std::size_t>(i)] = full[static_cast<std::size_t>(i)];
           check::StepLog log;
@@ -109,7 +114,8 @@ TEST_SUITE("ch03") {
           std::vector<float> ring = check::tagged_input(count, comm.rank(), n), native = ring;
           ch03::ring_allreduce(comm, ring);
           comm.allreduce(native);
-          CHECK_MESSAGE(ring == native, "rank " << comm.rank() << ": ring and native allreduce differ");
+          CHECK_MESSAGE(ring == native,
+                        "rank " << comm.rank() << ": ring and native allreduce differ");
         });
       }
     });
@@ -127,7 +133,8 @@ TEST_SUITE("ch03") {
         comm.allreduce(magnitude);
         const float bound = 2.0f * static_cast<float>(n - 1) * 0x1.0p-24f * max_abs(magnitude);
         CHECK_MESSAGE(max_abs_diff(ring, native) <= bound, "rank " << comm.rank() << ": max diff "
-                                                                   << max_abs_diff(ring, native) << " > " << bound);
+                                                                   << max_abs_diff(ring, native)
+                                                                   << " > " << bound);
       });
     });
   }
@@ -142,10 +149,13 @@ TEST_SUITE("ch03") {
           ch03::ring_allreduce(comm, data);
           const OpStats t = comm.stats().since(before).total();
           const std::size_t want = ch03::formula_bytes_sent("ring", count, comm.rank(), n);
-          CHECK_MESSAGE(t.bytes_sent == want, "rank " << comm.rank() << " sent " << t.bytes_sent << " bytes, formula " << want);
+          CHECK_MESSAGE(t.bytes_sent == want, "rank " << comm.rank() << " sent " << t.bytes_sent
+                                                      << " bytes, formula " << want);
           // What I receive is what my left neighbour sends.
-          const std::size_t from_left = ch03::formula_bytes_sent("ring", count, check::mod(comm.rank() - 1, n), n);
-          CHECK_MESSAGE(t.bytes_received == from_left, "rank " << comm.rank() << " received " << t.bytes_received
+          const std::size_t from_left =
+              ch03::formula_bytes_sent("ring", count, check::mod(comm.rank() - 1, n), n);
+          CHECK_MESSAGE(t.bytes_received == from_left, "rank " << comm.rank() << " received "
+                                                               << t.bytes_received
                                                                << " bytes, formula " << from_left);
           // Only point-to-point calls: a ring built on the native collective is not a ring.
           CHECK(comm.stats().since(before)[Op::allreduce].calls == 0);

@@ -13,32 +13,46 @@ namespace shardlab {
 
 std::size_t dtype_size(DType t) {
   switch (t) {
-    case DType::f32: return 4;
-    case DType::f64: return 8;
-    case DType::i32: return 4;
-    case DType::i64: return 8;
-    case DType::u8: return 1;
+    case DType::f32:
+      return 4;
+    case DType::f64:
+      return 8;
+    case DType::i32:
+      return 4;
+    case DType::i64:
+      return 8;
+    case DType::u8:
+      return 1;
   }
   return 0;
 }
 
 std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::f32: return "float";
-    case DType::f64: return "double";
-    case DType::i32: return "int32";
-    case DType::i64: return "int64";
-    case DType::u8: return "uint8";
+    case DType::f32:
+      return "float";
+    case DType::f64:
+      return "double";
+    case DType::i32:
+      return "int32";
+    case DType::i64:
+      return "int64";
+    case DType::u8:
+      return "uint8";
   }
   return "?";
 }
 
 std::string_view reduce_op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::sum: return "sum";
-    case ReduceOp::avg: return "avg";
-    case ReduceOp::max: return "max";
-    case ReduceOp::min: return "min";
+    case ReduceOp::sum:
+      return "sum";
+    case ReduceOp::avg:
+      return "avg";
+    case ReduceOp::max:
+      return "max";
+    case ReduceOp::min:
+      return "min";
   }
   return "?";
 }
@@ -50,9 +64,9 @@ ReduceOp parse_reduce_op(std::string_view name) {
 }
 
 std::string_view op_name(Op op) {
-  static constexpr std::string_view names[] = {
-      "send",      "recv",   "sendrecv", "allreduce", "reduce",  "broadcast",
-      "reduce_scatter", "allgather", "gather", "alltoall", "barrier"};
+  static constexpr std::string_view names[] = {"send",   "recv",      "sendrecv",       "allreduce",
+                                               "reduce", "broadcast", "reduce_scatter", "allgather",
+                                               "gather", "alltoall",  "barrier"};
   static_assert(std::size(names) == op_count);
   return names[static_cast<std::size_t>(op)];
 }
@@ -139,8 +153,8 @@ void Communicator::count_traffic(Op op, std::uint64_t bytes_sent, std::uint64_t 
 // ---------------------------------------------------------------------------
 // Point to point. A message to oneself is allowed and moves no bytes between ranks.
 
-Request Communicator::isend_bytes(const void* buf, std::size_t count, DType type, Memory mem, int peer,
-                                  int tag) {
+Request Communicator::isend_bytes(const void* buf, std::size_t count, DType type, Memory mem,
+                                  int peer, int tag) {
   check_peer(peer, "send");
   const std::size_t bytes = count * dtype_size(type);
   if (counting_) ++stats_[Op::send].calls;
@@ -149,7 +163,8 @@ Request Communicator::isend_bytes(const void* buf, std::size_t count, DType type
   return isend_impl(buf, bytes, mem, peer, tag);
 }
 
-Request Communicator::irecv_bytes(void* buf, std::size_t count, DType type, Memory mem, int peer, int tag) {
+Request Communicator::irecv_bytes(void* buf, std::size_t count, DType type, Memory mem, int peer,
+                                  int tag) {
   check_peer(peer, "recv");
   const std::size_t bytes = count * dtype_size(type);
   if (counting_) ++stats_[Op::recv].calls;
@@ -164,7 +179,8 @@ void Communicator::send_bytes(const void* buf, std::size_t count, DType type, Me
   wait(r);
 }
 
-void Communicator::recv_bytes(void* buf, std::size_t count, DType type, Memory mem, int peer, int tag) {
+void Communicator::recv_bytes(void* buf, std::size_t count, DType type, Memory mem, int peer,
+                              int tag) {
   Request r = irecv_bytes(buf, count, type, mem, peer, tag);
   wait(r);
 }
@@ -220,7 +236,8 @@ std::vector<std::string> Communicator::gather_strings(const std::string& mine, i
   allgather(std::span<const std::int64_t>(&my_length, 1), lengths);
   std::vector<std::size_t> counts(lengths.begin(), lengths.end());
   std::vector<std::uint8_t> all(rank_ == root ? total(counts) : 0);
-  gatherv(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(mine.data()), mine.size()),
+  gatherv(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(mine.data()),
+                                        mine.size()),
           all, counts, root);
   std::vector<std::string> out;
   if (rank_ != root) return out;
@@ -267,11 +284,21 @@ void divide_typed(T* acc, std::size_t n, int ranks) {
 template <class F>
 void dispatch(DType type, F&& f) {
   switch (type) {
-    case DType::f32: f(float{}); break;
-    case DType::f64: f(double{}); break;
-    case DType::i32: f(std::int32_t{}); break;
-    case DType::i64: f(std::int64_t{}); break;
-    case DType::u8: f(std::uint8_t{}); break;
+    case DType::f32:
+      f(float{});
+      break;
+    case DType::f64:
+      f(double{});
+      break;
+    case DType::i32:
+      f(std::int32_t{});
+      break;
+    case DType::i64:
+      f(std::int64_t{});
+      break;
+    case DType::u8:
+      f(std::uint8_t{});
+      break;
   }
 }
 }  // namespace
@@ -296,8 +323,8 @@ Traffic collective_traffic(Op op, std::size_t count, std::size_t elem, int rank,
   if (ranks == 1) return {};
   const auto S = static_cast<std::uint64_t>(count);
   const auto N = static_cast<std::uint64_t>(ranks);
-  const auto chunk = static_cast<std::uint64_t>(
-      shard_range(static_cast<std::int64_t>(count), ranks, rank).length);
+  const auto chunk =
+      static_cast<std::uint64_t>(shard_range(static_cast<std::int64_t>(count), ranks, rank).length);
   Traffic t;
   switch (op) {
     case Op::allreduce:
@@ -311,8 +338,10 @@ Traffic collective_traffic(Op op, std::size_t count, std::size_t elem, int rank,
       t.sent = (S - chunk) + (rank == root ? 0 : chunk);
       break;
     case Op::broadcast:
-      if (rank == root) t.sent = (N - 1) * S;
-      else t.received = S;
+      if (rank == root)
+        t.sent = (N - 1) * S;
+      else
+        t.received = S;
       break;
     case Op::reduce_scatter:
     case Op::alltoall:
@@ -336,8 +365,10 @@ Traffic collective_traffic(Op op, std::span<const std::size_t> counts, std::size
     t.sent = others * mine;
     t.received = all - mine;
   } else if (op == Op::gather) {
-    if (rank == root) t.received = all - mine;
-    else t.sent = mine;
+    if (rank == root)
+      t.received = all - mine;
+    else
+      t.sent = mine;
   }
   t.sent *= elem;
   t.received *= elem;

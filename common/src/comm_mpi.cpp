@@ -53,11 +53,16 @@ void check(int code, const char* call, const char* file, int line) {
 
 MPI_Datatype mpi_type(DType t) {
   switch (t) {
-    case DType::f32: return MPI_FLOAT;
-    case DType::f64: return MPI_DOUBLE;
-    case DType::i32: return MPI_INT32_T;
-    case DType::i64: return MPI_INT64_T;
-    case DType::u8: return MPI_UINT8_T;
+    case DType::f32:
+      return MPI_FLOAT;
+    case DType::f64:
+      return MPI_DOUBLE;
+    case DType::i32:
+      return MPI_INT32_T;
+    case DType::i64:
+      return MPI_INT64_T;
+    case DType::u8:
+      return MPI_UINT8_T;
   }
   return MPI_BYTE;
 }
@@ -65,9 +70,12 @@ MPI_Datatype mpi_type(DType t) {
 MPI_Op mpi_op(ReduceOp op) {
   switch (op) {
     case ReduceOp::sum:
-    case ReduceOp::avg: return MPI_SUM;  // avg: sum, then divide by N here
-    case ReduceOp::max: return MPI_MAX;
-    case ReduceOp::min: return MPI_MIN;
+    case ReduceOp::avg:
+      return MPI_SUM;  // avg: sum, then divide by N here
+    case ReduceOp::max:
+      return MPI_MAX;
+    case ReduceOp::min:
+      return MPI_MIN;
   }
   return MPI_SUM;
 }
@@ -110,11 +118,12 @@ class Watchdog {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
       std::lock_guard<std::mutex> lock(m_);
       if (busy_ && Clock::now() - since_ > timeout_) {
-        std::fprintf(stderr,
-                     "rank %d: %s waited %s (--timeout) for the other ranks; did they skip the "
-                     "call, or are they blocked elsewhere? Ending the job.\n",
-                     world_rank(), what_.c_str(),
-                     (format_number(static_cast<double>(timeout_.count()) / 1000.0, 3) + " s").c_str());
+        std::fprintf(
+            stderr,
+            "rank %d: %s waited %s (--timeout) for the other ranks; did they skip the "
+            "call, or are they blocked elsewhere? Ending the job.\n",
+            world_rank(), what_.c_str(),
+            (format_number(static_cast<double>(timeout_.count()) / 1000.0, 3) + " s").c_str());
         std::fflush(stderr);
         MPI_Abort(MPI_COMM_WORLD, 1);
       }
@@ -197,13 +206,13 @@ class MpiComm final : public Communicator {
       MPI_CHECK(code);
       if (done) break;
       if (Clock::now() > deadline) {
-        throw CommError("rank " + std::to_string(rank()) + ": " + r.describe() + " waited " +
-                        format_number(static_cast<double>(timeout().count()) / 1000.0, 3) +
-                        " s (--timeout): " +
-                        (r.is_send ? "rank " + std::to_string(r.peer) + " never posted a matching recv"
-                                   : "no matching send came; is rank " + std::to_string(r.peer) +
-                                         " sending to rank " + std::to_string(rank()) + " with tag " +
-                                         std::to_string(r.tag) + "?"));
+        throw CommError(
+            "rank " + std::to_string(rank()) + ": " + r.describe() + " waited " +
+            format_number(static_cast<double>(timeout().count()) / 1000.0, 3) + " s (--timeout): " +
+            (r.is_send ? "rank " + std::to_string(r.peer) + " never posted a matching recv"
+                       : "no matching send came; is rank " + std::to_string(r.peer) +
+                             " sending to rank " + std::to_string(rank()) + " with tag " +
+                             std::to_string(r.tag) + "?"));
       }
     }
     if (!r.is_send) {
@@ -221,11 +230,13 @@ class MpiComm final : public Communicator {
     host_only(mem, "allreduce");
     modeled(Op::allreduce, count, type);
     Watched w("allreduce");
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, as_int(count, "allreduce"), mpi_type(type), mpi_op(op), comm_));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, as_int(count, "allreduce"), mpi_type(type),
+                            mpi_op(op), comm_));
     finish_reduce(buf, count, type, op, size());
   }
 
-  void reduce_impl(void* buf, std::size_t count, DType type, Memory mem, ReduceOp op, int root) override {
+  void reduce_impl(void* buf, std::size_t count, DType type, Memory mem, ReduceOp op,
+                   int root) override {
     host_only(mem, "reduce");
     check_root(root, "reduce");
     modeled(Op::reduce, count, type, root);
@@ -260,7 +271,8 @@ class MpiComm final : public Communicator {
   void allgatherv_impl(const void* in, void* out, std::span<const std::size_t> counts, DType type,
                        Memory mem) override {
     host_only(mem, "allgather");
-    count_traffic(Op::allgather, collective_traffic(Op::allgather, counts, dtype_size(type), rank()));
+    count_traffic(Op::allgather,
+                  collective_traffic(Op::allgather, counts, dtype_size(type), rank()));
     mark_modeled(Op::allgather);
     const auto [n, displs] = ints(counts, "allgather");
     Watched w("allgather");
@@ -272,7 +284,8 @@ class MpiComm final : public Communicator {
                     Memory mem, int root) override {
     host_only(mem, "gatherv");
     check_root(root, "gatherv");
-    count_traffic(Op::gather, collective_traffic(Op::gather, counts, dtype_size(type), rank(), root));
+    count_traffic(Op::gather,
+                  collective_traffic(Op::gather, counts, dtype_size(type), rank(), root));
     mark_modeled(Op::gather);
     const auto [n, displs] = ints(counts, "gather");
     Watched w("gather");
@@ -280,7 +293,8 @@ class MpiComm final : public Communicator {
                           displs.data(), mpi_type(type), root, comm_));
   }
 
-  void alltoall_impl(const void* in, void* out, std::size_t block, DType type, Memory mem) override {
+  void alltoall_impl(const void* in, void* out, std::size_t block, DType type,
+                     Memory mem) override {
     host_only(mem, "alltoall");
     modeled(Op::alltoall, block, type);
     Watched w("alltoall");
@@ -306,7 +320,8 @@ class MpiComm final : public Communicator {
   /// Open MPI as packaged here is not CUDA-aware: device buffers are refused, not crashed on.
   static void host_only(Memory mem, const char* what) {
     if (mem == Memory::device)
-      throw UsageError(std::string(what) + ": the MPI backend takes host buffers only (this Open MPI is not "
+      throw UsageError(std::string(what) +
+                       ": the MPI backend takes host buffers only (this Open MPI is not "
                        "CUDA-aware); use the threads backend for device buffers");
   }
   static int rank_of(MPI_Comm c) {
@@ -331,8 +346,8 @@ class MpiComm final : public Communicator {
     count_traffic(op, collective_traffic(op, count, dtype_size(type), rank(), size(), root));
     mark_modeled(op);
   }
-  static std::pair<std::vector<int>, std::vector<int>> ints(std::span<const std::size_t> counts,
-                                                            const char* what) {
+  static std::pair<std::vector<int>, std::vector<int> > ints(std::span<const std::size_t> counts,
+                                                             const char* what) {
     std::vector<int> n, displs;
     std::size_t offset = 0;
     for (std::size_t c : counts) {

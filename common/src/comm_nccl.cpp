@@ -8,7 +8,8 @@
 namespace shardlab::nccl {
 bool available() { return false; }
 std::unique_ptr<Communicator> create(Communicator&, int) {
-  throw UsageError("this build has no NCCL backend (install NCCL with the CUDA toolkit and rebuild)");
+  throw UsageError(
+      "this build has no NCCL backend (install NCCL with the CUDA toolkit and rebuild)");
 }
 }  // namespace shardlab::nccl
 
@@ -33,7 +34,8 @@ using Clock = std::chrono::steady_clock;
 
 // One check function behind CUDA_CHECK and NCCL_CHECK: the call, the file, the line.
 [[noreturn]] void fail(const std::string& what, const char* call, const char* file, int line) {
-  throw CommError(std::string(call) + " failed at " + file + ":" + std::to_string(line) + ": " + what);
+  throw CommError(std::string(call) + " failed at " + file + ":" + std::to_string(line) + ": " +
+                  what);
 }
 void check(cudaError_t e, const char* call, const char* file, int line) {
   if (e != cudaSuccess) fail(cudaGetErrorString(e), call, file, line);
@@ -46,21 +48,30 @@ void check(ncclResult_t r, const char* call, const char* file, int line) {
 
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
-    case DType::f32: return ncclFloat32;
-    case DType::f64: return ncclFloat64;
-    case DType::i32: return ncclInt32;
-    case DType::i64: return ncclInt64;
-    case DType::u8: return ncclUint8;
+    case DType::f32:
+      return ncclFloat32;
+    case DType::f64:
+      return ncclFloat64;
+    case DType::i32:
+      return ncclInt32;
+    case DType::i64:
+      return ncclInt64;
+    case DType::u8:
+      return ncclUint8;
   }
   return ncclUint8;
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::sum: return ncclSum;
-    case ReduceOp::avg: return ncclAvg;
-    case ReduceOp::max: return ncclMax;
-    case ReduceOp::min: return ncclMin;
+    case ReduceOp::sum:
+      return ncclSum;
+    case ReduceOp::avg:
+      return ncclAvg;
+    case ReduceOp::max:
+      return ncclMax;
+    case ReduceOp::min:
+      return ncclMin;
   }
   return ncclSum;
 }
@@ -69,17 +80,27 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 template <class F>
 void typed(void* buf, std::size_t count, DType type, F&& f) {
   switch (type) {
-    case DType::f32: f(std::span<float>(static_cast<float*>(buf), count)); break;
-    case DType::f64: f(std::span<double>(static_cast<double*>(buf), count)); break;
-    case DType::i32: f(std::span<std::int32_t>(static_cast<std::int32_t*>(buf), count)); break;
-    case DType::i64: f(std::span<std::int64_t>(static_cast<std::int64_t*>(buf), count)); break;
-    case DType::u8: f(std::span<std::uint8_t>(static_cast<std::uint8_t*>(buf), count)); break;
+    case DType::f32:
+      f(std::span<float>(static_cast<float*>(buf), count));
+      break;
+    case DType::f64:
+      f(std::span<double>(static_cast<double*>(buf), count));
+      break;
+    case DType::i32:
+      f(std::span<std::int32_t>(static_cast<std::int32_t*>(buf), count));
+      break;
+    case DType::i64:
+      f(std::span<std::int64_t>(static_cast<std::int64_t*>(buf), count));
+      break;
+    case DType::u8:
+      f(std::span<std::uint8_t>(static_cast<std::uint8_t*>(buf), count));
+      break;
   }
 }
 
 /// Point-to-point operations posted since the last wait, issued together at the next.
 struct Batch {
-  std::vector<std::function<void()>> ops;
+  std::vector<std::function<void()> > ops;
   cudaEvent_t done = nullptr;
   bool issued = false;
   ~Batch() {
@@ -95,7 +116,8 @@ struct NcclRequest final : Request::Impl {
 
 class NcclComm final : public Communicator {
  public:
-  NcclComm(Communicator& host, ncclComm_t comm, int device, std::unique_ptr<Communicator> owned = {})
+  NcclComm(Communicator& host, ncclComm_t comm, int device,
+           std::unique_ptr<Communicator> owned = {})
       : Communicator(host.rank(), host.size(), host.timeout()),
         host_(host),
         owned_host_(std::move(owned)),
@@ -111,10 +133,12 @@ class NcclComm final : public Communicator {
     auto r = std::make_unique<NcclRequest>();
     r->what = "send to rank " + std::to_string(peer) + " (" + std::to_string(bytes) + " bytes)";
     if (mem == Memory::host) {
-      r->host = host_.isend(std::span<const std::uint8_t>(static_cast<const std::uint8_t*>(buf), bytes), peer, tag);
+      r->host = host_.isend(
+          std::span<const std::uint8_t>(static_cast<const std::uint8_t*>(buf), bytes), peer, tag);
     } else {
       r->batch = open_batch();
-      r->batch->ops.push_back([=, this] { NCCL_CHECK(ncclSend(buf, bytes, ncclUint8, peer, comm_, stream())); });
+      r->batch->ops.push_back(
+          [=, this] { NCCL_CHECK(ncclSend(buf, bytes, ncclUint8, peer, comm_, stream())); });
     }
     return Request(std::move(r));
   }
@@ -123,10 +147,12 @@ class NcclComm final : public Communicator {
     auto r = std::make_unique<NcclRequest>();
     r->what = "recv from rank " + std::to_string(peer) + " (" + std::to_string(bytes) + " bytes)";
     if (mem == Memory::host) {
-      r->host = host_.irecv(std::span<std::uint8_t>(static_cast<std::uint8_t*>(buf), bytes), peer, tag);
+      r->host =
+          host_.irecv(std::span<std::uint8_t>(static_cast<std::uint8_t*>(buf), bytes), peer, tag);
     } else {
       r->batch = open_batch();
-      r->batch->ops.push_back([=, this] { NCCL_CHECK(ncclRecv(buf, bytes, ncclUint8, peer, comm_, stream())); });
+      r->batch->ops.push_back(
+          [=, this] { NCCL_CHECK(ncclRecv(buf, bytes, ncclUint8, peer, comm_, stream())); });
     }
     return Request(std::move(r));
   }
@@ -139,17 +165,22 @@ class NcclComm final : public Communicator {
   }
 
   void allreduce_impl(void* buf, std::size_t count, DType type, Memory mem, ReduceOp op) override {
-    count_traffic(Op::allreduce, collective_traffic(Op::allreduce, count, dtype_size(type), rank(), size()));
-    if (mem == Memory::host) return typed(buf, count, type, [&](auto s) { host_.allreduce(s, op); });
+    count_traffic(Op::allreduce,
+                  collective_traffic(Op::allreduce, count, dtype_size(type), rank(), size()));
+    if (mem == Memory::host)
+      return typed(buf, count, type, [&](auto s) { host_.allreduce(s, op); });
     mark_modeled(Op::allreduce);
     NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(type), nccl_op(op), comm_, stream()));
     finish("allreduce");
   }
 
-  void reduce_impl(void* buf, std::size_t count, DType type, Memory mem, ReduceOp op, int root) override {
+  void reduce_impl(void* buf, std::size_t count, DType type, Memory mem, ReduceOp op,
+                   int root) override {
     check_root(root, "reduce");
-    count_traffic(Op::reduce, collective_traffic(Op::reduce, count, dtype_size(type), rank(), size(), root));
-    if (mem == Memory::host) return typed(buf, count, type, [&](auto s) { host_.reduce(s, op, root); });
+    count_traffic(Op::reduce,
+                  collective_traffic(Op::reduce, count, dtype_size(type), rank(), size(), root));
+    if (mem == Memory::host)
+      return typed(buf, count, type, [&](auto s) { host_.reduce(s, op, root); });
     mark_modeled(Op::reduce);
     NCCL_CHECK(ncclReduce(buf, buf, count, nccl_type(type), nccl_op(op), root, comm_, stream()));
     finish("reduce");
@@ -157,8 +188,10 @@ class NcclComm final : public Communicator {
 
   void broadcast_impl(void* buf, std::size_t count, DType type, Memory mem, int root) override {
     check_root(root, "broadcast");
-    count_traffic(Op::broadcast, collective_traffic(Op::broadcast, count, dtype_size(type), rank(), size(), root));
-    if (mem == Memory::host) return typed(buf, count, type, [&](auto s) { host_.broadcast(s, root); });
+    count_traffic(Op::broadcast,
+                  collective_traffic(Op::broadcast, count, dtype_size(type), rank(), size(), root));
+    if (mem == Memory::host)
+      return typed(buf, count, type, [&](auto s) { host_.broadcast(s, root); });
     mark_modeled(Op::broadcast);
     NCCL_CHECK(ncclBroadcast(buf, buf, count, nccl_type(type), root, comm_, stream()));
     finish("broadcast");
@@ -166,7 +199,8 @@ class NcclComm final : public Communicator {
 
   void reduce_scatter_impl(const void* in, void* out, std::size_t count, DType type, Memory mem,
                            ReduceOp op) override {
-    count_traffic(Op::reduce_scatter, collective_traffic(Op::reduce_scatter, count, dtype_size(type), rank(), size()));
+    count_traffic(Op::reduce_scatter,
+                  collective_traffic(Op::reduce_scatter, count, dtype_size(type), rank(), size()));
     if (mem == Memory::host) {
       const std::size_t all = count * static_cast<std::size_t>(size());
       return typed(out, count, type, [&](auto o) {
@@ -198,15 +232,16 @@ class NcclComm final : public Communicator {
     std::size_t offset = 0;
     for (int q = 0; q < size(); ++q) {
       const std::size_t n = counts[static_cast<std::size_t>(q)];
-      NCCL_CHECK(ncclBroadcast(in, static_cast<char*>(out) + offset * elem, n, nccl_type(type), q, comm_, stream()));
+      NCCL_CHECK(ncclBroadcast(in, static_cast<char*>(out) + offset * elem, n, nccl_type(type), q,
+                               comm_, stream()));
       offset += n;
     }
     NCCL_CHECK(ncclGroupEnd());
     finish("allgather");
   }
 
-  void gatherv_impl(const void* in, void* out, std::span<const std::size_t> counts, DType type, Memory mem,
-                    int root) override {
+  void gatherv_impl(const void* in, void* out, std::span<const std::size_t> counts, DType type,
+                    Memory mem, int root) override {
     check_root(root, "gatherv");
     const std::size_t elem = dtype_size(type);
     count_traffic(Op::gather, collective_traffic(Op::gather, counts, elem, rank(), root));
@@ -226,8 +261,10 @@ class NcclComm final : public Communicator {
       for (int q = 0; q < size(); ++q) {
         const std::size_t n = counts[static_cast<std::size_t>(q)];
         char* dst = static_cast<char*>(out) + offset * elem;
-        if (q == root) CUDA_CHECK(cudaMemcpyAsync(dst, in, n * elem, cudaMemcpyDeviceToDevice, stream()));
-        else NCCL_CHECK(ncclRecv(dst, n, nccl_type(type), q, comm_, stream()));
+        if (q == root)
+          CUDA_CHECK(cudaMemcpyAsync(dst, in, n * elem, cudaMemcpyDeviceToDevice, stream()));
+        else
+          NCCL_CHECK(ncclRecv(dst, n, nccl_type(type), q, comm_, stream()));
         offset += n;
       }
     } else {
@@ -237,7 +274,8 @@ class NcclComm final : public Communicator {
     finish("gatherv");
   }
 
-  void alltoall_impl(const void* in, void* out, std::size_t block, DType type, Memory mem) override {
+  void alltoall_impl(const void* in, void* out, std::size_t block, DType type,
+                     Memory mem) override {
     const std::size_t elem = dtype_size(type);
     count_traffic(Op::alltoall, collective_traffic(Op::alltoall, block, elem, rank(), size()));
     if (mem == Memory::host) {
@@ -250,8 +288,10 @@ class NcclComm final : public Communicator {
     mark_modeled(Op::alltoall);
     NCCL_CHECK(ncclGroupStart());
     for (int q = 0; q < size(); ++q) {
-      NCCL_CHECK(ncclSend(static_cast<const char*>(in) + q * block * elem, block, nccl_type(type), q, comm_, stream()));
-      NCCL_CHECK(ncclRecv(static_cast<char*>(out) + q * block * elem, block, nccl_type(type), q, comm_, stream()));
+      NCCL_CHECK(ncclSend(static_cast<const char*>(in) + q * block * elem, block, nccl_type(type),
+                          q, comm_, stream()));
+      NCCL_CHECK(ncclRecv(static_cast<char*>(out) + q * block * elem, block, nccl_type(type), q,
+                          comm_, stream()));
     }
     NCCL_CHECK(ncclGroupEnd());
     finish("alltoall");
@@ -309,13 +349,15 @@ class NcclComm final : public Communicator {
       ncclResult_t async = ncclSuccess;
       NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
       if (async != ncclSuccess)
-        throw CommError("rank " + std::to_string(rank()) + ": NCCL " + what + " failed: " + ncclGetErrorString(async));
+        throw CommError("rank " + std::to_string(rank()) + ": NCCL " + what +
+                        " failed: " + ncclGetErrorString(async));
       if (Clock::now() > deadline) {
         ncclCommAbort(comm_);
         comm_ = nullptr;
-        throw CommError("rank " + std::to_string(rank()) + ": NCCL " + what + " waited " +
-                        format_number(static_cast<double>(timeout().count()) / 1000.0, 3) +
-                        " s (--timeout); did the other ranks skip the call, or are they blocked elsewhere?");
+        throw CommError(
+            "rank " + std::to_string(rank()) + ": NCCL " + what + " waited " +
+            format_number(static_cast<double>(timeout().count()) / 1000.0, 3) +
+            " s (--timeout); did the other ranks skip the call, or are they blocked elsewhere?");
       }
       std::this_thread::yield();
     }
@@ -339,8 +381,9 @@ std::unique_ptr<Communicator> create(Communicator& host, int device) {
   // NCCL needs a GPU of its own for every rank: with more ranks than GPUs, say so now
   // rather than hang in ncclCommInitRank (threads: one process sees all the ranks).
   if (host.backend() == "threads" && host.size() > devices)
-    throw UsageError("--backend nccl needs one GPU per rank: " + std::to_string(host.size()) + " ranks, " +
-                     std::to_string(devices) + " GPU(s) (use fewer ranks, or the threads backend with --device cuda)");
+    throw UsageError("--backend nccl needs one GPU per rank: " + std::to_string(host.size()) +
+                     " ranks, " + std::to_string(devices) +
+                     " GPU(s) (use fewer ranks, or the threads backend with --device cuda)");
   CUDA_CHECK(cudaSetDevice(device));
   ncclUniqueId id{};
   if (host.rank() == 0) NCCL_CHECK(ncclGetUniqueId(&id));

@@ -41,8 +41,10 @@ struct Waiter {
 /// memcpy for host buffers; cudaMemcpy (any direction, any device) when one is on a GPU.
 void copy_bytes(void* dst, const void* src, std::size_t bytes, Memory mem) {
   if (bytes == 0) return;
-  if (mem == Memory::device) cuda::copy(dst, src, bytes);
-  else std::memcpy(dst, src, bytes);
+  if (mem == Memory::device)
+    cuda::copy(dst, src, bytes);
+  else
+    std::memcpy(dst, src, bytes);
 }
 
 std::string seconds(std::chrono::milliseconds t) {
@@ -63,7 +65,9 @@ struct ThreadWorld::State {
   int spins;
 
   State(int n, std::chrono::milliseconds t)
-      : size(n), timeout(t), spins(n <= static_cast<int>(std::thread::hardware_concurrency()) ? 4000 : 0) {
+      : size(n),
+        timeout(t),
+        spins(n <= static_cast<int>(std::thread::hardware_concurrency()) ? 4000 : 0) {
     for (int r = 0; r < n; ++r) waiters.push_back(std::make_unique<Waiter>());
   }
 
@@ -158,18 +162,20 @@ struct Slot {
   void* out = nullptr;
   std::vector<std::size_t> counts;  // allgatherv / gatherv
   Memory mem = Memory::host;
-  int color = 0, key = 0;           // split
-  std::shared_ptr<Group> made;      // split: the group its color's leader created
+  int color = 0, key = 0;       // split
+  std::shared_ptr<Group> made;  // split: the group its color's leader created
 
   bool is_split = false;
 
   std::string describe() const {
-    if (is_split) return "split(color " + std::to_string(color) + ", key " + std::to_string(key) + ")";
+    if (is_split)
+      return "split(color " + std::to_string(color) + ", key " + std::to_string(key) + ")";
     std::string s = std::string(op_name(op)) + "(";
     if (op == Op::barrier) return s + ")";
     if (!counts.empty()) {
       s += "counts [";
-      for (std::size_t i = 0; i < counts.size(); ++i) s += (i ? " " : "") + std::to_string(counts[i]);
+      for (std::size_t i = 0; i < counts.size(); ++i)
+        s += (i ? " " : "") + std::to_string(counts[i]);
       s += "] x ";
     } else {
       s += std::to_string(count) + " x ";
@@ -227,11 +233,10 @@ Message::~Message() {
 
 void complete(Message& send, Message& recv) {
   if (send.bytes != recv.bytes) {
-    const std::string why = "rank " + std::to_string(recv.me) + " posted a recv of " +
-                            std::to_string(recv.bytes) + " bytes from rank " +
-                            std::to_string(send.me) + " (tag " + std::to_string(send.tag) +
-                            "), but rank " + std::to_string(send.me) + " sent " +
-                            std::to_string(send.bytes) + " bytes";
+    const std::string why =
+        "rank " + std::to_string(recv.me) + " posted a recv of " + std::to_string(recv.bytes) +
+        " bytes from rank " + std::to_string(send.me) + " (tag " + std::to_string(send.tag) +
+        "), but rank " + std::to_string(send.me) + " sent " + std::to_string(send.bytes) + " bytes";
     send.error = why;
     recv.error = why;
   } else {
@@ -310,12 +315,12 @@ class ThreadComm final : public Communicator {
         deadline());
     if (!finished) {
       const std::string hint =
-          msg.is_send ? "rank " + std::to_string(msg.peer) +
-                            " never posted a matching recv (a blocking send waits for its "
-                            "receiver: when both sides send first, use sendrecv or isend)"
-                      : "no matching send came; is rank " + std::to_string(msg.peer) +
-                            " sending to rank " + std::to_string(rank()) + " with tag " +
-                            std::to_string(msg.tag) + "?";
+          msg.is_send
+              ? "rank " + std::to_string(msg.peer) +
+                    " never posted a matching recv (a blocking send waits for its "
+                    "receiver: when both sides send first, use sendrecv or isend)"
+              : "no matching send came; is rank " + std::to_string(msg.peer) + " sending to rank " +
+                    std::to_string(rank()) + " with tag " + std::to_string(msg.tag) + "?";
       throw CommError("rank " + std::to_string(rank()) + ": " + msg.describe() + " waited " +
                       seconds(timeout()) + " (--timeout): " + hint);
     }
@@ -330,20 +335,22 @@ class ThreadComm final : public Communicator {
       // 1. reduce-scatter: this rank reduces chunk `rank` of every rank's buffer, in rank
       //    order (so the result does not depend on who reduces), into its own buffer.
       const Bytes mine = chunk(count, elem, rank());
-      reduce_chunk(mine, type, op, mem, [&](int q) { return slot(q).in; },
-                   static_cast<char*>(buf) + mine.offset);
+      reduce_chunk(
+          mine, type, op, mem, [&](int q) { return slot(q).in; },
+          static_cast<char*>(buf) + mine.offset);
       sync("allreduce");
       // 2. all-gather: copy every other rank's reduced chunk out of its buffer.
       for (int q = 0; q < size(); ++q) {
         if (q == rank()) continue;
         const Bytes c = chunk(count, elem, q);
-        copy_bytes(static_cast<char*>(buf) + c.offset, static_cast<const char*>(slot(q).out) + c.offset,
-                   c.length, mem);
+        copy_bytes(static_cast<char*>(buf) + c.offset,
+                   static_cast<const char*>(slot(q).out) + c.offset, c.length, mem);
       }
     });
   }
 
-  void reduce_impl(void* buf, std::size_t count, DType type, Memory mem, ReduceOp op, int root) override {
+  void reduce_impl(void* buf, std::size_t count, DType type, Memory mem, ReduceOp op,
+                   int root) override {
     check_root(root, "reduce");
     const std::size_t elem = dtype_size(type);
     count_collective_traffic(Op::reduce, count, elem, root);
@@ -352,8 +359,9 @@ class ThreadComm final : public Communicator {
       // Reduce-scatter as in allreduce, each rank writing its reduced chunk into root's
       // buffer (only this rank touches that chunk there, so no one reads it after).
       const Bytes mine = chunk(count, elem, rank());
-      reduce_chunk(mine, type, op, mem, [&](int q) { return slot(q).in; },
-                   static_cast<char*>(slot(root).out) + mine.offset);
+      reduce_chunk(
+          mine, type, op, mem, [&](int q) { return slot(q).in; },
+          static_cast<char*>(slot(root).out) + mine.offset);
     });
   }
 
@@ -372,8 +380,8 @@ class ThreadComm final : public Communicator {
     count_collective_traffic(Op::reduce_scatter, count, elem);
     run(make_slot(Op::reduce_scatter, count, type, op, 0, in, out, mem), [&] {
       const Bytes block{static_cast<std::size_t>(rank()) * count * elem, count * elem};
-      reduce_chunk(block, type, op, mem, [&](int q) { return slot(q).in; },
-                   static_cast<char*>(out));
+      reduce_chunk(
+          block, type, op, mem, [&](int q) { return slot(q).in; }, static_cast<char*>(out));
     });
   }
 
@@ -411,13 +419,15 @@ class ThreadComm final : public Communicator {
     });
   }
 
-  void alltoall_impl(const void* in, void* out, std::size_t block, DType type, Memory mem) override {
+  void alltoall_impl(const void* in, void* out, std::size_t block, DType type,
+                     Memory mem) override {
     const std::size_t elem = dtype_size(type);
     count_collective_traffic(Op::alltoall, block, elem);
     run(make_slot(Op::alltoall, block, type, ReduceOp::sum, 0, in, out, mem), [&] {
       const std::size_t b = block * elem;
       for (int q = 0; q < size(); ++q)
-        copy_bytes(static_cast<char*>(out) + q * b, static_cast<const char*>(slot(q).in) + rank() * b, b, mem);
+        copy_bytes(static_cast<char*>(out) + q * b,
+                   static_cast<const char*>(slot(q).in) + rank() * b, b, mem);
     });
   }
 
@@ -438,7 +448,8 @@ class ThreadComm final : public Communicator {
       std::vector<int> same;
       for (int q = 0; q < size(); ++q)
         if (slot(q).color == color) same.push_back(q);
-      std::stable_sort(same.begin(), same.end(), [&](int a, int b) { return slot(a).key < slot(b).key; });
+      std::stable_sort(same.begin(), same.end(),
+                       [&](int a, int b) { return slot(a).key < slot(b).key; });
       new_rank = static_cast<int>(std::find(same.begin(), same.end(), rank()) - same.begin());
       if (new_rank == 0) {
         std::vector<int> world_ranks;
@@ -507,10 +518,12 @@ class ThreadComm final : public Communicator {
     const std::size_t elem = dtype_size(type);
     if (mem == Memory::device) {
       if (c.length == 0) return;
-      cuda::DeviceTensor acc(1, static_cast<std::int64_t>((c.length + sizeof(float) - 1) / sizeof(float)));
+      cuda::DeviceTensor acc(
+          1, static_cast<std::int64_t>((c.length + sizeof(float) - 1) / sizeof(float)));
       cuda::copy(acc.data(), static_cast<const char*>(source(0)) + c.offset, c.length);
       for (int q = 1; q < size(); ++q)
-        cuda::reduce_into(acc.data(), static_cast<const char*>(source(q)) + c.offset, c.length / elem, type, op);
+        cuda::reduce_into(acc.data(), static_cast<const char*>(source(q)) + c.offset,
+                          c.length / elem, type, op);
       cuda::finish_reduce(acc.data(), c.length / elem, type, op, size());
       cuda::copy(dst, acc.data(), c.length);
       return;
@@ -521,7 +534,8 @@ class ThreadComm final : public Communicator {
       const std::size_t len = std::min(block, c.length - done);
       std::memcpy(acc, static_cast<const char*>(source(0)) + c.offset + done, len);
       for (int q = 1; q < size(); ++q)
-        reduce_into(acc, static_cast<const char*>(source(q)) + c.offset + done, len / elem, type, op);
+        reduce_into(acc, static_cast<const char*>(source(q)) + c.offset + done, len / elem, type,
+                    op);
       finish_reduce(acc, len / elem, type, op, size());
       std::memcpy(static_cast<char*>(dst) + done, acc, len);
     }
@@ -538,7 +552,8 @@ class ThreadComm final : public Communicator {
       if (!slot(q).agrees_with(slot(0))) {
         throw CommError("rank " + std::to_string(rank()) + ": collective mismatch: rank 0 called " +
                         slot(0).describe() + " but rank " + std::to_string(q) + " called " +
-                        slot(q).describe() + " (every rank must make the same collective calls, "
+                        slot(q).describe() +
+                        " (every rank must make the same collective calls, "
                         "in the same order, with the same counts)");
       }
     }
@@ -563,7 +578,8 @@ class ThreadComm final : public Communicator {
       }
     }
     const bool met = g.world->wait_until(
-        me_world(), [&] { return g.generation.load(std::memory_order_acquire) != gen; }, deadline());
+        me_world(), [&] { return g.generation.load(std::memory_order_acquire) != gen; },
+        deadline());
     if (met) return;
     std::string missing;
     {
@@ -572,8 +588,8 @@ class ThreadComm final : public Communicator {
         if (g.arrivals[static_cast<std::size_t>(q)] != gen + 1)
           missing += (missing.empty() ? "" : ", ") + std::to_string(q);
     }
-    throw CommError("rank " + std::to_string(rank()) + ": " + what + " waited " + seconds(timeout()) +
-                    " (--timeout) for rank(s) " + missing +
+    throw CommError("rank " + std::to_string(rank()) + ": " + what + " waited " +
+                    seconds(timeout()) + " (--timeout) for rank(s) " + missing +
                     " to join; did they skip the call, or are they blocked elsewhere?");
   }
 

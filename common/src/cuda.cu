@@ -18,7 +18,8 @@ namespace shardlab::cuda {
 
 namespace {
 [[noreturn]] void fail(const std::string& what, const char* call, const char* file, int line) {
-  throw std::runtime_error(std::string(call) + " failed at " + file + ":" + std::to_string(line) + ": " + what);
+  throw std::runtime_error(std::string(call) + " failed at " + file + ":" + std::to_string(line) +
+                           ": " + what);
 }
 void check(cudaError_t e, const char* call, const char* file, int line) {
   if (e != cudaSuccess) fail(cudaGetErrorString(e), call, file, line);
@@ -54,9 +55,9 @@ int attribute(cudaDeviceAttr a, int index) {
 /// FP32 lanes per SM, by compute capability (CUDA C Programming Guide, "Arithmetic
 /// Instructions" throughput table).
 int fp32_lanes(int major, int minor) {
-  if (major == 7) return 64;                      // Volta, Turing
-  if (major == 8) return minor == 0 ? 64 : 128;   // A100; Ampere GA10x, Ada
-  if (major >= 9) return 128;                     // Hopper, Blackwell
+  if (major == 7) return 64;                     // Volta, Turing
+  if (major == 8) return minor == 0 ? 64 : 128;  // A100; Ampere GA10x, Ada
+  if (major >= 9) return 128;                    // Hopper, Blackwell
   return 0;
 }
 }  // namespace
@@ -66,7 +67,8 @@ std::string describe_device(int index) {
   cudaDeviceProp p{};
   CUDA_CHECK(cudaGetDeviceProperties(&p, index));
   return std::string(p.name) + ", sm_" + std::to_string(p.major) + std::to_string(p.minor) + ", " +
-         std::to_string(p.multiProcessorCount) + " SMs, " + std::to_string(p.totalGlobalMem >> 30) + " GiB";
+         std::to_string(p.multiProcessorCount) + " SMs, " + std::to_string(p.totalGlobalMem >> 30) +
+         " GiB";
 }
 
 double peak_fp32_tflops(int index) {
@@ -94,14 +96,16 @@ DeviceTensor::DeviceTensor(std::int64_t rows, std::int64_t cols) : rows_(rows), 
   require(rows >= 0 && cols >= 0, "DeviceTensor: negative size");
   if (size() == 0) return;
   CUDA_CHECK(cudaMalloc(&data_, static_cast<std::size_t>(size()) * sizeof(float)));
-  CUDA_CHECK(cudaMemsetAsync(data_, 0, static_cast<std::size_t>(size()) * sizeof(float), cudaStreamPerThread));
+  CUDA_CHECK(cudaMemsetAsync(data_, 0, static_cast<std::size_t>(size()) * sizeof(float),
+                             cudaStreamPerThread));
 }
 
 DeviceTensor::~DeviceTensor() {
   if (data_) cudaFree(data_);
 }
 
-DeviceTensor::DeviceTensor(DeviceTensor&& o) noexcept : data_(o.data_), rows_(o.rows_), cols_(o.cols_) {
+DeviceTensor::DeviceTensor(DeviceTensor&& o) noexcept
+    : data_(o.data_), rows_(o.rows_), cols_(o.cols_) {
   o.data_ = nullptr;
   o.rows_ = o.cols_ = 0;
 }
@@ -142,38 +146,47 @@ unsigned blocks(std::int64_t n) {
 void launched() { CUDA_CHECK(cudaGetLastError()); }
 
 __global__ void axpy_kernel(float alpha, const float* x, float* y, std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += std::int64_t{gridDim.x} * blockDim.x)
+  for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x)
     y[i] += alpha * x[i];
 }
 __global__ void scale_kernel(float* x, float s, std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += std::int64_t{gridDim.x} * blockDim.x)
+  for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x)
     x[i] *= s;
 }
 __global__ void add_kernel(const float* a, const float* b, float* out, std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += std::int64_t{gridDim.x} * blockDim.x)
+  for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x)
     out[i] = a[i] + b[i];
 }
 __global__ void tanh_kernel(const float* x, float* y, std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += std::int64_t{gridDim.x} * blockDim.x)
+  for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x)
     y[i] = tanhf(x[i]);
 }
 __global__ void tanh_backward_kernel(const float* y, const float* dy, float* dx, std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += std::int64_t{gridDim.x} * blockDim.x)
+  for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x)
     dx[i] = dy[i] * (1.0f - y[i] * y[i]);
 }
-__global__ void adam_kernel(float* p, const float* g, float* m, float* v, float lr, float b1, float b2, float eps,
-                            float correction1, float correction2, std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += std::int64_t{gridDim.x} * blockDim.x) {
+__global__ void adam_kernel(float* p, const float* g, float* m, float* v, float lr, float b1,
+                            float b2, float eps, float correction1, float correction2,
+                            std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
     m[i] = b1 * m[i] + (1.0f - b1) * g[i];
     v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
     p[i] -= lr * (m[i] / correction1) / (sqrtf(v[i] / correction2) + eps);
   }
 }
 /// Each block writes the max |a - b| of its elements (NaN if any is NaN) to partial[block].
-__global__ void max_abs_diff_kernel(const float* a, const float* b, float* partial, std::int64_t n) {
+__global__ void max_abs_diff_kernel(const float* a, const float* b, float* partial,
+                                    std::int64_t n) {
   __shared__ float best[threads];
   float m = 0.0f;
-  for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += std::int64_t{gridDim.x} * blockDim.x) {
+  for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
     const float d = fabsf(a[i] - b[i]);
     m = (d != d || m != m) ? d + m : fmaxf(m, d);  // NaN wins
   }
@@ -190,18 +203,26 @@ __global__ void max_abs_diff_kernel(const float* a, const float* b, float* parti
 }
 template <class T>
 __global__ void reduce_kernel(T* acc, const T* x, std::size_t n, ReduceOp op) {
-  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += std::size_t{gridDim.x} * blockDim.x) {
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += std::size_t{gridDim.x} * blockDim.x) {
     switch (op) {
       case ReduceOp::sum:
-      case ReduceOp::avg: acc[i] = static_cast<T>(acc[i] + x[i]); break;
-      case ReduceOp::max: acc[i] = x[i] > acc[i] ? x[i] : acc[i]; break;
-      case ReduceOp::min: acc[i] = x[i] < acc[i] ? x[i] : acc[i]; break;
+      case ReduceOp::avg:
+        acc[i] = static_cast<T>(acc[i] + x[i]);
+        break;
+      case ReduceOp::max:
+        acc[i] = x[i] > acc[i] ? x[i] : acc[i];
+        break;
+      case ReduceOp::min:
+        acc[i] = x[i] < acc[i] ? x[i] : acc[i];
+        break;
     }
   }
 }
 template <class T>
 __global__ void divide_kernel(T* acc, std::size_t n, int ranks) {
-  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += std::size_t{gridDim.x} * blockDim.x)
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += std::size_t{gridDim.x} * blockDim.x)
     acc[i] = static_cast<T>(acc[i] / static_cast<T>(ranks));
 }
 
@@ -212,11 +233,21 @@ void require_same(const DeviceTensor& a, const DeviceTensor& b, const char* what
 template <class F>
 void dispatch(DType type, F&& f) {
   switch (type) {
-    case DType::f32: f(float{}); break;
-    case DType::f64: f(double{}); break;
-    case DType::i32: f(std::int32_t{}); break;
-    case DType::i64: f(std::int64_t{}); break;
-    case DType::u8: f(std::uint8_t{}); break;
+    case DType::f32:
+      f(float{});
+      break;
+    case DType::f64:
+      f(double{});
+      break;
+    case DType::i32:
+      f(std::int32_t{});
+      break;
+    case DType::i64:
+      f(std::int64_t{});
+      break;
+    case DType::u8:
+      f(std::uint8_t{});
+      break;
   }
 }
 
@@ -229,7 +260,8 @@ int device_of(const void* p) {
 
 void axpy(float alpha, const DeviceTensor& x, DeviceTensor& y) {
   require_same(x, y, "axpy");
-  axpy_kernel<<<blocks(y.size()), threads, 0, cudaStreamPerThread>>>(alpha, x.data(), y.data(), y.size());
+  axpy_kernel<<<blocks(y.size()), threads, 0, cudaStreamPerThread>>>(alpha, x.data(), y.data(),
+                                                                     y.size());
   launched();
 }
 
@@ -241,7 +273,8 @@ void scale(DeviceTensor& x, float s) {
 DeviceTensor add(const DeviceTensor& a, const DeviceTensor& b) {
   require_same(a, b, "add");
   DeviceTensor out(a.rows(), a.cols());
-  add_kernel<<<blocks(a.size()), threads, 0, cudaStreamPerThread>>>(a.data(), b.data(), out.data(), a.size());
+  add_kernel<<<blocks(a.size()), threads, 0, cudaStreamPerThread>>>(a.data(), b.data(), out.data(),
+                                                                    a.size());
   launched();
   return out;
 }
@@ -256,20 +289,22 @@ DeviceTensor tanh_forward(const DeviceTensor& x) {
 DeviceTensor tanh_backward(const DeviceTensor& y, const DeviceTensor& dy) {
   require_same(y, dy, "tanh_backward");
   DeviceTensor dx(y.rows(), y.cols());
-  tanh_backward_kernel<<<blocks(y.size()), threads, 0, cudaStreamPerThread>>>(y.data(), dy.data(), dx.data(), y.size());
+  tanh_backward_kernel<<<blocks(y.size()), threads, 0, cudaStreamPerThread>>>(y.data(), dy.data(),
+                                                                              dx.data(), y.size());
   launched();
   return dx;
 }
 
-void adam_step(DeviceTensor& p, const DeviceTensor& g, DeviceTensor& m, DeviceTensor& v, float lr, float b1,
-               float b2, float eps, int t) {
+void adam_step(DeviceTensor& p, const DeviceTensor& g, DeviceTensor& m, DeviceTensor& v, float lr,
+               float b1, float b2, float eps, int t) {
   require_same(p, g, "adam_step");
   require_same(p, m, "adam_step");
   require_same(p, v, "adam_step");
   require(t >= 1, "adam_step: t counts from 1");
-  const float c1 = 1.0f - std::pow(b1, static_cast<float>(t)), c2 = 1.0f - std::pow(b2, static_cast<float>(t));
-  adam_kernel<<<blocks(p.size()), threads, 0, cudaStreamPerThread>>>(p.data(), g.data(), m.data(), v.data(), lr, b1,
-                                                                     b2, eps, c1, c2, p.size());
+  const float c1 = 1.0f - std::pow(b1, static_cast<float>(t)),
+              c2 = 1.0f - std::pow(b2, static_cast<float>(t));
+  adam_kernel<<<blocks(p.size()), threads, 0, cudaStreamPerThread>>>(
+      p.data(), g.data(), m.data(), v.data(), lr, b1, b2, eps, c1, c2, p.size());
   launched();
 }
 
@@ -278,7 +313,8 @@ float max_abs_diff(const DeviceTensor& a, const DeviceTensor& b) {
   if (a.size() == 0) return 0.0f;
   const unsigned n_blocks = std::min<unsigned>(blocks(a.size()), 1024);
   DeviceTensor partial(1, n_blocks);
-  max_abs_diff_kernel<<<n_blocks, threads, 0, cudaStreamPerThread>>>(a.data(), b.data(), partial.data(), a.size());
+  max_abs_diff_kernel<<<n_blocks, threads, 0, cudaStreamPerThread>>>(a.data(), b.data(),
+                                                                     partial.data(), a.size());
   launched();
   const Tensor host = partial.to_host();
   float m = 0.0f;
@@ -291,7 +327,8 @@ float max_abs_diff(const DeviceTensor& a, const DeviceTensor& b) {
 
 DeviceTensor matmul(const DeviceTensor& a, const DeviceTensor& b) {
   require(a.cols() == b.rows(), "matmul: inner dimensions differ");
-  const int M = static_cast<int>(a.rows()), K = static_cast<int>(a.cols()), N = static_cast<int>(b.cols());
+  const int M = static_cast<int>(a.rows()), K = static_cast<int>(a.cols()),
+            N = static_cast<int>(b.cols());
   DeviceTensor out(M, N);  // zero-filled: the answer when K is 0
   if (M == 0 || N == 0 || K == 0) return out;
   // One handle per thread (each rank's thread has its own), bound to its stream.
@@ -306,8 +343,8 @@ DeviceTensor matmul(const DeviceTensor& a, const DeviceTensor& b) {
   }
   const float one = 1.0f, zero = 0.0f;
   // Column-major out^T (N x M) = b^T (N x K) @ a^T (K x M): pass b first, then a.
-  CUBLAS_CHECK(cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, &one, b.data(), N, a.data(), K, &zero,
-                           out.data(), N));
+  CUBLAS_CHECK(cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, &one, b.data(), N, a.data(),
+                           K, &zero, out.data(), N));
   return out;
 }
 
@@ -319,7 +356,8 @@ void reduce_into(void* acc, const void* x, std::size_t count, DType type, Reduce
   // A kernel reads only its own device's memory: bring x over first if it lives elsewhere.
   DeviceTensor staged;
   if (device_of(x) != here) {
-    staged = DeviceTensor(1, static_cast<std::int64_t>((bytes + sizeof(float) - 1) / sizeof(float)));
+    staged =
+        DeviceTensor(1, static_cast<std::int64_t>((bytes + sizeof(float) - 1) / sizeof(float)));
     copy(staged.data(), x, bytes);
     x = staged.data();
   }

@@ -22,7 +22,8 @@ int device_for_rank(int) { no_cuda(); }
 void synchronize() {}
 DeviceTensor::DeviceTensor(std::int64_t, std::int64_t) { no_cuda(); }
 DeviceTensor::~DeviceTensor() = default;
-DeviceTensor::DeviceTensor(DeviceTensor&& o) noexcept : data_(o.data_), rows_(o.rows_), cols_(o.cols_) {}
+DeviceTensor::DeviceTensor(DeviceTensor&& o) noexcept
+    : data_(o.data_), rows_(o.rows_), cols_(o.cols_) {}
 DeviceTensor& DeviceTensor::operator=(DeviceTensor&&) noexcept { return *this; }
 DeviceTensor DeviceTensor::to_device(const Tensor&) { no_cuda(); }
 Tensor DeviceTensor::to_host() const { no_cuda(); }
@@ -33,7 +34,8 @@ void scale(DeviceTensor&, float) { no_cuda(); }
 DeviceTensor add(const DeviceTensor&, const DeviceTensor&) { no_cuda(); }
 DeviceTensor tanh_forward(const DeviceTensor&) { no_cuda(); }
 DeviceTensor tanh_backward(const DeviceTensor&, const DeviceTensor&) { no_cuda(); }
-void adam_step(DeviceTensor&, const DeviceTensor&, DeviceTensor&, DeviceTensor&, float, float, float, float, int) {
+void adam_step(DeviceTensor&, const DeviceTensor&, DeviceTensor&, DeviceTensor&, float, float,
+               float, float, int) {
   no_cuda();
 }
 float max_abs_diff(const DeviceTensor&, const DeviceTensor&) { no_cuda(); }

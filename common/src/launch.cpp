@@ -133,15 +133,21 @@ Program::Program(std::string name, std::string description)
     : name_(std::move(name)), app_(std::move(description), name_) {
   app_.set_version_flag("--version", std::string(name_) + " (ShardLab " + version + ")");
   app_.add_option_function<int>(
-         "-r,--ranks", [this](int n) { options_.ranks = n; ranks_given_ = true; },
-         "number of ranks (threads backend; under mpirun, mpirun's -np decides) [2]")
+          "-r,--ranks",
+          [this](int n) {
+            options_.ranks = n;
+            ranks_given_ = true;
+          },
+          "number of ranks (threads backend; under mpirun, mpirun's -np decides) [2]")
       ->check(CLI::Number)
       ->check(CLI::Range(1, 1024));
   app_.add_option("--backend", options_.backend,
-                  "auto, threads, mpi or nccl (auto: mpi under mpirun; nccl: one GPU per rank, implies --device cuda)")
+                  "auto, threads, mpi or nccl (auto: mpi under mpirun; nccl: one GPU per rank, "
+                  "implies --device cuda)")
       ->check(CLI::IsMember({"auto", "threads", "mpi", "nccl"}))
       ->capture_default_str();
-  app_.add_option("--device", options_.device, "where tensors live: cpu, or cuda (ranks map to GPUs round robin)")
+  app_.add_option("--device", options_.device,
+                  "where tensors live: cpu, or cuda (ranks map to GPUs round robin)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   app_.add_option("--seed", options_.seed, "seed of every random tensor")
@@ -166,15 +172,19 @@ int Program::run(int argc, char** argv, const Body& body) {
     app_.parse(argc, argv);
     if (options_.backend == "auto") options_.backend = under_mpirun ? "mpi" : "threads";
     if (options_.backend == "mpi" && !mpi::available())
-      throw UsageError("--backend mpi: this build has no MPI backend (install OpenMPI and rebuild)");
+      throw UsageError(
+          "--backend mpi: this build has no MPI backend (install OpenMPI and rebuild)");
     if (options_.backend == "threads" && under_mpirun)
       throw UsageError("--backend threads under mpirun: run one process, or drop --backend");
     if (options_.backend == "nccl") {
-      if (!nccl::available()) throw UsageError("--backend nccl: this build has no NCCL (install it and rebuild)");
+      if (!nccl::available())
+        throw UsageError("--backend nccl: this build has no NCCL (install it and rebuild)");
       options_.device = "cuda";
-      if (cuda_ && cuda::device_count() > 0 && !under_mpirun && options_.ranks > cuda::device_count())
-        throw UsageError("--backend nccl needs one GPU per rank: " + std::to_string(options_.ranks) + " ranks, " +
-                         std::to_string(cuda::device_count()) + " GPU(s)");
+      if (cuda_ && cuda::device_count() > 0 && !under_mpirun &&
+          options_.ranks > cuda::device_count())
+        throw UsageError(
+            "--backend nccl needs one GPU per rank: " + std::to_string(options_.ranks) +
+            " ranks, " + std::to_string(cuda::device_count()) + " GPU(s)");
     }
     if (options_.device == "cuda") {
       if (!cuda_) throw UsageError("--device cuda: this chapter runs on the CPU only so far");
@@ -182,7 +192,8 @@ int Program::run(int argc, char** argv, const Body& body) {
         throw UsageError(std::string("--device cuda: no CUDA device found") +
                          (cuda::built() ? "" : " (this build has no CUDA)"));
       if (options_.backend == "mpi")
-        throw UsageError("--device cuda with MPI: use --backend nccl (this Open MPI is not CUDA-aware)");
+        throw UsageError(
+            "--device cuda with MPI: use --backend nccl (this Open MPI is not CUDA-aware)");
     }
     if (validate_) validate_(options_);
   } catch (const CLI::CallForHelp& e) {
@@ -209,11 +220,11 @@ int Program::run(int argc, char** argv, const Body& body) {
 int Program::run_threads(const Body& body) {
   const int n = options_.ranks;
   std::vector<int> codes(static_cast<std::size_t>(n), 0);
-  const std::vector<std::exception_ptr> errors = run_ranks(
-      n, std::chrono::milliseconds(static_cast<long>(options_.timeout_s * 1000)),
-      [&](Communicator& comm) {
-        codes[static_cast<std::size_t>(comm.rank())] = run_rank(comm, options_, body);
-      });
+  const std::vector<std::exception_ptr> errors =
+      run_ranks(n, std::chrono::milliseconds(static_cast<long>(options_.timeout_s * 1000)),
+                [&](Communicator& comm) {
+                  codes[static_cast<std::size_t>(comm.rank())] = run_rank(comm, options_, body);
+                });
   // Report the ranks that failed first-hand, not the ones stopped because of them.
   int code = 0;
   for (const std::exception_ptr& error : errors) {
@@ -221,14 +232,16 @@ int Program::run_threads(const Body& body) {
     const Outcome f = classify(error);
     code = std::max(code, f.code);
     if (!f.aborted)
-      std::fprintf(stderr, "%s: %s%s\n", name_.c_str(), f.code == 2 ? "error: " : "", f.message.c_str());
+      std::fprintf(stderr, "%s: %s%s\n", name_.c_str(), f.code == 2 ? "error: " : "",
+                   f.message.c_str());
   }
   for (int c : codes) code = std::max(code, c);
   return code;
 }
 
 int Program::run_mpi(const Body& body) {
-  mpi::init(nullptr, nullptr, std::chrono::milliseconds(static_cast<long>(options_.timeout_s * 1000)));
+  mpi::init(nullptr, nullptr,
+            std::chrono::milliseconds(static_cast<long>(options_.timeout_s * 1000)));
   const int rank = mpi::world_rank();
   if (ranks_given_ && options_.ranks != mpi::world_size()) {
     if (rank == 0)

@@ -69,7 +69,8 @@ void adam_step(Parameter& p, AdamState& s, float lr, float b1, float b2, float e
     s.v = Tensor(p.value.rows(), p.value.cols());
   }
   ++s.t;
-  const float c1 = 1.0f - std::pow(b1, static_cast<float>(s.t)), c2 = 1.0f - std::pow(b2, static_cast<float>(s.t));
+  const float c1 = 1.0f - std::pow(b1, static_cast<float>(s.t)),
+              c2 = 1.0f - std::pow(b2, static_cast<float>(s.t));
   for (std::int64_t i = 0; i < p.value.size(); ++i) {
     const float g = p.grad[i];
     s.m[i] = b1 * s.m[i] + (1.0f - b1) * g;

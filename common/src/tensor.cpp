@@ -138,7 +138,8 @@ Tensor shard(const Tensor& t, int parts, int dim, int part) {
   }
   Tensor out(t.rows(), range.length);  // columns: one copy per row
   for (std::int64_t r = 0; r < t.rows(); ++r)
-    std::copy_n(t.data() + r * t.cols() + range.offset, range.length, out.data() + r * range.length);
+    std::copy_n(t.data() + r * t.cols() + range.offset, range.length,
+                out.data() + r * range.length);
   return out;
 }
 
@@ -200,8 +201,8 @@ Tensor transpose(const Tensor& t) {
 Tensor matmul(const Tensor& a, const Tensor& b) {
   require_2d(a, "matmul");
   require_2d(b, "matmul");
-  require(a.cols() == b.rows(), "matmul: inner dimensions differ (" + a.shape_string() + " @ " +
-                                    b.shape_string() + ")");
+  require(a.cols() == b.rows(),
+          "matmul: inner dimensions differ (" + a.shape_string() + " @ " + b.shape_string() + ")");
   const std::int64_t M = a.rows(), K = a.cols(), N = b.cols();
   Tensor out(M, N);
   // i-k-j order: the inner loop walks rows of b and out contiguously (cache friendly,

@@ -17,7 +17,8 @@ namespace shardlab::cases {
 /// Rank r's test data: element i is r * 1000 + i (distinct per rank and element).
 inline std::vector<float> rank_values(int rank, std::size_t n, std::size_t offset = 0) {
   std::vector<float> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>(rank * 1000 + static_cast<int>(offset + i));
+  for (std::size_t i = 0; i < n; ++i)
+    v[i] = static_cast<float>(rank * 1000 + static_cast<int>(offset + i));
   return v;
 }
 
@@ -37,14 +38,17 @@ inline void allreduce_all_ops(Communicator& comm) {
       comm.allreduce(buf, op);
       for (std::size_t i = 0; i < count; ++i) {
         float want = 0;
-        if (op == ReduceOp::max) want = static_cast<float>((n - 1) * 1000 + static_cast<int>(i));
-        else if (op == ReduceOp::min) want = static_cast<float>(i);
+        if (op == ReduceOp::max)
+          want = static_cast<float>((n - 1) * 1000 + static_cast<int>(i));
+        else if (op == ReduceOp::min)
+          want = static_cast<float>(i);
         else {
           for (int r = 0; r < n; ++r) want += static_cast<float>(r * 1000 + static_cast<int>(i));
           if (op == ReduceOp::avg) want /= static_cast<float>(n);
         }
         if (buf[i] != want) {
-          FAIL_CHECK("rank " << comm.rank() << " element " << i << ": got " << buf[i] << ", expected " << want);
+          FAIL_CHECK("rank " << comm.rank() << " element " << i << ": got " << buf[i]
+                             << ", expected " << want);
           break;
         }
       }
@@ -73,7 +77,8 @@ inline void reduce_and_broadcast(Communicator& comm) {
     } else {
       CHECK_MESSAGE(buf == before, "reduce changed the buffer of non-root rank " << comm.rank());
     }
-    std::vector<float> b = comm.rank() == root ? rank_values(root, 5) : std::vector<float>(5, -1.0f);
+    std::vector<float> b =
+        comm.rank() == root ? rank_values(root, 5) : std::vector<float>(5, -1.0f);
     comm.broadcast(b, root);
     CHECK(b == rank_values(root, 5));
   }
@@ -89,7 +94,8 @@ inline void reduce_scatter_allgather_alltoall(Communicator& comm) {
   comm.reduce_scatter(in, out, ReduceOp::sum);
   for (std::size_t i = 0; i < block; ++i) {
     float want = 0;
-    for (int r = 0; r < n; ++r) want += static_cast<float>(r * 1000 + static_cast<int>(comm.rank() * block + i));
+    for (int r = 0; r < n; ++r)
+      want += static_cast<float>(r * 1000 + static_cast<int>(comm.rank() * block + i));
     CHECK(out[i] == want);
   }
   // allgatherv with uneven counts (rank r contributes r + 1 elements), and allgather.

@@ -14,7 +14,9 @@ Communicator* world = nullptr;
 }
 
 TEST_SUITE("comm.mpi") {
-  TEST_CASE("allreduce gives sum, avg, max and min for every count") { cases::allreduce_all_ops(*world); }
+  TEST_CASE("allreduce gives sum, avg, max and min for every count") {
+    cases::allreduce_all_ops(*world);
+  }
   TEST_CASE("reduce and broadcast") { cases::reduce_and_broadcast(*world); }
   TEST_CASE("reduce_scatter, allgather(v), gatherv and alltoall") {
     cases::reduce_scatter_allgather_alltoall(*world);

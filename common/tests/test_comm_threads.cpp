@@ -38,10 +38,13 @@ TEST_SUITE("comm.threads") {
     const auto start = std::chrono::steady_clock::now();
     std::string message;
     try {
-      run_threads(2, [](Communicator& comm) {
-        std::vector<float> buf(4);
-        if (comm.rank() == 1) comm.recv(buf, 0, 7);
-      }, 300ms);
+      run_threads(
+          2,
+          [](Communicator& comm) {
+            std::vector<float> buf(4);
+            if (comm.rank() == 1) comm.recv(buf, 0, 7);
+          },
+          300ms);
     } catch (const CommError& e) {
       message = e.what();
     }
@@ -54,11 +57,14 @@ TEST_SUITE("comm.threads") {
   TEST_CASE("two ranks that both send first are told how to fix it") {
     std::string message;
     try {
-      run_threads(2, [](Communicator& comm) {
-        std::vector<float> out(4), in(4);
-        comm.send(out, 1 - comm.rank());
-        comm.recv(in, 1 - comm.rank());
-      }, 300ms);
+      run_threads(
+          2,
+          [](Communicator& comm) {
+            std::vector<float> out(4), in(4);
+            comm.send(out, 1 - comm.rank());
+            comm.recv(in, 1 - comm.rank());
+          },
+          300ms);
     } catch (const CommError& e) {
       message = e.what();
     }
@@ -69,10 +75,13 @@ TEST_SUITE("comm.threads") {
   TEST_CASE("ranks that call different collectives get a mismatch error, not a hang") {
     std::string message;
     try {
-      run_threads(3, [](Communicator& comm) {
-        std::vector<float> buf(comm.rank() == 2 ? 6 : 8);
-        comm.allreduce(buf);
-      }, 5s);
+      run_threads(
+          3,
+          [](Communicator& comm) {
+            std::vector<float> buf(comm.rank() == 2 ? 6 : 8);
+            comm.allreduce(buf);
+          },
+          5s);
     } catch (const CommError& e) {
       message = e.what();
     }
@@ -82,11 +91,16 @@ TEST_SUITE("comm.threads") {
 
     message.clear();
     try {
-      run_threads(2, [](Communicator& comm) {
-        std::vector<float> buf(4);
-        if (comm.rank() == 0) comm.allreduce(buf);
-        else comm.broadcast(buf, 0);
-      }, 5s);
+      run_threads(
+          2,
+          [](Communicator& comm) {
+            std::vector<float> buf(4);
+            if (comm.rank() == 0)
+              comm.allreduce(buf);
+            else
+              comm.broadcast(buf, 0);
+          },
+          5s);
     } catch (const CommError& e) {
       message = e.what();
     }
@@ -96,9 +110,12 @@ TEST_SUITE("comm.threads") {
   TEST_CASE("a collective that one rank never joins times out naming the missing rank") {
     std::string message;
     try {
-      run_threads(3, [](Communicator& comm) {
-        if (comm.rank() != 1) comm.barrier();
-      }, 300ms);
+      run_threads(
+          3,
+          [](Communicator& comm) {
+            if (comm.rank() != 1) comm.barrier();
+          },
+          300ms);
     } catch (const CommError& e) {
       message = e.what();
     }
@@ -107,27 +124,39 @@ TEST_SUITE("comm.threads") {
 
   TEST_CASE("a rank that throws stops the others; its own error is the one reported") {
     const auto start = std::chrono::steady_clock::now();
-    CHECK_THROWS_WITH_AS(run_threads(4, [](Communicator& comm) {
-      if (comm.rank() == 2) throw std::runtime_error("rank 2 broke");
-      std::vector<float> buf(4);
-      comm.recv(buf, (comm.rank() + 1) % 4);  // would wait for the full timeout
-    }, 30s), "rank 2 broke", std::runtime_error);
+    CHECK_THROWS_WITH_AS(run_threads(
+                             4,
+                             [](Communicator& comm) {
+                               if (comm.rank() == 2) throw std::runtime_error("rank 2 broke");
+                               std::vector<float> buf(4);
+                               comm.recv(buf,
+                                         (comm.rank() + 1) % 4);  // would wait for the full timeout
+                             },
+                             30s),
+                         "rank 2 broke", std::runtime_error);
     CHECK(std::chrono::steady_clock::now() - start < 5s);
   }
 
   TEST_CASE("a recv whose size differs from the send is an error naming both sizes") {
-    CHECK_THROWS_WITH_AS(run_threads(2, [](Communicator& comm) {
-      std::vector<float> buf(comm.rank() == 0 ? 3 : 4);
-      if (comm.rank() == 0) comm.send(buf, 1);
-      else comm.recv(buf, 0);
-    }), doctest::Contains("posted a recv of 16 bytes from rank 0 (tag 0), but rank 0 sent 12"),
-    CommError);
+    CHECK_THROWS_WITH_AS(
+        run_threads(2,
+                    [](Communicator& comm) {
+                      std::vector<float> buf(comm.rank() == 0 ? 3 : 4);
+                      if (comm.rank() == 0)
+                        comm.send(buf, 1);
+                      else
+                        comm.recv(buf, 0);
+                    }),
+        doctest::Contains("posted a recv of 16 bytes from rank 0 (tag 0), but rank 0 sent 12"),
+        CommError);
   }
 
   TEST_CASE("a peer outside the communicator is a usage error") {
-    CHECK_THROWS_AS(run_threads(2, [](Communicator& comm) {
-      std::vector<float> buf(1);
-      comm.send(buf, 2);
-    }), UsageError);
+    CHECK_THROWS_AS(run_threads(2,
+                                [](Communicator& comm) {
+                                  std::vector<float> buf(1);
+                                  comm.send(buf, 2);
+                                }),
+                    UsageError);
   }
 }

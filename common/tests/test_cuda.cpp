@@ -37,8 +37,8 @@ TEST_SUITE("cuda") {
     check_close(y.to_host(), scale(y_ref, -2.5f), kernel_atol, kernel_rtol, "scale");
     const auto t = cuda::tanh_forward(da);
     check_close(t.to_host(), nn::tanh_forward(a), 1e-6f, 1e-6f, "tanh");
-    check_close(cuda::tanh_backward(t, db).to_host(), nn::tanh_backward(t.to_host(), b), 1e-6f, 1e-6f,
-                "tanh backward");
+    check_close(cuda::tanh_backward(t, db).to_host(), nn::tanh_backward(t.to_host(), b), 1e-6f,
+                1e-6f, "tanh backward");
     CHECK(cuda::max_abs_diff(da, db) == doctest::Approx(max_abs_diff(a, b)));
     CHECK(cuda::max_abs_diff(da, da) == 0.0f);
   }
@@ -52,19 +52,23 @@ TEST_SUITE("cuda") {
     for (int t = 1; t <= 5; ++t) {
       p.grad = randn(8, 33, 100 + static_cast<std::uint64_t>(t));
       nn::adam_step(p, state, 1e-2f);
-      cuda::adam_step(dp, cuda::DeviceTensor::to_device(p.grad), m, v, 1e-2f, 0.9f, 0.999f, 1e-8f, t);
+      cuda::adam_step(dp, cuda::DeviceTensor::to_device(p.grad), m, v, 1e-2f, 0.9f, 0.999f, 1e-8f,
+                      t);
     }
     check_close(dp.to_host(), p.value, 1e-6f, 1e-5f, "Adam after 5 steps");
   }
 
   TEST_CASE("cuBLAS matmul equals the CPU matmul within the summation-order bound") {
     cuda::set_device(0);
-    for (auto [M, K, N] : {std::array<std::int64_t, 3>{4, 5, 8}, {1, 1, 1}, {65, 257, 33}, {128, 512, 64}}) {
+    for (auto [M, K, N] :
+         {std::array<std::int64_t, 3>{4, 5, 8}, {1, 1, 1}, {65, 257, 33}, {128, 512, 64}}) {
       CAPTURE(M);
       CAPTURE(K);
       CAPTURE(N);
       const Tensor x = randn(M, K, 7), w = randn(K, N, 8);
-      const Tensor got = cuda::matmul(cuda::DeviceTensor::to_device(x), cuda::DeviceTensor::to_device(w)).to_host();
+      const Tensor got =
+          cuda::matmul(cuda::DeviceTensor::to_device(x), cuda::DeviceTensor::to_device(w))
+              .to_host();
       check_close(got, matmul(x, w), matmul_reorder_bound(x, w), 0.0f, "cuBLAS x @ w");
     }
   }
@@ -82,8 +86,10 @@ TEST_SUITE("cuda") {
         CHECK(dev.to_host().bitwise_equal(host));  // the same rank-order sums, in kernels
         // A ring of sendrecvs between device buffers.
         cuda::DeviceTensor in(1, 1001);
-        comm.sendrecv(cuda::DeviceTensor::to_device(mine), (comm.rank() + 1) % n, in, (comm.rank() + n - 1) % n);
-        CHECK(in.to_host().bitwise_equal(randn(1, 1001, 50 + static_cast<std::uint64_t>((comm.rank() + n - 1) % n))));
+        comm.sendrecv(cuda::DeviceTensor::to_device(mine), (comm.rank() + 1) % n, in,
+                      (comm.rank() + n - 1) % n);
+        CHECK(in.to_host().bitwise_equal(
+            randn(1, 1001, 50 + static_cast<std::uint64_t>((comm.rank() + n - 1) % n))));
       });
     }
   }
@@ -106,11 +112,16 @@ TEST_CASE("NCCL: collectives and a sendrecv ring on device buffers equal the hos
     std::vector<std::size_t> counts;
     for (int q = 0; q < n; ++q) counts.push_back(static_cast<std::size_t>(q + 1));
     cuda::DeviceTensor all(1, n * (n + 1) / 2);
-    comm->allgatherv(cuda::DeviceTensor::to_device(full(1, host.rank() + 1, static_cast<float>(host.rank()))), all, counts);
-    CHECK(all.to_host()[static_cast<std::int64_t>(n * (n + 1) / 2 - 1)] == static_cast<float>(n - 1));
+    comm->allgatherv(
+        cuda::DeviceTensor::to_device(full(1, host.rank() + 1, static_cast<float>(host.rank()))),
+        all, counts);
+    CHECK(all.to_host()[static_cast<std::int64_t>(n * (n + 1) / 2 - 1)] ==
+          static_cast<float>(n - 1));
     cuda::DeviceTensor in(1, 4099);
-    comm->sendrecv(cuda::DeviceTensor::to_device(mine), (host.rank() + 1) % n, in, (host.rank() + n - 1) % n);
-    CHECK(in.to_host().bitwise_equal(randn(1, 4099, 70 + static_cast<std::uint64_t>((host.rank() + n - 1) % n))));
+    comm->sendrecv(cuda::DeviceTensor::to_device(mine), (host.rank() + 1) % n, in,
+                   (host.rank() + n - 1) % n);
+    CHECK(in.to_host().bitwise_equal(
+        randn(1, 4099, 70 + static_cast<std::uint64_t>((host.rank() + n - 1) % n))));
     // Host buffers on the same communicator go through the host backend.
     CHECK(comm->all_true(true));
   });

@@ -22,7 +22,8 @@ void allreduce_gradients(Communicator& comm, std::span<Tensor* const> grads,
 }
 
 std::vector<Bucket> plan_buckets(std::span<Tensor* const> grads, std::int64_t bucket_bytes) {
-  const std::int64_t capacity = std::max<std::int64_t>(1, bucket_bytes / std::int64_t{sizeof(float)});
+  const std::int64_t capacity =
+      std::max<std::int64_t>(1, bucket_bytes / std::int64_t{sizeof(float)});
   std::vector<Bucket> buckets;
   for (std::size_t i = 0; i < grads.size(); ++i) {
     const std::int64_t n = grads[i]->size();

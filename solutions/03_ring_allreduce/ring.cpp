@@ -12,7 +12,8 @@ namespace {
 std::span<float> chunk(std::span<float> data, int ranks, int c) {
   const shardlab::ShardRange range =
       shardlab::shard_range(static_cast<std::int64_t>(data.size()), ranks, c);
-  return data.subspan(static_cast<std::size_t>(range.offset), static_cast<std::size_t>(range.length));
+  return data.subspan(static_cast<std::size_t>(range.offset),
+                      static_cast<std::size_t>(range.length));
 }
 int mod(int a, int n) { return ((a % n) + n) % n; }
 }  // namespace

@@ -45,10 +45,14 @@ std::string_view dtype_name(DType t);
 template <class T>
 constexpr DType dtype_of() {
   using U = std::remove_cv_t<T>;
-  if constexpr (std::is_same_v<U, float>) return DType::f32;
-  else if constexpr (std::is_same_v<U, double>) return DType::f64;
-  else if constexpr (std::is_same_v<U, std::int32_t>) return DType::i32;
-  else if constexpr (std::is_same_v<U, std::int64_t>) return DType::i64;
+  if constexpr (std::is_same_v<U, float>)
+    return DType::f32;
+  else if constexpr (std::is_same_v<U, double>)
+    return DType::f64;
+  else if constexpr (std::is_same_v<U, std::int32_t>)
+    return DType::i32;
+  else if constexpr (std::is_same_v<U, std::int64_t>)
+    return DType::i64;
   else {
     static_assert(std::is_same_v<U, std::uint8_t>, "unsupported element type");
     return DType::u8;
@@ -56,16 +60,16 @@ constexpr DType dtype_of() {
 }
 
 template <class T>
-concept Element = std::is_same_v<std::remove_cv_t<T>, float> ||
-                  std::is_same_v<std::remove_cv_t<T>, double> ||
-                  std::is_same_v<std::remove_cv_t<T>, std::int32_t> ||
-                  std::is_same_v<std::remove_cv_t<T>, std::int64_t> ||
-                  std::is_same_v<std::remove_cv_t<T>, std::uint8_t>;
+concept Element = std::is_same_v < std::remove_cv_t<T>,
+float > || std::is_same_v<std::remove_cv_t<T>, double> ||
+    std::is_same_v<std::remove_cv_t<T>, std::int32_t> ||
+    std::is_same_v<std::remove_cv_t<T>, std::int64_t> ||
+    std::is_same_v<std::remove_cv_t<T>, std::uint8_t>;
 
 /// A contiguous buffer of elements a communicator can move.
 template <class R>
 concept Buffer = std::ranges::contiguous_range<R> && std::ranges::sized_range<R> &&
-                 Element<std::ranges::range_value_t<R>>;
+    Element<std::ranges::range_value_t<R>>;
 
 /// Where a buffer lives. Host buffers work on every backend. Device (CUDA) buffers work
 /// on the threads backend (copies through cudaMemcpy, reductions as kernels), so N ranks
@@ -77,8 +81,10 @@ enum class Memory : std::uint8_t { host, device };
 template <class R>
 constexpr Memory memory_of() {
   using B = std::remove_cvref_t<R>;
-  if constexpr (requires { B::memory; }) return B::memory;
-  else return Memory::host;
+  if constexpr (requires { B::memory; })
+    return B::memory;
+  else
+    return Memory::host;
 }
 
 /// A view of `count` elements of device memory, for passing raw device pointers.
@@ -104,8 +110,18 @@ ReduceOp parse_reduce_op(std::string_view name);
 
 /// The operations a communicator counts, one row each.
 enum class Op : std::uint8_t {
-  send, recv, sendrecv, allreduce, reduce, broadcast, reduce_scatter, allgather,
-  gather, alltoall, barrier, count_
+  send,
+  recv,
+  sendrecv,
+  allreduce,
+  reduce,
+  broadcast,
+  reduce_scatter,
+  allgather,
+  gather,
+  alltoall,
+  barrier,
+  count_
 };
 inline constexpr std::size_t op_count = static_cast<std::size_t>(Op::count_);
 std::string_view op_name(Op op);
@@ -155,8 +171,8 @@ struct CommAborted : CommError {
 
 /// One point-to-point transfer as a trace hook sees it (Communicator::trace_messages).
 struct MessageEvent {
-  Op op;               // Op::send or Op::recv (a sendrecv gives one of each)
-  int peer;            // destination or source
+  Op op;     // Op::send or Op::recv (a sendrecv gives one of each)
+  int peer;  // destination or source
   int tag;
   const void* buffer;  // the caller's buffer: where in its data the message starts
   std::size_t bytes;
@@ -215,8 +231,8 @@ class Communicator {
   template <Buffer S, Buffer R>
   void sendrecv(const S& out, int dest, R&& in, int source, int tag = 0) {
     static_assert(std::is_same_v<std::ranges::range_value_t<S>, std::ranges::range_value_t<R>>);
-    sendrecv_bytes(std::ranges::data(out), count(out), std::ranges::data(in), count(in),
-                   dtype<R>(), memory_of<S>(), memory_of<R>(), dest, source, tag);
+    sendrecv_bytes(std::ranges::data(out), count(out), std::ranges::data(in), count(in), dtype<R>(),
+                   memory_of<S>(), memory_of<R>(), dest, source, tag);
   }
   template <Buffer R>
   [[nodiscard]] Request isend(const R& buf, int peer, int tag = 0) {
@@ -235,17 +251,23 @@ class Communicator {
   /// In place: every rank ends with op over all ranks' buffers, element by element.
   template <Buffer R>
   void allreduce(R&& buf, ReduceOp op = ReduceOp::sum) {
-    collective(Op::allreduce, [&] { allreduce_impl(std::ranges::data(buf), count(buf), dtype<R>(), memory_of<R>(), op); });
+    collective(Op::allreduce, [&] {
+      allreduce_impl(std::ranges::data(buf), count(buf), dtype<R>(), memory_of<R>(), op);
+    });
   }
   /// In place: `root` ends with op over all ranks' buffers; the others' are unchanged.
   template <Buffer R>
   void reduce(R&& buf, ReduceOp op, int root) {
-    collective(Op::reduce, [&] { reduce_impl(std::ranges::data(buf), count(buf), dtype<R>(), memory_of<R>(), op, root); });
+    collective(Op::reduce, [&] {
+      reduce_impl(std::ranges::data(buf), count(buf), dtype<R>(), memory_of<R>(), op, root);
+    });
   }
   /// In place: every rank ends with root's buffer.
   template <Buffer R>
   void broadcast(R&& buf, int root) {
-    collective(Op::broadcast, [&] { broadcast_impl(std::ranges::data(buf), count(buf), dtype<R>(), memory_of<R>(), root); });
+    collective(Op::broadcast, [&] {
+      broadcast_impl(std::ranges::data(buf), count(buf), dtype<R>(), memory_of<R>(), root);
+    });
   }
   /// `in` holds size() blocks of out.size() elements; rank r gets op over all ranks'
   /// block r in `out`.
@@ -299,7 +321,8 @@ class Communicator {
     if (count(in) != count(out)) throw_usage("alltoall: in and out must have the same length");
     collective(Op::alltoall, [&] {
       alltoall_impl(std::ranges::data(in), std::ranges::data(out),
-                    count(in) / static_cast<std::size_t>(size_), dtype<R>(), same_memory<S, R>("alltoall"));
+                    count(in) / static_cast<std::size_t>(size_), dtype<R>(),
+                    same_memory<S, R>("alltoall"));
     });
   }
   /// Returns when every rank has called it.
@@ -317,7 +340,9 @@ class Communicator {
   /// printing per-rank lines, agreeing on the exit code).
   class Uncounted {
    public:
-    explicit Uncounted(Communicator& comm) : comm_(comm), was_(comm.counting_) { comm.counting_ = false; }
+    explicit Uncounted(Communicator& comm) : comm_(comm), was_(comm.counting_) {
+      comm.counting_ = false;
+    }
     ~Uncounted() { comm_.counting_ = was_; }
     Uncounted(const Uncounted&) = delete;
     Uncounted& operator=(const Uncounted&) = delete;
@@ -346,7 +371,8 @@ class Communicator {
   virtual Request isend_impl(const void* buf, std::size_t bytes, Memory mem, int peer, int tag) = 0;
   virtual Request irecv_impl(void* buf, std::size_t bytes, Memory mem, int peer, int tag) = 0;
   virtual void wait_impl(Request::Impl& request) = 0;
-  virtual void allreduce_impl(void* buf, std::size_t count, DType type, Memory mem, ReduceOp op) = 0;
+  virtual void allreduce_impl(void* buf, std::size_t count, DType type, Memory mem,
+                              ReduceOp op) = 0;
   virtual void reduce_impl(void* buf, std::size_t count, DType type, Memory mem, ReduceOp op,
                            int root) = 0;
   virtual void broadcast_impl(void* buf, std::size_t count, DType type, Memory mem, int root) = 0;
@@ -362,7 +388,8 @@ class Communicator {
   virtual std::unique_ptr<Communicator> split_impl(int color, int key) = 0;
 
   // Point-to-point as the templates see it: checked, counted, then handed to the backend.
-  Request isend_bytes(const void* buf, std::size_t count, DType type, Memory mem, int peer, int tag);
+  Request isend_bytes(const void* buf, std::size_t count, DType type, Memory mem, int peer,
+                      int tag);
   Request irecv_bytes(void* buf, std::size_t count, DType type, Memory mem, int peer, int tag);
   void send_bytes(const void* buf, std::size_t count, DType type, Memory mem, int peer, int tag);
   void recv_bytes(void* buf, std::size_t count, DType type, Memory mem, int peer, int tag);

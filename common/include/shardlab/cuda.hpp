@@ -85,9 +85,10 @@ DeviceTensor add(const DeviceTensor& a, const DeviceTensor& b);
 DeviceTensor tanh_forward(const DeviceTensor& x);
 DeviceTensor tanh_backward(const DeviceTensor& y, const DeviceTensor& dy);
 /// One Adam step (Kingma & Ba 2015, Algorithm 1) on every element, t counting from 1:
-/// m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps).
-void adam_step(DeviceTensor& p, const DeviceTensor& g, DeviceTensor& m, DeviceTensor& v, float lr, float b1,
-               float b2, float eps, int t);
+/// m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) +
+/// eps).
+void adam_step(DeviceTensor& p, const DeviceTensor& g, DeviceTensor& m, DeviceTensor& v, float lr,
+               float b1, float b2, float eps, int t);
 /// max |a - b| over all elements, computed on the device.
 float max_abs_diff(const DeviceTensor& a, const DeviceTensor& b);
 

@@ -32,14 +32,14 @@ namespace shardlab {
 
 /// The common flags, after parsing.
 struct Options {
-  int ranks = 2;                    // --ranks (threads backend)
-  std::string backend = "auto";     // --backend auto|threads|mpi
-  std::string device = "cpu";       // --device cpu|cuda: cuda puts rank r on GPU r % count
-  std::uint64_t seed = 0;           // --seed: every random tensor derives from it
-  bool json = false;                // --json: one JSON object on stdout, text on stderr
-  std::string csv_dir;              // --csv-dir: where benchmark CSV files go
-  bool quiet = false;               // --quiet: no human-readable text
-  double timeout_s = 60;            // --timeout: how long a blocking call may wait
+  int ranks = 2;                 // --ranks (threads backend)
+  std::string backend = "auto";  // --backend auto|threads|mpi
+  std::string device = "cpu";    // --device cpu|cuda: cuda puts rank r on GPU r % count
+  std::uint64_t seed = 0;        // --seed: every random tensor derives from it
+  bool json = false;             // --json: one JSON object on stdout, text on stderr
+  std::string csv_dir;           // --csv-dir: where benchmark CSV files go
+  bool quiet = false;            // --quiet: no human-readable text
+  double timeout_s = 60;         // --timeout: how long a blocking call may wait
 };
 
 /// What a rank's body gets: its communicator, the options, and the job's outputs.
