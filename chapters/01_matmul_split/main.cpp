@@ -112,14 +112,10 @@ Result measure(Context& ctx, const Strategy& s, const Tensor& x, const Tensor& w
   const std::int64_t mine = static_cast<std::int64_t>(delta.total().bytes_received / sizeof(float));
   r.modeled = std::any_of(delta.modeled.begin(), delta.modeled.end(), [](bool m) { return m; }) &&
               std::string(comm.backend()) == "mpi";
-  // Bookkeeping from here on: agree on the worst diff and collect the per-rank counts.
-  Communicator::Uncounted quiet(comm);
-  r.received.resize(static_cast<std::size_t>(comm.size()));
-  comm.allgather(std::span<const std::int64_t>(&mine, 1), r.received);
+  // Bookkeeping from here on (uncounted): the per-rank counts and the worst diff.
+  r.received = comm.gather_values(mine);
   for (std::int64_t v : r.received) r.total += v;
-  float diff = max_abs_diff(r.out, ref);
-  comm.allreduce(std::span<float>(&diff, 1), ReduceOp::max);
-  r.max_abs_diff = diff;
+  r.max_abs_diff = comm.agree(max_abs_diff(r.out, ref), ReduceOp::max);
   r.bitwise_equal = comm.all_true(r.out.bitwise_equal(ref));
   return r;
 }
@@ -207,11 +203,7 @@ void gemm_benchmark(Context& ctx, double given_peak) {
   if (peak == 0) table += "  (peak not known for this device: give it with --peak-tflops)\n";
   ctx.say(table);
   ctx.json()["gemm"] = {{"device", what}, {"peak_tflops", peak}, {"rows", rows}};
-  if (!ctx.options().csv_dir.empty()) {
-    const std::string path = ctx.options().csv_dir + "/01_matmul_split.csv";
-    csv.save(path);
-    ctx.say("wrote " + path);
-  }
+  ctx.save_csv(csv, "01_matmul_split");
 }
 
 }  // namespace
@@ -382,19 +374,13 @@ int main(int argc, char** argv) {
     ctx.say_each(g.str());
     // Do the ranks' gradients differ? Compare each with rank 0's.
     Tensor grad0 = grad;
-    float spread = 0;
     {
       Communicator::Uncounted quiet(ctx.comm());
       ctx.comm().broadcast(grad0, 0);
-      spread = max_abs_diff(grad, grad0);
-      ctx.comm().allreduce(std::span<float>(&spread, 1), ReduceOp::max);
     }
+    const float spread = ctx.comm().agree(max_abs_diff(grad, grad0), ReduceOp::max);
     ctx.comm().allreduce(grad, ReduceOp::sum);  // what chapter 02 does every step
-    float sum_diff = max_abs_diff(grad, grad_ref);
-    {
-      Communicator::Uncounted quiet(ctx.comm());
-      ctx.comm().allreduce(std::span<float>(&sum_diff, 1), ReduceOp::max);
-    }
+    const float sum_diff = ctx.comm().agree(max_abs_diff(grad, grad_ref), ReduceOp::max);
     const float grad_bound = matmul_reorder_bound(transpose(x), ref);
     std::ostringstream b;
     b << "   the ranks' gradients differ by up to " << format_number(spread, 3)

@@ -55,8 +55,7 @@ float replica_divergence(Communicator& comm, ch02::Mlp& model) {
     comm.broadcast(rank0, 0);
     worst = std::max(worst, max_abs_diff(p->value, rank0));
   }
-  comm.allreduce(std::span<float>(&worst, 1), ReduceOp::max);
-  return worst;
+  return comm.agree(worst, ReduceOp::max);
 }
 
 struct Distance {
@@ -72,27 +71,9 @@ Distance distance(Communicator& comm, ch02::Mlp& model, ch02::Mlp& single) {
     d.max_abs = std::max(d.max_abs, max_abs_diff(mine[i]->value, ref[i]->value));
     scale = std::max(scale, max_abs(ref[i]->value));
   }
-  {
-    Communicator::Uncounted quiet(comm);
-    comm.allreduce(std::span<float>(&d.max_abs, 1), ReduceOp::max);
-  }
+  d.max_abs = comm.agree(d.max_abs, ReduceOp::max);
   d.max_rel = static_cast<double>(d.max_abs) / static_cast<double>(std::max(scale, 1e-30f));
   return d;
-}
-
-/// One value from every rank, gathered everywhere (uncounted).
-template <class T>
-std::vector<T> from_every_rank(Communicator& comm, T mine) {
-  Communicator::Uncounted quiet(comm);
-  std::vector<T> all(static_cast<std::size_t>(comm.size()));
-  comm.allgather(std::span<const T>(&mine, 1), all);
-  return all;
-}
-
-double max_over_ranks(Communicator& comm, double mine) {
-  Communicator::Uncounted quiet(comm);
-  comm.allreduce(std::span<double>(&mine, 1), ReduceOp::max);
-  return mine;
 }
 
 std::int64_t gradient_elements(const Config& cfg) {
@@ -124,9 +105,9 @@ void benchmark(Context& ctx, const Config& base) {
     const ch02::Trace t = ch02::train(comm, cfg, model);
     const double n = cfg.steps;
     // The slowest rank sets the pace of a synchronous step.
-    const double step_ms = max_over_ranks(comm, t.step_s) / n * 1e3;
-    const double compute_ms = max_over_ranks(comm, t.compute_s) / n * 1e3;
-    const double wait_ms = max_over_ranks(comm, t.comm_wait_s) / n * 1e3;
+    const double step_ms = comm.agree(t.step_s, ReduceOp::max) / n * 1e3;
+    const double compute_ms = comm.agree(t.compute_s, ReduceOp::max) / n * 1e3;
+    const double wait_ms = comm.agree(t.comm_wait_s, ReduceOp::max) / n * 1e3;
     char line[160];
     std::snprintf(line, sizeof line, "%-10s %10s %8zu %9.3f %11.3f %13.3f",
                   std::string(ch02::sync_name(run.sync)).c_str(),
@@ -141,13 +122,7 @@ void benchmark(Context& ctx, const Config& base) {
                format_number(static_cast<double>(t.allreduce.calls) / n, 12),
                format_number(static_cast<double>(t.allreduce.bytes_sent) / n, 12)});
   }
-  if (ctx.rank() == 0) {
-    const std::string dir = ctx.options().csv_dir.empty() ? "results" : ctx.options().csv_dir;
-    const std::string path = dir + "/02_gradient_allreduce.csv";
-    table.save(path);
-    ctx.say("wrote " + path);
-    ctx.json()["csv"] = path;
-  }
+  ctx.save_csv(table, "02_gradient_allreduce");
 }
 
 }  // namespace
@@ -241,8 +216,7 @@ int main(int argc, char** argv) {
 
     const std::int64_t grad_bytes = gradient_elements(cfg) * 4;
     const double steps = cfg.steps;
-    const auto sent =
-        from_every_rank<std::int64_t>(comm, static_cast<std::int64_t>(trace.allreduce.bytes_sent));
+    const auto sent = comm.gather_values(static_cast<std::int64_t>(trace.allreduce.bytes_sent));
     std::vector<double> sent_per_step;
     std::int64_t sent_total = 0;
     for (std::int64_t b : sent) {
@@ -256,8 +230,8 @@ int main(int argc, char** argv) {
     const double formula_per_rank =
         synced ? 2.0 * (P - 1) / P * static_cast<double>(grad_bytes) : 0.0;
     const std::int64_t formula_total = synced ? 2 * (P - 1) * grad_bytes * cfg.steps : 0;
-    const double wait_s = max_over_ranks(comm, trace.comm_wait_s),
-                 compute_s = max_over_ranks(comm, trace.compute_s);
+    const double wait_s = comm.agree(trace.comm_wait_s, ReduceOp::max),
+                 compute_s = comm.agree(trace.compute_s, ReduceOp::max);
 
     std::ostringstream out;
     out << "replicas differ by " << format_number(final_divergence, 3)

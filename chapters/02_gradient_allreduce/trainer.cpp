@@ -171,11 +171,7 @@ Trace train(Communicator& comm, const Config& cfg, Mlp& model,
 
     // The global loss, for the record (bookkeeping, not counted). Summed here in rank
     // order, so every backend reports the same bits.
-    std::vector<double> squares(static_cast<std::size_t>(P));
-    {
-      Communicator::Uncounted quiet(comm);
-      comm.allgather(std::span<const double>(&squared, 1), squares);
-    }
+    const std::vector<double> squares = comm.gather_values(squared);
     double total = 0;
     for (double sq : squares) total += sq;
     trace.losses.push_back(total / (2.0 * static_cast<double>(cfg.batch)));

@@ -118,19 +118,6 @@ struct Buffers {
   }
 };
 
-template <class T>
-T max_over_ranks(Communicator& comm, T mine) {
-  Communicator::Uncounted quiet(comm);
-  comm.allreduce(std::span<T>(&mine, 1), ReduceOp::max);
-  return mine;
-}
-template <class T>
-T sum_over_ranks(Communicator& comm, T mine) {
-  Communicator::Uncounted quiet(comm);
-  comm.allreduce(std::span<T>(&mine, 1), ReduceOp::sum);
-  return mine;
-}
-
 std::string human_bytes(double b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB"};
   int u = 0;
@@ -154,15 +141,11 @@ void correctness(Context& ctx, const std::vector<std::string>& algorithms, const
   Buffers buf(s.count, ctx.on_gpu());
   for (const std::string& name : algorithms) {
     const CommStats before = comm.stats();
-    const std::size_t wrong = static_cast<std::uint64_t>(sum_over_ranks<std::int64_t>(
-        comm, static_cast<std::int64_t>(buf.wrong_after_run(name, comm, s))));
+    const auto wrong = static_cast<std::uint64_t>(
+        comm.agree(static_cast<std::int64_t>(buf.wrong_after_run(name, comm, s)), ReduceOp::sum));
     const CommStats delta = comm.stats().since(before);
-    const auto sent = static_cast<std::int64_t>(delta.total().bytes_sent);
-    std::vector<std::int64_t> all_sent(static_cast<std::size_t>(N));
-    {
-      Communicator::Uncounted quiet(comm);
-      comm.allgather(std::span<const std::int64_t>(&sent, 1), all_sent);
-    }
+    const std::vector<std::int64_t> all_sent =
+        comm.gather_values(static_cast<std::int64_t>(delta.total().bytes_sent));
     std::vector<std::int64_t> formula;
     for (int q = 0; q < N; ++q) {
       formula.push_back(
@@ -243,8 +226,8 @@ void benchmark(Context& ctx, const std::vector<std::string>& algorithms, const S
     std::map<std::string, std::uint64_t> wrong;
     for (const std::string& name : names) {
       if (name == "memcpy") continue;
-      wrong[name] = static_cast<std::uint64_t>(sum_over_ranks<std::int64_t>(
-          comm, static_cast<std::int64_t>(buf.wrong_after_run(name, comm, s))));
+      wrong[name] = static_cast<std::uint64_t>(
+          comm.agree(static_cast<std::int64_t>(buf.wrong_after_run(name, comm, s)), ReduceOp::sum));
     }
     buf.zero();
     auto once = [&](const std::string& name) { buf.run(name, comm, s); };
@@ -262,7 +245,8 @@ void benchmark(Context& ctx, const std::vector<std::string>& algorithms, const S
         const Clock::time_point t0 = Clock::now();
         for (int i = 0; i < s.iters; ++i) once(name);
         const double mine = std::chrono::duration<double>(Clock::now() - t0).count() / s.iters;
-        const double t = max_over_ranks(comm, mine);  // the slowest rank finishes the collective
+        const double t =
+            comm.agree(mine, ReduceOp::max);  // the slowest rank finishes the collective
         best[name] = round == 0 ? t : std::min(best[name], t);
       }
     }
@@ -328,12 +312,7 @@ void benchmark(Context& ctx, const std::vector<std::string>& algorithms, const S
                    {"wrong", r.wrong}});
     ctx.json()["algorithms"][name]["avg_busbw_GBps"] = avg[name];
   }
-  if (ctx.rank() == 0 && !ctx.options().csv_dir.empty()) {
-    const std::string path = ctx.options().csv_dir + "/03_ring_allreduce.csv";
-    csv.save(path);
-    ctx.say("wrote " + path);
-    ctx.json()["csv"] = path;
-  }
+  ctx.save_csv(csv, "03_ring_allreduce");
 }
 
 }  // namespace

@@ -250,10 +250,7 @@ std::vector<std::string> Communicator::gather_strings(const std::string& mine, i
 }
 
 bool Communicator::all_true(bool mine) {
-  Uncounted quiet(*this);
-  std::int32_t flag = mine ? 1 : 0;
-  allreduce(std::span<std::int32_t>(&flag, 1), ReduceOp::min);
-  return flag == 1;
+  return agree<std::int32_t>(mine ? 1 : 0, ReduceOp::min) == 1;
 }
 
 // ---------------------------------------------------------------------------
@@ -281,30 +278,10 @@ void divide_typed(T* acc, std::size_t n, int ranks) {
   for (std::size_t i = 0; i < n; ++i) acc[i] = static_cast<T>(acc[i] / static_cast<T>(ranks));
 }
 
-template <class F>
-void dispatch(DType type, F&& f) {
-  switch (type) {
-    case DType::f32:
-      f(float{});
-      break;
-    case DType::f64:
-      f(double{});
-      break;
-    case DType::i32:
-      f(std::int32_t{});
-      break;
-    case DType::i64:
-      f(std::int64_t{});
-      break;
-    case DType::u8:
-      f(std::uint8_t{});
-      break;
-  }
-}
 }  // namespace
 
 void reduce_into(void* acc, const void* x, std::size_t count, DType type, ReduceOp op) {
-  dispatch(type, [&](auto zero) {
+  visit_dtype(type, [&](auto zero) {
     using T = decltype(zero);
     reduce_typed(static_cast<T*>(acc), static_cast<const T*>(x), count, op);
   });
@@ -312,7 +289,7 @@ void reduce_into(void* acc, const void* x, std::size_t count, DType type, Reduce
 
 void finish_reduce(void* acc, std::size_t count, DType type, ReduceOp op, int ranks) {
   if (op != ReduceOp::avg) return;
-  dispatch(type, [&](auto zero) {
+  visit_dtype(type, [&](auto zero) {
     using T = decltype(zero);
     divide_typed(static_cast<T*>(acc), count, ranks);
   });

@@ -79,23 +79,10 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 /// Calls f(std::span<T>) with the typed view of a host buffer.
 template <class F>
 void typed(void* buf, std::size_t count, DType type, F&& f) {
-  switch (type) {
-    case DType::f32:
-      f(std::span<float>(static_cast<float*>(buf), count));
-      break;
-    case DType::f64:
-      f(std::span<double>(static_cast<double*>(buf), count));
-      break;
-    case DType::i32:
-      f(std::span<std::int32_t>(static_cast<std::int32_t*>(buf), count));
-      break;
-    case DType::i64:
-      f(std::span<std::int64_t>(static_cast<std::int64_t*>(buf), count));
-      break;
-    case DType::u8:
-      f(std::span<std::uint8_t>(static_cast<std::uint8_t*>(buf), count));
-      break;
-  }
+  visit_dtype(type, [&](auto zero) {
+    using T = decltype(zero);
+    f(std::span<T>(static_cast<T*>(buf), count));
+  });
 }
 
 /// Point-to-point operations posted since the last wait, issued together at the next.

@@ -230,27 +230,6 @@ void require_same(const DeviceTensor& a, const DeviceTensor& b, const char* what
   require(a.rows() == b.rows() && a.cols() == b.cols(), std::string(what) + ": shapes differ");
 }
 
-template <class F>
-void dispatch(DType type, F&& f) {
-  switch (type) {
-    case DType::f32:
-      f(float{});
-      break;
-    case DType::f64:
-      f(double{});
-      break;
-    case DType::i32:
-      f(std::int32_t{});
-      break;
-    case DType::i64:
-      f(std::int64_t{});
-      break;
-    case DType::u8:
-      f(std::uint8_t{});
-      break;
-  }
-}
-
 int device_of(const void* p) {
   cudaPointerAttributes a{};
   CUDA_CHECK(cudaPointerGetAttributes(&a, p));
@@ -361,7 +340,7 @@ void reduce_into(void* acc, const void* x, std::size_t count, DType type, Reduce
     copy(staged.data(), x, bytes);
     x = staged.data();
   }
-  dispatch(type, [&](auto zero) {
+  visit_dtype(type, [&](auto zero) {
     using T = decltype(zero);
     reduce_kernel<T><<<blocks(static_cast<std::int64_t>(count)), threads, 0, cudaStreamPerThread>>>(
         static_cast<T*>(acc), static_cast<const T*>(x), count, op);
@@ -372,7 +351,7 @@ void reduce_into(void* acc, const void* x, std::size_t count, DType type, Reduce
 
 void finish_reduce(void* acc, std::size_t count, DType type, ReduceOp op, int ranks) {
   if (op != ReduceOp::avg || count == 0) return;
-  dispatch(type, [&](auto zero) {
+  visit_dtype(type, [&](auto zero) {
     using T = decltype(zero);
     divide_kernel<T><<<blocks(static_cast<std::int64_t>(count)), threads, 0, cudaStreamPerThread>>>(
         static_cast<T*>(acc), count, ranks);

@@ -46,6 +46,14 @@ void Context::say_each(const std::string& line) {
 
 bool Context::color() const { return use_color(options_.json ? STDERR_FILENO : STDOUT_FILENO); }
 
+void Context::save_csv(const CsvTable& table, const std::string& name) {
+  if (rank() != 0) return;
+  const std::string path = options_.csv_dir + "/" + name + ".csv";
+  table.save(path);
+  say("wrote " + path);
+  json_["csv"] = path;
+}
+
 bool Context::verify(bool ok, const std::string& what) {
   if (!ok) {
     ok_ = false;
@@ -154,7 +162,7 @@ Program::Program(std::string name, std::string description)
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app_.add_flag("--json", options_.json, "print one JSON object on stdout (text goes to stderr)");
-  app_.add_option("--csv-dir", options_.csv_dir, "folder for benchmark CSV files");
+  app_.add_option("--csv-dir", options_.csv_dir, "folder for benchmark CSV files")->capture_default_str();
   app_.add_flag("-q,--quiet", options_.quiet, "no human-readable text");
   app_.add_option("--timeout", options_.timeout_s,
                   "seconds a blocking call may wait before the job fails")

@@ -59,6 +59,28 @@ constexpr DType dtype_of() {
   }
 }
 
+/// Calls f(T{}) with T the element type of `type`: one switch for every typed loop.
+template <class F>
+void visit_dtype(DType type, F&& f) {
+  switch (type) {
+    case DType::f32:
+      f(float{});
+      break;
+    case DType::f64:
+      f(double{});
+      break;
+    case DType::i32:
+      f(std::int32_t{});
+      break;
+    case DType::i64:
+      f(std::int64_t{});
+      break;
+    case DType::u8:
+      f(std::uint8_t{});
+      break;
+  }
+}
+
 template <class T>
 concept Element = std::is_same_v < std::remove_cv_t<T>,
 float > || std::is_same_v<std::remove_cv_t<T>, double> ||
@@ -362,6 +384,22 @@ class Communicator {
   std::vector<std::string> gather_strings(const std::string& mine, int root = 0);
   /// True on every rank when `mine` is true on every rank (uncounted).
   bool all_true(bool mine);
+  /// op over every rank's `mine`, on every rank (uncounted: the program's bookkeeping,
+  /// such as the worst error or the slowest time).
+  template <Element T>
+  T agree(T mine, ReduceOp op) {
+    Uncounted quiet(*this);
+    allreduce(std::span<T>(&mine, 1), op);
+    return mine;
+  }
+  /// Every rank's `mine`, in rank order, on every rank (uncounted).
+  template <Element T>
+  std::vector<T> gather_values(T mine) {
+    Uncounted quiet(*this);
+    std::vector<T> all(static_cast<std::size_t>(size_));
+    allgather(std::span<const T>(&mine, 1), all);
+    return all;
+  }
 
  protected:
   Communicator(int rank, int size, std::chrono::milliseconds timeout)

@@ -27,6 +27,7 @@
 #include <string>
 
 #include "shardlab/comm.hpp"
+#include "shardlab/results.hpp"
 
 namespace shardlab {
 
@@ -72,6 +73,10 @@ class Context {
 
   /// The --json object (rank 0's is printed); `ok` and the common fields are added.
   nlohmann::json& json() { return json_; }
+
+  /// Rank 0 writes `table` to `CSV_DIR/NAME.csv` (`--csv-dir`, atomically), says so, and records
+  /// the path under "csv" in the JSON. Benchmark modes call it; the notebooks read it.
+  void save_csv(const CsvTable& table, const std::string& name);
 
  private:
   Communicator& comm_;
