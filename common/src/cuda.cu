@@ -1,6 +1,8 @@
 // cuda: devices, device memory, kernels and cuBLAS (see cuda.hpp). Compiled with
 // --default-stream per-thread, so each rank's thread works on a stream of its own.
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -129,6 +131,29 @@ Tensor DeviceTensor::to_host() const {
   return t;
 }
 
+DeviceHalves::DeviceHalves(std::size_t count, HalfKind kind) : count_(count), kind_(kind) {
+  if (count) CUDA_CHECK(cudaMalloc(&data_, count * sizeof(std::uint16_t)));
+}
+DeviceHalves::~DeviceHalves() {
+  if (data_) cudaFree(data_);
+}
+DeviceHalves::DeviceHalves(DeviceHalves&& o) noexcept
+    : data_(o.data_), count_(o.count_), kind_(o.kind_) {
+  o.data_ = nullptr;
+  o.count_ = 0;
+}
+DeviceHalves& DeviceHalves::operator=(DeviceHalves&& o) noexcept {
+  std::swap(data_, o.data_);
+  std::swap(count_, o.count_);
+  std::swap(kind_, o.kind_);
+  return *this;
+}
+std::vector<std::uint16_t> DeviceHalves::to_host() const {
+  std::vector<std::uint16_t> h(count_);
+  copy(h.data(), data_, count_ * sizeof(std::uint16_t));
+  return h;
+}
+
 void copy(void* dst, const void* src, std::size_t bytes) {
   if (bytes == 0) return;
   CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cudaStreamPerThread));
@@ -201,6 +226,26 @@ __global__ void max_abs_diff_kernel(const float* a, const float* b, float* parti
   }
   if (threadIdx.x == 0) partial[blockIdx.x] = best[0];
 }
+/// Rounds to fp16 or bf16; raises *flag when a result is inf or NaN.
+__global__ void to_half_kernel(const float* x, std::uint16_t* out, std::int64_t n, bool bf16,
+                               int* flag) {
+  bool bad = false;
+  for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::uint16_t h = bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(x[i]))
+                                 : __half_as_ushort(__float2half_rn(x[i]));
+    out[i] = h;
+    bad |= bf16 ? (h & 0x7f80) == 0x7f80 : (h & 0x7c00) == 0x7c00;
+  }
+  if (bad) atomicOr(flag, 1);
+}
+__global__ void to_float_kernel(const std::uint16_t* h, float* out, std::int64_t n, bool bf16) {
+  for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x)
+    out[i] =
+        bf16 ? __bfloat162float(__ushort_as_bfloat16(h[i])) : __half2float(__ushort_as_half(h[i]));
+}
+
 template <class T>
 __global__ void reduce_kernel(T* acc, const T* x, std::size_t n, ReduceOp op) {
   for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
@@ -285,6 +330,31 @@ void adam_step(DeviceTensor& p, const DeviceTensor& g, DeviceTensor& m, DeviceTe
   adam_kernel<<<blocks(p.size()), threads, 0, cudaStreamPerThread>>>(
       p.data(), g.data(), m.data(), v.data(), lr, b1, b2, eps, c1, c2, p.size());
   launched();
+}
+
+DeviceHalves cast_to_half(const DeviceTensor& x, HalfKind kind, bool* nonfinite) {
+  DeviceHalves out(static_cast<std::size_t>(x.size()), kind);
+  int* flag = nullptr;
+  CUDA_CHECK(cudaMalloc(&flag, sizeof(int)));
+  CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int), cudaStreamPerThread));
+  if (x.size() > 0)
+    to_half_kernel<<<blocks(x.size()), threads, 0, cudaStreamPerThread>>>(
+        x.data(), out.data(), x.size(), kind == HalfKind::bf16, flag);
+  launched();
+  int host_flag = 0;
+  copy(&host_flag, flag, sizeof(int));
+  cudaFree(flag);
+  if (nonfinite) *nonfinite = host_flag != 0;
+  return out;
+}
+
+DeviceTensor cast_to_float(const DeviceHalves& h) {
+  DeviceTensor out(1, static_cast<std::int64_t>(h.size()));
+  if (h.size() > 0)
+    to_float_kernel<<<blocks(out.size()), threads, 0, cudaStreamPerThread>>>(
+        h.data(), out.data(), out.size(), h.kind() == HalfKind::bf16);
+  launched();
+  return out;
 }
 
 float max_abs_diff(const DeviceTensor& a, const DeviceTensor& b) {

@@ -162,7 +162,8 @@ Program::Program(std::string name, std::string description)
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app_.add_flag("--json", options_.json, "print one JSON object on stdout (text goes to stderr)");
-  app_.add_option("--csv-dir", options_.csv_dir, "folder for benchmark CSV files")->capture_default_str();
+  app_.add_option("--csv-dir", options_.csv_dir, "folder for benchmark CSV files")
+      ->capture_default_str();
   app_.add_flag("-q,--quiet", options_.quiet, "no human-readable text");
   app_.add_option("--timeout", options_.timeout_s,
                   "seconds a blocking call may wait before the job fails")

@@ -9,6 +9,7 @@
 
 #include "shardlab/comm_nccl.hpp"
 #include "shardlab/cuda.hpp"
+#include "shardlab/half.hpp"
 #include "shardlab/launch.hpp"
 #include "shardlab/nn.hpp"
 #include "shardlab/testing.hpp"
@@ -41,6 +42,43 @@ TEST_SUITE("cuda") {
                 1e-6f, "tanh backward");
     CHECK(cuda::max_abs_diff(da, db) == doctest::Approx(max_abs_diff(a, b)));
     CHECK(cuda::max_abs_diff(da, da) == 0.0f);
+  }
+
+  TEST_CASE("fp16 and bf16 cast kernels match half.hpp bit for bit and flag inf/NaN") {
+    cuda::set_device(0);
+    Tensor x = scale(randn(1, 4096, 9), 1000.0f);  // |x| up to a few thousand: all finite
+    x[0] = 0x1.0p-25f;                             // ties to zero in fp16
+    x[1] = 65519.0f;                               // largest that stays finite in fp16
+    x[2] = -0x1.8p-25f;
+    for (cuda::HalfKind kind : {cuda::HalfKind::fp16, cuda::HalfKind::bf16}) {
+      CAPTURE(static_cast<int>(kind));
+      bool nonfinite = true;
+      const auto halves = cuda::cast_to_half(cuda::DeviceTensor::to_device(x), kind, &nonfinite);
+      CHECK_FALSE(nonfinite);
+      const std::vector<std::uint16_t> got = halves.to_host();
+      for (std::int64_t i = 0; i < x.size(); ++i) {
+        const std::uint16_t want =
+            kind == cuda::HalfKind::fp16 ? float_to_half_bits(x[i]) : float_to_bf16_bits(x[i]);
+        if (got[static_cast<std::size_t>(i)] != want) {
+          FAIL_CHECK("element " << i << " (" << x[i] << "): got 0x" << std::hex
+                                << got[static_cast<std::size_t>(i)] << ", want 0x" << want);
+          break;
+        }
+      }
+      const Tensor back = cuda::cast_to_float(halves).to_host();
+      for (std::int64_t i = 0; i < x.size(); ++i) {
+        const std::uint16_t h = got[static_cast<std::size_t>(i)];
+        REQUIRE(back[i] ==
+                (kind == cuda::HalfKind::fp16 ? half_bits_to_float(h) : bf16_bits_to_float(h)));
+      }
+    }
+    // 70000 overflows fp16 (not bf16); the flag says so.
+    x[5] = 70000.0f;
+    bool nonfinite = false;
+    (void)cuda::cast_to_half(cuda::DeviceTensor::to_device(x), cuda::HalfKind::fp16, &nonfinite);
+    CHECK(nonfinite);
+    (void)cuda::cast_to_half(cuda::DeviceTensor::to_device(x), cuda::HalfKind::bf16, &nonfinite);
+    CHECK_FALSE(nonfinite);
   }
 
   TEST_CASE("the Adam kernel matches the CPU Adam over several steps") {

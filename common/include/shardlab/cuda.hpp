@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "shardlab/comm.hpp"
 #include "shardlab/tensor.hpp"
@@ -65,6 +66,28 @@ class DeviceTensor {
   std::int64_t rows_ = 0, cols_ = 0;
 };
 
+/// fp16 or bf16 values in device memory, held as their 16-bit encodings (half.hpp).
+enum class HalfKind { fp16, bf16 };
+class DeviceHalves {
+ public:
+  DeviceHalves() = default;
+  DeviceHalves(std::size_t count, HalfKind kind);
+  ~DeviceHalves();
+  DeviceHalves(DeviceHalves&& o) noexcept;
+  DeviceHalves& operator=(DeviceHalves&& o) noexcept;
+  DeviceHalves(const DeviceHalves&) = delete;
+  DeviceHalves& operator=(const DeviceHalves&) = delete;
+  std::size_t size() const { return count_; }
+  HalfKind kind() const { return kind_; }
+  std::uint16_t* data() const { return data_; }
+  std::vector<std::uint16_t> to_host() const;
+
+ private:
+  std::uint16_t* data_ = nullptr;
+  std::size_t count_ = 0;
+  HalfKind kind_ = HalfKind::fp16;
+};
+
 /// cudaMemcpy with cudaMemcpyDefault: host or device, either way, any device.
 void copy(void* dst, const void* src, std::size_t bytes);
 
@@ -89,6 +112,13 @@ DeviceTensor tanh_backward(const DeviceTensor& y, const DeviceTensor& dy);
 /// eps).
 void adam_step(DeviceTensor& p, const DeviceTensor& g, DeviceTensor& m, DeviceTensor& v, float lr,
                float b1, float b2, float eps, int t);
+/// Rounds x to fp16 or bf16 (nearest even: __float2half_rn / __float2bfloat16_rn; the CPU
+/// reference is half.hpp) and sets *nonfinite when any result is inf or NaN — the
+/// overflow a loss-scaled gradient must be checked for (chapter 06).
+DeviceHalves cast_to_half(const DeviceTensor& x, HalfKind kind, bool* nonfinite);
+/// The exact float32 values of fp16 or bf16 encodings, as a 1 x n tensor.
+DeviceTensor cast_to_float(const DeviceHalves& h);
+
 /// max |a - b| over all elements, computed on the device.
 float max_abs_diff(const DeviceTensor& a, const DeviceTensor& b);
 
