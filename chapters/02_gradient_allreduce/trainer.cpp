@@ -8,12 +8,14 @@
 #include "shardlab/check.hpp"
 #include "shardlab/comm_thread.hpp"
 #include "shardlab/comm_threads.hpp"
+#include "shardlab/cuda.hpp"
 
 namespace ch02 {
 
 using shardlab::shard;
 using shardlab::shard_range;
 namespace nn = shardlab::nn;
+namespace cuda = shardlab::cuda;
 
 Sync parse_sync(std::string_view name) {
   for (Sync s : {Sync::none, Sync::allreduce, Sync::bucketed, Sync::overlap})
@@ -39,18 +41,67 @@ std::string_view sync_name(Sync sync) {
 // ---------------------------------------------------------------------------
 // The model
 
+struct Mlp::Device {
+  cuda::DeviceTensor x, w1, w2, h;
+};
+
 Mlp::Mlp(const Config& cfg)
-    : l1_(cfg.in, cfg.hidden, cfg.seed * 4 + 1), l2_(cfg.hidden, 1, cfg.seed * 4 + 2) {}
+    : l1_(cfg.in, cfg.hidden, cfg.seed * 4 + 1),
+      l2_(cfg.hidden, 1, cfg.seed * 4 + 2),
+      device_(cfg.gpu ? std::make_unique<Device>() : nullptr) {}
+
+Mlp::Mlp(const Mlp& other)
+    : l1_(other.l1_),
+      l2_(other.l2_),
+      h_(other.h_),
+      device_(other.device_ ? std::make_unique<Device>() : nullptr) {}
+
+Mlp::~Mlp() = default;
 
 Tensor Mlp::forward(const Tensor& x) {
-  h_ = nn::tanh_forward(l1_.forward(x));
-  return l2_.forward(h_);
+  if (!device_) {
+    h_ = nn::tanh_forward(l1_.forward(x));
+    return l2_.forward(h_);
+  }
+  // On the GPU: the weights changed at the last update, so they go up with the input.
+  using cuda::DeviceTensor;
+  Device& d = *device_;
+  d.x = DeviceTensor::to_device(x);
+  d.w1 = DeviceTensor::to_device(l1_.weight.value);
+  d.w2 = DeviceTensor::to_device(l2_.weight.value);
+  DeviceTensor z1 = cuda::matmul(d.x, d.w1);
+  cuda::add_row(z1, DeviceTensor::to_device(l1_.bias.value));
+  d.h = cuda::tanh_forward(z1);
+  DeviceTensor pred = cuda::matmul(d.h, d.w2);
+  cuda::add_row(pred, DeviceTensor::to_device(l2_.bias.value));
+  return pred.to_host();
 }
 
+namespace {
+/// grad += what the GPU computed (gradients accumulate over micro-batches).
+void accumulate(nn::Parameter& p, const cuda::DeviceTensor& g) {
+  const Tensor host = g.to_host();
+  for (std::int64_t i = 0; i < host.size(); ++i) p.grad[i] += host[i];
+}
+}  // namespace
+
 void Mlp::backward(const Tensor& dpred, const std::function<void(int)>& ready) {
-  const Tensor dh = l2_.backward(dpred);  // W2, b2 gradients are final here
+  if (!device_) {
+    const Tensor dh = l2_.backward(dpred);  // W2, b2 gradients are final here
+    if (ready) ready(2);
+    l1_.backward(nn::tanh_backward(h_, dh));
+    if (ready) ready(1);
+    return;
+  }
+  // The same steps on the GPU: dW = input^T @ dy, db = column sums of dy, dx = dy @ W^T.
+  Device& d = *device_;
+  const auto dy = cuda::DeviceTensor::to_device(dpred);
+  accumulate(l2_.weight, cuda::matmul(d.h, dy, true, false));
+  accumulate(l2_.bias, cuda::column_sums(dy));
   if (ready) ready(2);
-  l1_.backward(nn::tanh_backward(h_, dh));
+  const cuda::DeviceTensor dz = cuda::tanh_backward(d.h, cuda::matmul(dy, d.w2, false, true));
+  accumulate(l1_.weight, cuda::matmul(d.x, dz, true, false));
+  accumulate(l1_.bias, cuda::column_sums(dz));
   if (ready) ready(1);
 }
 
@@ -66,6 +117,7 @@ void make_batch(const Config& cfg, int step, Tensor& x, Tensor& y) {
   // The teacher: fixed weights, a different seed stream from the student's.
   Config teacher_cfg = cfg;
   teacher_cfg.seed = cfg.seed + 0x7eac4e5ull;
+  teacher_cfg.gpu = false;
   static thread_local std::unique_ptr<Mlp> teacher;
   static thread_local std::uint64_t teacher_key = ~0ull;
   const std::uint64_t key = teacher_cfg.seed ^ (static_cast<std::uint64_t>(cfg.in) << 32) ^
@@ -187,6 +239,7 @@ Trace train_single_device(const Config& cfg, Mlp& model) {
   Config single = cfg;
   single.sync = Sync::none;
   single.accum_steps = 1;
+  single.gpu = false;  // the reference is always the CPU
   return train(*alone, single, model);
 }
 

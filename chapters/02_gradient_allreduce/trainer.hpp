@@ -4,6 +4,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -30,12 +31,19 @@ struct Config {
   Sync sync = Sync::allreduce;
   double bucket_kb = 1.0;  // bucket capacity for bucketed and overlap
   std::uint64_t seed = 0;
+  bool gpu = false;  // forward and backward on this rank's GPU (cuBLAS)
 };
 
 /// x -> Linear(I, H) -> tanh -> Linear(H, 1). Parameters in order W1, b1, W2, b2.
+/// The parameters and their gradients always live on the host, where they are synced and
+/// updated; with cfg.gpu the matmuls of forward and backward run on the GPU, and the
+/// gradients come back to the host (as through a non-CUDA-aware MPI).
 class Mlp {
  public:
   Mlp(const Config& cfg);
+  Mlp(const Mlp& other);
+  Mlp& operator=(const Mlp&) = delete;
+  ~Mlp();
   Tensor forward(const Tensor& x);
   /// Backward from dL/dpred; calls ready(layer) once layer 2's, then layer 1's gradients
   /// are final (what overlap hooks into).
@@ -45,7 +53,9 @@ class Mlp {
 
  private:
   shardlab::nn::Linear l1_, l2_;
-  Tensor h_;  // tanh output, kept for backward
+  Tensor h_;      // tanh output, kept for backward
+  struct Device;  // the GPU's copies of the input, the weights and h (with cfg.gpu)
+  std::unique_ptr<Device> device_;
 };
 
 /// Step t's global batch: x is B x I standard normal, y = teacher(x) (a fixed random

@@ -226,6 +226,21 @@ __global__ void max_abs_diff_kernel(const float* a, const float* b, float* parti
   }
   if (threadIdx.x == 0) partial[blockIdx.x] = best[0];
 }
+__global__ void add_row_kernel(float* y, const float* row, std::int64_t n, std::int64_t cols) {
+  for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x)
+    y[i] += row[i % cols];
+}
+/// One thread per column, summing down the rows in order (as the CPU reference does).
+__global__ void column_sums_kernel(const float* x, float* out, std::int64_t rows,
+                                   std::int64_t cols) {
+  for (std::int64_t j = blockIdx.x * blockDim.x + threadIdx.x; j < cols;
+       j += std::int64_t{gridDim.x} * blockDim.x) {
+    float sum = 0.0f;
+    for (std::int64_t i = 0; i < rows; ++i) sum += x[i * cols + j];
+    out[j] = sum;
+  }
+}
 /// Rounds to fp16 or bf16; raises *flag when a result is inf or NaN.
 __global__ void to_half_kernel(const float* x, std::uint16_t* out, std::int64_t n, bool bf16,
                                int* flag) {
@@ -375,9 +390,14 @@ float max_abs_diff(const DeviceTensor& a, const DeviceTensor& b) {
 }
 
 DeviceTensor matmul(const DeviceTensor& a, const DeviceTensor& b) {
-  require(a.cols() == b.rows(), "matmul: inner dimensions differ");
-  const int M = static_cast<int>(a.rows()), K = static_cast<int>(a.cols()),
-            N = static_cast<int>(b.cols());
+  return matmul(a, b, false, false);
+}
+
+DeviceTensor matmul(const DeviceTensor& a, const DeviceTensor& b, bool transpose_a,
+                    bool transpose_b) {
+  const std::int64_t M = transpose_a ? a.cols() : a.rows(), K = transpose_a ? a.rows() : a.cols();
+  const std::int64_t Kb = transpose_b ? b.cols() : b.rows(), N = transpose_b ? b.rows() : b.cols();
+  require(K == Kb, "matmul: inner dimensions differ");
   DeviceTensor out(M, N);  // zero-filled: the answer when K is 0
   if (M == 0 || N == 0 || K == 0) return out;
   // One handle per thread (each rank's thread has its own), bound to its stream.
@@ -390,10 +410,32 @@ DeviceTensor matmul(const DeviceTensor& a, const DeviceTensor& b) {
     CUBLAS_CHECK(cublasSetStream(handle, cudaStreamPerThread));
     handle_device = device;
   }
+  // cuBLAS is column-major, and a row-major R x C matrix is, to it, the C x R transpose.
+  // So it computes out^T (N x M) = op(b)^T (N x K) @ op(a)^T (K x M): b first, then a; an
+  // operand we want untransposed is passed as it lies (OP_N), one we want transposed with
+  // OP_T. Leading dimensions are the row-major column counts.
   const float one = 1.0f, zero = 0.0f;
-  // Column-major out^T (N x M) = b^T (N x K) @ a^T (K x M): pass b first, then a.
-  CUBLAS_CHECK(cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, &one, b.data(), N, a.data(),
-                           K, &zero, out.data(), N));
+  CUBLAS_CHECK(cublasSgemm(handle, transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                           transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(N),
+                           static_cast<int>(M), static_cast<int>(K), &one, b.data(),
+                           static_cast<int>(b.cols()), a.data(), static_cast<int>(a.cols()), &zero,
+                           out.data(), static_cast<int>(N)));
+  return out;
+}
+
+void add_row(DeviceTensor& y, const DeviceTensor& row) {
+  require(row.rows() == 1 && row.cols() == y.cols(), "add_row: the row must be 1 x cols");
+  add_row_kernel<<<blocks(y.size()), threads, 0, cudaStreamPerThread>>>(y.data(), row.data(),
+                                                                        y.size(), y.cols());
+  launched();
+}
+
+DeviceTensor column_sums(const DeviceTensor& x) {
+  DeviceTensor out(1, x.cols());
+  if (x.size() > 0)
+    column_sums_kernel<<<blocks(x.cols()), threads, 0, cudaStreamPerThread>>>(x.data(), out.data(),
+                                                                              x.rows(), x.cols());
+  launched();
   return out;
 }
 

@@ -29,6 +29,9 @@ DeviceTensor DeviceTensor::to_device(const Tensor&) { no_cuda(); }
 Tensor DeviceTensor::to_host() const { no_cuda(); }
 void copy(void*, const void*, std::size_t) { no_cuda(); }
 DeviceTensor matmul(const DeviceTensor&, const DeviceTensor&) { no_cuda(); }
+DeviceTensor matmul(const DeviceTensor&, const DeviceTensor&, bool, bool) { no_cuda(); }
+void add_row(DeviceTensor&, const DeviceTensor&) { no_cuda(); }
+DeviceTensor column_sums(const DeviceTensor&) { no_cuda(); }
 void axpy(float, const DeviceTensor&, DeviceTensor&) { no_cuda(); }
 void scale(DeviceTensor&, float) { no_cuda(); }
 DeviceTensor add(const DeviceTensor&, const DeviceTensor&) { no_cuda(); }

@@ -10,8 +10,10 @@ std::uint16_t float_to_half_bits(float f) {
   const auto sign = static_cast<std::uint16_t>((x >> 16) & 0x8000);
   const std::uint32_t abs = x & 0x7fffffff;
   if (abs >= 0x7f800000)  // inf stays inf; NaN stays NaN (quiet bit set, top payload kept)
-    return static_cast<std::uint16_t>(sign | 0x7c00 | (abs > 0x7f800000 ? 0x200 | ((abs >> 13) & 0x3ff) : 0));
-  if (abs >= 0x477ff000) return static_cast<std::uint16_t>(sign | 0x7c00);  // >= 65520: rounds to inf
+    return static_cast<std::uint16_t>(sign | 0x7c00 |
+                                      (abs > 0x7f800000 ? 0x200 | ((abs >> 13) & 0x3ff) : 0));
+  if (abs >= 0x477ff000)
+    return static_cast<std::uint16_t>(sign | 0x7c00);  // >= 65520: rounds to inf
   if (abs < 0x38800000) {
     // Below 2^-14: a subnormal, q units of 2^-24. The float is m * 2^(e-150) with the
     // implicit bit in m, so q = m >> (126 - e), rounded to nearest even.
@@ -45,12 +47,15 @@ float half_bits_to_float(std::uint16_t h) {
 
 std::uint16_t float_to_bf16_bits(float f) {
   const auto x = std::bit_cast<std::uint32_t>(f);
-  if ((x & 0x7fffffff) > 0x7f800000) return static_cast<std::uint16_t>((x >> 16) | 0x40);  // quiet NaN
+  if ((x & 0x7fffffff) > 0x7f800000)
+    return static_cast<std::uint16_t>((x >> 16) | 0x40);  // quiet NaN
   // Round the low 16 bits to nearest even: add 0x7fff, plus 1 when the kept part is odd.
   const std::uint32_t rounded = x + 0x7fff + ((x >> 16) & 1);
   return static_cast<std::uint16_t>(rounded >> 16);
 }
 
-float bf16_bits_to_float(std::uint16_t b) { return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16); }
+float bf16_bits_to_float(std::uint16_t b) {
+  return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
+}
 
 }  // namespace shardlab

@@ -111,6 +111,30 @@ TEST_SUITE("cuda") {
     }
   }
 
+  TEST_CASE("transposed matmuls, bias rows and column sums match their CPU references") {
+    cuda::set_device(0);
+    const Tensor x = randn(33, 17, 11), dy = randn(33, 9, 12), w = randn(17, 9, 13);
+    const auto dx = cuda::DeviceTensor::to_device(x), ddy = cuda::DeviceTensor::to_device(dy),
+               dw = cuda::DeviceTensor::to_device(w);
+    const Tensor xt = transpose(x), wt = transpose(w);
+    check_close(cuda::matmul(dx, ddy, true, false).to_host(), matmul(xt, dy),
+                matmul_reorder_bound(xt, dy), 0.0f, "x^T @ dy");
+    check_close(cuda::matmul(ddy, dw, false, true).to_host(), matmul(dy, wt),
+                matmul_reorder_bound(dy, wt), 0.0f, "dy @ w^T");
+    check_close(cuda::matmul(cuda::DeviceTensor::to_device(xt), dx, false, false).to_host(),
+                matmul(xt, x), matmul_reorder_bound(xt, x), 0.0f, "x^T @ x");
+    // A Linear layer forward and its bias gradient, against nn::Linear on the CPU.
+    nn::Linear layer(17, 9, 5);
+    const Tensor y = layer.forward(x);
+    auto dy_dev = cuda::matmul(dx, cuda::DeviceTensor::to_device(layer.weight.value));
+    cuda::add_row(dy_dev, cuda::DeviceTensor::to_device(layer.bias.value));
+    check_close(dy_dev.to_host(), y, matmul_reorder_bound(x, layer.weight.value), 1e-6f,
+                "x @ W + b");
+    layer.backward(dy);
+    check_close(cuda::column_sums(ddy).to_host(), layer.bias.grad, 0.0f, 0.0f,
+                "bias gradient (same order)");
+  }
+
   TEST_CASE("the threads backend allreduces and passes device buffers between ranks on one GPU") {
     for (int n : {1, 2, 3, 4}) {
       CAPTURE(n);

@@ -51,8 +51,9 @@ std::uint16_t nearest_bf16(float f) {
   const auto down = static_cast<std::uint16_t>(x >> 16);  // truncation: towards zero
   const auto up = static_cast<std::uint16_t>(down + 1);   // the next one away from zero
   const double lo = std::fabs(static_cast<double>(bf16_bits_to_float(down)));
-  const double hi = (up & 0x7fff) == 0x7f80 ? std::ldexp(1.0, 128)  // past the largest finite: inf
-                                            : std::fabs(static_cast<double>(bf16_bits_to_float(up)));
+  const double hi = (up & 0x7fff) == 0x7f80
+                        ? std::ldexp(1.0, 128)  // past the largest finite: inf
+                        : std::fabs(static_cast<double>(bf16_bits_to_float(up)));
   const double v = std::fabs(static_cast<double>(f));
   if (v - lo < hi - v) return down;
   if (hi - v < v - lo) return up;
@@ -108,8 +109,9 @@ TEST_SUITE("half") {
     CHECK(float_to_half_bits(-0.0f) == 0x8000);
     CHECK(half_bits_to_float(0x3c00) == 1.0f);
     CHECK(float_to_bf16_bits(1.0f + 0x1.0p-8f) == 0x3f80);  // halfway: ties to even, down
-    CHECK(float_to_bf16_bits(0x1.03p0f) == 0x3f82);  // halfway above an odd one: up, to even
-    CHECK(float_to_bf16_bits(0x1.018p0f) == 0x3f81);  // three quarters of a step: nearest
-    CHECK(bf16_bits_to_float(float_to_bf16_bits(3.0e38f)) == doctest::Approx(3.0e38f).epsilon(0.01));
+    CHECK(float_to_bf16_bits(0x1.03p0f) == 0x3f82);         // halfway above an odd one: up, to even
+    CHECK(float_to_bf16_bits(0x1.018p0f) == 0x3f81);        // three quarters of a step: nearest
+    CHECK(bf16_bits_to_float(float_to_bf16_bits(3.0e38f)) ==
+          doctest::Approx(3.0e38f).epsilon(0.01));
   }
 }

@@ -98,6 +98,15 @@ void copy(void* dst, const void* src, std::size_t bytes);
 /// column-major cuBLAS, a^T and b^T; it computes out^T = b^T a^T, which in row-major is
 /// exactly out = a @ b, by swapping the operands: no transposes are materialised.
 DeviceTensor matmul(const DeviceTensor& a, const DeviceTensor& b);
+/// out = op(a) @ op(b), op transposing where asked: a^T @ b (x^T dy) or a @ b^T (dy W^T),
+/// through cuBLAS's transpose flags (nothing is materialised).
+DeviceTensor matmul(const DeviceTensor& a, const DeviceTensor& b, bool transpose_a,
+                    bool transpose_b);
+/// y(i, j) += row(0, j) for every row i: a bias (CPU reference: nn::Linear::forward).
+void add_row(DeviceTensor& y, const DeviceTensor& row);
+/// out(0, j) = sum over i of x(i, j), summed in order i = 0, 1, ... (CPU reference: the
+/// bias gradient in nn::Linear::backward).
+DeviceTensor column_sums(const DeviceTensor& x);
 /// y += alpha * x.
 void axpy(float alpha, const DeviceTensor& x, DeviceTensor& y);
 /// x *= s.
