@@ -17,6 +17,7 @@ std::unique_ptr<Communicator> create(Communicator&, int) {
 
 #include <cuda_runtime.h>
 #include <nccl.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstring>
@@ -25,26 +26,13 @@ std::unique_ptr<Communicator> create(Communicator&, int) {
 #include <thread>
 #include <vector>
 
+#include "gpu_check.hpp"
 #include "shardlab/results.hpp"
 
 namespace shardlab::nccl {
 
 namespace {
 using Clock = std::chrono::steady_clock;
-
-// One check function behind CUDA_CHECK and NCCL_CHECK: the call, the file, the line.
-[[noreturn]] void fail(const std::string& what, const char* call, const char* file, int line) {
-  throw CommError(std::string(call) + " failed at " + file + ":" + std::to_string(line) + ": " +
-                  what);
-}
-void check(cudaError_t e, const char* call, const char* file, int line) {
-  if (e != cudaSuccess) fail(cudaGetErrorString(e), call, file, line);
-}
-void check(ncclResult_t r, const char* call, const char* file, int line) {
-  if (r != ncclSuccess && r != ncclInProgress) fail(ncclGetErrorString(r), call, file, line);
-}
-#define CUDA_CHECK(call) ::shardlab::nccl::check((call), #call, __FILE__, __LINE__)
-#define NCCL_CHECK(call) ::shardlab::nccl::check((call), #call, __FILE__, __LINE__)
 
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
@@ -371,6 +359,20 @@ std::unique_ptr<Communicator> create(Communicator& host, int device) {
     throw UsageError("--backend nccl needs one GPU per rank: " + std::to_string(host.size()) +
                      " ranks, " + std::to_string(devices) +
                      " GPU(s) (use fewer ranks, or the threads backend with --device cuda)");
+  // Across processes (MPI), no two ranks of one host may pick the same GPU either.
+  char name[256] = {};
+  gethostname(name, sizeof name - 1);
+  const auto host_id = static_cast<std::int64_t>(std::hash<std::string>{}(name)&0x7fffffffffffffff);
+  const std::vector<std::int64_t> hosts = host.gather_values(host_id);
+  const std::vector<std::int32_t> gpus = host.gather_values(static_cast<std::int32_t>(device));
+  for (int q = 0; q < host.size(); ++q)
+    for (int p = 0; p < q; ++p)
+      if (hosts[static_cast<std::size_t>(p)] == hosts[static_cast<std::size_t>(q)] &&
+          gpus[static_cast<std::size_t>(p)] == gpus[static_cast<std::size_t>(q)])
+        throw UsageError("--backend nccl needs one GPU per rank: ranks " + std::to_string(p) +
+                         " and " + std::to_string(q) + " would share GPU " +
+                         std::to_string(gpus[static_cast<std::size_t>(q)]) +
+                         " of one host (start fewer ranks per host)");
   CUDA_CHECK(cudaSetDevice(device));
   ncclUniqueId id{};
   if (host.rank() == 0) NCCL_CHECK(ncclGetUniqueId(&id));

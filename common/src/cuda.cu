@@ -10,29 +10,11 @@
 #include <string>
 #include <vector>
 
+#include "gpu_check.hpp"
 #include "shardlab/check.hpp"
 #include "shardlab/cuda.hpp"
 
 namespace shardlab::cuda {
-
-// ---------------------------------------------------------------------------
-// Errors: one check function behind CUDA_CHECK and CUBLAS_CHECK.
-
-namespace {
-[[noreturn]] void fail(const std::string& what, const char* call, const char* file, int line) {
-  throw std::runtime_error(std::string(call) + " failed at " + file + ":" + std::to_string(line) +
-                           ": " + what);
-}
-void check(cudaError_t e, const char* call, const char* file, int line) {
-  if (e != cudaSuccess) fail(cudaGetErrorString(e), call, file, line);
-}
-void check(cublasStatus_t s, const char* call, const char* file, int line) {
-  if (s != CUBLAS_STATUS_SUCCESS) fail(cublasGetStatusString(s), call, file, line);
-}
-}  // namespace
-
-#define CUDA_CHECK(call) ::shardlab::cuda::check((call), #call, __FILE__, __LINE__)
-#define CUBLAS_CHECK(call) ::shardlab::cuda::check((call), #call, __FILE__, __LINE__)
 
 // ---------------------------------------------------------------------------
 // Devices
