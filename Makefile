@@ -50,7 +50,7 @@ format:
 	clang-format -i $(SOURCES)
 
 tidy: build
-	clang-tidy -p build/$(PRESET) --quiet $(filter %.cpp,$(SOURCES))
+	clang-tidy -p build/$(PRESET) --quiet --extra-arg=-Wno-unknown-warning-option $(filter %.cpp,$(SOURCES))
 
 clean:
 	rm -rf build

@@ -19,8 +19,10 @@
 
 namespace shardlab::gpu {
 
-[[noreturn]] inline void fail(const std::string& what, const char* call, const char* file, int line) {
-  throw std::runtime_error(std::string(call) + " failed at " + file + ":" + std::to_string(line) + ": " + what);
+[[noreturn]] inline void fail(const std::string& what, const char* call, const char* file,
+                              int line) {
+  throw std::runtime_error(std::string(call) + " failed at " + file + ":" + std::to_string(line) +
+                           ": " + what);
 }
 
 inline void check(cudaError_t e, const char* call, const char* file, int line) {

@@ -175,8 +175,8 @@ Program::Program(std::string name, std::string description)
 int Program::run(int argc, char** argv, const Body& body) {
   const bool under_mpirun = started_by_mpirun();
   // Under mpirun only rank 0 reports usage errors, so the message appears once.
-  const bool speaks = !under_mpirun || std::getenv("OMPI_COMM_WORLD_RANK") == nullptr ||
-                      std::string(std::getenv("OMPI_COMM_WORLD_RANK")) == "0";
+  const char* world_rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  const bool speaks = !under_mpirun || world_rank == nullptr || std::string_view(world_rank) == "0";
   try {
     app_.parse(argc, argv);
     if (options_.backend == "auto") options_.backend = under_mpirun ? "mpi" : "threads";
