@@ -203,8 +203,10 @@ struct MessageEvent {
 // ---------------------------------------------------------------------------
 // Non-blocking requests
 
-/// A pending isend or irecv; complete it with Communicator::wait. A request that is
-/// destroyed unwaited is waited for (a buffer must outlive its transfer).
+/// A pending isend or irecv; complete it with Communicator::wait (its buffer must live
+/// until then). A request destroyed unwaited — a rank unwinding after an error — is
+/// withdrawn where the backend can (an unmatched message leaves the mailbox; MPI cancels
+/// a receive), never left pointing at freed memory.
 class Request {
  public:
   struct Impl {
