@@ -205,8 +205,8 @@ struct MessageEvent {
 
 /// A pending isend or irecv; complete it with Communicator::wait (its buffer must live
 /// until then). A request destroyed unwaited — a rank unwinding after an error — is
-/// withdrawn where the backend can (an unmatched message leaves the mailbox; MPI cancels
-/// a receive), never left pointing at freed memory.
+/// withdrawn where the backend can: on threads an unmatched message leaves the mailbox
+/// (and one being copied is waited for); MPI cancels a receive; the job is ending anyway.
 class Request {
  public:
   struct Impl {
