@@ -293,6 +293,7 @@ class ThreadComm final : public Communicator {
 
  protected:
   Request isend_impl(const void* buf, std::size_t bytes, Memory mem, int peer, int tag) override {
+    settle(mem);
     auto msg = make_message(true, peer, tag, bytes);
     msg->src = buf;
     msg->mem = mem;
@@ -301,6 +302,7 @@ class ThreadComm final : public Communicator {
   }
 
   Request irecv_impl(void* buf, std::size_t bytes, Memory mem, int peer, int tag) override {
+    settle(mem);
     auto msg = make_message(false, peer, tag, bytes);
     msg->dst = buf;
     msg->mem = mem;
@@ -543,8 +545,16 @@ class ThreadComm final : public Communicator {
 
   /// Posts `mine`, meets the others, checks that everyone called the same collective,
   /// runs `work`, and meets again (so no one returns while its buffers are being read).
+  /// Another rank's thread will read or write this rank's device buffer on its own
+  /// stream: let this rank's queued GPU work on it (a matmul writing it, a kernel reading
+  /// it) finish first.
+  static void settle(Memory mem) {
+    if (mem == Memory::device) cuda::synchronize();
+  }
+
   template <class Work>
   void run(Slot mine, Work&& work) {
+    settle(mine.mem);
     const std::string what = mine.describe();
     g_->slots[static_cast<std::size_t>(rank())] = std::move(mine);
     sync(what);
