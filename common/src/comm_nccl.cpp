@@ -145,6 +145,7 @@ class NcclComm final : public Communicator {
     if (mem == Memory::host)
       return typed(buf, count, type, [&](auto s) { host_.allreduce(s, op); });
     mark_modeled(Op::allreduce);
+    flush();
     NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(type), nccl_op(op), comm_, stream()));
     finish("allreduce");
   }
@@ -157,6 +158,7 @@ class NcclComm final : public Communicator {
     if (mem == Memory::host)
       return typed(buf, count, type, [&](auto s) { host_.reduce(s, op, root); });
     mark_modeled(Op::reduce);
+    flush();
     NCCL_CHECK(ncclReduce(buf, buf, count, nccl_type(type), nccl_op(op), root, comm_, stream()));
     finish("reduce");
   }
@@ -168,6 +170,7 @@ class NcclComm final : public Communicator {
     if (mem == Memory::host)
       return typed(buf, count, type, [&](auto s) { host_.broadcast(s, root); });
     mark_modeled(Op::broadcast);
+    flush();
     NCCL_CHECK(ncclBroadcast(buf, buf, count, nccl_type(type), root, comm_, stream()));
     finish("broadcast");
   }
@@ -184,6 +187,7 @@ class NcclComm final : public Communicator {
       });
     }
     mark_modeled(Op::reduce_scatter);
+    flush();
     NCCL_CHECK(ncclReduceScatter(in, out, count, nccl_type(type), nccl_op(op), comm_, stream()));
     finish("reduce_scatter");
   }
@@ -202,6 +206,7 @@ class NcclComm final : public Communicator {
       });
     }
     mark_modeled(Op::allgather);
+    flush();
     // Uneven counts: one broadcast per rank into its place, issued as one group.
     NCCL_CHECK(ncclGroupStart());
     std::size_t offset = 0;
@@ -230,6 +235,7 @@ class NcclComm final : public Communicator {
       });
     }
     mark_modeled(Op::gather);
+    flush();
     NCCL_CHECK(ncclGroupStart());
     if (rank() == root) {
       std::size_t offset = 0;
@@ -261,6 +267,7 @@ class NcclComm final : public Communicator {
       });
     }
     mark_modeled(Op::alltoall);
+    flush();
     NCCL_CHECK(ncclGroupStart());
     for (int q = 0; q < size(); ++q) {
       NCCL_CHECK(ncclSend(static_cast<const char*>(in) + q * block * elem, block, nccl_type(type),
@@ -284,6 +291,12 @@ class NcclComm final : public Communicator {
 
  private:
   static cudaStream_t stream() { return cudaStreamPerThread; }
+
+  /// Sends and receives posted but not yet waited for go out before a collective, so that
+  /// a peer waiting on them is not stuck behind it.
+  void flush() {
+    if (batch_ && !batch_->issued) issue(*batch_);
+  }
 
   std::shared_ptr<Batch> open_batch() {
     if (!batch_ || batch_->issued) batch_ = std::make_shared<Batch>();
