@@ -279,7 +279,10 @@ class NcclComm final : public Communicator {
     finish("alltoall");
   }
 
-  void barrier_impl() override { host_.barrier(); }
+  void barrier_impl() override {
+    flush();
+    host_.barrier();
+  }
 
   std::unique_ptr<Communicator> split_impl(int color, int key) override {
     std::unique_ptr<Communicator> host = host_.split(color, key);
