@@ -14,20 +14,12 @@ using shardlab::Request;
 using shardlab::shard_range;
 
 namespace {
-int mod(int a, int n) { return ((a % n) + n) % n; }
-
-std::span<float> chunk(std::span<float> data, int ranks, int c) {
-  const shardlab::ShardRange range = shard_range(static_cast<std::int64_t>(data.size()), ranks, c);
-  return data.subspan(static_cast<std::size_t>(range.offset),
-                      static_cast<std::size_t>(range.length));
-}
-
 void add(std::span<float> into, std::span<const float> x) {
   for (std::size_t i = 0; i < into.size(); ++i) into[i] += x[i];
 }
 }  // namespace
 
-int owned_chunk(int rank, int ranks) { return mod(rank + 1, ranks); }
+int owned_chunk(int rank, int ranks) { return wrap(rank + 1, ranks); }
 
 void ring_allreduce(Communicator& comm, std::span<float> data) {
   ring_reduce_scatter(comm, data);
@@ -42,7 +34,7 @@ void pipelined_ring_allreduce(Communicator& comm, std::span<float> data, std::si
   if (N == 1) return;
   if (segment == 0)
     throw shardlab::UsageError("pipelined ring: the segment must be at least 1 element");
-  const int right = mod(r + 1, N), left = mod(r - 1, N);
+  const int right = wrap(r + 1, N), left = wrap(r - 1, N);
   // Segment k of a chunk: [k * segment, min((k + 1) * segment, chunk size)).
   auto segments = [&](std::span<float> c) { return (c.size() + segment - 1) / segment; };
   auto piece = [&](std::span<float> c, std::size_t k) {
@@ -65,7 +57,7 @@ void pipelined_ring_allreduce(Communicator& comm, std::span<float> data, std::si
   // Reduce-scatter. Step s receives chunk (r - s - 1) segment by segment; each segment is
   // added as it lands and passed straight on (it is step s + 1's send).
   for (int s = 0; s < N - 1; ++s) {
-    const std::span<float> mine = chunk(data, N, mod(r - s - 1, N));
+    const std::span<float> mine = chunk(data, N, wrap(r - s - 1, N));
     const std::size_t count = segments(mine);
     recvs.clear();
     recvs.resize(count);
@@ -89,7 +81,7 @@ void pipelined_ring_allreduce(Communicator& comm, std::span<float> data, std::si
   for (std::size_t k = 0; k < segments(owned); ++k)
     sends.push_back(comm.isend(piece(owned, k), right, 1));
   for (int s = 0; s < N - 1; ++s) {
-    const std::span<float> in = chunk(data, N, mod(r - s, N));
+    const std::span<float> in = chunk(data, N, wrap(r - s, N));
     recvs.clear();
     for (std::size_t k = 0; k < segments(in); ++k)
       recvs.push_back(comm.irecv(piece(in, k), left, 1));
@@ -180,7 +172,7 @@ std::size_t formula_bytes_sent(std::string_view algorithm, std::size_t count, in
     // Every chunk but (r+1) in reduce-scatter, every chunk but (r+2) in all-gather.
     auto size = [&](int c) {
       return static_cast<std::size_t>(
-                 shard_range(static_cast<std::int64_t>(count), ranks, mod(c, ranks)).length) *
+                 shard_range(static_cast<std::int64_t>(count), ranks, wrap(c, ranks)).length) *
              sizeof(float);
     };
     return 2 * S - size(rank + 1) - size(rank + 2);

@@ -20,10 +20,22 @@
 #include <string_view>
 
 #include "shardlab/comm.hpp"
+#include "shardlab/tensor.hpp"
 
 namespace ch03 {
 
 using shardlab::Communicator;
+
+/// a mod n in 0..n-1, also for negative a: the ring index of rank or chunk a.
+inline int wrap(int a, int n) { return ((a % n) + n) % n; }
+
+/// Chunk c (0 <= c < ranks) of `data`: shard_range(S, ranks, c), uneven chunks included.
+inline std::span<float> chunk(std::span<float> data, int ranks, int c) {
+  const shardlab::ShardRange range =
+      shardlab::shard_range(static_cast<std::int64_t>(data.size()), ranks, c);
+  return data.subspan(static_cast<std::size_t>(range.offset),
+                      static_cast<std::size_t>(range.length));
+}
 
 /// The chunk rank r holds fully reduced after ring_reduce_scatter: (r + 1) % N.
 int owned_chunk(int rank, int ranks);

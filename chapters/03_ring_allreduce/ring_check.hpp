@@ -18,7 +18,7 @@
 
 namespace ch03::check {
 
-inline int mod(int a, int n) { return ((a % n) + n) % n; }
+using ch03::wrap;
 
 inline int chunk_of(std::size_t i, std::size_t count, int ranks) {
   for (int c = 0; c < ranks; ++c) {
@@ -87,9 +87,9 @@ std::string steps_error(const StepLog& log, std::span<const float> data, int ran
     const int sent = chunk_at(send.buffer, data, ranks);
     const std::string where =
         "rank " + std::to_string(rank) + ", " + phase + " step " + std::to_string(s) + ": ";
-    if (send.peer != mod(rank + 1, ranks))
+    if (send.peer != wrap(rank + 1, ranks))
       return where + "sent to rank " + std::to_string(send.peer) +
-             ", but the ring sends to the right neighbour " + std::to_string(mod(rank + 1, ranks));
+             ", but the ring sends to the right neighbour " + std::to_string(wrap(rank + 1, ranks));
     if (!is_chunk(send, want_send(s)))
       return where + "sent " +
              (sent >= 0 ? "chunk " + std::to_string(sent)
@@ -111,16 +111,16 @@ std::string steps_error(const StepLog& log, std::span<const float> data, int ran
 inline std::string reduce_scatter_steps_error(const StepLog& log, std::span<const float> data,
                                               int rank, int ranks) {
   return steps_error(
-      log, data, rank, ranks, "reduce-scatter", [&](int s) { return mod(rank - s, ranks); },
-      [&](int s) { return mod(rank - s - 1, ranks); },
+      log, data, rank, ranks, "reduce-scatter", [&](int s) { return wrap(rank - s, ranks); },
+      [&](int s) { return wrap(rank - s - 1, ranks); },
       "step s sends chunk (r - s) mod N and receives chunk (r - s - 1) mod N");
 }
 
 inline std::string allgather_steps_error(const StepLog& log, std::span<const float> data, int rank,
                                          int ranks) {
   return steps_error(
-      log, data, rank, ranks, "all-gather", [&](int s) { return mod(rank + 1 - s, ranks); },
-      [&](int s) { return mod(rank - s, ranks); },
+      log, data, rank, ranks, "all-gather", [&](int s) { return wrap(rank + 1 - s, ranks); },
+      [&](int s) { return wrap(rank - s, ranks); },
       "step s sends chunk (r + 1 - s) mod N and receives chunk (r - s) mod N");
 }
 
@@ -150,7 +150,7 @@ inline std::string reduce_scatter_error(std::span<const float> data, int rank, i
     // Contributions join chunk c in ring order: rank c starts it, rank c + j adds its own
     // at step j - 1. The first one missing names the step that went wrong.
     for (int j = 1; j < ranks; ++j) {
-      const int q = mod(owned + j, ranks);
+      const int q = wrap(owned + j, ranks);
       if (!(d.mask & (1u << q)))
         return where + " holds the sum over ranks " + ranks_in(d.mask) + " only: rank " +
                std::to_string(q) + "'s contribution should have joined at step " +
@@ -174,7 +174,7 @@ inline std::string allgather_error(std::span<const float> data, int rank, int ra
     return "rank " + std::to_string(rank) + ", after all-gather, chunk " + std::to_string(c) +
            " (element " + std::to_string(i) + ") holds ranks " + ranks_in(d.mask) + " of chunk " +
            std::to_string(d.chunk) + "; it should have arrived complete from the left at step " +
-           std::to_string(mod(rank - c, ranks)) +
+           std::to_string(wrap(rank - c, ranks)) +
            " (receive chunk (r - s) mod N, send chunk (r + 1 - s) mod N)";
   }
   return "";

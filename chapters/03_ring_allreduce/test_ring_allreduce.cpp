@@ -24,12 +24,12 @@ void reduce_scatter_wrong_chunk(Communicator& comm, std::span<float> data) {
   const int N = comm.size(), r = comm.rank();
   const std::size_t len = data.size() / static_cast<std::size_t>(N);
   auto chunk = [&](int c) {
-    return data.subspan(static_cast<std::size_t>(check::mod(c, N)) * len, len);
+    return data.subspan(static_cast<std::size_t>(ch03::wrap(c, N)) * len, len);
   };
   std::vector<float> in(len);
   for (int s = 0; s < N - 1; ++s) {
     const std::span<float> mine = chunk(r - s - 1);
-    comm.sendrecv(chunk(r - s + 1), check::mod(r + 1, N), in, check::mod(r - 1, N), s);
+    comm.sendrecv(chunk(r - s + 1), ch03::wrap(r + 1, N), in, ch03::wrap(r - 1, N), s);
     for (std::size_t i = 0; i < len; ++i) mine[i] += in[i];
   }
 }
@@ -153,7 +153,7 @@ TEST_SUITE("ch03") {
                                                       << " bytes, formula " << want);
           // What I receive is what my left neighbour sends.
           const std::size_t from_left =
-              ch03::formula_bytes_sent("ring", count, check::mod(comm.rank() - 1, n), n);
+              ch03::formula_bytes_sent("ring", count, ch03::wrap(comm.rank() - 1, n), n);
           CHECK_MESSAGE(t.bytes_received == from_left, "rank " << comm.rank() << " received "
                                                                << t.bytes_received
                                                                << " bytes, formula " << from_left);

@@ -3,11 +3,11 @@
 //
 // N = comm.size() ranks, r = comm.rank(). The buffer is cut into N chunks:
 // chunk c = shard_range(S, N, c) (uneven when N does not divide S, empty when S < N).
-// Neighbours: right = (r + 1) % N, left = (r - 1 + N) % N. Write indices as
-// ((x % N) + N) % N so that negative x wraps around.
+// Neighbours: right = (r + 1) % N, left = (r - 1 + N) % N.
 //
-// Useful: comm.sendrecv(out_span, right, in_span, left, tag) sends and receives at once
-// (no deadlock around a ring); std::span::subspan(offset, length) cuts a chunk out.
+// Useful (ring_allreduce.hpp): wrap(x, N) is x mod N, also for negative x;
+// chunk(data, N, c) is chunk c of data; comm.sendrecv(out_span, right, in_span, left,
+// tag) sends and receives at once (no deadlock around a ring).
 #include <vector>
 
 #include "ring_allreduce.hpp"

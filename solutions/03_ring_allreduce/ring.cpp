@@ -7,20 +7,9 @@
 
 namespace ch03 {
 
-namespace {
-/// Chunk c of `data` (uneven chunks follow shard_range).
-std::span<float> chunk(std::span<float> data, int ranks, int c) {
-  const shardlab::ShardRange range =
-      shardlab::shard_range(static_cast<std::int64_t>(data.size()), ranks, c);
-  return data.subspan(static_cast<std::size_t>(range.offset),
-                      static_cast<std::size_t>(range.length));
-}
-int mod(int a, int n) { return ((a % n) + n) % n; }
-}  // namespace
-
 void ring_reduce_scatter(Communicator& comm, std::span<float> data) {
   const int N = comm.size(), r = comm.rank();
-  const int right = mod(r + 1, N), left = mod(r - 1, N);
+  const int right = wrap(r + 1, N), left = wrap(r - 1, N);
   // Scratch for the incoming chunk (chunk 0 is the largest). Kept between calls: a fresh
   // vector would be zero-filled (and, past 32 MiB, page-faulted in) on every call, a
   // whole extra pass over memory that the benchmark would count against the ring.
@@ -28,8 +17,8 @@ void ring_reduce_scatter(Communicator& comm, std::span<float> data) {
   if (incoming.size() < chunk(data, N, 0).size()) incoming.resize(chunk(data, N, 0).size());
   for (int s = 0; s < N - 1; ++s) {
     // Pass my partial sum of one chunk on; take the left neighbour's of the next.
-    const std::span<float> out = chunk(data, N, mod(r - s, N));
-    const std::span<float> mine = chunk(data, N, mod(r - s - 1, N));
+    const std::span<float> out = chunk(data, N, wrap(r - s, N));
+    const std::span<float> mine = chunk(data, N, wrap(r - s - 1, N));
     const std::span<float> in(incoming.data(), mine.size());
     comm.sendrecv(out, right, in, left, /*tag=*/s);
     for (std::size_t i = 0; i < mine.size(); ++i) mine[i] += in[i];
@@ -38,10 +27,10 @@ void ring_reduce_scatter(Communicator& comm, std::span<float> data) {
 
 void ring_allgather(Communicator& comm, std::span<float> data) {
   const int N = comm.size(), r = comm.rank();
-  const int right = mod(r + 1, N), left = mod(r - 1, N);
+  const int right = wrap(r + 1, N), left = wrap(r - 1, N);
   for (int s = 0; s < N - 1; ++s) {
     // Pass a finished chunk on; the one from the left lands straight in place.
-    comm.sendrecv(chunk(data, N, mod(r + 1 - s, N)), right, chunk(data, N, mod(r - s, N)), left,
+    comm.sendrecv(chunk(data, N, wrap(r + 1 - s, N)), right, chunk(data, N, wrap(r - s, N)), left,
                   /*tag=*/N + s);
   }
 }
