@@ -1,5 +1,5 @@
 // Communicator: what every backend shares — argument checks, counters, the blocking
-// point-to-point calls built on the non-blocking ones, and the reduction loops.
+// calls built on the non-blocking ones, and the host reduction loops.
 #include "shardlab/comm.hpp"
 
 #include <algorithm>
@@ -10,38 +10,6 @@
 #include "shardlab/tensor.hpp"
 
 namespace shardlab {
-
-std::size_t dtype_size(DType t) {
-  switch (t) {
-    case DType::f32:
-      return 4;
-    case DType::f64:
-      return 8;
-    case DType::i32:
-      return 4;
-    case DType::i64:
-      return 8;
-    case DType::u8:
-      return 1;
-  }
-  return 0;
-}
-
-std::string_view dtype_name(DType t) {
-  switch (t) {
-    case DType::f32:
-      return "float";
-    case DType::f64:
-      return "double";
-    case DType::i32:
-      return "int32";
-    case DType::i64:
-      return "int64";
-    case DType::u8:
-      return "uint8";
-  }
-  return "?";
-}
 
 std::string_view reduce_op_name(ReduceOp op) {
   switch (op) {
@@ -82,6 +50,12 @@ OpStats OpStats::operator-(const OpStats& o) const {
   return {calls - o.calls, bytes_sent - o.bytes_sent, bytes_received - o.bytes_received};
 }
 
+bool CommStats::any_modeled() const {
+  for (std::size_t i = 0; i < op_count; ++i)
+    if (modeled[i] && (ops[i].bytes_sent || ops[i].bytes_received)) return true;
+  return false;
+}
+
 OpStats CommStats::total() const {
   OpStats sum;
   for (const OpStats& s : ops) sum += s;
@@ -94,51 +68,128 @@ CommStats CommStats::since(const CommStats& earlier) const {
   return delta;
 }
 
-// ---------------------------------------------------------------------------
-// Argument checks: a wrong peer or count is a usage error naming the call.
+CommStats& CommStats::operator+=(const CommStats& o) {
+  for (std::size_t i = 0; i < op_count; ++i) {
+    ops[i] += o.ops[i];
+    modeled[i] = modeled[i] || o.modeled[i];
+  }
+  return *this;
+}
 
-void Communicator::throw_usage(const std::string& message) { throw UsageError(message); }
+namespace {
+std::size_t total(std::span<const std::size_t> counts) {
+  return std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+}
+std::string list(std::span<const std::size_t> counts) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < counts.size(); ++i) s += (i ? " " : "") + std::to_string(counts[i]);
+  return s + "]";
+}
+}  // namespace
+
+std::string Communicator::Collective::describe() const {
+  std::string s = std::string(op_name(op)) + (vector ? "v(" : "(");
+  if (op == Op::barrier) return s + ")";
+  if (op == Op::alltoall && vector)
+    s += "send " + list(counts) + ", recv " + list(recv_counts) + " x ";
+  else if (!counts.empty() && (op == Op::allgather || op == Op::gather))
+    s += "counts " + list(counts) + " x ";
+  else
+    s += std::to_string(count) + " x ";
+  s += dtype_name(type);
+  if (memory == Memory::device) s += " on device";
+  if (op == Op::allreduce || op == Op::reduce || op == Op::reduce_scatter)
+    s += ", " + std::string(reduce_op_name(reduce));
+  if (op == Op::reduce || op == Op::broadcast || op == Op::gather)
+    s += ", root " + std::to_string(root);
+  return s + ")";
+}
+
+// ---------------------------------------------------------------------------
+// Argument checks: a wrong peer or count is an Error naming the call.
 
 void Communicator::check_peer(int peer, std::string_view what) const {
   if (peer < 0 || peer >= size_)
-    throw_usage("rank " + std::to_string(rank_) + ": " + std::string(what) + " with rank " +
+    throw Error("rank " + std::to_string(rank_) + ": " + std::string(what) + " with rank " +
                 std::to_string(peer) + ", but ranks are 0.." + std::to_string(size_ - 1));
 }
 
 void Communicator::check_root(int root, std::string_view what) const {
   if (root < 0 || root >= size_)
-    throw_usage("rank " + std::to_string(rank_) + ": " + std::string(what) + " with root " +
+    throw Error("rank " + std::to_string(rank_) + ": " + std::string(what) + " with root " +
                 std::to_string(root) + ", but ranks are 0.." + std::to_string(size_ - 1));
 }
 
-std::size_t Communicator::total(std::span<const std::size_t> counts) {
-  return std::accumulate(counts.begin(), counts.end(), std::size_t{0});
-}
-namespace {
-std::uint64_t total(std::span<const std::size_t> counts) {
-  return std::accumulate(counts.begin(), counts.end(), std::uint64_t{0});
-}
-}  // namespace
-
-void Communicator::check_blocks(std::string_view what, std::size_t whole, std::size_t block) const {
-  if (whole != block * static_cast<std::size_t>(size_))
-    throw_usage("rank " + std::to_string(rank_) + ": " + std::string(what) + " needs " +
-                std::to_string(size_) + " blocks of " + std::to_string(block) +
-                " elements, got a buffer of " + std::to_string(whole));
-}
-
-void Communicator::check_counts(std::string_view what, std::span<const std::size_t> counts,
-                                std::size_t mine, std::size_t whole) const {
-  if (counts.size() != static_cast<std::size_t>(size_))
-    throw_usage(std::string(what) + ": counts has " + std::to_string(counts.size()) +
-                " entries for " + std::to_string(size_) + " ranks");
-  if (counts[static_cast<std::size_t>(rank_)] != mine)
-    throw_usage("rank " + std::to_string(rank_) + ": " + std::string(what) + " counts say " +
-                std::to_string(counts[static_cast<std::size_t>(rank_)]) +
-                " elements for this rank, but its buffer has " + std::to_string(mine));
-  if (total(counts) != whole)
-    throw_usage("rank " + std::to_string(rank_) + ": " + std::string(what) + " counts add up to " +
-                std::to_string(total(counts)) + ", but the output holds " + std::to_string(whole));
+Communicator::Collective Communicator::prepare(Collective c, std::size_t in_count,
+                                               std::size_t out_count, Memory in_memory,
+                                               Memory out_memory, DType in_type) {
+  const std::string me = "rank " + std::to_string(rank_) + ": " + std::string(op_name(c.op));
+  const auto N = static_cast<std::size_t>(size_);
+  const auto r = static_cast<std::size_t>(rank_);
+  if (in_type != c.type)
+    throw Error(me + ": in is " + std::string(dtype_name(in_type)) + " but out is " +
+                std::string(dtype_name(c.type)));
+  if (in_memory != out_memory)
+    throw Error(me + ": in and out must both be host or both be device buffers");
+  c.memory = out_memory;
+  auto need = [&](bool ok, const std::string& what) {
+    if (!ok) throw Error(me + ": " + what);
+  };
+  switch (c.op) {
+    case Op::reduce:
+    case Op::broadcast:
+    case Op::gather:
+      check_root(c.root, op_name(c.op));
+      break;
+    default:
+      break;
+  }
+  switch (c.op) {
+    case Op::reduce_scatter: {
+      const ShardRange mine = shard_range(static_cast<std::int64_t>(in_count), size_, rank_);
+      need(out_count == static_cast<std::size_t>(mine.length),
+           "out has " + std::to_string(out_count) + " elements, but this rank's shard of " +
+               std::to_string(in_count) + " is " + std::to_string(mine.length) +
+               " (shard_range(S, N, r))");
+      c.count = in_count;
+      break;
+    }
+    case Op::allgather:
+    case Op::gather: {
+      need(c.counts.size() == N, "counts has " + std::to_string(c.counts.size()) + " entries for " +
+                                     std::to_string(size_) + " ranks");
+      need(c.counts[r] == in_count, "counts say " + std::to_string(c.counts[r]) +
+                                        " elements for this rank, but its buffer has " +
+                                        std::to_string(in_count));
+      if (c.op == Op::allgather || rank_ == c.root)
+        need(total(c.counts) == out_count, "counts add up to " + std::to_string(total(c.counts)) +
+                                               ", but the output holds " +
+                                               std::to_string(out_count));
+      break;
+    }
+    case Op::alltoall:
+      if (c.vector) {
+        need(c.counts.size() == N && c.recv_counts.size() == N,
+             "send and receive counts need " + std::to_string(size_) + " entries each");
+        need(total(c.counts) == in_count, "send counts add up to " +
+                                              std::to_string(total(c.counts)) + ", but in holds " +
+                                              std::to_string(in_count));
+        need(total(c.recv_counts) == out_count, "receive counts add up to " +
+                                                    std::to_string(total(c.recv_counts)) +
+                                                    ", but out holds " + std::to_string(out_count));
+      } else {
+        need(in_count == out_count && in_count % N == 0,
+             "needs in and out of " + std::to_string(size_) + " equal blocks, got " +
+                 std::to_string(in_count) + " and " + std::to_string(out_count) + " elements");
+        c.count = in_count / N;
+      }
+      break;
+    default:
+      c.count = out_count;
+      break;
+  }
+  if (counting_) ++stats_[c.op].calls;
+  return c;
 }
 
 // ---------------------------------------------------------------------------
@@ -150,57 +201,68 @@ void Communicator::count_traffic(Op op, std::uint64_t bytes_sent, std::uint64_t 
   stats_[op].bytes_received += bytes_received;
 }
 
+void Communicator::count_modeled(const Collective& c) {
+  const std::size_t elem = dtype_size(c.type);
+  Traffic t;
+  if (c.op == Op::allgather || c.op == Op::gather)
+    t = collective_traffic(c.op, c.counts, elem, rank_, c.root);
+  else if (c.op == Op::alltoall && c.vector) {
+    for (int q = 0; q < size_; ++q) {
+      if (q == rank_) continue;
+      t.sent += c.counts[static_cast<std::size_t>(q)] * elem;
+      t.received += c.recv_counts[static_cast<std::size_t>(q)] * elem;
+    }
+  } else
+    t = collective_traffic(c.op, c.count, elem, rank_, size_, c.root);
+  count_traffic(c.op, t);
+  if (counting_) stats_.modeled[static_cast<std::size_t>(c.op)] = true;
+}
+
 // ---------------------------------------------------------------------------
 // Point to point. A message to oneself is allowed and moves no bytes between ranks.
 
-Request Communicator::isend_bytes(const void* buf, std::size_t count, DType type, Memory mem,
-                                  int peer, int tag) {
+Request Communicator::isend(ConstBuffer buf, int peer, int tag) {
   check_peer(peer, "send");
-  const std::size_t bytes = count * dtype_size(type);
   if (counting_) ++stats_[Op::send].calls;
-  count_traffic(Op::send, peer == rank_ ? 0 : bytes, 0);
-  if (trace_) trace_({Op::send, peer, tag, buf, bytes});
-  return isend_impl(buf, bytes, mem, peer, tag);
+  count_traffic(Op::send, peer == rank_ ? 0 : buf.bytes(), 0);
+  if (trace_) trace_({Op::send, peer, tag, buf.data, buf.bytes()});
+  return isend_impl(buf.data, buf.bytes(), buf.memory, peer, tag);
 }
 
-Request Communicator::irecv_bytes(void* buf, std::size_t count, DType type, Memory mem, int peer,
-                                  int tag) {
+Request Communicator::irecv(MutableBuffer buf, int peer, int tag) {
   check_peer(peer, "recv");
-  const std::size_t bytes = count * dtype_size(type);
   if (counting_) ++stats_[Op::recv].calls;
-  count_traffic(Op::recv, 0, peer == rank_ ? 0 : bytes);
-  if (trace_) trace_({Op::recv, peer, tag, buf, bytes});
-  return irecv_impl(buf, bytes, mem, peer, tag);
+  count_traffic(Op::recv, 0, peer == rank_ ? 0 : buf.bytes());
+  if (trace_) trace_({Op::recv, peer, tag, buf.data, buf.bytes()});
+  return irecv_impl(buf.data, buf.bytes(), buf.memory, peer, tag);
 }
 
-void Communicator::send_bytes(const void* buf, std::size_t count, DType type, Memory mem, int peer,
-                              int tag) {
-  Request r = isend_bytes(buf, count, type, mem, peer, tag);
+void Communicator::send(ConstBuffer buf, int peer, int tag) {
+  Request r = isend(buf, peer, tag);
   wait(r);
 }
 
-void Communicator::recv_bytes(void* buf, std::size_t count, DType type, Memory mem, int peer,
-                              int tag) {
-  Request r = irecv_bytes(buf, count, type, mem, peer, tag);
+void Communicator::recv(MutableBuffer buf, int peer, int tag) {
+  Request r = irecv(buf, peer, tag);
   wait(r);
 }
 
-void Communicator::sendrecv_bytes(const void* out, std::size_t out_count, void* in,
-                                  std::size_t in_count, DType type, Memory out_mem, Memory in_mem,
-                                  int dest, int source, int tag) {
+void Communicator::sendrecv(ConstBuffer out, int dest, MutableBuffer in, int source, int tag) {
   check_peer(dest, "sendrecv");
   check_peer(source, "sendrecv");
-  const std::size_t elem = dtype_size(type);
+  if (out.type != in.type)
+    throw Error("rank " + std::to_string(rank_) + ": sendrecv sends " +
+                std::string(dtype_name(out.type)) + " but receives " +
+                std::string(dtype_name(in.type)));
   if (counting_) ++stats_[Op::sendrecv].calls;
-  count_traffic(Op::sendrecv, dest == rank_ ? 0 : out_count * elem,
-                source == rank_ ? 0 : in_count * elem);
+  count_traffic(Op::sendrecv, dest == rank_ ? 0 : out.bytes(), source == rank_ ? 0 : in.bytes());
   if (trace_) {
-    trace_({Op::send, dest, tag, out, out_count * elem});
-    trace_({Op::recv, source, tag, in, in_count * elem});
+    trace_({Op::send, dest, tag, out.data, out.bytes()});
+    trace_({Op::recv, source, tag, in.data, in.bytes()});
   }
   // Post the receive first, so a ring of sendrecvs never waits on itself.
-  Request requests[2] = {irecv_impl(in, in_count * elem, in_mem, source, tag),
-                         isend_impl(out, out_count * elem, out_mem, dest, tag)};
+  Request requests[2] = {irecv_impl(in.data, in.bytes(), in.memory, source, tag),
+                         isend_impl(out.data, out.bytes(), out.memory, dest, tag)};
   wait_all(requests);
 }
 
@@ -214,13 +276,108 @@ void Communicator::wait_all(std::span<Request> requests) {
   for (Request& r : requests) wait(r);
 }
 
+// ---------------------------------------------------------------------------
+// Collectives: check, count the call, hand to the backend.
+
+namespace {
+/// One collective call's description, before the checks fill in its counts.
+Communicator::Collective call(Op op, const void* in, void* out, DType type,
+                              ReduceOp reduce = ReduceOp::sum, int root = 0) {
+  Communicator::Collective c;
+  c.op = op;
+  c.in = in;
+  c.out = out;
+  c.type = type;
+  c.reduce = reduce;
+  c.root = root;
+  return c;
+}
+}  // namespace
+
+void Communicator::allreduce(MutableBuffer buf, ReduceOp op) {
+  run_collective(prepare(call(Op::allreduce, buf.data, buf.data, buf.type, op), buf.count,
+                         buf.count, buf.memory, buf.memory, buf.type));
+}
+
+Request Communicator::iallreduce(MutableBuffer buf, ReduceOp op) {
+  return start_collective(prepare(call(Op::allreduce, buf.data, buf.data, buf.type, op), buf.count,
+                                  buf.count, buf.memory, buf.memory, buf.type));
+}
+
+void Communicator::reduce(MutableBuffer buf, ReduceOp op, int root) {
+  run_collective(prepare(call(Op::reduce, buf.data, buf.data, buf.type, op, root), buf.count,
+                         buf.count, buf.memory, buf.memory, buf.type));
+}
+
+void Communicator::broadcast(MutableBuffer buf, int root) {
+  run_collective(prepare(call(Op::broadcast, buf.data, buf.data, buf.type, ReduceOp::sum, root),
+                         buf.count, buf.count, buf.memory, buf.memory, buf.type));
+}
+
+void Communicator::reduce_scatter(ConstBuffer in, MutableBuffer out, ReduceOp op) {
+  run_collective(prepare(call(Op::reduce_scatter, in.data, out.data, out.type, op), in.count,
+                         out.count, in.memory, out.memory, in.type));
+}
+
+Request Communicator::ireduce_scatter(ConstBuffer in, MutableBuffer out, ReduceOp op) {
+  return start_collective(prepare(call(Op::reduce_scatter, in.data, out.data, out.type, op),
+                                  in.count, out.count, in.memory, out.memory, in.type));
+}
+
+void Communicator::allgather(ConstBuffer in, MutableBuffer out) {
+  const std::vector<std::size_t> counts(static_cast<std::size_t>(size_), in.count);
+  allgatherv(in, out, counts);
+}
+
+Request Communicator::iallgather(ConstBuffer in, MutableBuffer out) {
+  const std::vector<std::size_t> counts(static_cast<std::size_t>(size_), in.count);
+  return iallgatherv(in, out, counts);
+}
+
+void Communicator::allgatherv(ConstBuffer in, MutableBuffer out,
+                              std::span<const std::size_t> counts) {
+  Collective c = call(Op::allgather, in.data, out.data, out.type);
+  c.counts.assign(counts.begin(), counts.end());
+  run_collective(prepare(std::move(c), in.count, out.count, in.memory, out.memory, in.type));
+}
+
+Request Communicator::iallgatherv(ConstBuffer in, MutableBuffer out,
+                                  std::span<const std::size_t> counts) {
+  Collective c = call(Op::allgather, in.data, out.data, out.type);
+  c.counts.assign(counts.begin(), counts.end());
+  return start_collective(
+      prepare(std::move(c), in.count, out.count, in.memory, out.memory, in.type));
+}
+
+void Communicator::gatherv(ConstBuffer in, MutableBuffer out, std::span<const std::size_t> counts,
+                           int root) {
+  Collective c = call(Op::gather, in.data, out.data, out.type, ReduceOp::sum, root);
+  c.counts.assign(counts.begin(), counts.end());
+  run_collective(prepare(std::move(c), in.count, out.count, in.memory, out.memory, in.type));
+}
+
+void Communicator::alltoall(ConstBuffer in, MutableBuffer out) {
+  run_collective(prepare(call(Op::alltoall, in.data, out.data, out.type), in.count, out.count,
+                         in.memory, out.memory, in.type));
+}
+
+void Communicator::alltoallv(ConstBuffer in, std::span<const std::size_t> send_counts,
+                             MutableBuffer out, std::span<const std::size_t> recv_counts) {
+  Collective c = call(Op::alltoall, in.data, out.data, out.type);
+  c.counts.assign(send_counts.begin(), send_counts.end());
+  c.recv_counts.assign(recv_counts.begin(), recv_counts.end());
+  c.vector = true;
+  run_collective(prepare(std::move(c), in.count, out.count, in.memory, out.memory, in.type));
+}
+
 void Communicator::barrier() {
   if (counting_) ++stats_[Op::barrier].calls;
-  barrier_impl();
+  run_collective(call(Op::barrier, nullptr, nullptr, DType::u8));
 }
 
 std::unique_ptr<Communicator> Communicator::split(int color, int key) {
-  if (color < 0) throw_usage("split: color must be non-negative");
+  if (color < 0)
+    throw Error("rank " + std::to_string(rank_) + ": split: color must be non-negative");
   return split_impl(color, key);
 }
 
@@ -231,9 +388,7 @@ std::vector<std::string> Communicator::gather_strings(const std::string& mine, i
   Uncounted quiet(*this);
   check_root(root, "gather_strings");
   // First the lengths, then the characters.
-  std::vector<std::int64_t> lengths(static_cast<std::size_t>(size_));
-  const std::int64_t my_length = static_cast<std::int64_t>(mine.size());
-  allgather(std::span<const std::int64_t>(&my_length, 1), lengths);
+  const std::vector<std::int64_t> lengths = gather_values(static_cast<std::int64_t>(mine.size()));
   std::vector<std::size_t> counts(lengths.begin(), lengths.end());
   std::vector<std::uint8_t> all(rank_ == root ? total(counts) : 0);
   gatherv(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(mine.data()),
@@ -265,23 +420,52 @@ void reduce_typed(T* acc, const T* x, std::size_t n, ReduceOp op) {
       for (std::size_t i = 0; i < n; ++i) acc[i] = static_cast<T>(acc[i] + x[i]);
       break;
     case ReduceOp::max:
-      for (std::size_t i = 0; i < n; ++i) acc[i] = std::max(acc[i], x[i]);
+      // x > acc, or x is NaN (x != x): NaN, once in, stays (NaN > anything is false).
+      for (std::size_t i = 0; i < n; ++i)
+        if (x[i] > acc[i] || x[i] != x[i]) acc[i] = x[i];
       break;
     case ReduceOp::min:
-      for (std::size_t i = 0; i < n; ++i) acc[i] = std::min(acc[i], x[i]);
+      for (std::size_t i = 0; i < n; ++i)
+        if (x[i] < acc[i] || x[i] != x[i]) acc[i] = x[i];
       break;
   }
 }
 
 template <class T>
 void divide_typed(T* acc, std::size_t n, int ranks) {
-  for (std::size_t i = 0; i < n; ++i) acc[i] = static_cast<T>(acc[i] / static_cast<T>(ranks));
+  // Integers divide by the int (T(ranks) would wrap for u8 at 256 ranks); floats by T.
+  for (std::size_t i = 0; i < n; ++i) {
+    if constexpr (std::is_integral_v<T>)
+      acc[i] = static_cast<T>(acc[i] / ranks);
+    else
+      acc[i] = acc[i] / static_cast<T>(ranks);
+  }
 }
 
+template <class F>
+void visit_reducible(DType type, const char* what, F&& f) {
+  switch (type) {
+    case DType::f32:
+      return f(float{});
+    case DType::f64:
+      return f(double{});
+    case DType::i32:
+      return f(std::int32_t{});
+    case DType::i64:
+      return f(std::int64_t{});
+    case DType::u8:
+      return f(std::uint8_t{});
+    case DType::f16:
+    case DType::bf16:
+      break;
+  }
+  throw Error(std::string(what) + ": " + std::string(dtype_name(type)) +
+              " is reduced through f32 (convert first)");
+}
 }  // namespace
 
 void reduce_into(void* acc, const void* x, std::size_t count, DType type, ReduceOp op) {
-  visit_dtype(type, [&](auto zero) {
+  visit_reducible(type, "reduce_into", [&](auto zero) {
     using T = decltype(zero);
     reduce_typed(static_cast<T*>(acc), static_cast<const T*>(x), count, op);
   });
@@ -289,7 +473,7 @@ void reduce_into(void* acc, const void* x, std::size_t count, DType type, Reduce
 
 void finish_reduce(void* acc, std::size_t count, DType type, ReduceOp op, int ranks) {
   if (op != ReduceOp::avg) return;
-  visit_dtype(type, [&](auto zero) {
+  visit_reducible(type, "finish_reduce", [&](auto zero) {
     using T = decltype(zero);
     divide_typed(static_cast<T*>(acc), count, ranks);
   });
@@ -321,6 +505,10 @@ Traffic collective_traffic(Op op, std::size_t count, std::size_t elem, int rank,
         t.received = S;
       break;
     case Op::reduce_scatter:
+      // Hand out every other rank's shard of my input; take in N-1 copies of my shard.
+      t.sent = S - chunk;
+      t.received = (N - 1) * chunk;
+      break;
     case Op::alltoall:
       t.sent = t.received = (N - 1) * S;
       break;

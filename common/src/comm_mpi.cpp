@@ -27,10 +27,13 @@ std::unique_ptr<Communicator> world(std::chrono::milliseconds) { missing(); }
 #include <atomic>
 #include <climits>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
+#include <numeric>
 #include <string>
 #include <thread>
 
+#include "shardlab/half.hpp"
 #include "shardlab/results.hpp"
 
 namespace shardlab::mpi {
@@ -51,12 +54,60 @@ void check(int code, const char* call, const char* file, int line) {
 }
 #define MPI_CHECK(call) ::shardlab::mpi::check((call), #call, __FILE__, __LINE__)
 
+std::string seconds(std::chrono::milliseconds t) {
+  return format_number(static_cast<double>(t.count()) / 1000.0, 3) + " s";
+}
+
+// ---------------------------------------------------------------------------
+// f16 and bf16: MPI has no such types, so each is a 2-byte type of our own, reduced by an
+// operation of our own. Like NCCL, it rounds to the 16-bit type after every pairwise
+// add (the threads backend adds everything in f32 and rounds once).
+
+MPI_Datatype half_type = MPI_DATATYPE_NULL, bf16_type = MPI_DATATYPE_NULL;
+MPI_Op half_ops[3] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};  // sum, max, min
+
+template <int Which>  // 0 sum, 1 max, 2 min
+void half_reduce(void* in, void* inout, int* len, MPI_Datatype* type) {
+  const bool fp16 = *type == half_type;
+  const auto* a = static_cast<const std::uint16_t*>(in);
+  auto* b = static_cast<std::uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    const float x = fp16 ? half_bits_to_float(a[i]) : bf16_bits_to_float(a[i]);
+    const float y = fp16 ? half_bits_to_float(b[i]) : bf16_bits_to_float(b[i]);
+    float r = x + y;
+    if constexpr (Which == 1) r = (x > y || x != x) ? x : y;
+    if constexpr (Which == 2) r = (x < y || x != x) ? x : y;
+    b[i] = fp16 ? float_to_half_bits(r) : float_to_bf16_bits(r);
+  }
+}
+
+void create_half_types() {
+  MPI_Type_contiguous(2, MPI_BYTE, &half_type);
+  MPI_Type_commit(&half_type);
+  MPI_Type_contiguous(2, MPI_BYTE, &bf16_type);
+  MPI_Type_commit(&bf16_type);
+  MPI_Op_create(&half_reduce<0>, 1, &half_ops[0]);
+  MPI_Op_create(&half_reduce<1>, 1, &half_ops[1]);
+  MPI_Op_create(&half_reduce<2>, 1, &half_ops[2]);
+}
+
+void free_half_types() {
+  for (MPI_Op& op : half_ops)
+    if (op != MPI_OP_NULL) MPI_Op_free(&op);
+  if (half_type != MPI_DATATYPE_NULL) MPI_Type_free(&half_type);
+  if (bf16_type != MPI_DATATYPE_NULL) MPI_Type_free(&bf16_type);
+}
+
 MPI_Datatype mpi_type(DType t) {
   switch (t) {
     case DType::f32:
       return MPI_FLOAT;
     case DType::f64:
       return MPI_DOUBLE;
+    case DType::f16:
+      return half_type;
+    case DType::bf16:
+      return bf16_type;
     case DType::i32:
       return MPI_INT32_T;
     case DType::i64:
@@ -67,24 +118,46 @@ MPI_Datatype mpi_type(DType t) {
   return MPI_BYTE;
 }
 
-MPI_Op mpi_op(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::sum:
-    case ReduceOp::avg:
-      return MPI_SUM;  // avg: sum, then divide by N here
-    case ReduceOp::max:
-      return MPI_MAX;
-    case ReduceOp::min:
-      return MPI_MIN;
+MPI_Op mpi_op(ReduceOp op, DType t) {
+  // avg: sum, then divide by N here.
+  const int which = op == ReduceOp::max ? 1 : op == ReduceOp::min ? 2 : 0;
+  if (t == DType::f16 || t == DType::bf16) return half_ops[which];
+  return which == 1 ? MPI_MAX : which == 2 ? MPI_MIN : MPI_SUM;
+}
+
+/// avg's division, after MPI summed: through f32 for the 16-bit types.
+void finish_avg(void* buf, std::size_t count, DType type, ReduceOp op, int ranks) {
+  if (op != ReduceOp::avg) return;
+  if (type != DType::f16 && type != DType::bf16) return finish_reduce(buf, count, type, op, ranks);
+  auto* b = static_cast<std::uint16_t*>(buf);
+  const bool fp16 = type == DType::f16;
+  for (std::size_t i = 0; i < count; ++i) {
+    const float v =
+        (fp16 ? half_bits_to_float(b[i]) : bf16_bits_to_float(b[i])) / static_cast<float>(ranks);
+    b[i] = fp16 ? float_to_half_bits(v) : float_to_bf16_bits(v);
   }
-  return MPI_SUM;
 }
 
 int as_int(std::size_t n, const char* what) {
   if (n > static_cast<std::size_t>(INT_MAX))
-    throw UsageError(std::string(what) + ": " + std::to_string(n) +
-                     " elements is more than one MPI call takes (2^31 - 1)");
+    throw Error(std::string(what) + ": " + std::to_string(n) +
+                " elements is more than one MPI call takes (2^31 - 1)");
   return static_cast<int>(n);
+}
+
+/// Counts and displacements (in elements) for the v-collectives.
+struct Layout {
+  std::vector<int> counts, displs;
+};
+Layout layout(std::span<const std::size_t> counts, const char* what) {
+  Layout l;
+  std::size_t offset = 0;
+  for (std::size_t c : counts) {
+    l.counts.push_back(as_int(c, what));
+    l.displs.push_back(as_int(offset, what));
+    offset += c;
+  }
+  return l;
 }
 
 // ---------------------------------------------------------------------------
@@ -118,12 +191,10 @@ class Watchdog {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
       std::lock_guard<std::mutex> lock(m_);
       if (busy_ && Clock::now() - since_ > timeout_) {
-        std::fprintf(
-            stderr,
-            "rank %d: %s waited %s (--timeout) for the other ranks; did they skip the "
-            "call, or are they blocked elsewhere? Ending the job.\n",
-            world_rank(), what_.c_str(),
-            (format_number(static_cast<double>(timeout_.count()) / 1000.0, 3) + " s").c_str());
+        std::fprintf(stderr,
+                     "rank %d: %s waited %s (--timeout) for the other ranks; did they skip the "
+                     "call, or are they blocked elsewhere? Ending the job.\n",
+                     world_rank(), what_.c_str(), seconds(timeout_).c_str());
         std::fflush(stderr);
         MPI_Abort(MPI_COMM_WORLD, 1);
       }
@@ -145,6 +216,22 @@ struct Watched {
   ~Watched() { watchdog.leave(); }
 };
 
+/// Polls `request` until it completes or `deadline` passes (false). Backs off as it
+/// waits, so that a waiting rank does not take the core of the rank it waits for (every
+/// laptop runs more ranks than cores).
+bool poll(MPI_Request& request, MPI_Status& status, Clock::time_point deadline, int& code) {
+  for (int polls = 0;; ++polls) {
+    int done = 0;
+    code = MPI_Test(&request, &done, &status);
+    if (code != MPI_SUCCESS || done) return true;
+    if (Clock::now() > deadline) return false;
+    if (polls > 100000)
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    else if (polls > 1000)
+      std::this_thread::yield();
+  }
+}
+
 // ---------------------------------------------------------------------------
 
 struct MpiRequest final : Request::Impl {
@@ -162,6 +249,19 @@ struct MpiRequest final : Request::Impl {
   std::string describe() const {
     return std::string(is_send ? "send to" : "recv from") + " rank " + std::to_string(peer) +
            " (tag " + std::to_string(tag) + ", " + std::to_string(bytes) + " bytes)";
+  }
+};
+
+/// A non-blocking collective: its MPI request and what to do once it completes.
+struct MpiCollective final : Request::Impl {
+  MPI_Request request = MPI_REQUEST_NULL;
+  std::string what;
+  Layout layout;  // the v-collectives' counts must live until completion
+  std::vector<int> recv_counts;
+  std::function<void()> finish;
+  ~MpiCollective() override {
+    // Other ranks' collectives depend on this one: complete it (MPI cannot cancel it).
+    if (request != MPI_REQUEST_NULL) MPI_Wait(&request, MPI_STATUS_IGNORE);
   }
 };
 
@@ -187,124 +287,144 @@ class MpiComm final : public Communicator {
   Request irecv_impl(void* buf, std::size_t bytes, Memory mem, int peer, int tag) override {
     host_only(mem, "recv");
     auto r = describe(false, peer, tag, bytes);
-    MPI_CHECK(MPI_Irecv(buf, as_int(bytes, "recv"), MPI_BYTE, peer, tag, comm_, &r->request));
+    // Any tag: messages from one rank are matched in the order they were sent (MPI's
+    // non-overtaking rule), and the tag is checked when the message is in.
+    MPI_CHECK(
+        MPI_Irecv(buf, as_int(bytes, "recv"), MPI_BYTE, peer, MPI_ANY_TAG, comm_, &r->request));
     return Request(std::move(r));
   }
 
   void wait_impl(Request::Impl& request) override {
+    if (auto* c = dynamic_cast<MpiCollective*>(&request)) return finish(*c);
     auto& r = static_cast<MpiRequest&>(request);
-    const auto deadline = Clock::now() + timeout();
     MPI_Status status;
-    int done = 0;
-    for (;;) {
-      const int code = MPI_Test(&r.request, &done, &status);
-      if (code != MPI_SUCCESS && !r.is_send) {
-        throw CommError("rank " + std::to_string(rank()) + ": " + r.describe() +
-                        " failed: the message from rank " + std::to_string(r.peer) +
-                        " is longer than the receive buffer");
+    int code = MPI_SUCCESS;
+    if (!poll(r.request, status, Clock::now() + timeout(), code)) {
+      throw CommError("rank " + std::to_string(rank()) + ": " + r.describe() + " waited " +
+                      seconds(timeout()) + " (--timeout): " +
+                      (r.is_send
+                           ? "rank " + std::to_string(r.peer) + " never posted a matching recv"
+                           : "no matching send came; is rank " + std::to_string(r.peer) +
+                                 " sending to rank " + std::to_string(rank()) + " with tag " +
+                                 std::to_string(r.tag) + "?"));
+    }
+    if (code != MPI_SUCCESS && !r.is_send)
+      throw CommError("rank " + std::to_string(rank()) + ": " + r.describe() +
+                      " failed: the message from rank " + std::to_string(r.peer) +
+                      " is longer than the receive buffer");
+    MPI_CHECK(code);
+    if (r.is_send) return;
+    int got = 0;
+    MPI_CHECK(MPI_Get_count(&status, MPI_BYTE, &got));
+    if (status.MPI_TAG != r.tag)
+      throw CommError("rank " + std::to_string(rank()) + "'s recv from rank " +
+                      std::to_string(r.peer) + " (tag " + std::to_string(r.tag) + ") met rank " +
+                      std::to_string(r.peer) + "'s send with tag " +
+                      std::to_string(status.MPI_TAG) +
+                      ": messages between two ranks are matched in the order they are posted, "
+                      "and the tags must agree (NCCL has no tags to match on)");
+    if (static_cast<std::size_t>(got) != r.bytes)
+      throw CommError("rank " + std::to_string(rank()) + " posted a recv of " +
+                      std::to_string(r.bytes) + " bytes from rank " + std::to_string(r.peer) +
+                      " (tag " + std::to_string(r.tag) + "), but rank " + std::to_string(r.peer) +
+                      " sent " + std::to_string(got) + " bytes");
+  }
+
+  void run_collective(const Collective& c) override {
+    host_only(c.memory, op_name(c.op));
+    if (c.op != Op::barrier) count_modeled(c);
+    Watched w(c.describe());
+    const MPI_Datatype t = mpi_type(c.type);
+    switch (c.op) {
+      case Op::barrier:
+        MPI_CHECK(MPI_Barrier(comm_));
+        return;
+      case Op::allreduce:
+        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, c.out, as_int(c.count, "allreduce"), t,
+                                mpi_op(c.reduce, c.type), comm_));
+        return finish_avg(c.out, c.count, c.type, c.reduce, size());
+      case Op::reduce: {
+        const int n = as_int(c.count, "reduce");
+        if (rank() == c.root) {
+          MPI_CHECK(MPI_Reduce(MPI_IN_PLACE, c.out, n, t, mpi_op(c.reduce, c.type), c.root, comm_));
+          finish_avg(c.out, c.count, c.type, c.reduce, size());
+        } else {
+          MPI_CHECK(MPI_Reduce(c.in, nullptr, n, t, mpi_op(c.reduce, c.type), c.root, comm_));
+        }
+        return;
       }
-      MPI_CHECK(code);
-      if (done) break;
-      if (Clock::now() > deadline) {
-        throw CommError(
-            "rank " + std::to_string(rank()) + ": " + r.describe() + " waited " +
-            format_number(static_cast<double>(timeout().count()) / 1000.0, 3) + " s (--timeout): " +
-            (r.is_send ? "rank " + std::to_string(r.peer) + " never posted a matching recv"
-                       : "no matching send came; is rank " + std::to_string(r.peer) +
-                             " sending to rank " + std::to_string(rank()) + " with tag " +
-                             std::to_string(r.tag) + "?"));
+      case Op::broadcast:
+        MPI_CHECK(MPI_Bcast(c.out, as_int(c.count, "broadcast"), t, c.root, comm_));
+        return;
+      case Op::reduce_scatter: {
+        const Layout l =
+            layout(shard_counts(static_cast<std::int64_t>(c.count), size()), "reduce_scatter");
+        MPI_CHECK(
+            MPI_Reduce_scatter(c.in, c.out, l.counts.data(), t, mpi_op(c.reduce, c.type), comm_));
+        return finish_avg(c.out, l.counts[static_cast<std::size_t>(rank())], c.type, c.reduce,
+                          size());
       }
-    }
-    if (!r.is_send) {
-      int got = 0;
-      MPI_CHECK(MPI_Get_count(&status, MPI_BYTE, &got));
-      if (static_cast<std::size_t>(got) != r.bytes)
-        throw CommError("rank " + std::to_string(rank()) + " posted a recv of " +
-                        std::to_string(r.bytes) + " bytes from rank " + std::to_string(r.peer) +
-                        " (tag " + std::to_string(r.tag) + "), but rank " + std::to_string(r.peer) +
-                        " sent " + std::to_string(got) + " bytes");
-    }
-  }
-
-  void allreduce_impl(void* buf, std::size_t count, DType type, Memory mem, ReduceOp op) override {
-    host_only(mem, "allreduce");
-    modeled(Op::allreduce, count, type);
-    Watched w("allreduce");
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, as_int(count, "allreduce"), mpi_type(type),
-                            mpi_op(op), comm_));
-    finish_reduce(buf, count, type, op, size());
-  }
-
-  void reduce_impl(void* buf, std::size_t count, DType type, Memory mem, ReduceOp op,
-                   int root) override {
-    host_only(mem, "reduce");
-    check_root(root, "reduce");
-    modeled(Op::reduce, count, type, root);
-    Watched w("reduce");
-    const int n = as_int(count, "reduce");
-    if (rank() == root) {
-      MPI_CHECK(MPI_Reduce(MPI_IN_PLACE, buf, n, mpi_type(type), mpi_op(op), root, comm_));
-      finish_reduce(buf, count, type, op, size());
-    } else {
-      MPI_CHECK(MPI_Reduce(buf, nullptr, n, mpi_type(type), mpi_op(op), root, comm_));
+      case Op::allgather: {
+        const Layout l = layout(c.counts, "allgather");
+        MPI_CHECK(MPI_Allgatherv(c.in, l.counts[static_cast<std::size_t>(rank())], t, c.out,
+                                 l.counts.data(), l.displs.data(), t, comm_));
+        return;
+      }
+      case Op::gather: {
+        const Layout l = layout(c.counts, "gather");
+        MPI_CHECK(MPI_Gatherv(c.in, l.counts[static_cast<std::size_t>(rank())], t, c.out,
+                              l.counts.data(), l.displs.data(), t, c.root, comm_));
+        return;
+      }
+      case Op::alltoall: {
+        if (!c.vector) {
+          const int n = as_int(c.count, "alltoall");
+          MPI_CHECK(MPI_Alltoall(c.in, n, t, c.out, n, t, comm_));
+          return;
+        }
+        const Layout s = layout(c.counts, "alltoallv"), r = layout(c.recv_counts, "alltoallv");
+        MPI_CHECK(MPI_Alltoallv(c.in, s.counts.data(), s.displs.data(), t, c.out, r.counts.data(),
+                                r.displs.data(), t, comm_));
+        return;
+      }
+      default:
+        throw Error("mpi backend: no collective " + std::string(op_name(c.op)));
     }
   }
 
-  void broadcast_impl(void* buf, std::size_t count, DType type, Memory mem, int root) override {
-    host_only(mem, "broadcast");
-    check_root(root, "broadcast");
-    modeled(Op::broadcast, count, type, root);
-    Watched w("broadcast");
-    MPI_CHECK(MPI_Bcast(buf, as_int(count, "broadcast"), mpi_type(type), root, comm_));
-  }
-
-  void reduce_scatter_impl(const void* in, void* out, std::size_t count, DType type, Memory mem,
-                           ReduceOp op) override {
-    host_only(mem, "reduce_scatter");
-    modeled(Op::reduce_scatter, count, type);
-    Watched w("reduce_scatter");
-    MPI_CHECK(MPI_Reduce_scatter_block(in, out, as_int(count, "reduce_scatter"), mpi_type(type),
-                                       mpi_op(op), comm_));
-    finish_reduce(out, count, type, op, size());
-  }
-
-  void allgatherv_impl(const void* in, void* out, std::span<const std::size_t> counts, DType type,
-                       Memory mem) override {
-    host_only(mem, "allgather");
-    count_traffic(Op::allgather,
-                  collective_traffic(Op::allgather, counts, dtype_size(type), rank()));
-    mark_modeled(Op::allgather);
-    const auto [n, displs] = ints(counts, "allgather");
-    Watched w("allgather");
-    MPI_CHECK(MPI_Allgatherv(in, n[static_cast<std::size_t>(rank())], mpi_type(type), out, n.data(),
-                             displs.data(), mpi_type(type), comm_));
-  }
-
-  void gatherv_impl(const void* in, void* out, std::span<const std::size_t> counts, DType type,
-                    Memory mem, int root) override {
-    host_only(mem, "gatherv");
-    check_root(root, "gatherv");
-    count_traffic(Op::gather,
-                  collective_traffic(Op::gather, counts, dtype_size(type), rank(), root));
-    mark_modeled(Op::gather);
-    const auto [n, displs] = ints(counts, "gather");
-    Watched w("gather");
-    MPI_CHECK(MPI_Gatherv(in, n[static_cast<std::size_t>(rank())], mpi_type(type), out, n.data(),
-                          displs.data(), mpi_type(type), root, comm_));
-  }
-
-  void alltoall_impl(const void* in, void* out, std::size_t block, DType type,
-                     Memory mem) override {
-    host_only(mem, "alltoall");
-    modeled(Op::alltoall, block, type);
-    Watched w("alltoall");
-    const int n = as_int(block, "alltoall");
-    MPI_CHECK(MPI_Alltoall(in, n, mpi_type(type), out, n, mpi_type(type), comm_));
-  }
-
-  void barrier_impl() override {
-    Watched w("barrier");
-    MPI_CHECK(MPI_Barrier(comm_));
+  Request start_collective(Collective c) override {
+    host_only(c.memory, op_name(c.op));
+    count_modeled(c);
+    auto r = std::make_unique<MpiCollective>();
+    r->what = c.describe();
+    const MPI_Datatype t = mpi_type(c.type);
+    const int ranks = size();
+    switch (c.op) {
+      case Op::allreduce:
+        MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, c.out, as_int(c.count, "allreduce"), t,
+                                 mpi_op(c.reduce, c.type), comm_, &r->request));
+        r->finish = [=] { finish_avg(c.out, c.count, c.type, c.reduce, ranks); };
+        break;
+      case Op::reduce_scatter: {
+        r->layout =
+            layout(shard_counts(static_cast<std::int64_t>(c.count), size()), "reduce_scatter");
+        MPI_CHECK(MPI_Ireduce_scatter(c.in, c.out, r->layout.counts.data(), t,
+                                      mpi_op(c.reduce, c.type), comm_, &r->request));
+        const auto mine =
+            static_cast<std::size_t>(r->layout.counts[static_cast<std::size_t>(rank())]);
+        r->finish = [=] { finish_avg(c.out, mine, c.type, c.reduce, ranks); };
+        break;
+      }
+      case Op::allgather:
+        r->layout = layout(c.counts, "allgather");
+        MPI_CHECK(MPI_Iallgatherv(c.in, r->layout.counts[static_cast<std::size_t>(rank())], t,
+                                  c.out, r->layout.counts.data(), r->layout.displs.data(), t, comm_,
+                                  &r->request));
+        break;
+      default:
+        throw Error("mpi backend: no non-blocking " + std::string(op_name(c.op)));
+    }
+    return Request(std::move(r));
   }
 
   std::unique_ptr<Communicator> split_impl(int color, int key) override {
@@ -317,12 +437,24 @@ class MpiComm final : public Communicator {
   }
 
  private:
+  void finish(MpiCollective& c) {
+    MPI_Status status;
+    int code = MPI_SUCCESS;
+    if (!poll(c.request, status, Clock::now() + timeout(), code))
+      throw CommError("rank " + std::to_string(rank()) + ": " + c.what + " waited " +
+                      seconds(timeout()) +
+                      " (--timeout) for the other ranks; did they skip the call, or are they "
+                      "blocked elsewhere?");
+    MPI_CHECK(code);
+    if (c.finish) c.finish();
+  }
+
   /// Open MPI as packaged here is not CUDA-aware: device buffers are refused, not crashed on.
-  static void host_only(Memory mem, const char* what) {
+  static void host_only(Memory mem, std::string_view what) {
     if (mem == Memory::device)
       throw UsageError(std::string(what) +
                        ": the MPI backend takes host buffers only (this Open MPI is not "
-                       "CUDA-aware); use the threads backend for device buffers");
+                       "CUDA-aware); use --backend nccl for device buffers");
   }
   static int rank_of(MPI_Comm c) {
     int r = 0;
@@ -342,21 +474,6 @@ class MpiComm final : public Communicator {
     r->bytes = bytes;
     return r;
   }
-  void modeled(Op op, std::size_t count, DType type, int root = 0) {
-    count_traffic(op, collective_traffic(op, count, dtype_size(type), rank(), size(), root));
-    mark_modeled(op);
-  }
-  static std::pair<std::vector<int>, std::vector<int> > ints(std::span<const std::size_t> counts,
-                                                             const char* what) {
-    std::vector<int> n, displs;
-    std::size_t offset = 0;
-    for (std::size_t c : counts) {
-      n.push_back(as_int(c, what));
-      displs.push_back(as_int(offset, what));
-      offset += c;
-    }
-    return {n, displs};
-  }
 
   MPI_Comm comm_;
   bool owned_;
@@ -372,12 +489,21 @@ void init(int* argc, char*** argv, std::chrono::milliseconds timeout) {
   // The watchdog thread calls MPI_Abort while the rank's thread may sit in MPI.
   MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
   initialized = true;
-  watchdog.start(timeout);
+  create_half_types();
+  if (provided >= MPI_THREAD_MULTIPLE) {
+    watchdog.start(timeout);
+  } else if (world_rank() == 0) {
+    std::fprintf(stderr,
+                 "warning: this MPI library gives thread level %d, not MPI_THREAD_MULTIPLE (%d): "
+                 "a collective that hangs will not be ended after --timeout\n",
+                 provided, MPI_THREAD_MULTIPLE);
+  }
 }
 
 void finalize() {
   if (!initialized) return;
   watchdog.stop();
+  free_half_types();
   MPI_Finalize();
   initialized = false;
 }

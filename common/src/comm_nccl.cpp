@@ -22,6 +22,7 @@ std::unique_ptr<Communicator> create(Communicator&, int) {
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <numeric>
 #include <string>
 #include <thread>
 #include <vector>
@@ -40,6 +41,10 @@ ncclDataType_t nccl_type(DType t) {
       return ncclFloat32;
     case DType::f64:
       return ncclFloat64;
+    case DType::f16:
+      return ncclFloat16;
+    case DType::bf16:
+      return ncclBfloat16;
     case DType::i32:
       return ncclInt32;
     case DType::i64:
@@ -50,6 +55,8 @@ ncclDataType_t nccl_type(DType t) {
   return ncclUint8;
 }
 
+/// NCCL's avg divides each contribution by N before summing (the others sum, then divide):
+/// the same up to rounding.
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
     case ReduceOp::sum:
@@ -64,14 +71,18 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
-/// Calls f(std::span<T>) with the typed view of a host buffer.
-template <class F>
-void typed(void* buf, std::size_t count, DType type, F&& f) {
-  visit_dtype(type, [&](auto zero) {
-    using T = decltype(zero);
-    f(std::span<T>(static_cast<T*>(buf), count));
-  });
-}
+/// ncclGroupStart() ... ncclGroupEnd(), closed even when a call in between throws (an
+/// open group defers every later NCCL call of the thread, destroy included).
+class Group {
+ public:
+  Group() { NCCL_CHECK(ncclGroupStart()); }
+  ~Group() noexcept(false) {
+    const ncclResult_t r = ncclGroupEnd();
+    if (!std::uncaught_exceptions()) NCCL_CHECK(r);
+  }
+  Group(const Group&) = delete;
+  Group& operator=(const Group&) = delete;
+};
 
 /// Point-to-point operations posted since the last wait, issued together at the next.
 struct Batch {
@@ -86,7 +97,11 @@ struct Batch {
 struct NcclRequest final : Request::Impl {
   Request host;                  // a host-buffer transfer, on the host communicator
   std::shared_ptr<Batch> batch;  // or a device one, in a batch
+  cudaEvent_t done = nullptr;    // or a non-blocking collective, ending at this event
   std::string what;
+  ~NcclRequest() override {
+    if (done) cudaEventDestroy(done);
+  }
 };
 
 class NcclComm final : public Communicator {
@@ -108,8 +123,7 @@ class NcclComm final : public Communicator {
     auto r = std::make_unique<NcclRequest>();
     r->what = "send to rank " + std::to_string(peer) + " (" + std::to_string(bytes) + " bytes)";
     if (mem == Memory::host) {
-      r->host = host_.isend(
-          std::span<const std::uint8_t>(static_cast<const std::uint8_t*>(buf), bytes), peer, tag);
+      r->host = host_.isend(ConstBuffer(buf, bytes, DType::u8, Memory::host), peer, tag);
     } else {
       r->batch = open_batch();
       r->batch->ops.push_back(
@@ -122,8 +136,7 @@ class NcclComm final : public Communicator {
     auto r = std::make_unique<NcclRequest>();
     r->what = "recv from rank " + std::to_string(peer) + " (" + std::to_string(bytes) + " bytes)";
     if (mem == Memory::host) {
-      r->host =
-          host_.irecv(std::span<std::uint8_t>(static_cast<std::uint8_t*>(buf), bytes), peer, tag);
+      r->host = host_.irecv(MutableBuffer(buf, bytes, DType::u8, Memory::host), peer, tag);
     } else {
       r->batch = open_batch();
       r->batch->ops.push_back(
@@ -134,154 +147,38 @@ class NcclComm final : public Communicator {
 
   void wait_impl(Request::Impl& request) override {
     auto& r = static_cast<NcclRequest&>(request);
+    if (r.done) return finish(r.done, r.what);
     if (!r.batch) return host_.wait(r.host);
     issue(*r.batch);
     finish(r.batch->done, r.what);
   }
 
-  void allreduce_impl(void* buf, std::size_t count, DType type, Memory mem, ReduceOp op) override {
-    count_traffic(Op::allreduce,
-                  collective_traffic(Op::allreduce, count, dtype_size(type), rank(), size()));
-    if (mem == Memory::host)
-      return typed(buf, count, type, [&](auto s) { host_.allreduce(s, op); });
-    mark_modeled(Op::allreduce);
+  void run_collective(const Collective& c) override {
+    if (c.op == Op::barrier) {
+      flush();
+      host_.barrier();
+      return;
+    }
+    if (c.memory == Memory::host) return on_host(c);
+    count_modeled(c);
     flush();
-    NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(type), nccl_op(op), comm_, stream()));
-    finish("allreduce");
+    enqueue(c);
+    finish(c.describe());
   }
 
-  void reduce_impl(void* buf, std::size_t count, DType type, Memory mem, ReduceOp op,
-                   int root) override {
-    check_root(root, "reduce");
-    count_traffic(Op::reduce,
-                  collective_traffic(Op::reduce, count, dtype_size(type), rank(), size(), root));
-    if (mem == Memory::host)
-      return typed(buf, count, type, [&](auto s) { host_.reduce(s, op, root); });
-    mark_modeled(Op::reduce);
-    flush();
-    NCCL_CHECK(ncclReduce(buf, buf, count, nccl_type(type), nccl_op(op), root, comm_, stream()));
-    finish("reduce");
-  }
-
-  void broadcast_impl(void* buf, std::size_t count, DType type, Memory mem, int root) override {
-    check_root(root, "broadcast");
-    count_traffic(Op::broadcast,
-                  collective_traffic(Op::broadcast, count, dtype_size(type), rank(), size(), root));
-    if (mem == Memory::host)
-      return typed(buf, count, type, [&](auto s) { host_.broadcast(s, root); });
-    mark_modeled(Op::broadcast);
-    flush();
-    NCCL_CHECK(ncclBroadcast(buf, buf, count, nccl_type(type), root, comm_, stream()));
-    finish("broadcast");
-  }
-
-  void reduce_scatter_impl(const void* in, void* out, std::size_t count, DType type, Memory mem,
-                           ReduceOp op) override {
-    count_traffic(Op::reduce_scatter,
-                  collective_traffic(Op::reduce_scatter, count, dtype_size(type), rank(), size()));
-    if (mem == Memory::host) {
-      const std::size_t all = count * static_cast<std::size_t>(size());
-      return typed(out, count, type, [&](auto o) {
-        using T = typename decltype(o)::value_type;
-        host_.reduce_scatter(std::span<const T>(static_cast<const T*>(in), all), o, op);
-      });
+  Request start_collective(Collective c) override {
+    if (c.memory == Memory::host) {  // the program's bookkeeping: run it now
+      on_host(c);
+      return {};
     }
-    mark_modeled(Op::reduce_scatter);
+    count_modeled(c);
     flush();
-    NCCL_CHECK(ncclReduceScatter(in, out, count, nccl_type(type), nccl_op(op), comm_, stream()));
-    finish("reduce_scatter");
-  }
-
-  void allgatherv_impl(const void* in, void* out, std::span<const std::size_t> counts, DType type,
-                       Memory mem) override {
-    const std::size_t elem = dtype_size(type);
-    count_traffic(Op::allgather, collective_traffic(Op::allgather, counts, elem, rank()));
-    const std::size_t mine = counts[static_cast<std::size_t>(rank())];
-    if (mem == Memory::host) {
-      std::size_t all = 0;
-      for (std::size_t c : counts) all += c;
-      return typed(out, all, type, [&](auto o) {
-        using T = typename decltype(o)::value_type;
-        host_.allgatherv(std::span<const T>(static_cast<const T*>(in), mine), o, counts);
-      });
-    }
-    mark_modeled(Op::allgather);
-    flush();
-    // Uneven counts: one broadcast per rank into its place, issued as one group.
-    NCCL_CHECK(ncclGroupStart());
-    std::size_t offset = 0;
-    for (int q = 0; q < size(); ++q) {
-      const std::size_t n = counts[static_cast<std::size_t>(q)];
-      NCCL_CHECK(ncclBroadcast(in, static_cast<char*>(out) + offset * elem, n, nccl_type(type), q,
-                               comm_, stream()));
-      offset += n;
-    }
-    NCCL_CHECK(ncclGroupEnd());
-    finish("allgather");
-  }
-
-  void gatherv_impl(const void* in, void* out, std::span<const std::size_t> counts, DType type,
-                    Memory mem, int root) override {
-    check_root(root, "gatherv");
-    const std::size_t elem = dtype_size(type);
-    count_traffic(Op::gather, collective_traffic(Op::gather, counts, elem, rank(), root));
-    const std::size_t mine = counts[static_cast<std::size_t>(rank())];
-    if (mem == Memory::host) {
-      std::size_t all = 0;
-      for (std::size_t c : counts) all += c;
-      return typed(out, rank() == root ? all : 0, type, [&](auto o) {
-        using T = typename decltype(o)::value_type;
-        host_.gatherv(std::span<const T>(static_cast<const T*>(in), mine), o, counts, root);
-      });
-    }
-    mark_modeled(Op::gather);
-    flush();
-    NCCL_CHECK(ncclGroupStart());
-    if (rank() == root) {
-      std::size_t offset = 0;
-      for (int q = 0; q < size(); ++q) {
-        const std::size_t n = counts[static_cast<std::size_t>(q)];
-        char* dst = static_cast<char*>(out) + offset * elem;
-        if (q == root)
-          CUDA_CHECK(cudaMemcpyAsync(dst, in, n * elem, cudaMemcpyDeviceToDevice, stream()));
-        else
-          NCCL_CHECK(ncclRecv(dst, n, nccl_type(type), q, comm_, stream()));
-        offset += n;
-      }
-    } else {
-      NCCL_CHECK(ncclSend(in, mine, nccl_type(type), root, comm_, stream()));
-    }
-    NCCL_CHECK(ncclGroupEnd());
-    finish("gatherv");
-  }
-
-  void alltoall_impl(const void* in, void* out, std::size_t block, DType type,
-                     Memory mem) override {
-    const std::size_t elem = dtype_size(type);
-    count_traffic(Op::alltoall, collective_traffic(Op::alltoall, block, elem, rank(), size()));
-    if (mem == Memory::host) {
-      const std::size_t all = block * static_cast<std::size_t>(size());
-      return typed(out, all, type, [&](auto o) {
-        using T = typename decltype(o)::value_type;
-        host_.alltoall(std::span<const T>(static_cast<const T*>(in), all), o);
-      });
-    }
-    mark_modeled(Op::alltoall);
-    flush();
-    NCCL_CHECK(ncclGroupStart());
-    for (int q = 0; q < size(); ++q) {
-      NCCL_CHECK(ncclSend(static_cast<const char*>(in) + q * block * elem, block, nccl_type(type),
-                          q, comm_, stream()));
-      NCCL_CHECK(ncclRecv(static_cast<char*>(out) + q * block * elem, block, nccl_type(type), q,
-                          comm_, stream()));
-    }
-    NCCL_CHECK(ncclGroupEnd());
-    finish("alltoall");
-  }
-
-  void barrier_impl() override {
-    flush();
-    host_.barrier();
+    enqueue(c);
+    auto r = std::make_unique<NcclRequest>();
+    r->what = c.describe();
+    CUDA_CHECK(cudaEventCreateWithFlags(&r->done, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventRecord(r->done, stream()));
+    return Request(std::move(r));
   }
 
   std::unique_ptr<Communicator> split_impl(int color, int key) override {
@@ -294,6 +191,147 @@ class NcclComm final : public Communicator {
 
  private:
   static cudaStream_t stream() { return cudaStreamPerThread; }
+
+  /// Host buffers go through the host communicator; its counters' growth is added here.
+  void on_host(const Collective& c) {
+    const CommStats before = host_.stats();
+    auto whole = [&](std::size_t n) { return MutableBuffer(c.out, n, c.type, Memory::host); };
+    auto from = [&](std::size_t n) { return ConstBuffer(c.in, n, c.type, Memory::host); };
+    const auto total = std::accumulate(c.counts.begin(), c.counts.end(), std::size_t{0});
+    const auto r = static_cast<std::size_t>(rank());
+    switch (c.op) {
+      case Op::allreduce:
+        host_.allreduce(whole(c.count), c.reduce);
+        break;
+      case Op::reduce:
+        host_.reduce(whole(c.count), c.reduce, c.root);
+        break;
+      case Op::broadcast:
+        host_.broadcast(whole(c.count), c.root);
+        break;
+      case Op::reduce_scatter:
+        host_.reduce_scatter(
+            from(c.count),
+            whole(static_cast<std::size_t>(
+                shard_range(static_cast<std::int64_t>(c.count), size(), rank()).length)),
+            c.reduce);
+        break;
+      case Op::allgather:
+        host_.allgatherv(from(c.counts[r]), whole(total), c.counts);
+        break;
+      case Op::gather:
+        host_.gatherv(from(c.counts[r]), whole(rank() == c.root ? total : 0), c.counts, c.root);
+        break;
+      case Op::alltoall:
+        if (c.vector)
+          host_.alltoallv(
+              from(std::accumulate(c.counts.begin(), c.counts.end(), std::size_t{0})), c.counts,
+              whole(std::accumulate(c.recv_counts.begin(), c.recv_counts.end(), std::size_t{0})),
+              c.recv_counts);
+        else
+          host_.alltoall(from(c.count * static_cast<std::size_t>(size())),
+                         whole(c.count * static_cast<std::size_t>(size())));
+        break;
+      default:
+        throw Error("nccl backend: no collective " + std::string(op_name(c.op)));
+    }
+    const CommStats delta = host_.stats().since(before);
+    count_traffic(c.op, delta[c.op].bytes_sent, delta[c.op].bytes_received);
+    if (delta.is_modeled(c.op)) mark_modeled(c.op);
+  }
+
+  /// Puts one collective on the stream: NCCL's own call, or a group of them where NCCL
+  /// has none (uneven reduce_scatter and allgather, gather, alltoall(v)).
+  void enqueue(const Collective& c) {
+    const std::size_t elem = dtype_size(c.type);
+    const ncclDataType_t t = nccl_type(c.type);
+    const int N = size(), r = rank();
+    auto at = [&](const void* p, std::size_t elements) {
+      return static_cast<const char*>(p) + elements * elem;
+    };
+    auto at_out = [&](std::size_t elements) { return static_cast<char*>(c.out) + elements * elem; };
+    switch (c.op) {
+      case Op::allreduce:
+        NCCL_CHECK(ncclAllReduce(c.out, c.out, c.count, t, nccl_op(c.reduce), comm_, stream()));
+        return;
+      case Op::reduce:
+        NCCL_CHECK(
+            ncclReduce(c.out, c.out, c.count, t, nccl_op(c.reduce), c.root, comm_, stream()));
+        return;
+      case Op::broadcast:
+        NCCL_CHECK(ncclBroadcast(c.out, c.out, c.count, t, c.root, comm_, stream()));
+        return;
+      case Op::reduce_scatter: {
+        if (c.count % static_cast<std::size_t>(N) == 0) {
+          NCCL_CHECK(ncclReduceScatter(c.in, c.out, c.count / static_cast<std::size_t>(N), t,
+                                       nccl_op(c.reduce), comm_, stream()));
+          return;
+        }
+        // Uneven shards: one reduce per shard, to its owner, issued as one group.
+        Group group;
+        for (int q = 0; q < N; ++q) {
+          const ShardRange s = shard_range(static_cast<std::int64_t>(c.count), N, q);
+          NCCL_CHECK(ncclReduce(at(c.in, static_cast<std::size_t>(s.offset)), c.out,
+                                static_cast<std::size_t>(s.length), t, nccl_op(c.reduce), q, comm_,
+                                stream()));
+        }
+        return;
+      }
+      case Op::allgather: {
+        const bool even = std::adjacent_find(c.counts.begin(), c.counts.end(),
+                                             std::not_equal_to<>()) == c.counts.end();
+        if (even) {
+          NCCL_CHECK(ncclAllGather(c.in, c.out, c.counts[0], t, comm_, stream()));
+          return;
+        }
+        // Uneven counts: one broadcast per rank into its place, issued as one group.
+        Group group;
+        std::size_t offset = 0;
+        for (int q = 0; q < N; ++q) {
+          const std::size_t n = c.counts[static_cast<std::size_t>(q)];
+          NCCL_CHECK(ncclBroadcast(c.in, at_out(offset), n, t, q, comm_, stream()));
+          offset += n;
+        }
+        return;
+      }
+      case Op::gather: {
+        Group group;
+        if (r == c.root) {
+          std::size_t offset = 0;
+          for (int q = 0; q < N; ++q) {
+            const std::size_t n = c.counts[static_cast<std::size_t>(q)];
+            if (q == c.root)
+              CUDA_CHECK(cudaMemcpyAsync(at_out(offset), c.in, n * elem, cudaMemcpyDeviceToDevice,
+                                         stream()));
+            else
+              NCCL_CHECK(ncclRecv(at_out(offset), n, t, q, comm_, stream()));
+            offset += n;
+          }
+        } else {
+          NCCL_CHECK(
+              ncclSend(c.in, c.counts[static_cast<std::size_t>(r)], t, c.root, comm_, stream()));
+        }
+        return;
+      }
+      case Op::alltoall: {
+        // Grouped sends and receives (NCCL has no alltoall(v)): block q to rank q, and
+        // rank q's block for me into place q.
+        Group group;
+        std::size_t sent = 0, received = 0;
+        for (int q = 0; q < N; ++q) {
+          const std::size_t out_n = c.vector ? c.counts[static_cast<std::size_t>(q)] : c.count;
+          const std::size_t in_n = c.vector ? c.recv_counts[static_cast<std::size_t>(q)] : c.count;
+          NCCL_CHECK(ncclSend(at(c.in, sent), out_n, t, q, comm_, stream()));
+          NCCL_CHECK(ncclRecv(at_out(received), in_n, t, q, comm_, stream()));
+          sent += out_n;
+          received += in_n;
+        }
+        return;
+      }
+      default:
+        throw Error("nccl backend: no collective " + std::string(op_name(c.op)));
+    }
+  }
 
   /// Sends and receives posted but not yet waited for go out before a collective, so that
   /// a peer waiting on them is not stuck behind it.
@@ -310,9 +348,10 @@ class NcclComm final : public Communicator {
   void issue(Batch& b) {
     if (b.issued) return;
     b.issued = true;
-    NCCL_CHECK(ncclGroupStart());
-    for (auto& op : b.ops) op();
-    NCCL_CHECK(ncclGroupEnd());
+    {
+      Group group;
+      for (auto& op : b.ops) op();
+    }
     CUDA_CHECK(cudaEventCreateWithFlags(&b.done, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventRecord(b.done, stream()));
   }

@@ -2,8 +2,9 @@
 //
 // Waiting: every rank has one Waiter (a mutex and a condition variable). Whoever
 // completes something a rank waits for (a message copied, the last arrival at a
-// barrier) wakes that rank's Waiter; ThreadWorld::abort wakes them all. A wait spins
-// briefly first (most waits are short), then sleeps until its deadline.
+// barrier, a non-blocking collective finished) wakes that rank's Waiter;
+// ThreadWorld::abort wakes them all. A wait spins briefly first (most waits are short),
+// then sleeps until its deadline.
 #include "shardlab/comm_threads.hpp"
 
 #include <algorithm>
@@ -13,10 +14,13 @@
 #include <deque>
 #include <mutex>
 #include <numeric>
+#include <system_error>
 #include <thread>
 
+#include "kernels.hpp"
 #include "shardlab/check.hpp"
 #include "shardlab/cuda.hpp"
+#include "shardlab/half.hpp"
 #include "shardlab/results.hpp"
 #include "shardlab/tensor.hpp"
 
@@ -40,9 +44,9 @@ struct Waiter {
 
 /// memcpy for host buffers; cudaMemcpy (any direction, any device) when one is on a GPU.
 void copy_bytes(void* dst, const void* src, std::size_t bytes, Memory mem) {
-  if (bytes == 0) return;
+  if (bytes == 0 || dst == src) return;
   if (mem == Memory::device)
-    cuda::copy(dst, src, bytes);
+    kernels::copy(dst, src, bytes);
   else
     std::memcpy(dst, src, bytes);
 }
@@ -50,6 +54,8 @@ void copy_bytes(void* dst, const void* src, std::size_t bytes, Memory mem) {
 std::string seconds(std::chrono::milliseconds t) {
   return format_number(static_cast<double>(t.count()) / 1000.0, 3) + " s";
 }
+
+bool is_half(DType t) { return t == DType::f16 || t == DType::bf16; }
 }  // namespace
 
 struct ThreadWorld::State {
@@ -60,8 +66,8 @@ struct ThreadWorld::State {
   std::mutex reason_mutex;
   std::string reason;
 
-  // Spinning only pays when every rank has a core of its own; otherwise a spinning rank
-  // takes the core from the rank it waits for.
+  // Spinning only pays when every thread has a core of its own; otherwise a spinning
+  // rank takes the core from the rank it waits for.
   int spins;
 
   State(int n, std::chrono::milliseconds t)
@@ -136,7 +142,7 @@ struct Message final : Request::Impl {
   std::size_t bytes = 0;
   Memory mem = Memory::host;
   std::atomic<int> state{queued};
-  std::string error;  // set before `done` when sizes disagree
+  std::string error;  // set before `done` when sizes or tags disagree
 
   ~Message() override;
   std::string describe() const {
@@ -153,44 +159,37 @@ struct Mailbox {
 
 /// What a rank posts when it enters a collective, for the others to read.
 struct Slot {
-  Op op = Op::barrier;
-  std::size_t count = 0;
-  DType type = DType::f32;
-  ReduceOp reduce = ReduceOp::sum;
-  int root = 0;
-  const void* in = nullptr;
-  void* out = nullptr;
-  std::vector<std::size_t> counts;  // allgatherv / gatherv
-  Memory mem = Memory::host;
+  struct Call {  // Communicator::Collective, as the slots keep it
+    Op op = Op::barrier;
+    ReduceOp reduce = ReduceOp::sum;
+    int root = 0;
+    const void* in = nullptr;
+    void* out = nullptr;
+    std::size_t count = 0;
+    DType type = DType::u8;
+    Memory memory = Memory::host;
+    std::vector<std::size_t> counts, recv_counts;
+    bool vector = false;
+    std::string text;  // describe()
+  } call;
+  bool is_split = false;
   int color = 0, key = 0;       // split
   std::shared_ptr<Group> made;  // split: the group its color's leader created
-
-  bool is_split = false;
 
   std::string describe() const {
     if (is_split)
       return "split(color " + std::to_string(color) + ", key " + std::to_string(key) + ")";
-    std::string s = std::string(op_name(op)) + "(";
-    if (op == Op::barrier) return s + ")";
-    if (!counts.empty()) {
-      s += "counts [";
-      for (std::size_t i = 0; i < counts.size(); ++i)
-        s += (i ? " " : "") + std::to_string(counts[i]);
-      s += "] x ";
-    } else {
-      s += std::to_string(count) + " x ";
-    }
-    s += dtype_name(type);
-    if (mem == Memory::device) s += " on device";
-    if (op == Op::allreduce || op == Op::reduce || op == Op::reduce_scatter)
-      s += ", " + std::string(reduce_op_name(reduce));
-    if (op == Op::reduce || op == Op::broadcast || op == Op::gather)
-      s += ", root " + std::to_string(root);
-    return s + ")";
+    return call.text;
   }
+  /// Same collective with the same arguments. alltoallv's counts differ by rank and are
+  /// checked pair by pair instead.
   bool agrees_with(const Slot& o) const {
-    return op == o.op && is_split == o.is_split && count == o.count && type == o.type &&
-           reduce == o.reduce && root == o.root && counts == o.counts && mem == o.mem;
+    const Call& a = call;
+    const Call& b = o.call;
+    if (is_split || o.is_split) return is_split == o.is_split;
+    return a.op == b.op && a.vector == b.vector && a.count == b.count && a.type == b.type &&
+           a.reduce == b.reduce && a.root == b.root && a.memory == b.memory &&
+           (a.vector || a.counts == b.counts);
   }
 };
 
@@ -204,13 +203,20 @@ struct Group {
   int arrived = 0;
   std::atomic<std::uint64_t> generation{0};  // barriers completed
   std::vector<std::uint64_t> arrivals;       // per rank: the barrier it last arrived at
+  // Bytes other ranks read from (sent) or wrote into (received) each rank's memory during
+  // the collective in progress; each rank collects its own at the collective's end.
+  std::unique_ptr<std::atomic<std::uint64_t>[]> remote_sent, remote_received;
 
   Group(std::shared_ptr<WorldState> w, std::vector<int> world_ranks)
       : world(std::move(w)),
         members(std::move(world_ranks)),
         boxes(new Mailbox[members.size()]),
         slots(members.size()),
-        arrivals(members.size(), 0) {}
+        arrivals(members.size(), 0),
+        remote_sent(new std::atomic<std::uint64_t>[members.size()]),
+        remote_received(new std::atomic<std::uint64_t>[members.size()]) {
+    for (std::size_t i = 0; i < members.size(); ++i) remote_sent[i] = remote_received[i] = 0;
+  }
   int size() const { return static_cast<int>(members.size()); }
   int world_rank(int group_rank) const { return members[static_cast<std::size_t>(group_rank)]; }
 };
@@ -242,6 +248,13 @@ void complete(Message& send, Message& recv) {
   } else {
     const bool device = send.mem == Memory::device || recv.mem == Memory::device;
     copy_bytes(recv.dst, send.src, send.bytes, device ? Memory::device : Memory::host);
+    // A tag mismatch is the receiver's error (as under MPI): the send went through.
+    if (send.tag != recv.tag)
+      recv.error = "rank " + std::to_string(recv.me) + "'s recv from rank " +
+                   std::to_string(send.me) + " (tag " + std::to_string(recv.tag) + ") met rank " +
+                   std::to_string(send.me) + "'s send with tag " + std::to_string(send.tag) +
+                   ": messages between two ranks are matched in the order they are posted, and "
+                   "the tags must agree (NCCL has no tags to match on)";
   }
   const std::shared_ptr<WorldState> world = send.group->world;
   const int send_owner = send.group->world_rank(send.me);
@@ -252,7 +265,8 @@ void complete(Message& send, Message& recv) {
   world->wake(recv_owner);
 }
 
-/// Matches `msg` against the opposite queue of its mailbox, or queues it.
+/// Matches `msg` against the opposite queue of its mailbox — the oldest message from or to
+/// the same peer, whatever its tag — or queues it.
 void post(Message& msg) {
   Group& g = *msg.group;
   Mailbox& box = g.boxes[static_cast<std::size_t>(msg.is_send ? msg.peer : msg.me)];
@@ -263,9 +277,7 @@ void post(Message& msg) {
     for (auto it = others.begin(); it != others.end(); ++it) {
       Message* o = *it;
       // A queued recv o waits for a send from o->peer; a queued send o came from o->me.
-      const bool match = msg.is_send ? (o->peer == msg.me && o->tag == msg.tag)
-                                     : (o->me == msg.peer && o->tag == msg.tag);
-      if (match) {
+      if (msg.is_send ? o->peer == msg.me : o->me == msg.peer) {
         partner = o;
         others.erase(it);
         break;
@@ -282,12 +294,46 @@ void post(Message& msg) {
 }
 
 // ---------------------------------------------------------------------------
+// Non-blocking collectives: a task for the rank's progress thread.
+
+struct Task {
+  Slot::Call call;
+  bool counted = true;  // counted when started (not under Uncounted)
+  int device = -1;      // the rank's CUDA device, for the progress thread
+  std::atomic<bool> done{false};
+  std::exception_ptr error;
+  Traffic traffic;
+};
+
+struct AsyncCollective final : Request::Impl {
+  std::shared_ptr<Task> task;
+  std::shared_ptr<WorldState> world;
+  int world_rank = 0;
+  ~AsyncCollective() override {
+    // Other ranks may be reading this rank's buffers: wait until the collective is over
+    // (it ends by itself: every wait inside it has the timeout, and an abort stops it).
+    if (task && !task->done.load())
+      while (!task->done.load()) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+};
+
+// ---------------------------------------------------------------------------
 // The communicator
 
 class ThreadComm final : public Communicator {
  public:
   ThreadComm(std::shared_ptr<Group> group, int rank, std::chrono::milliseconds timeout)
       : Communicator(rank, group->size(), timeout), g_(std::move(group)) {}
+
+  ~ThreadComm() override {
+    if (!progress_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(queue_m_);
+      stopping_ = true;
+    }
+    queue_cv_.notify_all();
+    progress_.join();  // the queued collectives run first (they end by timeout or abort)
+  }
 
   std::string_view backend() const override { return "threads"; }
 
@@ -311,6 +357,7 @@ class ThreadComm final : public Communicator {
   }
 
   void wait_impl(Request::Impl& request) override {
+    if (auto* async = dynamic_cast<AsyncCollective*>(&request)) return finish(*async);
     auto& msg = static_cast<Message&>(request);
     const bool finished = g_->world->wait_until(
         me_world(), [&] { return msg.state.load(std::memory_order_acquire) == Message::done; },
@@ -329,123 +376,44 @@ class ThreadComm final : public Communicator {
     if (!msg.error.empty()) throw CommError("rank " + std::to_string(rank()) + ": " + msg.error);
   }
 
-  void allreduce_impl(void* buf, std::size_t count, DType type, Memory mem, ReduceOp op) override {
-    const std::size_t elem = dtype_size(type);
-    count_collective_traffic(Op::allreduce, count, elem);
-    if (size() == 1) return;  // avg over one rank: nothing to divide
-    run(make_slot(Op::allreduce, count, type, op, 0, buf, buf, mem), [&] {
-      // 1. reduce-scatter: this rank reduces chunk `rank` of every rank's buffer, in rank
-      //    order (so the result does not depend on who reduces), into its own buffer.
-      const Bytes mine = chunk(count, elem, rank());
-      reduce_chunk(
-          mine, type, op, mem, [&](int q) { return slot(q).in; },
-          static_cast<char*>(buf) + mine.offset);
-      sync("allreduce");
-      // 2. all-gather: copy every other rank's reduced chunk out of its buffer.
-      for (int q = 0; q < size(); ++q) {
-        if (q == rank()) continue;
-        const Bytes c = chunk(count, elem, q);
-        copy_bytes(static_cast<char*>(buf) + c.offset,
-                   static_cast<const char*>(slot(q).out) + c.offset, c.length, mem);
-      }
-    });
+  void run_collective(const Collective& c) override {
+    drain();  // pending non-blocking collectives come first
+    settle(c.memory);
+    Traffic t;
+    run(to_call(c), t);
+    count_traffic(c.op, t);
   }
 
-  void reduce_impl(void* buf, std::size_t count, DType type, Memory mem, ReduceOp op,
-                   int root) override {
-    check_root(root, "reduce");
-    const std::size_t elem = dtype_size(type);
-    count_collective_traffic(Op::reduce, count, elem, root);
-    if (size() == 1) return;
-    run(make_slot(Op::reduce, count, type, op, root, buf, buf, mem), [&] {
-      // Reduce-scatter as in allreduce, each rank writing its reduced chunk into root's
-      // buffer (only this rank touches that chunk there, so no one reads it after).
-      const Bytes mine = chunk(count, elem, rank());
-      reduce_chunk(
-          mine, type, op, mem, [&](int q) { return slot(q).in; },
-          static_cast<char*>(slot(root).out) + mine.offset);
-    });
-  }
-
-  void broadcast_impl(void* buf, std::size_t count, DType type, Memory mem, int root) override {
-    check_root(root, "broadcast");
-    count_collective_traffic(Op::broadcast, count, dtype_size(type), root);
-    if (size() == 1) return;
-    run(make_slot(Op::broadcast, count, type, ReduceOp::sum, root, buf, buf, mem), [&] {
-      if (rank() != root) copy_bytes(buf, slot(root).in, count * dtype_size(type), mem);
-    });
-  }
-
-  void reduce_scatter_impl(const void* in, void* out, std::size_t count, DType type, Memory mem,
-                           ReduceOp op) override {
-    const std::size_t elem = dtype_size(type);
-    count_collective_traffic(Op::reduce_scatter, count, elem);
-    run(make_slot(Op::reduce_scatter, count, type, op, 0, in, out, mem), [&] {
-      const Bytes block{static_cast<std::size_t>(rank()) * count * elem, count * elem};
-      reduce_chunk(
-          block, type, op, mem, [&](int q) { return slot(q).in; }, static_cast<char*>(out));
-    });
-  }
-
-  void allgatherv_impl(const void* in, void* out, std::span<const std::size_t> counts, DType type,
-                       Memory mem) override {
-    const std::size_t elem = dtype_size(type);
-    count_traffic(Op::allgather, collective_traffic(Op::allgather, counts, elem, rank(), 0));
-    Slot s = make_slot(Op::allgather, 0, type, ReduceOp::sum, 0, in, out, mem);
-    s.counts.assign(counts.begin(), counts.end());
-    run(std::move(s), [&] {
-      std::size_t offset = 0;
-      for (int q = 0; q < size(); ++q) {
-        const std::size_t n = counts[static_cast<std::size_t>(q)] * elem;
-        copy_bytes(static_cast<char*>(out) + offset, slot(q).in, n, mem);
-        offset += n;
-      }
-    });
-  }
-
-  void gatherv_impl(const void* in, void* out, std::span<const std::size_t> counts, DType type,
-                    Memory mem, int root) override {
-    check_root(root, "gatherv");
-    const std::size_t elem = dtype_size(type);
-    count_traffic(Op::gather, collective_traffic(Op::gather, counts, elem, rank(), root));
-    Slot s = make_slot(Op::gather, 0, type, ReduceOp::sum, root, in, out, mem);
-    s.counts.assign(counts.begin(), counts.end());
-    run(std::move(s), [&] {
-      if (rank() != root) return;
-      std::size_t offset = 0;
-      for (int q = 0; q < size(); ++q) {
-        const std::size_t n = counts[static_cast<std::size_t>(q)] * elem;
-        copy_bytes(static_cast<char*>(out) + offset, slot(q).in, n, mem);
-        offset += n;
-      }
-    });
-  }
-
-  void alltoall_impl(const void* in, void* out, std::size_t block, DType type,
-                     Memory mem) override {
-    const std::size_t elem = dtype_size(type);
-    count_collective_traffic(Op::alltoall, block, elem);
-    run(make_slot(Op::alltoall, block, type, ReduceOp::sum, 0, in, out, mem), [&] {
-      const std::size_t b = block * elem;
-      for (int q = 0; q < size(); ++q)
-        copy_bytes(static_cast<char*>(out) + q * b,
-                   static_cast<const char*>(slot(q).in) + rank() * b, b, mem);
-    });
-  }
-
-  void barrier_impl() override {
-    if (size() == 1) return;
-    run(make_slot(Op::barrier, 0, DType::u8, ReduceOp::sum, 0, nullptr, nullptr), [] {});
+  Request start_collective(Collective c) override {
+    settle(c.memory);  // the rank's GPU work on these buffers is done before they are read
+    auto task = std::make_shared<Task>();
+    task->call = to_call(c);
+    task->counted = counting();
+    task->device = c.memory == Memory::device ? cuda::current_device() : -1;
+    start_progress_thread();
+    {
+      std::lock_guard<std::mutex> lock(queue_m_);
+      queue_.push_back(task);
+      ++pending_;
+    }
+    queue_cv_.notify_all();
+    auto request = std::make_unique<AsyncCollective>();
+    request->task = std::move(task);
+    request->world = g_->world;
+    request->world_rank = me_world();
+    return Request(std::move(request));
   }
 
   std::unique_ptr<Communicator> split_impl(int color, int key) override {
-    Slot s = make_slot(Op::barrier, 0, DType::u8, ReduceOp::sum, 0, nullptr, nullptr);
+    drain();
+    Slot s;
     s.is_split = true;
     s.color = color;
     s.key = key;
     std::shared_ptr<Group> group;
     int new_rank = 0;
-    run(std::move(s), [&] {
+    Traffic unused;
+    post_and_run(std::move(s), unused, [&](Traffic&) {
       // Members of my color, ordered by (key, rank); the first one creates the group.
       std::vector<int> same;
       for (int q = 0; q < size(); ++q)
@@ -472,9 +440,27 @@ class ThreadComm final : public Communicator {
     std::size_t length = 0;
   };
 
+  static Slot::Call to_call(const Collective& c) {
+    Slot::Call k;
+    k.op = c.op;
+    k.reduce = c.reduce;
+    k.root = c.root;
+    k.in = c.in;
+    k.out = c.out;
+    k.count = c.count;
+    k.type = c.type;
+    k.memory = c.memory;
+    k.counts = c.counts;
+    k.recv_counts = c.recv_counts;
+    k.vector = c.vector;
+    k.text = c.describe();
+    return k;
+  }
+
   int me_world() const { return g_->world_rank(rank()); }
   Clock::time_point deadline() const { return Clock::now() + timeout(); }
   const Slot& slot(int q) const { return g_->slots[static_cast<std::size_t>(q)]; }
+  const Slot::Call& call(int q) const { return slot(q).call; }
 
   std::unique_ptr<Message> make_message(bool is_send, int peer, int tag, std::size_t bytes) {
     auto msg = std::make_unique<Message>();
@@ -487,18 +473,30 @@ class ThreadComm final : public Communicator {
     return msg;
   }
 
-  Slot make_slot(Op op, std::size_t count, DType type, ReduceOp reduce, int root, const void* in,
-                 void* out, Memory mem = Memory::host) const {
-    Slot s;
-    s.mem = mem;
-    s.op = op;
-    s.count = count;
-    s.type = type;
-    s.reduce = reduce;
-    s.root = root;
-    s.in = in;
-    s.out = out;
-    return s;
+  /// Another rank's thread will read or write this rank's device buffer on its own
+  /// stream: let this rank's queued GPU work on it (a matmul writing it, a kernel reading
+  /// it) finish first.
+  static void settle(Memory mem) {
+    if (mem == Memory::device) kernels::synchronize();
+  }
+
+  // -- traffic: what this rank reads from, or writes into, rank q's memory ----------
+  void read_from(int q, std::size_t bytes, Traffic& t) const {
+    if (q == rank() || bytes == 0) return;
+    t.received += bytes;
+    g_->remote_sent[static_cast<std::size_t>(q)].fetch_add(bytes, std::memory_order_relaxed);
+  }
+  void write_into(int q, std::size_t bytes, Traffic& t) const {
+    if (q == rank() || bytes == 0) return;
+    t.sent += bytes;
+    g_->remote_received[static_cast<std::size_t>(q)].fetch_add(bytes, std::memory_order_relaxed);
+  }
+  /// Copies `bytes` from rank `from`'s memory to rank `to`'s, counting it.
+  void move(void* dst, int to, const void* src, int from, std::size_t bytes, Memory mem,
+            Traffic& t) const {
+    copy_bytes(dst, src, bytes, mem);
+    read_from(from, bytes, t);
+    write_into(to, bytes, t);
   }
 
   Bytes chunk(std::size_t count, std::size_t elem, int q) const {
@@ -506,55 +504,184 @@ class ThreadComm final : public Communicator {
     return {static_cast<std::size_t>(r.offset) * elem, static_cast<std::size_t>(r.length) * elem};
   }
 
-  void count_collective_traffic(Op op, std::size_t count, std::size_t elem, int root = 0) {
-    count_traffic(op, collective_traffic(op, count, elem, rank(), size(), root));
+  // -- one collective ----------------------------------------------------------------
+
+  /// Runs `k` as this rank (on its own thread, or on its progress thread).
+  void run(const Slot::Call& k, Traffic& t) {
+    Slot s;
+    s.call = k;
+    post_and_run(std::move(s), t, [&](Traffic& traffic) { work(k, traffic); });
   }
 
-  /// dst = op over q = 0..N-1 of (source(q) + c.offset), c.length bytes, in rank order.
-  /// Host: one pass over memory — each block is gathered into a small accumulator that
-  /// stays in L1, then written out once. Device: the same with a device accumulator and
-  /// reduction kernels. dst may be one of the sources (every source block is read before
-  /// the block is written).
+  void work(const Slot::Call& k, Traffic& t) {
+    const std::size_t elem = dtype_size(k.type);
+    const int N = size(), r = rank();
+    auto in = [&](int q) { return static_cast<const char*>(call(q).in); };
+    auto out = [&](int q) { return static_cast<char*>(call(q).out); };
+    switch (k.op) {
+      case Op::barrier:
+        return;
+      case Op::allreduce: {
+        if (N == 1) return;  // avg over one rank: the buffer is the answer
+        // 1. reduce-scatter: reduce chunk r of every rank's buffer, in rank order (so the
+        //    result does not depend on who reduces), into this rank's own buffer.
+        const Bytes mine = chunk(k.count, elem, r);
+        reduce_chunk(k, mine, static_cast<char*>(k.out) + mine.offset, t);
+        sync(k.text);
+        // 2. all-gather: copy every other rank's reduced chunk out of its buffer.
+        for (int q = 0; q < N; ++q) {
+          if (q == r) continue;
+          const Bytes c = chunk(k.count, elem, q);
+          move(static_cast<char*>(k.out) + c.offset, r, out(q) + c.offset, q, c.length, k.memory,
+               t);
+        }
+        return;
+      }
+      case Op::reduce: {
+        if (N == 1) return;
+        // Reduce-scatter as in allreduce, each rank writing its reduced chunk into root's
+        // buffer (only this rank touches that chunk there, so no one reads it after).
+        const Bytes mine = chunk(k.count, elem, r);
+        reduce_chunk(k, mine, out(k.root) + mine.offset, t);
+        write_into(k.root, mine.length, t);
+        return;
+      }
+      case Op::broadcast:
+        if (r != k.root) move(k.out, r, in(k.root), k.root, k.count * elem, k.memory, t);
+        return;
+      case Op::reduce_scatter: {
+        const Bytes mine = chunk(k.count, elem, r);
+        if (N == 1) return copy_bytes(k.out, k.in, mine.length, k.memory);
+        reduce_chunk(k, mine, static_cast<char*>(k.out), t);
+        return;
+      }
+      case Op::allgather:
+      case Op::gather: {
+        if (k.op == Op::gather && r != k.root) return;
+        std::size_t offset = 0;
+        for (int q = 0; q < N; ++q) {
+          const std::size_t n = k.counts[static_cast<std::size_t>(q)] * elem;
+          move(static_cast<char*>(k.out) + offset, r, in(q), q, n, k.memory, t);
+          offset += n;
+        }
+        return;
+      }
+      case Op::alltoall: {
+        // Block r of every rank's `in` lands in block q of mine, in rank order.
+        std::size_t at = 0;
+        for (int q = 0; q < N; ++q) {
+          std::size_t from = 0, n = k.count;  // where rank q keeps its block for me
+          if (k.vector) {
+            const auto& sent = call(q).counts;
+            from = std::accumulate(sent.begin(), sent.begin() + r, std::size_t{0});
+            n = sent[static_cast<std::size_t>(r)];
+          } else {
+            from = static_cast<std::size_t>(r) * k.count;
+          }
+          move(static_cast<char*>(k.out) + at * elem, r, in(q) + from * elem, q, n * elem, k.memory,
+               t);
+          at += n;
+        }
+        return;
+      }
+      default:
+        throw Error("threads backend: no collective " + std::string(op_name(k.op)));
+    }
+  }
+
+  /// dst = op over q = 0..N-1 of chunk c of rank q's input, in rank order. f16 and bf16
+  /// are added in f32 and rounded once at the end. dst may be one of the inputs (every
+  /// input's block is read before the block is written).
+  void reduce_chunk(const Slot::Call& k, Bytes c, void* dst, Traffic& t) {
+    for (int q = 0; q < size(); ++q) read_from(q, c.length, t);
+    if (c.length == 0) return;
+    const std::size_t elem = dtype_size(k.type);
+    const std::size_t n = c.length / elem;
+    auto source = [&](int q) { return static_cast<const char*>(call(q).in) + c.offset; };
+    if (k.memory == Memory::device) return reduce_chunk_on_device(k, n, source, dst);
+    // Host: one pass over memory — each block is gathered into a small accumulator that
+    // stays in L1, then written out once.
+    constexpr std::size_t block = 2048;  // elements
+    alignas(64) unsigned char acc[block * 8];
+    alignas(64) float incoming[block];
+    const DType acc_type = is_half(k.type) ? DType::f32 : k.type;
+    const std::size_t acc_elem = dtype_size(acc_type);
+    for (std::size_t done = 0; done < n; done += block) {
+      const std::size_t len = std::min(block, n - done);
+      for (int q = 0; q < size(); ++q) {
+        const char* x = source(q) + done * elem;
+        if (!is_half(k.type)) {
+          if (q == 0)
+            std::memcpy(acc, x, len * elem);
+          else
+            reduce_into(acc, x, len, k.type, k.reduce);
+          continue;
+        }
+        float* into = q == 0 ? reinterpret_cast<float*>(acc) : incoming;
+        for (std::size_t i = 0; i < len; ++i) {
+          std::uint16_t bits = 0;
+          std::memcpy(&bits, x + i * 2, 2);
+          into[i] = k.type == DType::f16 ? half_bits_to_float(bits) : bf16_bits_to_float(bits);
+        }
+        if (q > 0) reduce_into(acc, incoming, len, DType::f32, k.reduce);
+      }
+      finish_reduce(acc, len, acc_type, k.reduce, size());
+      char* d = static_cast<char*>(dst) + done * elem;
+      if (!is_half(k.type)) {
+        std::memcpy(d, acc, len * acc_elem);
+        continue;
+      }
+      const float* sums = reinterpret_cast<const float*>(acc);
+      for (std::size_t i = 0; i < len; ++i) {
+        const std::uint16_t bits =
+            k.type == DType::f16 ? float_to_half_bits(sums[i]) : float_to_bf16_bits(sums[i]);
+        std::memcpy(d + i * 2, &bits, 2);
+      }
+    }
+  }
+
+  /// The same on the device: stage each rank's chunk into this rank's GPU (it may live on
+  /// another), add with a kernel, in rank order.
   template <class Source>
-  void reduce_chunk(Bytes c, DType type, ReduceOp op, Memory mem, Source&& source, void* dst) {
-    const std::size_t elem = dtype_size(type);
-    if (mem == Memory::device) {
-      if (c.length == 0) return;
-      cuda::DeviceTensor acc(
-          1, static_cast<std::int64_t>((c.length + sizeof(float) - 1) / sizeof(float)));
-      cuda::copy(acc.data(), static_cast<const char*>(source(0)) + c.offset, c.length);
-      for (int q = 1; q < size(); ++q)
-        cuda::reduce_into(acc.data(), static_cast<const char*>(source(q)) + c.offset,
-                          c.length / elem, type, op);
-      cuda::finish_reduce(acc.data(), c.length / elem, type, op, size());
-      cuda::copy(dst, acc.data(), c.length);
-      return;
+  void reduce_chunk_on_device(const Slot::Call& k, std::size_t n, Source&& source, void* dst) {
+    const bool half = is_half(k.type);
+    const DType acc_type = half ? DType::f32 : k.type;
+    const auto count = static_cast<std::int64_t>(n);
+    Tensor& acc = scratch(0, count, acc_type);
+    Tensor& staged = scratch(1, count, k.type);
+    Tensor& widened = scratch(2, half ? count : 0, DType::f32);
+    for (int q = 0; q < size(); ++q) {
+      kernels::copy(staged.raw(), source(q), n * dtype_size(k.type));
+      const void* x = staged.raw();
+      if (half) {
+        kernels::cast(staged.raw(), k.type, q == 0 ? acc.raw() : widened.raw(), DType::f32, count);
+        x = widened.raw();
+      } else if (q == 0) {
+        kernels::copy(acc.raw(), staged.raw(), n * dtype_size(k.type));
+      }
+      if (q > 0) kernels::reduce_into(acc.raw(), x, n, acc_type, k.reduce);
     }
-    constexpr std::size_t block = 8192;  // bytes; a multiple of every element size
-    alignas(64) char acc[block];
-    for (std::size_t done = 0; done < c.length; done += block) {
-      const std::size_t len = std::min(block, c.length - done);
-      std::memcpy(acc, static_cast<const char*>(source(0)) + c.offset + done, len);
-      for (int q = 1; q < size(); ++q)
-        reduce_into(acc, static_cast<const char*>(source(q)) + c.offset + done, len / elem, type,
-                    op);
-      finish_reduce(acc, len / elem, type, op, size());
-      std::memcpy(static_cast<char*>(dst) + done, acc, len);
-    }
+    kernels::finish_reduce(acc.raw(), n, acc_type, k.reduce, size());
+    if (half)
+      kernels::cast(acc.raw(), DType::f32, dst, k.type, count);
+    else
+      kernels::copy(dst, acc.raw(), n * dtype_size(k.type));
+  }
+
+  /// Device buffers kept between collectives (a cudaMalloc per call would wait for the
+  /// whole device): slot i holds at least n elements of `type`.
+  Tensor& scratch(int i, std::int64_t n, DType type) {
+    Tensor& s = scratch_[static_cast<std::size_t>(i)];
+    if (s.dtype() != type || s.size() < n || !s.on_device())
+      s = empty(Shape{std::max<std::int64_t>(n, 1)}, type, Memory::device);
+    return s;
   }
 
   /// Posts `mine`, meets the others, checks that everyone called the same collective,
-  /// runs `work`, and meets again (so no one returns while its buffers are being read).
-  /// Another rank's thread will read or write this rank's device buffer on its own
-  /// stream: let this rank's queued GPU work on it (a matmul writing it, a kernel reading
-  /// it) finish first.
-  static void settle(Memory mem) {
-    if (mem == Memory::device) cuda::synchronize();
-  }
-
+  /// runs `work`, and meets again (so no one returns while its buffers are being read);
+  /// then collects what the others counted against this rank's memory.
   template <class Work>
-  void run(Slot mine, Work&& work) {
-    settle(mine.mem);
+  void post_and_run(Slot mine, Traffic& t, Work&& work) {
     const std::string what = mine.describe();
     g_->slots[static_cast<std::size_t>(rank())] = std::move(mine);
     sync(what);
@@ -567,8 +694,29 @@ class ThreadComm final : public Communicator {
                         "in the same order, with the same counts)");
       }
     }
-    work();
+    check_alltoallv_counts();
+    work(t);
     sync(what);
+    t.sent += g_->remote_sent[static_cast<std::size_t>(rank())].exchange(0);
+    t.received += g_->remote_received[static_cast<std::size_t>(rank())].exchange(0);
+  }
+
+  /// alltoallv: what rank p sends to rank q must be what q expects from p (every rank
+  /// checks every pair, so all of them report it).
+  void check_alltoallv_counts() const {
+    const Slot& first = slot(0);
+    if (first.is_split || first.call.op != Op::alltoall || !first.call.vector) return;
+    for (int p = 0; p < size(); ++p)
+      for (int q = 0; q < size(); ++q) {
+        const std::size_t sends = call(p).counts[static_cast<std::size_t>(q)];
+        const std::size_t expects = call(q).recv_counts[static_cast<std::size_t>(p)];
+        if (sends != expects)
+          throw CommError("rank " + std::to_string(rank()) + ": alltoallv mismatch: rank " +
+                          std::to_string(p) + " sends " + std::to_string(sends) +
+                          " elements to rank " + std::to_string(q) + ", but rank " +
+                          std::to_string(q) + " expects " + std::to_string(expects) +
+                          " from it (exchange the counts first)");
+      }
   }
 
   /// A barrier over the group, with the timeout and a diagnostic naming who is missing.
@@ -603,7 +751,61 @@ class ThreadComm final : public Communicator {
                     " to join; did they skip the call, or are they blocked elsewhere?");
   }
 
+  // -- the progress thread -------------------------------------------------------------
+
+  void start_progress_thread() {
+    if (progress_.joinable()) return;
+    progress_ = std::thread([this] { progress_loop(); });
+  }
+
+  void progress_loop() {
+    for (;;) {
+      std::shared_ptr<Task> task;
+      {
+        std::unique_lock<std::mutex> lock(queue_m_);
+        queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stopping, nothing left
+        task = queue_.front();
+        queue_.pop_front();
+      }
+      try {
+        if (task->device >= 0) cuda::set_device(task->device);
+        run(task->call, task->traffic);
+      } catch (...) {
+        task->error = std::current_exception();
+      }
+      task->done.store(true, std::memory_order_release);
+      --pending_;
+      g_->world->wake(me_world());
+    }
+  }
+
+  /// Waits for a non-blocking collective, counts its traffic, rethrows its error.
+  void finish(AsyncCollective& request) {
+    Task& task = *request.task;
+    // The collective ends by itself (its waits have the timeout); wait as long as it runs.
+    while (!g_->world->wait_until(
+        me_world(), [&] { return task.done.load(std::memory_order_acquire); }, deadline())) {
+    }
+    if (task.error) std::rethrow_exception(task.error);
+    if (task.counted) record_traffic(task.call.op, task.traffic);
+  }
+
+  /// Lets the pending non-blocking collectives finish (a blocking one comes after them).
+  void drain() {
+    while (pending_.load() > 0)
+      g_->world->wait_until(
+          me_world(), [&] { return pending_.load(std::memory_order_acquire) == 0; }, deadline());
+  }
+
   std::shared_ptr<Group> g_;
+  std::array<Tensor, 3> scratch_;
+  std::thread progress_;
+  std::mutex queue_m_;
+  std::condition_variable queue_cv_;
+  std::deque<std::shared_ptr<Task>> queue_;
+  std::atomic<int> pending_{0};
+  bool stopping_ = false;
 };
 
 }  // namespace
@@ -629,5 +831,55 @@ std::unique_ptr<Communicator> ThreadWorld::communicator(int rank) {
 }
 
 void ThreadWorld::abort(const std::string& reason) { state_->abort(reason); }
+
+std::vector<std::exception_ptr> run_ranks(int ranks, std::chrono::milliseconds timeout,
+                                          const std::function<void(Communicator&)>& body) {
+  ThreadWorld world(ranks, timeout);
+  std::vector<std::unique_ptr<Communicator>> comms;
+  for (int r = 0; r < ranks; ++r) comms.push_back(world.communicator(r));
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(ranks));
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<std::size_t>(ranks));
+  std::string failed_to_start;
+  for (int r = 0; r < ranks; ++r) {
+    try {
+      threads.emplace_back([&, r] {
+        try {
+          body(*comms[static_cast<std::size_t>(r)]);
+        } catch (...) {
+          errors[static_cast<std::size_t>(r)] = std::current_exception();
+          world.abort("rank " + std::to_string(r) + " failed");
+        }
+      });
+    } catch (const std::system_error& e) {
+      failed_to_start = "could start only " + std::to_string(r) + " of " + std::to_string(ranks) +
+                        " rank threads (" + e.what() + "): use fewer ranks";
+      world.abort(failed_to_start);
+      break;
+    }
+  }
+  for (std::thread& t : threads) t.join();
+  comms.clear();  // progress threads end here, before the world goes
+  if (!failed_to_start.empty()) throw Error(failed_to_start);
+  return errors;
+}
+
+void run_threads(int ranks, const std::function<void(Communicator&)>& body,
+                 std::chrono::milliseconds timeout) {
+  const std::vector<std::exception_ptr> errors = run_ranks(ranks, timeout, body);
+  // The first-hand error wins over the CommAborted of the ranks it stopped.
+  std::exception_ptr aborted;
+  for (const std::exception_ptr& e : errors) {
+    if (!e) continue;
+    try {
+      std::rethrow_exception(e);
+    } catch (const CommAborted&) {
+      if (!aborted) aborted = e;
+    } catch (...) {
+      std::rethrow_exception(e);
+    }
+  }
+  if (aborted) std::rethrow_exception(aborted);
+}
 
 }  // namespace shardlab

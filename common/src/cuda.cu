@@ -1,5 +1,9 @@
-// cuda: devices, device memory, kernels and cuBLAS (see cuda.hpp). Compiled with
-// --default-stream per-thread, so each rank's thread works on a stream of its own.
+// cuda: devices (cuda.hpp) and the device side of tensors and communicators
+// (kernels.hpp). Compiled with --default-stream per-thread, so each rank's thread works
+// on a stream of its own.
+//
+// Every kernel here has a host loop beside it in tensor.cpp / comm.cpp, and test_cuda.cpp
+// checks each against it on random data before anything is timed (llm.c's pattern).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -11,13 +15,16 @@
 #include <vector>
 
 #include "gpu_check.hpp"
+#include "kernels.hpp"
 #include "shardlab/check.hpp"
 #include "shardlab/cuda.hpp"
 
-namespace shardlab::cuda {
+namespace shardlab {
 
 // ---------------------------------------------------------------------------
 // Devices
+
+namespace cuda {
 
 bool built() { return true; }
 
@@ -65,6 +72,15 @@ double peak_fp32_tflops(int index) {
 
 void set_device(int index) { CUDA_CHECK(cudaSetDevice(index)); }
 
+int current_device() {
+  int d = -1;
+  if (cudaGetDevice(&d) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return d;
+}
+
 int device_for_rank(int rank) {
   const int n = device_count();
   if (n == 0) throw UsageError("--device cuda: no CUDA device found");
@@ -73,203 +89,227 @@ int device_for_rank(int rank) {
 
 void synchronize() { CUDA_CHECK(cudaStreamSynchronize(cudaStreamPerThread)); }
 
-// ---------------------------------------------------------------------------
-// Device memory
-
-DeviceTensor::DeviceTensor(std::int64_t rows, std::int64_t cols) : rows_(rows), cols_(cols) {
-  require(rows >= 0 && cols >= 0, "DeviceTensor: negative size");
-  if (size() == 0) return;
-  CUDA_CHECK(cudaMalloc(&data_, static_cast<std::size_t>(size()) * sizeof(float)));
-  CUDA_CHECK(cudaMemsetAsync(data_, 0, static_cast<std::size_t>(size()) * sizeof(float),
-                             cudaStreamPerThread));
-}
-
-DeviceTensor::~DeviceTensor() {
-  if (data_) cudaFree(data_);
-}
-
-DeviceTensor::DeviceTensor(DeviceTensor&& o) noexcept
-    : data_(o.data_), rows_(o.rows_), cols_(o.cols_) {
-  o.data_ = nullptr;
-  o.rows_ = o.cols_ = 0;
-}
-
-DeviceTensor& DeviceTensor::operator=(DeviceTensor&& o) noexcept {
-  std::swap(data_, o.data_);
-  std::swap(rows_, o.rows_);
-  std::swap(cols_, o.cols_);
-  return *this;
-}
-
-DeviceTensor DeviceTensor::to_device(const Tensor& host) {
-  DeviceTensor d(host.ndim() == 2 ? host.rows() : 1, host.ndim() == 2 ? host.cols() : host.size());
-  copy(d.data(), host.data(), static_cast<std::size_t>(host.size()) * sizeof(float));
-  return d;
-}
-
-Tensor DeviceTensor::to_host() const {
-  Tensor t(rows_, cols_);
-  copy(t.data(), data_, static_cast<std::size_t>(size()) * sizeof(float));
-  return t;
-}
-
-DeviceHalves::DeviceHalves(std::size_t count, HalfKind kind) : count_(count), kind_(kind) {
-  if (count) CUDA_CHECK(cudaMalloc(&data_, count * sizeof(std::uint16_t)));
-}
-DeviceHalves::~DeviceHalves() {
-  if (data_) cudaFree(data_);
-}
-DeviceHalves::DeviceHalves(DeviceHalves&& o) noexcept
-    : data_(o.data_), count_(o.count_), kind_(o.kind_) {
-  o.data_ = nullptr;
-  o.count_ = 0;
-}
-DeviceHalves& DeviceHalves::operator=(DeviceHalves&& o) noexcept {
-  std::swap(data_, o.data_);
-  std::swap(count_, o.count_);
-  std::swap(kind_, o.kind_);
-  return *this;
-}
-std::vector<std::uint16_t> DeviceHalves::to_host() const {
-  std::vector<std::uint16_t> h(count_);
-  copy(h.data(), data_, count_ * sizeof(std::uint16_t));
-  return h;
-}
-
-void copy(void* dst, const void* src, std::size_t bytes) {
-  if (bytes == 0) return;
-  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cudaStreamPerThread));
-  CUDA_CHECK(cudaStreamSynchronize(cudaStreamPerThread));
-}
+}  // namespace cuda
 
 // ---------------------------------------------------------------------------
-// Kernels: grid-stride loops, one thread per element.
+// Kernels
+
+namespace kernels {
 
 namespace {
 constexpr int threads = 256;
+cudaStream_t stream() { return cudaStreamPerThread; }
+
 unsigned blocks(std::int64_t n) {
   return static_cast<unsigned>(std::min<std::int64_t>((n + threads - 1) / threads, 65535));
 }
-void launched() { CUDA_CHECK(cudaGetLastError()); }
 
-__global__ void axpy_kernel(float alpha, const float* x, float* y, std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+/// Launches kernel<<<blocks(n), threads>>> on the thread's stream, and nothing at all for
+/// n == 0 (a grid of zero blocks is an error): every launch goes through here.
+template <class... Params, class... Args>
+void launch(std::int64_t n, void (*kernel)(Params...), Args... args) {
+  if (n <= 0) return;
+  kernel<<<blocks(n), threads, 0, stream()>>>(args...);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+#define GRID_STRIDE(i, n)                                                             \
+  for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < (n); \
        i += std::int64_t{gridDim.x} * blockDim.x)
-    y[i] += alpha * x[i];
+
+// Element loads and stores through double, for kernels written once for every type.
+template <class T>
+__device__ double load(const T* p, std::int64_t i) {
+  if constexpr (std::is_same_v<T, Half>)
+    return __half2float(__ushort_as_half(p[i].bits));
+  else if constexpr (std::is_same_v<T, BFloat16>)
+    return __bfloat162float(__ushort_as_bfloat16(p[i].bits));
+  else
+    return static_cast<double>(p[i]);
+}
+template <class T>
+__device__ void store(T* p, std::int64_t i, double v) {
+  if constexpr (std::is_same_v<T, Half>)
+    p[i].bits = __half_as_ushort(__float2half_rn(static_cast<float>(v)));
+  else if constexpr (std::is_same_v<T, BFloat16>)
+    p[i].bits = __bfloat16_as_ushort(__float2bfloat16_rn(static_cast<float>(v)));
+  else
+    p[i] = static_cast<T>(v);
+}
+
+__global__ void binary_kernel(Binary op, const float* a, const float* b, float* out,
+                              std::int64_t n) {
+  GRID_STRIDE(i, n) {
+    out[i] = op == Binary::add ? a[i] + b[i] : op == Binary::sub ? a[i] - b[i] : a[i] * b[i];
+  }
+}
+__global__ void axpy_kernel(float alpha, const float* x, float* y, std::int64_t n) {
+  GRID_STRIDE(i, n) { y[i] += alpha * x[i]; }
 }
 __global__ void scale_kernel(float* x, float s, std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x)
-    x[i] *= s;
-}
-__global__ void add_kernel(const float* a, const float* b, float* out, std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x)
-    out[i] = a[i] + b[i];
-}
-__global__ void tanh_kernel(const float* x, float* y, std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x)
-    y[i] = tanhf(x[i]);
-}
-__global__ void tanh_backward_kernel(const float* y, const float* dy, float* dx, std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x)
-    dx[i] = dy[i] * (1.0f - y[i] * y[i]);
-}
-__global__ void adam_kernel(float* p, const float* g, float* m, float* v, float lr, float b1,
-                            float b2, float eps, float correction1, float correction2,
-                            std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
-    m[i] = b1 * m[i] + (1.0f - b1) * g[i];
-    v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
-    p[i] -= lr * (m[i] / correction1) / (sqrtf(v[i] / correction2) + eps);
-  }
-}
-/// Each block writes the max |a - b| of its elements (NaN if any is NaN) to partial[block].
-__global__ void max_abs_diff_kernel(const float* a, const float* b, float* partial,
-                                    std::int64_t n) {
-  __shared__ float best[threads];
-  float m = 0.0f;
-  for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
-    const float d = fabsf(a[i] - b[i]);
-    m = (d != d || m != m) ? d + m : fmaxf(m, d);  // NaN wins
-  }
-  best[threadIdx.x] = m;
-  __syncthreads();
-  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) {
-      const float o = best[threadIdx.x + stride], s = best[threadIdx.x];
-      best[threadIdx.x] = (o != o || s != s) ? o + s : fmaxf(s, o);
-    }
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) partial[blockIdx.x] = best[0];
+  GRID_STRIDE(i, n) { x[i] *= s; }
 }
 __global__ void add_row_kernel(float* y, const float* row, std::int64_t n, std::int64_t cols) {
-  for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x)
-    y[i] += row[i % cols];
+  GRID_STRIDE(i, n) { y[i] += row[i % cols]; }
 }
-/// One thread per column, summing down the rows in order (as the CPU reference does).
+/// One thread per column, summing down the rows in order (as the host loop does).
 __global__ void column_sums_kernel(const float* x, float* out, std::int64_t rows,
                                    std::int64_t cols) {
-  for (std::int64_t j = blockIdx.x * blockDim.x + threadIdx.x; j < cols;
-       j += std::int64_t{gridDim.x} * blockDim.x) {
+  GRID_STRIDE(j, cols) {
     float sum = 0.0f;
     for (std::int64_t i = 0; i < rows; ++i) sum += x[i * cols + j];
     out[j] = sum;
   }
 }
-/// Rounds to fp16 or bf16; raises *flag when a result is inf or NaN.
-__global__ void to_half_kernel(const float* x, std::uint16_t* out, std::int64_t n, bool bf16,
-                               int* flag) {
-  bool bad = false;
-  for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
-    const std::uint16_t h = bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(x[i]))
-                                 : __half_as_ushort(__float2half_rn(x[i]));
-    out[i] = h;
-    bad |= bf16 ? (h & 0x7f80) == 0x7f80 : (h & 0x7c00) == 0x7c00;
+__global__ void tanh_kernel(const float* x, float* y, std::int64_t n) {
+  GRID_STRIDE(i, n) { y[i] = tanhf(x[i]); }
+}
+__global__ void tanh_backward_kernel(const float* y, const float* dy, float* dx, std::int64_t n) {
+  GRID_STRIDE(i, n) { dx[i] = dy[i] * (1.0f - y[i] * y[i]); }
+}
+constexpr float gelu_c = 0.7978845608028654f, gelu_a = 0.044715f;
+__global__ void gelu_kernel(const float* x, float* y, std::int64_t n) {
+  GRID_STRIDE(i, n) {
+    const float v = x[i];
+    y[i] = 0.5f * v * (1.0f + tanhf(gelu_c * (v + gelu_a * v * v * v)));
   }
-  if (bad) atomicOr(flag, 1);
 }
-__global__ void to_float_kernel(const std::uint16_t* h, float* out, std::int64_t n, bool bf16) {
-  for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x)
-    out[i] =
-        bf16 ? __bfloat162float(__ushort_as_bfloat16(h[i])) : __half2float(__ushort_as_half(h[i]));
+__global__ void gelu_backward_kernel(const float* x, const float* dy, float* dx, std::int64_t n) {
+  GRID_STRIDE(i, n) {
+    const float v = x[i];
+    const float t = tanhf(gelu_c * (v + gelu_a * v * v * v));
+    const float du = gelu_c * (1.0f + 3.0f * gelu_a * v * v);
+    dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+  }
 }
-
+__global__ void adam_kernel(float* p, const float* g, float* m, float* v, std::int64_t n, float lr,
+                            float b1, float b2, float eps, float l2, float decay, float c1,
+                            float c2) {
+  GRID_STRIDE(i, n) {
+    const float grad = g[i] + l2 * p[i];
+    m[i] = b1 * m[i] + (1.0f - b1) * grad;
+    v[i] = b2 * v[i] + (1.0f - b2) * grad * grad;
+    p[i] -= decay * p[i];
+    p[i] -= lr * (m[i] / c1) / (sqrtf(v[i] / c2) + eps);
+  }
+}
+template <class In, class Out>
+__global__ void cast_kernel(const In* in, Out* out, std::int64_t n) {
+  GRID_STRIDE(i, n) { store(out, i, load(in, i)); }
+}
 template <class T>
-__global__ void reduce_kernel(T* acc, const T* x, std::size_t n, ReduceOp op) {
-  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
-       i += std::size_t{gridDim.x} * blockDim.x) {
+__global__ void fill_kernel(T* p, std::int64_t n, double value) {
+  GRID_STRIDE(i, n) { store(p, i, value); }
+}
+__global__ void transpose_kernel(const unsigned char* src, unsigned char* dst, std::int64_t rows,
+                                 std::int64_t cols, std::size_t elem) {
+  GRID_STRIDE(i, rows * cols) {
+    const std::int64_t r = i / cols, c = i % cols;
+    for (std::size_t b = 0; b < elem; ++b) dst[(c * rows + r) * elem + b] = src[i * elem + b];
+  }
+}
+/// Each block writes max |a - b| (|a| when b is null) of its elements to partial[block];
+/// NaN wins.
+template <class T>
+__global__ void max_abs_diff_kernel(const T* a, const T* b, double* partial, std::int64_t n) {
+  __shared__ double best[threads];
+  double m = 0.0;
+  GRID_STRIDE(i, n) {
+    const double d = fabs(load(a, i) - (b ? load(b, i) : 0.0));
+    m = (d != d || m != m) ? d + m : fmax(m, d);
+  }
+  best[threadIdx.x] = m;
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) {
+      const double o = best[threadIdx.x + stride], s = best[threadIdx.x];
+      best[threadIdx.x] = (o != o || s != s) ? o + s : fmax(s, o);
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = best[0];
+}
+template <class I>
+__global__ void gather_kernel(const unsigned char* src, std::int64_t src_rows,
+                              std::size_t row_bytes, const I* index, std::int64_t n,
+                              unsigned char* out, int* bad) {
+  GRID_STRIDE(k, n * static_cast<std::int64_t>(row_bytes)) {
+    const std::int64_t i = k / static_cast<std::int64_t>(row_bytes);
+    const std::int64_t b = k % static_cast<std::int64_t>(row_bytes);
+    const std::int64_t r = index[i];
+    if (r < 0 || r >= src_rows) {
+      *bad = 1;
+      continue;
+    }
+    out[k] = src[r * static_cast<std::int64_t>(row_bytes) + b];
+  }
+}
+/// One thread per column, the rows added in order of i: the same sums as the host loop.
+template <class I>
+__global__ void scatter_add_kernel(float* dst, std::int64_t dst_rows, std::int64_t cols,
+                                   const I* index, std::int64_t n, const float* src, int* bad) {
+  GRID_STRIDE(j, cols) {
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::int64_t r = index[i];
+      if (r < 0 || r >= dst_rows) {
+        *bad = 1;
+        continue;
+      }
+      dst[r * cols + j] += src[i * cols + j];
+    }
+  }
+}
+template <class T>
+__global__ void reduce_kernel(T* acc, const T* x, std::int64_t n, ReduceOp op) {
+  GRID_STRIDE(i, n) {
     switch (op) {
       case ReduceOp::sum:
       case ReduceOp::avg:
         acc[i] = static_cast<T>(acc[i] + x[i]);
         break;
-      case ReduceOp::max:
-        acc[i] = x[i] > acc[i] ? x[i] : acc[i];
+      case ReduceOp::max:  // x > acc, or x is NaN: NaN, once in, stays
+        if (x[i] > acc[i] || x[i] != x[i]) acc[i] = x[i];
         break;
       case ReduceOp::min:
-        acc[i] = x[i] < acc[i] ? x[i] : acc[i];
+        if (x[i] < acc[i] || x[i] != x[i]) acc[i] = x[i];
         break;
     }
   }
 }
 template <class T>
-__global__ void divide_kernel(T* acc, std::size_t n, int ranks) {
-  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
-       i += std::size_t{gridDim.x} * blockDim.x)
-    acc[i] = static_cast<T>(acc[i] / static_cast<T>(ranks));
+__global__ void divide_kernel(T* acc, std::int64_t n, int ranks) {
+  GRID_STRIDE(i, n) { acc[i] = static_cast<T>(acc[i] / ranks); }  // int division for ints
 }
 
-void require_same(const DeviceTensor& a, const DeviceTensor& b, const char* what) {
-  require(a.rows() == b.rows() && a.cols() == b.cols(), std::string(what) + ": shapes differ");
+/// A small device flag for kernels that report a bad index.
+class Flag {
+ public:
+  Flag() {
+    CUDA_CHECK(cudaMalloc(&flag_, sizeof(int)));
+    CUDA_CHECK(cudaMemsetAsync(flag_, 0, sizeof(int), stream()));
+  }
+  ~Flag() { cudaFree(flag_); }
+  Flag(const Flag&) = delete;
+  Flag& operator=(const Flag&) = delete;
+  int* get() { return flag_; }
+  bool raised() {
+    int host = 0;
+    CUDA_CHECK(cudaMemcpyAsync(&host, flag_, sizeof(int), cudaMemcpyDeviceToHost, stream()));
+    CUDA_CHECK(cudaStreamSynchronize(stream()));
+    return host != 0;
+  }
+
+ private:
+  int* flag_ = nullptr;
+};
+
+/// Calls f(T{}) for the index types.
+template <class F>
+void visit_index(DType t, F&& f) {
+  if (t == DType::i32)
+    f(std::int32_t{});
+  else
+    f(std::int64_t{});
 }
 
 int device_of(const void* p) {
@@ -277,149 +317,200 @@ int device_of(const void* p) {
   CUDA_CHECK(cudaPointerGetAttributes(&a, p));
   return a.type == cudaMemoryTypeDevice ? a.device : -1;
 }
+
+/// One cuBLAS handle per thread and device (each rank's thread has its own), bound to the
+/// thread's stream, with the math mode set explicitly (FP32: no TF32), destroyed when the
+/// thread ends.
+class Handles {
+ public:
+  ~Handles() {
+    for (auto& [device, handle] : handles_) cublasDestroy(handle);
+  }
+  cublasHandle_t get() {
+    int device = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    for (auto& [d, h] : handles_)
+      if (d == device) return h;
+    cublasHandle_t h = nullptr;
+    CUBLAS_CHECK(cublasCreate(&h));
+    CUBLAS_CHECK(cublasSetStream(h, stream()));
+    CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
+    handles_.emplace_back(device, h);
+    return h;
+  }
+
+ private:
+  std::vector<std::pair<int, cublasHandle_t>> handles_;
+};
+thread_local Handles handles;
 }  // namespace
 
-void axpy(float alpha, const DeviceTensor& x, DeviceTensor& y) {
-  require_same(x, y, "axpy");
-  axpy_kernel<<<blocks(y.size()), threads, 0, cudaStreamPerThread>>>(alpha, x.data(), y.data(),
-                                                                     y.size());
-  launched();
+// -- memory -------------------------------------------------------------------------
+
+void* device_alloc(std::size_t bytes, int* device) {
+  void* p = nullptr;
+  CUDA_CHECK(cudaGetDevice(device));
+  CUDA_CHECK(cudaMalloc(&p, bytes));
+  return p;
 }
 
-void scale(DeviceTensor& x, float s) {
-  scale_kernel<<<blocks(x.size()), threads, 0, cudaStreamPerThread>>>(x.data(), s, x.size());
-  launched();
+void device_free(void* p) {
+  if (p) cudaFree(p);
 }
 
-DeviceTensor add(const DeviceTensor& a, const DeviceTensor& b) {
-  require_same(a, b, "add");
-  DeviceTensor out(a.rows(), a.cols());
-  add_kernel<<<blocks(a.size()), threads, 0, cudaStreamPerThread>>>(a.data(), b.data(), out.data(),
-                                                                    a.size());
-  launched();
-  return out;
+void copy(void* dst, const void* src, std::size_t bytes) {
+  if (bytes == 0 || dst == src) return;
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream()));
+  CUDA_CHECK(cudaStreamSynchronize(stream()));
 }
 
-DeviceTensor tanh_forward(const DeviceTensor& x) {
-  DeviceTensor y(x.rows(), x.cols());
-  tanh_kernel<<<blocks(x.size()), threads, 0, cudaStreamPerThread>>>(x.data(), y.data(), x.size());
-  launched();
-  return y;
+void copy_2d(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
+             std::size_t width, std::size_t height) {
+  CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, height, cudaMemcpyDefault,
+                               stream()));
+  CUDA_CHECK(cudaStreamSynchronize(stream()));
 }
 
-DeviceTensor tanh_backward(const DeviceTensor& y, const DeviceTensor& dy) {
-  require_same(y, dy, "tanh_backward");
-  DeviceTensor dx(y.rows(), y.cols());
-  tanh_backward_kernel<<<blocks(y.size()), threads, 0, cudaStreamPerThread>>>(y.data(), dy.data(),
-                                                                              dx.data(), y.size());
-  launched();
-  return dx;
+void zero(void* p, std::size_t bytes) {
+  if (bytes) CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream()));
 }
 
-void adam_step(DeviceTensor& p, const DeviceTensor& g, DeviceTensor& m, DeviceTensor& v, float lr,
-               float b1, float b2, float eps, int t) {
-  require_same(p, g, "adam_step");
-  require_same(p, m, "adam_step");
-  require_same(p, v, "adam_step");
-  require(t >= 1, "adam_step: t counts from 1");
-  const float c1 = 1.0f - std::pow(b1, static_cast<float>(t)),
-              c2 = 1.0f - std::pow(b2, static_cast<float>(t));
-  adam_kernel<<<blocks(p.size()), threads, 0, cudaStreamPerThread>>>(
-      p.data(), g.data(), m.data(), v.data(), lr, b1, b2, eps, c1, c2, p.size());
-  launched();
+void fill(void* p, std::int64_t n, DType type, double value) {
+  visit_dtype(type, [&](auto z) {
+    using T = decltype(z);
+    launch(n, fill_kernel<T>, static_cast<T*>(p), n, value);
+  });
 }
 
-DeviceHalves cast_to_half(const DeviceTensor& x, HalfKind kind, bool* nonfinite) {
-  DeviceHalves out(static_cast<std::size_t>(x.size()), kind);
-  int* flag = nullptr;
-  CUDA_CHECK(cudaMalloc(&flag, sizeof(int)));
-  CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int), cudaStreamPerThread));
-  if (x.size() > 0)
-    to_half_kernel<<<blocks(x.size()), threads, 0, cudaStreamPerThread>>>(
-        x.data(), out.data(), x.size(), kind == HalfKind::bf16, flag);
-  launched();
-  int host_flag = 0;
-  copy(&host_flag, flag, sizeof(int));
-  cudaFree(flag);
-  if (nonfinite) *nonfinite = host_flag != 0;
-  return out;
+void transpose(const void* src, void* dst, std::int64_t rows, std::int64_t cols, std::size_t elem) {
+  launch(rows * cols, transpose_kernel, static_cast<const unsigned char*>(src),
+         static_cast<unsigned char*>(dst), rows, cols, elem);
 }
 
-DeviceTensor cast_to_float(const DeviceHalves& h) {
-  DeviceTensor out(1, static_cast<std::int64_t>(h.size()));
-  if (h.size() > 0)
-    to_float_kernel<<<blocks(out.size()), threads, 0, cudaStreamPerThread>>>(
-        h.data(), out.data(), out.size(), h.kind() == HalfKind::bf16);
-  launched();
-  return out;
+// -- elementwise --------------------------------------------------------------------------
+
+void binary(Binary op, const float* a, const float* b, float* out, std::int64_t n) {
+  launch(n, binary_kernel, op, a, b, out, n);
+}
+void axpy(float alpha, const float* x, float* y, std::int64_t n) {
+  launch(n, axpy_kernel, alpha, x, y, n);
+}
+void scale(float* x, float s, std::int64_t n) { launch(n, scale_kernel, x, s, n); }
+void add_row(float* y, const float* row, std::int64_t rows, std::int64_t cols) {
+  launch(rows * cols, add_row_kernel, y, row, rows * cols, cols);
+}
+void column_sums(const float* x, float* out, std::int64_t rows, std::int64_t cols) {
+  launch(cols, column_sums_kernel, x, out, rows, cols);
+}
+void tanh_forward(const float* x, float* y, std::int64_t n) { launch(n, tanh_kernel, x, y, n); }
+void tanh_backward(const float* y, const float* dy, float* dx, std::int64_t n) {
+  launch(n, tanh_backward_kernel, y, dy, dx, n);
+}
+void gelu_forward(const float* x, float* y, std::int64_t n) { launch(n, gelu_kernel, x, y, n); }
+void gelu_backward(const float* x, const float* dy, float* dx, std::int64_t n) {
+  launch(n, gelu_backward_kernel, x, dy, dx, n);
+}
+void adam_step(float* p, const float* g, float* m, float* v, std::int64_t n, float lr, float beta1,
+               float beta2, float eps, float l2, float decay, float correction1,
+               float correction2) {
+  launch(n, adam_kernel, p, g, m, v, n, lr, beta1, beta2, eps, l2, decay, correction1, correction2);
 }
 
-float max_abs_diff(const DeviceTensor& a, const DeviceTensor& b) {
-  require_same(a, b, "max_abs_diff");
-  if (a.size() == 0) return 0.0f;
-  const unsigned n_blocks = std::min<unsigned>(blocks(a.size()), 1024);
-  DeviceTensor partial(1, n_blocks);
-  max_abs_diff_kernel<<<n_blocks, threads, 0, cudaStreamPerThread>>>(a.data(), b.data(),
-                                                                     partial.data(), a.size());
-  launched();
-  const Tensor host = partial.to_host();
-  float m = 0.0f;
-  for (float v : host) {
+// -- types and indices ----------------------------------------------------------------------
+
+void cast(const void* in, DType from, void* out, DType to, std::int64_t n) {
+  visit_dtype(from, [&](auto a) {
+    using A = decltype(a);
+    visit_dtype(to, [&](auto b) {
+      using B = decltype(b);
+      launch(n, cast_kernel<A, B>, static_cast<const A*>(in), static_cast<B*>(out), n);
+    });
+  });
+}
+
+double max_abs_diff(const void* a, const void* b, DType type, std::int64_t n) {
+  if (n == 0) return 0.0;
+  const unsigned n_blocks = std::min<unsigned>(blocks(n), 1024);
+  double* partial = nullptr;
+  CUDA_CHECK(cudaMalloc(&partial, n_blocks * sizeof(double)));
+  visit_dtype(type, [&](auto z) {
+    using T = decltype(z);
+    max_abs_diff_kernel<T><<<n_blocks, threads, 0, stream()>>>(
+        static_cast<const T*>(a), static_cast<const T*>(b), partial, n);
+  });
+  std::vector<double> host(n_blocks);
+  const cudaError_t launched = cudaGetLastError();
+  const cudaError_t copied = cudaMemcpyAsync(host.data(), partial, n_blocks * sizeof(double),
+                                             cudaMemcpyDeviceToHost, stream());
+  const cudaError_t synced = cudaStreamSynchronize(stream());
+  cudaFree(partial);
+  CUDA_CHECK(launched);
+  CUDA_CHECK(copied);
+  CUDA_CHECK(synced);
+  double m = 0.0;
+  for (double v : host) {
     if (std::isnan(v)) return v;
     m = std::max(m, v);
   }
   return m;
 }
 
-DeviceTensor matmul(const DeviceTensor& a, const DeviceTensor& b) {
-  return matmul(a, b, false, false);
+bool all_finite(const void* x, DType type, std::int64_t n) {
+  return std::isfinite(max_abs_diff(x, nullptr, type, n));
 }
 
-DeviceTensor matmul(const DeviceTensor& a, const DeviceTensor& b, bool transpose_a,
-                    bool transpose_b) {
-  const std::int64_t M = transpose_a ? a.cols() : a.rows(), K = transpose_a ? a.rows() : a.cols();
-  const std::int64_t Kb = transpose_b ? b.cols() : b.rows(), N = transpose_b ? b.rows() : b.cols();
-  require(K == Kb, "matmul: inner dimensions differ");
-  DeviceTensor out(M, N);  // zero-filled: the answer when K is 0
-  if (M == 0 || N == 0 || K == 0) return out;
-  // One handle per thread (each rank's thread has its own), bound to its stream.
-  thread_local cublasHandle_t handle = nullptr;
-  thread_local int handle_device = -1;
-  int device = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  if (!handle || handle_device != device) {
-    CUBLAS_CHECK(cublasCreate(&handle));
-    CUBLAS_CHECK(cublasSetStream(handle, cudaStreamPerThread));
-    handle_device = device;
-  }
+bool gather_rows(const void* src, std::int64_t src_rows, std::size_t row_bytes, const void* index,
+                 DType index_type, std::int64_t n, void* out) {
+  Flag bad;
+  visit_index(index_type, [&](auto z) {
+    using I = decltype(z);
+    launch(n * static_cast<std::int64_t>(row_bytes), gather_kernel<I>,
+           static_cast<const unsigned char*>(src), src_rows, row_bytes,
+           static_cast<const I*>(index), n, static_cast<unsigned char*>(out), bad.get());
+  });
+  return !bad.raised();
+}
+
+bool scatter_add_rows(float* dst, std::int64_t dst_rows, std::int64_t cols, const void* index,
+                      DType index_type, std::int64_t n, const float* src) {
+  Flag bad;
+  visit_index(index_type, [&](auto z) {
+    using I = decltype(z);
+    launch(cols, scatter_add_kernel<I>, dst, dst_rows, cols, static_cast<const I*>(index), n, src,
+           bad.get());
+  });
+  return !bad.raised();
+}
+
+// -- matmul ---------------------------------------------------------------------------
+
+void matmul(const void* a, const void* b, void* out, DType type, std::int64_t M, std::int64_t N,
+            std::int64_t K, bool transpose_a, bool transpose_b, std::int64_t a_cols,
+            std::int64_t b_cols) {
   // cuBLAS is column-major, and a row-major R x C matrix is, to it, the C x R transpose.
   // So it computes out^T (N x M) = op(b)^T (N x K) @ op(a)^T (K x M): b first, then a; an
   // operand we want untransposed is passed as it lies (OP_N), one we want transposed with
   // OP_T. Leading dimensions are the row-major column counts.
   const float one = 1.0f, zero = 0.0f;
-  CUBLAS_CHECK(cublasSgemm(handle, transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                           transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(N),
-                           static_cast<int>(M), static_cast<int>(K), &one, b.data(),
-                           static_cast<int>(b.cols()), a.data(), static_cast<int>(a.cols()), &zero,
-                           out.data(), static_cast<int>(N)));
-  return out;
+  const cublasOperation_t op_b = transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_a = transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasHandle_t h = handles.get();
+  if (type == DType::f32) {
+    CUBLAS_CHECK(cublasSgemm(
+        h, op_b, op_a, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &one,
+        static_cast<const float*>(b), static_cast<int>(b_cols), static_cast<const float*>(a),
+        static_cast<int>(a_cols), &zero, static_cast<float*>(out), static_cast<int>(N)));
+    return;
+  }
+  // f16 / bf16 in and out, f32 accumulation: the tensor-core path.
+  const cudaDataType_t t = type == DType::f16 ? CUDA_R_16F : CUDA_R_16BF;
+  CUBLAS_CHECK(cublasGemmEx(h, op_b, op_a, static_cast<int>(N), static_cast<int>(M),
+                            static_cast<int>(K), &one, b, t, static_cast<int>(b_cols), a, t,
+                            static_cast<int>(a_cols), &zero, out, t, static_cast<int>(N),
+                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-void add_row(DeviceTensor& y, const DeviceTensor& row) {
-  require(row.rows() == 1 && row.cols() == y.cols(), "add_row: the row must be 1 x cols");
-  add_row_kernel<<<blocks(y.size()), threads, 0, cudaStreamPerThread>>>(y.data(), row.data(),
-                                                                        y.size(), y.cols());
-  launched();
-}
-
-DeviceTensor column_sums(const DeviceTensor& x) {
-  DeviceTensor out(1, x.cols());
-  if (x.size() > 0)
-    column_sums_kernel<<<blocks(x.cols()), threads, 0, cudaStreamPerThread>>>(x.data(), out.data(),
-                                                                              x.rows(), x.cols());
-  launched();
-  return out;
-}
+// -- reductions for the communicators -----------------------------------------------------
 
 void reduce_into(void* acc, const void* x, std::size_t count, DType type, ReduceOp op) {
   if (count == 0) return;
@@ -427,31 +518,70 @@ void reduce_into(void* acc, const void* x, std::size_t count, DType type, Reduce
   int here = 0;
   CUDA_CHECK(cudaGetDevice(&here));
   // A kernel reads only its own device's memory: bring x over first if it lives elsewhere.
-  DeviceTensor staged;
+  void* staged = nullptr;
   if (device_of(x) != here) {
-    staged =
-        DeviceTensor(1, static_cast<std::int64_t>((bytes + sizeof(float) - 1) / sizeof(float)));
-    copy(staged.data(), x, bytes);
-    x = staged.data();
+    CUDA_CHECK(cudaMalloc(&staged, bytes));
+    copy(staged, x, bytes);
+    x = staged;
   }
-  visit_dtype(type, [&](auto zero) {
-    using T = decltype(zero);
-    reduce_kernel<T><<<blocks(static_cast<std::int64_t>(count)), threads, 0, cudaStreamPerThread>>>(
-        static_cast<T*>(acc), static_cast<const T*>(x), count, op);
-  });
-  launched();
+  const auto n = static_cast<std::int64_t>(count);
+  switch (type) {
+    case DType::f32:
+      launch(n, reduce_kernel<float>, static_cast<float*>(acc), static_cast<const float*>(x), n,
+             op);
+      break;
+    case DType::f64:
+      launch(n, reduce_kernel<double>, static_cast<double*>(acc), static_cast<const double*>(x), n,
+             op);
+      break;
+    case DType::i32:
+      launch(n, reduce_kernel<std::int32_t>, static_cast<std::int32_t*>(acc),
+             static_cast<const std::int32_t*>(x), n, op);
+      break;
+    case DType::i64:
+      launch(n, reduce_kernel<std::int64_t>, static_cast<std::int64_t*>(acc),
+             static_cast<const std::int64_t*>(x), n, op);
+      break;
+    case DType::u8:
+      launch(n, reduce_kernel<std::uint8_t>, static_cast<std::uint8_t*>(acc),
+             static_cast<const std::uint8_t*>(x), n, op);
+      break;
+    case DType::f16:
+    case DType::bf16:
+      if (staged) cudaFree(staged);
+      throw Error("reduce_into: f16 and bf16 are reduced through f32");
+  }
   synchronize();
+  if (staged) cudaFree(staged);
 }
 
 void finish_reduce(void* acc, std::size_t count, DType type, ReduceOp op, int ranks) {
   if (op != ReduceOp::avg || count == 0) return;
-  visit_dtype(type, [&](auto zero) {
-    using T = decltype(zero);
-    divide_kernel<T><<<blocks(static_cast<std::int64_t>(count)), threads, 0, cudaStreamPerThread>>>(
-        static_cast<T*>(acc), count, ranks);
-  });
-  launched();
+  const auto n = static_cast<std::int64_t>(count);
+  switch (type) {
+    case DType::f32:
+      launch(n, divide_kernel<float>, static_cast<float*>(acc), n, ranks);
+      break;
+    case DType::f64:
+      launch(n, divide_kernel<double>, static_cast<double*>(acc), n, ranks);
+      break;
+    case DType::i32:
+      launch(n, divide_kernel<std::int32_t>, static_cast<std::int32_t*>(acc), n, ranks);
+      break;
+    case DType::i64:
+      launch(n, divide_kernel<std::int64_t>, static_cast<std::int64_t*>(acc), n, ranks);
+      break;
+    case DType::u8:
+      launch(n, divide_kernel<std::uint8_t>, static_cast<std::uint8_t*>(acc), n, ranks);
+      break;
+    case DType::f16:
+    case DType::bf16:
+      throw Error("finish_reduce: f16 and bf16 are reduced through f32");
+  }
   synchronize();
 }
 
-}  // namespace shardlab::cuda
+void synchronize() { CUDA_CHECK(cudaStreamSynchronize(stream())); }
+
+}  // namespace kernels
+}  // namespace shardlab

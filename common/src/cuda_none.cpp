@@ -1,9 +1,10 @@
-// cuda: the stand-in for builds without nvcc. There is never a device; whatever needs
-// one says so.
+// cuda: the stand-in for builds without nvcc. There is never a device, so no tensor is ever
+// in device memory; whatever would need one says so.
+#include "kernels.hpp"
 #include "shardlab/check.hpp"
 #include "shardlab/cuda.hpp"
 
-namespace shardlab::cuda {
+namespace shardlab {
 
 namespace {
 [[noreturn]] void no_cuda() {
@@ -11,6 +12,7 @@ namespace {
 }
 }  // namespace
 
+namespace cuda {
 bool built() { return false; }
 int device_count() { return 0; }
 std::string describe_device(int index) {
@@ -18,39 +20,49 @@ std::string describe_device(int index) {
 }
 double peak_fp32_tflops(int) { return 0; }
 void set_device(int) { no_cuda(); }
+int current_device() { return -1; }
 int device_for_rank(int) { no_cuda(); }
 void synchronize() {}
-DeviceTensor::DeviceTensor(std::int64_t, std::int64_t) { no_cuda(); }
-DeviceTensor::~DeviceTensor() = default;
-DeviceTensor::DeviceTensor(DeviceTensor&& o) noexcept
-    : data_(o.data_), rows_(o.rows_), cols_(o.cols_) {}
-DeviceTensor& DeviceTensor::operator=(DeviceTensor&&) noexcept { return *this; }
-DeviceTensor DeviceTensor::to_device(const Tensor&) { no_cuda(); }
-Tensor DeviceTensor::to_host() const { no_cuda(); }
+}  // namespace cuda
+
+namespace kernels {
+void* device_alloc(std::size_t, int*) { no_cuda(); }
+void device_free(void*) {}
 void copy(void*, const void*, std::size_t) { no_cuda(); }
-DeviceTensor matmul(const DeviceTensor&, const DeviceTensor&) { no_cuda(); }
-DeviceTensor matmul(const DeviceTensor&, const DeviceTensor&, bool, bool) { no_cuda(); }
-void add_row(DeviceTensor&, const DeviceTensor&) { no_cuda(); }
-DeviceTensor column_sums(const DeviceTensor&) { no_cuda(); }
-void axpy(float, const DeviceTensor&, DeviceTensor&) { no_cuda(); }
-void scale(DeviceTensor&, float) { no_cuda(); }
-DeviceTensor add(const DeviceTensor&, const DeviceTensor&) { no_cuda(); }
-DeviceTensor tanh_forward(const DeviceTensor&) { no_cuda(); }
-DeviceTensor tanh_backward(const DeviceTensor&, const DeviceTensor&) { no_cuda(); }
-void adam_step(DeviceTensor&, const DeviceTensor&, DeviceTensor&, DeviceTensor&, float, float,
-               float, float, int) {
+void copy_2d(void*, std::size_t, const void*, std::size_t, std::size_t, std::size_t) { no_cuda(); }
+void zero(void*, std::size_t) { no_cuda(); }
+void fill(void*, std::int64_t, DType, double) { no_cuda(); }
+void transpose(const void*, void*, std::int64_t, std::int64_t, std::size_t) { no_cuda(); }
+void binary(Binary, const float*, const float*, float*, std::int64_t) { no_cuda(); }
+void axpy(float, const float*, float*, std::int64_t) { no_cuda(); }
+void scale(float*, float, std::int64_t) { no_cuda(); }
+void add_row(float*, const float*, std::int64_t, std::int64_t) { no_cuda(); }
+void column_sums(const float*, float*, std::int64_t, std::int64_t) { no_cuda(); }
+void tanh_forward(const float*, float*, std::int64_t) { no_cuda(); }
+void tanh_backward(const float*, const float*, float*, std::int64_t) { no_cuda(); }
+void gelu_forward(const float*, float*, std::int64_t) { no_cuda(); }
+void gelu_backward(const float*, const float*, float*, std::int64_t) { no_cuda(); }
+void adam_step(float*, const float*, float*, float*, std::int64_t, float, float, float, float,
+               float, float, float, float) {
   no_cuda();
 }
-float max_abs_diff(const DeviceTensor&, const DeviceTensor&) { no_cuda(); }
-DeviceHalves::DeviceHalves(std::size_t, HalfKind) { no_cuda(); }
-DeviceHalves::~DeviceHalves() = default;
-DeviceHalves::DeviceHalves(DeviceHalves&& o) noexcept
-    : data_(o.data_), count_(o.count_), kind_(o.kind_) {}
-DeviceHalves& DeviceHalves::operator=(DeviceHalves&&) noexcept { return *this; }
-std::vector<std::uint16_t> DeviceHalves::to_host() const { no_cuda(); }
-DeviceHalves cast_to_half(const DeviceTensor&, HalfKind, bool*) { no_cuda(); }
-DeviceTensor cast_to_float(const DeviceHalves&) { no_cuda(); }
+void cast(const void*, DType, void*, DType, std::int64_t) { no_cuda(); }
+double max_abs_diff(const void*, const void*, DType, std::int64_t) { no_cuda(); }
+bool all_finite(const void*, DType, std::int64_t) { no_cuda(); }
+bool gather_rows(const void*, std::int64_t, std::size_t, const void*, DType, std::int64_t, void*) {
+  no_cuda();
+}
+bool scatter_add_rows(float*, std::int64_t, std::int64_t, const void*, DType, std::int64_t,
+                      const float*) {
+  no_cuda();
+}
+void matmul(const void*, const void*, void*, DType, std::int64_t, std::int64_t, std::int64_t, bool,
+            bool, std::int64_t, std::int64_t) {
+  no_cuda();
+}
 void reduce_into(void*, const void*, std::size_t, DType, ReduceOp) { no_cuda(); }
 void finish_reduce(void*, std::size_t, DType, ReduceOp, int) { no_cuda(); }
+void synchronize() {}
+}  // namespace kernels
 
-}  // namespace shardlab::cuda
+}  // namespace shardlab

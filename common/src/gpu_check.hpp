@@ -5,8 +5,9 @@
 
 #include <cuda_runtime_api.h>
 
-#include <stdexcept>
 #include <string>
+
+#include "shardlab/check.hpp"
 
 #if __has_include(<cublas_v2.h>)
 #include <cublas_v2.h>
@@ -21,8 +22,7 @@ namespace shardlab::gpu {
 
 [[noreturn]] inline void fail(const std::string& what, const char* call, const char* file,
                               int line) {
-  throw std::runtime_error(std::string(call) + " failed at " + file + ":" + std::to_string(line) +
-                           ": " + what);
+  throw Error(std::string(call) + " failed at " + file + ":" + std::to_string(line) + ": " + what);
 }
 
 inline void check(cudaError_t e, const char* call, const char* file, int line) {

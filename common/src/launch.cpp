@@ -3,10 +3,12 @@
 
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "shardlab/check.hpp"
@@ -27,6 +29,12 @@ bool started_by_mpirun() {
 
 // ---------------------------------------------------------------------------
 // Context
+
+Context::Context(Communicator& comm, const Options& options)
+    : comm_(comm),
+      options_(options),
+      json_(std::make_unique<nlohmann::json>(nlohmann::json::object())) {}
+Context::~Context() = default;
 
 void Context::say(const std::string& text) {
   if (rank() != 0 || !talking()) return;
@@ -51,7 +59,7 @@ void Context::save_csv(const CsvTable& table, const std::string& name) {
   const std::string path = options_.csv_dir + "/" + name + ".csv";
   table.save(path);
   say("wrote " + path);
-  json_["csv"] = path;
+  (*json_)["csv"] = path;
 }
 
 bool Context::verify(bool ok, const std::string& what) {
@@ -112,35 +120,12 @@ int run_rank(Communicator& host, const Options& options, const Body& body) {
   return ok ? 0 : 1;
 }
 
-/// Runs body(comm) on every rank of a threads world, one thread each; a rank that throws
-/// ends the job for the others. Returns each rank's error (null where it finished).
-std::vector<std::exception_ptr> run_ranks(int ranks, std::chrono::milliseconds timeout,
-                                          const std::function<void(Communicator&)>& body) {
-  ThreadWorld world(ranks, timeout);
-  std::vector<std::unique_ptr<Communicator>> comms;
-  for (int r = 0; r < ranks; ++r) comms.push_back(world.communicator(r));
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(ranks));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        body(*comms[static_cast<std::size_t>(r)]);
-      } catch (...) {
-        errors[static_cast<std::size_t>(r)] = std::current_exception();
-        world.abort("rank " + std::to_string(r) + " failed");
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  return errors;
-}
-
 }  // namespace
 
 Program::Program(std::string name, std::string description)
-    : name_(std::move(name)), app_(std::move(description), name_) {
-  app_.set_version_flag("--version", std::string(name_) + " (ShardLab " + version + ")");
-  app_.add_option_function<int>(
+    : name_(std::move(name)), app_(std::make_unique<CLI::App>(std::move(description), name_)) {
+  app_->set_version_flag("--version", std::string(name_) + " (ShardLab " + version + ")");
+  app_->add_option_function<int>(
           "-r,--ranks",
           [this](int n) {
             options_.ranks = n;
@@ -149,28 +134,30 @@ Program::Program(std::string name, std::string description)
           "number of ranks (threads backend; under mpirun, mpirun's -np decides) [2]")
       ->check(CLI::Number)
       ->check(CLI::Range(1, 1024));
-  app_.add_option("--backend", options_.backend,
-                  "auto, threads, mpi or nccl (auto: mpi under mpirun; nccl: one GPU per rank, "
-                  "implies --device cuda)")
+  app_->add_option("--backend", options_.backend,
+                   "auto, threads, mpi or nccl (auto: mpi under mpirun; nccl: one GPU per rank, "
+                   "implies --device cuda)")
       ->check(CLI::IsMember({"auto", "threads", "mpi", "nccl"}))
       ->capture_default_str();
-  app_.add_option("--device", options_.device,
-                  "where tensors live: cpu, or cuda (ranks map to GPUs round robin)")
+  app_->add_option("--device", options_.device,
+                   "where tensors live: cpu, or cuda (ranks map to GPUs round robin)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
-  app_.add_option("--seed", options_.seed, "seed of every random tensor")
+  app_->add_option("--seed", options_.seed, "seed of every random tensor")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  app_.add_flag("--json", options_.json, "print one JSON object on stdout (text goes to stderr)");
-  app_.add_option("--csv-dir", options_.csv_dir, "folder for benchmark CSV files")
+  app_->add_flag("--json", options_.json, "print one JSON object on stdout (text goes to stderr)");
+  app_->add_option("--csv-dir", options_.csv_dir, "folder for benchmark CSV files")
       ->capture_default_str();
-  app_.add_flag("-q,--quiet", options_.quiet, "no human-readable text");
-  app_.add_option("--timeout", options_.timeout_s,
-                  "seconds a blocking call may wait before the job fails")
+  app_->add_flag("-q,--quiet", options_.quiet, "no human-readable text");
+  app_->add_option("--timeout", options_.timeout_s,
+                   "seconds a blocking call may wait before the job fails")
       ->check(CLI::Number)
       ->check(CLI::Range(0.001, 86400.0))
       ->capture_default_str();
 }
+
+Program::~Program() = default;
 
 int Program::run(int argc, char** argv, const Body& body) {
   const bool under_mpirun = started_by_mpirun();
@@ -178,7 +165,7 @@ int Program::run(int argc, char** argv, const Body& body) {
   const char* world_rank = std::getenv("OMPI_COMM_WORLD_RANK");
   const bool speaks = !under_mpirun || world_rank == nullptr || std::string_view(world_rank) == "0";
   try {
-    app_.parse(argc, argv);
+    app_->parse(argc, argv);
     if (options_.backend == "auto") options_.backend = under_mpirun ? "mpi" : "threads";
     if (options_.backend == "mpi" && !mpi::available())
       throw UsageError(
@@ -206,13 +193,13 @@ int Program::run(int argc, char** argv, const Body& body) {
     }
     if (validate_) validate_(options_);
   } catch (const CLI::CallForHelp& e) {
-    if (speaks) std::cout << app_.help();
+    if (speaks) std::cout << app_->help();
     return 0;
   } catch (const CLI::CallForAllHelp& e) {
-    if (speaks) std::cout << app_.help("", CLI::AppFormatMode::All);
+    if (speaks) std::cout << app_->help("", CLI::AppFormatMode::All);
     return 0;
   } catch (const CLI::CallForVersion& e) {
-    if (speaks) std::cout << app_.version() << "\n";
+    if (speaks) std::cout << app_->version() << "\n";
     return 0;
   } catch (const CLI::ParseError& e) {
     if (speaks) std::fprintf(stderr, "%s: error: %s (see --help)\n", name_.c_str(), e.what());
@@ -220,6 +207,9 @@ int Program::run(int argc, char** argv, const Body& body) {
   } catch (const UsageError& e) {
     if (speaks) std::fprintf(stderr, "%s: error: %s\n", name_.c_str(), e.what());
     return 2;
+  } catch (const std::exception& e) {  // a check of the program's own went wrong
+    if (speaks) std::fprintf(stderr, "%s: %s\n", name_.c_str(), e.what());
+    return 1;
   }
   // NCCL rides on a host communicator: MPI under mpirun, threads otherwise.
   const bool mpi = options_.backend == "mpi" || (options_.backend == "nccl" && under_mpirun);
@@ -229,11 +219,17 @@ int Program::run(int argc, char** argv, const Body& body) {
 int Program::run_threads(const Body& body) {
   const int n = options_.ranks;
   std::vector<int> codes(static_cast<std::size_t>(n), 0);
-  const std::vector<std::exception_ptr> errors =
-      run_ranks(n, std::chrono::milliseconds(static_cast<long>(options_.timeout_s * 1000)),
-                [&](Communicator& comm) {
-                  codes[static_cast<std::size_t>(comm.rank())] = run_rank(comm, options_, body);
-                });
+  std::vector<std::exception_ptr> errors;
+  try {
+    errors = run_ranks(n, std::chrono::milliseconds(static_cast<long>(options_.timeout_s * 1000)),
+                       [&](Communicator& comm) {
+                         codes[static_cast<std::size_t>(comm.rank())] =
+                             run_rank(comm, options_, body);
+                       });
+  } catch (const std::exception& e) {  // the rank threads could not all start
+    std::fprintf(stderr, "%s: %s\n", name_.c_str(), e.what());
+    return 1;
+  }
   // Report the ranks that failed first-hand, not the ones stopped because of them.
   int code = 0;
   for (const std::exception_ptr& error : errors) {
@@ -271,21 +267,6 @@ int Program::run_mpi(const Body& body) {
   }
   mpi::finalize();
   return code;
-}
-
-// ---------------------------------------------------------------------------
-
-void run_threads(int ranks, const std::function<void(Communicator&)>& body,
-                 std::chrono::milliseconds timeout) {
-  const std::vector<std::exception_ptr> errors = run_ranks(ranks, timeout, body);
-  // The first-hand error wins over the CommAborted of the ranks it stopped.
-  std::exception_ptr aborted;
-  for (const std::exception_ptr& e : errors) {
-    if (!e) continue;
-    if (!classify(e).aborted) std::rethrow_exception(e);
-    if (!aborted) aborted = e;
-  }
-  if (aborted) std::rethrow_exception(aborted);
 }
 
 }  // namespace shardlab

@@ -1,54 +1,463 @@
-// nn: Linear, tanh, MSE and SGD.
+// nn: the parameter store, the layers, the losses and the optimizers (see nn.hpp).
 #include "shardlab/nn.hpp"
 
+#include <algorithm>
 #include <cmath>
 
+#include "kernels.hpp"
 #include "shardlab/check.hpp"
 
 namespace shardlab::nn {
 
-Linear::Linear(std::int64_t in, std::int64_t out, std::uint64_t seed)
-    : weight(scale(randn(in, out, seed), 1.0f / std::sqrt(static_cast<float>(in)))),
-      bias(Tensor(1, out)) {}
+// ---------------------------------------------------------------------------
+// Parameters
 
-Tensor Linear::forward(const Tensor& x) {
-  input_ = x;
-  Tensor y = matmul(x, weight.value);
-  for (std::int64_t i = 0; i < y.rows(); ++i)
-    for (std::int64_t j = 0; j < y.cols(); ++j) y(i, j) += bias.value(0, j);
-  return y;
+Parameter& ParameterStore::add(std::string name, Tensor init) {
+  require(!done_, "ParameterStore::add(" + name + "): the store is already allocated");
+  require(init.dtype() == DType::f32, "ParameterStore::add(" + name + "): parameters are f32");
+  Parameter& p = params_.emplace_back();
+  p.name = std::move(name);
+  p.grad = zeros(init.shape(), DType::f32, init.memory());
+  p.value = std::move(init);
+  p.offset = size_;
+  size_ += p.value.size();
+  return p;
 }
 
-Tensor Linear::backward(const Tensor& dy) {
-  require(dy.rows() == input_.rows(), "Linear::backward: dy has " + std::to_string(dy.rows()) +
-                                          " rows, the input had " + std::to_string(input_.rows()));
-  const Tensor dw = matmul(transpose(input_), dy);
-  for (std::int64_t i = 0; i < dw.size(); ++i) weight.grad[i] += dw[i];
-  for (std::int64_t j = 0; j < dy.cols(); ++j) {
-    float column = 0;
-    for (std::int64_t i = 0; i < dy.rows(); ++i) column += dy(i, j);
-    bias.grad(0, j) += column;
+void ParameterStore::allocate(Memory memory) {
+  require(!done_, "ParameterStore::allocate: called twice");
+  values_ = empty(Shape{size_}, DType::f32, memory);
+  grads_ = zeros(Shape{size_}, DType::f32, memory);
+  for (Parameter& p : params_) {
+    Tensor value = values_.view(p.offset, p.value.shape());
+    value.copy_from(p.value);
+    p.value = value;
+    p.grad = grads_.view(p.offset, p.value.shape());
   }
-  return matmul(dy, transpose(weight.value));
+  done_ = true;
 }
 
-Tensor tanh_forward(const Tensor& x) {
-  Tensor y = x;
-  for (float& v : y) v = std::tanh(v);
-  return y;
+std::vector<Parameter*> ParameterStore::parameters() {
+  std::vector<Parameter*> out;
+  for (Parameter& p : params_) out.push_back(&p);
+  return out;
 }
 
-Tensor tanh_backward(const Tensor& y, const Tensor& dy) {
-  Tensor dx = dy;
-  for (std::int64_t i = 0; i < dx.size(); ++i) dx[i] *= 1.0f - y[i] * y[i];
+void ParameterStore::zero_grad() {
+  if (done_) return grads_.zero();
+  for (Parameter& p : params_) p.grad.zero();
+}
+
+// ---------------------------------------------------------------------------
+// Layer
+
+void Layer::backward_weight(Saved&) {}
+
+Tensor Layer::backward(const Tensor& dy, Saved& saved) {
+  Tensor dx = backward_input(dy, saved);
+  backward_weight(saved);
   return dx;
 }
 
+namespace {
+void require_rows(const Tensor& dy, const Tensor& x, std::int64_t cols, const std::string& who) {
+  require(dy.ndim() == 2 && dy.rows() == x.rows() && dy.cols() == cols,
+          who + ": dy is " + dy.describe() + ", expected " + std::to_string(x.rows()) + "x" +
+              std::to_string(cols));
+}
+void require_w_after_b(const Saved& saved, const std::string& who) {
+  require(saved.dy.defined() && !saved.tensors.empty(),
+          who + ": backward_weight needs backward_input first (or was called twice)");
+}
+void require_host(const Tensor& t, const std::string& who) {
+  require(!t.on_device(), who + " runs on the host only (got " + t.describe() + ")");
+}
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Linear
+
+Linear::Linear(ParameterStore& store, const std::string& name, std::int64_t in, std::int64_t out,
+               std::uint64_t seed, bool bias)
+    : name_(name),
+      weight_(&store.add(name + ".weight", scale(randn(Shape{in, out}, seed),
+                                                 1.0f / std::sqrt(static_cast<float>(in))))) {
+  if (bias) bias_ = &store.add(name + ".bias", zeros(Shape{1, out}));
+}
+
+Forward Linear::forward(const Tensor& x) const {
+  require(x.ndim() == 2 && x.cols() == weight_->value.rows(),
+          name_ + ": x is " + x.describe() + ", expected " + std::to_string(weight_->value.rows()) +
+              " columns");
+  Tensor y = matmul(x, weight_->value);
+  if (bias_) add_row(y, bias_->value);
+  Forward f{std::move(y), {}};
+  f.saved.tensors = {x};
+  return f;
+}
+
+Tensor Linear::backward_input(const Tensor& dy, Saved& saved) const {
+  require_rows(dy, saved.tensors.at(0), weight_->value.cols(), name_ + " backward");
+  saved.dy = dy;
+  return matmul(dy, weight_->value, false, true);  // dy @ W^T
+}
+
+void Linear::backward_weight(Saved& saved) {
+  require_w_after_b(saved, name_);
+  const Tensor& x = saved.tensors.at(0);
+  axpy(1.0f, matmul(x, saved.dy, true, false), weight_->grad);  // x^T @ dy
+  if (bias_) axpy(1.0f, column_sums(saved.dy), bias_->grad);
+  saved = Saved{};
+}
+
+std::vector<Parameter*> Linear::parameters() const {
+  if (bias_) return {weight_, bias_};
+  return {weight_};
+}
+
+// ---------------------------------------------------------------------------
+// Tanh, Gelu
+
+Forward Tanh::forward(const Tensor& x) const {
+  Forward f{tanh(x), {}};
+  f.saved.tensors = {f.out};
+  return f;
+}
+
+Tensor Tanh::backward_input(const Tensor& dy, Saved& saved) const {
+  return tanh_backward(saved.tensors.at(0), dy);
+}
+
+Forward Gelu::forward(const Tensor& x) const {
+  Forward f{gelu(x), {}};
+  f.saved.tensors = {x};
+  return f;
+}
+
+Tensor Gelu::backward_input(const Tensor& dy, Saved& saved) const {
+  return gelu_backward(saved.tensors.at(0), dy);
+}
+
+// ---------------------------------------------------------------------------
+// LayerNorm
+
+LayerNorm::LayerNorm(ParameterStore& store, const std::string& name, std::int64_t channels,
+                     float eps)
+    : name_(name),
+      gamma_(&store.add(name + ".gamma", full(Shape{1, channels}, 1.0f))),
+      beta_(&store.add(name + ".beta", zeros(Shape{1, channels}))),
+      eps_(eps) {}
+
+Forward LayerNorm::forward(const Tensor& x) const {
+  require_host(x, name_);
+  const std::int64_t C = gamma_->value.cols();
+  require(x.ndim() == 2 && x.cols() == C,
+          name_ + ": x is " + x.describe() + ", expected " + std::to_string(C) + " columns");
+  const std::int64_t B = x.rows();
+  Tensor y(B, C), mean(B), rstd(B);
+  const float* px = x.data();
+  const float* g = gamma_->value.data();
+  const float* b = beta_->value.data();
+  for (std::int64_t i = 0; i < B; ++i) {
+    const float* row = px + i * C;
+    double sum = 0;
+    for (std::int64_t j = 0; j < C; ++j) sum += row[j];
+    const double m = sum / static_cast<double>(C);
+    double var = 0;
+    for (std::int64_t j = 0; j < C; ++j) var += (row[j] - m) * (row[j] - m);
+    var /= static_cast<double>(C);
+    const auto s = static_cast<float>(1.0 / std::sqrt(var + eps_));
+    mean[i] = static_cast<float>(m);
+    rstd[i] = s;
+    for (std::int64_t j = 0; j < C; ++j) y(i, j) = (row[j] - mean[i]) * s * g[j] + b[j];
+  }
+  Forward f{std::move(y), {}};
+  f.saved.tensors = {x, mean, rstd};
+  return f;
+}
+
+Tensor LayerNorm::backward_input(const Tensor& dy, Saved& saved) const {
+  const Tensor& x = saved.tensors.at(0);
+  const Tensor& mean = saved.tensors.at(1);
+  const Tensor& rstd = saved.tensors.at(2);
+  const std::int64_t C = gamma_->value.cols(), B = x.rows();
+  require_rows(dy, x, C, name_ + " backward");
+  require_host(dy, name_);
+  saved.dy = dy;
+  // With xhat = (x - mean) * rstd and g = dy * gamma:
+  //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
+  Tensor dx(B, C);
+  const float* gamma = gamma_->value.data();
+  for (std::int64_t i = 0; i < B; ++i) {
+    double mean_g = 0, mean_gx = 0;
+    for (std::int64_t j = 0; j < C; ++j) {
+      const float xhat = (x(i, j) - mean[i]) * rstd[i];
+      const float g = dy(i, j) * gamma[j];
+      mean_g += g;
+      mean_gx += static_cast<double>(g) * xhat;
+    }
+    mean_g /= static_cast<double>(C);
+    mean_gx /= static_cast<double>(C);
+    for (std::int64_t j = 0; j < C; ++j) {
+      const float xhat = (x(i, j) - mean[i]) * rstd[i];
+      const float g = dy(i, j) * gamma[j];
+      dx(i, j) = rstd[i] * (g - static_cast<float>(mean_g) - xhat * static_cast<float>(mean_gx));
+    }
+  }
+  return dx;
+}
+
+void LayerNorm::backward_weight(Saved& saved) {
+  require_w_after_b(saved, name_);
+  const Tensor& x = saved.tensors.at(0);
+  const Tensor& mean = saved.tensors.at(1);
+  const Tensor& rstd = saved.tensors.at(2);
+  const Tensor& dy = saved.dy;
+  float* dgamma = gamma_->grad.data();
+  float* dbeta = beta_->grad.data();
+  for (std::int64_t i = 0; i < x.rows(); ++i)
+    for (std::int64_t j = 0; j < x.cols(); ++j) {
+      dgamma[j] += dy(i, j) * ((x(i, j) - mean[i]) * rstd[i]);
+      dbeta[j] += dy(i, j);
+    }
+  saved = Saved{};
+}
+
+// ---------------------------------------------------------------------------
+// Embedding
+
+Embedding::Embedding(ParameterStore& store, const std::string& name, std::int64_t vocab,
+                     std::int64_t channels, std::uint64_t seed, float scale_by)
+    : name_(name),
+      weight_(&store.add(name + ".weight", scale(randn(Shape{vocab, channels}, seed), scale_by))) {}
+
+Forward Embedding::forward(const Tensor& x) const {
+  Forward f{gather_rows(weight_->value, x), {}};
+  f.saved.tensors = {x};
+  return f;
+}
+
+Tensor Embedding::backward_input(const Tensor& dy, Saved& saved) const {
+  require(dy.ndim() == 2 && dy.rows() == saved.tensors.at(0).size() &&
+              dy.cols() == weight_->value.cols(),
+          name_ + " backward: dy is " + dy.describe());
+  saved.dy = dy;
+  return {};  // token ids have no gradient
+}
+
+void Embedding::backward_weight(Saved& saved) {
+  require_w_after_b(saved, name_);
+  scatter_add_rows(weight_->grad, saved.tensors.at(0), saved.dy);
+  saved = Saved{};
+}
+
+// ---------------------------------------------------------------------------
+// Causal self-attention
+
+CausalSelfAttention::CausalSelfAttention(std::int64_t heads, std::int64_t sequence)
+    : heads_(heads), sequence_(sequence) {
+  require(heads >= 1 && sequence >= 1, "attention: needs at least one head and one token");
+}
+
+Forward CausalSelfAttention::forward(const Tensor& x) const {
+  require_host(x, "attention");
+  const std::int64_t T = sequence_, H = heads_;
+  require(x.ndim() == 2 && x.cols() % (3 * H) == 0 && x.rows() % T == 0,
+          "attention: x is " + x.describe() + "; expected (B*" + std::to_string(T) +
+              ") x 3C with C a multiple of " + std::to_string(H) + " heads");
+  const std::int64_t B = x.rows() / T, C = x.cols() / 3, D = C / H;
+  const float scale_by = 1.0f / std::sqrt(static_cast<float>(D));
+  Tensor y(B * T, C);
+  Tensor att(Shape{B, H, T, T}, DType::f32);
+  const float* px = x.data();
+  float* pa = att.data();
+  std::vector<float> row(static_cast<std::size_t>(T));
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t t = 0; t < T; ++t) {
+        const float* q = px + (b * T + t) * 3 * C + h * 3 * D;
+        // Scores against tokens 0..t, then a softmax over them (max subtracted first).
+        float top = -INFINITY;
+        for (std::int64_t s = 0; s <= t; ++s) {
+          const float* k = px + (b * T + s) * 3 * C + h * 3 * D + D;
+          float dot = 0;
+          for (std::int64_t d = 0; d < D; ++d) dot += q[d] * k[d];
+          row[static_cast<std::size_t>(s)] = dot * scale_by;
+          top = std::max(top, row[static_cast<std::size_t>(s)]);
+        }
+        float sum = 0;
+        for (std::int64_t s = 0; s <= t; ++s) {
+          row[static_cast<std::size_t>(s)] = std::exp(row[static_cast<std::size_t>(s)] - top);
+          sum += row[static_cast<std::size_t>(s)];
+        }
+        float* a = pa + ((b * H + h) * T + t) * T;
+        for (std::int64_t s = 0; s <= t; ++s) a[s] = row[static_cast<std::size_t>(s)] / sum;
+        // y = the weighted sum of the values.
+        float* out = y.data() + (b * T + t) * C + h * D;
+        for (std::int64_t s = 0; s <= t; ++s) {
+          const float* v = px + (b * T + s) * 3 * C + h * 3 * D + 2 * D;
+          for (std::int64_t d = 0; d < D; ++d) out[d] += a[s] * v[d];
+        }
+      }
+  Forward f{std::move(y), {}};
+  f.saved.tensors = {x, att};
+  return f;
+}
+
+Tensor CausalSelfAttention::backward_input(const Tensor& dy, Saved& saved) const {
+  const Tensor& x = saved.tensors.at(0);
+  const Tensor& att = saved.tensors.at(1);
+  const std::int64_t T = sequence_, H = heads_;
+  const std::int64_t B = x.rows() / T, C = x.cols() / 3, D = C / H;
+  require_rows(dy, x, C, "attention backward");
+  require_host(dy, "attention");
+  const float scale_by = 1.0f / std::sqrt(static_cast<float>(D));
+  Tensor dx(B * T, 3 * C);
+  const float* px = x.data();
+  const float* pa = att.data();
+  float* pdx = dx.data();
+  std::vector<float> datt(static_cast<std::size_t>(T));
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t t = 0; t < T; ++t) {
+        const float* a = pa + ((b * H + h) * T + t) * T;
+        const float* g = dy.data() + (b * T + t) * C + h * D;
+        const std::int64_t qrow = (b * T + t) * 3 * C + h * 3 * D;
+        // Through y = sum_s a[s] v[s]: dv[s] += a[s] g, da[s] = g . v[s].
+        float weighted = 0;  // sum_s a[s] da[s]
+        for (std::int64_t s = 0; s <= t; ++s) {
+          const std::int64_t srow = (b * T + s) * 3 * C + h * 3 * D;
+          float dot = 0;
+          for (std::int64_t d = 0; d < D; ++d) {
+            dot += g[d] * px[srow + 2 * D + d];
+            pdx[srow + 2 * D + d] += a[s] * g[d];
+          }
+          datt[static_cast<std::size_t>(s)] = dot;
+          weighted += a[s] * dot;
+        }
+        // Through the softmax: dscore[s] = a[s] (da[s] - sum a da); then the scores
+        // q . k[s] / sqrt(D): dq += dscore[s] k[s] / sqrt(D), dk[s] += dscore[s] q / sqrt(D).
+        for (std::int64_t s = 0; s <= t; ++s) {
+          const float dscore = a[s] * (datt[static_cast<std::size_t>(s)] - weighted) * scale_by;
+          const std::int64_t srow = (b * T + s) * 3 * C + h * 3 * D;
+          for (std::int64_t d = 0; d < D; ++d) {
+            pdx[qrow + d] += dscore * px[srow + D + d];
+            pdx[srow + D + d] += dscore * px[qrow + d];
+          }
+        }
+      }
+  return dx;
+}
+
+// ---------------------------------------------------------------------------
+// Sequential
+
+Sequential Sequential::slice(std::size_t begin, std::size_t end) const {
+  require(begin <= end && end <= layers_.size(),
+          "Sequential::slice: layers " + std::to_string(begin) + ".." + std::to_string(end) +
+              " of " + std::to_string(layers_.size()));
+  Sequential s;
+  s.layers_.assign(layers_.begin() + static_cast<std::ptrdiff_t>(begin),
+                   layers_.begin() + static_cast<std::ptrdiff_t>(end));
+  return s;
+}
+
+Forward Sequential::forward(const Tensor& x) const {
+  Forward f{x, {}};
+  for (const auto& layer : layers_) {
+    Forward next = layer->forward(f.out);
+    f.saved.children.push_back(std::move(next.saved));
+    f.out = std::move(next.out);
+  }
+  return f;
+}
+
+Tensor Sequential::backward_input(const Tensor& dy, Saved& saved) const {
+  require(saved.children.size() == layers_.size(),
+          "Sequential::backward_input: saved state from a forward of " +
+              std::to_string(saved.children.size()) + " layers, not " +
+              std::to_string(layers_.size()));
+  Tensor g = dy;
+  for (std::size_t i = layers_.size(); i-- > 0;)
+    g = layers_[i]->backward_input(g, saved.children[i]);
+  return g;
+}
+
+void Sequential::backward_weight(Saved& saved) {
+  require(saved.children.size() == layers_.size(),
+          "Sequential::backward_weight: saved state from a forward of " +
+              std::to_string(saved.children.size()) + " layers, not " +
+              std::to_string(layers_.size()) + " (or backward_weight was called twice)");
+  for (std::size_t i = layers_.size(); i-- > 0;) layers_[i]->backward_weight(saved.children[i]);
+  saved = Saved{};
+}
+
+std::vector<Parameter*> Sequential::parameters() const {
+  std::vector<Parameter*> out;
+  for (const auto& layer : layers_)
+    for (Parameter* p : layer->parameters()) out.push_back(p);
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Losses
+
+namespace {
+std::int64_t target_at(const Tensor& targets, std::int64_t i) {
+  return targets.dtype() == DType::i32 ? targets.data<std::int32_t>()[i]
+                                       : targets.data<std::int64_t>()[i];
+}
+}  // namespace
+
+Loss cross_entropy(const Tensor& logits, const Tensor& targets) {
+  require_host(logits, "cross_entropy");
+  require(logits.ndim() == 2 && logits.dtype() == DType::f32,
+          "cross_entropy: logits are " + logits.describe());
+  require(targets.ndim() == 1 && targets.size() == logits.rows() &&
+              (targets.dtype() == DType::i32 || targets.dtype() == DType::i64),
+          "cross_entropy: targets are " + targets.describe() + ", expected " +
+              std::to_string(logits.rows()) + " class ids (i32 or i64)");
+  const std::int64_t B = logits.rows(), V = logits.cols();
+  Tensor probs(B, V);
+  double total = 0;
+  for (std::int64_t i = 0; i < B; ++i) {
+    const std::int64_t target = target_at(targets, i);
+    require(target >= 0 && target < V, "cross_entropy: target[" + std::to_string(i) +
+                                           "] = " + std::to_string(target) + " is outside 0.." +
+                                           std::to_string(V - 1));
+    float top = -INFINITY;
+    for (std::int64_t j = 0; j < V; ++j) top = std::max(top, logits(i, j));
+    double sum = 0;
+    for (std::int64_t j = 0; j < V; ++j) {
+      probs(i, j) = std::exp(logits(i, j) - top);
+      sum += probs(i, j);
+    }
+    for (std::int64_t j = 0; j < V; ++j) probs(i, j) = static_cast<float>(probs(i, j) / sum);
+    // -log p[target], from the logits (not the rounded probability): top + log(sum) - logit.
+    total += static_cast<double>(top) + std::log(sum) - static_cast<double>(logits(i, target));
+  }
+  Loss loss;
+  loss.value = B ? total / static_cast<double>(B) : 0.0;
+  loss.saved.tensors = {probs, targets};
+  return loss;
+}
+
+Tensor cross_entropy_backward(const Saved& saved) {
+  Tensor d = saved.tensors.at(0).clone();
+  const Tensor& targets = saved.tensors.at(1);
+  const std::int64_t B = d.rows();
+  for (std::int64_t i = 0; i < B; ++i) d(i, target_at(targets, i)) -= 1.0f;
+  if (B) scale_in_place(d, 1.0f / static_cast<float>(B));
+  return d;
+}
+
 double squared_error(const Tensor& pred, const Tensor& target) {
-  require(pred.same_shape(target), "squared_error: shapes differ");
+  require(pred.same_shape(target),
+          "squared_error: shapes differ (" + pred.describe() + " vs " + target.describe() + ")");
+  const Tensor p = pred.to(Memory::host), t = target.to(Memory::host);
   double sum = 0;
-  for (std::int64_t i = 0; i < pred.size(); ++i) {
-    const double d = static_cast<double>(pred[i]) - static_cast<double>(target[i]);
+  for (std::int64_t i = 0; i < p.size(); ++i) {
+    const double d = static_cast<double>(p[i]) - static_cast<double>(t[i]);
     sum += d * d;
   }
   return sum;
@@ -56,26 +465,45 @@ double squared_error(const Tensor& pred, const Tensor& target) {
 
 Tensor mse_backward(const Tensor& pred, const Tensor& target, double denominator) {
   Tensor d = sub(pred, target);
-  const auto inv = static_cast<float>(1.0 / denominator);
-  for (float& v : d) v *= inv;
+  scale_in_place(d, static_cast<float>(1.0 / denominator));
   return d;
 }
 
-void sgd_step(Parameter& p, float lr) { axpy(-lr, p.grad, p.value); }
+// ---------------------------------------------------------------------------
+// Optimizers
 
-void adam_step(Parameter& p, AdamState& s, float lr, float b1, float b2, float eps) {
-  if (s.m.empty() && !p.value.empty()) {
-    s.m = Tensor(p.value.rows(), p.value.cols());
-    s.v = Tensor(p.value.rows(), p.value.cols());
-  }
-  ++s.t;
-  const float c1 = 1.0f - std::pow(b1, static_cast<float>(s.t)),
-              c2 = 1.0f - std::pow(b2, static_cast<float>(s.t));
-  for (std::int64_t i = 0; i < p.value.size(); ++i) {
-    const float g = p.grad[i];
-    s.m[i] = b1 * s.m[i] + (1.0f - b1) * g;
-    s.v[i] = b2 * s.v[i] + (1.0f - b2) * g * g;
-    p.value[i] -= lr * (s.m[i] / c1) / (std::sqrt(s.v[i] / c2) + eps);
+void sgd_step(Tensor& params, const Tensor& grads, float lr) { axpy(-lr, grads, params); }
+
+Adam::Adam(std::int64_t size, AdamConfig config, Memory memory)
+    : config_(config), m_(Shape{size}, DType::f32, memory), v_(Shape{size}, DType::f32, memory) {}
+
+void Adam::step(Tensor& params, const Tensor& grads) {
+  require(params.dtype() == DType::f32 && grads.dtype() == DType::f32 &&
+              params.size() == m_.size() && grads.size() == m_.size() &&
+              params.memory() == m_.memory() && grads.memory() == m_.memory(),
+          "Adam::step: params " + params.describe() + " and grads " + grads.describe() +
+              " must be f32, " + std::to_string(m_.size()) + " elements, in " +
+              std::string(memory_name(m_.memory())) + " memory");
+  ++t_;
+  const AdamConfig& c = config_;
+  const float c1 = 1.0f - std::pow(c.beta1, static_cast<float>(t_));
+  const float c2 = 1.0f - std::pow(c.beta2, static_cast<float>(t_));
+  const float decay = c.decoupled ? c.lr * c.weight_decay : 0.0f;
+  const float l2 = c.decoupled ? 0.0f : c.weight_decay;
+  const std::int64_t n = params.size();
+  if (params.on_device())
+    return kernels::adam_step(params.data(), grads.data(), m_.data(), v_.data(), n, c.lr, c.beta1,
+                              c.beta2, c.eps, l2, decay, c1, c2);
+  float* p = params.data();
+  const float* g = grads.data();
+  float* m = m_.data();
+  float* v = v_.data();
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float grad = g[i] + l2 * p[i];
+    m[i] = c.beta1 * m[i] + (1.0f - c.beta1) * grad;
+    v[i] = c.beta2 * v[i] + (1.0f - c.beta2) * grad * grad;
+    p[i] -= decay * p[i];
+    p[i] -= c.lr * (m[i] / c1) / (std::sqrt(v[i] / c2) + c.eps);
   }
 }
 

@@ -1,4 +1,5 @@
-// Tensor: construction, split/concat, the CPU matmul, and printing.
+// Tensor: storage and views, construction, split/concat, the arithmetic (host loops here,
+// device kernels in cuda.cu through kernels.hpp), comparisons and printing.
 #include "shardlab/tensor.hpp"
 
 #include <unistd.h>
@@ -13,27 +14,147 @@
 #include <ostream>
 #include <sstream>
 
+#include "kernels.hpp"
 #include "shardlab/check.hpp"
+#include "shardlab/half.hpp"
 
 namespace shardlab {
 
+// ---------------------------------------------------------------------------
+// Types, shards and shapes
+
+std::string_view dtype_name(DType t) {
+  switch (t) {
+    case DType::f32:
+      return "f32";
+    case DType::f64:
+      return "f64";
+    case DType::f16:
+      return "f16";
+    case DType::bf16:
+      return "bf16";
+    case DType::i32:
+      return "i32";
+    case DType::i64:
+      return "i64";
+    case DType::u8:
+      return "u8";
+  }
+  return "?";
+}
+
 ShardRange shard_range(std::int64_t size, int parts, int part) {
-  require(parts >= 1, "shard_range: parts must be at least 1");
-  require(part >= 0 && part < parts, "shard_range: part out of range");
+  require(parts >= 1, "shard_range: parts must be at least 1 (got " + std::to_string(parts) + ")");
+  require(part >= 0 && part < parts, "shard_range: part " + std::to_string(part) +
+                                         " is not in 0.." + std::to_string(parts - 1));
+  require(size >= 0, "shard_range: negative size " + std::to_string(size));
   const std::int64_t base = size / parts;
   const std::int64_t extra = size % parts;  // the first `extra` shards get one more
   const std::int64_t offset = part * base + std::min<std::int64_t>(part, extra);
   return {offset, base + (part < extra ? 1 : 0)};
 }
 
-Tensor::Tensor(std::int64_t n) : ndim_(1), dims_{n, 1}, data_(static_cast<std::size_t>(n)) {
-  require(n >= 0, "Tensor: negative size");
+std::vector<std::size_t> shard_counts(std::int64_t size, int parts, std::int64_t unit) {
+  std::vector<std::size_t> counts;
+  for (int p = 0; p < parts; ++p)
+    counts.push_back(static_cast<std::size_t>(shard_range(size, parts, p).length * unit));
+  return counts;
 }
 
-Tensor::Tensor(std::int64_t rows, std::int64_t cols)
-    : ndim_(2), dims_{rows, cols}, data_(static_cast<std::size_t>(rows * cols)) {
-  require(rows >= 0 && cols >= 0, "Tensor: negative size");
+Shape::Shape(std::initializer_list<std::int64_t> dims) {
+  require(dims.size() >= 1 && dims.size() <= 4,
+          "Shape: 1 to 4 dimensions, got " + std::to_string(dims.size()));
+  ndim_ = static_cast<int>(dims.size());
+  std::size_t d = 0;
+  for (std::int64_t n : dims) {
+    require(n >= 0, "Shape: negative dimension " + std::to_string(n));
+    dims_[d++] = n;
+  }
 }
+
+std::int64_t Shape::numel() const {
+  std::int64_t n = 1;
+  for (int d = 0; d < ndim_; ++d) n *= dims_[static_cast<std::size_t>(d)];
+  return n;
+}
+
+std::string Shape::str() const {
+  if (ndim_ == 1) return "[" + std::to_string(dims_[0]) + "]";
+  std::string s;
+  for (int d = 0; d < ndim_; ++d)
+    s += (d ? "x" : "") + std::to_string(dims_[static_cast<std::size_t>(d)]);
+  return s;
+}
+
+namespace {
+/// `shape` with dimension d replaced by n.
+Shape with_dim(const Shape& shape, int d, std::int64_t n) {
+  std::int64_t dims[4] = {shape[0], shape.ndim() > 1 ? shape[1] : 1,
+                          shape.ndim() > 2 ? shape[2] : 1, shape.ndim() > 3 ? shape[3] : 1};
+  dims[d] = n;
+  switch (shape.ndim()) {
+    case 1:
+      return Shape{dims[0]};
+    case 2:
+      return Shape{dims[0], dims[1]};
+    case 3:
+      return Shape{dims[0], dims[1], dims[2]};
+    default:
+      return Shape{dims[0], dims[1], dims[2], dims[3]};
+  }
+}
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Storage: one allocation, freed when the last tensor viewing it goes.
+
+struct Storage {
+  void* ptr = nullptr;
+  std::size_t bytes = 0;
+  Memory memory = Memory::host;
+  int device = -1;
+
+  Storage(std::size_t n, Memory m, bool zeroed) : bytes(n), memory(m) {
+    if (m == Memory::device) {
+      ptr = kernels::device_alloc(std::max<std::size_t>(n, 1), &device);
+      if (zeroed && n) kernels::zero(ptr, n);
+      return;
+    }
+    // 64-byte aligned (a cache line; what vector loads like), rounded up as aligned_alloc
+    // requires.
+    const std::size_t rounded = (std::max<std::size_t>(n, 1) + 63) / 64 * 64;
+    ptr = std::aligned_alloc(64, rounded);
+    if (!ptr)
+      throw Error("cannot allocate " + std::to_string(n) + " bytes of host memory for a tensor");
+    if (zeroed) std::memset(ptr, 0, n);
+  }
+  ~Storage() {
+    if (memory == Memory::device)
+      kernels::device_free(ptr);
+    else
+      std::free(ptr);
+  }
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+};
+
+// ---------------------------------------------------------------------------
+// Tensor
+
+Tensor::Tensor() = default;
+
+Tensor::Tensor(Shape shape, DType type, Memory memory, bool zeroed)
+    : storage_(std::make_shared<Storage>(static_cast<std::size_t>(shape.numel()) * dtype_size(type),
+                                         memory, zeroed)),
+      shape_(shape),
+      dtype_(type) {}
+
+Tensor::Tensor(Shape shape, DType type, Memory memory) : Tensor(shape, type, memory, true) {}
+
+Tensor::Tensor(std::int64_t n) : Tensor(Shape{n}, DType::f32, Memory::host, true) {}
+
+Tensor::Tensor(std::int64_t rows, std::int64_t cols)
+    : Tensor(Shape{rows, cols}, DType::f32, Memory::host, true) {}
 
 Tensor Tensor::from(std::initializer_list<std::initializer_list<float>> rows) {
   const auto cols = rows.size() ? static_cast<std::int64_t>(rows.begin()->size()) : 0;
@@ -52,36 +173,155 @@ Tensor Tensor::from_1d(std::initializer_list<float> values) {
   return t;
 }
 
+Memory Tensor::memory() const { return storage_ ? storage_->memory : Memory::host; }
+int Tensor::device() const { return storage_ ? storage_->device : -1; }
+
 std::int64_t Tensor::dim(int d) const {
-  require(d >= 0 && d < ndim_, "Tensor::dim: a " + std::to_string(ndim_) +
-                                   "-D tensor has no dimension " + std::to_string(d));
-  return dims_[d];
+  require(d >= 0 && d < ndim(), "Tensor::dim: a " + std::to_string(ndim()) +
+                                    "-D tensor has no dimension " + std::to_string(d));
+  return shape_[d];
 }
 
-std::string Tensor::shape_string() const {
-  if (ndim_ == 1) return "[" + std::to_string(dims_[0]) + "]";
-  return std::to_string(dims_[0]) + "x" + std::to_string(dims_[1]);
+std::string Tensor::describe() const {
+  return std::string(dtype_name(dtype_)) + " " + shape_.str() + " on " +
+         std::string(memory_name(memory()));
+}
+
+void* Tensor::raw() {
+  return storage_ ? static_cast<char*>(storage_->ptr) + offset_ * dtype_size(dtype_) : nullptr;
+}
+const void* Tensor::raw() const { return const_cast<Tensor*>(this)->raw(); }
+
+void Tensor::check_type(DType want, const char* what) const {
+  if (want != dtype_)
+    throw Error(std::string("Tensor::") + what + "<" + std::string(dtype_name(want)) +
+                ">: the tensor holds " + std::string(dtype_name(dtype_)));
+}
+
+void Tensor::check_host(const char* what) const {
+  if (on_device())
+    throw Error(std::string("Tensor::") + what + ": the tensor (" + describe() +
+                ") is in device memory; copy it with to(Memory::host) first");
+}
+
+float* Tensor::host_f32() const {
+  check_type(DType::f32, "element access");
+  check_host("element access");
+  return static_cast<float*>(const_cast<Tensor*>(this)->raw());
+}
+
+Tensor Tensor::view(std::int64_t offset, Shape shape) const {
+  require(offset >= 0 && offset + shape.numel() <= size(),
+          "Tensor::view: elements " + std::to_string(offset) + ".." +
+              std::to_string(offset + shape.numel()) + " of a tensor of " + std::to_string(size()));
+  Tensor v = *this;
+  v.offset_ = offset_ + offset;
+  v.shape_ = shape;
+  return v;
+}
+
+Tensor Tensor::reshape(Shape shape) const {
+  require(shape.numel() == size(), "Tensor::reshape: " + shape_.str() + " (" +
+                                       std::to_string(size()) + " elements) cannot become " +
+                                       shape.str());
+  return view(0, shape);
+}
+
+Tensor Tensor::flat() const { return view(0, Shape{size()}); }
+
+Tensor Tensor::slice(std::int64_t begin, std::int64_t count) const {
+  const std::int64_t n = shape_[0];
+  require(begin >= 0 && count >= 0 && begin + count <= n,
+          "Tensor::slice: " + std::to_string(begin) + ".." + std::to_string(begin + count) +
+              " along dimension 0 of " + shape_.str());
+  const std::int64_t per = n ? size() / n : 0;  // elements per entry of dimension 0
+  return view(begin * per, with_dim(shape_, 0, count));
+}
+
+bool Tensor::shares_memory_with(const Tensor& other) const {
+  return storage_ && storage_ == other.storage_;
+}
+
+Tensor Tensor::clone() const {
+  Tensor t = shardlab::empty(shape_, dtype_, memory());
+  t.copy_from(*this);
+  return t;
+}
+
+Tensor Tensor::to(Memory m) const {
+  if (m == memory()) return *this;
+  Tensor t = shardlab::empty(shape_, dtype_, m);
+  t.copy_from(*this);
+  return t;
+}
+
+void Tensor::copy_from(const Tensor& src) {
+  require(dtype_ == src.dtype_ && shape_ == src.shape_,
+          "Tensor::copy_from: " + src.describe() + " into " + describe());
+  if (bytes() == 0 || raw() == src.raw()) return;
+  if (!on_device() && !src.on_device())
+    std::memmove(raw(), src.raw(), bytes());
+  else
+    kernels::copy(raw(), src.raw(), bytes());
+}
+
+void Tensor::fill(double value) {
+  if (empty()) return;
+  if (on_device()) return kernels::fill(raw(), size(), dtype_, value);
+  visit_dtype(dtype_, [&](auto zero) {
+    using T = decltype(zero);
+    T v{};
+    if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
+      v = from_float<T>(static_cast<float>(value));
+    else
+      v = static_cast<T>(value);
+    T* p = static_cast<T*>(raw());
+    std::fill(p, p + size(), v);
+  });
+}
+
+void Tensor::zero() {
+  if (empty()) return;
+  if (on_device())
+    kernels::zero(raw(), bytes());
+  else
+    std::memset(raw(), 0, bytes());
 }
 
 bool Tensor::bitwise_equal(const Tensor& other) const {
-  return same_shape(other) &&
-         std::memcmp(data_.data(), other.data_.data(), data_.size() * sizeof(float)) == 0;
+  if (dtype_ != other.dtype_ || shape_ != other.shape_) return false;
+  const Tensor a = to(Memory::host), b = other.to(Memory::host);
+  return bytes() == 0 || std::memcmp(a.raw(), b.raw(), bytes()) == 0;
 }
 
 // ---------------------------------------------------------------------------
 // Construction
 
+Tensor zeros(Shape shape, DType type, Memory memory) { return Tensor(shape, type, memory); }
 Tensor zeros(std::int64_t rows, std::int64_t cols) { return Tensor(rows, cols); }
+Tensor empty(Shape shape, DType type, Memory memory) { return Tensor(shape, type, memory, false); }
 
-Tensor full(std::int64_t rows, std::int64_t cols, float value) {
-  Tensor t(rows, cols);
-  std::fill(t.begin(), t.end(), value);
+Tensor full(Shape shape, float value, DType type) {
+  Tensor t(shape, type);
+  t.fill(value);
   return t;
 }
+Tensor full(std::int64_t rows, std::int64_t cols, float value) {
+  return full(Shape{rows, cols}, value);
+}
 
-Tensor arange(std::int64_t n) {
-  Tensor t(n);
-  for (std::int64_t i = 0; i < n; ++i) t[i] = static_cast<float>(i);
+Tensor arange(std::int64_t n, DType type) {
+  Tensor t(Shape{n}, type);
+  visit_dtype(type, [&](auto zero) {
+    using T = decltype(zero);
+    T* p = t.data<T>();
+    for (std::int64_t i = 0; i < n; ++i) {
+      if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
+        p[i] = from_float<T>(static_cast<float>(i));
+      else
+        p[i] = static_cast<T>(i);
+    }
+  });
   return t;
 }
 
@@ -99,47 +339,67 @@ double uniform_open0(std::uint64_t& state) {
 }
 }  // namespace
 
-Tensor randn(std::int64_t rows, std::int64_t cols, std::uint64_t seed) {
-  Tensor t(rows, cols);
+Tensor randn(Shape shape, std::uint64_t seed) {
+  Tensor t(shape, DType::f32);
+  float* p = t.data();
   std::uint64_t state = seed;
   // Box-Muller: two uniforms give two independent normals.
   for (std::int64_t i = 0; i < t.size(); i += 2) {
     const double radius = std::sqrt(-2.0 * std::log(uniform_open0(state)));
     const double angle = 2.0 * std::numbers::pi * uniform_open0(state);
-    t[i] = static_cast<float>(radius * std::cos(angle));
-    if (i + 1 < t.size()) t[i + 1] = static_cast<float>(radius * std::sin(angle));
+    p[i] = static_cast<float>(radius * std::cos(angle));
+    if (i + 1 < t.size()) p[i + 1] = static_cast<float>(radius * std::sin(angle));
   }
   return t;
+}
+
+Tensor randn(std::int64_t rows, std::int64_t cols, std::uint64_t seed) {
+  return randn(Shape{rows, cols}, seed);
 }
 
 // ---------------------------------------------------------------------------
 // Splitting and joining
 
 namespace {
-void require_2d(const Tensor& t, const char* what) {
-  require(t.ndim() == 2, std::string(what) + ": needs a 2-D tensor, got " + t.shape_string());
+/// `height` rows of `width` bytes, rows `src_pitch` / `dst_pitch` apart: the one copy
+/// behind column shards and column joins, on the host or on a device.
+void copy_rows(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
+               std::size_t width, std::size_t height, Memory memory) {
+  if (width == 0 || height == 0) return;
+  if (memory == Memory::device)
+    return kernels::copy_2d(dst, dst_pitch, src, src_pitch, width, height);
+  for (std::size_t r = 0; r < height; ++r)
+    std::memcpy(static_cast<char*>(dst) + r * dst_pitch,
+                static_cast<const char*>(src) + r * src_pitch, width);
+}
+
+/// Elements before dimension d (outer) and after it (inner), for a row-major shape.
+std::int64_t outer_of(const Shape& s, int d) {
+  std::int64_t n = 1;
+  for (int i = 0; i < d; ++i) n *= s[i];
+  return n;
+}
+std::int64_t inner_of(const Shape& s, int d) {
+  std::int64_t n = 1;
+  for (int i = d + 1; i < s.ndim(); ++i) n *= s[i];
+  return n;
 }
 }  // namespace
 
 Tensor shard(const Tensor& t, int parts, int dim, int part) {
-  require(dim == 0 || dim == 1, "split: dim must be 0 or 1");
-  if (t.ndim() == 1) {
-    require(dim == 0, "split: a 1-D tensor only splits along dim 0");
-    const ShardRange range = shard_range(t.size(), parts, part);
-    Tensor out(range.length);
-    std::copy_n(t.data() + range.offset, range.length, out.data());
-    return out;
-  }
+  require(dim >= 0 && dim < t.ndim(), "shard: a " + std::to_string(t.ndim()) +
+                                          "-D tensor has no dimension " + std::to_string(dim));
   const ShardRange range = shard_range(t.dim(dim), parts, part);
-  if (dim == 0) {  // rows are contiguous: one copy
-    Tensor out(range.length, t.cols());
-    std::copy_n(t.data() + range.offset * t.cols(), range.length * t.cols(), out.data());
-    return out;
-  }
-  Tensor out(t.rows(), range.length);  // columns: one copy per row
-  for (std::int64_t r = 0; r < t.rows(); ++r)
-    std::copy_n(t.data() + r * t.cols() + range.offset, range.length,
-                out.data() + r * range.length);
+  if (dim == 0) return t.slice(range.offset, range.length);  // contiguous: a view
+  Tensor out = empty(with_dim(t.shape(), dim, range.length), t.dtype(), t.memory());
+  const std::size_t elem = dtype_size(t.dtype());
+  const auto inner = static_cast<std::size_t>(inner_of(t.shape(), dim));
+  copy_rows(
+      out.raw(), static_cast<std::size_t>(range.length) * inner * elem,
+      static_cast<const char*>(t.raw()) + static_cast<std::size_t>(range.offset) * inner * elem,
+      static_cast<std::size_t>(t.dim(dim)) * inner * elem,
+      static_cast<std::size_t>(range.length) * inner * elem,
+      static_cast<std::size_t>(outer_of(t.shape(), dim)), t.memory());
   return out;
 }
 
@@ -152,132 +412,421 @@ std::vector<Tensor> split(const Tensor& t, int parts, int dim) {
 
 Tensor concat(const std::vector<Tensor>& pieces, int dim) {
   require(!pieces.empty(), "concat: nothing to join");
-  require(dim == 0 || dim == 1, "concat: dim must be 0 or 1");
-  if (pieces.front().ndim() == 1) {
-    require(dim == 0, "concat: 1-D tensors only join along dim 0");
-    std::int64_t n = 0;
-    for (const Tensor& p : pieces) n += p.size();
-    Tensor out(n);
-    float* dst = out.data();
-    for (const Tensor& p : pieces) dst = std::copy(p.begin(), p.end(), dst);
-    return out;
-  }
-  const int other = 1 - dim;
-  const std::int64_t fixed = pieces.front().dim(other);
+  const Tensor& first = pieces.front();
+  require(dim >= 0 && dim < first.ndim(), "concat: a " + std::to_string(first.ndim()) +
+                                              "-D tensor has no dimension " + std::to_string(dim));
   std::int64_t joined = 0;
   for (const Tensor& p : pieces) {
-    require(p.ndim() == 2 && p.dim(other) == fixed,
-            "concat: pieces disagree in dimension " + std::to_string(other) + " (" +
-                pieces.front().shape_string() + " vs " + p.shape_string() + ")");
+    require(p.dtype() == first.dtype() && p.memory() == first.memory() &&
+                with_dim(p.shape(), dim, 0) == with_dim(first.shape(), dim, 0),
+            "concat: pieces disagree outside dimension " + std::to_string(dim) + " (" +
+                first.describe() + " vs " + p.describe() + ")");
     joined += p.dim(dim);
   }
-  if (dim == 0) {
-    Tensor out(joined, fixed);
-    float* dst = out.data();
-    for (const Tensor& p : pieces) dst = std::copy(p.begin(), p.end(), dst);
-    return out;
-  }
-  Tensor out(fixed, joined);
-  std::int64_t col = 0;
+  Tensor out = empty(with_dim(first.shape(), dim, joined), first.dtype(), first.memory());
+  const std::size_t elem = dtype_size(first.dtype());
+  const auto inner = static_cast<std::size_t>(inner_of(first.shape(), dim));
+  const auto outer = static_cast<std::size_t>(outer_of(first.shape(), dim));
+  std::size_t at = 0;  // where the next piece starts along dim
   for (const Tensor& p : pieces) {
-    for (std::int64_t r = 0; r < fixed; ++r)
-      std::copy_n(p.data() + r * p.cols(), p.cols(), out.data() + r * joined + col);
-    col += p.cols();
+    const std::size_t width = static_cast<std::size_t>(p.dim(dim)) * inner * elem;
+    copy_rows(static_cast<char*>(out.raw()) + at * inner * elem,
+              static_cast<std::size_t>(joined) * inner * elem, p.raw(), width, width, outer,
+              first.memory());
+    at += static_cast<std::size_t>(p.dim(dim));
   }
   return out;
 }
 
 Tensor transpose(const Tensor& t) {
-  require_2d(t, "transpose");
-  Tensor out(t.cols(), t.rows());
+  require(t.ndim() == 2, "transpose: needs a 2-D tensor, got " + t.describe());
+  Tensor out = empty(Shape{t.cols(), t.rows()}, t.dtype(), t.memory());
+  const std::size_t elem = dtype_size(t.dtype());
+  if (t.on_device()) {
+    if (t.size()) kernels::transpose(t.raw(), out.raw(), t.rows(), t.cols(), elem);
+    return out;
+  }
+  const char* src = static_cast<const char*>(t.raw());
+  char* dst = static_cast<char*>(out.raw());
   for (std::int64_t r = 0; r < t.rows(); ++r)
-    for (std::int64_t c = 0; c < t.cols(); ++c) out(c, r) = t(r, c);
+    for (std::int64_t c = 0; c < t.cols(); ++c)
+      std::memcpy(dst + (c * t.rows() + r) * elem, src + (r * t.cols() + c) * elem, elem);
   return out;
 }
 
 // ---------------------------------------------------------------------------
 // Arithmetic
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
-  require_2d(a, "matmul");
-  require_2d(b, "matmul");
-  require(a.cols() == b.rows(),
-          "matmul: inner dimensions differ (" + a.shape_string() + " @ " + b.shape_string() + ")");
+namespace {
+void require_f32(const Tensor& t, const char* what) {
+  require(t.dtype() == DType::f32,
+          std::string(what) + ": needs f32, got " + t.describe() + " (cast it first)");
+}
+void require_like(const Tensor& a, const Tensor& b, const char* what) {
+  require(
+      a.same_shape(b) && a.dtype() == b.dtype() && a.memory() == b.memory(),
+      std::string(what) + ": the tensors differ (" + a.describe() + " vs " + b.describe() + ")");
+}
+
+/// out = a @ b on the host, f32, out already M x N.
+void host_matmul_f32(const Tensor& a, const Tensor& b, Tensor& out) {
   const std::int64_t M = a.rows(), K = a.cols(), N = b.cols();
-  Tensor out(M, N);
+  const float* pa = a.data();
+  const float* pb = b.data();
+  float* po = out.data();
+  std::fill(po, po + M * N, 0.0f);
   // i-k-j order: the inner loop walks rows of b and out contiguously (cache friendly,
   // vectorises), and out(i, j) still accumulates over k = 0..K-1 in order.
   for (std::int64_t i = 0; i < M; ++i) {
-    float* out_row = out.data() + i * N;
+    float* out_row = po + i * N;
     for (std::int64_t k = 0; k < K; ++k) {
-      const float aik = a(i, k);
-      const float* b_row = b.data() + k * N;
+      const float aik = pa[i * K + k];
+      const float* b_row = pb + k * N;
       for (std::int64_t j = 0; j < N; ++j) out_row[j] += aik * b_row[j];
     }
   }
+}
+
+/// Elementwise out = f(a[i]) (and b[i]) over f32 host tensors.
+template <class F>
+Tensor host_map(const Tensor& a, F&& f) {
+  Tensor out = empty(a.shape());
+  const float* x = a.data();
+  float* y = out.data();
+  for (std::int64_t i = 0; i < a.size(); ++i) y[i] = f(x[i]);
+  return out;
+}
+template <class F>
+Tensor host_zip(const Tensor& a, const Tensor& b, F&& f) {
+  Tensor out = empty(a.shape());
+  const float* x = a.data();
+  const float* z = b.data();
+  float* y = out.data();
+  for (std::int64_t i = 0; i < a.size(); ++i) y[i] = f(x[i], z[i]);
   return out;
 }
 
-namespace {
-void require_same_shape(const Tensor& a, const Tensor& b, const char* what) {
-  require(a.same_shape(b), std::string(what) + ": shapes differ (" + a.shape_string() + " vs " +
-                               b.shape_string() + ")");
+Tensor binary(kernels::Binary op, const Tensor& a, const Tensor& b, const char* what) {
+  require_f32(a, what);
+  require_like(a, b, what);
+  if (a.on_device()) {
+    Tensor out = empty(a.shape(), DType::f32, Memory::device);
+    kernels::binary(op, a.data(), b.data(), out.data(), a.size());
+    return out;
+  }
+  switch (op) {
+    case kernels::Binary::add:
+      return host_zip(a, b, [](float x, float y) { return x + y; });
+    case kernels::Binary::sub:
+      return host_zip(a, b, [](float x, float y) { return x - y; });
+    case kernels::Binary::mul:
+      break;
+  }
+  return host_zip(a, b, [](float x, float y) { return x * y; });
 }
+
+// GELU, tanh approximation: the constant sqrt(2/pi) and the cubic's coefficient.
+constexpr float gelu_c = 0.7978845608028654f;
+constexpr float gelu_a = 0.044715f;
 }  // namespace
 
-Tensor add(const Tensor& a, const Tensor& b) {
-  require_same_shape(a, b, "add");
-  Tensor out = a;
-  for (std::int64_t i = 0; i < out.size(); ++i) out[i] += b[i];
+Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b) {
+  require(a.ndim() == 2 && b.ndim() == 2,
+          "matmul: needs 2-D tensors, got " + a.describe() + " and " + b.describe());
+  Tensor out = empty(Shape{transpose_a ? a.cols() : a.rows(), transpose_b ? b.rows() : b.cols()},
+                     a.dtype(), a.memory());
+  matmul_into(out, a, b, transpose_a, transpose_b);
   return out;
 }
 
-Tensor sub(const Tensor& a, const Tensor& b) {
-  require_same_shape(a, b, "sub");
-  Tensor out = a;
-  for (std::int64_t i = 0; i < out.size(); ++i) out[i] -= b[i];
-  return out;
+void matmul_into(Tensor& out, const Tensor& a, const Tensor& b, bool transpose_a,
+                 bool transpose_b) {
+  require(a.ndim() == 2 && b.ndim() == 2,
+          "matmul: needs 2-D tensors, got " + a.describe() + " and " + b.describe());
+  require(a.dtype() == b.dtype() && a.memory() == b.memory(),
+          "matmul: " + a.describe() + " and " + b.describe() + " differ in type or memory");
+  require(a.dtype() == DType::f32 || a.dtype() == DType::f16 || a.dtype() == DType::bf16,
+          "matmul: needs f32, f16 or bf16, got " + a.describe());
+  const std::int64_t M = transpose_a ? a.cols() : a.rows(), K = transpose_a ? a.rows() : a.cols();
+  const std::int64_t Kb = transpose_b ? b.cols() : b.rows(), N = transpose_b ? b.rows() : b.cols();
+  require(K == Kb, "matmul: inner dimensions differ (" + a.shape_string() +
+                       (transpose_a ? "^T" : "") + " @ " + b.shape_string() +
+                       (transpose_b ? "^T" : "") + ")");
+  require(out.shape() == (Shape{M, N}) && out.dtype() == a.dtype() && out.memory() == a.memory(),
+          "matmul: the output is " + out.describe() + ", expected " +
+              std::string(dtype_name(a.dtype())) + " " + Shape{M, N}.str());
+  if (a.on_device()) {
+    if (M && N && K)
+      kernels::matmul(a.raw(), b.raw(), out.raw(), a.dtype(), M, N, K, transpose_a, transpose_b,
+                      a.cols(), b.cols());
+    else
+      out.zero();  // the answer when K is 0
+    return;
+  }
+  if (a.dtype() != DType::f32) {  // f16 / bf16: exact in f32, accumulate there, round once
+    out.copy_from(cast(matmul(cast(a, DType::f32), cast(b, DType::f32), transpose_a, transpose_b),
+                       a.dtype()));
+    return;
+  }
+  host_matmul_f32(transpose_a ? transpose(a) : a, transpose_b ? transpose(b) : b, out);
 }
+
+Tensor add(const Tensor& a, const Tensor& b) { return binary(kernels::Binary::add, a, b, "add"); }
+Tensor sub(const Tensor& a, const Tensor& b) { return binary(kernels::Binary::sub, a, b, "sub"); }
+Tensor mul(const Tensor& a, const Tensor& b) { return binary(kernels::Binary::mul, a, b, "mul"); }
 
 Tensor scale(const Tensor& a, float s) {
-  Tensor out = a;
-  for (float& v : out) v *= s;
+  Tensor out = a.clone();
+  scale_in_place(out, s);
   return out;
 }
 
 void axpy(float alpha, const Tensor& x, Tensor& y) {
-  require_same_shape(x, y, "axpy");
-  for (std::int64_t i = 0; i < y.size(); ++i) y[i] += alpha * x[i];
+  require_f32(y, "axpy");
+  require_like(x, y, "axpy");
+  if (y.on_device()) return kernels::axpy(alpha, x.data(), y.data(), y.size());
+  const float* px = x.data();
+  float* py = y.data();
+  for (std::int64_t i = 0; i < y.size(); ++i) py[i] += alpha * px[i];
 }
 
-float max_abs_diff(const Tensor& a, const Tensor& b) {
-  require_same_shape(a, b, "max_abs_diff");
-  float m = 0.0f;
-  for (std::int64_t i = 0; i < a.size(); ++i) {
-    const float d = std::fabs(a[i] - b[i]);
-    if (std::isnan(d)) return d;
-    m = std::max(m, d);
-  }
-  return m;
+void scale_in_place(Tensor& t, float s) {
+  require_f32(t, "scale");
+  if (t.on_device()) return kernels::scale(t.data(), s, t.size());
+  for (float& v : t) v *= s;
 }
 
-float max_abs(const Tensor& a) {
-  float m = 0.0f;
-  for (float v : a) {
-    if (std::isnan(v)) return v;
-    m = std::max(m, std::fabs(v));
+void add_row(Tensor& y, const Tensor& row) {
+  require_f32(y, "add_row");
+  require(y.ndim() == 2 && row.size() == y.cols() && row.dtype() == y.dtype() &&
+              row.memory() == y.memory(),
+          "add_row: the row (" + row.describe() + ") must have one value per column of " +
+              y.describe());
+  if (y.on_device()) return kernels::add_row(y.data(), row.data(), y.rows(), y.cols());
+  const float* r = row.data();
+  float* p = y.data();
+  for (std::int64_t i = 0; i < y.rows(); ++i)
+    for (std::int64_t j = 0; j < y.cols(); ++j) p[i * y.cols() + j] += r[j];
+}
+
+Tensor column_sums(const Tensor& x) {
+  require_f32(x, "column_sums");
+  require(x.ndim() == 2, "column_sums: needs a 2-D tensor, got " + x.describe());
+  Tensor out(Shape{1, x.cols()}, DType::f32, x.memory());
+  if (x.on_device()) {
+    if (x.size()) kernels::column_sums(x.data(), out.data(), x.rows(), x.cols());
+    return out;
   }
-  return m;
+  const float* p = x.data();
+  float* o = out.data();
+  for (std::int64_t i = 0; i < x.rows(); ++i)
+    for (std::int64_t j = 0; j < x.cols(); ++j) o[j] += p[i * x.cols() + j];
+  return out;
+}
+
+Tensor tanh(const Tensor& x) {
+  require_f32(x, "tanh");
+  if (x.on_device()) {
+    Tensor y = empty(x.shape(), DType::f32, Memory::device);
+    kernels::tanh_forward(x.data(), y.data(), x.size());
+    return y;
+  }
+  return host_map(x, [](float v) { return std::tanh(v); });
+}
+
+Tensor tanh_backward(const Tensor& y, const Tensor& dy) {
+  require_f32(y, "tanh_backward");
+  require_like(y, dy, "tanh_backward");
+  if (y.on_device()) {
+    Tensor dx = empty(y.shape(), DType::f32, Memory::device);
+    kernels::tanh_backward(y.data(), dy.data(), dx.data(), y.size());
+    return dx;
+  }
+  return host_zip(y, dy, [](float t, float d) { return d * (1.0f - t * t); });
+}
+
+Tensor gelu(const Tensor& x) {
+  require_f32(x, "gelu");
+  if (x.on_device()) {
+    Tensor y = empty(x.shape(), DType::f32, Memory::device);
+    kernels::gelu_forward(x.data(), y.data(), x.size());
+    return y;
+  }
+  return host_map(
+      x, [](float v) { return 0.5f * v * (1.0f + std::tanh(gelu_c * (v + gelu_a * v * v * v))); });
+}
+
+Tensor gelu_backward(const Tensor& x, const Tensor& dy) {
+  require_f32(x, "gelu_backward");
+  require_like(x, dy, "gelu_backward");
+  if (x.on_device()) {
+    Tensor dx = empty(x.shape(), DType::f32, Memory::device);
+    kernels::gelu_backward(x.data(), dy.data(), dx.data(), x.size());
+    return dx;
+  }
+  // d/dx of 0.5 x (1 + tanh(u)), u = c (x + a x^3): 0.5 (1 + tanh u) + 0.5 x sech^2(u) u'.
+  return host_zip(x, dy, [](float v, float d) {
+    const float u = gelu_c * (v + gelu_a * v * v * v);
+    const float t = std::tanh(u);
+    const float du = gelu_c * (1.0f + 3.0f * gelu_a * v * v);
+    return d * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+  });
+}
+
+Tensor cast(const Tensor& t, DType type) {
+  if (type == t.dtype()) return t.clone();
+  Tensor out = empty(t.shape(), type, t.memory());
+  if (t.on_device()) {
+    if (t.size()) kernels::cast(t.raw(), t.dtype(), out.raw(), type, t.size());
+    return out;
+  }
+  visit_dtype(t.dtype(), [&](auto from) {
+    using From = decltype(from);
+    const From* in = static_cast<const From*>(t.raw());
+    visit_dtype(type, [&](auto to) {
+      using To = decltype(to);
+      To* o = static_cast<To*>(out.raw());
+      for (std::int64_t i = 0; i < t.size(); ++i) {
+        if constexpr (std::is_same_v<To, Half> || std::is_same_v<To, BFloat16>)
+          o[i] = from_float<To>(static_cast<float>(to_double(in[i])));
+        else
+          o[i] = static_cast<To>(to_double(in[i]));
+      }
+    });
+  });
+  return out;
+}
+
+namespace {
+void require_index(const Tensor& index, const char* what) {
+  require(
+      index.ndim() == 1 && (index.dtype() == DType::i32 || index.dtype() == DType::i64),
+      std::string(what) + ": the index must be a 1-D i32 or i64 tensor, got " + index.describe());
+}
+std::int64_t index_at(const Tensor& index, std::int64_t i) {
+  return index.dtype() == DType::i32 ? index.data<std::int32_t>()[i]
+                                     : index.data<std::int64_t>()[i];
+}
+[[noreturn]] void bad_index(const char* what, std::int64_t i, std::int64_t value,
+                            std::int64_t rows) {
+  throw Error(std::string(what) + ": index[" + std::to_string(i) + "] = " + std::to_string(value) +
+              " is outside 0.." + std::to_string(rows - 1));
+}
+}  // namespace
+
+Tensor gather_rows(const Tensor& src, const Tensor& index) {
+  require_index(index, "gather_rows");
+  require(index.memory() == src.memory(),
+          "gather_rows: the index and the rows are in different memory");
+  const std::int64_t rows = src.dim(0), n = index.size();
+  Tensor out = empty(with_dim(src.shape(), 0, n), src.dtype(), src.memory());
+  const std::size_t row_bytes = rows ? src.bytes() / static_cast<std::size_t>(rows)
+                                     : static_cast<std::size_t>(src.ndim() > 1 ? src.size() : 0);
+  if (src.on_device()) {
+    if (n &&
+        !kernels::gather_rows(src.raw(), rows, row_bytes, index.raw(), index.dtype(), n, out.raw()))
+      throw Error("gather_rows: an index is outside 0.." + std::to_string(rows - 1));
+    return out;
+  }
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t r = index_at(index, i);
+    if (r < 0 || r >= rows) bad_index("gather_rows", i, r, rows);
+    std::memcpy(static_cast<char*>(out.raw()) + static_cast<std::size_t>(i) * row_bytes,
+                static_cast<const char*>(src.raw()) + static_cast<std::size_t>(r) * row_bytes,
+                row_bytes);
+  }
+  return out;
+}
+
+void scatter_add_rows(Tensor& dst, const Tensor& index, const Tensor& src) {
+  require_index(index, "scatter_add_rows");
+  require_f32(dst, "scatter_add_rows");
+  require(src.dtype() == DType::f32 && src.memory() == dst.memory() &&
+              index.memory() == dst.memory() && src.dim(0) == index.size() &&
+              src.size() == index.size() * (dst.dim(0) ? dst.size() / dst.dim(0) : 0),
+          "scatter_add_rows: " + src.describe() + " rows into " + dst.describe() + " by " +
+              index.describe());
+  const std::int64_t rows = dst.dim(0), n = index.size();
+  const std::int64_t cols = n ? src.size() / n : 0;
+  if (dst.on_device()) {
+    if (n && !kernels::scatter_add_rows(dst.data(), rows, cols, index.raw(), index.dtype(), n,
+                                        src.data()))
+      throw Error("scatter_add_rows: an index is outside 0.." + std::to_string(rows - 1));
+    return;
+  }
+  const float* s = src.data();
+  float* d = dst.data();
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t r = index_at(index, i);
+    if (r < 0 || r >= rows) bad_index("scatter_add_rows", i, r, rows);
+    for (std::int64_t j = 0; j < cols; ++j) d[r * cols + j] += s[i * cols + j];
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Comparing
+
+namespace {
+void require_floating(const Tensor& t, const char* what) {
+  require(is_floating(t.dtype()),
+          std::string(what) + ": needs a floating type, got " + t.describe());
+}
+}  // namespace
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  require_floating(a, "max_abs_diff");
+  require_like(a, b, "max_abs_diff");
+  if (a.on_device()) return kernels::max_abs_diff(a.raw(), b.raw(), a.dtype(), a.size());
+  return visit_dtype(a.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* x = static_cast<const T*>(a.raw());
+    const T* y = static_cast<const T*>(b.raw());
+    double m = 0;
+    for (std::int64_t i = 0; i < a.size(); ++i) {
+      const double d = std::fabs(to_double(x[i]) - to_double(y[i]));
+      if (std::isnan(d)) return d;
+      m = std::max(m, d);
+    }
+    return m;
+  });
+}
+
+double max_abs(const Tensor& a) {
+  require_floating(a, "max_abs");
+  if (a.on_device()) return kernels::max_abs_diff(a.raw(), nullptr, a.dtype(), a.size());
+  return visit_dtype(a.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* x = static_cast<const T*>(a.raw());
+    double m = 0;
+    for (std::int64_t i = 0; i < a.size(); ++i) {
+      const double v = std::fabs(to_double(x[i]));
+      if (std::isnan(v)) return v;
+      m = std::max(m, v);
+    }
+    return m;
+  });
+}
+
+bool all_finite(const Tensor& t) {
+  if (!is_floating(t.dtype())) return true;
+  if (t.on_device()) return kernels::all_finite(t.raw(), t.dtype(), t.size());
+  return visit_dtype(t.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* x = static_cast<const T*>(t.raw());
+    for (std::int64_t i = 0; i < t.size(); ++i)
+      if (!std::isfinite(to_double(x[i]))) return false;
+    return true;
+  });
 }
 
 float matmul_reorder_bound(const Tensor& a, const Tensor& b) {
-  Tensor abs_a = a, abs_b = b;
+  Tensor abs_a = cast(a.to(Memory::host), DType::f32), abs_b = cast(b.to(Memory::host), DType::f32);
   for (float& v : abs_a) v = std::fabs(v);
   for (float& v : abs_b) v = std::fabs(v);
   const double K = static_cast<double>(a.cols());
   const double u = 0x1.0p-24;
   const double gamma = K * u / (1.0 - K * u);
-  return static_cast<float>(2.0 * gamma * static_cast<double>(max_abs(matmul(abs_a, abs_b))));
+  return static_cast<float>(2.0 * gamma * max_abs(matmul(abs_a, abs_b)));
 }
 
 // ---------------------------------------------------------------------------
@@ -285,7 +834,11 @@ float matmul_reorder_bound(const Tensor& a, const Tensor& b) {
 
 bool use_color(int fd) { return std::getenv("NO_COLOR") == nullptr && isatty(fd) != 0; }
 
-std::string format(const Tensor& t, const std::string& name, const PrintOptions& options) {
+std::string format(const Tensor& tensor, const std::string& name, const PrintOptions& options) {
+  require(tensor.ndim() <= 2, "format: prints 1-D and 2-D tensors, got " + tensor.describe());
+  const Tensor t = cast(tensor.to(Memory::host), DType::f64);
+  const double* values = t.data<double>();
+  const bool integer = !is_floating(tensor.dtype());
   // Shard p gets colour p (blue, red, green, magenta, cyan, yellow, then again).
   static const char* const colors[] = {"\033[34m", "\033[31m", "\033[32m",
                                        "\033[35m", "\033[36m", "\033[33m"};
@@ -304,11 +857,13 @@ std::string format(const Tensor& t, const std::string& name, const PrintOptions&
     return parts - 1;
   };
   std::ostringstream os;
-  os << name << " (" << t.shape_string();
+  os << name << " (" << tensor.shape_string();
+  if (tensor.dtype() != DType::f32) os << ", " << dtype_name(tensor.dtype());
   if (parts > 1) os << ", " << parts << " shards along dim " << options.shards.dim;
   os << ")\n";
-  os << std::fixed << std::setprecision(options.decimals);
-  const int width = options.decimals + 4;
+  const int decimals = integer ? 0 : options.decimals;
+  os << std::fixed << std::setprecision(decimals);
+  const int width = decimals + 4 + (integer ? 2 : 0);
   for (std::int64_t r = 0; r < rows; ++r) {
     if (by_rows && parts > 1 && !options.color && r > 0 && owner(r, rows) != owner(r - 1, rows))
       os << "  " << std::string(static_cast<std::size_t>(cols * (width + 1)), '-') << "\n";
@@ -319,7 +874,7 @@ std::string format(const Tensor& t, const std::string& name, const PrintOptions&
         os << " |";
       os << " ";
       if (options.color && parts > 1) os << colors[p % 6];
-      os << std::setw(width) << (t.ndim() == 2 ? t(r, c) : t[c]);
+      os << std::setw(width) << values[r * cols + c];
       if (options.color && parts > 1) os << reset;
     }
     os << "\n";

@@ -1,9 +1,13 @@
-// Errors, in one place: what a chapter throws, and how each becomes an exit code.
+// Errors, in one place: what goes wrong, and which exit code each becomes.
 //
-//   UsageError        bad input from the command line       -> exit 2
-//   VerificationError a distributed result is wrong          -> exit 1
-//   CommError         a communication call failed or hung    -> exit 1
-//   NotImplemented    an exercise stub that is still a stub  -> exit 1
+//   UsageError        bad input from the command line             -> exit 2
+//   Error             the program itself went wrong: a shape mismatch inside a layer,
+//                     a communication call with a bad peer or count -> exit 1
+//   CommError         a communication call failed or hung (comm.hpp) -> exit 1
+//   NotImplemented    an exercise stub that is still a stub          -> exit 1
+//
+// require(condition, message) is for the second kind: code that calls a function wrongly.
+// require_usage(condition, message) is for the first: a flag the user gave.
 #pragma once
 
 #include <stdexcept>
@@ -11,13 +15,15 @@
 
 namespace shardlab {
 
-/// Bad input (a flag out of range, a shape that cannot be split): exit code 2.
+/// Bad input from the command line (a flag out of range, a shape that cannot be split
+/// over the ranks asked for): exit code 2, one line.
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// A result that disagrees with its reference: exit code 1.
-struct VerificationError : std::runtime_error {
+/// A function was called wrongly or met an impossible state (a shape mismatch inside a
+/// layer, a peer that does not exist): exit code 1, with the message.
+struct Error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
@@ -26,8 +32,13 @@ struct NotImplemented : std::logic_error {
   using std::logic_error::logic_error;
 };
 
-/// Throws UsageError(message) unless `condition` holds.
+/// Throws Error(message) unless `condition` holds.
 inline void require(bool condition, const std::string& message) {
+  if (!condition) throw Error(message);
+}
+
+/// Throws UsageError(message) unless `condition` holds: for checks of what the user typed.
+inline void require_usage(bool condition, const std::string& message) {
   if (!condition) throw UsageError(message);
 }
 

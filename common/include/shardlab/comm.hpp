@@ -2,135 +2,122 @@
 //
 //   threads  ranks are threads of one process (the default: nothing to install)
 //   mpi      ranks are OpenMPI processes (`mpirun -np N program`)
+//   nccl     one GPU per rank, NCCL's collectives and point-to-point (comm_nccl.hpp)
 //
 // Point-to-point calls (send/recv/sendrecv, and isend/irecv/wait) are what the
-// from-scratch algorithms of later chapters are built on; the native collectives are
-// what a real job calls. Every call is counted (calls, bytes sent, bytes received, per
-// operation), so a chapter can print the traffic it measured next to a formula.
+// from-scratch algorithms of the chapters are built on; the native collectives are what
+// a real job calls, blocking or non-blocking (iallreduce, ... return a Request).
+//
+// Buffers: a Tensor (host or device memory, any element type), or any contiguous range of
+// elements on the host (std::vector, std::span, std::array) of f32, f64, f16, bf16, i32,
+// i64 or u8.
+//
+// One message-matching rule on every backend: messages from rank a to rank b are matched
+// in the order they are posted — b's k-th receive from a gets a's k-th send to b. Tags do
+// not reorder anything; they are checked, and a receive whose tag differs from the
+// matched send's is an error naming both (NCCL has no tags, so a program that relied on
+// tags to pick a message out of order would work on one backend and fail on another).
+//
+// Counters: every call is counted — calls, bytes sent and bytes received per operation —
+// and the counts are measured: what each message carried, and on the threads backend what
+// each rank actually read from or wrote into another rank's memory during a collective.
+// Only where a library hides its algorithm (MPI's and NCCL's collectives) is the count the
+// traffic of the bandwidth-optimal algorithm for the call, and the operation is marked
+// `modeled`.
 //
 // Safety is part of the interface:
 //   - a blocking call that waits longer than the timeout fails with a message naming
 //     the rank, the peer, the tag and the operation (a deadlock becomes a message);
 //   - ranks that enter one collective with different operations, counts, types or roots
 //     get a mismatch error (threads backend);
+//   - a wrong peer, root or count is an Error (exit 1) naming the call;
 //   - an error on any rank ends the whole job (launch.hpp), never leaving others waiting.
-//
-// Buffers are any contiguous range of float, double, int32, int64 or uint8 elements:
-// std::vector, std::span, std::array, Tensor.
 #pragma once
 
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <ranges>
 #include <span>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <type_traits>
 #include <vector>
 
+#include "shardlab/check.hpp"
+#include "shardlab/dtype.hpp"
+#include "shardlab/tensor.hpp"
+
 namespace shardlab {
 
 // ---------------------------------------------------------------------------
-// Element types and reduction operations
-
-enum class DType : std::uint8_t { f32, f64, i32, i64, u8 };
-std::size_t dtype_size(DType t);
-std::string_view dtype_name(DType t);
-
-template <class T>
-constexpr DType dtype_of() {
-  using U = std::remove_cv_t<T>;
-  if constexpr (std::is_same_v<U, float>)
-    return DType::f32;
-  else if constexpr (std::is_same_v<U, double>)
-    return DType::f64;
-  else if constexpr (std::is_same_v<U, std::int32_t>)
-    return DType::i32;
-  else if constexpr (std::is_same_v<U, std::int64_t>)
-    return DType::i64;
-  else {
-    static_assert(std::is_same_v<U, std::uint8_t>, "unsupported element type");
-    return DType::u8;
-  }
-}
-
-/// Calls f(T{}) with T the element type of `type`: one switch for every typed loop.
-template <class F>
-void visit_dtype(DType type, F&& f) {
-  switch (type) {
-    case DType::f32:
-      f(float{});
-      break;
-    case DType::f64:
-      f(double{});
-      break;
-    case DType::i32:
-      f(std::int32_t{});
-      break;
-    case DType::i64:
-      f(std::int64_t{});
-      break;
-    case DType::u8:
-      f(std::uint8_t{});
-      break;
-  }
-}
-
-template <class T>
-concept Element = std::is_same_v < std::remove_cv_t<T>,
-float > || std::is_same_v<std::remove_cv_t<T>, double> ||
-    std::is_same_v<std::remove_cv_t<T>, std::int32_t> ||
-    std::is_same_v<std::remove_cv_t<T>, std::int64_t> ||
-    std::is_same_v<std::remove_cv_t<T>, std::uint8_t>;
-
-/// A contiguous buffer of elements a communicator can move.
-template <class R>
-concept Buffer = std::ranges::contiguous_range<R> && std::ranges::sized_range<R> &&
-    Element<std::ranges::range_value_t<R>>;
-
-/// Where a buffer lives. Host buffers work on every backend. Device (CUDA) buffers work
-/// on the threads backend (copies through cudaMemcpy, reductions as kernels), so N ranks
-/// can share one GPU; the MPI backend refuses them (Open MPI here is not CUDA-aware).
-enum class Memory : std::uint8_t { host, device };
-
-/// A buffer type says it lives on the device with `static constexpr Memory memory =
-/// Memory::device;` (DeviceTensor, DeviceSpan); every other buffer is host memory.
-template <class R>
-constexpr Memory memory_of() {
-  using B = std::remove_cvref_t<R>;
-  if constexpr (requires { B::memory; })
-    return B::memory;
-  else
-    return Memory::host;
-}
-
-/// A view of `count` elements of device memory, for passing raw device pointers.
-template <class T>
-struct DeviceSpan {
-  static constexpr Memory memory = Memory::device;
-  T* ptr = nullptr;
-  std::size_t count = 0;
-  T* data() const { return ptr; }
-  std::size_t size() const { return count; }
-  T* begin() const { return ptr; }
-  T* end() const { return ptr + count; }
-};
+// Reductions
 
 /// sum, avg (sum / N), max, min: what allreduce, reduce and reduce_scatter combine with.
+/// max and min of floating values propagate NaN on every backend's host path.
 enum class ReduceOp : std::uint8_t { sum, avg, max, min };
 std::string_view reduce_op_name(ReduceOp op);
 /// "sum" -> ReduceOp::sum; throws UsageError for an unknown name.
 ReduceOp parse_reduce_op(std::string_view name);
 
 // ---------------------------------------------------------------------------
+// Buffers
+
+/// A contiguous range of elements on the host: std::vector<float>, std::span<int>, ...
+template <class R>
+concept HostRange = std::ranges::contiguous_range<R> && std::ranges::sized_range<R> &&
+    Element<std::ranges::range_value_t<R>> && !std::is_same_v<std::remove_cvref_t<R>, Tensor>;
+
+/// What a call reads: a tensor, a host range, or raw memory (pointer, count, type, memory).
+struct ConstBuffer {
+  const void* data = nullptr;
+  std::size_t count = 0;  // elements
+  DType type = DType::f32;
+  Memory memory = Memory::host;
+
+  ConstBuffer(const void* p, std::size_t n, DType t, Memory m)
+      : data(p), count(n), type(t), memory(m) {}
+  ConstBuffer(const Tensor& t)  // NOLINT(google-explicit-constructor): tensors pass as buffers
+      : ConstBuffer(t.raw(), static_cast<std::size_t>(t.size()), t.dtype(), t.memory()) {}
+  template <HostRange R>
+  ConstBuffer(const R& r)  // NOLINT(google-explicit-constructor)
+      : ConstBuffer(std::ranges::data(r), static_cast<std::size_t>(std::ranges::size(r)),
+                    dtype_of<std::ranges::range_value_t<R>>(), Memory::host) {}
+  std::size_t bytes() const { return count * dtype_size(type); }
+};
+
+/// What a call writes: a tensor (or a view of one), a host range of non-const elements,
+/// or raw memory.
+struct MutableBuffer {
+  void* data = nullptr;
+  std::size_t count = 0;
+  DType type = DType::f32;
+  Memory memory = Memory::host;
+
+  MutableBuffer(void* p, std::size_t n, DType t, Memory m)
+      : data(p), count(n), type(t), memory(m) {}
+  MutableBuffer(Tensor& t)  // NOLINT(google-explicit-constructor)
+      : MutableBuffer(t.raw(), static_cast<std::size_t>(t.size()), t.dtype(), t.memory()) {}
+  MutableBuffer(Tensor&& t)  // NOLINT(google-explicit-constructor): a view, like t.slice(...)
+      : MutableBuffer(t.raw(), static_cast<std::size_t>(t.size()), t.dtype(), t.memory()) {}
+  template <HostRange R>
+  requires(!std::is_const_v<std::remove_reference_t<std::ranges::range_reference_t<R>>>)
+      MutableBuffer(R&& r)  // NOLINT(google-explicit-constructor)
+      : MutableBuffer(std::ranges::data(r), static_cast<std::size_t>(std::ranges::size(r)),
+                      dtype_of<std::ranges::range_value_t<R>>(), Memory::host) {}
+  operator ConstBuffer() const { return {data, count, type, memory}; }  // NOLINT
+  std::size_t bytes() const { return count * dtype_size(type); }
+};
+
+// ---------------------------------------------------------------------------
 // Counters
 
-/// The operations a communicator counts, one row each.
+/// The operations a communicator counts, one row each (allgatherv counts as allgather,
+/// gatherv as gather, alltoallv as alltoall).
 enum class Op : std::uint8_t {
   send,
   recv,
@@ -156,19 +143,20 @@ struct OpStats {
   OpStats operator-(const OpStats& o) const;
 };
 
-/// Per-operation counters of one rank. What a collective counts is the traffic of the
-/// algorithm the backend runs where that is known (the threads backend, and every
-/// point-to-point call); for a library collective whose algorithm is hidden (MPI's), it
-/// is the traffic of the bandwidth-optimal algorithm for the same call, the figure
-/// nccl-tests' bus bandwidth assumes, and the operation is marked `modeled`.
+/// Per-operation counters of one rank (see the top: measured, or `modeled`).
 struct CommStats {
   std::array<OpStats, op_count> ops{};
   std::array<bool, op_count> modeled{};
   const OpStats& operator[](Op op) const { return ops[static_cast<std::size_t>(op)]; }
   OpStats& operator[](Op op) { return ops[static_cast<std::size_t>(op)]; }
+  bool is_modeled(Op op) const { return modeled[static_cast<std::size_t>(op)]; }
+  /// True when any operation with traffic in these counters was modeled.
+  bool any_modeled() const;
   OpStats total() const;
   /// Counters accumulated since `earlier` (a snapshot taken with Communicator::stats()).
   CommStats since(const CommStats& earlier) const;
+  /// Adds another communicator's counters (a sub-communicator's, another rank's).
+  CommStats& operator+=(const CommStats& o);
 };
 
 /// Bytes a rank sends to and receives from other ranks in one call.
@@ -181,9 +169,9 @@ struct Traffic {
 // Errors
 
 /// A communication call failed: timed out, mismatched, or the job was ended by another
-/// rank's error. what() names rank, peer, tag and operation.
-struct CommError : std::runtime_error {
-  using std::runtime_error::runtime_error;
+/// rank's error. what() names rank, peer, tag and operation. Exit code 1.
+struct CommError : Error {
+  using Error::Error;
 };
 /// Thrown in every other rank when one rank fails, so they stop waiting; the launcher
 /// reports the first rank's error, not these.
@@ -203,10 +191,11 @@ struct MessageEvent {
 // ---------------------------------------------------------------------------
 // Non-blocking requests
 
-/// A pending isend or irecv; complete it with Communicator::wait (its buffer must live
-/// until then). A request destroyed unwaited — a rank unwinding after an error — is
-/// withdrawn where the backend can: on threads an unmatched message leaves the mailbox
-/// (and one being copied is waited for); MPI cancels a receive; the job is ending anyway.
+/// A pending isend, irecv or non-blocking collective; complete it with
+/// Communicator::wait (its buffers must live, untouched, until then). A request destroyed
+/// unwaited — a rank unwinding after an error — is withdrawn where the backend can (an
+/// unmatched message leaves the threads backend's mailbox; MPI cancels a receive), or
+/// waited for where it cannot (a collective other ranks may be reading).
 class Request {
  public:
   struct Impl {
@@ -233,7 +222,7 @@ class Communicator {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
-  /// "threads" or "mpi".
+  /// "threads", "mpi" or "nccl".
   virtual std::string_view backend() const = 0;
   /// How long a blocking call may wait before it fails.
   std::chrono::milliseconds timeout() const { return timeout_; }
@@ -241,31 +230,13 @@ class Communicator {
   // -- point to point --------------------------------------------------------
   // Blocking send may wait until the receiver posts its recv (as MPI allows for large
   // messages), so two ranks that both send first deadlock: use sendrecv or isend.
-  // Messages between one pair of ranks with one tag arrive in the order they were sent.
 
-  template <Buffer R>
-  void send(const R& buf, int peer, int tag = 0) {
-    send_bytes(std::ranges::data(buf), count(buf), dtype<R>(), memory_of<R>(), peer, tag);
-  }
-  template <Buffer R>
-  void recv(R&& buf, int peer, int tag = 0) {
-    recv_bytes(std::ranges::data(buf), count(buf), dtype<R>(), memory_of<R>(), peer, tag);
-  }
+  void send(ConstBuffer buf, int peer, int tag = 0);
+  void recv(MutableBuffer buf, int peer, int tag = 0);
   /// Sends `out` to `dest` and receives `in` from `source` at once (no deadlock in a ring).
-  template <Buffer S, Buffer R>
-  void sendrecv(const S& out, int dest, R&& in, int source, int tag = 0) {
-    static_assert(std::is_same_v<std::ranges::range_value_t<S>, std::ranges::range_value_t<R>>);
-    sendrecv_bytes(std::ranges::data(out), count(out), std::ranges::data(in), count(in), dtype<R>(),
-                   memory_of<S>(), memory_of<R>(), dest, source, tag);
-  }
-  template <Buffer R>
-  [[nodiscard]] Request isend(const R& buf, int peer, int tag = 0) {
-    return isend_bytes(std::ranges::data(buf), count(buf), dtype<R>(), memory_of<R>(), peer, tag);
-  }
-  template <Buffer R>
-  [[nodiscard]] Request irecv(R&& buf, int peer, int tag = 0) {
-    return irecv_bytes(std::ranges::data(buf), count(buf), dtype<R>(), memory_of<R>(), peer, tag);
-  }
+  void sendrecv(ConstBuffer out, int dest, MutableBuffer in, int source, int tag = 0);
+  [[nodiscard]] Request isend(ConstBuffer buf, int peer, int tag = 0);
+  [[nodiscard]] Request irecv(MutableBuffer buf, int peer, int tag = 0);
   /// Blocks until `request` completes (with the timeout); it is then no longer pending.
   void wait(Request& request);
   void wait_all(std::span<Request> requests);
@@ -273,84 +244,44 @@ class Communicator {
   // -- collectives (every rank of the communicator calls them, in the same order) ---
 
   /// In place: every rank ends with op over all ranks' buffers, element by element.
-  template <Buffer R>
-  void allreduce(R&& buf, ReduceOp op = ReduceOp::sum) {
-    collective(Op::allreduce, [&] {
-      allreduce_impl(std::ranges::data(buf), count(buf), dtype<R>(), memory_of<R>(), op);
-    });
-  }
+  void allreduce(MutableBuffer buf, ReduceOp op = ReduceOp::sum);
   /// In place: `root` ends with op over all ranks' buffers; the others' are unchanged.
-  template <Buffer R>
-  void reduce(R&& buf, ReduceOp op, int root) {
-    collective(Op::reduce, [&] {
-      reduce_impl(std::ranges::data(buf), count(buf), dtype<R>(), memory_of<R>(), op, root);
-    });
-  }
+  void reduce(MutableBuffer buf, ReduceOp op, int root);
   /// In place: every rank ends with root's buffer.
-  template <Buffer R>
-  void broadcast(R&& buf, int root) {
-    collective(Op::broadcast, [&] {
-      broadcast_impl(std::ranges::data(buf), count(buf), dtype<R>(), memory_of<R>(), root);
-    });
-  }
-  /// `in` holds size() blocks of out.size() elements; rank r gets op over all ranks'
-  /// block r in `out`.
-  template <Buffer S, Buffer R>
-  void reduce_scatter(const S& in, R&& out, ReduceOp op = ReduceOp::sum) {
-    static_assert(std::is_same_v<std::ranges::range_value_t<S>, std::ranges::range_value_t<R>>);
-    check_blocks("reduce_scatter", count(in), count(out));
-    collective(Op::reduce_scatter, [&] {
-      reduce_scatter_impl(std::ranges::data(in), std::ranges::data(out), count(out), dtype<R>(),
-                          same_memory<S, R>("reduce_scatter"), op);
-    });
-  }
+  void broadcast(MutableBuffer buf, int root);
+  /// `in` holds S elements on every rank; rank r gets op over all ranks' shard r of them,
+  /// shard_range(S, N, r) (uneven when N does not divide S), in `out`.
+  void reduce_scatter(ConstBuffer in, MutableBuffer out, ReduceOp op = ReduceOp::sum);
   /// Every rank's `in` (the same length on all), concatenated in rank order into `out`.
-  template <Buffer S, Buffer R>
-  void allgather(const S& in, R&& out) {
-    static_assert(std::is_same_v<std::ranges::range_value_t<S>, std::ranges::range_value_t<R>>);
-    check_blocks("allgather", count(out), count(in));
-    std::vector<std::size_t> counts(static_cast<std::size_t>(size_), count(in));
-    collective(Op::allgather, [&] {
-      allgatherv_impl(std::ranges::data(in), std::ranges::data(out), counts, dtype<R>(),
-                      same_memory<S, R>("allgather"));
-    });
-  }
+  void allgather(ConstBuffer in, MutableBuffer out);
   /// Like allgather, but rank r contributes counts[r] elements (uneven shards).
-  template <Buffer S, Buffer R>
-  void allgatherv(const S& in, R&& out, std::span<const std::size_t> counts) {
-    static_assert(std::is_same_v<std::ranges::range_value_t<S>, std::ranges::range_value_t<R>>);
-    check_counts("allgatherv", counts, count(in), count(out));
-    collective(Op::allgather, [&] {
-      allgatherv_impl(std::ranges::data(in), std::ranges::data(out), counts, dtype<R>(),
-                      same_memory<S, R>("allgather"));
-    });
-  }
+  void allgatherv(ConstBuffer in, MutableBuffer out, std::span<const std::size_t> counts);
   /// Every rank's `in` concatenated in rank order into `out` on `root` only (`out` is
   /// ignored elsewhere); rank r contributes counts[r] elements.
-  template <Buffer S, Buffer R>
-  void gatherv(const S& in, R&& out, std::span<const std::size_t> counts, int root) {
-    static_assert(std::is_same_v<std::ranges::range_value_t<S>, std::ranges::range_value_t<R>>);
-    check_counts("gatherv", counts, count(in), rank_ == root ? count(out) : total(counts));
-    collective(Op::gather, [&] {
-      gatherv_impl(std::ranges::data(in), std::ranges::data(out), counts, dtype<R>(),
-                   same_memory<S, R>("gatherv"), root);
-    });
-  }
-  /// `in` holds size() blocks; block j goes to rank j, and rank r's block j arrives in
-  /// block r of rank j's `out`.
-  template <Buffer S, Buffer R>
-  void alltoall(const S& in, R&& out) {
-    static_assert(std::is_same_v<std::ranges::range_value_t<S>, std::ranges::range_value_t<R>>);
-    check_blocks("alltoall", count(in), count(out) / static_cast<std::size_t>(size_));
-    if (count(in) != count(out)) throw_usage("alltoall: in and out must have the same length");
-    collective(Op::alltoall, [&] {
-      alltoall_impl(std::ranges::data(in), std::ranges::data(out),
-                    count(in) / static_cast<std::size_t>(size_), dtype<R>(),
-                    same_memory<S, R>("alltoall"));
-    });
-  }
+  void gatherv(ConstBuffer in, MutableBuffer out, std::span<const std::size_t> counts, int root);
+  /// `in` holds size() equal blocks; block j goes to rank j, and rank r's block j arrives
+  /// in block r of rank j's `out`.
+  void alltoall(ConstBuffer in, MutableBuffer out);
+  /// Like alltoall with blocks of any length: this rank sends send_counts[j] elements
+  /// (the blocks of `in`, back to back) to rank j, and receives recv_counts[j] from rank j
+  /// into `out`, back to back in rank order. recv_counts[j] must equal what rank j sends
+  /// here (exchange the counts first: an alltoall of one count per rank).
+  void alltoallv(ConstBuffer in, std::span<const std::size_t> send_counts, MutableBuffer out,
+                 std::span<const std::size_t> recv_counts);
   /// Returns when every rank has called it.
   void barrier();
+
+  // -- non-blocking collectives: start now, complete at wait() ----------------------
+  // They take their place in the order of collective calls when started. The buffers
+  // belong to the collective until wait() returns. A blocking collective started while
+  // some are pending runs after them.
+
+  [[nodiscard]] Request iallreduce(MutableBuffer buf, ReduceOp op = ReduceOp::sum);
+  [[nodiscard]] Request ireduce_scatter(ConstBuffer in, MutableBuffer out,
+                                        ReduceOp op = ReduceOp::sum);
+  [[nodiscard]] Request iallgather(ConstBuffer in, MutableBuffer out);
+  [[nodiscard]] Request iallgatherv(ConstBuffer in, MutableBuffer out,
+                                    std::span<const std::size_t> counts);
 
   /// Splits into sub-communicators: ranks with the same `color` form one, ordered by
   /// `key` (then by rank). Every rank calls it. Counters of the new one start at zero.
@@ -381,20 +312,11 @@ class Communicator {
   /// An empty function stops tracing.
   void trace_messages(std::function<void(const MessageEvent&)> hook) { trace_ = std::move(hook); }
 
-  /// Gathers one string from every rank to `root` (uncounted); the result has size()
-  /// entries on root and is empty elsewhere.
+  // -- bookkeeping (uncounted) ---------------------------------------------------
+  /// Gathers one string from every rank to `root`; the result has size() entries on root
+  /// and is empty elsewhere.
   std::vector<std::string> gather_strings(const std::string& mine, int root = 0);
-  /// True on every rank when `mine` is true on every rank (uncounted).
-  bool all_true(bool mine);
-  /// op over every rank's `mine`, on every rank (uncounted: the program's bookkeeping,
-  /// such as the worst error or the slowest time).
-  template <Element T>
-  T agree(T mine, ReduceOp op) {
-    Uncounted quiet(*this);
-    allreduce(std::span<T>(&mine, 1), op);
-    return mine;
-  }
-  /// Every rank's `mine`, in rank order, on every rank (uncounted).
+  /// Every rank's `mine`, in rank order, on every rank.
   template <Element T>
   std::vector<T> gather_values(T mine) {
     Uncounted quiet(*this);
@@ -402,74 +324,98 @@ class Communicator {
     allgather(std::span<const T>(&mine, 1), all);
     return all;
   }
+  /// op over every rank's `mine`, on every rank, combined on each rank in rank order (so
+  /// every backend gives the same bits); max and min propagate NaN, so a NaN anywhere
+  /// reaches every rank's verdict.
+  template <Element T>
+  T agree(T mine, ReduceOp op) {
+    const std::vector<T> all = gather_values(mine);
+    T acc = all[0];
+    for (std::size_t q = 1; q < all.size(); ++q) acc = combine(acc, all[q], op);
+    if constexpr (std::is_floating_point_v<T>)
+      if (op == ReduceOp::avg) acc /= static_cast<T>(size_);
+    return acc;
+  }
+  /// True on every rank when `mine` is true on every rank.
+  bool all_true(bool mine);
+
+  /// One collective call, as every backend sees it. Counts are in elements.
+  struct Collective {
+    Op op = Op::barrier;
+    ReduceOp reduce = ReduceOp::sum;
+    int root = 0;
+    const void* in = nullptr;
+    void* out = nullptr;
+    /// allreduce, reduce, broadcast: the buffer's length; reduce_scatter: the input's
+    /// length S; alltoall: the block.
+    std::size_t count = 0;
+    DType type = DType::f32;
+    Memory memory = Memory::host;
+    /// allgather(v), gather(v): every rank's count; alltoallv: what this rank sends to each.
+    std::vector<std::size_t> counts;
+    /// alltoallv: what this rank receives from each.
+    std::vector<std::size_t> recv_counts;
+    bool vector = false;  // alltoallv (counts given) rather than alltoall
+    /// "allreduce(8 x f32, sum)": what error messages show.
+    std::string describe() const;
+  };
 
  protected:
   Communicator(int rank, int size, std::chrono::milliseconds timeout)
       : rank_(rank), size_(size), timeout_(timeout) {}
 
-  // What a backend implements. Counts are in elements of `type`.
+  // What a backend implements.
   virtual Request isend_impl(const void* buf, std::size_t bytes, Memory mem, int peer, int tag) = 0;
   virtual Request irecv_impl(void* buf, std::size_t bytes, Memory mem, int peer, int tag) = 0;
+  /// Completes a request of this backend (point-to-point or collective).
   virtual void wait_impl(Request::Impl& request) = 0;
-  virtual void allreduce_impl(void* buf, std::size_t count, DType type, Memory mem,
-                              ReduceOp op) = 0;
-  virtual void reduce_impl(void* buf, std::size_t count, DType type, Memory mem, ReduceOp op,
-                           int root) = 0;
-  virtual void broadcast_impl(void* buf, std::size_t count, DType type, Memory mem, int root) = 0;
-  virtual void reduce_scatter_impl(const void* in, void* out, std::size_t count, DType type,
-                                   Memory mem, ReduceOp op) = 0;
-  virtual void allgatherv_impl(const void* in, void* out, std::span<const std::size_t> counts,
-                               DType type, Memory mem) = 0;
-  virtual void gatherv_impl(const void* in, void* out, std::span<const std::size_t> counts,
-                            DType type, Memory mem, int root) = 0;
-  virtual void alltoall_impl(const void* in, void* out, std::size_t block, DType type,
-                             Memory mem) = 0;
-  virtual void barrier_impl() = 0;
+  /// Runs one collective (barrier included) to completion.
+  virtual void run_collective(const Collective& c) = 0;
+  /// Starts one collective; wait() completes it.
+  virtual Request start_collective(Collective c) = 0;
   virtual std::unique_ptr<Communicator> split_impl(int color, int key) = 0;
 
-  // Point-to-point as the templates see it: checked, counted, then handed to the backend.
-  Request isend_bytes(const void* buf, std::size_t count, DType type, Memory mem, int peer,
-                      int tag);
-  Request irecv_bytes(void* buf, std::size_t count, DType type, Memory mem, int peer, int tag);
-  void send_bytes(const void* buf, std::size_t count, DType type, Memory mem, int peer, int tag);
-  void recv_bytes(void* buf, std::size_t count, DType type, Memory mem, int peer, int tag);
-  void sendrecv_bytes(const void* out, std::size_t out_count, void* in, std::size_t in_count,
-                      DType type, Memory out_mem, Memory in_mem, int dest, int source, int tag);
-
   /// Adds bytes to the counters of `op` (nothing while Uncounted is alive). Backends call
-  /// it from their collectives; the point-to-point wrappers count for themselves.
+  /// it from their collectives; the point-to-point calls count for themselves.
   void count_traffic(Op op, std::uint64_t bytes_sent, std::uint64_t bytes_received);
   void count_traffic(Op op, Traffic t) { count_traffic(op, t.sent, t.received); }
-  void mark_modeled(Op op) { stats_.modeled[static_cast<std::size_t>(op)] = true; }
+  /// Adds bytes whatever Uncounted says: for a non-blocking collective that was counted
+  /// when it started and whose traffic is known when it ends.
+  void record_traffic(Op op, Traffic t) {
+    stats_[op].bytes_sent += t.sent;
+    stats_[op].bytes_received += t.received;
+  }
+  /// Counts the modeled traffic of `c` (collective_traffic) and marks its op modeled.
+  void count_modeled(const Collective& c);
+  void mark_modeled(Op op) {
+    if (counting_) stats_.modeled[static_cast<std::size_t>(op)] = true;
+  }
   bool counting() const { return counting_; }
   void check_peer(int peer, std::string_view what) const;
   void check_root(int root, std::string_view what) const;
-  [[noreturn]] static void throw_usage(const std::string& message);
 
  private:
-  template <class R>
-  static constexpr DType dtype() {
-    return dtype_of<std::ranges::range_value_t<R>>();
+  template <class T>
+  static T combine(T a, T b, ReduceOp op) {
+    switch (op) {
+      case ReduceOp::max:
+        if constexpr (std::is_floating_point_v<T>)
+          if (std::isnan(a) || std::isnan(b)) return a + b;
+        return a < b ? b : a;
+      case ReduceOp::min:
+        if constexpr (std::is_floating_point_v<T>)
+          if (std::isnan(a) || std::isnan(b)) return a + b;
+        return b < a ? b : a;
+      case ReduceOp::sum:
+      case ReduceOp::avg:
+        break;
+    }
+    return static_cast<T>(a + b);
   }
-  template <class R>
-  static std::size_t count(const R& buf) {
-    return static_cast<std::size_t>(std::ranges::size(buf));
-  }
-  static std::size_t total(std::span<const std::size_t> counts);
-  template <class S, class R>
-  Memory same_memory(std::string_view what) const {
-    if constexpr (memory_of<S>() != memory_of<R>())
-      throw_usage(std::string(what) + ": in and out must both be host or both be device buffers");
-    return memory_of<R>();
-  }
-  template <class F>
-  void collective(Op op, F&& body) {
-    if (counting_) ++stats_[op].calls;
-    body();
-  }
-  void check_blocks(std::string_view what, std::size_t whole, std::size_t block) const;
-  void check_counts(std::string_view what, std::span<const std::size_t> counts, std::size_t mine,
-                    std::size_t whole) const;
+  /// Checks a collective's arguments on this rank (counts against buffers, roots), counts
+  /// the call, and fills in what the backend needs.
+  Collective prepare(Collective c, std::size_t in_count, std::size_t out_count, Memory in_memory,
+                     Memory out_memory, DType in_type);
 
   int rank_;
   int size_;
@@ -480,20 +426,22 @@ class Communicator {
 };
 
 // ---------------------------------------------------------------------------
-// Reductions, written once for every backend that reduces by hand.
+// Reductions, written once for every backend that reduces on the host.
 
-/// acc[i] = op(acc[i], x[i]) for i < count (avg accumulates a sum; finish_reduce divides).
+/// acc[i] = op(acc[i], x[i]) for i < count, for f32, f64, i32, i64 and u8 (avg
+/// accumulates a sum; finish_reduce divides). Floating max and min propagate NaN.
 void reduce_into(void* acc, const void* x, std::size_t count, DType type, ReduceOp op);
 /// For avg: divides the accumulated sums by `ranks`; nothing for the other ops.
 void finish_reduce(void* acc, std::size_t count, DType type, ReduceOp op, int ranks);
 
-/// The traffic of `rank` in one collective over `ranks` ranks, for the algorithms the
-/// threads backend runs (see CommStats), with `count` elements of `elem` bytes:
+/// The traffic model of one collective over `ranks` ranks, for `rank`, with `count`
+/// elements of `elem` bytes — what the threads backend's algorithms move, and what the
+/// counters report for MPI's and NCCL's collectives (marked modeled):
 ///   allreduce       reduce-scatter + all-gather over chunks c_r (shard_range):
 ///                   S + (N-2)|c_r| each way, = 2(N-1)/N * S when N divides S
 ///   reduce          the reduce-scatter half, then each chunk to root
 ///   broadcast       root hands S to each of the N-1 others
-///   reduce_scatter  `count` is the block: (N-1) * block each way
+///   reduce_scatter  `count` is the whole input S: S - |c_r| out, (N-1)|c_r| in
 ///   alltoall        `count` is the block: (N-1) * block each way
 ///   barrier         nothing
 Traffic collective_traffic(Op op, std::size_t count, std::size_t elem, int rank, int ranks,

@@ -13,6 +13,8 @@
 
 #include <cstdint>
 
+#include "shardlab/dtype.hpp"
+
 namespace shardlab {
 
 std::uint16_t float_to_half_bits(float f);
@@ -20,8 +22,30 @@ float half_bits_to_float(std::uint16_t h);
 std::uint16_t float_to_bf16_bits(float f);
 float bf16_bits_to_float(std::uint16_t b);
 
-/// True for the fp16 / bf16 encodings of +-inf and NaN.
+/// True when the fp16 / bf16 pattern is a finite number; false for +-inf and NaN (the
+/// exponent bits all set).
 inline bool half_is_finite(std::uint16_t h) { return (h & 0x7c00) != 0x7c00; }
 inline bool bf16_is_finite(std::uint16_t b) { return (b & 0x7f80) != 0x7f80; }
+
+// The same on the typed values (dtype.hpp), for loops over tensors of any element type:
+// to_float(x) for every Element, from_float<T>(f) rounding as above for the 16-bit types.
+inline float to_float(Half h) { return half_bits_to_float(h.bits); }
+inline float to_float(BFloat16 b) { return bf16_bits_to_float(b.bits); }
+template <class T>
+inline double to_double(T x) {
+  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
+    return static_cast<double>(to_float(x));
+  else
+    return static_cast<double>(x);
+}
+template <class T>
+inline T from_float(float f) {
+  if constexpr (std::is_same_v<T, Half>)
+    return Half{float_to_half_bits(f)};
+  else if constexpr (std::is_same_v<T, BFloat16>)
+    return BFloat16{float_to_bf16_bits(f)};
+  else
+    return static_cast<T>(f);
+}
 
 }  // namespace shardlab

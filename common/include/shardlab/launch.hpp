@@ -1,5 +1,7 @@
 // launch: the command line, the ranks, and the exit code of every chapter program.
 //
+//   #include <CLI/CLI.hpp>              // the program's own flags
+//   #include <nlohmann/json.hpp>        // what it reports under --json
 //   int main(int argc, char** argv) {
 //     shardlab::Program program("ch01_matmul_split", "Matmul split by rows, then columns");
 //     int rows = 4;
@@ -15,38 +17,48 @@
 //      the other ranks are stopped (MPI_Abort under MPI), nobody is left waiting
 //   2  bad usage: one line on stderr saying what is wrong
 //
-// Common flags: --ranks N, --backend threads|mpi, --device cpu|cuda, --seed S, --json,
-// --csv-dir DIR, --quiet, --timeout SECONDS, --help, --version.
+// Common flags: --ranks N, --backend auto|threads|mpi|nccl, --device cpu|cuda, --seed S,
+// --json, --csv-dir DIR, --quiet, --timeout SECONDS, --help, --version.
+//
+// This header names CLI11's and nlohmann-json's types without including them (they are
+// heavy); a program that adds flags or JSON fields includes them itself.
 #pragma once
 
-#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdint>
 #include <functional>
-#include <nlohmann/json.hpp>
+#include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 
 #include "shardlab/comm.hpp"
 #include "shardlab/results.hpp"
 
+namespace CLI {
+class App;
+}
+
 namespace shardlab {
 
 /// The common flags, after parsing.
 struct Options {
-  int ranks = 2;                 // --ranks (threads backend)
-  std::string backend = "auto";  // --backend auto|threads|mpi
-  std::string device = "cpu";    // --device cpu|cuda: cuda puts rank r on GPU r % count
-  std::uint64_t seed = 0;        // --seed: every random tensor derives from it
-  bool json = false;             // --json: one JSON object on stdout, text on stderr
-  std::string csv_dir;           // --csv-dir: where benchmark CSV files go
-  bool quiet = false;            // --quiet: no human-readable text
-  double timeout_s = 60;         // --timeout: how long a blocking call may wait
+  int ranks = 2;                    // --ranks (threads backend)
+  std::string backend = "auto";     // --backend auto|threads|mpi|nccl
+  std::string device = "cpu";       // --device cpu|cuda: cuda puts rank r on GPU r % count
+  std::uint64_t seed = 0;           // --seed: every random tensor derives from it
+  bool json = false;                // --json: one JSON object on stdout, text on stderr
+  std::string csv_dir = "results";  // --csv-dir: where benchmark CSV files go
+  bool quiet = false;               // --quiet: no human-readable text
+  double timeout_s = 60;            // --timeout: how long a blocking call may wait
 };
 
 /// What a rank's body gets: its communicator, the options, and the job's outputs.
 class Context {
  public:
-  Context(Communicator& comm, const Options& options) : comm_(comm), options_(options) {}
+  Context(Communicator& comm, const Options& options);
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
 
   Communicator& comm() { return comm_; }
   int rank() const { return comm_.rank(); }
@@ -54,6 +66,8 @@ class Context {
   const Options& options() const { return options_; }
   /// True under --device cuda (this rank's thread is then on GPU rank % device count).
   bool on_gpu() const { return options_.device == "cuda"; }
+  /// Where this rank's tensors live: Memory::device under --device cuda.
+  Memory memory() const { return on_gpu() ? Memory::device : Memory::host; }
 
   /// Human text from rank 0 (the job's voice): stdout, or stderr under --json,
   /// nothing under --quiet. Other ranks' calls are ignored.
@@ -72,7 +86,7 @@ class Context {
   bool ok() const { return ok_; }
 
   /// The --json object (rank 0's is printed); `ok` and the common fields are added.
-  nlohmann::json& json() { return json_; }
+  nlohmann::json& json() { return *json_; }
 
   /// Rank 0 writes `table` to `CSV_DIR/NAME.csv` (`--csv-dir`, atomically), says so, and records
   /// the path under "csv" in the JSON. Benchmark modes call it; the notebooks read it.
@@ -81,7 +95,7 @@ class Context {
  private:
   Communicator& comm_;
   const Options& options_;
-  nlohmann::json json_ = nlohmann::json::object();
+  std::unique_ptr<nlohmann::json> json_;
   bool ok_ = true;
 };
 
@@ -90,8 +104,11 @@ using Body = std::function<void(Context&)>;
 class Program {
  public:
   Program(std::string name, std::string description);
+  ~Program();
+  Program(const Program&) = delete;
+  Program& operator=(const Program&) = delete;
   /// The parser: chapters add their own flags to it before run().
-  CLI::App& cli() { return app_; }
+  CLI::App& cli() { return *app_; }
   /// The chapter has a GPU path: --device cuda is accepted (otherwise it is bad usage).
   void supports_cuda() { cuda_ = true; }
   /// Chapter checks that need several flags at once; throw UsageError to exit 2.
@@ -104,7 +121,7 @@ class Program {
   int run_threads(const Body& body);
   int run_mpi(const Body& body);
   std::string name_;
-  CLI::App app_;
+  std::unique_ptr<CLI::App> app_;
   Options options_;
   std::function<void(const Options&)> validate_;
   bool ranks_given_ = false;
@@ -113,11 +130,5 @@ class Program {
 
 /// True when this process was started by mpirun (or another MPI launcher).
 bool started_by_mpirun();
-
-/// Runs body(comm) on every rank of a fresh threads communicator of `ranks` ranks and
-/// returns when all are done. If any rank throws, the others are stopped and the first
-/// error is rethrown here (tests use this; programs use Program::run).
-void run_threads(int ranks, const std::function<void(Communicator&)>& body,
-                 std::chrono::milliseconds timeout = std::chrono::seconds(10));
 
 }  // namespace shardlab

@@ -1,63 +1,299 @@
-// nn: the few layers the chapters train, forward and backward written out.
+// nn: the layers the chapters train, forward and backward written out, and the
+// optimizers that update them.
 //
-// Shapes: B = batch rows, I = input features, O = output features.
-//   Linear    y = x @ W + b            x is B x I, W is I x O, b is 1 x O, y is B x O
-//   tanh      y = tanh(x)              dx = dy * (1 - y^2)
-//   MSE       L = 1/(2B) * sum (p - t)^2   dp = (p - t) / B
-// Gradients accumulate (+=) until zero_grad, so micro-batches can add up.
+// Parameters live in one flat buffer and their gradients in another (ParameterStore, as
+// llm.c's malloc_and_point_parameters does): every weight is a view into the first, its
+// gradient a view into the second, so a gradient bucket (chapter 02) or a ZeRO shard
+// (chapter 05) is a range of one buffer, not a copy.
+//
+// A layer keeps no state between calls. forward(x) returns the output and what backward
+// will need (Saved: the input, the activations), so any number of micro-batches can be in
+// flight at once (a pipeline schedule keeps one Saved per micro-batch). Backward comes in
+// two halves, as zero-bubble pipelines need:
+//   backward_input(dy, saved)   B: dL/dx, from dL/dy; keeps dy in `saved` for W
+//   backward_weight(saved)      W: adds dL/dparameters into the gradients
+// backward(dy, saved) is B then W: the same calls, so the same bits.
+// Gradients accumulate (+=) until zero_grad, so micro-batches add up.
+//
+// Shapes (2-D, rows are tokens or samples): B = rows, I = input features, O = output
+// features, C = channels, V = vocabulary, T = sequence length, H = heads, D = C / H.
+//   Linear        y = x @ W + b                x is B x I, W is I x O, b is 1 x O
+//   Tanh, Gelu    elementwise
+//   LayerNorm     y = (x - mean) / sqrt(var + eps) * gamma + beta, over each row of C
+//   Embedding     y[i] = W[index[i]]           index is i32/i64 [B], W is V x C
+//   CausalSelfAttention  qkv (B*T x 3C) -> y (B*T x C); each head's q, k, v side by side
+//   cross_entropy        mean over rows of -log softmax(logits)[target]
+// Every backward is checked against finite differences (test_nn.cpp). They run on the
+// host and, where a tensor op has a kernel (Linear, Tanh, Gelu, Embedding), on a GPU.
 #pragma once
 
 #include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "shardlab/tensor.hpp"
 
 namespace shardlab::nn {
 
-/// A parameter and its gradient, side by side.
+// ---------------------------------------------------------------------------
+// Parameters
+
+/// A trainable tensor and its gradient: views into the store's flat buffers once the
+/// store is allocated (standalone tensors before).
 struct Parameter {
+  std::string name;
   Tensor value;
   Tensor grad;
-  explicit Parameter(Tensor v) : value(std::move(v)), grad(value.rows(), value.cols()) {}
+  std::int64_t offset = 0;  // where it starts in the flat buffers (elements)
 };
 
-class Linear {
+/// All parameters in one flat buffer, all gradients in another.
+///   ParameterStore store;
+///   Linear l1(store, "l1", 16, 64, seed);   // layers add their parameters
+///   store.allocate();                        // one buffer each; parameters become views
+class ParameterStore {
  public:
-  /// W ~ N(0, 1/I) from `seed` (LeCun init), b = 0.
-  Linear(std::int64_t in, std::int64_t out, std::uint64_t seed);
-  /// y = x @ W + b; remembers x for backward.
-  Tensor forward(const Tensor& x);
-  /// Given dL/dy, adds dL/dW = x^T @ dy and dL/db = column sums of dy to the gradients
-  /// and returns dL/dx = dy @ W^T.
-  Tensor backward(const Tensor& dy);
-  Parameter weight, bias;
+  /// Adds a parameter with initial value `init`. The reference stays valid.
+  Parameter& add(std::string name, Tensor init);
+  /// Allocates the flat buffers in `memory` (f32), copies every initial value in, and
+  /// points each parameter's value and grad at its range. Call once, after every add.
+  void allocate(Memory memory = Memory::host);
+  bool allocated() const { return done_; }
+
+  /// The flat buffers (1-D, size() elements each): for an optimizer, a bucket, a shard.
+  Tensor& values() { return values_; }
+  Tensor& grads() { return grads_; }
+  /// Parameters in the order they were added (the order of the flat buffers).
+  std::vector<Parameter*> parameters();
+  /// Total number of parameter elements.
+  std::int64_t size() const { return size_; }
+  /// Sets every gradient to zero (one pass over the flat gradient buffer).
+  void zero_grad();
 
  private:
-  Tensor input_;
+  std::deque<Parameter> params_;  // a deque: references stay valid as it grows
+  Tensor values_, grads_;
+  std::int64_t size_ = 0;
+  bool done_ = false;
 };
 
-Tensor tanh_forward(const Tensor& x);
-/// dL/dx from dL/dy and y = tanh(x).
-Tensor tanh_backward(const Tensor& y, const Tensor& dy);
+// ---------------------------------------------------------------------------
+// Layers
 
-/// sum over elements of (pred - target)^2; the MSE loss is this / (2B).
+/// What one forward call keeps for its backward. Each layer says what it puts here.
+struct Saved {
+  std::vector<Tensor> tensors;  // inputs, activations
+  Tensor dy;                    // kept by backward_input for backward_weight
+  std::vector<Saved> children;  // a Sequential's: one per layer
+};
+
+struct Forward {
+  Tensor out;
+  Saved saved;
+};
+
+class Layer {
+ public:
+  virtual ~Layer() = default;
+  virtual std::string name() const = 0;
+  /// y = f(x), and what backward needs.
+  virtual Forward forward(const Tensor& x) const = 0;
+  /// B: dL/dx from dL/dy. Layers with parameters keep dy in `saved` for backward_weight.
+  virtual Tensor backward_input(const Tensor& dy, Saved& saved) const = 0;
+  /// W: adds dL/dparameters into the gradients, from what forward and backward_input
+  /// kept (then drops it). Nothing for layers without parameters.
+  virtual void backward_weight(Saved& saved);
+  /// B then W.
+  Tensor backward(const Tensor& dy, Saved& saved);
+  virtual std::vector<Parameter*> parameters() const { return {}; }
+};
+
+/// y = x @ W + b. Saved: x. W ~ N(0, 1/I) from `seed` (LeCun init), b = 0.
+class Linear final : public Layer {
+ public:
+  Linear(ParameterStore& store, const std::string& name, std::int64_t in, std::int64_t out,
+         std::uint64_t seed, bool bias = true);
+  std::string name() const override { return name_; }
+  Forward forward(const Tensor& x) const override;
+  /// dL/dx = dy @ W^T.
+  Tensor backward_input(const Tensor& dy, Saved& saved) const override;
+  /// dL/dW += x^T @ dy, dL/db += the column sums of dy.
+  void backward_weight(Saved& saved) override;
+  std::vector<Parameter*> parameters() const override;
+  Parameter& weight() { return *weight_; }
+  Parameter* bias() { return bias_; }
+
+ private:
+  std::string name_;
+  Parameter* weight_;
+  Parameter* bias_ = nullptr;
+};
+
+/// y = tanh(x); dL/dx = dy * (1 - y^2). Saved: y.
+class Tanh final : public Layer {
+ public:
+  std::string name() const override { return "tanh"; }
+  Forward forward(const Tensor& x) const override;
+  Tensor backward_input(const Tensor& dy, Saved& saved) const override;
+};
+
+/// GELU, tanh approximation (tensor.hpp). Saved: x.
+class Gelu final : public Layer {
+ public:
+  std::string name() const override { return "gelu"; }
+  Forward forward(const Tensor& x) const override;
+  Tensor backward_input(const Tensor& dy, Saved& saved) const override;
+};
+
+/// Normalises each row of C channels, then scales by gamma and shifts by beta (both
+/// learned; gamma = 1, beta = 0 at the start). Saved: x, and each row's mean and
+/// 1/sqrt(var + eps). Host only.
+class LayerNorm final : public Layer {
+ public:
+  LayerNorm(ParameterStore& store, const std::string& name, std::int64_t channels,
+            float eps = 1e-5f);
+  std::string name() const override { return name_; }
+  Forward forward(const Tensor& x) const override;
+  Tensor backward_input(const Tensor& dy, Saved& saved) const override;
+  void backward_weight(Saved& saved) override;
+  std::vector<Parameter*> parameters() const override { return {gamma_, beta_}; }
+
+ private:
+  std::string name_;
+  Parameter* gamma_;
+  Parameter* beta_;
+  float eps_;
+};
+
+/// Rows of a V x C table picked by token ids: x is an i32/i64 index vector, y is B x C.
+/// There is no dL/dx (ids are not differentiable): backward_input returns an empty
+/// tensor. W ~ N(0, 1) * `scale` from `seed`.
+class Embedding final : public Layer {
+ public:
+  Embedding(ParameterStore& store, const std::string& name, std::int64_t vocab,
+            std::int64_t channels, std::uint64_t seed, float scale = 0.02f);
+  std::string name() const override { return name_; }
+  Forward forward(const Tensor& x) const override;
+  Tensor backward_input(const Tensor& dy, Saved& saved) const override;
+  /// dL/dW[index[i]] += dy[i], in order of i.
+  void backward_weight(Saved& saved) override;
+  std::vector<Parameter*> parameters() const override { return {weight_}; }
+
+ private:
+  std::string name_;
+  Parameter* weight_;
+};
+
+/// Causal self-attention with H heads of D = C / H channels, for sequences of T tokens:
+/// x is (B*T) x 3C, rows grouped by sequence; for head h, columns [3hD, 3hD + D) are its
+/// queries, the next D its keys, the next D its values (Megatron's layout: each head's
+/// q, k, v side by side, so a contiguous block of columns is a set of whole heads and
+/// tensor parallelism splits heads by splitting columns). y is (B*T) x C, head h in
+/// columns [hD, hD + D). Token t attends to tokens 0..t, with weights
+/// softmax(q k^T / sqrt(D)). No parameters: the projections are Linear layers around it.
+/// Saved: x and the attention weights (B x H x T x T). Host only.
+class CausalSelfAttention final : public Layer {
+ public:
+  CausalSelfAttention(std::int64_t heads, std::int64_t sequence);
+  std::string name() const override { return "attention"; }
+  Forward forward(const Tensor& x) const override;
+  Tensor backward_input(const Tensor& dy, Saved& saved) const override;
+
+ private:
+  std::int64_t heads_, sequence_;
+};
+
+/// Layers in order; slice() gives a stage of a pipeline (the same layers, shared).
+class Sequential final : public Layer {
+ public:
+  Sequential() = default;
+  /// Adds a layer at the end and returns it.
+  template <class L, class... Args>
+  L& add(Args&&... args) {
+    auto layer = std::make_shared<L>(std::forward<Args>(args)...);
+    L& ref = *layer;
+    layers_.push_back(std::move(layer));
+    return ref;
+  }
+  void add(std::shared_ptr<Layer> layer) { layers_.push_back(std::move(layer)); }
+  std::size_t size() const { return layers_.size(); }
+  Layer& operator[](std::size_t i) { return *layers_[i]; }
+  /// Layers [begin, end) as a Sequential of their own, sharing them (a pipeline stage).
+  Sequential slice(std::size_t begin, std::size_t end) const;
+
+  std::string name() const override { return "sequential"; }
+  /// Saved: one child per layer.
+  Forward forward(const Tensor& x) const override;
+  /// Every layer's B, last to first; each keeps its own dy for W.
+  Tensor backward_input(const Tensor& dy, Saved& saved) const override;
+  /// Every layer's W.
+  void backward_weight(Saved& saved) override;
+  std::vector<Parameter*> parameters() const override;
+
+ private:
+  std::vector<std::shared_ptr<Layer>> layers_;
+};
+
+// ---------------------------------------------------------------------------
+// Losses
+
+struct Loss {
+  double value = 0;  // the mean over rows
+  Saved saved;
+};
+/// Softmax cross-entropy, the mean over the B rows of -log softmax(logits[i])[target[i]];
+/// logits is B x V (f32), targets an i32/i64 vector of B class ids. Saved: the softmax
+/// probabilities and the targets. Host only.
+Loss cross_entropy(const Tensor& logits, const Tensor& targets);
+/// dL/dlogits = (softmax - one_hot(target)) / B.
+Tensor cross_entropy_backward(const Saved& saved);
+
+/// Sum over elements of (pred - target)^2, in double; the MSE loss is this / (2B).
 double squared_error(const Tensor& pred, const Tensor& target);
 /// dL/dpred for L = sum (pred - target)^2 / (2 * denominator): (pred - target) / denominator.
 Tensor mse_backward(const Tensor& pred, const Tensor& target, double denominator);
 
-/// value -= lr * grad.
-void sgd_step(Parameter& p, float lr);
+// ---------------------------------------------------------------------------
+// Optimizers, over flat f32 tensors: the store's buffers, or any range of them (a shard
+// of the flat buffer works the same), on the host or a GPU.
 
-/// Adam's state for one parameter: first and second moments, and the step count.
-struct AdamState {
-  Tensor m, v;
-  int t = 0;
+/// params -= lr * grads.
+void sgd_step(Tensor& params, const Tensor& grads, float lr);
+
+struct AdamConfig {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  /// false: Adam with L2 (weight decay added to the gradient, PyTorch's Adam);
+  /// true: AdamW (decoupled: params *= 1 - lr * weight_decay first, PyTorch's AdamW).
+  bool decoupled = false;
 };
-/// One Adam step (Kingma & Ba 2015, Algorithm 1), element by element:
-///   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
-///   value -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps).
-/// The CPU reference of cuda::adam_step.
-void adam_step(Parameter& p, AdamState& state, float lr, float b1 = 0.9f, float b2 = 0.999f,
-               float eps = 1e-8f);
+
+/// Adam (Kingma & Ba 2015, Algorithm 1) and AdamW (Loshchilov & Hutter 2019), with the
+/// update PyTorch's documentation writes out. Step t = 1, 2, ..., element by element:
+///   g = grad (+ weight_decay * p for Adam's L2)
+///   p = p * (1 - lr * weight_decay)            (AdamW only)
+///   m = beta1 m + (1 - beta1) g;   v = beta2 v + (1 - beta2) g^2
+///   p -= lr * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)
+/// The state is two f32 tensors the size of the parameters it updates: m and v, 8 bytes
+/// per parameter (chapter 05's "4x the parameters" with params and grads).
+class Adam {
+ public:
+  Adam(std::int64_t size, AdamConfig config, Memory memory = Memory::host);
+  void step(Tensor& params, const Tensor& grads);
+  int steps() const { return t_; }
+  const Tensor& m() const { return m_; }
+  const Tensor& v() const { return v_; }
+  const AdamConfig& config() const { return config_; }
+
+ private:
+  AdamConfig config_;
+  Tensor m_, v_;
+  int t_ = 0;
+};
 
 }  // namespace shardlab::nn

@@ -4,7 +4,7 @@
 //                                               and the max diff are shown
 //   for_each_world_size(body)                   body(n) as one SUBCASE per world size
 //                                               1, 2, 3, 4, 8
-//   run_threads(n, body)                        body(comm) on every rank (launch.hpp)
+//   run_threads(n, body)                        body(comm) on every rank (comm_threads.hpp)
 #pragma once
 
 #include <doctest/doctest.h>
@@ -12,7 +12,7 @@
 #include <functional>
 #include <string>
 
-#include "shardlab/launch.hpp"
+#include "shardlab/comm_threads.hpp"
 #include "shardlab/tensor.hpp"
 
 namespace shardlab::testing {
@@ -20,8 +20,9 @@ namespace shardlab::testing {
 /// The world sizes every distributed test sweeps, uneven ones included.
 inline constexpr int world_sizes[] = {1, 2, 3, 4, 8};
 
-/// "" when |got - want| <= atol + rtol * |want| everywhere and the shapes agree, else a
-/// report: the shapes, the first mismatching elements (index, got, want) and the max diff.
+/// "" when the types and shapes agree and |got - want| <= atol + rtol * |want| everywhere
+/// (any floating type, host or device; NaN never agrees), else a report: the shapes, the
+/// first mismatching elements (index, got, want) and the max diff.
 std::string compare(const Tensor& got, const Tensor& want, float atol, float rtol);
 
 /// A doctest check of compare(); `what` says which result this is.

@@ -1,0 +1,83 @@
+// bench: one benchmark harness, measuring the way nccl-tests does.
+//
+// A chapter describes what to time — one Case per algorithm: how to prepare a size, how
+// to run one iteration, how to count wrong elements — and the harness times it: for every
+// size, correctness first on fresh data (#wrong, summed over ranks), then `rounds` rounds
+// of `iterations` timed iterations after `warmup` untimed ones, the cases taking turns
+// within a round (a slow spell of a shared machine hits them all alike), each case keeping
+// its best round. A round's time is the slowest rank's (the collective is over when the
+// last rank is done). One row per case and size comes out as text, CSV and JSON.
+//
+//   bandwidth   algbw = S / t, busbw = algbw x the case's bus factor (nccl-tests'
+//               PERFORMANCE.md: 2(N-1)/N for allreduce, (N-1)/N for allgather,
+//               reduce-scatter and alltoall, 1 for a copy)
+//   throughput  TFLOP/s = flops(size) / t, and its fraction of a peak
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "shardlab/launch.hpp"
+
+namespace shardlab::bench {
+
+/// One operation to time, as nccl-tests describes a collective.
+struct Case {
+  std::string name;
+  /// Before a size is timed: allocate and fill what `run` needs for `count` elements (or
+  /// an n x n x n problem, for throughput).
+  std::function<void(std::int64_t count)> prepare;
+  /// One iteration.
+  std::function<void()> run;
+  /// Optional: run once on fresh data and return the number of wrong elements on this rank.
+  std::function<std::uint64_t()> wrong;
+  /// bandwidth: busbw = algbw x this.
+  double bus_factor = 1.0;
+};
+
+enum class Measure { bandwidth, throughput };
+
+struct Config {
+  std::string title;  // the table's first line
+  Measure measure = Measure::bandwidth;
+  std::string type = "float", redop = "sum";       // the table's columns (bandwidth)
+  std::size_t element_bytes = 4;                   // S = count x this (bandwidth)
+  std::function<double(std::int64_t size)> flops;  // throughput: flops of one iteration
+  double peak_tflops = 0;                          // throughput: 0 when not known
+  int iterations = 20, warmup = 5, rounds = 3;
+  /// Called after the timed iterations on every rank (a GPU's stream: the work must be
+  /// done before the clock stops).
+  std::function<void()> synchronize;
+  std::string csv_name;  // CSV_DIR/csv_name.csv; empty: no CSV
+  std::string json_key;  // ctx.json()[json_key] gets the rows; empty: none
+};
+
+struct Row {
+  std::string name;
+  std::int64_t count = 0;
+  std::uint64_t bytes = 0;
+  double time_us = 0;
+  double algbw_GBps = 0, busbw_GBps = 0;  // bandwidth
+  double tflops = 0, fraction = 0;        // throughput
+  std::uint64_t wrong = 0;
+};
+
+/// Times every case at every size (see the top), prints the table, saves the CSV and the
+/// JSON, verifies that nothing was wrong (ctx.verify), and returns the rows, by size then
+/// case.
+std::vector<Row> run(Context& ctx, const Config& config, const std::vector<Case>& cases,
+                     const std::vector<std::int64_t>& sizes);
+
+/// nccl-tests' -b/-e/-f sweep as element counts: min_bytes, x factor, ... up to max_bytes.
+std::vector<std::int64_t> sweep(std::uint64_t min_bytes, std::uint64_t max_bytes, double factor,
+                                std::size_t element_bytes);
+
+/// The rows of one case, in size order.
+std::vector<Row> rows_of(const std::vector<Row>& rows, const std::string& name);
+
+/// Mean over sizes of `a`'s busbw divided by `b`'s (bandwidth), or of their TFLOP/s.
+double mean_ratio(const std::vector<Row>& rows, const std::string& a, const std::string& b);
+
+}  // namespace shardlab::bench

@@ -1,0 +1,197 @@
+// bench: the timing loop, the table, the CSV and the JSON (see bench.hpp).
+#include "shardlab/bench.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "shardlab/check.hpp"
+
+namespace shardlab::bench {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+std::string header(const Context& ctx, const Config& c) {
+  std::ostringstream os;
+  os << "# " << c.title << "\n# " << ctx.size() << " rank(s), " << ctx.options().backend
+     << " backend; time per iteration: best of " << c.rounds << " rounds of " << c.iterations
+     << " iterations (after " << c.warmup << " warm-up), cases taking turns\n";
+  if (c.measure == Measure::bandwidth)
+    os << "#\n#        size         count    type   redop  case                    time     algbw"
+          "     busbw  #wrong\n"
+          "#         (B)    (elements)                                          (us)    (GB/s)"
+          "    (GB/s)";
+  else
+    os << "#\n#   size  case                      time (us)    TFLOP/s   peak TFLOP/s  fraction"
+          "  #wrong";
+  return os.str();
+}
+
+std::string line(const Config& c, const Row& r) {
+  char buf[256];
+  if (c.measure == Measure::bandwidth)
+    std::snprintf(buf, sizeof buf, "%13llu  %12lld  %6s  %6s  %-20s %9.1f  %8.2f  %8.2f  %6llu",
+                  static_cast<unsigned long long>(r.bytes), static_cast<long long>(r.count),
+                  c.type.c_str(), c.redop.c_str(), r.name.c_str(), r.time_us, r.algbw_GBps,
+                  r.busbw_GBps, static_cast<unsigned long long>(r.wrong));
+  else
+    std::snprintf(buf, sizeof buf, "  %6lld  %-22s %11.1f  %9.3f  %13s  %8s  %6llu",
+                  static_cast<long long>(r.count), r.name.c_str(), r.time_us, r.tflops,
+                  c.peak_tflops > 0 ? format_number(c.peak_tflops, 4).c_str() : "unknown",
+                  c.peak_tflops > 0 ? format_number(r.fraction, 3).c_str() : "-",
+                  static_cast<unsigned long long>(r.wrong));
+  return buf;
+}
+}  // namespace
+
+std::vector<std::int64_t> sweep(std::uint64_t min_bytes, std::uint64_t max_bytes, double factor,
+                                std::size_t element_bytes) {
+  require(factor > 1 && min_bytes >= 1 && min_bytes <= max_bytes,
+          "bench::sweep: needs 1 <= min <= max and a factor above 1");
+  std::vector<std::int64_t> counts;
+  for (double b = static_cast<double>(min_bytes); b <= static_cast<double>(max_bytes) * (1 + 1e-9);
+       b *= factor)
+    counts.push_back(std::max<std::int64_t>(
+        1, static_cast<std::int64_t>(b) / static_cast<std::int64_t>(element_bytes)));
+  return counts;
+}
+
+std::vector<Row> run(Context& ctx, const Config& c, const std::vector<Case>& cases,
+                     const std::vector<std::int64_t>& sizes) {
+  Communicator& comm = ctx.comm();
+  require(c.rounds >= 1 && c.iterations >= 1 && c.warmup >= 0,
+          "bench: needs at least one round of one iteration");
+  ctx.say(header(ctx, c));
+  std::vector<Row> rows;
+  for (std::int64_t size : sizes) {
+    // Correctness first, on fresh data.
+    std::vector<std::uint64_t> wrong(cases.size(), 0);
+    for (std::size_t k = 0; k < cases.size(); ++k) {
+      cases[k].prepare(size);
+      if (cases[k].wrong)
+        wrong[k] = static_cast<std::uint64_t>(
+            comm.agree(static_cast<std::int64_t>(cases[k].wrong()), ReduceOp::sum));
+    }
+    // Timing: the cases take turns within each round; each keeps its best round.
+    std::vector<double> best(cases.size(), 0.0);
+    for (int round = 0; round < c.rounds; ++round) {
+      for (std::size_t k = 0; k < cases.size(); ++k) {
+        const Case& cs = cases[k];
+        if (cases.size() > 1 || round == 0) cs.prepare(size);
+        if (round == 0)
+          for (int i = 0; i < c.warmup; ++i) cs.run();
+        if (c.synchronize) c.synchronize();
+        {
+          Communicator::Uncounted quiet(comm);
+          comm.barrier();
+        }
+        const Clock::time_point t0 = Clock::now();
+        for (int i = 0; i < c.iterations; ++i) cs.run();
+        if (c.synchronize) c.synchronize();
+        const double mine = std::chrono::duration<double>(Clock::now() - t0).count() / c.iterations;
+        const double t = comm.agree(mine, ReduceOp::max);  // the slowest rank ends it
+        best[k] = round == 0 ? t : std::min(best[k], t);
+      }
+    }
+    for (std::size_t k = 0; k < cases.size(); ++k) {
+      Row r;
+      r.name = cases[k].name;
+      r.count = size;
+      r.bytes = static_cast<std::uint64_t>(size) * c.element_bytes;
+      r.time_us = best[k] * 1e6;
+      r.wrong = wrong[k];
+      if (c.measure == Measure::bandwidth) {
+        r.algbw_GBps = static_cast<double>(r.bytes) / best[k] / 1e9;
+        r.busbw_GBps = r.algbw_GBps * cases[k].bus_factor;
+      } else {
+        r.tflops = c.flops ? c.flops(size) / best[k] / 1e12 : 0;
+        r.fraction = c.peak_tflops > 0 ? r.tflops / c.peak_tflops : 0;
+      }
+      ctx.say(line(c, r));
+      ctx.verify(r.wrong == 0, r.name + " at size " + std::to_string(size) + ": " +
+                                   std::to_string(r.wrong) + " wrong elements");
+      rows.push_back(r);
+    }
+  }
+
+  // Closing lines, as nccl-tests ends: wrong values, then the averages.
+  std::uint64_t total_wrong = 0;
+  for (const Row& r : rows) total_wrong += r.wrong;
+  std::ostringstream tail;
+  tail << "# Out of bounds values : " << total_wrong << (total_wrong == 0 ? " OK" : " FAILED");
+  tail << (c.measure == Measure::bandwidth ? "\n# Avg bus bandwidth    :"
+                                           : "\n# Avg TFLOP/s          :");
+  for (const Case& cs : cases) {
+    double sum = 0;
+    const std::vector<Row> mine = rows_of(rows, cs.name);
+    for (const Row& r : mine) sum += c.measure == Measure::bandwidth ? r.busbw_GBps : r.tflops;
+    tail << " " << cs.name << " "
+         << format_number(mine.empty() ? 0 : sum / static_cast<double>(mine.size()), 4);
+  }
+  tail << (c.measure == Measure::bandwidth ? " (GB/s)" : "");
+  ctx.say(tail.str());
+
+  if (!c.csv_name.empty()) {
+    const bool bw = c.measure == Measure::bandwidth;
+    CsvTable csv(bw ? std::vector<std::string>{"algorithm", "ranks", "backend", "bytes", "count",
+                                               "time_us", "algbw_GBps", "busbw_GBps", "wrong"}
+                    : std::vector<std::string>{"case", "ranks", "backend", "size", "time_us",
+                                               "tflops", "peak_tflops", "fraction_of_peak",
+                                               "wrong"});
+    for (const Row& r : rows) {
+      if (bw)
+        csv.add({r.name, std::to_string(ctx.size()), ctx.options().backend, std::to_string(r.bytes),
+                 std::to_string(r.count), format_number(r.time_us, 8),
+                 format_number(r.algbw_GBps, 8), format_number(r.busbw_GBps, 8),
+                 std::to_string(r.wrong)});
+      else
+        csv.add({r.name, std::to_string(ctx.size()), ctx.options().backend, std::to_string(r.count),
+                 format_number(r.time_us, 8), format_number(r.tflops, 8),
+                 format_number(c.peak_tflops, 6), format_number(r.fraction, 6),
+                 std::to_string(r.wrong)});
+    }
+    ctx.save_csv(csv, c.csv_name);
+  }
+  if (!c.json_key.empty()) {
+    nlohmann::json list = nlohmann::json::array();
+    for (const Row& r : rows) {
+      nlohmann::json j = {
+          {"case", r.name}, {"size", r.count}, {"time_us", r.time_us}, {"wrong", r.wrong}};
+      if (c.measure == Measure::bandwidth) {
+        j["bytes"] = r.bytes;
+        j["algbw_GBps"] = r.algbw_GBps;
+        j["busbw_GBps"] = r.busbw_GBps;
+      } else {
+        j["tflops"] = r.tflops;
+        j["fraction_of_peak"] = r.fraction;
+      }
+      list.push_back(j);
+    }
+    ctx.json()[c.json_key] = list;
+  }
+  return rows;
+}
+
+std::vector<Row> rows_of(const std::vector<Row>& rows, const std::string& name) {
+  std::vector<Row> out;
+  for (const Row& r : rows)
+    if (r.name == name) out.push_back(r);
+  return out;
+}
+
+double mean_ratio(const std::vector<Row>& rows, const std::string& a, const std::string& b) {
+  const std::vector<Row> x = rows_of(rows, a), y = rows_of(rows, b);
+  if (x.empty() || x.size() != y.size()) return 0;
+  double sum = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const bool bw = x[i].busbw_GBps > 0 || y[i].busbw_GBps > 0;
+    sum += bw ? x[i].busbw_GBps / y[i].busbw_GBps : x[i].tflops / y[i].tflops;
+  }
+  return sum / static_cast<double>(x.size());
+}
+
+}  // namespace shardlab::bench
