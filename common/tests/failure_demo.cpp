@@ -6,6 +6,8 @@
 //   --mode mismatch   rank 0 allreduces 8 floats, the others 6
 //   --mode verify     a verification fails (the job still finishes and reports)
 //   --mode ok         nothing goes wrong
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <vector>
 

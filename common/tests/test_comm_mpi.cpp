@@ -14,19 +14,23 @@ Communicator* world = nullptr;
 }
 
 TEST_SUITE("comm.mpi") {
-  TEST_CASE("allreduce gives sum, avg, max and min for every count") {
-    cases::allreduce_all_ops(*world);
-  }
-  TEST_CASE("reduce and broadcast") { cases::reduce_and_broadcast(*world); }
-  TEST_CASE("reduce_scatter, allgather(v), gatherv and alltoall") {
-    cases::reduce_scatter_allgather_alltoall(*world);
-  }
+  TEST_CASE("allreduce: every op and type") { cases::allreduce_every_op_and_type(*world); }
+  TEST_CASE("max and min propagate NaN") { cases::max_and_min_propagate_nan(*world); }
+  TEST_CASE("reduce and broadcast, every root") { cases::reduce_and_broadcast_every_root(*world); }
+  TEST_CASE("reduce_scatter with uneven shards") { cases::reduce_scatter_uneven_shards(*world); }
+  TEST_CASE("allgather, allgatherv and gatherv") { cases::allgather_and_gather(*world); }
+  TEST_CASE("alltoall and alltoallv") { cases::alltoall_every_type(*world); }
+  TEST_CASE("non-blocking collectives") { cases::non_blocking_collectives(*world); }
   TEST_CASE("point to point around a ring") { cases::point_to_point_ring(*world); }
-  TEST_CASE("split by parity") { cases::split_by_parity(*world); }
-  TEST_CASE("counters: allreduce is modeled as 2(N-1)/N * S, messages are exact") {
-    cases::counters_match_formula(*world);
-    CHECK(world->stats().modeled[static_cast<std::size_t>(Op::allreduce)]);
-    CHECK_FALSE(world->stats().modeled[static_cast<std::size_t>(Op::sendrecv)]);
+  TEST_CASE("a recv whose tag differs from the matched send is an error") {
+    auto own = world->split(0, world->rank());  // its own messages, not the world's
+    cases::tag_mismatch_is_an_error(*own);
+  }
+  TEST_CASE("split orders by key and nests") { cases::split_orders_by_key_and_nests(*world); }
+  TEST_CASE("counters: collectives are modeled, messages are exact") {
+    cases::counters_measure_what_moved(*world);
+    CHECK(world->stats().is_modeled(Op::allreduce));
+    CHECK_FALSE(world->stats().is_modeled(Op::sendrecv));
   }
 }
 

@@ -8,6 +8,7 @@
 
 #include "comm_cases.hpp"
 #include "shardlab/check.hpp"
+#include "shardlab/cuda.hpp"
 #include "shardlab/testing.hpp"
 
 using namespace shardlab;
@@ -15,23 +16,59 @@ using shardlab::testing::for_each_world_size;
 using namespace std::chrono_literals;
 
 TEST_SUITE("comm.threads") {
-  TEST_CASE("allreduce gives sum, avg, max and min for every count, including 0 and < N") {
-    for_each_world_size([](int n) { run_threads(n, cases::allreduce_all_ops); });
+  TEST_CASE("allreduce: sum, avg, max and min of every type, every count, every element") {
+    for_each_world_size([](int n) { run_threads(n, cases::allreduce_every_op_and_type); });
+  }
+  TEST_CASE("max and min propagate NaN, and so does agree()") {
+    for_each_world_size([](int n) { run_threads(n, cases::max_and_min_propagate_nan); });
   }
   TEST_CASE("reduce reaches only the root; broadcast copies root's buffer everywhere") {
-    for_each_world_size([](int n) { run_threads(n, cases::reduce_and_broadcast); });
+    for_each_world_size([](int n) { run_threads(n, cases::reduce_and_broadcast_every_root); });
   }
-  TEST_CASE("reduce_scatter, allgather(v), gatherv and alltoall put every block in its place") {
-    for_each_world_size([](int n) { run_threads(n, cases::reduce_scatter_allgather_alltoall); });
+  TEST_CASE("reduce_scatter gives rank r shard r of the sum, uneven shards included") {
+    for_each_world_size([](int n) { run_threads(n, cases::reduce_scatter_uneven_shards); });
+  }
+  TEST_CASE("allgather, allgatherv and gatherv put every rank's block in its place") {
+    for_each_world_size([](int n) { run_threads(n, cases::allgather_and_gather); });
+  }
+  TEST_CASE("alltoall and alltoallv deliver block j of rank q to rank j, in place q") {
+    for_each_world_size([](int n) { run_threads(n, cases::alltoall_every_type); });
+  }
+  TEST_CASE("non-blocking collectives, several in flight, complete at wait in any order") {
+    for_each_world_size([](int n) { run_threads(n, cases::non_blocking_collectives); });
   }
   TEST_CASE("send/recv, sendrecv and isend/irecv deliver in order around a ring") {
     for_each_world_size([](int n) { run_threads(n, cases::point_to_point_ring); });
   }
-  TEST_CASE("split groups ranks by color and orders them by key") {
-    for_each_world_size([](int n) { run_threads(n, cases::split_by_parity); });
+  TEST_CASE("a recv whose tag differs from the matched send is an error naming both tags") {
+    for_each_world_size([](int n) { run_threads(n, cases::tag_mismatch_is_an_error); });
   }
-  TEST_CASE("counters show 2(N-1)/N * S for allreduce and the exact bytes of a message") {
-    for_each_world_size([](int n) { run_threads(n, cases::counters_match_formula); });
+  TEST_CASE("split orders ranks by key, nests, and runs every call on the sub-communicator") {
+    for_each_world_size([](int n) { run_threads(n, cases::split_orders_by_key_and_nests); });
+  }
+  TEST_CASE("counters measure the bytes each collective moved, per rank and per operation") {
+    for_each_world_size([](int n) { run_threads(n, cases::counters_measure_what_moved); });
+  }
+  TEST_CASE("a non-blocking collective progresses while its rank is busy elsewhere") {
+    // Rank 0 starts an allreduce and then blocks in a receive that rank 1 answers only
+    // after its own wait for the allreduce returned: rank 0's share of the work must be
+    // done without rank 0 calling wait.
+    run_threads(2, [](Communicator& comm) {
+      std::vector<float> buf(100000, 1.0f), token(1);
+      Request r = comm.iallreduce(buf);
+      if (comm.rank() == 0) {
+        comm.recv(token, 1);
+      } else {
+        comm.wait(r);
+        comm.send(token, 0);
+      }
+      comm.wait(r);
+      CHECK(buf[99999] == 2.0f);
+    });
+  }
+  TEST_CASE("device buffers are refused cleanly where there is no CUDA") {
+    if (cuda::built()) return;
+    CHECK_THROWS_AS(Tensor(Shape{4}, DType::f32, Memory::device), UsageError);
   }
 
   TEST_CASE("a recv with no sender fails after the timeout, naming rank, peer, tag and op") {
@@ -86,8 +123,8 @@ TEST_SUITE("comm.threads") {
       message = e.what();
     }
     CHECK(message.find("collective mismatch") != std::string::npos);
-    CHECK(message.find("allreduce(8 x float, sum)") != std::string::npos);
-    CHECK(message.find("rank 2 called allreduce(6 x float, sum)") != std::string::npos);
+    CHECK(message.find("allreduce(8 x f32, sum)") != std::string::npos);
+    CHECK(message.find("rank 2 called allreduce(6 x f32, sum)") != std::string::npos);
 
     message.clear();
     try {
@@ -104,7 +141,7 @@ TEST_SUITE("comm.threads") {
     } catch (const CommError& e) {
       message = e.what();
     }
-    CHECK(message.find("broadcast(4 x float, root 0)") != std::string::npos);
+    CHECK(message.find("broadcast(4 x f32, root 0)") != std::string::npos);
   }
 
   TEST_CASE("a collective that one rank never joins times out naming the missing rank") {
@@ -151,12 +188,12 @@ TEST_SUITE("comm.threads") {
         CommError);
   }
 
-  TEST_CASE("a peer outside the communicator is a usage error") {
-    CHECK_THROWS_AS(run_threads(2,
-                                [](Communicator& comm) {
-                                  std::vector<float> buf(1);
-                                  comm.send(buf, 2);
-                                }),
-                    UsageError);
+  TEST_CASE("a peer outside the communicator is an Error (exit 1), naming the call") {
+    CHECK_THROWS_WITH_AS(run_threads(2,
+                                     [](Communicator& comm) {
+                                       std::vector<float> buf(1);
+                                       comm.send(buf, 2);
+                                     }),
+                         doctest::Contains("send with rank 2, but ranks are 0..1"), Error);
   }
 }

@@ -1,102 +1,109 @@
-// GPU tests (CTest label `gpu`): every kernel against its CPU reference on random data,
-// cuBLAS's matmul against the CPU matmul, and the threads backend moving and reducing
-// device buffers for ranks that share one GPU. Without a CUDA device the program says
-// "skipped: no CUDA device" and exits 77, which CTest reports as skipped — never passed.
+// GPU tests (CTest label `gpu`): every tensor operation on device memory against the same
+// operation on the host, on random data; cuBLAS's matmul against the host matmul; layers
+// and optimizers on the GPU against the host; the threads backend moving and reducing
+// device buffers of every type for ranks that share one GPU; NCCL where there are GPUs
+// for it. Without a CUDA device the program says "skipped: no CUDA device" and exits 77,
+// which CTest reports as skipped — never passed.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
 #include <cstdio>
 
+#include "comm_cases.hpp"
 #include "shardlab/comm_nccl.hpp"
 #include "shardlab/cuda.hpp"
 #include "shardlab/half.hpp"
-#include "shardlab/launch.hpp"
 #include "shardlab/nn.hpp"
 #include "shardlab/testing.hpp"
 
 using namespace shardlab;
 using shardlab::testing::check_close;
+using shardlab::testing::check_equal;
 
 namespace {
-/// Float32 kernels and their CPU references may round differently (the GPU fuses
+/// Float32 kernels and their host loops may round differently (the GPU fuses
 /// multiply-adds, and its tanhf is within 2 ulp): a few ulp, relative.
 constexpr float kernel_rtol = 4e-7f, kernel_atol = 1e-7f;
+Tensor dev(const Tensor& t) { return t.to(Memory::device); }
+Tensor host(const Tensor& t) { return t.to(Memory::host); }
 }  // namespace
 
 TEST_SUITE("cuda") {
-  TEST_CASE("elementwise kernels match their CPU references on random data") {
+  TEST_CASE("elementwise operations on the device match the host loops on random data") {
     cuda::set_device(0);
     const Tensor a = randn(37, 129, 1), b = randn(37, 129, 2);
-    const auto da = cuda::DeviceTensor::to_device(a), db = cuda::DeviceTensor::to_device(b);
-    check_close(cuda::add(da, db).to_host(), add(a, b), kernel_atol, kernel_rtol, "add");
-    auto y = cuda::DeviceTensor::to_device(b);
-    cuda::axpy(0.37f, da, y);
-    Tensor y_ref = b;
+    check_close(host(add(dev(a), dev(b))), add(a, b), kernel_atol, kernel_rtol, "add");
+    check_close(host(sub(dev(a), dev(b))), sub(a, b), kernel_atol, kernel_rtol, "sub");
+    check_close(host(mul(dev(a), dev(b))), mul(a, b), kernel_atol, kernel_rtol, "mul");
+    Tensor y = dev(b), y_ref = b.clone();
+    axpy(0.37f, dev(a), y);
     axpy(0.37f, a, y_ref);
-    check_close(y.to_host(), y_ref, kernel_atol, kernel_rtol, "axpy");
-    cuda::scale(y, -2.5f);
-    check_close(y.to_host(), scale(y_ref, -2.5f), kernel_atol, kernel_rtol, "scale");
-    const auto t = cuda::tanh_forward(da);
-    check_close(t.to_host(), nn::tanh_forward(a), 1e-6f, 1e-6f, "tanh");
-    check_close(cuda::tanh_backward(t, db).to_host(), nn::tanh_backward(t.to_host(), b), 1e-6f,
-                1e-6f, "tanh backward");
-    CHECK(cuda::max_abs_diff(da, db) == doctest::Approx(max_abs_diff(a, b)));
-    CHECK(cuda::max_abs_diff(da, da) == 0.0f);
+    check_close(host(y), y_ref, kernel_atol, kernel_rtol, "axpy");
+    check_close(host(scale(y, -2.5f)), scale(y_ref, -2.5f), kernel_atol, kernel_rtol, "scale");
+    check_close(host(tanh(dev(a))), tanh(a), 1e-6f, 1e-6f, "tanh");
+    check_close(host(tanh_backward(dev(tanh(a)), dev(b))), tanh_backward(tanh(a), b), 1e-6f, 1e-6f,
+                "tanh backward");
+    check_close(host(gelu(dev(a))), gelu(a), 1e-6f, 1e-5f, "gelu");
+    check_close(host(gelu_backward(dev(a), dev(b))), gelu_backward(a, b), 1e-6f, 1e-5f,
+                "gelu backward");
+    const Tensor row = randn(1, 129, 3);
+    Tensor z = dev(a), z_ref = a.clone();
+    add_row(z, dev(row));
+    add_row(z_ref, row);
+    check_close(host(z), z_ref, kernel_atol, kernel_rtol, "add_row");
+    check_equal(host(column_sums(dev(a))), column_sums(a), "column sums (same order)");
+    CHECK(max_abs_diff(dev(a), dev(b)) == doctest::Approx(max_abs_diff(a, b)));
+    CHECK(max_abs_diff(dev(a), dev(a)) == 0.0);
+    CHECK(max_abs(dev(a)) == max_abs(a));
+    Tensor bad = a.clone();
+    bad(3, 4) = std::nanf("");
+    CHECK(std::isnan(max_abs_diff(dev(bad), dev(a))));
+    CHECK_FALSE(all_finite(dev(bad)));
+    check_equal(host(transpose(dev(a))), transpose(a), "transpose");
+    // Empty tensors: no kernel is launched with a grid of zero blocks.
+    const Tensor none(0, 5);
+    check_equal(host(add(dev(none), dev(none))), none, "add of empty tensors");
+    Tensor empty_y = dev(none);
+    axpy(1.0f, dev(none), empty_y);
+    scale_in_place(empty_y, 2.0f);
+    check_equal(host(column_sums(dev(none))), column_sums(none), "column sums of no rows");
   }
 
-  TEST_CASE("fp16 and bf16 cast kernels match half.hpp bit for bit and flag inf/NaN") {
+  TEST_CASE("views, shards, concat, fill and copies work the same in device memory") {
+    cuda::set_device(0);
+    const Tensor t = randn(Shape{5, 7, 3}, 4);
+    const Tensor d = dev(t);
+    for (int dim : {0, 1, 2})
+      for (int p = 0; p < 3; ++p)
+        check_equal(host(shard(d, 3, dim, p)), shard(t, 3, dim, p), "shard on the device");
+    check_equal(host(concat(split(d, 3, 1), 1)), t, "concat(split) on the device");
+    check_equal(host(d.slice(1, 2)), t.slice(1, 2), "a row slice of device memory");
+    Tensor f(Shape{4, 4}, DType::f16, Memory::device);
+    f.fill(3.0);
+    check_equal(cast(host(f), DType::f32), full(4, 4, 3.0f), "fill of an f16 device tensor");
+  }
+
+  TEST_CASE("casts on the device match half.hpp bit for bit, every pair of types") {
     cuda::set_device(0);
     Tensor x = scale(randn(1, 4096, 9), 1000.0f);  // |x| up to a few thousand: all finite
     x[0] = 0x1.0p-25f;                             // ties to zero in fp16
     x[1] = 65519.0f;                               // largest that stays finite in fp16
     x[2] = -0x1.8p-25f;
-    for (cuda::HalfKind kind : {cuda::HalfKind::fp16, cuda::HalfKind::bf16}) {
-      CAPTURE(static_cast<int>(kind));
-      bool nonfinite = true;
-      const auto halves = cuda::cast_to_half(cuda::DeviceTensor::to_device(x), kind, &nonfinite);
-      CHECK_FALSE(nonfinite);
-      const std::vector<std::uint16_t> got = halves.to_host();
-      for (std::int64_t i = 0; i < x.size(); ++i) {
-        const std::uint16_t want =
-            kind == cuda::HalfKind::fp16 ? float_to_half_bits(x[i]) : float_to_bf16_bits(x[i]);
-        if (got[static_cast<std::size_t>(i)] != want) {
-          FAIL_CHECK("element " << i << " (" << x[i] << "): got 0x" << std::hex
-                                << got[static_cast<std::size_t>(i)] << ", want 0x" << want);
-          break;
-        }
-      }
-      const Tensor back = cuda::cast_to_float(halves).to_host();
-      for (std::int64_t i = 0; i < x.size(); ++i) {
-        const std::uint16_t h = got[static_cast<std::size_t>(i)];
-        REQUIRE(back[i] ==
-                (kind == cuda::HalfKind::fp16 ? half_bits_to_float(h) : bf16_bits_to_float(h)));
-      }
+    // Floating targets from random floats; integer targets from integers they can hold.
+    const Tensor small = arange(256);
+    for (DType type : {DType::f16, DType::bf16, DType::f64, DType::i32, DType::i64, DType::u8}) {
+      CAPTURE(dtype_name(type));
+      const Tensor& source = is_floating(type) ? x : small;
+      const Tensor got = host(cast(dev(source), type));
+      CHECK_MESSAGE(got.bitwise_equal(cast(source, type)), "cast f32 -> " << dtype_name(type));
+      CHECK(host(cast(dev(got), DType::f32)).bitwise_equal(cast(got, DType::f32)));
     }
-    // 70000 overflows fp16 (not bf16); the flag says so.
-    x[5] = 70000.0f;
-    bool nonfinite = false;
-    (void)cuda::cast_to_half(cuda::DeviceTensor::to_device(x), cuda::HalfKind::fp16, &nonfinite);
-    CHECK(nonfinite);
-    (void)cuda::cast_to_half(cuda::DeviceTensor::to_device(x), cuda::HalfKind::bf16, &nonfinite);
-    CHECK_FALSE(nonfinite);
+    x[5] = 70000.0f;  // overflows fp16 (not bf16)
+    CHECK_FALSE(all_finite(cast(dev(x), DType::f16)));
+    CHECK(all_finite(cast(dev(x), DType::bf16)));
   }
 
-  TEST_CASE("the Adam kernel matches the CPU Adam over several steps") {
-    cuda::set_device(0);
-    nn::Parameter p(randn(8, 33, 3));
-    nn::AdamState state;
-    auto dp = cuda::DeviceTensor::to_device(p.value);
-    cuda::DeviceTensor m(8, 33), v(8, 33);
-    for (int t = 1; t <= 5; ++t) {
-      p.grad = randn(8, 33, 100 + static_cast<std::uint64_t>(t));
-      nn::adam_step(p, state, 1e-2f);
-      cuda::adam_step(dp, cuda::DeviceTensor::to_device(p.grad), m, v, 1e-2f, 0.9f, 0.999f, 1e-8f,
-                      t);
-    }
-    check_close(dp.to_host(), p.value, 1e-6f, 1e-5f, "Adam after 5 steps");
-  }
-
-  TEST_CASE("cuBLAS matmul equals the CPU matmul within the summation-order bound") {
+  TEST_CASE("cuBLAS matmul equals the host matmul within the summation-order bound") {
     cuda::set_device(0);
     for (auto [M, K, N] :
          {std::array<std::int64_t, 3>{4, 5, 8}, {1, 1, 1}, {65, 257, 33}, {128, 512, 64}}) {
@@ -104,87 +111,145 @@ TEST_SUITE("cuda") {
       CAPTURE(K);
       CAPTURE(N);
       const Tensor x = randn(M, K, 7), w = randn(K, N, 8);
-      const Tensor got =
-          cuda::matmul(cuda::DeviceTensor::to_device(x), cuda::DeviceTensor::to_device(w))
-              .to_host();
-      check_close(got, matmul(x, w), matmul_reorder_bound(x, w), 0.0f, "cuBLAS x @ w");
+      const float bound = matmul_reorder_bound(x, w);
+      check_close(host(matmul(dev(x), dev(w))), matmul(x, w), bound, 0.0f, "x @ w");
+      const Tensor xt = transpose(x), wt = transpose(w);
+      check_close(host(matmul(dev(xt), dev(w), true, false)), matmul(x, w), bound, 0.0f,
+                  "(x^T)^T @ w");
+      check_close(host(matmul(dev(x), dev(wt), false, true)), matmul(x, w), bound, 0.0f,
+                  "x @ (w^T)^T");
+      check_close(host(matmul(dev(xt), dev(wt), true, true)), matmul(x, w), bound, 0.0f,
+                  "both transposed");
+      // f16 in and out, f32 accumulation: within one f16 rounding of the host's.
+      const Tensor h = host(matmul(dev(cast(x, DType::f16)), dev(cast(w, DType::f16))));
+      const Tensor h_ref = matmul(cast(x, DType::f16), cast(w, DType::f16));
+      check_close(cast(h, DType::f32), cast(h_ref, DType::f32), bound * 2, 1e-3f, "f16 matmul");
     }
+    const Tensor zero_k = host(matmul(dev(zeros(3, 0)), dev(zeros(0, 4))));
+    check_equal(zero_k, zeros(3, 4), "K = 0 gives zeros");
   }
 
-  TEST_CASE("transposed matmuls, bias rows and column sums match their CPU references") {
+  TEST_CASE("gather and scatter-add of rows by index, on the device") {
     cuda::set_device(0);
-    const Tensor x = randn(33, 17, 11), dy = randn(33, 9, 12), w = randn(17, 9, 13);
-    const auto dx = cuda::DeviceTensor::to_device(x), ddy = cuda::DeviceTensor::to_device(dy),
-               dw = cuda::DeviceTensor::to_device(w);
-    const Tensor xt = transpose(x), wt = transpose(w);
-    check_close(cuda::matmul(dx, ddy, true, false).to_host(), matmul(xt, dy),
-                matmul_reorder_bound(xt, dy), 0.0f, "x^T @ dy");
-    check_close(cuda::matmul(ddy, dw, false, true).to_host(), matmul(dy, wt),
-                matmul_reorder_bound(dy, wt), 0.0f, "dy @ w^T");
-    check_close(cuda::matmul(cuda::DeviceTensor::to_device(xt), dx, false, false).to_host(),
-                matmul(xt, x), matmul_reorder_bound(xt, x), 0.0f, "x^T @ x");
-    // A Linear layer forward and its bias gradient, against nn::Linear on the CPU.
-    nn::Linear layer(17, 9, 5);
-    const Tensor y = layer.forward(x);
-    auto dy_dev = cuda::matmul(dx, cuda::DeviceTensor::to_device(layer.weight.value));
-    cuda::add_row(dy_dev, cuda::DeviceTensor::to_device(layer.bias.value));
-    check_close(dy_dev.to_host(), y, matmul_reorder_bound(x, layer.weight.value), 1e-6f,
-                "x @ W + b");
-    layer.backward(dy);
-    check_close(cuda::column_sums(ddy).to_host(), layer.bias.grad, 0.0f, 0.0f,
-                "bias gradient (same order)");
+    const Tensor table = randn(10, 6, 11);
+    const Tensor index = Tensor::from_vector<std::int64_t>({9, 0, 3, 3, 7});
+    check_equal(host(gather_rows(dev(table), dev(index))), gather_rows(table, index), "gather");
+    Tensor into = dev(zeros(10, 6)), into_ref = zeros(10, 6);
+    const Tensor src = randn(5, 6, 12);
+    scatter_add_rows(into, dev(index), dev(src));
+    scatter_add_rows(into_ref, index, src);
+    check_equal(host(into), into_ref, "scatter-add (same order)");
+    CHECK_THROWS_AS(gather_rows(dev(table), dev(Tensor::from_vector<std::int64_t>({10}))), Error);
   }
 
-  TEST_CASE("the threads backend allreduces and passes device buffers between ranks on one GPU") {
+  TEST_CASE("layers, the loss and Adam on the GPU match the host") {
+    cuda::set_device(0);
+    auto build = [](nn::ParameterStore& store, nn::Sequential& model) {
+      model.add<nn::Linear>(store, "l1", 17, 9, 5);
+      model.add<nn::Gelu>();
+      model.add<nn::Linear>(store, "l2", 9, 4, 6);
+    };
+    nn::ParameterStore hs, ds;
+    nn::Sequential hm, dm;
+    build(hs, hm);
+    build(ds, dm);
+    hs.allocate(Memory::host);
+    ds.allocate(Memory::device);
+    const Tensor x = randn(33, 17, 13), dy = randn(33, 4, 14);
+    nn::Forward hf = hm.forward(x), df = dm.forward(dev(x));
+    check_close(host(df.out), hf.out, 1e-5f, 1e-5f, "forward");
+    (void)hm.backward(dy, hf.saved);
+    (void)dm.backward(dev(dy), df.saved);
+    check_close(host(ds.grads()), hs.grads(), 1e-5f, 1e-5f, "gradients");
+    nn::Adam ha(hs.size(), {}, Memory::host), da(ds.size(), {}, Memory::device);
+    for (int t = 0; t < 5; ++t) {
+      ha.step(hs.values(), hs.grads());
+      da.step(ds.values(), ds.grads());
+    }
+    check_close(host(ds.values()), hs.values(), 1e-5f, 1e-5f, "Adam after 5 steps");
+  }
+
+  TEST_CASE("the threads backend reduces and moves device buffers of every type, one GPU") {
     for (int n : {1, 2, 3, 4}) {
       CAPTURE(n);
-      run_threads(n, [n](Communicator& comm) {
+      run_threads(n, [](Communicator& comm) {
         cuda::set_device(0);
-        const Tensor mine = randn(1, 1001, 50 + static_cast<std::uint64_t>(comm.rank()));
-        Tensor host = mine;
-        auto dev = cuda::DeviceTensor::to_device(mine);
-        comm.allreduce(host);
-        comm.allreduce(dev);
-        CHECK(dev.to_host().bitwise_equal(host));  // the same rank-order sums, in kernels
+        // Every reduction of every type, on device tensors, against the host backend.
+        for (DType type :
+             {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i32, DType::i64, DType::u8})
+          for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min}) {
+            const Tensor mine =
+                cast(cast(scale(randn(1, 1001, 50 + static_cast<std::uint64_t>(comm.rank())), 8.0f),
+                          DType::i32),
+                     type);
+            Tensor on_host = mine.clone(), on_device = dev(mine);
+            comm.allreduce(on_host, op);
+            comm.allreduce(on_device, op);
+            CHECK_MESSAGE(host(on_device).bitwise_equal(on_host), dtype_name(type)
+                                                                      << " " << reduce_op_name(op));
+          }
+        // reduce_scatter with uneven shards, and empty shards (count < ranks).
+        for (std::int64_t count : {std::int64_t{2}, std::int64_t{1001}}) {
+          const Tensor in = randn(1, count, 60 + static_cast<std::uint64_t>(comm.rank()));
+          const std::int64_t mine = shard_range(count, comm.size(), comm.rank()).length;
+          Tensor out_host(mine), out_dev = dev(Tensor(mine));
+          comm.reduce_scatter(in, out_host);
+          comm.reduce_scatter(dev(in), out_dev);
+          CHECK(host(out_dev).bitwise_equal(out_host));
+        }
         // A ring of sendrecvs between device buffers.
-        cuda::DeviceTensor in(1, 1001);
-        comm.sendrecv(cuda::DeviceTensor::to_device(mine), (comm.rank() + 1) % n, in,
-                      (comm.rank() + n - 1) % n);
-        CHECK(in.to_host().bitwise_equal(
-            randn(1, 1001, 50 + static_cast<std::uint64_t>((comm.rank() + n - 1) % n))));
+        const int n2 = comm.size();
+        const Tensor mine = randn(1, 1001, 50 + static_cast<std::uint64_t>(comm.rank()));
+        Tensor in = dev(Tensor(1, 1001));
+        comm.sendrecv(dev(mine), (comm.rank() + 1) % n2, in, (comm.rank() + n2 - 1) % n2);
+        CHECK(host(in).bitwise_equal(
+            randn(1, 1001, 50 + static_cast<std::uint64_t>((comm.rank() + n2 - 1) % n2))));
       });
     }
   }
+
+  TEST_CASE("the threads backend with ranks on different GPUs" *
+            doctest::skip(cuda::device_count() < 2)) {
+    const int n = cuda::device_count();
+    run_threads(n, [](Communicator& comm) {
+      cuda::set_device(comm.rank());
+      const Tensor mine = randn(1, 4099, 80 + static_cast<std::uint64_t>(comm.rank()));
+      Tensor on_host = mine.clone(), on_device = dev(mine);
+      comm.allreduce(on_host);
+      comm.allreduce(on_device);
+      CHECK(host(on_device).bitwise_equal(on_host));
+    });
+  }
 }
 
-TEST_CASE("NCCL: collectives and a sendrecv ring on device buffers equal the host results" *
+TEST_CASE("NCCL: every collective and a sendrecv ring on device buffers, one GPU per rank" *
           doctest::skip(!nccl::available())) {
-  const int n = cuda::device_count();  // one GPU per rank
-  run_threads(n, [n](Communicator& host) {
-    cuda::set_device(host.rank());
-    auto comm = nccl::create(host, host.rank());
+  const int n = cuda::device_count();
+  run_threads(n, [n](Communicator& host_comm) {
+    cuda::set_device(host_comm.rank());
+    auto comm = nccl::create(host_comm, host_comm.rank());
     CHECK(comm->backend() == "nccl");
-    const Tensor mine = randn(1, 4099, 70 + static_cast<std::uint64_t>(host.rank()));
-    Tensor expected = mine;
-    host.allreduce(expected);
-    auto dev = cuda::DeviceTensor::to_device(mine);
-    comm->allreduce(dev);
-    check_close(dev.to_host(), expected, 1e-5f, 1e-6f, "NCCL allreduce");
+    const Tensor mine = randn(1, 4099, 70 + static_cast<std::uint64_t>(host_comm.rank()));
+    Tensor expected = mine.clone();
+    host_comm.allreduce(expected);
+    Tensor d = dev(mine);
+    comm->allreduce(d);
+    check_close(host(d), expected, 1e-5f, 1e-6f, "NCCL allreduce");
     // Uneven allgather (one broadcast per rank), and a ring of device sendrecvs.
     std::vector<std::size_t> counts;
     for (int q = 0; q < n; ++q) counts.push_back(static_cast<std::size_t>(q + 1));
-    cuda::DeviceTensor all(1, n * (n + 1) / 2);
-    comm->allgatherv(
-        cuda::DeviceTensor::to_device(full(1, host.rank() + 1, static_cast<float>(host.rank()))),
-        all, counts);
-    CHECK(all.to_host()[static_cast<std::int64_t>(n * (n + 1) / 2 - 1)] ==
-          static_cast<float>(n - 1));
-    cuda::DeviceTensor in(1, 4099);
-    comm->sendrecv(cuda::DeviceTensor::to_device(mine), (host.rank() + 1) % n, in,
-                   (host.rank() + n - 1) % n);
-    CHECK(in.to_host().bitwise_equal(
-        randn(1, 4099, 70 + static_cast<std::uint64_t>((host.rank() + n - 1) % n))));
-    // Host buffers on the same communicator go through the host backend.
+    Tensor all = dev(Tensor(1, n * (n + 1) / 2));
+    comm->allgatherv(dev(full(1, host_comm.rank() + 1, static_cast<float>(host_comm.rank()))), all,
+                     counts);
+    CHECK(host(all)[static_cast<std::int64_t>(n * (n + 1) / 2 - 1)] == static_cast<float>(n - 1));
+    Tensor in = dev(Tensor(1, 4099));
+    comm->sendrecv(dev(mine), (host_comm.rank() + 1) % n, in, (host_comm.rank() + n - 1) % n);
+    CHECK(host(in).bitwise_equal(
+        randn(1, 4099, 70 + static_cast<std::uint64_t>((host_comm.rank() + n - 1) % n))));
+    // Host buffers on the same communicator go through the host backend: the full suite.
+    cases::allreduce_every_op_and_type(*comm);
+    cases::reduce_scatter_uneven_shards(*comm);
+    cases::alltoall_every_type(*comm);
     CHECK(comm->all_true(true));
   });
 }

@@ -1,7 +1,18 @@
-// Tensor: shards, joins, the matmul's summation order, the generator, printing.
+// Tensor: views that share memory, shards, joins, element types and casts, the matmul's
+// summation order, gather/scatter by index, the generator, printing.
+//
+// Wrong versions this suite was checked against: a slice that copies instead of viewing
+// (views share memory); shard along dim 1 taking the wrong column offset (split/concat
+// round trip); gather_rows reading row i instead of row index[i], scatter_add_rows
+// overwriting instead of adding (gather and scatter-add); max_abs_diff dropping NaN
+// (NaN never compares equal).
 #include <doctest/doctest.h>
 
+#include <cmath>
+#include <limits>
+
 #include "shardlab/check.hpp"
+#include "shardlab/half.hpp"
 #include "shardlab/results.hpp"
 #include "shardlab/testing.hpp"
 
@@ -20,31 +31,102 @@ TEST_SUITE("tensor") {
     // More parts than elements: trailing parts are empty.
     CHECK(shard_range(2, 3, 2).length == 0);
     CHECK(shard_range(2, 3, 2).offset == 2);
-    CHECK_THROWS_AS(shard_range(5, 0, 0), UsageError);
+    CHECK(shard_counts(10, 4, 5) == std::vector<std::size_t>{15, 15, 10, 10});
+    CHECK_THROWS_AS(shard_range(5, 0, 0), Error);
   }
 
-  TEST_CASE("split then concat gives back the tensor, along either dim, for every part count") {
-    const Tensor t = randn(5, 7, 42);
+  TEST_CASE("views share memory and never copy: slice, view, reshape, flat, shard along dim 0") {
+    Tensor flat_buffer = arange(12);
+    Tensor rows = flat_buffer.reshape(Shape{4, 3});
+    Tensor middle = rows.slice(1, 2);  // rows 1 and 2
+    CHECK(middle.shape() == Shape{2, 3});
+    CHECK(middle.shares_memory_with(flat_buffer));
+    CHECK(middle(0, 0) == 3.0f);
+    middle(1, 2) = -1.0f;  // row 2, column 2 of rows = element 8 of the buffer
+    CHECK(flat_buffer[8] == -1.0f);
+    Tensor param = flat_buffer.view(5, Shape{1, 3});  // a parameter inside one allocation
+    param.fill(7.0);
+    CHECK(flat_buffer[5] == 7.0f);
+    CHECK(flat_buffer[7] == 7.0f);
+    CHECK(flat_buffer[8] == -1.0f);
+    CHECK(shard(rows, 2, 0, 1).shares_memory_with(flat_buffer));
+    CHECK_FALSE(shard(rows, 2, 1, 1).shares_memory_with(flat_buffer));  // columns: a copy
+    Tensor copy = rows.clone();
+    copy(0, 0) = 100.0f;
+    CHECK(rows(0, 0) == 0.0f);
+    CHECK_THROWS_AS(flat_buffer.view(10, Shape{3}), Error);
+    CHECK_THROWS_AS(rows.slice(3, 2), Error);
+    CHECK_THROWS_AS(rows.reshape(Shape{5, 2}), Error);
+  }
+
+  TEST_CASE("split then concat gives back the tensor, along any dim, for every part count") {
+    const Tensor t = randn(Shape{5, 7, 3}, 42);
     for (int parts : {1, 2, 3, 4, 8}) {
       CAPTURE(parts);
-      for (int dim : {0, 1}) {
+      for (int dim : {0, 1, 2}) {
         CAPTURE(dim);
         const std::vector<Tensor> pieces = split(t, parts, dim);
         REQUIRE(pieces.size() == static_cast<std::size_t>(parts));
         CHECK(pieces[0].dim(dim) == shard_range(t.dim(dim), parts, 0).length);
         check_equal(concat(pieces, dim), t, "concat(split(t))");
-        check_equal(shard(t, parts, dim, parts - 1), pieces.back(), "shard == split's last");
       }
+    }
+    // Element by element: column shard p holds columns offset..offset+length of every row.
+    const Tensor m = randn(4, 7, 3);
+    for (int p = 0; p < 3; ++p) {
+      const Tensor s = shard(m, 3, 1, p);
+      const ShardRange range = shard_range(7, 3, p);
+      for (std::int64_t i = 0; i < 4; ++i)
+        for (std::int64_t j = 0; j < range.length; ++j) REQUIRE(s(i, j) == m(i, range.offset + j));
     }
     const Tensor v = arange(10);
     check_equal(concat(split(v, 3, 0), 0), v, "1-D round trip");
   }
 
-  TEST_CASE("matmul matches hand-computed values") {
+  TEST_CASE("element types: zeros, fill, arange and exact casts for every type") {
+    for (DType type :
+         {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i32, DType::i64, DType::u8}) {
+      CAPTURE(dtype_name(type));
+      Tensor t(Shape{2, 3}, type);
+      CHECK(t.bytes() == 6 * dtype_size(type));
+      CHECK(max_abs(cast(t, DType::f64)) == 0.0);
+      t.fill(5.0);
+      const Tensor back = cast(t, DType::f32);
+      for (float v : back) CHECK(v == 5.0f);
+      check_equal(cast(cast(arange(20), type), DType::f32), arange(20), "integers survive casts");
+    }
+    Tensor ids = Tensor::from_vector<std::int32_t>({3, 1, 4});
+    CHECK(ids.dtype() == DType::i32);
+    CHECK(ids.data<std::int32_t>()[2] == 4);
+    CHECK_THROWS_AS(ids.data<float>(), Error);  // the wrong element type is an error
+    CHECK_THROWS_AS((void)ids[0], Error);       // so is f32 access to an i32 tensor
+  }
+
+  TEST_CASE("casts to f16 and bf16 round to nearest even, as half.hpp does") {
+    const Tensor x = scale(randn(1, 1000, 5), 300.0f);
+    for (DType type : {DType::f16, DType::bf16}) {
+      const Tensor h = cast(x, type);
+      const std::uint16_t* bits = static_cast<const std::uint16_t*>(h.raw());
+      for (std::int64_t i = 0; i < x.size(); ++i)
+        REQUIRE(bits[i] ==
+                (type == DType::f16 ? float_to_half_bits(x[i]) : float_to_bf16_bits(x[i])));
+    }
+    const Tensor big = Tensor::from_1d({70000.0f});
+    CHECK_FALSE(all_finite(cast(big, DType::f16)));  // fp16's max is 65504
+    CHECK(all_finite(cast(big, DType::bf16)));
+  }
+
+  TEST_CASE("matmul matches hand-computed values, transposed operands included") {
     const Tensor a = Tensor::from({{1, 2}, {3, 4}, {5, 6}});
     const Tensor b = Tensor::from({{1, 0, 2}, {0, 1, 3}});
-    check_equal(matmul(a, b), Tensor::from({{1, 2, 8}, {3, 4, 18}, {5, 6, 28}}), "a @ b");
-    CHECK_THROWS_AS(matmul(a, a), UsageError);
+    const Tensor ab = Tensor::from({{1, 2, 8}, {3, 4, 18}, {5, 6, 28}});
+    check_equal(matmul(a, b), ab, "a @ b");
+    check_equal(matmul(transpose(a), b, true, false), ab, "(a^T)^T @ b");
+    check_equal(matmul(a, transpose(b), false, true), ab, "a @ (b^T)^T");
+    check_equal(matmul(transpose(a), transpose(b), true, true), ab, "both transposed");
+    CHECK_THROWS_AS(matmul(a, a), Error);
+    // f16 inputs: exact small integers, accumulated in f32, rounded once.
+    check_equal(cast(matmul(cast(a, DType::f16), cast(b, DType::f16)), DType::f32), ab, "f16");
   }
 
   TEST_CASE("matmul of a row or column shard is bitwise the matching shard of the full product") {
@@ -58,18 +140,77 @@ TEST_SUITE("tensor") {
     }
   }
 
-  TEST_CASE("elementwise ops and diffs") {
+  TEST_CASE("elementwise ops, bias rows, column sums and diffs") {
     const Tensor a = Tensor::from({{1, 2}, {3, 4}}), b = full(2, 2, 0.5f);
     check_equal(add(a, b), Tensor::from({{1.5f, 2.5f}, {3.5f, 4.5f}}), "add");
     check_equal(sub(a, b), Tensor::from({{0.5f, 1.5f}, {2.5f, 3.5f}}), "sub");
+    check_equal(mul(a, b), Tensor::from({{0.5f, 1.0f}, {1.5f, 2.0f}}), "mul");
     check_equal(scale(a, 2), Tensor::from({{2, 4}, {6, 8}}), "scale");
-    Tensor y = a;
+    Tensor y = a.clone();
     axpy(-2.0f, b, y);
     check_equal(y, Tensor::from({{0, 1}, {2, 3}}), "axpy");
-    CHECK(max_abs_diff(a, y) == 1.0f);
-    CHECK(max_abs(a) == 4.0f);
+    Tensor z = a.clone();
+    add_row(z, Tensor::from({{10, 20}}));
+    check_equal(z, Tensor::from({{11, 22}, {13, 24}}), "add_row");
+    check_equal(column_sums(a), Tensor::from({{4, 6}}), "column_sums");
+    CHECK(max_abs_diff(a, y) == 1.0);
+    CHECK(max_abs(a) == 4.0);
     check_equal(transpose(Tensor::from({{1, 2, 3}})), Tensor::from({{1}, {2}, {3}}), "transpose");
-    CHECK_THROWS_AS(add(a, zeros(1, 2)), UsageError);
+    CHECK_THROWS_AS(add(a, zeros(1, 2)), Error);
+  }
+
+  TEST_CASE("NaN and infinity never compare equal: max_abs_diff, max_abs, all_finite") {
+    Tensor a = Tensor::from_1d({1, 2, 3}), b = a.clone();
+    b[1] = std::numeric_limits<float>::quiet_NaN();
+    CHECK(std::isnan(max_abs_diff(a, b)));
+    CHECK(std::isnan(max_abs(b)));
+    CHECK_FALSE(all_finite(b));
+    b[1] = std::numeric_limits<float>::infinity();
+    CHECK_FALSE(max_abs_diff(a, b) <= 1e30);
+    CHECK_FALSE(all_finite(b));
+    CHECK(all_finite(a));
+  }
+
+  TEST_CASE("tanh and GELU match their formulas; their backwards match central differences") {
+    const Tensor x = Tensor::from_1d({-3.0f, -0.5f, 0.0f, 0.25f, 2.0f});
+    const Tensor g = gelu(x), t = tanh(x);
+    const Tensor ones = full(Shape{5}, 1.0f);
+    const Tensor dgelu = gelu_backward(x, ones), dtanh = tanh_backward(t, ones);
+    for (std::int64_t i = 0; i < 5; ++i) {
+      const double v = x[i];
+      const double want =
+          0.5 * v * (1 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+      CHECK(g[i] == doctest::Approx(want).epsilon(1e-6));
+      CHECK(t[i] == doctest::Approx(std::tanh(v)).epsilon(1e-6));
+      const double h = 1e-3;
+      auto gelu_at = [](double u) {
+        return 0.5 * u * (1 + std::tanh(0.7978845608028654 * (u + 0.044715 * u * u * u)));
+      };
+      CHECK(dgelu[i] == doctest::Approx((gelu_at(v + h) - gelu_at(v - h)) / (2 * h)).epsilon(1e-4));
+      CHECK(dtanh[i] ==
+            doctest::Approx((std::tanh(v + h) - std::tanh(v - h)) / (2 * h)).epsilon(1e-4));
+    }
+  }
+
+  TEST_CASE("gather_rows picks rows by index; scatter_add_rows adds them back, repeats included") {
+    const Tensor table = Tensor::from({{0, 1}, {10, 11}, {20, 21}, {30, 31}});
+    for (DType index_type : {DType::i32, DType::i64}) {
+      CAPTURE(dtype_name(index_type));
+      const Tensor index = cast(Tensor::from_vector<std::int64_t>({2, 0, 2, 3}), index_type);
+      const Tensor rows = gather_rows(table, index);
+      check_equal(rows, Tensor::from({{20, 21}, {0, 1}, {20, 21}, {30, 31}}), "gather_rows");
+      Tensor into(4, 2);
+      scatter_add_rows(into, index, Tensor::from({{1, 2}, {3, 4}, {5, 6}, {7, 8}}));
+      // Row 2 gets rows 0 and 2 of src added; row 1 nothing.
+      check_equal(into, Tensor::from({{3, 4}, {0, 0}, {6, 8}, {7, 8}}), "scatter_add_rows");
+      const Tensor bad = cast(Tensor::from_vector<std::int64_t>({1, 4}), index_type);
+      CHECK_THROWS_WITH_AS(gather_rows(table, bad), doctest::Contains("index[1] = 4"), Error);
+      CHECK_THROWS_AS(scatter_add_rows(into, bad, zeros(2, 2)), Error);
+    }
+    // Any element type gathers: ids of an f16 table.
+    const Tensor halves = cast(table, DType::f16);
+    check_equal(cast(gather_rows(halves, Tensor::from_vector<std::int32_t>({3})), DType::f32),
+                Tensor::from({{30, 31}}), "gather of f16 rows");
   }
 
   TEST_CASE("randn is reproducible, seed-dependent, and roughly standard normal") {
@@ -95,6 +236,8 @@ TEST_SUITE("tensor") {
     const std::string colored = format(t, "x", {{2, 0}, 1, true});
     CHECK(colored.find("\033[34m") != std::string::npos);
     CHECK(colored.find("\033[31m") != std::string::npos);
+    CHECK(format(Tensor::from_vector<std::int32_t>({7, 8}), "ids").find("ids ([2], i32)") !=
+          std::string::npos);
   }
 
   TEST_CASE("CSV tables quote what needs quoting and refuse ragged rows") {
