@@ -24,12 +24,14 @@
 //
 // Expected (2 ranks): data and column parallel bitwise equal to x @ w, each 32 elements
 // received in all ((P-1)*M*N); row parallel within rounding, 64 elements (2(P-1)*M*N).
+#include <CLI/CLI.hpp>
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "matmul_split.hpp"
+#include "shardlab/bench.hpp"
 #include "shardlab/cuda.hpp"
 #include "shardlab/launch.hpp"
 #include "shardlab/results.hpp"
@@ -55,63 +57,25 @@ struct Strategy {
 
 struct Result {
   Tensor out;
-  float max_abs_diff = 0;              // worst over ranks
+  double max_abs_diff = 0;             // worst over ranks
   bool bitwise_equal = true;           // on every rank
   std::vector<std::int64_t> received;  // elements, per rank
   std::int64_t total = 0;
   bool modeled = false;
 };
 
-/// --device cuda: the same strategy with its matmul on this rank's GPU (cuBLAS) and its
-/// communication on device buffers; the result comes back to the host to be checked.
-Tensor run_on_gpu(const std::string& key, Communicator& comm, const Tensor& x, const Tensor& w) {
-  using cuda::DeviceTensor;
-  const int P = comm.size(), r = comm.rank();
-  const std::int64_t M = x.rows(), N = w.cols();
-  if (key == "row_parallel") {
-    DeviceTensor partial = cuda::matmul(DeviceTensor::to_device(shard(x, P, 1, r)),
-                                        DeviceTensor::to_device(shard(w, P, 0, r)));
-    comm.allreduce(partial, ReduceOp::sum);
-    return partial.to_host();
-  }
-  const bool rows = key == "data_parallel";
-  const DeviceTensor mine =
-      rows ? cuda::matmul(DeviceTensor::to_device(shard(x, P, 0, r)), DeviceTensor::to_device(w))
-           : cuda::matmul(DeviceTensor::to_device(x), DeviceTensor::to_device(shard(w, P, 1, r)));
-  std::vector<std::size_t> counts;
-  for (int q = 0; q < P; ++q)
-    counts.push_back(
-        static_cast<std::size_t>(shard_range(rows ? M : N, P, q).length * (rows ? N : M)));
-  DeviceTensor gathered(1, M * N);
-  comm.allgatherv(mine, gathered, counts);
-  const Tensor flat = gathered.to_host();
-  if (rows) {  // row shards, one after another, are already the M x N result
-    Tensor out(M, N);
-    std::copy(flat.begin(), flat.end(), out.begin());
-    return out;
-  }
-  // Column blocks arrive one after another (M x cols_q each): lay them side by side.
-  std::vector<Tensor> blocks;
-  const float* p = flat.data();
-  for (int q = 0; q < P; ++q) {
-    Tensor block(M, shard_range(N, P, q).length);
-    std::copy(p, p + block.size(), block.begin());
-    p += block.size();
-    blocks.push_back(std::move(block));
-  }
-  return concat(blocks, 1);
-}
-
 Result measure(Context& ctx, const Strategy& s, const Tensor& x, const Tensor& w,
                const Tensor& ref) {
   Communicator& comm = ctx.comm();
   Result r;
+  // --device cuda: the same functions on tensors in this rank's GPU memory (their matmuls
+  // run in cuBLAS, their gathers move device buffers); the result comes back to be checked.
+  const Tensor x_here = x.to(ctx.memory()), w_here = w.to(ctx.memory());
   const CommStats before = comm.stats();
-  r.out = ctx.on_gpu() ? run_on_gpu(s.key, comm, x, w) : s.run(comm, x, w);
+  r.out = s.run(comm, x_here, w_here).to(Memory::host);
   const CommStats delta = comm.stats().since(before);
   const std::int64_t mine = static_cast<std::int64_t>(delta.total().bytes_received / sizeof(float));
-  r.modeled = std::any_of(delta.modeled.begin(), delta.modeled.end(), [](bool m) { return m; }) &&
-              std::string(comm.backend()) == "mpi";
+  r.modeled = delta.any_modeled();
   // Bookkeeping from here on (uncounted): the per-rank counts and the worst diff.
   r.received = comm.gather_values(mine);
   for (std::int64_t v : r.received) r.total += v;
@@ -135,75 +99,54 @@ std::string range_text(std::int64_t size, int parts, int part) {
 // GEMM benchmark: how close one device's matmul gets to its peak.
 
 void gemm_benchmark(Context& ctx, double given_peak) {
-  if (ctx.rank() != 0) return;  // one device's throughput: rank 0 measures
-  using Clock = std::chrono::steady_clock;
   const bool gpu = ctx.on_gpu();
-  int device = 0;
   std::string what = "cpu: ShardLab's i-k-j loop, one core";
   double peak = given_peak;
   if (gpu) {
-    device = cuda::device_for_rank(0);
+    const int device = cuda::device_for_rank(0);
     what = "cuda: cuBLAS SGEMM on " + cuda::describe_device(device);
     if (peak == 0) peak = cuda::peak_fp32_tflops(device);
     // Validate against the CPU reference before timing anything.
     const Tensor a = randn(256, 256, 1), b = randn(256, 256, 2);
-    const Tensor got =
-        cuda::matmul(cuda::DeviceTensor::to_device(a), cuda::DeviceTensor::to_device(b)).to_host();
-    const float diff = max_abs_diff(got, matmul(a, b)), bound = matmul_reorder_bound(a, b);
+    const Tensor got = matmul(a.to(Memory::device), b.to(Memory::device)).to(Memory::host);
+    const double diff = max_abs_diff(got, matmul(a, b));
+    const float bound = matmul_reorder_bound(a, b);
     ctx.verify(diff <= bound, "cuBLAS 256^3 differs from the CPU matmul by " + format_number(diff));
     ctx.say("validated: cuBLAS vs CPU on 256^3, max abs diff " + format_number(diff, 3) +
             " (bound " + format_number(bound, 3) + ")");
   }
-  const std::vector<std::int64_t> sizes = gpu ? std::vector<std::int64_t>{1024, 2048, 4096, 8192}
-                                              : std::vector<std::int64_t>{128, 256, 512};
-  CsvTable csv({"device", "M", "K", "N", "time_us", "tflops", "peak_tflops", "fraction_of_peak"});
-  std::string table = "\nGEMM benchmark (" + what +
-                      "), FP32, best of 5\n"
-                      "      M      K      N    time (us)    TFLOP/s   peak TFLOP/s   fraction\n";
-  nlohmann::json rows = nlohmann::json::array();
-  for (std::int64_t n : sizes) {
-    const Tensor a = randn(n, n, 3), b = randn(n, n, 4);
-    double best = 1e300;
-    if (gpu) {
-      const auto da = cuda::DeviceTensor::to_device(a), db = cuda::DeviceTensor::to_device(b);
-      (void)cuda::matmul(da, db);  // warm-up: handle creation, first launch
-      cuda::synchronize();
-      for (int i = 0; i < 5; ++i) {
-        const auto t0 = Clock::now();
-        const auto out = cuda::matmul(da, db);
-        cuda::synchronize();
-        best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
-      }
-    } else {
-      for (int i = 0; i < 5; ++i) {
-        const auto t0 = Clock::now();
-        const Tensor out = matmul(a, b);
-        best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
-      }
-    }
-    const double tflops = 2.0 * static_cast<double>(n) * static_cast<double>(n) *
-                          static_cast<double>(n) / best / 1e12;
-    const double fraction = peak > 0 ? tflops / peak : 0;
-    char line[160];
-    std::snprintf(line, sizeof line, "  %5lld  %5lld  %5lld  %11.1f  %9.3f  %13s  %9s\n",
-                  static_cast<long long>(n), static_cast<long long>(n), static_cast<long long>(n),
-                  best * 1e6, tflops, peak > 0 ? format_number(peak, 4).c_str() : "unknown",
-                  peak > 0 ? format_number(fraction, 3).c_str() : "-");
-    table += line;
-    csv.add({gpu ? "cuda" : "cpu", std::to_string(n), std::to_string(n), std::to_string(n),
-             format_number(best * 1e6, 8), format_number(tflops, 8), format_number(peak, 6),
-             format_number(fraction, 6)});
-    rows.push_back({{"M", n},
-                    {"K", n},
-                    {"N", n},
-                    {"time_us", best * 1e6},
-                    {"tflops", tflops},
-                    {"fraction_of_peak", fraction}});
-  }
-  if (peak == 0) table += "  (peak not known for this device: give it with --peak-tflops)\n";
-  ctx.say(table);
-  ctx.json()["gemm"] = {{"device", what}, {"peak_tflops", peak}, {"rows", rows}};
-  ctx.save_csv(csv, "01_matmul_split");
+  // Every rank times its own device; the table shows the slowest. The output is allocated
+  // once per size, so only the GEMM is timed.
+  Tensor a, b, out;
+  bench::Case gemm;
+  gemm.name = gpu ? "cublas_sgemm" : "cpu_ikj";
+  gemm.prepare = [&](std::int64_t n) {
+    a = randn(n, n, 3).to(ctx.memory());
+    b = randn(n, n, 4).to(ctx.memory());
+    out = empty(Shape{n, n}, DType::f32, ctx.memory());
+  };
+  gemm.run = [&] { matmul_into(out, a, b); };
+  bench::Config config;
+  config.title = "GEMM benchmark (" + what + "), FP32, n x n x n";
+  config.measure = bench::Measure::throughput;
+  config.flops = [](std::int64_t n) {
+    return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n);
+  };
+  config.peak_tflops = peak;
+  config.iterations = 5;
+  config.warmup = 1;
+  config.synchronize = [gpu] {
+    if (gpu) cuda::synchronize();
+  };
+  config.csv_name = "01_matmul_split";
+  config.json_key = "gemm";
+  ctx.say("");
+  bench::run(ctx, config, {gemm},
+             gpu ? std::vector<std::int64_t>{1024, 2048, 4096, 8192}
+                 : std::vector<std::int64_t>{128, 256, 512});
+  if (peak == 0) ctx.say("  (peak not known for this device: give it with --peak-tflops)");
+  ctx.json()["gemm_device"] = what;
+  ctx.json()["peak_tflops"] = peak;
 }
 
 }  // namespace
@@ -327,10 +270,12 @@ int main(int argc, char** argv) {
         line << (res.bitwise_equal ? " (bitwise equal)" : " (NOT bitwise equal)");
       else
         line << " (rounding bound " << format_number(bound, 3) << ")";
-      line << "\n   communicated: " << res.total
-           << " elements received in all (per rank: " << join(res.received) << "); formula "
-           << s.formula_text << " = " << s.formula
-           << (res.modeled ? "  [modeled: MPI hides its algorithm]" : "");
+      line << "\n   communicated: " << res.total << " elements received in all, "
+           << (res.modeled ? "modeled" : "measured") << " (per rank: " << join(res.received)
+           << "); formula " << s.formula_text << " = " << s.formula
+           << (res.modeled ? "  [modeled: " + std::string(ctx.comm().backend()) +
+                                 " hides its algorithm; this is the formula's count]"
+                           : "");
       ctx.say(line.str());
 
       const bool correct = s.bitwise ? res.bitwise_equal : res.max_abs_diff <= bound;
@@ -367,20 +312,20 @@ int main(int argc, char** argv) {
     const Tensor grad_ref = matmul(transpose(x), ref);
     const Tensor x_r = shard(x, P, 0, r), out_r = shard(ref, P, 0, r);
     Tensor grad = matmul(transpose(x_r), out_r);  // this rank's dL/dw, from its rows only
-    const float local_diff = max_abs_diff(grad, grad_ref);
+    const double local_diff = max_abs_diff(grad, grad_ref);
     std::ostringstream g;
     g << "local dL/dw from rows " << range_text(M, P, r)
       << ": max |dW_r - dW| = " << format_number(local_diff, 3);
     ctx.say_each(g.str());
     // Do the ranks' gradients differ? Compare each with rank 0's.
-    Tensor grad0 = grad;
+    Tensor grad0 = grad.clone();  // a copy: a Tensor is a handle
     {
       Communicator::Uncounted quiet(ctx.comm());
       ctx.comm().broadcast(grad0, 0);
     }
-    const float spread = ctx.comm().agree(max_abs_diff(grad, grad0), ReduceOp::max);
+    const double spread = ctx.comm().agree(max_abs_diff(grad, grad0), ReduceOp::max);
     ctx.comm().allreduce(grad, ReduceOp::sum);  // what chapter 02 does every step
-    const float sum_diff = ctx.comm().agree(max_abs_diff(grad, grad_ref), ReduceOp::max);
+    const double sum_diff = ctx.comm().agree(max_abs_diff(grad, grad_ref), ReduceOp::max);
     const float grad_bound = matmul_reorder_bound(transpose(x), ref);
     std::ostringstream b;
     b << "   the ranks' gradients differ by up to " << format_number(spread, 3)

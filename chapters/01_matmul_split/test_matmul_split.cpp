@@ -13,16 +13,16 @@ using shardlab::testing::for_each_world_size;
 
 namespace {
 
-struct Shape {
+struct Dims {
   std::int64_t M, K, N;
 };
 // The seed's 4x5 @ 5x8, shapes no world size divides, and shapes smaller than P.
-const Shape shapes[] = {{4, 5, 8}, {7, 3, 5}, {1, 1, 1}, {3, 2, 9}, {13, 11, 6}};
+const Dims shapes[] = {{4, 5, 8}, {7, 3, 5}, {1, 1, 1}, {3, 2, 9}, {13, 11, 6}};
 
 /// Runs `strategy` on n ranks for every shape and checks each rank's result against x @ w.
 template <class Strategy>
 void check_strategy(int n, Strategy strategy, bool bitwise, const char* name) {
-  for (const Shape& s : shapes) {
+  for (const Dims& s : shapes) {
     CAPTURE(s.M);
     CAPTURE(s.K);
     CAPTURE(s.N);

@@ -6,6 +6,12 @@
 //     g = sum_r (B_r / B) * g_r,
 // which is allreduce-then-divide-by-P when every B_r = B/P.
 //
+// The gradients live in one flat buffer (nn::ParameterStore): each parameter's grad is a
+// view of its range, parameters one after another in the order the model added them. A
+// bucket is a range of that buffer, so allreducing it moves the gradients in place: no
+// packing into a separate buffer, no unpacking after (PyTorch DDP's gradient views of its
+// buckets do the same).
+//
 // The learner writes these in exercises/02_gradient_allreduce/grad_sync.cpp; the
 // reference is solutions/02_gradient_allreduce/grad_sync.cpp.
 #pragma once
@@ -15,39 +21,41 @@
 #include <vector>
 
 #include "shardlab/comm.hpp"
+#include "shardlab/nn.hpp"
 #include "shardlab/tensor.hpp"
 
 namespace ch02 {
 
 using shardlab::Communicator;
+using shardlab::Request;
 using shardlab::Tensor;
+using shardlab::nn::Parameter;
 
-/// Replaces every gradient in `grads` with its weighted average over ranks (above):
-/// scale by local_batch / global_batch, then one allreduce (sum) per tensor.
-void allreduce_gradients(Communicator& comm, std::span<Tensor* const> grads,
+/// Replaces every parameter's gradient with its weighted average over ranks (above):
+/// scale it by local_batch / global_batch, then one allreduce (sum) per gradient tensor.
+void allreduce_gradients(Communicator& comm, std::span<Parameter* const> params,
                          std::int64_t local_batch, std::int64_t global_batch);
 
-/// A bucket: which gradients travel together in one flat allreduce.
+/// A bucket: gradients that travel together in one allreduce, a contiguous range of the
+/// flat gradient buffer.
 struct Bucket {
-  std::vector<std::size_t> tensors;  // indices into grads, in order
-  std::int64_t elements = 0;         // sum of their sizes
+  std::vector<std::size_t> params;  // indices into params, in the order they were added
+  std::int64_t offset = 0;          // where the range starts in the flat buffer (elements)
+  std::int64_t elements = 0;        // its length: the sum of the parameters' sizes
 };
 
-/// Groups `grads`, in the order given, into buckets of at most `bucket_bytes` bytes
-/// each (float32). A gradient is never split: one larger than a bucket gets a bucket of
-/// its own. PyTorch DDP does the same, in reverse parameter order (the order backward
-/// produces the gradients).
-std::vector<Bucket> plan_buckets(std::span<Tensor* const> grads, std::int64_t bucket_bytes);
+/// Groups `params` into buckets of at most `bucket_bytes` bytes (float32), walking them
+/// from the last to the first — the order backward finishes their gradients, as DDP
+/// buckets them. A gradient is never split: one larger than a bucket gets a bucket of its
+/// own. Parameters next to each other in the walk are next to each other in the flat
+/// buffer, so each bucket is one range [offset, offset + elements).
+std::vector<Bucket> plan_buckets(std::span<Parameter* const> params, std::int64_t bucket_bytes);
 
-/// Copies the bucket's gradients, one after another, into `flat` (bucket.elements long).
-void pack_bucket(const Bucket& bucket, std::span<Tensor* const> grads, Tensor& flat);
-
-/// Copies `flat` back into the bucket's gradients: the inverse of pack_bucket.
-void unpack_bucket(const Bucket& bucket, const Tensor& flat, std::span<Tensor* const> grads);
-
-/// One bucket's weighted average: pack, scale by local_batch / global_batch, one
-/// allreduce (sum), unpack.
-void allreduce_bucket(Communicator& comm, const Bucket& bucket, std::span<Tensor* const> grads,
-                      std::int64_t local_batch, std::int64_t global_batch);
+/// Starts one bucket's weighted average: scales the bucket's range of `flat_grads` by
+/// local_batch / global_batch and starts a non-blocking allreduce (sum) of that range, in
+/// place. The gradients are averaged once the returned request is waited for.
+[[nodiscard]] Request start_bucket_allreduce(Communicator& comm, Tensor& flat_grads,
+                                             const Bucket& bucket, std::int64_t local_batch,
+                                             std::int64_t global_batch);
 
 }  // namespace ch02

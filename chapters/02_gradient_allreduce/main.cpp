@@ -26,9 +26,11 @@
 //
 // Expected: with any sync other than none, replica divergence 0 (bitwise identical) and
 // the final weights within 1e-6 (relative) of the single-device run.
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "shardlab/launch.hpp"
@@ -49,33 +51,27 @@ namespace {
 constexpr double cpu_relative_tolerance = 1e-6;
 constexpr double gpu_relative_tolerance = 1e-5;
 
-/// max over ranks of max |w_r - w_0| over all parameters (uncounted).
-float replica_divergence(Communicator& comm, ch02::Mlp& model) {
+/// max over ranks of max |w_r - w_0| over all parameters (uncounted): one broadcast of
+/// the flat parameter buffer.
+double replica_divergence(Communicator& comm, ch02::Mlp& model) {
   Communicator::Uncounted quiet(comm);
-  float worst = 0;
-  for (nn::Parameter* p : model.parameters()) {
-    Tensor rank0 = p->value;
-    comm.broadcast(rank0, 0);
-    worst = std::max(worst, max_abs_diff(p->value, rank0));
-  }
-  return comm.agree(worst, ReduceOp::max);
+  const Tensor mine = model.store().values().to(Memory::host);
+  Tensor rank0 = mine.clone();
+  comm.broadcast(rank0, 0);
+  return comm.agree(max_abs_diff(mine, rank0), ReduceOp::max);
 }
 
 struct Distance {
-  float max_abs = 0;   // max |w - w_single| over all parameters
+  double max_abs = 0;  // max |w - w_single| over all parameters
   double max_rel = 0;  // max_abs / max |w_single| over all parameters
 };
 /// How far this rank's weights are from the single-device run's (worst over ranks).
 Distance distance(Communicator& comm, ch02::Mlp& model, ch02::Mlp& single) {
+  const Tensor mine = model.store().values().to(Memory::host);
+  const Tensor& ref = single.store().values();
   Distance d;
-  float scale = 0;
-  auto mine = model.parameters(), ref = single.parameters();
-  for (std::size_t i = 0; i < mine.size(); ++i) {
-    d.max_abs = std::max(d.max_abs, max_abs_diff(mine[i]->value, ref[i]->value));
-    scale = std::max(scale, max_abs(ref[i]->value));
-  }
-  d.max_abs = comm.agree(d.max_abs, ReduceOp::max);
-  d.max_rel = static_cast<double>(d.max_abs) / static_cast<double>(std::max(scale, 1e-30f));
+  d.max_abs = comm.agree(max_abs_diff(mine, ref), ReduceOp::max);
+  d.max_rel = d.max_abs / std::max(max_abs(ref), 1e-30);
   return d;
 }
 
@@ -90,7 +86,7 @@ void benchmark(Context& ctx, const Config& base) {
   Communicator& comm = ctx.comm();
   // step = making the batch + compute (forward, backward, update) + waiting on communication
   CsvTable table({"sync", "ranks", "bucket_kb", "accum_steps", "grad_bytes", "buckets", "step_ms",
-                  "compute_ms", "comm_wait_ms", "allreduce_calls_per_step",
+                  "batch_ms", "compute_ms", "comm_wait_ms", "allreduce_calls_per_step",
                   "bytes_sent_per_rank_per_step"});
   struct Run {
     Sync sync;
@@ -109,6 +105,7 @@ void benchmark(Context& ctx, const Config& base) {
     const double n = cfg.steps;
     // The slowest rank sets the pace of a synchronous step.
     const double step_ms = comm.agree(t.step_s, ReduceOp::max) / n * 1e3;
+    const double batch_ms = comm.agree(t.batch_s, ReduceOp::max) / n * 1e3;
     const double compute_ms = comm.agree(t.compute_s, ReduceOp::max) / n * 1e3;
     const double wait_ms = comm.agree(t.comm_wait_s, ReduceOp::max) / n * 1e3;
     char line[160];
@@ -120,8 +117,8 @@ void benchmark(Context& ctx, const Config& base) {
     table.add({std::string(ch02::sync_name(run.sync)), std::to_string(ctx.size()),
                run.bucket_kb > 0 ? format_number(run.bucket_kb) : "",
                std::to_string(cfg.accum_steps), std::to_string(gradient_elements(cfg) * 4),
-               std::to_string(t.buckets), format_number(step_ms), format_number(compute_ms),
-               format_number(wait_ms),
+               std::to_string(t.buckets), format_number(step_ms), format_number(batch_ms),
+               format_number(compute_ms), format_number(wait_ms),
                format_number(static_cast<double>(t.allreduce.calls) / n, 12),
                format_number(static_cast<double>(t.allreduce.bytes_sent) / n, 12)});
   }
@@ -168,8 +165,9 @@ int main(int argc, char** argv) {
     Communicator& comm = ctx.comm();
     cfg.sync = ch02::parse_sync(sync);
     cfg.seed = ctx.options().seed;
-    cfg.gpu = ctx.on_gpu();
-    const double relative_tolerance = cfg.gpu ? gpu_relative_tolerance : cpu_relative_tolerance;
+    cfg.memory = ctx.memory();
+    const double relative_tolerance =
+        ctx.on_gpu() ? gpu_relative_tolerance : cpu_relative_tolerance;
     const int P = ctx.size();
     nlohmann::json& json = ctx.json();
     json["chapter"] = "02_gradient_allreduce";
@@ -187,23 +185,25 @@ int main(int argc, char** argv) {
                 shard_range(cfg.batch, P, ctx.rank()).length;
     ctx.say_each(rows.str());
 
-    // 1. The single-device reference on the full batch (every rank can afford it).
-    ch02::Mlp single(cfg);
-    const ch02::Trace reference = ch02::train_single_device(cfg, single);
+    // 1. The single-device reference on the full batch, on the CPU (every rank can afford it).
+    Config host_cfg = cfg;
+    host_cfg.memory = Memory::host;
+    ch02::Mlp single(host_cfg);
+    const ch02::Trace reference = ch02::train_single_device(host_cfg, single);
 
     // 2. The distributed run; after each of the first steps, how far apart are the replicas?
     ch02::Mlp model(cfg);
-    std::vector<float> divergence;
+    std::vector<double> divergence;
     const ch02::Trace trace = ch02::train(comm, cfg, model, [&](int step) {
       if (step < 5 || step == cfg.steps - 1) divergence.push_back(replica_divergence(comm, model));
     });
-    const float final_divergence = divergence.back();
+    const double final_divergence = divergence.back();
 
     std::string curve = "\nstep   loss (distributed)   loss (single device)   replicas differ by\n";
     for (int s = 0; s < cfg.steps; ++s) {
       if (s >= 5 && s != cfg.steps - 1) continue;
       if (s == cfg.steps - 1 && cfg.steps > 6) curve += " ...\n";
-      const float d =
+      const double d =
           divergence[std::min<std::size_t>(static_cast<std::size_t>(s), divergence.size() - 1)];
       char line[120];
       std::snprintf(line, sizeof line, "%4d   %18.9f   %20.9f   %s\n", s + 1,
@@ -251,16 +251,18 @@ int main(int argc, char** argv) {
     if (trace.buckets)
       out << " (" << trace.buckets << " bucket(s) of <= " << format_number(cfg.bucket_kb)
           << " KiB)";
-    out << ", bytes sent per rank: ";
+    const bool modeled = trace.allreduce.calls && comm.stats().is_modeled(Op::allreduce);
+    out << ", bytes sent per rank (" << (modeled ? "modeled" : "measured") << "): ";
     for (std::size_t q = 0; q < sent_per_step.size(); ++q)
       out << (q ? " " : "") << format_number(sent_per_step[q]);
     out << "\n  formula 2(N-1)/N x " << grad_bytes
         << " gradient bytes = " << format_number(formula_per_rank)
-        << " per rank; summed over ranks: measured " << sent_total / cfg.steps
-        << ", formula 2(N-1) x " << grad_bytes << " = " << formula_total / cfg.steps
-        << (trace.allreduce.calls && comm.stats().modeled[static_cast<std::size_t>(Op::allreduce)]
-                ? "  [modeled: MPI hides its algorithm]"
-                : "")
+        << " per rank; summed over ranks: " << (modeled ? "modeled " : "measured ")
+        << sent_total / cfg.steps << ", formula 2(N-1) x " << grad_bytes << " = "
+        << formula_total / cfg.steps
+        << (modeled ? "  [modeled: " + std::string(comm.backend()) +
+                          " hides its algorithm; this is the formula's count]"
+                    : "")
         << "\ntime (slowest rank): computing " << format_number(compute_s * 1e3, 3)
         << " ms, waiting on communication " << format_number(wait_s * 1e3, 3) << " ms";
     ctx.say(out.str());

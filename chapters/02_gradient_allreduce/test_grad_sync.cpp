@@ -1,7 +1,13 @@
 // Chapter 02 tests: compiled against the solution (must pass) and the exercise stubs
 // (every case must fail). World sizes 1, 2, 3, 4, 8; batches that do not split evenly.
+//
+// Wrong versions these tests were checked against: no scaling (a sum, not an average);
+// dividing by P instead of weighting by B_r / B (uneven batches); buckets planned first to
+// last (order); a bucket's offset taken as its first parameter's (the range then covers
+// the wrong gradients); a bucket allreduced without scaling.
 #include <doctest/doctest.h>
 
+#include <memory>
 #include <numeric>
 
 #include "grad_sync.hpp"
@@ -15,26 +21,33 @@ using shardlab::testing::for_each_world_size;
 
 namespace {
 
-/// Rank r's fake gradients: three tensors of odd sizes with rank-dependent values.
-std::vector<Tensor> fake_grads(int rank) {
-  std::vector<Tensor> g = {randn(3, 5, 100 + rank), randn(1, 7, 200 + rank),
-                           randn(11, 2, 300 + rank)};
-  return g;
-}
-std::vector<Tensor*> pointers(std::vector<Tensor>& v) {
-  std::vector<Tensor*> p;
-  for (Tensor& t : v) p.push_back(&t);
-  return p;
-}
-/// sum_r (B_r / B) * g_r, in rank order.
+/// Rank r's fake gradients: three parameters of odd sizes (15, 7 and 22 elements) in one
+/// store, with rank-dependent values in their gradients.
+struct FakeModel {
+  nn::ParameterStore store;
+  std::vector<nn::Parameter*> params;
+  explicit FakeModel(int rank) {
+    store.add("a", zeros(3, 5));
+    store.add("b", zeros(1, 7));
+    store.add("c", zeros(11, 2));
+    store.allocate();
+    params = store.parameters();
+    for (std::size_t i = 0; i < params.size(); ++i)
+      params[i]->grad.copy_from(randn(params[i]->grad.rows(), params[i]->grad.cols(),
+                                      100 * (i + 1) + static_cast<std::uint64_t>(rank)));
+  }
+};
+
+/// sum_r (B_r / B) * g_r, in rank order, parameter by parameter.
 std::vector<Tensor> weighted_average(int n, std::int64_t batch) {
-  std::vector<Tensor> sum = fake_grads(0);
-  for (Tensor& t : sum) std::fill(t.begin(), t.end(), 0.0f);
+  const FakeModel shapes(0);
+  std::vector<Tensor> sum;
+  for (nn::Parameter* p : shapes.params) sum.push_back(zeros(p->grad.rows(), p->grad.cols()));
   for (int r = 0; r < n; ++r) {
     const auto share = static_cast<float>(static_cast<double>(shard_range(batch, n, r).length) /
                                           static_cast<double>(batch));
-    std::vector<Tensor> g = fake_grads(r);
-    for (std::size_t i = 0; i < g.size(); ++i) axpy(share, g[i], sum[i]);
+    FakeModel g(r);
+    for (std::size_t i = 0; i < sum.size(); ++i) axpy(share, g.params[i]->grad, sum[i]);
   }
   return sum;
 }
@@ -50,15 +63,16 @@ ch02::Config small_config(ch02::Sync sync) {
   return cfg;
 }
 
-/// max |a - b| / max |b|, both over all parameters of the two models.
+/// max |a - b| / max |b|, over all parameters of the two models.
 double relative_distance(ch02::Mlp& a, ch02::Mlp& b) {
-  double diff = 0, scale = 0;
-  auto pa = a.parameters(), pb = b.parameters();
-  for (std::size_t i = 0; i < pa.size(); ++i) {
-    diff = std::max(diff, static_cast<double>(max_abs_diff(pa[i]->value, pb[i]->value)));
-    scale = std::max(scale, static_cast<double>(max_abs(pb[i]->value)));
-  }
-  return diff / scale;
+  return max_abs_diff(a.store().values(), b.store().values()) / max_abs(b.store().values());
+}
+
+/// n models, one per rank.
+std::vector<std::unique_ptr<ch02::Mlp>> models_for(int n, const ch02::Config& cfg) {
+  std::vector<std::unique_ptr<ch02::Mlp>> models;
+  for (int r = 0; r < n; ++r) models.push_back(std::make_unique<ch02::Mlp>(cfg));
+  return models;
 }
 
 }  // namespace
@@ -69,53 +83,62 @@ TEST_SUITE("ch02") {
       const std::int64_t batch = 13;
       const std::vector<Tensor> want = weighted_average(n, batch);
       run_threads(n, [&](Communicator& comm) {
-        std::vector<Tensor> g = fake_grads(comm.rank());
-        const auto ptrs = pointers(g);
-        ch02::allreduce_gradients(comm, ptrs, shard_range(batch, n, comm.rank()).length, batch);
-        for (std::size_t i = 0; i < g.size(); ++i)
-          check_close(g[i], want[i], 1e-6f, 1e-6f,
+        FakeModel g(comm.rank());
+        ch02::allreduce_gradients(comm, g.params, shard_range(batch, n, comm.rank()).length, batch);
+        for (std::size_t i = 0; i < want.size(); ++i)
+          check_close(g.params[i]->grad, want[i], 1e-6f, 1e-6f,
                       "gradient " + std::to_string(i) + " on rank " + std::to_string(comm.rank()));
       });
     });
   }
 
-  TEST_CASE("plan_buckets keeps the order, respects the capacity and never splits a gradient") {
-    std::vector<Tensor> g = fake_grads(0);  // 15, 7 and 22 elements
-    const auto ptrs = pointers(g);
-    for (std::int64_t bytes : {4, 40, 60, 88, 100, 176, 1 << 20}) {
+  TEST_CASE("plan_buckets walks last to first, respects the capacity, never splits a gradient") {
+    FakeModel g(0);  // 15, 7 and 22 elements at offsets 0, 15, 22
+    for (std::int64_t bytes : {4, 40, 60, 88, 100, 116, 176, 1 << 20}) {
       CAPTURE(bytes);
-      const std::vector<ch02::Bucket> buckets = ch02::plan_buckets(ptrs, bytes);
+      const std::vector<ch02::Bucket> buckets = ch02::plan_buckets(g.params, bytes);
       std::vector<std::size_t> order;
       for (const ch02::Bucket& b : buckets) {
-        std::int64_t elements = 0;
-        for (std::size_t i : b.tensors) elements += g[i].size();
+        std::int64_t elements = 0, first = g.store.size();
+        for (std::size_t i : b.params) {
+          elements += g.params[i]->grad.size();
+          first = std::min(first, g.params[i]->offset);
+        }
         CHECK(b.elements == elements);
+        CHECK_MESSAGE(b.offset == first, "bucket offset " << b.offset << ", but its first element "
+                                                          << "is at " << first);
         // Over capacity only when a single gradient is bigger than a bucket.
-        CHECK((b.elements * 4 <= std::max<std::int64_t>(bytes, 4) || b.tensors.size() == 1));
-        order.insert(order.end(), b.tensors.begin(), b.tensors.end());
+        CHECK((b.elements * 4 <= std::max<std::int64_t>(bytes, 4) || b.params.size() == 1));
+        order.insert(order.end(), b.params.begin(), b.params.end());
       }
-      CHECK(order == std::vector<std::size_t>{0, 1, 2});
+      CHECK(order == std::vector<std::size_t>{2, 1, 0});
     }
-    CHECK(ch02::plan_buckets(ptrs, 1 << 20).size() == 1);
-    CHECK(ch02::plan_buckets(ptrs, 4).size() == 3);
-    CHECK(ch02::plan_buckets(ptrs, 88).size() == 2);  // {15, 7} then {22}
+    CHECK(ch02::plan_buckets(g.params, 1 << 20).size() == 1);
+    CHECK(ch02::plan_buckets(g.params, 4).size() == 3);
+    const std::vector<ch02::Bucket> two = ch02::plan_buckets(g.params, 116);  // {22, 7} then {15}
+    REQUIRE(two.size() == 2);
+    CHECK(two[0].offset == 15);
+    CHECK(two[0].elements == 29);
+    CHECK(two[1].offset == 0);
   }
 
-  TEST_CASE("pack lays a bucket's gradients back to back; unpack puts them back") {
-    std::vector<Tensor> g = fake_grads(1);
-    const auto ptrs = pointers(g);
-    const ch02::Bucket bucket{{0, 2}, g[0].size() + g[2].size()};
-    Tensor flat(bucket.elements);
-    ch02::pack_bucket(bucket, ptrs, flat);
-    CHECK(flat[0] == g[0][0]);
-    CHECK(flat[g[0].size()] == g[2][0]);
-    CHECK(flat[bucket.elements - 1] == g[2][g[2].size() - 1]);
-    std::vector<Tensor> back = fake_grads(7);
-    const auto back_ptrs = pointers(back);
-    ch02::unpack_bucket(bucket, flat, back_ptrs);
-    check_equal(back[0], g[0], "unpacked gradient 0");
-    check_equal(back[2], g[2], "unpacked gradient 2");
-    check_equal(back[1], fake_grads(7)[1], "gradient 1 is not in the bucket and stays");
+  TEST_CASE("a bucket's allreduce averages its range of the flat buffer, in place, and only it") {
+    for_each_world_size([](int n) {
+      const std::int64_t batch = 13;
+      const std::vector<Tensor> want = weighted_average(n, batch);
+      run_threads(n, [&](Communicator& comm) {
+        FakeModel g(comm.rank());
+        const FakeModel untouched(comm.rank());
+        const std::vector<ch02::Bucket> buckets = ch02::plan_buckets(g.params, 116);
+        Request r = ch02::start_bucket_allreduce(comm, g.store.grads(), buckets[0],
+                                                 shard_range(batch, n, comm.rank()).length, batch);
+        comm.wait(r);
+        // Bucket 0 holds parameters 2 and 1; parameter 0 must not change.
+        check_close(g.params[2]->grad, want[2], 1e-6f, 1e-6f, "parameter 2 (in the bucket)");
+        check_close(g.params[1]->grad, want[1], 1e-6f, 1e-6f, "parameter 1 (in the bucket)");
+        check_equal(g.params[0]->grad, untouched.params[0]->grad, "parameter 0 (not in it)");
+      });
+    });
   }
 
   TEST_CASE("bucketed averaging equals per-tensor averaging, for every bucket size") {
@@ -125,12 +148,15 @@ TEST_SUITE("ch02") {
       for (std::int64_t bytes : {4, 60, 100, 1 << 20}) {
         CAPTURE(bytes);
         run_threads(n, [&](Communicator& comm) {
-          std::vector<Tensor> g = fake_grads(comm.rank());
-          const auto ptrs = pointers(g);
-          for (const ch02::Bucket& b : ch02::plan_buckets(ptrs, bytes))
-            ch02::allreduce_bucket(comm, b, ptrs, shard_range(batch, n, comm.rank()).length, batch);
-          for (std::size_t i = 0; i < g.size(); ++i)
-            check_close(g[i], want[i], 1e-6f, 1e-6f, "bucketed gradient " + std::to_string(i));
+          FakeModel g(comm.rank());
+          std::vector<Request> pending;
+          for (const ch02::Bucket& b : ch02::plan_buckets(g.params, bytes))
+            pending.push_back(ch02::start_bucket_allreduce(
+                comm, g.store.grads(), b, shard_range(batch, n, comm.rank()).length, batch));
+          comm.wait_all(pending);
+          for (std::size_t i = 0; i < want.size(); ++i)
+            check_close(g.params[i]->grad, want[i], 1e-6f, 1e-6f,
+                        "bucketed gradient " + std::to_string(i));
         });
       }
     });
@@ -143,17 +169,14 @@ TEST_SUITE("ch02") {
       ch02::Mlp single(cfg);
       ch02::train_single_device(cfg, single);
       for_each_world_size([&](int n) {
-        std::vector<ch02::Mlp> models(static_cast<std::size_t>(n), ch02::Mlp(cfg));
+        auto models = models_for(n, cfg);
         run_threads(n, [&](Communicator& comm) {
-          ch02::train(comm, cfg, models[static_cast<std::size_t>(comm.rank())]);
+          ch02::train(comm, cfg, *models[static_cast<std::size_t>(comm.rank())]);
         });
-        for (int r = 1; r < n; ++r) {
-          auto a = models[0].parameters(), b = models[static_cast<std::size_t>(r)].parameters();
-          for (std::size_t i = 0; i < a.size(); ++i)
-            check_equal(b[i]->value, a[i]->value,
-                        "parameter " + std::to_string(i) + " of rank " + std::to_string(r));
-        }
-        CHECK(relative_distance(models[0], single) <= 1e-6);
+        for (int r = 1; r < n; ++r)
+          check_equal(models[static_cast<std::size_t>(r)]->store().values(),
+                      models[0]->store().values(), "parameters of rank " + std::to_string(r));
+        CHECK(relative_distance(*models[0], single) <= 1e-6);
       });
     }
   }
@@ -167,21 +190,19 @@ TEST_SUITE("ch02") {
       ch02::train_single_device(cfg, single);
       for (int n : {1, 2, 3}) {
         CAPTURE(n);
-        std::vector<ch02::Mlp> models(static_cast<std::size_t>(n), ch02::Mlp(cfg));
+        auto models = models_for(n, cfg);
         std::vector<std::uint64_t> calls(static_cast<std::size_t>(n));
         run_threads(n, [&](Communicator& comm) {
           const ch02::Trace t =
-              ch02::train(comm, cfg, models[static_cast<std::size_t>(comm.rank())]);
+              ch02::train(comm, cfg, *models[static_cast<std::size_t>(comm.rank())]);
           calls[static_cast<std::size_t>(comm.rank())] = t.allreduce.calls;
         });
-        CHECK(relative_distance(models[0], single) <= 1e-6);
+        CHECK(relative_distance(*models[0], single) <= 1e-6);
         // One sync per step, not per micro-batch.
-        std::vector<Tensor> g;
-        for (auto* p : models[0].parameters()) g.push_back(p->grad);
-        CHECK(calls[0] ==
-              ch02::plan_buckets(pointers(g), static_cast<std::int64_t>(cfg.bucket_kb * 1024))
-                      .size() *
-                  static_cast<std::size_t>(cfg.steps));
+        CHECK(calls[0] == ch02::plan_buckets(models[0]->parameters(),
+                                             static_cast<std::int64_t>(cfg.bucket_kb * 1024))
+                                  .size() *
+                              static_cast<std::size_t>(cfg.steps));
       }
     }
   }

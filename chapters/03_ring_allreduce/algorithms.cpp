@@ -21,19 +21,19 @@ void add(std::span<float> into, std::span<const float> x) {
 
 int owned_chunk(int rank, int ranks) { return wrap(rank + 1, ranks); }
 
-void ring_allreduce(Communicator& comm, std::span<float> data) {
-  ring_reduce_scatter(comm, data);
+void ring_allreduce(Communicator& comm, std::span<float> data, Workspace& scratch) {
+  ring_reduce_scatter(comm, data, scratch);
   ring_allgather(comm, data);
 }
 
 // ---------------------------------------------------------------------------
 // Pipelined ring
 
-void pipelined_ring_allreduce(Communicator& comm, std::span<float> data, std::size_t segment) {
+void pipelined_ring_allreduce(Communicator& comm, std::span<float> data, std::size_t segment,
+                              Workspace& scratch) {
   const int N = comm.size(), r = comm.rank();
   if (N == 1) return;
-  if (segment == 0)
-    throw shardlab::UsageError("pipelined ring: the segment must be at least 1 element");
+  if (segment == 0) throw shardlab::Error("pipelined ring: the segment must be at least 1 element");
   const int right = wrap(r + 1, N), left = wrap(r - 1, N);
   // Segment k of a chunk: [k * segment, min((k + 1) * segment, chunk size)).
   auto segments = [&](std::span<float> c) { return (c.size() + segment - 1) / segment; };
@@ -43,14 +43,12 @@ void pipelined_ring_allreduce(Communicator& comm, std::span<float> data, std::si
   // Incoming segments land in a few slots that are reused in turn, so the data being
   // added stays in cache instead of streaming a whole chunk through memory.
   constexpr std::size_t slots = 4;
-  static thread_local std::vector<float> scratch;
-  if (scratch.size() < slots * segment) scratch.resize(slots * segment);
+  const std::span<float> landing = scratch.get(slots * segment);
   auto slot = [&](std::size_t k, std::size_t n) {
-    return std::span<float>(scratch.data() + (k % slots) * segment, n);
+    return landing.subspan((k % slots) * segment, n);
   };
 
-  static thread_local std::vector<Request> sends, recvs;
-  sends.clear();
+  std::vector<Request> sends, recvs;
   for (std::size_t k = 0; k < segments(chunk(data, N, r)); ++k)
     sends.push_back(comm.isend(piece(chunk(data, N, r), k), right, 0));
 
@@ -97,16 +95,14 @@ void pipelined_ring_allreduce(Communicator& comm, std::span<float> data, std::si
 // ---------------------------------------------------------------------------
 // Naive: everything to rank 0, and back.
 
-void naive_allreduce(Communicator& comm, std::span<float> data) {
+void naive_allreduce(Communicator& comm, std::span<float> data, Workspace& scratch) {
   const int N = comm.size();
   if (comm.rank() != 0) {
     comm.send(data, 0, 0);
     comm.recv(data, 0, 1);
     return;
   }
-  static thread_local std::vector<float> incoming;  // kept between calls (see ring.cpp)
-  if (incoming.size() < data.size()) incoming.resize(data.size());
-  const std::span<float> in(incoming.data(), data.size());
+  const std::span<float> in = scratch.get(data.size());
   for (int q = 1; q < N; ++q) {  // in rank order: the same sum as the threads backend's
     comm.recv(in, q, 0);
     add(data, in);
@@ -117,13 +113,11 @@ void naive_allreduce(Communicator& comm, std::span<float> data) {
 // ---------------------------------------------------------------------------
 // Recursive doubling
 
-void recursive_doubling_allreduce(Communicator& comm, std::span<float> data) {
+void recursive_doubling_allreduce(Communicator& comm, std::span<float> data, Workspace& scratch) {
   const int N = comm.size(), r = comm.rank();
   const int P2 = static_cast<int>(std::bit_floor(static_cast<unsigned>(N)));
   const int extra = N - P2;  // ranks 0..2*extra-1 pair up: even ones sit the rounds out
-  static thread_local std::vector<float> scratch;  // kept between calls (see ring.cpp)
-  if (scratch.size() < data.size()) scratch.resize(data.size());
-  const std::span<float> incoming(scratch.data(), data.size());
+  const std::span<float> incoming = scratch.get(data.size());
   int vrank;  // rank among the P2 that take part in the rounds, or -1
   if (r < 2 * extra) {
     if (r % 2 == 0) {
@@ -184,7 +178,7 @@ std::size_t formula_bytes_sent(std::string_view algorithm, std::size_t count, in
     if (rank < 2 * extra) return rank % 2 == 0 ? S : (rounds + 1) * S;
     return rounds * S;
   }
-  throw shardlab::UsageError("no formula for algorithm '" + std::string(algorithm) + "'");
+  throw shardlab::Error("no formula for algorithm '" + std::string(algorithm) + "'");
 }
 
 }  // namespace ch03

@@ -18,15 +18,15 @@
 //
 // Expected: every algorithm correct (the data are small integers, so every summation
 // order gives the exact sum); ring bytes per rank = 2(N-1)/N * S.
+#include <CLI/CLI.hpp>
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
-#include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "ring_allreduce.hpp"
+#include "shardlab/bench.hpp"
 #include "shardlab/check.hpp"
 #include "shardlab/cuda.hpp"
 #include "shardlab/launch.hpp"
@@ -37,7 +37,6 @@ using namespace shardlab;
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
 const std::vector<std::string> all_algorithms = {"naive", "ring", "pipelined", "recursive_doubling",
                                                  "native"};
 
@@ -61,16 +60,17 @@ float expected(std::size_t i, int ranks) {
 }
 
 void run_algorithm(const std::string& name, Communicator& comm, std::span<float> data,
-                   const Settings& s) {
+                   const Settings& s, ch03::Workspace& scratch) {
   if (name == "naive")
-    ch03::naive_allreduce(comm, data);
+    ch03::naive_allreduce(comm, data, scratch);
   else if (name == "ring")
-    ch03::ring_allreduce(comm, data);
+    ch03::ring_allreduce(comm, data, scratch);
   else if (name == "pipelined")
     ch03::pipelined_ring_allreduce(
-        comm, data, std::max<std::size_t>(1, static_cast<std::size_t>(s.segment_kb * 1024 / 4)));
+        comm, data, std::max<std::size_t>(1, static_cast<std::size_t>(s.segment_kb * 1024 / 4)),
+        scratch);
   else if (name == "recursive_doubling")
-    ch03::recursive_doubling_allreduce(comm, data);
+    ch03::recursive_doubling_allreduce(comm, data, scratch);
   else
     comm.allreduce(data, ReduceOp::sum);
 }
@@ -79,42 +79,35 @@ void run_algorithm(const std::string& name, Communicator& comm, std::span<float>
 /// (there only the native allreduce and memcpy run: the from-scratch algorithms add on
 /// the host).
 struct Buffers {
-  bool gpu;
-  std::vector<float> host, other;
-  cuda::DeviceTensor device, device_other;
+  Memory memory;
+  Tensor data, copy;  // copy: where memcpy writes
+  ch03::Workspace scratch;
 
-  Buffers(std::size_t count, bool on_gpu) : gpu(on_gpu), host(count), other(on_gpu ? 0 : count) {
-    if (!gpu) return;
-    device = cuda::DeviceTensor(1, static_cast<std::int64_t>(count));
-    device_other = cuda::DeviceTensor(1, static_cast<std::int64_t>(count));
+  explicit Buffers(Memory m) : memory(m) {}
+  void resize(std::size_t count) {
+    if (static_cast<std::size_t>(data.size()) == count && data.memory() == memory) return;
+    data = empty(Shape{static_cast<std::int64_t>(count)}, DType::f32, memory);
+    copy = empty(Shape{static_cast<std::int64_t>(count)}, DType::f32, memory);
   }
-  std::size_t bytes() const { return host.size() * sizeof(float); }
   void run(const std::string& name, Communicator& comm, const Settings& s) {
-    if (name == "memcpy") {
-      if (gpu)
-        cuda::copy(device_other.data(), device.data(), bytes());
-      else
-        std::memcpy(other.data(), host.data(), bytes());
-    } else if (gpu) {
-      comm.allreduce(device, ReduceOp::sum);
-    } else {
-      run_algorithm(name, comm, host, s);
-    }
+    if (name == "memcpy")
+      copy.copy_from(data);
+    else if (memory == Memory::device)
+      comm.allreduce(data, ReduceOp::sum);
+    else
+      run_algorithm(name, comm, data.span(), s, scratch);
   }
   /// Runs `name` once on fresh data; returns the number of wrong elements on this rank.
   std::size_t wrong_after_run(const std::string& name, Communicator& comm, const Settings& s) {
-    fill(host, comm.rank());
-    if (gpu) cuda::copy(device.data(), host.data(), bytes());
+    Tensor host(data.size());
+    fill(host.span(), comm.rank());
+    data.copy_from(host.to(memory));
     run(name, comm, s);
-    if (gpu) cuda::copy(host.data(), device.data(), bytes());
+    host = data.to(Memory::host);
     std::size_t wrong = 0;
-    for (std::size_t i = 0; i < host.size(); ++i) wrong += host[i] != expected(i, comm.size());
+    for (std::int64_t i = 0; i < host.size(); ++i)
+      wrong += host[i] != expected(static_cast<std::size_t>(i), comm.size());
     return wrong;
-  }
-  /// Zeros: sums of zeros stay zero, however many timed iterations run in place.
-  void zero() {
-    std::fill(host.begin(), host.end(), 0.0f);
-    if (gpu) cuda::copy(device.data(), host.data(), bytes());
   }
 };
 
@@ -138,7 +131,8 @@ void correctness(Context& ctx, const std::vector<std::string>& algorithms, const
        << ")\n\n"
        << "algorithm            correct   bytes sent per rank (measured)        formula per rank\n";
   ctx.say(head.str());
-  Buffers buf(s.count, ctx.on_gpu());
+  Buffers buf(ctx.memory());
+  buf.resize(s.count);
   for (const std::string& name : algorithms) {
     const CommStats before = comm.stats();
     const auto wrong = static_cast<std::uint64_t>(
@@ -181,138 +175,74 @@ void correctness(Context& ctx, const std::vector<std::string>& algorithms, const
 }
 
 // ---------------------------------------------------------------------------
-// Benchmark, in nccl-tests' format.
-
-constexpr int rounds = 3;
-
-struct Row {
-  std::size_t bytes;
-  double time_us, algbw, busbw;
-  std::uint64_t wrong;
-};
+// Benchmark, in nccl-tests' format, on the common harness.
 
 void benchmark(Context& ctx, const std::vector<std::string>& algorithms, const Settings& s) {
   Communicator& comm = ctx.comm();
   const int N = ctx.size();
   const double bus_factor = N > 1 ? 2.0 * (N - 1) / N : 1.0;
-  std::vector<std::string> names = algorithms;
-  names.push_back("memcpy");
-  std::map<std::string, std::vector<Row>> rows;
-  CsvTable csv({"algorithm", "ranks", "backend", "bytes", "count", "time_us", "algbw_GBps",
-                "busbw_GBps", "wrong"});
-
-  std::ostringstream head;
-  head << "# ch03_ring_allreduce benchmark: " << N << " ranks, " << comm.backend()
-       << " backend, -b " << s.min_bytes << " -e " << s.max_bytes << " -f " << s.factor << " -n "
-       << s.iters << " -w " << s.warmup << ", pipelined segments of " << format_number(s.segment_kb)
-       << " KiB\n"
-       << "# time: per iteration, the best of " << rounds
-       << " rounds of -n iterations, algorithms taking turns\n"
-       << "# busbw = algbw * 2(N-1)/N = algbw * " << format_number(bus_factor, 4)
-       << "; memcpy: each rank copies S bytes "
-       << (ctx.on_gpu() ? "device to device on its GPU" : "(the machine's limit)")
-       << ", busbw = algbw\n#\n"
-       << "#       size         count    type   redop            algorithm     time    algbw    "
-          "busbw  #wrong\n"
-       << "#        (B)    (elements)                                          (us)   (GB/s)   "
-          "(GB/s)";
-  ctx.say(head.str());
-  for (double b = static_cast<double>(s.min_bytes);
-       b <= static_cast<double>(s.max_bytes) * (1 + 1e-9); b *= s.factor) {
-    const std::size_t count = std::max<std::size_t>(1, static_cast<std::size_t>(b) / 4);
-    const std::size_t bytes = count * 4;
-    Buffers buf(count, ctx.on_gpu());
-    // Correctness first, on fresh data; then the buffer is zeroed for the timing.
-    std::map<std::string, std::uint64_t> wrong;
-    for (const std::string& name : names) {
-      if (name == "memcpy") continue;
-      wrong[name] = static_cast<std::uint64_t>(
-          comm.agree(static_cast<std::int64_t>(buf.wrong_after_run(name, comm, s)), ReduceOp::sum));
-    }
-    buf.zero();
-    auto once = [&](const std::string& name) { buf.run(name, comm, s); };
-    // Timing: rounds of -n iterations, the algorithms taking turns within each round (so
-    // a slow spell of a shared machine hits them alike); each keeps its best round.
-    std::map<std::string, double> best;
-    for (int round = 0; round < rounds; ++round) {
-      for (const std::string& name : names) {
-        if (round == 0)
-          for (int i = 0; i < s.warmup; ++i) once(name);
-        {
-          Communicator::Uncounted quiet(comm);
-          comm.barrier();
-        }
-        const Clock::time_point t0 = Clock::now();
-        for (int i = 0; i < s.iters; ++i) once(name);
-        const double mine = std::chrono::duration<double>(Clock::now() - t0).count() / s.iters;
-        const double t =
-            comm.agree(mine, ReduceOp::max);  // the slowest rank finishes the collective
-        best[name] = round == 0 ? t : std::min(best[name], t);
-      }
-    }
-    for (const std::string& name : names) {
-      const double t = best[name];
-      const double algbw = static_cast<double>(bytes) / t / 1e9;
-      const double busbw = name == "memcpy" ? algbw : algbw * bus_factor;
-      rows[name].push_back({bytes, t * 1e6, algbw, busbw, wrong[name]});
-      char line[200];
-      std::snprintf(line, sizeof line,
-                    "%12zu  %12zu   float     sum  %19s  %8.1f  %7.2f  %7.2f  %6llu", bytes, count,
-                    name.c_str(), t * 1e6, algbw, busbw,
-                    static_cast<unsigned long long>(wrong[name]));
-      ctx.say(line);
-      csv.add({name, std::to_string(N), std::string(comm.backend()), std::to_string(bytes),
-               std::to_string(count), format_number(t * 1e6, 8), format_number(algbw, 8),
-               format_number(busbw, 8), std::to_string(wrong[name])});
-      ctx.verify(wrong[name] == 0, name + " at " + std::to_string(bytes) +
-                                       " bytes: " + std::to_string(wrong[name]) + " wrong values");
-    }
+  Buffers buf(ctx.memory());
+  std::vector<bench::Case> cases;
+  auto prepare = [&](std::int64_t count) {
+    buf.resize(static_cast<std::size_t>(count));
+    buf.data.zero();  // sums of zeros stay zero, however many iterations
+  };
+  for (const std::string& name : algorithms) {
+    bench::Case c;
+    c.name = name;
+    c.prepare = prepare;
+    c.run = [&, name] { buf.run(name, comm, s); };
+    c.wrong = [&, name] { return static_cast<std::uint64_t>(buf.wrong_after_run(name, comm, s)); };
+    c.bus_factor = bus_factor;
+    cases.push_back(c);
   }
+  // The machine's limit: each rank copies S bytes (busbw = algbw).
+  bench::Case copy;
+  copy.name = "memcpy";
+  copy.prepare = prepare;
+  copy.run = [&] { buf.run("memcpy", comm, s); };
+  cases.push_back(copy);
+  bench::Config config;
+  config.title =
+      "ch03_ring_allreduce benchmark: allreduce (sum) of floats, pipelined segments of " +
+      format_number(s.segment_kb) + " KiB; busbw = algbw x 2(N-1)/N = algbw x " +
+      format_number(bus_factor, 4) + "; memcpy: each rank copies S bytes " +
+      (ctx.on_gpu() ? "device to device on its GPU" : "on the host") + " (busbw = algbw)";
+  config.iterations = s.iters;
+  config.warmup = s.warmup;
+  config.synchronize = [&] {
+    if (ctx.on_gpu()) cuda::synchronize();
+  };
+  config.csv_name = "03_ring_allreduce";
+  const std::vector<bench::Row> rows =
+      bench::run(ctx, config, cases, bench::sweep(s.min_bytes, s.max_bytes, s.factor, 4));
 
-  // Closing lines: wrong values, average bus bandwidth, ratios to the peer and the limit.
-  std::uint64_t total_wrong = 0;
-  std::map<std::string, double> avg;
-  for (const auto& [name, list] : rows) {
-    double sum = 0;
-    for (const Row& r : list) sum += r.busbw, total_wrong += r.wrong;
-    avg[name] = sum / static_cast<double>(list.size());
-  }
+  // Ratios to the peer (the backend's own allreduce) and to the machine's copy.
   std::ostringstream tail;
-  tail << "# Out of bounds values : " << total_wrong << (total_wrong == 0 ? " OK" : " FAILED")
-       << "\n"
-       << "# Avg bus bandwidth    :";
-  for (const std::string& name : names) tail << " " << name << " " << format_number(avg[name], 4);
-  tail << " (GB/s)\n#\n# busbw ratios, averaged over sizes:        vs native    vs memcpy\n";
-  for (const std::string& name : names) {
-    if (name == "memcpy") continue;
-    double vs_native = 0, vs_memcpy = 0;
-    const auto& mine = rows[name];
-    for (std::size_t i = 0; i < mine.size(); ++i) {
-      vs_native += mine[i].busbw / rows["native"][i].busbw;
-      vs_memcpy += mine[i].busbw / rows["memcpy"][i].busbw;
-    }
-    const double n = static_cast<double>(mine.size());
+  tail << "#\n# busbw ratios, averaged over sizes:        vs native    vs memcpy\n";
+  for (const std::string& name : algorithms) {
+    const double vs_native = bench::mean_ratio(rows, name, "native");
+    const double vs_memcpy = bench::mean_ratio(rows, name, "memcpy");
     char line[160];
     std::snprintf(line, sizeof line, "#   %-20s                      %8.3f x   %8.3f x",
-                  name.c_str(), vs_native / n, vs_memcpy / n);
+                  name.c_str(), vs_native, vs_memcpy);
     tail << line << "\n";
-    ctx.json()["algorithms"][name]["busbw_ratio_vs_native"] = vs_native / n;
-    ctx.json()["algorithms"][name]["busbw_ratio_vs_memcpy"] = vs_memcpy / n;
+    auto& j = ctx.json()["algorithms"][name];
+    j["busbw_ratio_vs_native"] = vs_native;
+    j["busbw_ratio_vs_memcpy"] = vs_memcpy;
+    j["benchmark"] = nlohmann::json::array();
+    double sum = 0;
+    for (const bench::Row& r : bench::rows_of(rows, name)) {
+      j["benchmark"].push_back({{"bytes", r.bytes},
+                                {"time_us", r.time_us},
+                                {"algbw_GBps", r.algbw_GBps},
+                                {"busbw_GBps", r.busbw_GBps},
+                                {"wrong", r.wrong}});
+      sum += r.busbw_GBps;
+    }
+    j["avg_busbw_GBps"] = sum / static_cast<double>(bench::rows_of(rows, name).size());
   }
   ctx.say(tail.str());
-
-  for (const auto& [name, list] : rows) {
-    auto& j = ctx.json()["algorithms"][name]["benchmark"];
-    j = nlohmann::json::array();
-    for (const Row& r : list)
-      j.push_back({{"bytes", r.bytes},
-                   {"time_us", r.time_us},
-                   {"algbw_GBps", r.algbw},
-                   {"busbw_GBps", r.busbw},
-                   {"wrong", r.wrong}});
-    ctx.json()["algorithms"][name]["avg_busbw_GBps"] = avg[name];
-  }
-  ctx.save_csv(csv, "03_ring_allreduce");
 }
 
 }  // namespace
@@ -351,10 +281,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   program.validate([&](const Options&) {
     if (b->count() || e->count()) s.benchmark = true;
-    require(s.min_bytes <= s.max_bytes, "-b (" + std::to_string(s.min_bytes) +
-                                            ") is larger than -e (" + std::to_string(s.max_bytes) +
-                                            ")");
-    require(s.factor >= 2, "-f must be at least 2 (got " + format_number(s.factor) + ")");
+    require_usage(s.min_bytes <= s.max_bytes, "-b (" + std::to_string(s.min_bytes) +
+                                                  ") is larger than -e (" +
+                                                  std::to_string(s.max_bytes) + ")");
+    require_usage(s.factor >= 2, "-f must be at least 2 (got " + format_number(s.factor) + ")");
   });
 
   program.supports_cuda();

@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include "shardlab/comm.hpp"
 #include "shardlab/tensor.hpp"
@@ -40,11 +41,27 @@ inline std::span<float> chunk(std::span<float> data, int ranks, int c) {
 /// The chunk rank r holds fully reduced after ring_reduce_scatter: (r + 1) % N.
 int owned_chunk(int rank, int ranks);
 
+/// Scratch memory an algorithm reuses from call to call, owned by the caller. (A fresh
+/// buffer per call would be zero-filled — and, past 32 MiB, page-faulted in — every time:
+/// a whole extra pass over memory that the benchmark would count against the algorithm.)
+class Workspace {
+ public:
+  /// n floats of scratch; their contents are whatever was there.
+  std::span<float> get(std::size_t n) {
+    if (buffer_.size() < n) buffer_.resize(n);
+    return {buffer_.data(), n};
+  }
+
+ private:
+  std::vector<float> buffer_;
+};
+
 /// Ring reduce-scatter, N-1 steps. At step s = 0..N-2, rank r sends chunk (r - s) mod N
 /// to the right and receives chunk (r - s - 1) mod N from the left, adding it into its
-/// own copy. Afterwards chunk owned_chunk(r, N) of `data` holds the sum over all ranks;
-/// the other chunks hold partial sums.
-void ring_reduce_scatter(Communicator& comm, std::span<float> data);
+/// own copy (the incoming chunk lands in `scratch` first). Afterwards chunk
+/// owned_chunk(r, N) of `data` holds the sum over all ranks; the other chunks hold
+/// partial sums.
+void ring_reduce_scatter(Communicator& comm, std::span<float> data, Workspace& scratch);
 
 /// Ring all-gather, N-1 steps, after ring_reduce_scatter. At step s, rank r sends chunk
 /// (r + 1 - s) mod N to the right and receives chunk (r - s) mod N from the left into
@@ -52,22 +69,23 @@ void ring_reduce_scatter(Communicator& comm, std::span<float> data);
 void ring_allgather(Communicator& comm, std::span<float> data);
 
 /// ring_reduce_scatter, then ring_allgather.
-void ring_allreduce(Communicator& comm, std::span<float> data);
+void ring_allreduce(Communicator& comm, std::span<float> data, Workspace& scratch);
 
 /// The same ring with every chunk cut into segments of `segment` elements and
 /// non-blocking sends and receives, so that adding one segment overlaps the transfer
 /// of the next, and a reduced segment moves on before its chunk is finished.
-void pipelined_ring_allreduce(Communicator& comm, std::span<float> data, std::size_t segment);
+void pipelined_ring_allreduce(Communicator& comm, std::span<float> data, std::size_t segment,
+                              Workspace& scratch);
 
 /// Naive: every rank sends its buffer to rank 0, which adds them in rank order and
 /// sends the sum back to each. Rank 0 is the bottleneck.
-void naive_allreduce(Communicator& comm, std::span<float> data);
+void naive_allreduce(Communicator& comm, std::span<float> data, Workspace& scratch);
 
 /// Recursive doubling: log2(N) rounds; in round k, rank r exchanges its whole buffer
 /// with rank r XOR 2^k and adds. When N is not a power of two, the first 2(N - P2)
 /// ranks (P2 the largest power of two <= N) pair up first: each even one hands its
 /// buffer to the odd one above it and gets the result back at the end.
-void recursive_doubling_allreduce(Communicator& comm, std::span<float> data);
+void recursive_doubling_allreduce(Communicator& comm, std::span<float> data, Workspace& scratch);
 
 /// Bytes `rank` sends in each algorithm ("naive", "ring", "pipelined",
 /// "recursive_doubling"), from the formulas above.

@@ -13,16 +13,18 @@ using namespace shardlab;
 using shardlab::testing::for_each_world_size;
 
 namespace {
-void check_algorithm(const char* name,
-                     const std::function<void(Communicator&, std::span<float>)>& run) {
+using Algorithm = std::function<void(Communicator&, std::span<float>, ch03::Workspace&)>;
+
+void check_algorithm(const char* name, const Algorithm& run) {
   for_each_world_size([&](int n) {
     for (std::size_t count :
          {std::size_t{0}, std::size_t{1}, static_cast<std::size_t>(n) + 1, std::size_t{4099}}) {
       CAPTURE(count);
       run_threads(n, [&](Communicator& comm) {
         std::vector<float> mine = ch03::check::tagged_input(count, comm.rank(), n), native = mine;
+        ch03::Workspace scratch;
         const CommStats before = comm.stats();
-        run(comm, mine);
+        run(comm, mine, scratch);
         const OpStats t = comm.stats().since(before).total();
         comm.allreduce(native);
         CHECK_MESSAGE(mine == native, name << " on rank " << comm.rank() << " differs from native");
@@ -38,8 +40,9 @@ TEST_SUITE("ch03.algorithms") {
     check_algorithm("naive", ch03::naive_allreduce);
     // Random floats too: rank 0 adds in rank order, exactly as the threads backend does.
     run_threads(3, [](Communicator& comm) {
-      Tensor x = randn(1, 999, 5 + static_cast<std::uint64_t>(comm.rank())), native = x;
-      ch03::naive_allreduce(comm, x.span());
+      Tensor x = randn(1, 999, 5 + static_cast<std::uint64_t>(comm.rank())), native = x.clone();
+      ch03::Workspace scratch;
+      ch03::naive_allreduce(comm, x.span(), scratch);
       comm.allreduce(native);
       CHECK(x.bitwise_equal(native));
     });
@@ -50,19 +53,21 @@ TEST_SUITE("ch03.algorithms") {
   TEST_CASE("pipelined ring, segments smaller than, equal to and larger than a chunk") {
     for (std::size_t segment : {1u, 7u, 1000u, 100000u}) {
       CAPTURE(segment);
-      check_algorithm("pipelined", [segment](Communicator& comm, std::span<float> d) {
-        ch03::pipelined_ring_allreduce(comm, d, segment);
-      });
+      check_algorithm("pipelined",
+                      [segment](Communicator& comm, std::span<float> d, ch03::Workspace& w) {
+                        ch03::pipelined_ring_allreduce(comm, d, segment, w);
+                      });
     }
   }
   TEST_CASE("the pipelined ring's partners agree on every bit of random data") {
     run_threads(4, [](Communicator& comm) {
-      Tensor x = randn(1, 5003, 9 + static_cast<std::uint64_t>(comm.rank())), ring = x;
-      ch03::pipelined_ring_allreduce(comm, x.span(), 64);
-      ch03::ring_allreduce(comm, ring.span());
+      Tensor x = randn(1, 5003, 9 + static_cast<std::uint64_t>(comm.rank())), ring = x.clone();
+      ch03::Workspace scratch;
+      ch03::pipelined_ring_allreduce(comm, x.span(), 64, scratch);
+      ch03::ring_allreduce(comm, ring.span(), scratch);
       CHECK_MESSAGE(x.bitwise_equal(ring),
                     "pipelined and plain ring add in the same order, so must agree");
-      Tensor first = x;
+      Tensor first = x.clone();
       comm.broadcast(first, 0);
       CHECK(x.bitwise_equal(first));
     });

@@ -62,7 +62,8 @@ TEST_SUITE("ch03") {
           std::vector<float> data = check::tagged_input(count, comm.rank(), n);
           check::StepLog log;
           log.attach(comm);
-          ch03::ring_reduce_scatter(comm, data);
+          ch03::Workspace scratch;
+          ch03::ring_reduce_scatter(comm, data, scratch);
           // Which chunk each step moved, then what the owned chunk holds.
           const std::string steps = check::reduce_scatter_steps_error(log, data, comm.rank(), n);
           CHECK_MESSAGE(steps.empty(), steps);
@@ -112,7 +113,8 @@ TEST_SUITE("ch03") {
         CAPTURE(count);
         run_threads(n, [&](Communicator& comm) {
           std::vector<float> ring = check::tagged_input(count, comm.rank(), n), native = ring;
-          ch03::ring_allreduce(comm, ring);
+          ch03::Workspace scratch;
+          ch03::ring_allreduce(comm, ring, scratch);
           comm.allreduce(native);
           CHECK_MESSAGE(ring == native,
                         "rank " << comm.rank() << ": ring and native allreduce differ");
@@ -126,12 +128,13 @@ TEST_SUITE("ch03") {
     for_each_world_size([](int n) {
       run_threads(n, [&](Communicator& comm) {
         const Tensor x = randn(1, 3001, 77 + static_cast<std::uint64_t>(comm.rank()));
-        Tensor ring = x, native = x, magnitude = x;
+        Tensor ring = x.clone(), native = x.clone(), magnitude = x.clone();
         for (float& v : magnitude) v = std::fabs(v);
-        ch03::ring_allreduce(comm, ring.span());
+        ch03::Workspace scratch;
+        ch03::ring_allreduce(comm, ring.span(), scratch);
         comm.allreduce(native);
         comm.allreduce(magnitude);
-        const float bound = 2.0f * static_cast<float>(n - 1) * 0x1.0p-24f * max_abs(magnitude);
+        const double bound = 2.0 * (n - 1) * 0x1.0p-24 * max_abs(magnitude);
         CHECK_MESSAGE(max_abs_diff(ring, native) <= bound, "rank " << comm.rank() << ": max diff "
                                                                    << max_abs_diff(ring, native)
                                                                    << " > " << bound);
@@ -145,8 +148,9 @@ TEST_SUITE("ch03") {
         CAPTURE(count);
         run_threads(n, [&](Communicator& comm) {
           std::vector<float> data(count, 1.0f);
+          ch03::Workspace scratch;
           const CommStats before = comm.stats();
-          ch03::ring_allreduce(comm, data);
+          ch03::ring_allreduce(comm, data, scratch);
           const OpStats t = comm.stats().since(before).total();
           const std::size_t want = ch03::formula_bytes_sent("ring", count, comm.rank(), n);
           CHECK_MESSAGE(t.bytes_sent == want, "rank " << comm.rank() << " sent " << t.bytes_sent

@@ -5,9 +5,15 @@
 // Check your work with `make check CH=01`. Useful pieces (common/include/shardlab/):
 //   shard(t, P, dim, r)          rank r's piece of t split along dim (uneven sizes too)
 //   shard_range(size, P, r)      {offset, length} of rank r's piece of `size`
+//   shard_counts(size, P, unit)  every rank's shard length of `size`, times `unit`
 //   matmul(a, b)                 a @ b on this rank
+//   empty(Shape{M, N}, t.dtype(), t.memory())  a new M x N tensor where t lives (CPU or GPU)
+//   t.view(offset, Shape{M, N})  elements offset.. of t as M x N (shares t's memory)
+//   concat(pieces, dim)          pieces side by side along dim
 //   comm.allgatherv(in, out, counts)   everyone's `in`, concatenated in rank order
 //   comm.allreduce(buf, ReduceOp::sum) in place: the sum over ranks, on every rank
+// Write them with these operations (no element loops), and the chapter program runs your
+// code on GPUs too (--device cuda).
 #include "matmul_split.hpp"
 
 #include <vector>
@@ -16,7 +22,11 @@
 
 namespace ch01 {
 
+using shardlab::concat;
+using shardlab::empty;
+using shardlab::Shape;
 using shardlab::shard;
+using shardlab::shard_counts;
 using shardlab::shard_range;
 
 // ---------------------------------------------------------------------------
@@ -26,8 +36,8 @@ using shardlab::shard_range;
 // `mine` is rank r's rows: shard_range(total_rows, P, r).length rows of N = mine.cols().
 // Return the total_rows x N tensor with every rank's rows in rank order, on every rank.
 // Steps:
-//   1. counts[q] = rows of rank q * N (elements, not rows).
-//   2. Tensor out(total_rows, N); comm.allgatherv(mine, out, counts).
+//   1. counts[q] = rows of rank q * N (elements, not rows): shard_counts does it.
+//   2. out = an empty total_rows x N tensor like mine; comm.allgatherv(mine, out, counts).
 // Hint: row-major rows are contiguous, so the gathered buffer needs no rearranging.
 Tensor gather_rows(Communicator& comm, const Tensor& mine, std::int64_t total_rows) {
   (void)comm, (void)mine, (void)total_rows;
@@ -39,7 +49,8 @@ Tensor gather_rows(Communicator& comm, const Tensor& mine, std::int64_t total_ro
 // M x total_cols tensor with rank q's columns at shard_range(total_cols, P, q).offset.
 // Steps:
 //   1. counts[q] = M * cols_q; gather all blocks into one buffer of M * total_cols.
-//   2. Block q is M x cols_q, row-major: copy its element (i, j) to out(i, offset_q + j).
+//   2. Block q is M x cols_q, row-major, starting after the blocks of ranks 0..q-1: take
+//      it as a view, then concat the blocks along dim 1.
 // Hint: unlike rows, columns are not contiguous: the gathered blocks need laying out.
 Tensor gather_columns(Communicator& comm, const Tensor& mine, std::int64_t total_cols) {
   (void)comm, (void)mine, (void)total_cols;

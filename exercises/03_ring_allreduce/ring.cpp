@@ -8,8 +8,6 @@
 // Useful (ring_allreduce.hpp): wrap(x, N) is x mod N, also for negative x;
 // chunk(data, N, c) is chunk c of data; comm.sendrecv(out_span, right, in_span, left,
 // tag) sends and receives at once (no deadlock around a ring).
-#include <vector>
-
 #include "ring_allreduce.hpp"
 #include "shardlab/check.hpp"
 #include "shardlab/tensor.hpp"
@@ -20,12 +18,13 @@ namespace ch03 {
 // N-1 steps. At step s = 0, 1, ..., N-2:
 //   1. send chunk (r - s) mod N to the right,
 //   2. receive the left neighbour's chunk (r - s - 1) mod N into a scratch buffer
-//      (do 1 and 2 with one sendrecv; use the step as the tag),
+//      (scratch.get(n) lends n floats; do 1 and 2 with one sendrecv; use the step as the
+//      tag),
 //   3. add the scratch buffer into your own chunk (r - s - 1) mod N.
 // After the last step, chunk (r + 1) mod N holds the sum over all ranks.
 // Hint: the chunk you add to at step s is the chunk you send at step s + 1.
-void ring_reduce_scatter(Communicator& comm, std::span<float> data) {
-  (void)comm, (void)data;
+void ring_reduce_scatter(Communicator& comm, std::span<float> data, Workspace& scratch) {
+  (void)comm, (void)data, (void)scratch;
   SHARDLAB_TODO("ch03: ring_reduce_scatter");
 }
 

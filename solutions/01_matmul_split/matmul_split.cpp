@@ -6,7 +6,11 @@
 
 namespace ch01 {
 
+using shardlab::concat;
+using shardlab::empty;
+using shardlab::Shape;
 using shardlab::shard;
+using shardlab::shard_counts;
 using shardlab::shard_range;
 
 // ---------------------------------------------------------------------------
@@ -17,11 +21,8 @@ Tensor gather_rows(Communicator& comm, const Tensor& mine, std::int64_t total_ro
   const std::int64_t N = mine.cols();
   // Rank q contributes rows_q * N elements; rows are contiguous in row-major order, so
   // the gathered buffer is already the M x N result.
-  std::vector<std::size_t> counts;
-  for (int q = 0; q < P; ++q)
-    counts.push_back(static_cast<std::size_t>(shard_range(total_rows, P, q).length * N));
-  Tensor out(total_rows, N);
-  comm.allgatherv(mine, out, counts);
+  Tensor out = empty(Shape{total_rows, N}, mine.dtype(), mine.memory());
+  comm.allgatherv(mine, out, shard_counts(total_rows, P, N));
   return out;
 }
 
@@ -29,21 +30,18 @@ Tensor gather_columns(Communicator& comm, const Tensor& mine, std::int64_t total
   const int P = comm.size();
   const std::int64_t M = mine.rows();
   // Each rank's block is M x cols_q, contiguous; gather the blocks one after another,
-  // then lay each block's rows into its columns of the result.
-  std::vector<std::size_t> counts;
-  for (int q = 0; q < P; ++q)
-    counts.push_back(static_cast<std::size_t>(M * shard_range(total_cols, P, q).length));
-  Tensor blocks(M * total_cols);
+  // then lay them side by side: block q is a view of the gathered buffer.
+  const std::vector<std::size_t> counts = shard_counts(total_cols, P, M);
+  Tensor blocks = empty(Shape{M * total_cols}, mine.dtype(), mine.memory());
   comm.allgatherv(mine, blocks, counts);
-  Tensor out(M, total_cols);
-  const float* block = blocks.data();
+  std::vector<Tensor> pieces;
+  std::int64_t offset = 0;
   for (int q = 0; q < P; ++q) {
-    const auto [first_col, cols] = shard_range(total_cols, P, q);
-    for (std::int64_t i = 0; i < M; ++i)
-      for (std::int64_t j = 0; j < cols; ++j) out(i, first_col + j) = block[i * cols + j];
-    block += M * cols;
+    const std::int64_t cols = shard_range(total_cols, P, q).length;
+    pieces.push_back(blocks.view(offset, Shape{M, cols}));
+    offset += M * cols;
   }
-  return out;
+  return concat(pieces, 1);
 }
 
 // ---------------------------------------------------------------------------
