@@ -123,17 +123,18 @@ void Communicator::check_root(int root, std::string_view what) const {
 Communicator::Collective Communicator::prepare(Collective c, std::size_t in_count,
                                                std::size_t out_count, Memory in_memory,
                                                Memory out_memory, DType in_type) {
-  const std::string me = "rank " + std::to_string(rank_) + ": " + std::string(op_name(c.op));
+  auto me = [&] { return "rank " + std::to_string(rank_) + ": " + std::string(op_name(c.op)); };
   const auto N = static_cast<std::size_t>(size_);
   const auto r = static_cast<std::size_t>(rank_);
   if (in_type != c.type)
-    throw Error(me + ": in is " + std::string(dtype_name(in_type)) + " but out is " +
+    throw Error(me() + ": in is " + std::string(dtype_name(in_type)) + " but out is " +
                 std::string(dtype_name(c.type)));
   if (in_memory != out_memory)
-    throw Error(me + ": in and out must both be host or both be device buffers");
+    throw Error(me() + ": in and out must both be host or both be device buffers");
   c.memory = out_memory;
-  auto need = [&](bool ok, const std::string& what) {
-    if (!ok) throw Error(me + ": " + what);
+  // (This runs on every collective: a message is built only when a check fails.)
+  auto need = [&](bool ok, auto&& what) {
+    if (!ok) throw Error(me() + ": " + what());
   };
   switch (c.op) {
     case Op::reduce:
@@ -147,40 +148,49 @@ Communicator::Collective Communicator::prepare(Collective c, std::size_t in_coun
   switch (c.op) {
     case Op::reduce_scatter: {
       const ShardRange mine = shard_range(static_cast<std::int64_t>(in_count), size_, rank_);
-      need(out_count == static_cast<std::size_t>(mine.length),
-           "out has " + std::to_string(out_count) + " elements, but this rank's shard of " +
+      need(out_count == static_cast<std::size_t>(mine.length), [&] {
+        return "out has " + std::to_string(out_count) + " elements, but this rank's shard of " +
                std::to_string(in_count) + " is " + std::to_string(mine.length) +
-               " (shard_range(S, N, r))");
+               " (shard_range(S, N, r))";
+      });
       c.count = in_count;
       break;
     }
     case Op::allgather:
     case Op::gather: {
-      need(c.counts.size() == N, "counts has " + std::to_string(c.counts.size()) + " entries for " +
-                                     std::to_string(size_) + " ranks");
-      need(c.counts[r] == in_count, "counts say " + std::to_string(c.counts[r]) +
-                                        " elements for this rank, but its buffer has " +
-                                        std::to_string(in_count));
+      need(c.counts.size() == N, [&] {
+        return "counts has " + std::to_string(c.counts.size()) + " entries for " +
+               std::to_string(size_) + " ranks";
+      });
+      need(c.counts[r] == in_count, [&] {
+        return "counts say " + std::to_string(c.counts[r]) +
+               " elements for this rank, but its buffer has " + std::to_string(in_count);
+      });
       if (c.op == Op::allgather || rank_ == c.root)
-        need(total(c.counts) == out_count, "counts add up to " + std::to_string(total(c.counts)) +
-                                               ", but the output holds " +
-                                               std::to_string(out_count));
+        need(total(c.counts) == out_count, [&] {
+          return "counts add up to " + std::to_string(total(c.counts)) + ", but the output holds " +
+                 std::to_string(out_count);
+        });
       break;
     }
     case Op::alltoall:
       if (c.vector) {
-        need(c.counts.size() == N && c.recv_counts.size() == N,
-             "send and receive counts need " + std::to_string(size_) + " entries each");
-        need(total(c.counts) == in_count, "send counts add up to " +
-                                              std::to_string(total(c.counts)) + ", but in holds " +
-                                              std::to_string(in_count));
-        need(total(c.recv_counts) == out_count, "receive counts add up to " +
-                                                    std::to_string(total(c.recv_counts)) +
-                                                    ", but out holds " + std::to_string(out_count));
+        need(c.counts.size() == N && c.recv_counts.size() == N, [&] {
+          return "send and receive counts need " + std::to_string(size_) + " entries each";
+        });
+        need(total(c.counts) == in_count, [&] {
+          return "send counts add up to " + std::to_string(total(c.counts)) + ", but in holds " +
+                 std::to_string(in_count);
+        });
+        need(total(c.recv_counts) == out_count, [&] {
+          return "receive counts add up to " + std::to_string(total(c.recv_counts)) +
+                 ", but out holds " + std::to_string(out_count);
+        });
       } else {
-        need(in_count == out_count && in_count % N == 0,
-             "needs in and out of " + std::to_string(size_) + " equal blocks, got " +
-                 std::to_string(in_count) + " and " + std::to_string(out_count) + " elements");
+        need(in_count == out_count && in_count % N == 0, [&] {
+          return "needs in and out of " + std::to_string(size_) + " equal blocks, got " +
+                 std::to_string(in_count) + " and " + std::to_string(out_count) + " elements";
+        });
         c.count = in_count / N;
       }
       break;

@@ -159,19 +159,8 @@ struct Mailbox {
 
 /// What a rank posts when it enters a collective, for the others to read.
 struct Slot {
-  struct Call {  // Communicator::Collective, as the slots keep it
-    Op op = Op::barrier;
-    ReduceOp reduce = ReduceOp::sum;
-    int root = 0;
-    const void* in = nullptr;
-    void* out = nullptr;
-    std::size_t count = 0;
-    DType type = DType::u8;
-    Memory memory = Memory::host;
-    std::vector<std::size_t> counts, recv_counts;
-    bool vector = false;
-    std::string text;  // describe()
-  } call;
+  using Call = Communicator::Collective;
+  Call call;
   bool is_split = false;
   int color = 0, key = 0;       // split
   std::shared_ptr<Group> made;  // split: the group its color's leader created
@@ -179,7 +168,7 @@ struct Slot {
   std::string describe() const {
     if (is_split)
       return "split(color " + std::to_string(color) + ", key " + std::to_string(key) + ")";
-    return call.text;
+    return call.describe();
   }
   /// Same collective with the same arguments. alltoallv's counts differ by rank and are
   /// checked pair by pair instead.
@@ -380,16 +369,16 @@ class ThreadComm final : public Communicator {
     drain();  // pending non-blocking collectives come first
     settle(c.memory);
     Traffic t;
-    run(to_call(c), t);
+    run(c, t);
     count_traffic(c.op, t);
   }
 
   Request start_collective(Collective c) override {
     settle(c.memory);  // the rank's GPU work on these buffers is done before they are read
     auto task = std::make_shared<Task>();
-    task->call = to_call(c);
+    task->call = std::move(c);
     task->counted = counting();
-    task->device = c.memory == Memory::device ? cuda::current_device() : -1;
+    task->device = task->call.memory == Memory::device ? cuda::current_device() : -1;
     start_progress_thread();
     {
       std::lock_guard<std::mutex> lock(queue_m_);
@@ -427,7 +416,7 @@ class ThreadComm final : public Communicator {
         g_->slots[static_cast<std::size_t>(rank())].made =
             std::make_shared<Group>(g_->world, std::move(world_ranks));
       }
-      sync("split");
+      sync(slot(rank()));
       group = slot(same.front()).made;
     });
     g_->slots[static_cast<std::size_t>(rank())].made.reset();
@@ -439,23 +428,6 @@ class ThreadComm final : public Communicator {
     std::size_t offset = 0;
     std::size_t length = 0;
   };
-
-  static Slot::Call to_call(const Collective& c) {
-    Slot::Call k;
-    k.op = c.op;
-    k.reduce = c.reduce;
-    k.root = c.root;
-    k.in = c.in;
-    k.out = c.out;
-    k.count = c.count;
-    k.type = c.type;
-    k.memory = c.memory;
-    k.counts = c.counts;
-    k.recv_counts = c.recv_counts;
-    k.vector = c.vector;
-    k.text = c.describe();
-    return k;
-  }
 
   int me_world() const { return g_->world_rank(rank()); }
   Clock::time_point deadline() const { return Clock::now() + timeout(); }
@@ -527,7 +499,7 @@ class ThreadComm final : public Communicator {
         //    result does not depend on who reduces), into this rank's own buffer.
         const Bytes mine = chunk(k.count, elem, r);
         reduce_chunk(k, mine, static_cast<char*>(k.out) + mine.offset, t);
-        sync(k.text);
+        sync(slot(rank()));
         // 2. all-gather: copy every other rank's reduced chunk out of its buffer.
         for (int q = 0; q < N; ++q) {
           if (q == r) continue;
@@ -682,9 +654,9 @@ class ThreadComm final : public Communicator {
   /// then collects what the others counted against this rank's memory.
   template <class Work>
   void post_and_run(Slot mine, Traffic& t, Work&& work) {
-    const std::string what = mine.describe();
     g_->slots[static_cast<std::size_t>(rank())] = std::move(mine);
-    sync(what);
+    const Slot& posted = slot(rank());
+    sync(posted);
     for (int q = 1; q < size(); ++q) {
       if (!slot(q).agrees_with(slot(0))) {
         throw CommError("rank " + std::to_string(rank()) + ": collective mismatch: rank 0 called " +
@@ -696,7 +668,7 @@ class ThreadComm final : public Communicator {
     }
     check_alltoallv_counts();
     work(t);
-    sync(what);
+    sync(posted);
     t.sent += g_->remote_sent[static_cast<std::size_t>(rank())].exchange(0);
     t.received += g_->remote_received[static_cast<std::size_t>(rank())].exchange(0);
   }
@@ -719,8 +691,9 @@ class ThreadComm final : public Communicator {
       }
   }
 
-  /// A barrier over the group, with the timeout and a diagnostic naming who is missing.
-  void sync(const std::string& what) {
+  /// A barrier over the group, with the timeout and a diagnostic naming who is missing
+  /// and which call (`mine`, this rank's slot) it waited in.
+  void sync(const Slot& mine) {
     Group& g = *g_;
     std::uint64_t gen = 0;
     {
@@ -746,7 +719,7 @@ class ThreadComm final : public Communicator {
         if (g.arrivals[static_cast<std::size_t>(q)] != gen + 1)
           missing += (missing.empty() ? "" : ", ") + std::to_string(q);
     }
-    throw CommError("rank " + std::to_string(rank()) + ": " + what + " waited " +
+    throw CommError("rank " + std::to_string(rank()) + ": " + mine.describe() + " waited " +
                     seconds(timeout()) + " (--timeout) for rank(s) " + missing +
                     " to join; did they skip the call, or are they blocked elsewhere?");
   }

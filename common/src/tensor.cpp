@@ -211,9 +211,10 @@ float* Tensor::host_f32() const {
 }
 
 Tensor Tensor::view(std::int64_t offset, Shape shape) const {
-  require(offset >= 0 && offset + shape.numel() <= size(),
-          "Tensor::view: elements " + std::to_string(offset) + ".." +
-              std::to_string(offset + shape.numel()) + " of a tensor of " + std::to_string(size()));
+  require(offset >= 0 && offset + shape.numel() <= size(), [&] {
+    return "Tensor::view: elements " + std::to_string(offset) + ".." +
+           std::to_string(offset + shape.numel()) + " of a tensor of " + std::to_string(size());
+  });
   Tensor v = *this;
   v.offset_ = offset_ + offset;
   v.shape_ = shape;
@@ -221,9 +222,10 @@ Tensor Tensor::view(std::int64_t offset, Shape shape) const {
 }
 
 Tensor Tensor::reshape(Shape shape) const {
-  require(shape.numel() == size(), "Tensor::reshape: " + shape_.str() + " (" +
-                                       std::to_string(size()) + " elements) cannot become " +
-                                       shape.str());
+  require(shape.numel() == size(), [&] {
+    return "Tensor::reshape: " + shape_.str() + " (" + std::to_string(size()) +
+           " elements) cannot become " + shape.str();
+  });
   return view(0, shape);
 }
 
@@ -231,9 +233,10 @@ Tensor Tensor::flat() const { return view(0, Shape{size()}); }
 
 Tensor Tensor::slice(std::int64_t begin, std::int64_t count) const {
   const std::int64_t n = shape_[0];
-  require(begin >= 0 && count >= 0 && begin + count <= n,
-          "Tensor::slice: " + std::to_string(begin) + ".." + std::to_string(begin + count) +
-              " along dimension 0 of " + shape_.str());
+  require(begin >= 0 && count >= 0 && begin + count <= n, [&] {
+    return "Tensor::slice: " + std::to_string(begin) + ".." + std::to_string(begin + count) +
+           " along dimension 0 of " + shape_.str();
+  });
   const std::int64_t per = n ? size() / n : 0;  // elements per entry of dimension 0
   return view(begin * per, with_dim(shape_, 0, count));
 }
@@ -257,7 +260,7 @@ Tensor Tensor::to(Memory m) const {
 
 void Tensor::copy_from(const Tensor& src) {
   require(dtype_ == src.dtype_ && shape_ == src.shape_,
-          "Tensor::copy_from: " + src.describe() + " into " + describe());
+          [&] { return "Tensor::copy_from: " + src.describe() + " into " + describe(); });
   if (bytes() == 0 || raw() == src.raw()) return;
   if (!on_device() && !src.on_device())
     std::memmove(raw(), src.raw(), bytes());
@@ -459,13 +462,15 @@ Tensor transpose(const Tensor& t) {
 
 namespace {
 void require_f32(const Tensor& t, const char* what) {
-  require(t.dtype() == DType::f32,
-          std::string(what) + ": needs f32, got " + t.describe() + " (cast it first)");
+  require(t.dtype() == DType::f32, [&] {
+    return std::string(what) + ": needs f32, got " + t.describe() + " (cast it first)";
+  });
 }
 void require_like(const Tensor& a, const Tensor& b, const char* what) {
-  require(
-      a.same_shape(b) && a.dtype() == b.dtype() && a.memory() == b.memory(),
-      std::string(what) + ": the tensors differ (" + a.describe() + " vs " + b.describe() + ")");
+  require(a.same_shape(b) && a.dtype() == b.dtype() && a.memory() == b.memory(), [&] {
+    return std::string(what) + ": the tensors differ (" + a.describe() + " vs " + b.describe() +
+           ")";
+  });
 }
 
 /// out = a @ b on the host, f32, out already M x N.
@@ -543,18 +548,22 @@ void matmul_into(Tensor& out, const Tensor& a, const Tensor& b, bool transpose_a
                  bool transpose_b) {
   require(a.ndim() == 2 && b.ndim() == 2,
           "matmul: needs 2-D tensors, got " + a.describe() + " and " + b.describe());
-  require(a.dtype() == b.dtype() && a.memory() == b.memory(),
-          "matmul: " + a.describe() + " and " + b.describe() + " differ in type or memory");
+  require(a.dtype() == b.dtype() && a.memory() == b.memory(), [&] {
+    return "matmul: " + a.describe() + " and " + b.describe() + " differ in type or memory";
+  });
   require(a.dtype() == DType::f32 || a.dtype() == DType::f16 || a.dtype() == DType::bf16,
-          "matmul: needs f32, f16 or bf16, got " + a.describe());
+          [&] { return "matmul: needs f32, f16 or bf16, got " + a.describe(); });
   const std::int64_t M = transpose_a ? a.cols() : a.rows(), K = transpose_a ? a.rows() : a.cols();
   const std::int64_t Kb = transpose_b ? b.cols() : b.rows(), N = transpose_b ? b.rows() : b.cols();
-  require(K == Kb, "matmul: inner dimensions differ (" + a.shape_string() +
-                       (transpose_a ? "^T" : "") + " @ " + b.shape_string() +
-                       (transpose_b ? "^T" : "") + ")");
+  require(K == Kb, [&] {
+    return "matmul: inner dimensions differ (" + a.shape_string() + (transpose_a ? "^T" : "") +
+           " @ " + b.shape_string() + (transpose_b ? "^T" : "") + ")";
+  });
   require(out.shape() == (Shape{M, N}) && out.dtype() == a.dtype() && out.memory() == a.memory(),
-          "matmul: the output is " + out.describe() + ", expected " +
-              std::string(dtype_name(a.dtype())) + " " + Shape{M, N}.str());
+          [&] {
+            return "matmul: the output is " + out.describe() + ", expected " +
+                   std::string(dtype_name(a.dtype())) + " " + Shape{M, N}.str();
+          });
   if (a.on_device()) {
     if (M && N && K)
       kernels::matmul(a.raw(), b.raw(), out.raw(), a.dtype(), M, N, K, transpose_a, transpose_b,
@@ -600,8 +609,10 @@ void add_row(Tensor& y, const Tensor& row) {
   require_f32(y, "add_row");
   require(y.ndim() == 2 && row.size() == y.cols() && row.dtype() == y.dtype() &&
               row.memory() == y.memory(),
-          "add_row: the row (" + row.describe() + ") must have one value per column of " +
-              y.describe());
+          [&] {
+            return "add_row: the row (" + row.describe() + ") must have one value per column of " +
+                   y.describe();
+          });
   if (y.on_device()) return kernels::add_row(y.data(), row.data(), y.rows(), y.cols());
   const float* r = row.data();
   float* p = y.data();

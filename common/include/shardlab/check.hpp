@@ -12,6 +12,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 namespace shardlab {
 
@@ -35,6 +36,13 @@ struct NotImplemented : std::logic_error {
 /// Throws Error(message) unless `condition` holds.
 inline void require(bool condition, const std::string& message) {
   if (!condition) throw Error(message);
+}
+/// The same with the message built only when the check fails, for the checks every
+/// operation passes through: require(ok, [&] { return "..." + t.describe(); }).
+template <class Message>
+requires std::is_invocable_r_v<std::string, Message>
+inline void require(bool condition, Message&& message) {
+  if (!condition) throw Error(message());
 }
 
 /// Throws UsageError(message) unless `condition` holds: for checks of what the user typed.
