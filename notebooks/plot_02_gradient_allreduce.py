@@ -1,4 +1,4 @@
-"""Chapter 02: step time split into compute and communication wait, per sync mode.
+"""Chapter 02: step time split into making the batch, compute and communication wait.
 
 Reads the CSV written by `ch02_gradient_allreduce --benchmark --csv-dir DIR` and saves
 DIR/02_gradient_allreduce.png.
@@ -22,8 +22,10 @@ def plot(csv_dir) -> Path:
         s if pd.isna(kb) else f"{s}\n{kb:g} KiB" for s, kb in zip(df["sync"], df["bucket_kb"])
     ]
     fig, ax = plt.subplots(figsize=(9, 4))
-    ax.bar(labels, df["compute_ms"], label="compute")
-    ax.bar(labels, df["comm_wait_ms"], bottom=df["compute_ms"], label="waiting on communication")
+    ax.bar(labels, df["batch_ms"], label="making the batch")
+    ax.bar(labels, df["compute_ms"], bottom=df["batch_ms"], label="compute")
+    ax.bar(labels, df["comm_wait_ms"], bottom=df["batch_ms"] + df["compute_ms"],
+           label="waiting on communication")
     ax.set_ylabel("ms per step (slowest rank)")
     ranks = int(df["ranks"].iloc[0])
     grad_mib = df["grad_bytes"].iloc[0] / 2**20

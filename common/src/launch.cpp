@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -230,16 +231,39 @@ int Program::run_threads(const Body& body) {
     std::fprintf(stderr, "%s: %s\n", name_.c_str(), e.what());
     return 1;
   }
-  // Report the ranks that failed first-hand, not the ones stopped because of them.
+  // Report the ranks that failed first-hand, not the ones stopped because of them; one
+  // line per distinct error (the "rank r: " its message starts with aside), saying how
+  // many ranks reported it.
   int code = 0;
+  struct Report {
+    std::string line;  // the first rank's message, as it was
+    std::string key;   // the message without its rank prefix
+    int ranks = 0;
+    int code = 0;
+  };
+  std::vector<Report> reports;
   for (const std::exception_ptr& error : errors) {
     if (!error) continue;
     const Outcome f = classify(error);
     code = std::max(code, f.code);
-    if (!f.aborted)
-      std::fprintf(stderr, "%s: %s%s\n", name_.c_str(), f.code == 2 ? "error: " : "",
-                   f.message.c_str());
+    if (f.aborted) continue;
+    std::string key = f.message;
+    if (key.rfind("rank ", 0) == 0) {
+      const std::size_t colon = key.find(": ");
+      if (colon != std::string::npos && key.find_first_not_of("0123456789", 5) == colon)
+        key = key.substr(colon + 2);
+    }
+    auto same =
+        std::find_if(reports.begin(), reports.end(), [&](const Report& r) { return r.key == key; });
+    if (same == reports.end())
+      reports.push_back({f.message, key, 1, f.code});
+    else
+      ++same->ranks;
   }
+  for (const Report& r : reports)
+    std::fprintf(
+        stderr, "%s: %s%s%s\n", name_.c_str(), r.code == 2 ? "error: " : "", r.line.c_str(),
+        r.ranks > 1 ? (" (" + std::to_string(r.ranks) + " ranks reported this)").c_str() : "");
   for (int c : codes) code = std::max(code, c);
   return code;
 }

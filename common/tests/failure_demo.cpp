@@ -5,6 +5,7 @@
 //   --mode throw      the last rank throws while the others wait in a barrier
 //   --mode mismatch   rank 0 allreduces 8 floats, the others 6
 //   --mode verify     a verification fails (the job still finishes and reports)
+//   --mode shape      a matmul of mismatched shapes inside the program (exit 1, not 2)
 //   --mode ok         nothing goes wrong
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -17,8 +18,8 @@ int main(int argc, char** argv) {
   shardlab::Program program("failure_demo", "Fails on purpose, to show how failures end a job");
   std::string mode = "ok";
   program.cli()
-      .add_option("--mode", mode, "deadlock, throw, mismatch, verify or ok")
-      ->check(CLI::IsMember({"deadlock", "throw", "mismatch", "verify", "ok"}));
+      .add_option("--mode", mode, "deadlock, throw, mismatch, verify, shape or ok")
+      ->check(CLI::IsMember({"deadlock", "throw", "mismatch", "verify", "shape", "ok"}));
   return program.run(argc, argv, [&](shardlab::Context& ctx) {
     auto& comm = ctx.comm();
     std::vector<float> buf(mode == "mismatch" && ctx.rank() != 0 ? 6 : 8, 1.0f);
@@ -26,6 +27,7 @@ int main(int argc, char** argv) {
     if (mode == "throw" && ctx.rank() == ctx.size() - 1)
       throw std::runtime_error("rank " + std::to_string(ctx.rank()) + " failed on purpose");
     if (mode == "mismatch") comm.allreduce(buf);
+    if (mode == "shape") (void)shardlab::matmul(shardlab::Tensor(2, 3), shardlab::Tensor(2, 3));
     comm.barrier();
     ctx.verify(mode != "verify", "the answer was wrong on purpose");
     ctx.json()["mode"] = mode;
