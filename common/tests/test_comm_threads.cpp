@@ -144,6 +144,33 @@ TEST_SUITE("comm.threads") {
     CHECK(message.find("broadcast(4 x f32, root 0)") != std::string::npos);
   }
 
+  TEST_CASE("uneven counts pass where the collective allows them; inconsistent ones do not") {
+    // reduce_scatter of 7 over 3 ranks gives shards of 3, 2, 2: allowed. Different input
+    // lengths are a mismatch.
+    CHECK_THROWS_WITH_AS(
+        run_threads(3,
+                    [](Communicator& comm) {
+                      const std::vector<float> in(comm.rank() == 1 ? 8 : 7, 1.0f);
+                      std::vector<float> out(
+                          shard_range(static_cast<std::int64_t>(in.size()), 3, comm.rank()).length);
+                      comm.reduce_scatter(in, out);
+                    }),
+        doctest::Contains("rank 1 called reduce_scatter(8 x f32, sum)"), CommError);
+    // alltoallv: what rank 0 sends to rank 1 must be what rank 1 expects from rank 0.
+    CHECK_THROWS_WITH_AS(
+        run_threads(2,
+                    [](Communicator& comm) {
+                      std::vector<std::size_t> send = {1, 2}, recv = {1, 2};
+                      if (comm.rank() == 1) recv = {3, 2};  // expects 3 from rank 0, gets 2
+                      if (comm.rank() == 1) send = {2, 2};
+                      std::vector<float> in(send[0] + send[1]), out(recv[0] + recv[1]);
+                      comm.alltoallv(in, send, out, recv);
+                    }),
+        doctest::Contains("alltoallv mismatch: rank 0 sends 2 elements to rank 1, but rank 1 "
+                          "expects 3 from it"),
+        CommError);
+  }
+
   TEST_CASE("a collective that one rank never joins times out naming the missing rank") {
     std::string message;
     try {

@@ -10,7 +10,9 @@
 //
 // Buffers: a Tensor (host or device memory, any element type), or any contiguous range of
 // elements on the host (std::vector, std::span, std::array) of f32, f64, f16, bf16, i32,
-// i64 or u8.
+// i64 or u8. Reductions of f16 and bf16: the threads backend adds every rank's values in
+// f32 and rounds once; MPI (an operation of ours) and NCCL round to the 16-bit type after
+// each pairwise add, so their sums can differ from the threads backend's in the last bit.
 //
 // One message-matching rule on every backend: messages from rank a to rank b are matched
 // in the order they are posted — b's k-th receive from a gets a's k-th send to b. Tags do
