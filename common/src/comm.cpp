@@ -452,25 +452,17 @@ void divide_typed(T* acc, std::size_t n, int ranks) {
   }
 }
 
+/// visit_dtype for the types reduced as they are; f16 and bf16 go through f32.
 template <class F>
 void visit_reducible(DType type, const char* what, F&& f) {
-  switch (type) {
-    case DType::f32:
-      return f(float{});
-    case DType::f64:
-      return f(double{});
-    case DType::i32:
-      return f(std::int32_t{});
-    case DType::i64:
-      return f(std::int64_t{});
-    case DType::u8:
-      return f(std::uint8_t{});
-    case DType::f16:
-    case DType::bf16:
-      break;
-  }
-  throw Error(std::string(what) + ": " + std::string(dtype_name(type)) +
-              " is reduced through f32 (convert first)");
+  visit_dtype(type, [&](auto zero) {
+    using T = decltype(zero);
+    if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
+      throw Error(std::string(what) + ": " + std::string(dtype_name(type)) +
+                  " is reduced through f32 (convert first)");
+    else
+      f(zero);
+  });
 }
 }  // namespace
 

@@ -525,32 +525,15 @@ void reduce_into(void* acc, const void* x, std::size_t count, DType type, Reduce
     x = staged;
   }
   const auto n = static_cast<std::int64_t>(count);
-  switch (type) {
-    case DType::f32:
-      launch(n, reduce_kernel<float>, static_cast<float*>(acc), static_cast<const float*>(x), n,
-             op);
-      break;
-    case DType::f64:
-      launch(n, reduce_kernel<double>, static_cast<double*>(acc), static_cast<const double*>(x), n,
-             op);
-      break;
-    case DType::i32:
-      launch(n, reduce_kernel<std::int32_t>, static_cast<std::int32_t*>(acc),
-             static_cast<const std::int32_t*>(x), n, op);
-      break;
-    case DType::i64:
-      launch(n, reduce_kernel<std::int64_t>, static_cast<std::int64_t*>(acc),
-             static_cast<const std::int64_t*>(x), n, op);
-      break;
-    case DType::u8:
-      launch(n, reduce_kernel<std::uint8_t>, static_cast<std::uint8_t*>(acc),
-             static_cast<const std::uint8_t*>(x), n, op);
-      break;
-    case DType::f16:
-    case DType::bf16:
+  visit_dtype(type, [&](auto zero) {
+    using T = decltype(zero);
+    if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
       if (staged) cudaFree(staged);
       throw Error("reduce_into: f16 and bf16 are reduced through f32");
-  }
+    } else {
+      launch(n, reduce_kernel<T>, static_cast<T*>(acc), static_cast<const T*>(x), n, op);
+    }
+  });
   synchronize();
   if (staged) cudaFree(staged);
 }
@@ -558,26 +541,13 @@ void reduce_into(void* acc, const void* x, std::size_t count, DType type, Reduce
 void finish_reduce(void* acc, std::size_t count, DType type, ReduceOp op, int ranks) {
   if (op != ReduceOp::avg || count == 0) return;
   const auto n = static_cast<std::int64_t>(count);
-  switch (type) {
-    case DType::f32:
-      launch(n, divide_kernel<float>, static_cast<float*>(acc), n, ranks);
-      break;
-    case DType::f64:
-      launch(n, divide_kernel<double>, static_cast<double*>(acc), n, ranks);
-      break;
-    case DType::i32:
-      launch(n, divide_kernel<std::int32_t>, static_cast<std::int32_t*>(acc), n, ranks);
-      break;
-    case DType::i64:
-      launch(n, divide_kernel<std::int64_t>, static_cast<std::int64_t*>(acc), n, ranks);
-      break;
-    case DType::u8:
-      launch(n, divide_kernel<std::uint8_t>, static_cast<std::uint8_t*>(acc), n, ranks);
-      break;
-    case DType::f16:
-    case DType::bf16:
+  visit_dtype(type, [&](auto zero) {
+    using T = decltype(zero);
+    if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
       throw Error("finish_reduce: f16 and bf16 are reduced through f32");
-  }
+    else
+      launch(n, divide_kernel<T>, static_cast<T*>(acc), n, ranks);
+  });
   synchronize();
 }
 

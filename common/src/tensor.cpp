@@ -635,48 +635,48 @@ Tensor column_sums(const Tensor& x) {
   return out;
 }
 
+namespace {
+/// y = f(x) element by element: `kernel` on a device, `host` on the host.
+template <class Host>
+Tensor unary(const Tensor& x, const char* what, void (*kernel)(const float*, float*, std::int64_t),
+             Host&& host) {
+  require_f32(x, what);
+  if (!x.on_device()) return host_map(x, host);
+  Tensor y = empty(x.shape(), DType::f32, Memory::device);
+  kernel(x.data(), y.data(), x.size());
+  return y;
+}
+/// dx = f(a, dy) element by element (a: the layer's saved input or output).
+template <class Host>
+Tensor gradient(const Tensor& a, const Tensor& dy, const char* what,
+                void (*kernel)(const float*, const float*, float*, std::int64_t), Host&& host) {
+  require_f32(a, what);
+  require_like(a, dy, what);
+  if (!a.on_device()) return host_zip(a, dy, host);
+  Tensor dx = empty(a.shape(), DType::f32, Memory::device);
+  kernel(a.data(), dy.data(), dx.data(), a.size());
+  return dx;
+}
+}  // namespace
+
 Tensor tanh(const Tensor& x) {
-  require_f32(x, "tanh");
-  if (x.on_device()) {
-    Tensor y = empty(x.shape(), DType::f32, Memory::device);
-    kernels::tanh_forward(x.data(), y.data(), x.size());
-    return y;
-  }
-  return host_map(x, [](float v) { return std::tanh(v); });
+  return unary(x, "tanh", kernels::tanh_forward, [](float v) { return std::tanh(v); });
 }
 
 Tensor tanh_backward(const Tensor& y, const Tensor& dy) {
-  require_f32(y, "tanh_backward");
-  require_like(y, dy, "tanh_backward");
-  if (y.on_device()) {
-    Tensor dx = empty(y.shape(), DType::f32, Memory::device);
-    kernels::tanh_backward(y.data(), dy.data(), dx.data(), y.size());
-    return dx;
-  }
-  return host_zip(y, dy, [](float t, float d) { return d * (1.0f - t * t); });
+  return gradient(y, dy, "tanh_backward", kernels::tanh_backward,
+                  [](float t, float d) { return d * (1.0f - t * t); });
 }
 
 Tensor gelu(const Tensor& x) {
-  require_f32(x, "gelu");
-  if (x.on_device()) {
-    Tensor y = empty(x.shape(), DType::f32, Memory::device);
-    kernels::gelu_forward(x.data(), y.data(), x.size());
-    return y;
-  }
-  return host_map(
-      x, [](float v) { return 0.5f * v * (1.0f + std::tanh(gelu_c * (v + gelu_a * v * v * v))); });
+  return unary(x, "gelu", kernels::gelu_forward, [](float v) {
+    return 0.5f * v * (1.0f + std::tanh(gelu_c * (v + gelu_a * v * v * v)));
+  });
 }
 
 Tensor gelu_backward(const Tensor& x, const Tensor& dy) {
-  require_f32(x, "gelu_backward");
-  require_like(x, dy, "gelu_backward");
-  if (x.on_device()) {
-    Tensor dx = empty(x.shape(), DType::f32, Memory::device);
-    kernels::gelu_backward(x.data(), dy.data(), dx.data(), x.size());
-    return dx;
-  }
   // d/dx of 0.5 x (1 + tanh(u)), u = c (x + a x^3): 0.5 (1 + tanh u) + 0.5 x sech^2(u) u'.
-  return host_zip(x, dy, [](float v, float d) {
+  return gradient(x, dy, "gelu_backward", kernels::gelu_backward, [](float v, float d) {
     const float u = gelu_c * (v + gelu_a * v * v * v);
     const float t = std::tanh(u);
     const float du = gelu_c * (1.0f + 3.0f * gelu_a * v * v);
