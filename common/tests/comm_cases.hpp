@@ -406,8 +406,8 @@ inline void tag_mismatch_is_an_error(Communicator& comm) {
 // ---------------------------------------------------------------------------
 // Sub-communicators
 
-/// Every collective and a point-to-point ring on `sub`, f32 and i64 (the types others
-/// cover above).
+/// Every collective, blocking and not, and a point-to-point ring on `sub`, in f32 and i64
+/// (the other types are covered on the world above).
 inline void everything_on(Communicator& sub) {
   const int n = sub.size(), r = sub.rank();
   const std::size_t count = 3 * static_cast<std::size_t>(n) + 1;
@@ -440,6 +440,36 @@ inline void everything_on(Communicator& sub) {
     for (float v : rank_data<float>(q, 2, 2 * static_cast<std::size_t>(r))) want_at.push_back(v);
   sub.alltoall(rank_data<float>(r, 2 * static_cast<std::size_t>(n)), at);
   same(at, want_at, "alltoall on a sub-communicator", r);
+  // The uneven and non-blocking ones.
+  std::vector<std::size_t> counts(static_cast<std::size_t>(n));
+  std::vector<float> want_v;
+  for (int q = 0; q < n; ++q) {
+    counts[static_cast<std::size_t>(q)] = uneven_count(q);
+    for (float v : rank_data<float>(q, uneven_count(q), 9)) want_v.push_back(v);
+  }
+  std::vector<float> allv(want_v.size()), at_root(r == 0 ? want_v.size() : 0);
+  sub.allgatherv(rank_data<float>(r, uneven_count(r), 9), allv, counts);
+  same(allv, want_v, "allgatherv on a sub-communicator", r);
+  sub.gatherv(rank_data<float>(r, uneven_count(r), 9), at_root, counts, 0);
+  if (r == 0) same(at_root, want_v, "gatherv on a sub-communicator", r);
+  std::vector<std::size_t> send(static_cast<std::size_t>(n)), recv(send.size());
+  std::vector<float> want_a2a;
+  std::size_t sent_total = 0;
+  for (int j = 0; j < n; ++j) {
+    send[static_cast<std::size_t>(j)] = alltoallv_count(r, j);
+    recv[static_cast<std::size_t>(j)] = alltoallv_count(j, r);
+    sent_total += alltoallv_count(r, j);
+    std::size_t offset = 0;
+    for (int k = 0; k < r; ++k) offset += alltoallv_count(j, k);
+    for (float v : rank_data<float>(j, alltoallv_count(j, r), offset)) want_a2a.push_back(v);
+  }
+  std::vector<float> a2a(want_a2a.size());
+  sub.alltoallv(rank_data<float>(r, sent_total), send, a2a, recv);
+  same(a2a, want_a2a, "alltoallv on a sub-communicator", r);
+  std::vector<float> nb = rank_data<float>(r, count);
+  Request pending = sub.iallreduce(nb);
+  sub.wait(pending);
+  same(nb, want, "iallreduce on a sub-communicator", r);
   std::vector<float> got(3);
   sub.sendrecv(rank_data<float>(r, 3), (r + 1) % n, got, (r + n - 1) % n, 1);
   same(got, rank_data<float>((r + n - 1) % n, 3), "sendrecv on a sub-communicator", r);
@@ -476,11 +506,11 @@ inline void split_orders_by_key_and_nests(Communicator& comm) {
                   "nested split: parent ranks " << nested_parents[q - 1] << ", "
                                                 << nested_parents[q] << " out of key order");
   // Counters: each communicator counts its own calls; they add up.
-  CHECK(sub->stats()[Op::allreduce].calls == 1);
-  CHECK(nested->stats()[Op::allreduce].calls == 1);
+  CHECK(sub->stats()[Op::allreduce].calls == 2);
+  CHECK(nested->stats()[Op::allreduce].calls == 2);
   CommStats both = sub->stats();
   both += nested->stats();
-  CHECK(both[Op::allreduce].calls == 2);
+  CHECK(both[Op::allreduce].calls == 4);
 }
 
 // ---------------------------------------------------------------------------
