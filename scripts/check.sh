@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # make check [CH=NN]: builds your exercises (the `learner` preset: chapter programs and
-# tests link exercises/ instead of solutions/) and runs the chapter's tests against them.
-# Without CH: every chapter, and your progress over all of them.
+# tests link exercises/ instead of solutions/, with AddressSanitizer and UBSan) and runs
+# the chapter's tests against them. Without CH: every chapter, and your progress over all.
 # Exit 0 when every selected chapter's tests pass.
+#
+# A test run stops at its first failure and prints that check's own message (which rank,
+# which step, which values). A run that takes longer than CHECK_TIMEOUT seconds (default
+# 60) is stopped and reported as a deadlock or a hang.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 want=${1:-}
@@ -12,6 +16,7 @@ if [[ -n "$want" && ! "$want" =~ ^[0-9]{1,2}$ ]]; then
   exit 2
 fi
 [[ -n "$want" ]] && want=$(printf '%02d' "$((10#$want))")
+limit=${CHECK_TIMEOUT:-60}
 
 chapters=()
 for dir in chapters/[0-9][0-9]_*/; do
@@ -23,35 +28,131 @@ if ((${#chapters[@]} == 0)); then
   exit 2
 fi
 
-# Build only what the selected chapters need.
+# Build only what the selected chapters need. Configure only the first time, or when the
+# presets changed: after that the build itself notices edited CMake files.
 mkdir -p build
 targets=()
 for name in "${chapters[@]}"; do targets+=("test_ch${name:0:2}_exercise" "ch${name}"); done
-if ! { cmake --preset learner > /dev/null && cmake --build --preset learner --target "${targets[@]}"; } > build/learner.log 2>&1; then
+configure=true
+if [[ -f build/learner/build.ninja && build/learner/CMakeCache.txt -nt CMakePresets.json ]]; then
+  configure=false
+fi
+if ! { { ! $configure || cmake --preset learner > /dev/null; } &&
+       cmake --build --preset learner --target "${targets[@]}"; } > build/learner.log 2>&1; then
   grep -E "error|Error" build/learner.log | head -20
   echo "check: your exercise does not compile (full log: build/learner.log)" >&2
   exit 1
 fi
 
+# The first failure in a doctest log, in the words of the check that failed: the test
+# case (and world size), then its own message — the "logged:" text of a CHECK_MESSAGE,
+# the text of a FAIL_CHECK, or what an exception said.
+first_failure() {
+  awk '
+    /^TEST CASE:/ { sub(/^TEST CASE: */, ""); test = $0; where = ""; getline; if ($0 ~ /^  [^ ]/) where = " (" substr($0, 3) ")"; next }
+    !found && /ERROR: / && !/exception thrown in subcase/ && !/too many failed/ {
+      found = 1; check = ($0 ~ /(CHECK|REQUIRE)(_[A-Z]+)?\(.*\) is NOT correct/)
+      msg = $0; sub(/.*ERROR: (test case THREW exception: )?/, "", msg); next
+    }
+    found && /^  logged: / { text = $0; sub(/^  logged: /, "", text); logged = text; next }
+    found && logged != "" && /^    / { logged = logged "\n          " substr($0, 5); next }
+    found && (/^$/ || /^===/) { exit }
+    END {
+      if (!found) exit
+      # A failed CHECK_MESSAGE says what went wrong in its logged text; an exception or
+      # FAIL_CHECK in its own, with the logged values (CAPTURE) as context.
+      if (check && logged != "") msg = logged
+      else if (logged != "") msg = msg "\n          (" logged ")"
+      printf "  test:   %s%s\n  failed: %s\n", test, where, msg
+    }
+  '
+}
+
+# A sanitizer's report, shortened to what a learner needs: what went wrong, and the first
+# line of their own code (exercises/, chapters/) on the way there.
+sanitizer_summary() {
+  awk '
+    function from_repo(text,   i) {  # "/path/to/repo/exercises/x.cpp:3" -> "exercises/x.cpp:3"
+      i = index(text, "/exercises/"); if (!i) i = index(text, "/chapters/")
+      if (!i) i = index(text, "/common/"); return i ? substr(text, i + 1) : text
+    }
+    /ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:|Assertion .* failed/ && !head {
+      head = $0; sub(/^==[0-9]+==ERROR: /, "", head); sub(/ on address .*/, "", head)
+      if (head ~ /runtime error:/) head = from_repo(head)
+      next
+    }
+    head && /^(READ|WRITE) of size/ && !access { access = $0; sub(/ at 0x[0-9a-f]+/, "", access) }
+    head && /is located/ && !where { where = $0; sub(/^0x[0-9a-f]+ /, "", where); sub(/ \[.*/, "", where) }
+    head && / in .*\/(exercises|chapters)\/[^ ]+:[0-9]+/ && !frame {
+      line = $0; sub(/^ *#[0-9]+ 0x[0-9a-f]+ in /, "", line)
+      n = split(line, part, " "); frame = from_repo(part[n])
+      fn = line; sub(/\(.*/, "", fn); frame = frame "  (in " fn ")"
+    }
+    END {
+      if (!head) exit
+      printf "  failed: %s\n", head
+      if (access) printf "          %s, %s\n", access, where
+      if (frame) printf "  at:     %s\n", frame
+    }
+  '
+}
 
 passed_chapters=0
+report=""
 printf '\n%-24s %-12s %s\n' "chapter" "test cases" "status"
+run_tests() {  # run_tests PROGRAM [doctest options]: its log on stdout, its exit code
+  ASAN_OPTIONS=handle_abort=1:detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
+    timeout -k 5 "$limit" "$@" 2>&1
+}
+count_of() {  # count_of LOG KEY: "test cases: 6 | 2 passed" -> total or passed
+  local summary
+  summary=$(grep -E "test cases:" <<< "$1" | tail -1)
+  [[ -z "$summary" ]] && return
+  if [[ $2 == total ]]; then sed -E 's/.*test cases: *([0-9]+).*/\1/' <<< "$summary"
+  else sed -E 's/.*\| *([0-9]+) passed.*/\1/' <<< "$summary"; fi
+}
+
 for name in "${chapters[@]}"; do
   number=${name:0:2}
-  log=$(build/learner/bin/test_ch${number}_exercise 2>&1)
+  program=build/learner/bin/test_ch${number}_exercise
+  # First up to the first failure (seconds, even for a deadlock); then, if that failure was
+  # quick, the whole suite, for the count of test cases that pass.
+  log=$(run_tests "$program" --abort-after=1)
   code=$?
-  summary=$(grep -E "test cases:" <<< "$log" | tail -1)
-  total=$(sed -E 's/.*test cases: *([0-9]+).*/\1/' <<< "$summary")
-  passed=$(sed -E 's/.*\| *([0-9]+) passed.*/\1/' <<< "$summary")
+  total=$("$program" --count 2>/dev/null | sed -nE 's/.*test cases passing the current filters: ([0-9]+).*/\1/p')
+  passed=$(count_of "$log" passed)
   if [[ $code -eq 0 ]]; then
     status="done"
     passed_chapters=$((passed_chapters + 1))
+  elif [[ $code -eq 124 || $code -eq 137 ]]; then
+    status="timed out after $limit s — a deadlock or a hang; run $program to see where"
+    passed="?"
+  elif [[ -z "$(count_of "$log" total)" ]]; then
+    passed="crashed"
+    status="crashed — see below"
+    failure=$(sanitizer_summary <<< "$log")
+    [[ -z "$failure" ]] && failure=$(tail -15 <<< "$log")
+    report+=$'\n'"$name: where it crashed"$'\n'"$failure"$'\n'
   else
-    first=$(grep -m1 -oE "TODO\(ch[0-9]+: [a-z_]+\)" <<< "$log" || grep -m1 -E "ERROR|error" <<< "$log")
-    status="to do — first failure: ${first:-see build/learner/bin/test_ch${number}_exercise}"
+    if grep -q "(--timeout)" <<< "$log"; then
+      passed="?"  # a deadlock: the other test cases would wait as long
+    else
+      passed=$(count_of "$(run_tests "$program")" passed)
+    fi
+    todo=$(grep -m1 -oE "TODO\(ch[0-9]+: [a-z_]+\)" <<< "$log")
+    if [[ -n "$todo" ]]; then
+      status="to do — first: $todo"
+    else
+      status="failing — see below"
+      failure=$(first_failure <<< "$log")
+      [[ -z "$failure" ]] && failure=$(tail -15 <<< "$log")
+      report+=$'\n'"$name: the first failing check"$'\n'"$failure"$'\n'
+    fi
   fi
-  printf '%-24s %-12s %s\n' "$name" "${passed:-0}/${total:-?}" "$status"
+  [[ "$passed" == crashed ]] && total=""
+  printf '%-24s %-12s %s\n' "$name" "${passed:-0}${total:+/$total}" "$status"
 done
+[[ -n "$report" ]] && printf '%s' "$report"
 if [[ -z "$want" ]]; then
   printf '\nprogress: %d of %d chapters done\n' "$passed_chapters" "${#chapters[@]}"
 else

@@ -90,9 +90,12 @@ std::string join(const std::vector<std::int64_t>& v) {
   return s;
 }
 
-std::string range_text(std::int64_t size, int parts, int part) {
+/// "rows 0-1", "row 2", or "no rows": the part of a dimension of `size` that `part` holds.
+std::string range_text(const std::string& noun, std::int64_t size, int parts, int part) {
   const ShardRange r = shard_range(size, parts, part);
-  return std::to_string(r.offset) + ".." + std::to_string(r.offset + r.length);
+  if (r.length == 0) return "no " + noun + "s";
+  if (r.length == 1) return noun + " " + std::to_string(r.offset);
+  return noun + "s " + std::to_string(r.offset) + "-" + std::to_string(r.offset + r.length - 1);
 }
 
 // ---------------------------------------------------------------------------
@@ -253,12 +256,12 @@ int main(int argc, char** argv) {
       // What each rank holds and computes.
       std::ostringstream mine;
       if (std::string(s.key) == "data_parallel")
-        mine << "x rows " << range_text(M, P, r) << " @ w -> out rows " << range_text(M, P, r);
+        mine << "x " << range_text("row", M, P, r) << " @ w -> out " << range_text("row", M, P, r);
       else if (std::string(s.key) == "column_parallel")
-        mine << "x @ w columns " << range_text(N, P, r) << " -> out columns "
-             << range_text(N, P, r);
+        mine << "x @ w " << range_text("column", N, P, r) << " -> out "
+             << range_text("column", N, P, r);
       else
-        mine << "x columns " << range_text(K, P, r) << " @ w rows " << range_text(K, P, r)
+        mine << "x " << range_text("column", K, P, r) << " @ w " << range_text("row", K, P, r)
              << " -> a partial sum of all of out";
       ctx.say_each(mine.str());
 
@@ -314,7 +317,7 @@ int main(int argc, char** argv) {
     Tensor grad = matmul(transpose(x_r), out_r);  // this rank's dL/dw, from its rows only
     const double local_diff = max_abs_diff(grad, grad_ref);
     std::ostringstream g;
-    g << "local dL/dw from rows " << range_text(M, P, r)
+    g << "local dL/dw from " << range_text("row", M, P, r)
       << ": max |dW_r - dW| = " << format_number(local_diff, 3);
     ctx.say_each(g.str());
     // Do the ranks' gradients differ? Compare each with rank 0's.

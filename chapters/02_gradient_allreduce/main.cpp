@@ -180,9 +180,12 @@ int main(int argc, char** argv) {
     if (cfg.accum_steps > 1) head << ", " << cfg.accum_steps << " micro-batches per step";
     ctx.say(head.str());
     std::ostringstream rows;
-    rows << "batch rows " << shard_range(cfg.batch, P, ctx.rank()).offset << ".."
-         << shard_range(cfg.batch, P, ctx.rank()).offset +
-                shard_range(cfg.batch, P, ctx.rank()).length;
+    const ShardRange mine = shard_range(cfg.batch, P, ctx.rank());
+    rows << "batch rows ";
+    if (mine.length == 0)
+      rows << "none";
+    else
+      rows << mine.offset << "-" << mine.offset + mine.length - 1;
     ctx.say_each(rows.str());
 
     // 1. The single-device reference on the full batch, on the CPU (every rank can afford it).
@@ -255,15 +258,18 @@ int main(int argc, char** argv) {
     out << ", bytes sent per rank (" << (modeled ? "modeled" : "measured") << "): ";
     for (std::size_t q = 0; q < sent_per_step.size(); ++q)
       out << (q ? " " : "") << format_number(sent_per_step[q]);
-    out << "\n  formula 2(N-1)/N x " << grad_bytes
-        << " gradient bytes = " << format_number(formula_per_rank)
-        << " per rank; summed over ranks: " << (modeled ? "modeled " : "measured ")
-        << sent_total / cfg.steps << ", formula 2(N-1) x " << grad_bytes << " = "
-        << formula_total / cfg.steps
-        << (modeled ? "  [modeled: " + std::string(comm.backend()) +
-                          " hides its algorithm; this is the formula's count]"
-                    : "")
-        << "\ntime (slowest rank): computing " << format_number(compute_s * 1e3, 3)
+    if (synced)
+      out << "\n  formula 2(N-1)/N x " << grad_bytes
+          << " gradient bytes = " << format_number(formula_per_rank)
+          << " per rank; summed over ranks: " << (modeled ? "modeled " : "measured ")
+          << sent_total / cfg.steps << ", formula 2(N-1) x " << grad_bytes << " = "
+          << formula_total / cfg.steps
+          << (modeled ? "  [modeled: " + std::string(comm.backend()) +
+                            " hides its algorithm; this is the formula's count]"
+                      : "");
+    else
+      out << "\n  (--sync none: no gradient is exchanged, so nothing keeps the replicas together)";
+    out << "\ntime (slowest rank): computing " << format_number(compute_s * 1e3, 3)
         << " ms, waiting on communication " << format_number(wait_s * 1e3, 3) << " ms";
     ctx.say(out.str());
 

@@ -18,6 +18,7 @@ using namespace shardlab;
 using shardlab::testing::check_close;
 using shardlab::testing::check_equal;
 using shardlab::testing::for_each_world_size;
+using shardlab::testing::on_ranks;
 
 namespace {
 
@@ -82,7 +83,7 @@ TEST_SUITE("ch02") {
     for_each_world_size([](int n) {
       const std::int64_t batch = 13;
       const std::vector<Tensor> want = weighted_average(n, batch);
-      run_threads(n, [&](Communicator& comm) {
+      on_ranks(n, [&](Communicator& comm) {
         FakeModel g(comm.rank());
         ch02::allreduce_gradients(comm, g.params, shard_range(batch, n, comm.rank()).length, batch);
         for (std::size_t i = 0; i < want.size(); ++i)
@@ -126,7 +127,7 @@ TEST_SUITE("ch02") {
     for_each_world_size([](int n) {
       const std::int64_t batch = 13;
       const std::vector<Tensor> want = weighted_average(n, batch);
-      run_threads(n, [&](Communicator& comm) {
+      on_ranks(n, [&](Communicator& comm) {
         FakeModel g(comm.rank());
         const FakeModel untouched(comm.rank());
         const std::vector<ch02::Bucket> buckets = ch02::plan_buckets(g.params, 116);
@@ -147,7 +148,7 @@ TEST_SUITE("ch02") {
       const std::vector<Tensor> want = weighted_average(n, batch);
       for (std::int64_t bytes : {4, 60, 100, 1 << 20}) {
         CAPTURE(bytes);
-        run_threads(n, [&](Communicator& comm) {
+        on_ranks(n, [&](Communicator& comm) {
           FakeModel g(comm.rank());
           std::vector<Request> pending;
           for (const ch02::Bucket& b : ch02::plan_buckets(g.params, bytes))
@@ -170,7 +171,7 @@ TEST_SUITE("ch02") {
       ch02::train_single_device(cfg, single);
       for_each_world_size([&](int n) {
         auto models = models_for(n, cfg);
-        run_threads(n, [&](Communicator& comm) {
+        on_ranks(n, [&](Communicator& comm) {
           ch02::train(comm, cfg, *models[static_cast<std::size_t>(comm.rank())]);
         });
         for (int r = 1; r < n; ++r)
@@ -192,7 +193,7 @@ TEST_SUITE("ch02") {
         CAPTURE(n);
         auto models = models_for(n, cfg);
         std::vector<std::uint64_t> calls(static_cast<std::size_t>(n));
-        run_threads(n, [&](Communicator& comm) {
+        on_ranks(n, [&](Communicator& comm) {
           const ch02::Trace t =
               ch02::train(comm, cfg, *models[static_cast<std::size_t>(comm.rank())]);
           calls[static_cast<std::size_t>(comm.rank())] = t.allreduce.calls;

@@ -5,9 +5,12 @@
 // Rank q puts 2^q + 1024 * c into every element of chunk c. A sum over a set of ranks Q
 // then reads back as mask = sum of 2^q (which ranks arrived) and c (which chunk it was):
 //   value = mask + |Q| * 1024 * c,   mask < 1024 for N <= 8.
+// A message is identified by what it carries, not by where it was sent from: a ring that
+// sends from a copy of its chunk is as right as one that sends the chunk itself.
 #pragma once
 
 #include <bit>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -20,9 +23,13 @@ namespace ch03::check {
 
 using ch03::wrap;
 
+inline shardlab::ShardRange chunk_range(std::size_t count, int ranks, int c) {
+  return shardlab::shard_range(static_cast<std::int64_t>(count), ranks, c);
+}
+
 inline int chunk_of(std::size_t i, std::size_t count, int ranks) {
   for (int c = 0; c < ranks; ++c) {
-    const auto r = shardlab::shard_range(static_cast<std::int64_t>(count), ranks, c);
+    const auto r = chunk_range(count, ranks, c);
     if (static_cast<std::int64_t>(i) < r.offset + r.length) return c;
   }
   return ranks - 1;
@@ -48,80 +55,158 @@ inline Decoded decode(float value) {
   return d;
 }
 
-/// Which chunk of `data` a traced buffer is, or -1 when it points elsewhere (scratch).
-inline int chunk_at(const void* buffer, std::span<const float> data, int ranks) {
-  const auto* p = static_cast<const float*>(buffer);
-  if (data.empty() || p < data.data() || p >= data.data() + data.size()) return -1;
-  return chunk_of(static_cast<std::size_t>(p - data.data()), data.size(), ranks);
+/// "3 3 2 2": the chunk lengths of `count` elements over `ranks`.
+inline std::string chunk_lengths(std::size_t count, int ranks) {
+  std::string s;
+  for (int c = 0; c < ranks; ++c)
+    s += (c ? " " : "") + std::to_string(chunk_range(count, ranks, c).length);
+  return s;
 }
+
+/// One message as a rank posted it, with what a send carried at that moment.
+struct Posted {
+  int peer = 0, tag = 0;
+  const float* buffer = nullptr;
+  std::size_t elements = 0;
+  std::vector<float> contents;  // sends only
+};
 
 /// Records the sends and receives of one rank, step by step (the k-th send is step k).
 struct StepLog {
-  std::vector<shardlab::MessageEvent> sends, recvs;
+  std::vector<Posted> sends, recvs;
   void attach(shardlab::Communicator& comm) {
     comm.trace_messages([this](const shardlab::MessageEvent& e) {
-      (e.op == shardlab::Op::send ? sends : recvs).push_back(e);
+      Posted p{e.peer, e.tag, static_cast<const float*>(e.buffer), e.bytes / sizeof(float), {}};
+      if (e.op == shardlab::Op::send) {
+        p.contents.assign(p.buffer, p.buffer + p.elements);
+        sends.push_back(std::move(p));
+      } else {
+        recvs.push_back(std::move(p));
+      }
     });
   }
 };
 
-/// "" if step s of the log sent chunk first_send(s) (and received into chunk
-/// first_recv(s) where the receive lands in `data`), else which rank, step and chunk.
+/// "" when message `m` is chunk `want` of `count` elements over `ranks` (its elements all
+/// hold chunk `want`'s data, and there are as many as the chunk has), else what it is.
+inline std::string not_chunk(const Posted& m, int want, std::size_t count, int ranks) {
+  const auto range = chunk_range(count, ranks, want);
+  std::set<int> chunks;
+  for (float v : m.contents) chunks.insert(decode(v).chunk);
+  const std::string sizes = " (chunk c is shard_range(S, N, c): for S = " + std::to_string(count) +
+                            " and N = " + std::to_string(ranks) + " the chunks have " +
+                            chunk_lengths(count, ranks) +
+                            " elements, the first S % N one more than the rest)";
+  if (chunks.size() > 1) {
+    std::string list;
+    for (int c : chunks) list += (list.empty() ? "" : " and ") + std::to_string(c);
+    return "sent " + std::to_string(m.elements) + " elements holding data of chunks " + list +
+           ": the chunk boundaries are off" + sizes;
+  }
+  if (chunks.size() == 1 && *chunks.begin() != want) {
+    const int got = *chunks.begin();
+    const auto got_range = chunk_range(count, ranks, got);
+    if (m.elements == static_cast<std::size_t>(got_range.length))
+      return "sent chunk " + std::to_string(got) + ", but this step sends chunk " +
+             std::to_string(want);
+    return "sent " + std::to_string(m.elements) + " elements of chunk " + std::to_string(got) +
+           " (which has " + std::to_string(got_range.length) + "), but this step sends chunk " +
+           std::to_string(want) + ": the chunk boundaries are off" + sizes;
+  }
+  if (m.elements != static_cast<std::size_t>(range.length))
+    return "sent " + std::to_string(m.elements) + " elements of chunk " + std::to_string(want) +
+           ", but chunk " + std::to_string(want) + " has " + std::to_string(range.length) + sizes;
+  return "";
+}
+
+/// "" if every step in the log sent chunk want_send(s) to the right (and received into
+/// chunk want_recv(s) where the receive lands in `data`), else which rank, step and chunk.
+/// The log may end early (a ring that failed part way): the steps it has are checked.
 template <class SendChunk, class RecvChunk>
 std::string steps_error(const StepLog& log, std::span<const float> data, int rank, int ranks,
                         const char* phase, SendChunk want_send, RecvChunk want_recv,
-                        const char* rule) {
+                        const char* rule, bool complete = true) {
   if (ranks == 1) return "";
-  if (log.sends.size() != static_cast<std::size_t>(ranks - 1))
+  if (complete && log.sends.size() != static_cast<std::size_t>(ranks - 1))
     return "rank " + std::to_string(rank) + ", " + phase + ": " + std::to_string(log.sends.size()) +
            " sends, but the ring takes N - 1 = " + std::to_string(ranks - 1) + " steps";
-  // A transfer moved chunk c when it starts at chunk c's offset and is chunk c long
-  // (this also holds for the empty chunks of a buffer shorter than N).
-  auto is_chunk = [&](const shardlab::MessageEvent& e, int c) {
-    const auto range = shardlab::shard_range(static_cast<std::int64_t>(data.size()), ranks, c);
-    return static_cast<const float*>(e.buffer) == data.data() + range.offset &&
-           e.bytes == static_cast<std::size_t>(range.length) * sizeof(float);
-  };
-  for (int s = 0; s < ranks - 1; ++s) {
-    const auto& send = log.sends[static_cast<std::size_t>(s)];
-    const int sent = chunk_at(send.buffer, data, ranks);
+  const std::size_t steps = std::min(log.sends.size(), static_cast<std::size_t>(ranks - 1));
+  for (std::size_t k = 0; k < steps; ++k) {
+    const int s = static_cast<int>(k);
+    const Posted& send = log.sends[k];
     const std::string where =
         "rank " + std::to_string(rank) + ", " + phase + " step " + std::to_string(s) + ": ";
     if (send.peer != wrap(rank + 1, ranks))
       return where + "sent to rank " + std::to_string(send.peer) +
              ", but the ring sends to the right neighbour " + std::to_string(wrap(rank + 1, ranks));
-    if (!is_chunk(send, want_send(s)))
-      return where + "sent " +
-             (sent >= 0 ? "chunk " + std::to_string(sent)
-                        : "a buffer that is not a chunk of the data") +
-             ", but this step sends chunk " + std::to_string(want_send(s)) + " (" + rule + ")";
-    if (s < static_cast<int>(log.recvs.size())) {
-      const auto& recv = log.recvs[static_cast<std::size_t>(s)];
-      const int got = chunk_at(recv.buffer, data, ranks);
+    const std::string wrong = not_chunk(send, want_send(s), data.size(), ranks);
+    if (!wrong.empty()) return where + wrong + " (" + rule + ")";
+    if (k < log.recvs.size()) {
       // A receive into scratch (outside the data) cannot be placed; one into the data must
-      // land on the right chunk.
-      if (got >= 0 && !is_chunk(recv, want_recv(s)))
-        return where + "received into chunk " + std::to_string(got) +
-               ", but this step receives chunk " + std::to_string(want_recv(s)) + " (" + rule + ")";
+      // land exactly on the chunk this step receives.
+      const Posted& recv = log.recvs[k];
+      const auto range = chunk_range(data.size(), ranks, want_recv(s));
+      const bool in_data =
+          !data.empty() && recv.buffer >= data.data() && recv.buffer < data.data() + data.size();
+      if (in_data && (recv.buffer != data.data() + range.offset ||
+                      recv.elements != static_cast<std::size_t>(range.length))) {
+        const auto at = static_cast<std::size_t>(recv.buffer - data.data());
+        return where + "received into elements " + std::to_string(at) + ".." +
+               std::to_string(at + recv.elements) + ", but this step receives chunk " +
+               std::to_string(want_recv(s)) + ", elements " + std::to_string(range.offset) + ".." +
+               std::to_string(range.offset + range.length) + " (" + rule + ")";
+      }
     }
   }
   return "";
 }
 
+inline constexpr const char* reduce_scatter_rule =
+    "step s sends chunk (r - s) mod N and receives chunk (r - s - 1) mod N";
+inline constexpr const char* allgather_rule =
+    "step s sends chunk (r + 1 - s) mod N and receives chunk (r - s) mod N";
+
 inline std::string reduce_scatter_steps_error(const StepLog& log, std::span<const float> data,
-                                              int rank, int ranks) {
+                                              int rank, int ranks, bool complete = true) {
   return steps_error(
       log, data, rank, ranks, "reduce-scatter", [&](int s) { return wrap(rank - s, ranks); },
-      [&](int s) { return wrap(rank - s - 1, ranks); },
-      "step s sends chunk (r - s) mod N and receives chunk (r - s - 1) mod N");
+      [&](int s) { return wrap(rank - s - 1, ranks); }, reduce_scatter_rule, complete);
 }
 
 inline std::string allgather_steps_error(const StepLog& log, std::span<const float> data, int rank,
-                                         int ranks) {
+                                         int ranks, bool complete = true) {
   return steps_error(
       log, data, rank, ranks, "all-gather", [&](int s) { return wrap(rank + 1 - s, ranks); },
-      [&](int s) { return wrap(rank - s, ranks); },
-      "step s sends chunk (r + 1 - s) mod N and receives chunk (r - s) mod N");
+      [&](int s) { return wrap(rank - s, ranks); }, allgather_rule, complete);
+}
+
+/// Runs `phase` (a reduce-scatter or an all-gather of the learner's) with its messages
+/// logged. When a message fails part way (one side sent a chunk of another size than the
+/// other expected), the error is said in the ring's terms: the first step whose send was
+/// not the chunk it should be — on this rank, or the rank it was receiving from.
+template <class Phase, class StepsError>
+void run_logged(shardlab::Communicator& comm, std::span<float> data, StepLog& log, Phase&& phase,
+                StepsError&& steps_error_of) {
+  struct Detach {  // the log stops listening however the phase ends
+    shardlab::Communicator& comm;
+    ~Detach() { comm.trace_messages({}); }
+  } detach{comm};
+  log.attach(comm);
+  try {
+    phase();
+  } catch (const shardlab::CommAborted&) {
+    throw;
+  } catch (const shardlab::CommError& e) {
+    const std::string mine = steps_error_of(log, data, false);
+    const std::string seen = std::string(" (what the communicator saw: ") + e.what() + ")";
+    if (!mine.empty()) throw shardlab::CommError(mine + seen);
+    if (std::string(e.what()).find("posted a recv of") == std::string::npos) throw;
+    const std::string step = std::to_string(log.recvs.empty() ? 0 : log.recvs.size() - 1);
+    throw shardlab::CommError("rank " + std::to_string(comm.rank()) + ", step " + step +
+                              ": this rank's sends were right, but the message it received is "
+                              "not the size of the chunk it expected: the left neighbour's step " +
+                              step + " sent another chunk" + seen);
+  }
 }
 
 inline std::string ranks_in(unsigned mask) {
@@ -135,7 +220,7 @@ inline std::string ranks_in(unsigned mask) {
 /// the rank, the chunk, and the step whose contribution is missing.
 inline std::string reduce_scatter_error(std::span<const float> data, int rank, int ranks) {
   const int owned = owned_chunk(rank, ranks);
-  const auto range = shardlab::shard_range(static_cast<std::int64_t>(data.size()), ranks, owned);
+  const auto range = chunk_range(data.size(), ranks, owned);
   const unsigned all = (1u << ranks) - 1;
   for (auto i = static_cast<std::size_t>(range.offset);
        i < static_cast<std::size_t>(range.offset + range.length); ++i) {
@@ -174,8 +259,7 @@ inline std::string allgather_error(std::span<const float> data, int rank, int ra
     return "rank " + std::to_string(rank) + ", after all-gather, chunk " + std::to_string(c) +
            " (element " + std::to_string(i) + ") holds ranks " + ranks_in(d.mask) + " of chunk " +
            std::to_string(d.chunk) + "; it should have arrived complete from the left at step " +
-           std::to_string(wrap(rank - c, ranks)) +
-           " (receive chunk (r - s) mod N, send chunk (r + 1 - s) mod N)";
+           std::to_string(wrap(rank - c, ranks)) + " (" + allgather_rule + ")";
   }
   return "";
 }

@@ -7,10 +7,13 @@
 
 #include "ring_allreduce.hpp"
 #include "ring_check.hpp"
+#include "shardlab/check.hpp"
 #include "shardlab/testing.hpp"
 
 using namespace shardlab;
 using shardlab::testing::for_each_world_size;
+using shardlab::testing::on_ranks;
+namespace check = ch03::check;
 
 namespace {
 using Algorithm = std::function<void(Communicator&, std::span<float>, ch03::Workspace&)>;
@@ -20,7 +23,7 @@ void check_algorithm(const char* name, const Algorithm& run) {
     for (std::size_t count :
          {std::size_t{0}, std::size_t{1}, static_cast<std::size_t>(n) + 1, std::size_t{4099}}) {
       CAPTURE(count);
-      run_threads(n, [&](Communicator& comm) {
+      on_ranks(n, [&](Communicator& comm) {
         std::vector<float> mine = ch03::check::tagged_input(count, comm.rank(), n), native = mine;
         ch03::Workspace scratch;
         const CommStats before = comm.stats();
@@ -33,13 +36,86 @@ void check_algorithm(const char* name, const Algorithm& run) {
     }
   });
 }
+/// The ring's reduce-scatter with its parts spelled out, correct unless one is changed: the
+/// checker's own test. `send_from_copy` sends a copy of the chunk (which is right);
+/// `offset_by_one` sends chunk (r - s + 1) (wrong); `even_chunks` cuts S / N elements per
+/// chunk, the last taking the rest (wrong when N does not divide S).
+struct RingVariant {
+  bool send_from_copy = false, offset_by_one = false, even_chunks = false;
+  void operator()(Communicator& comm, std::span<float> data, ch03::Workspace&) const {
+    const int N = comm.size(), r = comm.rank();
+    auto chunk = [&](int c) {
+      c = ch03::wrap(c, N);
+      if (!even_chunks) return ch03::chunk(data, N, c);
+      const std::size_t len = data.size() / static_cast<std::size_t>(N);
+      const std::size_t begin = static_cast<std::size_t>(c) * len;
+      return data.subspan(begin, c == N - 1 ? data.size() - begin : len);
+    };
+    for (int s = 0; s < N - 1; ++s) {
+      const std::span<float> out = chunk(r - s + (offset_by_one ? 1 : 0));
+      const std::span<float> mine = chunk(r - s - 1);
+      std::vector<float> in(mine.size()), copy(out.begin(), out.end());
+      if (send_from_copy)
+        comm.sendrecv(copy, ch03::wrap(r + 1, N), in, ch03::wrap(r - 1, N), s);
+      else
+        comm.sendrecv(out, ch03::wrap(r + 1, N), in, ch03::wrap(r - 1, N), s);
+      for (std::size_t i = 0; i < mine.size(); ++i) mine[i] += in[i];
+    }
+  }
+};
+
+/// The first failure message a variant produces on 4 ranks and `count` elements.
+std::string message_of(const RingVariant& variant, std::size_t count) {
+  std::string message;
+  try {
+    run_threads(4, [&](Communicator& comm) {
+      std::vector<float> data = check::tagged_input(count, comm.rank(), 4);
+      check::StepLog log;
+      ch03::Workspace scratch;
+      check::run_logged(
+          comm, data, log, [&] { variant(comm, data, scratch); },
+          [&](const check::StepLog& l, std::span<const float> d, bool complete) {
+            return check::reduce_scatter_steps_error(l, d, comm.rank(), 4, complete);
+          });
+      const std::string steps = check::reduce_scatter_steps_error(log, data, comm.rank(), 4);
+      if (!steps.empty()) throw CommError(steps);
+    });
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  return message;
+}
+
 }  // namespace
 
 TEST_SUITE("ch03.algorithms") {
+  TEST_CASE("the ring checker judges messages by what they carry, and names the step") {
+    // Sending from a copy of the chunk is right.
+    CHECK(message_of({.send_from_copy = true}, 40).empty());
+    CHECK(message_of({}, 40).empty());
+    // The wrong chunk: named by step and chunk, when N divides S (rank r sends chunk r + 1
+    // at step 0 instead of chunk r) ...
+    const std::string even_split = message_of({.offset_by_one = true}, 40);
+    const bool named = even_split.find("reduce-scatter step 0: sent chunk ") != std::string::npos &&
+                       even_split.find(", but this step sends chunk ") != std::string::npos &&
+                       even_split.find("(step s sends chunk (r - s) mod N") != std::string::npos;
+    CHECK_MESSAGE(named, even_split);
+    // ... and when it does not, so that a chunk of another size arrives: the same words,
+    // not just the communicator's size mismatch.
+    const std::string uneven = message_of({.offset_by_one = true}, 10);
+    const bool named_uneven =
+        uneven.find("reduce-scatter step 0: sent chunk ") != std::string::npos &&
+        uneven.find(", but this step sends chunk ") != std::string::npos;
+    CHECK_MESSAGE(named_uneven, uneven);
+    // Chunks of S / N elements when N does not divide S: the boundaries are off.
+    const std::string even = message_of({.even_chunks = true}, 10);
+    CHECK_MESSAGE(even.find("the chunks have 3 3 2 2 elements") != std::string::npos, even);
+  }
+
   TEST_CASE("naive allreduce: everything through rank 0, bitwise native (same rank order)") {
     check_algorithm("naive", ch03::naive_allreduce);
     // Random floats too: rank 0 adds in rank order, exactly as the threads backend does.
-    run_threads(3, [](Communicator& comm) {
+    on_ranks(3, [](Communicator& comm) {
       Tensor x = randn(1, 999, 5 + static_cast<std::uint64_t>(comm.rank())), native = x.clone();
       ch03::Workspace scratch;
       ch03::naive_allreduce(comm, x.span(), scratch);
@@ -60,7 +136,7 @@ TEST_SUITE("ch03.algorithms") {
     }
   }
   TEST_CASE("the pipelined ring's partners agree on every bit of random data") {
-    run_threads(4, [](Communicator& comm) {
+    on_ranks(4, [](Communicator& comm) {
       Tensor x = randn(1, 5003, 9 + static_cast<std::uint64_t>(comm.rank())), ring = x.clone();
       ch03::Workspace scratch;
       ch03::pipelined_ring_allreduce(comm, x.span(), 64, scratch);

@@ -3,72 +3,69 @@
 // not divisible by N, and large.
 #include <doctest/doctest.h>
 
+#include <functional>
+
 #include "ring_allreduce.hpp"
 #include "ring_check.hpp"
 #include "shardlab/testing.hpp"
 
 using namespace shardlab;
 using shardlab::testing::for_each_world_size;
+using shardlab::testing::on_ranks;
 namespace check = ch03::check;
 
 namespace {
 
+/// The counts N divides come first: a chunk index that is off then shows as the wrong
+/// chunk, before uneven chunks make the sizes disagree too.
 std::vector<std::size_t> counts_for(int n) {
   const auto N = static_cast<std::size_t>(n);
-  return {0, 1, N > 1 ? N - 1 : 1, N, 5 * N + 2, 4099};
+  return {4 * N, N, 0, 1, N > 1 ? N - 1 : 1, 5 * N + 2, 4099};
 }
 
-/// A reduce-scatter that sends the wrong chunk (r - s + 1 instead of r - s): what the
-/// checker must catch. (Equal chunks only, so the sizes still match.)
-void reduce_scatter_wrong_chunk(Communicator& comm, std::span<float> data) {
-  const int N = comm.size(), r = comm.rank();
-  const std::size_t len = data.size() / static_cast<std::size_t>(N);
-  auto chunk = [&](int c) {
-    return data.subspan(static_cast<std::size_t>(ch03::wrap(c, N)) * len, len);
-  };
-  std::vector<float> in(len);
-  for (int s = 0; s < N - 1; ++s) {
-    const std::span<float> mine = chunk(r - s - 1);
-    comm.sendrecv(chunk(r - s + 1), ch03::wrap(r + 1, N), in, ch03::wrap(r - 1, N), s);
-    for (std::size_t i = 0; i < len; ++i) mine[i] += in[i];
+/// What the all-gather starts from: only the owned chunk complete (as after the
+/// reduce-scatter), the rest junk.
+std::vector<float> after_reduce_scatter(std::size_t count, int rank, int n) {
+  std::vector<float> sum(count, 0.0f), data(count, -1.0f);
+  for (int q = 0; q < n; ++q) {
+    const auto v = check::tagged_input(count, q, n);
+    for (std::size_t i = 0; i < count; ++i) sum[i] += v[i];
   }
+  const auto mine = shard_range(static_cast<std::int64_t>(count), n, ch03::owned_chunk(rank, n));
+  for (std::int64_t i = mine.offset; i < mine.offset + mine.length; ++i)
+    data[static_cast<std::size_t>(i)] = sum[static_cast<std::size_t>(i)];
+  return data;
+}
+
+/// The learner's reduce-scatter on rank comm.rank(), checked step by step, then by result.
+void check_reduce_scatter(
+    Communicator& comm, std::size_t count,
+    const std::function<void(Communicator&, std::span<float>, ch03::Workspace&)>& reduce_scatter) {
+  const int n = comm.size(), r = comm.rank();
+  std::vector<float> data = check::tagged_input(count, r, n);
+  check::StepLog log;
+  ch03::Workspace scratch;
+  check::run_logged(
+      comm, data, log, [&] { reduce_scatter(comm, data, scratch); },
+      [&](const check::StepLog& l, std::span<const float> d, bool complete) {
+        return check::reduce_scatter_steps_error(l, d, r, n, complete);
+      });
+  // Which chunk each step moved, then what the owned chunk holds.
+  const std::string steps = check::reduce_scatter_steps_error(log, data, r, n);
+  CHECK_MESSAGE(steps.empty(), steps);
+  const std::string e = check::reduce_scatter_error(data, r, n);
+  CHECK_MESSAGE(e.empty(), e);
 }
 
 }  // namespace
 
 TEST_SUITE("ch03") {
   TEST_CASE("reduce-scatter: each rank's chunk (r+1) mod N holds the sum over all ranks") {
-    // First, the checker itself: a ring with a wrong chunk index is named precisely.
-    std::string wrong_steps, result;
-    run_threads(4, [&](Communicator& comm) {
-      std::vector<float> data = check::tagged_input(40, comm.rank(), 4);
-      check::StepLog log;
-      log.attach(comm);
-      reduce_scatter_wrong_chunk(comm, data);
-      if (comm.rank() != 1) return;
-      wrong_steps = check::reduce_scatter_steps_error(log, data, 1, 4);
-      result = check::reduce_scatter_error(data, 1, 4);
-    });
-    CHECK(wrong_steps ==
-          "rank 1, reduce-scatter step 0: sent chunk 2, but this step sends chunk 1 (step s sends "
-          "chunk "
-          "(r - s) mod N and receives chunk (r - s - 1) mod N)");
-    CHECK(result.find("rank 1, after reduce-scatter, chunk 2") == 0);
-
     for_each_world_size([](int n) {
       for (std::size_t count : counts_for(n)) {
         CAPTURE(count);
-        run_threads(n, [&](Communicator& comm) {
-          std::vector<float> data = check::tagged_input(count, comm.rank(), n);
-          check::StepLog log;
-          log.attach(comm);
-          ch03::Workspace scratch;
-          ch03::ring_reduce_scatter(comm, data, scratch);
-          // Which chunk each step moved, then what the owned chunk holds.
-          const std::string steps = check::reduce_scatter_steps_error(log, data, comm.rank(), n);
-          CHECK_MESSAGE(steps.empty(), steps);
-          const std::string e = check::reduce_scatter_error(data, comm.rank(), n);
-          CHECK_MESSAGE(e.empty(), e);
+        on_ranks(n, [&](Communicator& comm) {
+          check_reduce_scatter(comm, count, ch03::ring_reduce_scatter);
         });
       }
     });
@@ -78,24 +75,14 @@ TEST_SUITE("ch03") {
     for_each_world_size([](int n) {
       for (std::size_t count : counts_for(n)) {
         CAPTURE(count);
-        run_threads(n, [&](Communicator& comm) {
-          // Only the owned chunk is complete (as after reduce-scatter); the rest is junk.
-          std::vector<float> data(count, -1.0f);
-          const std::vector<float> full = [&] {
-            std::vector<float> sum(count, 0.0f);
-            for (int q = 0; q < n; ++q) {
-              const auto v = check::tagged_input(count, q, n);
-              for (std::size_t i = 0; i < count; ++i) sum[i] += v[i];
-            }
-            return sum;
-          }();
-          const auto mine =
-              shard_range(static_cast<std::int64_t>(count), n, ch03::owned_chunk(comm.rank(), n));
-          for (std::int64_t i = mine.offset; i < mine.offset + mine.length; ++i)
-            data[static_cast<std::size_t>(i)] = full[static_cast<std::size_t>(i)];
+        on_ranks(n, [&](Communicator& comm) {
+          std::vector<float> data = after_reduce_scatter(count, comm.rank(), n);
           check::StepLog log;
-          log.attach(comm);
-          ch03::ring_allgather(comm, data);
+          check::run_logged(
+              comm, data, log, [&] { ch03::ring_allgather(comm, data); },
+              [&](const check::StepLog& l, std::span<const float> d, bool complete) {
+                return check::allgather_steps_error(l, d, comm.rank(), n, complete);
+              });
           const std::string steps = check::allgather_steps_error(log, data, comm.rank(), n);
           CHECK_MESSAGE(steps.empty(), steps);
           const std::string e = check::allgather_error(data, comm.rank(), n);
@@ -111,7 +98,7 @@ TEST_SUITE("ch03") {
     for_each_world_size([](int n) {
       for (std::size_t count : counts_for(n)) {
         CAPTURE(count);
-        run_threads(n, [&](Communicator& comm) {
+        on_ranks(n, [&](Communicator& comm) {
           std::vector<float> ring = check::tagged_input(count, comm.rank(), n), native = ring;
           ch03::Workspace scratch;
           ch03::ring_allreduce(comm, ring, scratch);
@@ -126,7 +113,7 @@ TEST_SUITE("ch03") {
   TEST_CASE("ring allreduce of random floats is within the rounding bound of native") {
     // Different summation orders of N values differ by at most 2(N-1) u sum_q |x_q|.
     for_each_world_size([](int n) {
-      run_threads(n, [&](Communicator& comm) {
+      on_ranks(n, [&](Communicator& comm) {
         const Tensor x = randn(1, 3001, 77 + static_cast<std::uint64_t>(comm.rank()));
         Tensor ring = x.clone(), native = x.clone(), magnitude = x.clone();
         for (float& v : magnitude) v = std::fabs(v);
@@ -146,7 +133,7 @@ TEST_SUITE("ch03") {
     for_each_world_size([](int n) {
       for (std::size_t count : counts_for(n)) {
         CAPTURE(count);
-        run_threads(n, [&](Communicator& comm) {
+        on_ranks(n, [&](Communicator& comm) {
           std::vector<float> data(count, 1.0f);
           ch03::Workspace scratch;
           const CommStats before = comm.stats();

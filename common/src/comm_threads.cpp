@@ -155,6 +155,9 @@ struct Mailbox {
   std::mutex m;
   std::deque<Message*> sends;  // sends addressed to this rank, not yet received
   std::deque<Message*> recvs;  // recvs this rank posted, not yet matched
+  // Sends to this rank withdrawn unmatched because their Request was dropped unwaited
+  // (sender, tag): what a receive that times out is told about.
+  std::deque<std::pair<int, int>> withdrawn;
 };
 
 /// What a rank posts when it enters a collective, for the others to read.
@@ -220,6 +223,10 @@ Message::~Message() {
     if (state.load() == queued) {
       auto& queue = is_send ? box.sends : box.recvs;
       queue.erase(std::remove(queue.begin(), queue.end(), this), queue.end());
+      if (is_send) {
+        box.withdrawn.emplace_back(me, tag);
+        if (box.withdrawn.size() > 8) box.withdrawn.pop_front();
+      }
       return;
     }
   }
@@ -352,6 +359,17 @@ class ThreadComm final : public Communicator {
         me_world(), [&] { return msg.state.load(std::memory_order_acquire) == Message::done; },
         deadline());
     if (!finished) {
+      if (!msg.is_send) {
+        Mailbox& box = g_->boxes[static_cast<std::size_t>(rank())];
+        std::lock_guard<std::mutex> lock(box.m);
+        for (const auto& [from, tag] : box.withdrawn)
+          if (from == msg.peer)
+            throw CommError("rank " + std::to_string(rank()) + ": " + msg.describe() + " waited " +
+                            seconds(timeout()) + " (--timeout): rank " + std::to_string(from) +
+                            " posted an isend to it (tag " + std::to_string(tag) +
+                            ") but dropped its Request without waiting for it, which withdrew "
+                            "the message: keep the Request and wait() for it");
+      }
       const std::string hint =
           msg.is_send
               ? "rank " + std::to_string(msg.peer) +

@@ -16,7 +16,7 @@ std::string compare(const Tensor& got, const Tensor& want, float atol, float rto
                w = cast(want.to(Memory::host), DType::f64);
   const double* pg = g.data<double>();
   const double* pw = w.data<double>();
-  std::int64_t bad = 0;
+  std::int64_t bad = 0, nans = 0;
   double worst = 0.0;
   std::ostringstream first;
   for (std::int64_t i = 0; i < g.size(); ++i) {
@@ -25,6 +25,7 @@ std::string compare(const Tensor& got, const Tensor& want, float atol, float rto
     const bool close = pg[i] == pw[i] || diff <= atol + rtol * std::fabs(pw[i]);
     if (!std::isnan(diff)) worst = std::max(worst, diff);
     if (close) continue;
+    if (std::isnan(pg[i])) ++nans;
     if (bad < 5) {
       first << "\n    [" << i;
       if (got.ndim() == 2) first << " = (" << i / got.cols() << ", " << i % got.cols() << ")";
@@ -35,7 +36,9 @@ std::string compare(const Tensor& got, const Tensor& want, float atol, float rto
   if (bad == 0) return "";
   os.precision(9);
   os << bad << " of " << got.size() << " elements differ (atol " << atol << ", rtol " << rtol
-     << "), max abs diff " << worst << "; first:" << first.str();
+     << "), ";
+  if (nans) os << nans << " of them NaN, ";
+  os << "max abs diff " << (nans == bad ? std::nan("") : worst) << "; first:" << first.str();
   return os.str();
 }
 

@@ -91,6 +91,24 @@ TEST_SUITE("comm.threads") {
     CHECK(waited < 5s);
   }
 
+  TEST_CASE("a receive whose send was dropped unwaited says so") {
+    CHECK_THROWS_WITH_AS(run_threads(
+                             2,
+                             [](Communicator& comm) {
+                               std::vector<float> buf(4);
+                               if (comm.rank() == 0) {
+                                 Request dropped = comm.isend(buf, 1, 3);
+                                 dropped.reset();  // destroyed without wait(): withdrawn
+                               }
+                               comm.barrier();  // the receive is posted after the drop
+                               if (comm.rank() == 1) comm.recv(buf, 0, 3);
+                             },
+                             300ms),
+                         doctest::Contains("rank 0 posted an isend to it (tag 3) but dropped its "
+                                           "Request without waiting for it"),
+                         CommError);
+  }
+
   TEST_CASE("two ranks that both send first are told how to fix it") {
     std::string message;
     try {

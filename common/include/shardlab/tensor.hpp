@@ -225,6 +225,10 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a = false, bool t
 /// loops that reuse one output (a benchmark).
 void matmul_into(Tensor& out, const Tensor& a, const Tensor& b, bool transpose_a = false,
                  bool transpose_b = false);
+/// The multiply-adds (M x K x N per matmul) the calling thread's matmuls have done so far.
+/// Each rank's thread counts its own: a test reads it to see that every rank did its
+/// share of the work, and no more.
+std::uint64_t multiply_adds();
 Tensor add(const Tensor& a, const Tensor& b);
 Tensor sub(const Tensor& a, const Tensor& b);
 /// Element by element: a * b.

@@ -4,11 +4,16 @@
 //                                               and the max diff are shown
 //   for_each_world_size(body)                   body(n) as one SUBCASE per world size
 //                                               1, 2, 3, 4, 8
-//   run_threads(n, body)                        body(comm) on every rank (comm_threads.hpp)
+//   on_ranks(n, body)                           body(comm) on every rank of a threads
+//                                               world; an error on any rank becomes one
+//                                               failed check with its message
+//   run_threads(n, body)                        the same, throwing (comm_threads.hpp)
 #pragma once
 
 #include <doctest/doctest.h>
 
+#include <chrono>
+#include <exception>
 #include <functional>
 #include <string>
 
@@ -36,6 +41,21 @@ inline bool check_close(const Tensor& got, const Tensor& want, float atol, float
 /// Bit-for-bit equality, reported like check_close.
 inline bool check_equal(const Tensor& got, const Tensor& want, const std::string& what) {
   return check_close(got, want, 0.0f, 0.0f, what);
+}
+
+/// Runs body(comm) on every rank of an n-rank threads world. An error on any rank (a
+/// mismatch, an exercise stub, a deadlock that outlasted `timeout`) ends the job and the
+/// test case, as one failure carrying the first rank's own message: a learner's first
+/// mistake is the first thing reported, within seconds.
+inline void on_ranks(int n, const std::function<void(Communicator&)>& body,
+                     std::chrono::milliseconds timeout = std::chrono::seconds(5)) {
+  std::string error;
+  try {
+    run_threads(n, body, timeout);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  if (!error.empty()) FAIL(error);
 }
 
 /// Runs body(n) once per world size, each in a SUBCASE named "world size n".
