@@ -52,7 +52,11 @@ void Mlp::backward(const Tensor& dpred, nn::Saved& saved, const std::function<vo
   const Tensor dh = layers_[2].backward(dpred, saved.children[2]);  // W2, b2 final here
   if (ready) ready(2);
   const Tensor dz = layers_[1].backward(dh, saved.children[1]);
-  (void)layers_[0].backward(dz, saved.children[0]);  // W1, b1
+  // The first layer's input is the data: only its weight gradient is needed. (Its
+  // backward_input would compute dL/dx for nothing.)
+  nn::Saved& first = saved.children[0];
+  first.dy = dz;
+  layers_[0].backward_weight(first);  // W1, b1
   if (ready) ready(1);
 }
 

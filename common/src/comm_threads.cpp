@@ -816,7 +816,8 @@ ThreadWorld::~ThreadWorld() = default;
 int ThreadWorld::size() const { return state_->size; }
 
 std::unique_ptr<Communicator> ThreadWorld::communicator(int rank) {
-  require(rank >= 0 && rank < state_->size, "ThreadWorld: no rank " + std::to_string(rank));
+  require(rank >= 0 && rank < state_->size,
+          [&] { return "ThreadWorld: no rank " + std::to_string(rank); });
   return std::make_unique<ThreadComm>(std::static_pointer_cast<Group>(world_group_), rank,
                                       state_->timeout);
 }

@@ -13,8 +13,10 @@ namespace shardlab::nn {
 // Parameters
 
 Parameter& ParameterStore::add(std::string name, Tensor init) {
-  require(!done_, "ParameterStore::add(" + name + "): the store is already allocated");
-  require(init.dtype() == DType::f32, "ParameterStore::add(" + name + "): parameters are f32");
+  require(!done_,
+          [&] { return "ParameterStore::add(" + name + "): the store is already allocated"; });
+  require(init.dtype() == DType::f32,
+          [&] { return "ParameterStore::add(" + name + "): parameters are f32"; });
   Parameter& p = params_.emplace_back();
   p.name = std::move(name);
   p.grad = zeros(init.shape(), DType::f32, init.memory());
@@ -61,16 +63,19 @@ Tensor Layer::backward(const Tensor& dy, Saved& saved) {
 
 namespace {
 void require_rows(const Tensor& dy, const Tensor& x, std::int64_t cols, const std::string& who) {
-  require(dy.ndim() == 2 && dy.rows() == x.rows() && dy.cols() == cols,
-          who + ": dy is " + dy.describe() + ", expected " + std::to_string(x.rows()) + "x" +
-              std::to_string(cols));
+  require(dy.ndim() == 2 && dy.rows() == x.rows() && dy.cols() == cols, [&] {
+    return who + ": dy is " + dy.describe() + ", expected " + std::to_string(x.rows()) + "x" +
+           std::to_string(cols);
+  });
 }
 void require_w_after_b(const Saved& saved, const std::string& who) {
-  require(saved.dy.defined() && !saved.tensors.empty(),
-          who + ": backward_weight needs backward_input first (or was called twice)");
+  require(saved.dy.defined() && !saved.tensors.empty(), [&] {
+    return who + ": backward_weight needs backward_input first (or was called twice)";
+  });
 }
 void require_host(const Tensor& t, const std::string& who) {
-  require(!t.on_device(), who + " runs on the host only (got " + t.describe() + ")");
+  require(!t.on_device(),
+          [&] { return who + " runs on the host only (got " + t.describe() + ")"; });
 }
 }  // namespace
 
@@ -86,9 +91,10 @@ Linear::Linear(ParameterStore& store, const std::string& name, std::int64_t in, 
 }
 
 Forward Linear::forward(const Tensor& x) const {
-  require(x.ndim() == 2 && x.cols() == weight_->value.rows(),
-          name_ + ": x is " + x.describe() + ", expected " + std::to_string(weight_->value.rows()) +
-              " columns");
+  require(x.ndim() == 2 && x.cols() == weight_->value.rows(), [&] {
+    return name_ + ": x is " + x.describe() + ", expected " +
+           std::to_string(weight_->value.rows()) + " columns";
+  });
   Tensor y = matmul(x, weight_->value);
   if (bias_) add_row(y, bias_->value);
   Forward f{std::move(y), {}};
@@ -151,8 +157,9 @@ LayerNorm::LayerNorm(ParameterStore& store, const std::string& name, std::int64_
 Forward LayerNorm::forward(const Tensor& x) const {
   require_host(x, name_);
   const std::int64_t C = gamma_->value.cols();
-  require(x.ndim() == 2 && x.cols() == C,
-          name_ + ": x is " + x.describe() + ", expected " + std::to_string(C) + " columns");
+  require(x.ndim() == 2 && x.cols() == C, [&] {
+    return name_ + ": x is " + x.describe() + ", expected " + std::to_string(C) + " columns";
+  });
   const std::int64_t B = x.rows();
   Tensor y(B, C), mean(B), rstd(B);
   const float* px = x.data();
@@ -240,7 +247,7 @@ Forward Embedding::forward(const Tensor& x) const {
 Tensor Embedding::backward_input(const Tensor& dy, Saved& saved) const {
   require(dy.ndim() == 2 && dy.rows() == saved.tensors.at(0).size() &&
               dy.cols() == weight_->value.cols(),
-          name_ + " backward: dy is " + dy.describe());
+          [&] { return name_ + " backward: dy is " + dy.describe(); });
   saved.dy = dy;
   return {};  // token ids have no gradient
 }
@@ -262,9 +269,10 @@ CausalSelfAttention::CausalSelfAttention(std::int64_t heads, std::int64_t sequen
 Forward CausalSelfAttention::forward(const Tensor& x) const {
   require_host(x, "attention");
   const std::int64_t T = sequence_, H = heads_;
-  require(x.ndim() == 2 && x.cols() % (3 * H) == 0 && x.rows() % T == 0,
-          "attention: x is " + x.describe() + "; expected (B*" + std::to_string(T) +
-              ") x 3C with C a multiple of " + std::to_string(H) + " heads");
+  require(x.ndim() == 2 && x.cols() % (3 * H) == 0 && x.rows() % T == 0, [&] {
+    return "attention: x is " + x.describe() + "; expected (B*" + std::to_string(T) +
+           ") x 3C with C a multiple of " + std::to_string(H) + " heads";
+  });
   const std::int64_t B = x.rows() / T, C = x.cols() / 3, D = C / H;
   const float scale_by = 1.0f / std::sqrt(static_cast<float>(D));
   Tensor y(B * T, C);
@@ -353,9 +361,10 @@ Tensor CausalSelfAttention::backward_input(const Tensor& dy, Saved& saved) const
 // Sequential
 
 Sequential Sequential::slice(std::size_t begin, std::size_t end) const {
-  require(begin <= end && end <= layers_.size(),
-          "Sequential::slice: layers " + std::to_string(begin) + ".." + std::to_string(end) +
-              " of " + std::to_string(layers_.size()));
+  require(begin <= end && end <= layers_.size(), [&] {
+    return "Sequential::slice: layers " + std::to_string(begin) + ".." + std::to_string(end) +
+           " of " + std::to_string(layers_.size());
+  });
   Sequential s;
   s.layers_.assign(layers_.begin() + static_cast<std::ptrdiff_t>(begin),
                    layers_.begin() + static_cast<std::ptrdiff_t>(end));
@@ -373,10 +382,10 @@ Forward Sequential::forward(const Tensor& x) const {
 }
 
 Tensor Sequential::backward_input(const Tensor& dy, Saved& saved) const {
-  require(saved.children.size() == layers_.size(),
-          "Sequential::backward_input: saved state from a forward of " +
-              std::to_string(saved.children.size()) + " layers, not " +
-              std::to_string(layers_.size()));
+  require(saved.children.size() == layers_.size(), [&] {
+    return "Sequential::backward_input: saved state from a forward of " +
+           std::to_string(saved.children.size()) + " layers, not " + std::to_string(layers_.size());
+  });
   Tensor g = dy;
   for (std::size_t i = layers_.size(); i-- > 0;)
     g = layers_[i]->backward_input(g, saved.children[i]);
@@ -384,10 +393,11 @@ Tensor Sequential::backward_input(const Tensor& dy, Saved& saved) const {
 }
 
 void Sequential::backward_weight(Saved& saved) {
-  require(saved.children.size() == layers_.size(),
-          "Sequential::backward_weight: saved state from a forward of " +
-              std::to_string(saved.children.size()) + " layers, not " +
-              std::to_string(layers_.size()) + " (or backward_weight was called twice)");
+  require(saved.children.size() == layers_.size(), [&] {
+    return "Sequential::backward_weight: saved state from a forward of " +
+           std::to_string(saved.children.size()) + " layers, not " +
+           std::to_string(layers_.size()) + " (or backward_weight was called twice)";
+  });
   for (std::size_t i = layers_.size(); i-- > 0;) layers_[i]->backward_weight(saved.children[i]);
   saved = Saved{};
 }
@@ -412,19 +422,22 @@ std::int64_t target_at(const Tensor& targets, std::int64_t i) {
 Loss cross_entropy(const Tensor& logits, const Tensor& targets) {
   require_host(logits, "cross_entropy");
   require(logits.ndim() == 2 && logits.dtype() == DType::f32,
-          "cross_entropy: logits are " + logits.describe());
+          [&] { return "cross_entropy: logits are " + logits.describe(); });
   require(targets.ndim() == 1 && targets.size() == logits.rows() &&
               (targets.dtype() == DType::i32 || targets.dtype() == DType::i64),
-          "cross_entropy: targets are " + targets.describe() + ", expected " +
-              std::to_string(logits.rows()) + " class ids (i32 or i64)");
+          [&] {
+            return "cross_entropy: targets are " + targets.describe() + ", expected " +
+                   std::to_string(logits.rows()) + " class ids (i32 or i64)";
+          });
   const std::int64_t B = logits.rows(), V = logits.cols();
   Tensor probs(B, V);
   double total = 0;
   for (std::int64_t i = 0; i < B; ++i) {
     const std::int64_t target = target_at(targets, i);
-    require(target >= 0 && target < V, "cross_entropy: target[" + std::to_string(i) +
-                                           "] = " + std::to_string(target) + " is outside 0.." +
-                                           std::to_string(V - 1));
+    require(target >= 0 && target < V, [&] {
+      return "cross_entropy: target[" + std::to_string(i) + "] = " + std::to_string(target) +
+             " is outside 0.." + std::to_string(V - 1);
+    });
     float top = -INFINITY;
     for (std::int64_t j = 0; j < V; ++j) top = std::max(top, logits(i, j));
     double sum = 0;
@@ -452,8 +465,9 @@ Tensor cross_entropy_backward(const Saved& saved) {
 }
 
 double squared_error(const Tensor& pred, const Tensor& target) {
-  require(pred.same_shape(target),
-          "squared_error: shapes differ (" + pred.describe() + " vs " + target.describe() + ")");
+  require(pred.same_shape(target), [&] {
+    return "squared_error: shapes differ (" + pred.describe() + " vs " + target.describe() + ")";
+  });
   const Tensor p = pred.to(Memory::host), t = target.to(Memory::host);
   double sum = 0;
   for (std::int64_t i = 0; i < p.size(); ++i) {
@@ -481,9 +495,11 @@ void Adam::step(Tensor& params, const Tensor& grads) {
   require(params.dtype() == DType::f32 && grads.dtype() == DType::f32 &&
               params.size() == m_.size() && grads.size() == m_.size() &&
               params.memory() == m_.memory() && grads.memory() == m_.memory(),
-          "Adam::step: params " + params.describe() + " and grads " + grads.describe() +
-              " must be f32, " + std::to_string(m_.size()) + " elements, in " +
-              std::string(memory_name(m_.memory())) + " memory");
+          [&] {
+            return "Adam::step: params " + params.describe() + " and grads " + grads.describe() +
+                   " must be f32, " + std::to_string(m_.size()) + " elements, in " +
+                   std::string(memory_name(m_.memory())) + " memory";
+          });
   ++t_;
   const AdamConfig& c = config_;
   const float c1 = 1.0f - std::pow(c.beta1, static_cast<float>(t_));

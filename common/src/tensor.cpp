@@ -45,10 +45,14 @@ std::string_view dtype_name(DType t) {
 }
 
 ShardRange shard_range(std::int64_t size, int parts, int part) {
-  require(parts >= 1, "shard_range: parts must be at least 1 (got " + std::to_string(parts) + ")");
-  require(part >= 0 && part < parts, "shard_range: part " + std::to_string(part) +
-                                         " is not in 0.." + std::to_string(parts - 1));
-  require(size >= 0, "shard_range: negative size " + std::to_string(size));
+  require(parts >= 1, [&] {
+    return "shard_range: parts must be at least 1 (got " + std::to_string(parts) + ")";
+  });
+  require(part >= 0 && part < parts, [&] {
+    return "shard_range: part " + std::to_string(part) + " is not in 0.." +
+           std::to_string(parts - 1);
+  });
+  require(size >= 0, [&] { return "shard_range: negative size " + std::to_string(size); });
   const std::int64_t base = size / parts;
   const std::int64_t extra = size % parts;  // the first `extra` shards get one more
   const std::int64_t offset = part * base + std::min<std::int64_t>(part, extra);
@@ -64,11 +68,11 @@ std::vector<std::size_t> shard_counts(std::int64_t size, int parts, std::int64_t
 
 Shape::Shape(std::initializer_list<std::int64_t> dims) {
   require(dims.size() >= 1 && dims.size() <= 4,
-          "Shape: 1 to 4 dimensions, got " + std::to_string(dims.size()));
+          [&] { return "Shape: 1 to 4 dimensions, got " + std::to_string(dims.size()); });
   ndim_ = static_cast<int>(dims.size());
   std::size_t d = 0;
   for (std::int64_t n : dims) {
-    require(n >= 0, "Shape: negative dimension " + std::to_string(n));
+    require(n >= 0, [&] { return "Shape: negative dimension " + std::to_string(n); });
     dims_[d++] = n;
   }
 }
@@ -177,8 +181,10 @@ Memory Tensor::memory() const { return storage_ ? storage_->memory : Memory::hos
 int Tensor::device() const { return storage_ ? storage_->device : -1; }
 
 std::int64_t Tensor::dim(int d) const {
-  require(d >= 0 && d < ndim(), "Tensor::dim: a " + std::to_string(ndim()) +
-                                    "-D tensor has no dimension " + std::to_string(d));
+  require(d >= 0 && d < ndim(), [&] {
+    return "Tensor::dim: a " + std::to_string(ndim()) + "-D tensor has no dimension " +
+           std::to_string(d);
+  });
   return shape_[d];
 }
 
@@ -390,8 +396,10 @@ std::int64_t inner_of(const Shape& s, int d) {
 }  // namespace
 
 Tensor shard(const Tensor& t, int parts, int dim, int part) {
-  require(dim >= 0 && dim < t.ndim(), "shard: a " + std::to_string(t.ndim()) +
-                                          "-D tensor has no dimension " + std::to_string(dim));
+  require(dim >= 0 && dim < t.ndim(), [&] {
+    return "shard: a " + std::to_string(t.ndim()) + "-D tensor has no dimension " +
+           std::to_string(dim);
+  });
   const ShardRange range = shard_range(t.dim(dim), parts, part);
   if (dim == 0) return t.slice(range.offset, range.length);  // contiguous: a view
   Tensor out = empty(with_dim(t.shape(), dim, range.length), t.dtype(), t.memory());
@@ -416,14 +424,18 @@ std::vector<Tensor> split(const Tensor& t, int parts, int dim) {
 Tensor concat(const std::vector<Tensor>& pieces, int dim) {
   require(!pieces.empty(), "concat: nothing to join");
   const Tensor& first = pieces.front();
-  require(dim >= 0 && dim < first.ndim(), "concat: a " + std::to_string(first.ndim()) +
-                                              "-D tensor has no dimension " + std::to_string(dim));
+  require(dim >= 0 && dim < first.ndim(), [&] {
+    return "concat: a " + std::to_string(first.ndim()) + "-D tensor has no dimension " +
+           std::to_string(dim);
+  });
   std::int64_t joined = 0;
   for (const Tensor& p : pieces) {
     require(p.dtype() == first.dtype() && p.memory() == first.memory() &&
                 with_dim(p.shape(), dim, 0) == with_dim(first.shape(), dim, 0),
-            "concat: pieces disagree outside dimension " + std::to_string(dim) + " (" +
-                first.describe() + " vs " + p.describe() + ")");
+            [&] {
+              return "concat: pieces disagree outside dimension " + std::to_string(dim) + " (" +
+                     first.describe() + " vs " + p.describe() + ")";
+            });
     joined += p.dim(dim);
   }
   Tensor out = empty(with_dim(first.shape(), dim, joined), first.dtype(), first.memory());
@@ -442,7 +454,7 @@ Tensor concat(const std::vector<Tensor>& pieces, int dim) {
 }
 
 Tensor transpose(const Tensor& t) {
-  require(t.ndim() == 2, "transpose: needs a 2-D tensor, got " + t.describe());
+  require(t.ndim() == 2, [&] { return "transpose: needs a 2-D tensor, got " + t.describe(); });
   Tensor out = empty(Shape{t.cols(), t.rows()}, t.dtype(), t.memory());
   const std::size_t elem = dtype_size(t.dtype());
   if (t.on_device()) {
@@ -473,13 +485,42 @@ void require_like(const Tensor& a, const Tensor& b, const char* what) {
   });
 }
 
-/// out = a @ b on the host, f32, out already M x N.
-void host_matmul_f32(const Tensor& a, const Tensor& b, Tensor& out) {
-  const std::int64_t M = a.rows(), K = a.cols(), N = b.cols();
+/// out = op(a) @ op(b) on the host, f32, out already M x N. Every out(i, j) is summed
+/// over k = 0..K-1 in order, whichever operand is transposed (so the result does not
+/// depend on it), and no transposed copy is made where a loop order avoids it.
+void host_matmul_f32(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b,
+                     Tensor& out) {
+  if (transpose_a && transpose_b) {  // rare: make one operand plain
+    const Tensor bt = transpose(b);
+    return host_matmul_f32(a, bt, true, false, out);
+  }
+  const std::int64_t M = out.rows(), N = out.cols();
+  const std::int64_t K = transpose_a ? a.rows() : a.cols();
   const float* pa = a.data();
   const float* pb = b.data();
   float* po = out.data();
   std::fill(po, po + M * N, 0.0f);
+  if (transpose_b) {
+    // out(i, j) = a's row i . b's row j: both contiguous in k.
+    for (std::int64_t i = 0; i < M; ++i)
+      for (std::int64_t j = 0; j < N; ++j) {
+        float sum = 0.0f;
+        for (std::int64_t k = 0; k < K; ++k) sum += pa[i * K + k] * pb[j * K + k];
+        po[i * N + j] = sum;
+      }
+    return;
+  }
+  if (transpose_a) {
+    // k-i-j: row k of a holds column k of a^T; the inner loop walks rows of b and out.
+    for (std::int64_t k = 0; k < K; ++k)
+      for (std::int64_t i = 0; i < M; ++i) {
+        const float aki = pa[k * M + i];
+        float* out_row = po + i * N;
+        const float* b_row = pb + k * N;
+        for (std::int64_t j = 0; j < N; ++j) out_row[j] += aki * b_row[j];
+      }
+    return;
+  }
   // i-k-j order: the inner loop walks rows of b and out contiguously (cache friendly,
   // vectorises), and out(i, j) still accumulates over k = 0..K-1 in order.
   for (std::int64_t i = 0; i < M; ++i) {
@@ -536,8 +577,9 @@ constexpr float gelu_a = 0.044715f;
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b) {
-  require(a.ndim() == 2 && b.ndim() == 2,
-          "matmul: needs 2-D tensors, got " + a.describe() + " and " + b.describe());
+  require(a.ndim() == 2 && b.ndim() == 2, [&] {
+    return "matmul: needs 2-D tensors, got " + a.describe() + " and " + b.describe();
+  });
   Tensor out = empty(Shape{transpose_a ? a.cols() : a.rows(), transpose_b ? b.rows() : b.cols()},
                      a.dtype(), a.memory());
   matmul_into(out, a, b, transpose_a, transpose_b);
@@ -552,8 +594,9 @@ std::uint64_t multiply_adds() { return thread_multiply_adds; }
 
 void matmul_into(Tensor& out, const Tensor& a, const Tensor& b, bool transpose_a,
                  bool transpose_b) {
-  require(a.ndim() == 2 && b.ndim() == 2,
-          "matmul: needs 2-D tensors, got " + a.describe() + " and " + b.describe());
+  require(a.ndim() == 2 && b.ndim() == 2, [&] {
+    return "matmul: needs 2-D tensors, got " + a.describe() + " and " + b.describe();
+  });
   require(a.dtype() == b.dtype() && a.memory() == b.memory(), [&] {
     return "matmul: " + a.describe() + " and " + b.describe() + " differ in type or memory";
   });
@@ -583,11 +626,11 @@ void matmul_into(Tensor& out, const Tensor& a, const Tensor& b, bool transpose_a
   if (a.dtype() != DType::f32) {  // f16 / bf16: exact in f32, accumulate there, round once
     const Tensor a32 = cast(a, DType::f32), b32 = cast(b, DType::f32);
     Tensor out32 = empty(Shape{M, N});
-    host_matmul_f32(transpose_a ? transpose(a32) : a32, transpose_b ? transpose(b32) : b32, out32);
+    host_matmul_f32(a32, b32, transpose_a, transpose_b, out32);
     out.copy_from(cast(out32, a.dtype()));
     return;
   }
-  host_matmul_f32(transpose_a ? transpose(a) : a, transpose_b ? transpose(b) : b, out);
+  host_matmul_f32(a, b, transpose_a, transpose_b, out);
 }
 
 Tensor add(const Tensor& a, const Tensor& b) { return binary(kernels::Binary::add, a, b, "add"); }
@@ -632,7 +675,7 @@ void add_row(Tensor& y, const Tensor& row) {
 
 Tensor column_sums(const Tensor& x) {
   require_f32(x, "column_sums");
-  require(x.ndim() == 2, "column_sums: needs a 2-D tensor, got " + x.describe());
+  require(x.ndim() == 2, [&] { return "column_sums: needs a 2-D tensor, got " + x.describe(); });
   Tensor out(Shape{1, x.cols()}, DType::f32, x.memory());
   if (x.on_device()) {
     if (x.size()) kernels::column_sums(x.data(), out.data(), x.rows(), x.cols());
@@ -720,9 +763,10 @@ Tensor cast(const Tensor& t, DType type) {
 
 namespace {
 void require_index(const Tensor& index, const char* what) {
-  require(
-      index.ndim() == 1 && (index.dtype() == DType::i32 || index.dtype() == DType::i64),
-      std::string(what) + ": the index must be a 1-D i32 or i64 tensor, got " + index.describe());
+  require(index.ndim() == 1 && (index.dtype() == DType::i32 || index.dtype() == DType::i64), [&] {
+    return std::string(what) + ": the index must be a 1-D i32 or i64 tensor, got " +
+           index.describe();
+  });
 }
 std::int64_t index_at(const Tensor& index, std::int64_t i) {
   return index.dtype() == DType::i32 ? index.data<std::int32_t>()[i]
@@ -765,8 +809,10 @@ void scatter_add_rows(Tensor& dst, const Tensor& index, const Tensor& src) {
   require(src.dtype() == DType::f32 && src.memory() == dst.memory() &&
               index.memory() == dst.memory() && src.dim(0) == index.size() &&
               src.size() == index.size() * (dst.dim(0) ? dst.size() / dst.dim(0) : 0),
-          "scatter_add_rows: " + src.describe() + " rows into " + dst.describe() + " by " +
-              index.describe());
+          [&] {
+            return "scatter_add_rows: " + src.describe() + " rows into " + dst.describe() + " by " +
+                   index.describe();
+          });
   const std::int64_t rows = dst.dim(0), n = index.size();
   const std::int64_t cols = n ? src.size() / n : 0;
   if (dst.on_device()) {
@@ -790,7 +836,7 @@ void scatter_add_rows(Tensor& dst, const Tensor& index, const Tensor& src) {
 namespace {
 void require_floating(const Tensor& t, const char* what) {
   require(is_floating(t.dtype()),
-          std::string(what) + ": needs a floating type, got " + t.describe());
+          [&] { return std::string(what) + ": needs a floating type, got " + t.describe(); });
 }
 }  // namespace
 
@@ -856,7 +902,8 @@ float matmul_reorder_bound(const Tensor& a, const Tensor& b) {
 bool use_color(int fd) { return std::getenv("NO_COLOR") == nullptr && isatty(fd) != 0; }
 
 std::string format(const Tensor& tensor, const std::string& name, const PrintOptions& options) {
-  require(tensor.ndim() <= 2, "format: prints 1-D and 2-D tensors, got " + tensor.describe());
+  require(tensor.ndim() <= 2,
+          [&] { return "format: prints 1-D and 2-D tensors, got " + tensor.describe(); });
   const Tensor t = cast(tensor.to(Memory::host), DType::f64);
   const double* values = t.data<double>();
   const bool integer = !is_floating(tensor.dtype());
