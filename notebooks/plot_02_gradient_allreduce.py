@@ -21,16 +21,17 @@ def plot(csv_dir) -> Path:
     labels = [
         s if pd.isna(kb) else f"{s}\n{kb:g} KiB" for s, kb in zip(df["sync"], df["bucket_kb"])
     ]
-    fig, ax = plt.subplots(figsize=(9, 4))
+    fig, ax = plt.subplots(figsize=(9, 4.6))
     ax.bar(labels, df["batch_ms"], label="making the batch")
     ax.bar(labels, df["compute_ms"], bottom=df["batch_ms"], label="compute")
     ax.bar(labels, df["comm_wait_ms"], bottom=df["batch_ms"] + df["compute_ms"],
            label="waiting on communication")
     ax.set_ylabel("ms per step (slowest rank)")
-    ranks = int(df["ranks"].iloc[0])
+    ranks, backend = int(df["ranks"].iloc[0]), df["backend"].iloc[0]
     grad_mib = df["grad_bytes"].iloc[0] / 2**20
-    ax.set_title(f"Data-parallel step, {ranks} ranks, {grad_mib:.2f} MiB of gradients")
-    ax.legend()
+    ax.set_title(f"Data-parallel step, {ranks} ranks ({backend}), {grad_mib:.2f} MiB of gradients, "
+                 f"mean of {int(df['steps'].iloc[0])} steps\n{df['machine'].iloc[0]}", fontsize=10)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3, frameon=False)
     fig.tight_layout()
     out = csv_dir / "02_gradient_allreduce.png"
     fig.savefig(out, dpi=120)

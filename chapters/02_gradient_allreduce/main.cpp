@@ -87,7 +87,7 @@ void benchmark(Context& ctx, const Config& base) {
   // step = making the batch + compute (forward, backward, update) + waiting on communication
   CsvTable table({"sync", "ranks", "bucket_kb", "accum_steps", "grad_bytes", "buckets", "step_ms",
                   "batch_ms", "compute_ms", "comm_wait_ms", "allreduce_calls_per_step",
-                  "bytes_sent_per_rank_per_step"});
+                  "bytes_sent_per_rank_per_step", "backend", "steps", "machine"});
   struct Run {
     Sync sync;
     double bucket_kb;
@@ -95,7 +95,14 @@ void benchmark(Context& ctx, const Config& base) {
   std::vector<Run> runs = {{Sync::none, 0}, {Sync::allreduce, 0}};
   for (double kb : {1.0, 16.0, 256.0, 4096.0}) runs.push_back({Sync::bucketed, kb});
   for (double kb : {16.0, 256.0}) runs.push_back({Sync::overlap, kb});
-  ctx.say("sync        bucket KiB  buckets   step ms  compute ms  comm wait ms");
+  {
+    // Warm-up, untimed: the first run would otherwise pay for the first touches of memory.
+    Config warm = base;
+    warm.steps = 2;
+    ch02::Mlp model(warm);
+    (void)ch02::train(comm, warm, model);
+  }
+  ctx.say("sync        bucket KiB  buckets   step ms   batch ms  compute ms  comm wait ms");
   for (const Run& run : runs) {
     Config cfg = base;
     cfg.sync = run.sync;
@@ -103,16 +110,21 @@ void benchmark(Context& ctx, const Config& base) {
     ch02::Mlp model(cfg);
     const ch02::Trace t = ch02::train(comm, cfg, model);
     const double n = cfg.steps;
-    // The slowest rank sets the pace of a synchronous step.
-    const double step_ms = comm.agree(t.step_s, ReduceOp::max) / n * 1e3;
-    const double batch_ms = comm.agree(t.batch_s, ReduceOp::max) / n * 1e3;
-    const double compute_ms = comm.agree(t.compute_s, ReduceOp::max) / n * 1e3;
-    const double wait_ms = comm.agree(t.comm_wait_s, ReduceOp::max) / n * 1e3;
+    // The slowest rank sets the pace of a synchronous step: its step, split into making
+    // the batch, computing and waiting (which add up to its step time).
+    const std::vector<double> steps = comm.gather_values(t.step_s);
+    const auto slowest =
+        static_cast<std::size_t>(std::max_element(steps.begin(), steps.end()) - steps.begin());
+    auto of_slowest = [&](double mine) { return comm.gather_values(mine)[slowest] / n * 1e3; };
+    const double step_ms = steps[slowest] / n * 1e3;
+    const double batch_ms = of_slowest(t.batch_s);
+    const double compute_ms = of_slowest(t.compute_s);
+    const double wait_ms = of_slowest(t.comm_wait_s);
     char line[160];
-    std::snprintf(line, sizeof line, "%-10s %10s %8zu %9.3f %11.3f %13.3f",
+    std::snprintf(line, sizeof line, "%-10s %10s %8zu %9.3f %10.3f %11.3f %13.3f",
                   std::string(ch02::sync_name(run.sync)).c_str(),
                   run.bucket_kb > 0 ? format_number(run.bucket_kb).c_str() : "-", t.buckets,
-                  step_ms, compute_ms, wait_ms);
+                  step_ms, batch_ms, compute_ms, wait_ms);
     ctx.say(line);
     table.add({std::string(ch02::sync_name(run.sync)), std::to_string(ctx.size()),
                run.bucket_kb > 0 ? format_number(run.bucket_kb) : "",
@@ -120,7 +132,8 @@ void benchmark(Context& ctx, const Config& base) {
                std::to_string(t.buckets), format_number(step_ms), format_number(batch_ms),
                format_number(compute_ms), format_number(wait_ms),
                format_number(static_cast<double>(t.allreduce.calls) / n, 12),
-               format_number(static_cast<double>(t.allreduce.bytes_sent) / n, 12)});
+               format_number(static_cast<double>(t.allreduce.bytes_sent) / n, 12),
+               std::string(comm.backend()), std::to_string(cfg.steps), machine_description()});
   }
   ctx.save_csv(table, "02_gradient_allreduce");
 }

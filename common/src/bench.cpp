@@ -137,22 +137,26 @@ std::vector<Row> run(Context& ctx, const Config& c, const std::vector<Case>& cas
 
   if (!c.csv_name.empty()) {
     const bool bw = c.measure == Measure::bandwidth;
+    // Every row says what it ran on and how it was timed, so a plot can say it too.
+    const std::string machine = machine_description();
+    const std::string timing = std::to_string(c.rounds) + "x" + std::to_string(c.iterations);
     CsvTable csv(bw ? std::vector<std::string>{"algorithm", "ranks", "backend", "bytes", "count",
-                                               "time_us", "algbw_GBps", "busbw_GBps", "wrong"}
+                                               "time_us", "algbw_GBps", "busbw_GBps", "wrong",
+                                               "machine", "rounds_x_iterations"}
                     : std::vector<std::string>{"case", "ranks", "backend", "size", "time_us",
-                                               "tflops", "peak_tflops", "fraction_of_peak",
-                                               "wrong"});
+                                               "tflops", "peak_tflops", "fraction_of_peak", "wrong",
+                                               "machine", "rounds_x_iterations"});
     for (const Row& r : rows) {
       if (bw)
         csv.add({r.name, std::to_string(ctx.size()), ctx.options().backend, std::to_string(r.bytes),
                  std::to_string(r.count), format_number(r.time_us, 8),
                  format_number(r.algbw_GBps, 8), format_number(r.busbw_GBps, 8),
-                 std::to_string(r.wrong)});
+                 std::to_string(r.wrong), machine, timing});
       else
         csv.add({r.name, std::to_string(ctx.size()), ctx.options().backend, std::to_string(r.count),
                  format_number(r.time_us, 8), format_number(r.tflops, 8),
                  format_number(c.peak_tflops, 6), format_number(r.fraction, 6),
-                 std::to_string(r.wrong)});
+                 std::to_string(r.wrong), machine, timing});
     }
     ctx.save_csv(csv, c.csv_name);
   }

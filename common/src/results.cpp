@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "shardlab/check.hpp"
 
@@ -57,6 +58,18 @@ std::string CsvTable::str() const {
 }
 
 void CsvTable::save(const std::filesystem::path& path) const { write_file_atomic(path, str()); }
+
+std::string machine_description() {
+  std::string model = "unknown CPU";
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  for (std::string line; std::getline(cpuinfo, line);) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const std::size_t colon = line.find(':');
+    if (colon != std::string::npos) model = line.substr(line.find_first_not_of(" \t", colon + 1));
+    break;
+  }
+  return model + ", " + std::to_string(std::thread::hardware_concurrency()) + " logical CPUs";
+}
 
 std::string format_number(double value, int digits) {
   char buf[64];

@@ -29,4 +29,8 @@ class CsvTable {
 /// `value` with `digits` significant digits, the way CSV and tables print numbers.
 std::string format_number(double value, int digits = 6);
 
+/// "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz, 2 logical CPUs": what a benchmark ran
+/// on, for its CSV and its plot's title.
+std::string machine_description();
+
 }  // namespace shardlab
