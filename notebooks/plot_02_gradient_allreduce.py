@@ -18,10 +18,8 @@ import pandas as pd  # noqa: E402
 def plot(csv_dir) -> Path:
     csv_dir = Path(csv_dir)
     df = pd.read_csv(csv_dir / "02_gradient_allreduce.csv")
-    labels = [
-        s if pd.isna(kb) else f"{s}\n{kb:g} KiB" for s, kb in zip(df["sync"], df["bucket_kb"])
-    ]
-    fig, ax = plt.subplots(figsize=(9, 4.6))
+    labels = [s if pd.isna(plan) else f"{s}\n{plan}" for s, plan in zip(df["sync"], df["plan"])]
+    fig, ax = plt.subplots(figsize=(10, 4.8))
     ax.bar(labels, df["batch_ms"], label="making the batch")
     ax.bar(labels, df["compute_ms"], bottom=df["batch_ms"], label="compute")
     ax.bar(labels, df["comm_wait_ms"], bottom=df["batch_ms"] + df["compute_ms"],

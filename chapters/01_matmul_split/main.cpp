@@ -24,7 +24,6 @@
 //
 // Expected (2 ranks): data and column parallel bitwise equal to x @ w, each 32 elements
 // received in all ((P-1)*M*N); row parallel within rounding, 64 elements (2(P-1)*M*N).
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -32,6 +31,7 @@
 
 #include "matmul_split.hpp"
 #include "shardlab/bench.hpp"
+#include "shardlab/cli.hpp"
 #include "shardlab/cuda.hpp"
 #include "shardlab/launch.hpp"
 #include "shardlab/results.hpp"
@@ -177,7 +177,16 @@ int main(int argc, char** argv) {
                          "after the strategies, time one device's GEMM against its peak");
   program.cli()
       .add_option("--peak-tflops", peak, "the device's FP32 peak, when its properties do not tell")
-      ->check(CLI::Range(0.0, 1e6));
+      ->check(cli::between(0.0, 1e6));
+  // Memory: every rank holds x and w whole, the reference, its shards and the gathered
+  // results (about six M x N tensors); the ranks of a threads job share this machine.
+  program.memory_estimate([&](const Options& o) {
+    const double per_rank = 4.0 * (static_cast<double>(M) * static_cast<double>(K) +
+                                   static_cast<double>(K) * static_cast<double>(N) +
+                                   6.0 * static_cast<double>(M) * static_cast<double>(N));
+    return per_rank * (o.backend == "threads" || o.backend == "auto" ? o.ranks : 1);
+  });
+  program.writes_csv([&] { return bench; });
 
   return program.run(argc, argv, [&](Context& ctx) {
     const int P = ctx.size(), r = ctx.rank();

@@ -13,8 +13,10 @@
 //
 //   --sync none         each replica steps on its own gradient: watch them drift
 //   --sync allreduce    one allreduce per parameter tensor (default)
-//   --sync bucketed     gradients packed into --bucket-kb buckets, one allreduce each
-//   --sync overlap      bucket allreduces on a communication thread during backward
+//   --sync bucketed     one allreduce per bucket of <= --bucket-kb of gradients (a range of
+//                       the flat gradient buffer, averaged in place)
+//   --sync overlap      each bucket's allreduce started (non-blocking) as soon as backward
+//                       has its gradients, waited for before the update
 //   --accum-steps k     k micro-batches per step, one sync per step
 //   --benchmark         every sync mode and a sweep of bucket sizes, as CSV
 //
@@ -22,17 +24,18 @@
 //   build/default/bin/ch02_gradient_allreduce --ranks 4
 //   build/default/bin/ch02_gradient_allreduce --ranks 3 --sync none
 //   mpirun -np 3 build/default/bin/ch02_gradient_allreduce --sync overlap
-//   build/default/bin/ch02_gradient_allreduce --benchmark --in 256 --hidden 1024 --csv-dir results
+//   build/default/bin/ch02_gradient_allreduce --benchmark --ranks 2 --in 1024
+//       --hidden 4096 --batch 4 --steps 20 --csv-dir results
 //
 // Expected: with any sync other than none, replica divergence 0 (bitwise identical) and
 // the final weights within 1e-6 (relative) of the single-device run.
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "shardlab/cli.hpp"
 #include "shardlab/launch.hpp"
 #include "shardlab/results.hpp"
 #include "trainer.hpp"
@@ -75,6 +78,15 @@ Distance distance(Communicator& comm, ch02::Mlp& model, ch02::Mlp& single) {
   return d;
 }
 
+/// The first step (from 1) whose loss is not finite or has grown past 100 times the first
+/// step's: training blew up. 0 when it did not.
+int diverged_at(const std::vector<double>& losses) {
+  for (std::size_t s = 0; s < losses.size(); ++s)
+    if (!std::isfinite(losses[s]) || losses[s] > 100.0 * losses.front())
+      return static_cast<int>(s) + 1;
+  return 0;
+}
+
 std::int64_t gradient_elements(const Config& cfg) {
   return cfg.in * cfg.hidden + cfg.hidden + cfg.hidden + 1;
 }
@@ -85,16 +97,27 @@ std::int64_t gradient_elements(const Config& cfg) {
 void benchmark(Context& ctx, const Config& base) {
   Communicator& comm = ctx.comm();
   // step = making the batch + compute (forward, backward, update) + waiting on communication
-  CsvTable table({"sync", "ranks", "bucket_kb", "accum_steps", "grad_bytes", "buckets", "step_ms",
-                  "batch_ms", "compute_ms", "comm_wait_ms", "allreduce_calls_per_step",
+  CsvTable table({"sync", "plan", "ranks", "bucket_kb", "accum_steps", "grad_bytes", "buckets",
+                  "step_ms", "batch_ms", "compute_ms", "comm_wait_ms", "allreduce_calls_per_step",
                   "bytes_sent_per_rank_per_step", "backend", "steps", "machine"});
   struct Run {
     Sync sync;
     double bucket_kb;
+    const char* plan;  // what the bucket size makes of this model's gradients
   };
-  std::vector<Run> runs = {{Sync::none, 0}, {Sync::allreduce, 0}};
-  for (double kb : {1.0, 16.0, 256.0, 4096.0}) runs.push_back({Sync::bucketed, kb});
-  for (double kb : {16.0, 256.0}) runs.push_back({Sync::overlap, kb});
+  // Bucket sizes that make the four different plans this model has (gradients walked
+  // last to first: b2, W2, b1, W1): every tensor alone; layer 2's together (so overlap can
+  // start them before layer 1's backward); all but W1; one bucket for all.
+  const double H = static_cast<double>(base.hidden), I = static_cast<double>(base.in);
+  const double alone = 4.0 / 1024, layer2 = 4.0 * (1 + H) / 1024, but_w1 = 4.0 * (1 + 2 * H) / 1024,
+               all = 4.0 * (1 + 2 * H + I * H) / 1024;
+  const Run plans[] = {{Sync::bucketed, alone, "[b2] [W2] [b1] [W1]"},
+                       {Sync::bucketed, layer2, "[b2 W2] [b1] [W1]"},
+                       {Sync::bucketed, but_w1, "[b2 W2 b1] [W1]"},
+                       {Sync::bucketed, all, "[b2 W2 b1 W1]"}};
+  std::vector<Run> runs = {{Sync::none, 0, ""}, {Sync::allreduce, 0, "per tensor"}};
+  for (const Run& r : plans) runs.push_back(r);
+  for (const Run& r : {plans[0], plans[1]}) runs.push_back({Sync::overlap, r.bucket_kb, r.plan});
   {
     // Warm-up, untimed: the first run would otherwise pay for the first touches of memory.
     Config warm = base;
@@ -102,7 +125,9 @@ void benchmark(Context& ctx, const Config& base) {
     ch02::Mlp model(warm);
     (void)ch02::train(comm, warm, model);
   }
-  ctx.say("sync        bucket KiB  buckets   step ms   batch ms  compute ms  comm wait ms");
+  ctx.say(
+      "sync       buckets (last to first)   bucket KiB   step ms   batch ms  compute ms  comm wait "
+      "ms");
   for (const Run& run : runs) {
     Config cfg = base;
     cfg.sync = run.sync;
@@ -121,12 +146,12 @@ void benchmark(Context& ctx, const Config& base) {
     const double compute_ms = of_slowest(t.compute_s);
     const double wait_ms = of_slowest(t.comm_wait_s);
     char line[160];
-    std::snprintf(line, sizeof line, "%-10s %10s %8zu %9.3f %10.3f %11.3f %13.3f",
-                  std::string(ch02::sync_name(run.sync)).c_str(),
-                  run.bucket_kb > 0 ? format_number(run.bucket_kb).c_str() : "-", t.buckets,
-                  step_ms, batch_ms, compute_ms, wait_ms);
+    std::snprintf(line, sizeof line, "%-10s %-24s %11s %9.3f %10.3f %11.3f %13.3f",
+                  std::string(ch02::sync_name(run.sync)).c_str(), run.plan,
+                  run.bucket_kb > 0 ? format_number(run.bucket_kb, 4).c_str() : "-", step_ms,
+                  batch_ms, compute_ms, wait_ms);
     ctx.say(line);
-    table.add({std::string(ch02::sync_name(run.sync)), std::to_string(ctx.size()),
+    table.add({std::string(ch02::sync_name(run.sync)), run.plan, std::to_string(ctx.size()),
                run.bucket_kb > 0 ? format_number(run.bucket_kb) : "",
                std::to_string(cfg.accum_steps), std::to_string(gradient_elements(cfg) * 4),
                std::to_string(t.buckets), format_number(step_ms), format_number(batch_ms),
@@ -158,13 +183,13 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   cli.add_option("--bucket-kb", cfg.bucket_kb, "bucket capacity in KiB (bucketed, overlap)")
-      ->check(CLI::Range(0.001, 1048576.0))
+      ->check(shardlab::cli::between(0.001, 1048576.0))
       ->capture_default_str();
   cli.add_option("--accum-steps", cfg.accum_steps, "micro-batches per step (one sync per step)")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
   cli.add_option("--lr", cfg.lr, "SGD learning rate")
-      ->check(CLI::Range(0.0f, 10.0f))
+      ->check(shardlab::cli::between(0.0, 10.0))
       ->capture_default_str();
   cli.add_option("--in", cfg.in, "input features I")
       ->check(CLI::Range(1, 65536))
@@ -173,6 +198,18 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 65536))
       ->capture_default_str();
   cli.add_flag("--benchmark", bench, "time every sync mode and bucket size, write CSV");
+  // Memory: every rank holds its model (parameters and gradients), the teacher and the
+  // single-device reference (parameters and gradients): six times the parameters, plus a
+  // batch and its activations. The ranks of a threads job share this machine.
+  program.memory_estimate([&](const Options& o) {
+    const double params = static_cast<double>(cfg.in) * static_cast<double>(cfg.hidden) +
+                          2.0 * static_cast<double>(cfg.hidden) + 1.0;
+    const double batch = static_cast<double>(cfg.batch) * (2.0 * static_cast<double>(cfg.in) +
+                                                           4.0 * static_cast<double>(cfg.hidden));
+    const double per_rank = 4.0 * (6.0 * params + batch);
+    return per_rank * (o.backend == "threads" || o.backend == "auto" ? o.ranks : 1);
+  });
+  program.writes_csv([&] { return bench; });
 
   return program.run(argc, argv, [&](Context& ctx) {
     Communicator& comm = ctx.comm();
@@ -286,7 +323,18 @@ int main(int argc, char** argv) {
         << " ms, waiting on communication " << format_number(wait_s * 1e3, 3) << " ms";
     ctx.say(out.str());
 
-    if (synced) {
+    // Did training itself blow up? Then no comparison of weights means anything: say so
+    // once, with the step it happened at.
+    const int diverged = diverged_at(reference.losses);
+    json["diverged_at_step"] = diverged;
+    if (diverged > 0) {
+      const double at = reference.losses[static_cast<std::size_t>(diverged - 1)];
+      ctx.verify(false, "training diverged at step " + std::to_string(diverged) + " (loss " +
+                            format_number(at, 4) + ", from " +
+                            format_number(reference.losses.front(), 4) +
+                            " at step 1): lower --lr (" + format_number(cfg.lr) + " is too large " +
+                            "for this model)");
+    } else if (synced) {
       ctx.verify(final_divergence == 0,
                  "replicas are not identical after syncing: they differ by " +
                      format_number(final_divergence));

@@ -103,8 +103,9 @@ Trace train(Communicator& comm, const Config& cfg, Mlp& model,
     make_batch(cfg, teacher, step, x, y);
     const Tensor x_r = shard(x, P, 0, r), y_r = shard(y, P, 0, r);  // my rows of the batch
     trace.batch_s += seconds_since(step_start);
+    const Clock::time_point t_zero = Clock::now();
     model.store().zero_grad();
-    double squared = 0, compute = 0, wait = 0;
+    double squared = 0, compute = seconds_since(t_zero), wait = 0;
     std::size_t launched = 0;
     std::vector<Request> pending;
     std::vector<bool> ready(params.size(), false);

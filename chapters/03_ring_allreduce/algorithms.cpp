@@ -35,6 +35,8 @@ void pipelined_ring_allreduce(Communicator& comm, std::span<float> data, std::si
   if (N == 1) return;
   if (segment == 0) throw shardlab::Error("pipelined ring: the segment must be at least 1 element");
   const int right = wrap(r + 1, N), left = wrap(r - 1, N);
+  // A segment never needs to be longer than the longest chunk (chunk 0).
+  segment = std::min(segment, std::max<std::size_t>(1, chunk(data, N, 0).size()));
   // Segment k of a chunk: [k * segment, min((k + 1) * segment, chunk size)).
   auto segments = [&](std::span<float> c) { return (c.size() + segment - 1) / segment; };
   auto piece = [&](std::span<float> c, std::size_t k) {

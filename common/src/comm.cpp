@@ -283,7 +283,15 @@ void Communicator::wait(Request& request) {
 }
 
 void Communicator::wait_all(std::span<Request> requests) {
-  for (Request& r : requests) wait(r);
+  const auto outer = wait_all_deadline_;  // a wait_all inside another keeps the outer one
+  if (!outer) wait_all_deadline_ = std::chrono::steady_clock::now() + timeout_;
+  try {
+    for (Request& r : requests) wait(r);
+  } catch (...) {
+    wait_all_deadline_ = outer;
+    throw;
+  }
+  wait_all_deadline_ = outer;
 }
 
 // ---------------------------------------------------------------------------

@@ -166,8 +166,9 @@ Layout layout(std::span<const std::size_t> counts, const char* what) {
 
 class Watchdog {
  public:
-  void start(std::chrono::milliseconds timeout) {
+  void start(std::chrono::milliseconds timeout, int rank) {
     timeout_ = timeout;
+    rank_ = rank;
     thread_ = std::thread([this] { loop(); });
   }
   void stop() {
@@ -187,20 +188,27 @@ class Watchdog {
 
  private:
   void loop() {
+    Clock::time_point last = Clock::now();
     while (!stopping_.load()) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
       std::lock_guard<std::mutex> lock(m_);
-      if (busy_ && Clock::now() - since_ > timeout_) {
+      // A long gap between two ticks means this process was stopped: that time is not
+      // the others' fault, so it does not count against them.
+      const Clock::time_point now = Clock::now();
+      if (now - last > std::chrono::seconds(1)) since_ += now - last;
+      last = now;
+      if (busy_ && now - since_ > timeout_) {
         std::fprintf(stderr,
                      "rank %d: %s waited %s (--timeout) for the other ranks; did they skip the "
                      "call, or are they blocked elsewhere? Ending the job.\n",
-                     world_rank(), what_.c_str(), seconds(timeout_).c_str());
+                     rank_, what_.c_str(), seconds(timeout_).c_str());
         std::fflush(stderr);
         MPI_Abort(MPI_COMM_WORLD, 1);
       }
     }
   }
   std::chrono::milliseconds timeout_{60000};
+  int rank_ = 0;
   std::thread thread_;
   std::atomic<bool> stopping_{false};
   std::mutex m_;
@@ -216,21 +224,74 @@ struct Watched {
   ~Watched() { watchdog.leave(); }
 };
 
-/// Polls `request` until it completes or `deadline` passes (false). Backs off as it
-/// waits, so that a waiting rank does not take the core of the rank it waits for (every
-/// laptop runs more ranks than cores).
-bool poll(MPI_Request& request, MPI_Status& status, Clock::time_point deadline, int& code) {
+/// A deadline that does not count time this process spent stopped (SIGSTOP, a debugger, a
+/// swapped-out laptop): a gap of more than a second between two looks at the clock is
+/// taken as such a pause and added to the deadline, so a rank that was stopped does not
+/// wake up and blame the ranks that waited for it.
+class Deadline {
+ public:
+  explicit Deadline(std::chrono::milliseconds timeout)
+      : end_(Clock::now() + timeout), last_(Clock::now()) {}
+  bool passed() {
+    const Clock::time_point now = Clock::now();
+    if (now - last_ > std::chrono::seconds(1)) end_ += now - last_;
+    last_ = now;
+    return now > end_;
+  }
+
+ private:
+  Clock::time_point end_, last_;
+};
+
+/// Waits a little longer each time it is called: spin first, then yield, then sleep, so
+/// that a waiting rank does not take the core of the rank it waits for (every laptop runs
+/// more ranks than cores).
+void back_off(int polls) {
+  if (polls > 100000)
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  else if (polls > 1000)
+    std::this_thread::yield();
+}
+
+/// Polls `request` until it completes or `deadline` passes (false).
+bool poll(MPI_Request& request, MPI_Status& status, Deadline deadline, int& code) {
   for (int polls = 0;; ++polls) {
     int done = 0;
     code = MPI_Test(&request, &done, &status);
     if (code != MPI_SUCCESS || done) return true;
-    if (Clock::now() > deadline) return false;
-    if (polls > 100000)
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    else if (polls > 1000)
-      std::this_thread::yield();
+    if (deadline.passed()) return false;
+    back_off(polls);
   }
 }
+
+// ---------------------------------------------------------------------------
+// The collective check: before a collective, every rank sends every other rank what it is
+// about to call (a few hundred bytes, on a communicator of its own), so that ranks that
+// call different collectives get the same message as on the threads backend, and a rank
+// that never arrives is named when the others time out.
+
+struct Signature {
+  std::int64_t seq = 0;  // which checked collective of this communicator this is
+  std::int32_t op = 0, reduce = 0, root = 0, type = 0, vector = 0, memory = 0;
+  std::int64_t count = 0;
+  std::uint64_t counts_hash = 0;  // allgather(v), gather(v): every rank's count
+  std::int64_t to_you = -1;       // alltoallv: what the sender sends to the receiver
+  char text[224] = {};            // the call, as describe() says it
+};
+
+bool agrees(const Signature& a, const Signature& b) {
+  return a.seq == b.seq && a.op == b.op && a.vector == b.vector && a.count == b.count &&
+         a.type == b.type && a.reduce == b.reduce && a.root == b.root && a.memory == b.memory &&
+         (a.vector || a.counts_hash == b.counts_hash);
+}
+
+/// One check in flight: the signatures coming in from every other rank, and going out.
+struct Check {
+  std::vector<Signature> in, out;
+  std::vector<MPI_Request> requests;  // the receives first (one per peer), then the sends
+  Signature mine;
+  std::vector<std::size_t> recv_counts;  // alltoallv: what this rank expects from each
+};
 
 // ---------------------------------------------------------------------------
 
@@ -255,6 +316,7 @@ struct MpiRequest final : Request::Impl {
 /// A non-blocking collective: its MPI request and what to do once it completes.
 struct MpiCollective final : Request::Impl {
   MPI_Request request = MPI_REQUEST_NULL;
+  std::unique_ptr<Check> check;  // every rank's signature, settled first at wait()
   std::string what;
   Layout layout;  // the v-collectives' counts must live until completion
   std::vector<int> recv_counts;
@@ -270,8 +332,11 @@ class MpiComm final : public Communicator {
   MpiComm(MPI_Comm comm, bool owned, std::chrono::milliseconds timeout)
       : Communicator(rank_of(comm), size_of(comm), timeout), comm_(comm), owned_(owned) {
     MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    MPI_CHECK(MPI_Comm_dup(comm_, &checks_));  // the collective checks' own messages
+    MPI_CHECK(MPI_Comm_set_errhandler(checks_, MPI_ERRORS_RETURN));
   }
   ~MpiComm() override {
+    MPI_Comm_free(&checks_);
     if (owned_) MPI_Comm_free(&comm_);
   }
   std::string_view backend() const override { return "mpi"; }
@@ -299,7 +364,7 @@ class MpiComm final : public Communicator {
     auto& r = static_cast<MpiRequest&>(request);
     MPI_Status status;
     int code = MPI_SUCCESS;
-    if (!poll(r.request, status, Clock::now() + timeout(), code)) {
+    if (!poll(r.request, status, Deadline(remaining()), code)) {
       throw CommError("rank " + std::to_string(rank()) + ": " + r.describe() + " waited " +
                       seconds(timeout()) + " (--timeout): " +
                       (r.is_send
@@ -332,6 +397,10 @@ class MpiComm final : public Communicator {
 
   void run_collective(const Collective& c) override {
     host_only(c.memory, op_name(c.op));
+    if (checking()) {
+      Check check = start_check(c);
+      finish_check(check);
+    }
     if (c.op != Op::barrier) count_modeled(c);
     Watched w(c.describe());
     const MPI_Datatype t = mpi_type(c.type);
@@ -397,6 +466,8 @@ class MpiComm final : public Communicator {
     count_modeled(c);
     auto r = std::make_unique<MpiCollective>();
     r->what = c.describe();
+    // The check travels with the collective and is settled first at wait().
+    if (checking()) r->check = std::make_unique<Check>(start_check(c));
     const MPI_Datatype t = mpi_type(c.type);
     const int ranks = size();
     switch (c.op) {
@@ -428,6 +499,14 @@ class MpiComm final : public Communicator {
   }
 
   std::unique_ptr<Communicator> split_impl(int color, int key) override {
+    if (checking()) {
+      Collective c;
+      c.op = Op::barrier;
+      c.count = static_cast<std::size_t>(-1);  // a split is no barrier: let the two differ
+      Check check = start_check(
+          c, "split(color " + std::to_string(color) + ", key " + std::to_string(key) + ")");
+      finish_check(check);
+    }
     MPI_Comm sub = MPI_COMM_NULL;
     {
       Watched w("split");
@@ -437,16 +516,105 @@ class MpiComm final : public Communicator {
   }
 
  private:
+  Check start_check(const Collective& c, const std::string& text = "") {
+    const int N = size(), me = rank();
+    Check check;
+    Signature& m = check.mine;
+    m.seq = ++checked_;
+    m.op = static_cast<std::int32_t>(c.op);
+    m.reduce = static_cast<std::int32_t>(c.reduce);
+    m.root = c.root;
+    m.type = static_cast<std::int32_t>(c.type);
+    m.vector = c.vector ? 1 : 0;
+    m.memory = static_cast<std::int32_t>(c.memory);
+    m.count = static_cast<std::int64_t>(c.count);
+    for (std::size_t n : c.counts) m.counts_hash = m.counts_hash * 1000003u + n + 1;
+    const std::string said = text.empty() ? c.describe() : text;
+    std::snprintf(m.text, sizeof m.text, "%s", said.c_str());
+    check.recv_counts = c.recv_counts;
+    check.in.resize(static_cast<std::size_t>(N));
+    check.out.assign(static_cast<std::size_t>(N), m);
+    check.requests.assign(2 * static_cast<std::size_t>(N), MPI_REQUEST_NULL);
+    for (int q = 0; q < N; ++q) {
+      if (q == me) continue;
+      const auto k = static_cast<std::size_t>(q);
+      if (c.vector) check.out[k].to_you = static_cast<std::int64_t>(c.counts[k]);
+      MPI_CHECK(
+          MPI_Irecv(&check.in[k], sizeof(Signature), MPI_BYTE, q, 0, checks_, &check.requests[k]));
+      MPI_CHECK(MPI_Isend(&check.out[k], sizeof(Signature), MPI_BYTE, q, 0, checks_,
+                          &check.requests[static_cast<std::size_t>(N) + k]));
+    }
+    return check;
+  }
+
+  /// Waits for every rank's signature (naming the ones that never came) and compares them
+  /// with this rank's, in the words the threads backend uses.
+  void finish_check(Check& check) {
+    const int N = size(), me = rank();
+    Deadline deadline(timeout());
+    for (int polls = 0;; ++polls) {
+      // One by one (MPI_Testall leaves every request pending until all are done, and then
+      // could not say which rank is missing).
+      bool done = true;
+      for (MPI_Request& request : check.requests) {
+        if (request == MPI_REQUEST_NULL) continue;
+        int finished = 0;
+        MPI_CHECK(MPI_Test(&request, &finished, MPI_STATUS_IGNORE));
+        done = done && finished;
+      }
+      if (done) break;
+      if (deadline.passed()) {
+        std::string missing;
+        for (int q = 0; q < N; ++q)
+          if (q != me && check.requests[static_cast<std::size_t>(q)] != MPI_REQUEST_NULL)
+            missing += (missing.empty() ? "" : ", ") + std::to_string(q);
+        throw CommError("rank " + std::to_string(me) + ": " + check.mine.text + " waited " +
+                        seconds(timeout()) + " (--timeout) for rank(s) " + missing +
+                        " to join; did they skip the call, or are they blocked elsewhere?");
+      }
+      back_off(polls);
+    }
+    check.in[static_cast<std::size_t>(me)] = check.mine;
+    const Signature& first = check.in[0];
+    for (int q = 1; q < N; ++q) {
+      const Signature& other = check.in[static_cast<std::size_t>(q)];
+      if (!agrees(first, other))
+        throw CommError("rank " + std::to_string(me) + ": collective mismatch: rank 0 called " +
+                        first.text + " but rank " + std::to_string(q) + " called " + other.text +
+                        " (every rank must make the same collective calls, in the same order, "
+                        "with the same counts)");
+    }
+    if (!check.mine.vector) return;
+    for (int q = 0; q < N; ++q) {  // alltoallv: what q sends here is what this rank expects
+      if (q == me) continue;
+      const std::int64_t sends = check.in[static_cast<std::size_t>(q)].to_you;
+      const auto expects =
+          static_cast<std::int64_t>(check.recv_counts[static_cast<std::size_t>(q)]);
+      if (sends != expects)
+        throw CommError("rank " + std::to_string(me) + ": alltoallv mismatch: rank " +
+                        std::to_string(q) + " sends " + std::to_string(sends) +
+                        " elements to rank " + std::to_string(me) + ", but rank " +
+                        std::to_string(me) + " expects " + std::to_string(expects) +
+                        " from it (exchange the counts first)");
+    }
+  }
+
   void finish(MpiCollective& c) {
+    if (c.check) finish_check(*c.check);
     MPI_Status status;
     int code = MPI_SUCCESS;
-    if (!poll(c.request, status, Clock::now() + timeout(), code))
+    if (!poll(c.request, status, Deadline(remaining()), code))
       throw CommError("rank " + std::to_string(rank()) + ": " + c.what + " waited " +
                       seconds(timeout()) +
                       " (--timeout) for the other ranks; did they skip the call, or are they "
                       "blocked elsewhere?");
     MPI_CHECK(code);
     if (c.finish) c.finish();
+  }
+
+  /// What is left of the wait in progress (one wait, or the whole of a wait_all).
+  std::chrono::milliseconds remaining() const {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(wait_deadline() - Clock::now());
   }
 
   /// Open MPI as packaged here is not CUDA-aware: device buffers are refused, not crashed on.
@@ -476,7 +644,9 @@ class MpiComm final : public Communicator {
   }
 
   MPI_Comm comm_;
+  MPI_Comm checks_ = MPI_COMM_NULL;
   bool owned_;
+  std::int64_t checked_ = 0;  // collectives checked so far
 };
 
 }  // namespace
@@ -491,7 +661,7 @@ void init(int* argc, char*** argv, std::chrono::milliseconds timeout) {
   initialized = true;
   create_half_types();
   if (provided >= MPI_THREAD_MULTIPLE) {
-    watchdog.start(timeout);
+    watchdog.start(timeout, world_rank());
   } else if (world_rank() == 0) {
     std::fprintf(stderr,
                  "warning: this MPI library gives thread level %d, not MPI_THREAD_MULTIPLE (%d): "
@@ -502,9 +672,13 @@ void init(int* argc, char*** argv, std::chrono::milliseconds timeout) {
 
 void finalize() {
   if (!initialized) return;
-  watchdog.stop();
   free_half_types();
-  MPI_Finalize();
+  {
+    // MPI_Finalize waits for the other processes: watched like a collective.
+    Watched w("MPI_Finalize (waiting for the other ranks to finish)");
+    MPI_Finalize();
+  }
+  watchdog.stop();
   initialized = false;
 }
 

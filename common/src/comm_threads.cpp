@@ -230,7 +230,13 @@ Message::~Message() {
       return;
     }
   }
-  while (state.load() != done) cpu_relax();  // matched: the copy is short and cannot block
+  // Matched: the other side is copying, which is short and cannot block; let it run.
+  for (int spins = 0; state.load() != done; ++spins) {
+    if (spins < 1000)
+      cpu_relax();
+    else
+      std::this_thread::yield();
+  }
 }
 
 void complete(Message& send, Message& recv) {
@@ -448,7 +454,7 @@ class ThreadComm final : public Communicator {
   };
 
   int me_world() const { return g_->world_rank(rank()); }
-  Clock::time_point deadline() const { return Clock::now() + timeout(); }
+  Clock::time_point deadline() const { return wait_deadline(); }
   const Slot& slot(int q) const { return g_->slots[static_cast<std::size_t>(q)]; }
   const Slot::Call& call(int q) const { return slot(q).call; }
 
@@ -733,6 +739,10 @@ class ThreadComm final : public Communicator {
     std::string missing;
     {
       std::lock_guard<std::mutex> lock(g.m);
+      if (g.generation.load() != gen) return;  // the last one arrived just now
+      // Withdraw this rank from the count: it is leaving, and a late rank must not complete
+      // the barrier with it. (Its arrival stays on record for the others' diagnosis.)
+      --g.arrived;
       for (int q = 0; q < size(); ++q)
         if (g.arrivals[static_cast<std::size_t>(q)] != gen + 1)
           missing += (missing.empty() ? "" : ", ") + std::to_string(q);

@@ -1,18 +1,24 @@
 // launch: parse the command line, start the ranks, turn what happened into an exit code.
 #include "shardlab/launch.hpp"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "shardlab/check.hpp"
+#include "shardlab/cli.hpp"
 #include "shardlab/comm_mpi.hpp"
 #include "shardlab/comm_nccl.hpp"
 #include "shardlab/comm_threads.hpp"
@@ -21,6 +27,64 @@
 #include "shardlab/version.hpp"
 
 namespace shardlab {
+
+namespace {
+/// --seed: a whole number 0..2^64-1, said plainly when it is not one (CLI11's own check
+/// would print its double range and clamp what is too large).
+std::uint64_t parse_seed(const std::string& text) {
+  std::uint64_t value = 0;
+  const char* end = text.data() + text.size();
+  const auto [stop, error] = std::from_chars(text.data(), end, value);
+  if (!text.empty() && text[0] == '-')
+    throw CLI::ValidationError(
+        "--seed", "'" + text + "' is negative: seeds are 0 to " + std::to_string(UINT64_MAX));
+  if (error == std::errc::result_out_of_range)
+    throw CLI::ValidationError(
+        "--seed", text + " is more than the largest seed, " + std::to_string(UINT64_MAX));
+  if (error != std::errc() || stop != end || text.empty())
+    throw CLI::ValidationError("--seed", "'" + text + "' is not a whole number");
+  return value;
+}
+
+double read_number(const std::string& path) {
+  std::ifstream in(path);
+  std::string word;
+  if (!(in >> word) || word == "max") return 0;
+  try {
+    return std::stod(word);
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+}  // namespace
+
+double memory_available() {
+  double available = 0;
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string key; meminfo >> key;) {
+    double kib = 0;
+    meminfo >> kib;
+    if (key == "MemAvailable:") available = kib * 1024;
+    meminfo.ignore(256, '\n');
+  }
+  if (available == 0) available = 1e18;  // not Linux: no figure, no limit from it
+  // ulimit -v: the address space left (what is mapped already counts against it).
+  rlimit limit{};
+  if (getrlimit(RLIMIT_AS, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
+    double mapped = 0;
+    std::ifstream status("/proc/self/status");
+    for (std::string key; status >> key;) {
+      if (key == "VmSize:") status >> mapped;
+      status.ignore(256, '\n');
+    }
+    available = std::min(available, static_cast<double>(limit.rlim_cur) - mapped * 1024);
+  }
+  // A cgroup (v2) limit, as containers set.
+  const double cgroup_max = read_number("/sys/fs/cgroup/memory.max");
+  if (cgroup_max > 0)
+    available = std::min(available, cgroup_max - read_number("/sys/fs/cgroup/memory.current"));
+  return std::max(available, 0.0);
+}
 
 bool started_by_mpirun() {
   for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"})
@@ -55,20 +119,62 @@ void Context::say_each(const std::string& line) {
 
 bool Context::color() const { return use_color(options_.json ? STDERR_FILENO : STDOUT_FILENO); }
 
+namespace {
+// When this program started: a CSV file written after that was written by another run.
+const auto started = std::filesystem::file_time_type::clock::now();
+}  // namespace
+
 void Context::save_csv(const CsvTable& table, const std::string& name) {
   if (rank() != 0) return;
-  const std::string path = options_.csv_dir + "/" + name + ".csv";
+  std::filesystem::path path = std::filesystem::path(options_.csv_dir) / (name + ".csv");
+  std::error_code error;
+  if (std::filesystem::exists(path, error) &&
+      std::filesystem::last_write_time(path, error) > started) {
+    // Another run wrote it while this one ran: keep both.
+    const std::filesystem::path mine = std::filesystem::path(options_.csv_dir) /
+                                       (name + "." + std::to_string(::getpid()) + ".csv");
+    say("another run wrote " + path.string() + " while this one ran; this run's rows go to " +
+        mine.string());
+    path = mine;
+  }
   table.save(path);
-  say("wrote " + path);
-  (*json_)["csv"] = path;
+  say("wrote " + path.string());
+  (*json_)["csv"] = path.string();
 }
 
 bool Context::verify(bool ok, const std::string& what) {
   if (!ok) {
     ok_ = false;
-    std::fprintf(stderr, "rank %d: verification failed: %s\n", rank(), what.c_str());
+    failures_.push_back(what);
   }
   return ok;
+}
+
+void Context::report_failures() {
+  // One line per distinct failure, with the ranks that saw it (gathered to rank 0).
+  std::string mine;
+  for (const std::string& f : failures_) mine += f + '\n';
+  const std::vector<std::string> all = comm_.gather_strings(mine, 0);
+  if (rank() != 0) return;
+  std::vector<std::pair<std::string, std::vector<int>>> seen;
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    std::size_t start = 0;
+    for (std::size_t end; (end = all[r].find('\n', start)) != std::string::npos; start = end + 1) {
+      const std::string line = all[r].substr(start, end - start);
+      auto it =
+          std::find_if(seen.begin(), seen.end(), [&](const auto& s) { return s.first == line; });
+      if (it == seen.end()) it = seen.insert(seen.end(), {line, {}});
+      it->second.push_back(static_cast<int>(r));
+    }
+  }
+  for (const auto& [line, ranks] : seen) {
+    std::string who;
+    if (ranks.size() == all.size() && all.size() > 1)
+      who = "all " + std::to_string(ranks.size()) + " ranks";
+    else
+      for (int q : ranks) who += (who.empty() ? "rank " : ", ") + std::to_string(q);
+    std::fprintf(stderr, "verification failed (%s): %s\n", who.c_str(), line.c_str());
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -108,6 +214,7 @@ int run_rank(Communicator& host, const Options& options, const Body& body) {
   Communicator& comm = gpus ? *gpus : host;
   Context ctx(comm, options);
   body(ctx);
+  ctx.report_failures();
   const bool ok = comm.all_true(ctx.ok());
   if (comm.rank() == 0 && options.json) {
     nlohmann::json& j = ctx.json();
@@ -144,17 +251,21 @@ Program::Program(std::string name, std::string description)
                    "where tensors live: cpu, or cuda (ranks map to GPUs round robin)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
-  app_->add_option("--seed", options_.seed, "seed of every random tensor")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
+  app_->add_option_function<std::string>(
+      "--seed", [this](const std::string& text) { options_.seed = parse_seed(text); },
+      "seed of every random tensor, 0 to 18446744073709551615 [0]");
   app_->add_flag("--json", options_.json, "print one JSON object on stdout (text goes to stderr)");
   app_->add_option("--csv-dir", options_.csv_dir, "folder for benchmark CSV files")
       ->capture_default_str();
   app_->add_flag("-q,--quiet", options_.quiet, "no human-readable text");
   app_->add_option("--timeout", options_.timeout_s,
                    "seconds a blocking call may wait before the job fails")
-      ->check(CLI::Number)
-      ->check(CLI::Range(0.001, 86400.0))
+      ->check(cli::between(0.001, 86400.0))
+      ->capture_default_str();
+  app_->add_option("--memory-limit", options_.memory_limit_gb,
+                   "GB the run may use (0: what the machine can give now; also "
+                   "SHARDLAB_MEMORY_LIMIT_GB)")
+      ->check(cli::between(0.0, 1e6))
       ->capture_default_str();
 }
 
@@ -193,6 +304,8 @@ int Program::run(int argc, char** argv, const Body& body) {
             "--device cuda with MPI: use --backend nccl (this Open MPI is not CUDA-aware)");
     }
     if (validate_) validate_(options_);
+    if (memory_estimate_) check_memory();
+    if (writes_csv_ && writes_csv_()) check_writable_folder(options_.csv_dir);
   } catch (const CLI::CallForHelp& e) {
     if (speaks) std::cout << app_->help();
     return 0;
@@ -215,6 +328,33 @@ int Program::run(int argc, char** argv, const Body& body) {
   // NCCL rides on a host communicator: MPI under mpirun, threads otherwise.
   const bool mpi = options_.backend == "mpi" || (options_.backend == "nccl" && under_mpirun);
   return mpi ? run_mpi(body) : run_threads(body);
+}
+
+void Program::check_memory() const {
+  const double need = memory_estimate_(options_);
+  double limit = options_.memory_limit_gb * 1e9;
+  const char* from_env = std::getenv("SHARDLAB_MEMORY_LIMIT_GB");
+  std::string source = "--memory-limit";
+  if (limit == 0 && from_env != nullptr) {
+    char* end = nullptr;
+    limit = std::strtod(from_env, &end) * 1e9;
+    if (end == from_env || !std::isfinite(limit) || limit < 0)
+      throw UsageError("SHARDLAB_MEMORY_LIMIT_GB='" + std::string(from_env) +
+                       "' is not a number of GB");
+    source = "SHARDLAB_MEMORY_LIMIT_GB";
+  }
+  if (limit == 0) {
+    limit = memory_available();
+    source = "";
+  }
+  if (need <= limit) return;
+  auto gib = [](double bytes) { return format_number(bytes / (1024.0 * 1024 * 1024), 3) + " GiB"; };
+  throw UsageError("this run needs about " + gib(need) + " of memory, more than " +
+                   (source.empty() ? "the " + gib(limit) +
+                                         " this machine can give now (available memory, "
+                                         "ulimit -v); use fewer ranks or smaller sizes, or "
+                                         "allow more with --memory-limit GB"
+                                   : "the " + gib(limit) + " " + source + " allows"));
 }
 
 int Program::run_threads(const Body& body) {

@@ -1,9 +1,13 @@
 // results: CSV tables written atomically.
 #include "shardlab/results.hpp"
 
+#include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -12,16 +16,57 @@
 
 namespace shardlab {
 
+namespace {
+std::string reason() { return std::strerror(errno); }
+}  // namespace
+
 void write_file_atomic(const std::filesystem::path& path, const std::string& content) {
-  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
-  const std::filesystem::path tmp = path.string() + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary);
-    out << content;
-    out.flush();
-    if (!out) throw std::runtime_error("cannot write " + tmp.string());
+  std::error_code error;
+  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), error);
+  if (error)
+    throw Error("cannot create the folder " + path.parent_path().string() + ": " + error.message());
+  // A name no other writer uses (another run, another thread), written in full and synced
+  // before it replaces the file: a crash leaves the old file or the new one, never half.
+  static std::atomic<int> serial{0};
+  const std::filesystem::path tmp =
+      path.string() + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(serial++);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error("cannot write " + path.string() + ": " + reason());
+  std::size_t done = 0;
+  std::string failed;
+  while (done < content.size()) {
+    const ssize_t n = ::write(fd, content.data() + done, content.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      failed = reason();
+      break;
+    }
+    done += static_cast<std::size_t>(n);
   }
-  std::filesystem::rename(tmp, path);
+  if (failed.empty() && ::fsync(fd) != 0) failed = reason();
+  if (::close(fd) != 0 && failed.empty()) failed = reason();
+  if (failed.empty() && std::rename(tmp.c_str(), path.c_str()) != 0) failed = reason();
+  if (!failed.empty()) {
+    ::unlink(tmp.c_str());
+    throw Error("cannot write " + path.string() + ": " + failed);
+  }
+}
+
+void check_writable_folder(const std::filesystem::path& folder) {
+  std::error_code error;
+  std::filesystem::create_directories(folder, error);
+  if (error || !std::filesystem::is_directory(folder))
+    throw UsageError("--csv-dir " + folder.string() + ": cannot make it a folder (" +
+                     (error ? error.message() : "it is a file") + ")");
+  const std::filesystem::path probe =
+      folder / (".shardlab-write-test." + std::to_string(::getpid()));
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) throw UsageError("--csv-dir " + folder.string() + " is not writable: " + reason());
+  const bool wrote = ::write(fd, "x", 1) == 1 && ::fsync(fd) == 0;
+  const std::string why = reason();
+  ::close(fd);
+  ::unlink(probe.c_str());
+  if (!wrote) throw UsageError("--csv-dir " + folder.string() + " is not writable: " + why);
 }
 
 CsvTable::CsvTable(std::vector<std::string> columns) : columns_(std::move(columns)) {}

@@ -6,6 +6,7 @@
 //   --mode mismatch   rank 0 allreduces 8 floats, the others 6
 //   --mode verify     a verification fails (the job still finishes and reports)
 //   --mode shape      a matmul of mismatched shapes inside the program (exit 1, not 2)
+//   --mode skip       the last rank skips an allreduce the others make (and then waits)
 //   --mode ok         nothing goes wrong
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -18,8 +19,8 @@ int main(int argc, char** argv) {
   shardlab::Program program("failure_demo", "Fails on purpose, to show how failures end a job");
   std::string mode = "ok";
   program.cli()
-      .add_option("--mode", mode, "deadlock, throw, mismatch, verify, shape or ok")
-      ->check(CLI::IsMember({"deadlock", "throw", "mismatch", "verify", "shape", "ok"}));
+      .add_option("--mode", mode, "deadlock, throw, mismatch, verify, shape, skip or ok")
+      ->check(CLI::IsMember({"deadlock", "throw", "mismatch", "verify", "shape", "skip", "ok"}));
   return program.run(argc, argv, [&](shardlab::Context& ctx) {
     auto& comm = ctx.comm();
     std::vector<float> buf(mode == "mismatch" && ctx.rank() != 0 ? 6 : 8, 1.0f);
@@ -27,6 +28,11 @@ int main(int argc, char** argv) {
     if (mode == "throw" && ctx.rank() == ctx.size() - 1)
       throw std::runtime_error("rank " + std::to_string(ctx.rank()) + " failed on purpose");
     if (mode == "mismatch") comm.allreduce(buf);
+    if (mode == "skip") {
+      if (ctx.rank() != ctx.size() - 1) comm.allreduce(buf);
+      std::vector<float> never(1);
+      if (ctx.rank() == ctx.size() - 1) comm.recv(never, 0, 99);  // blocked elsewhere
+    }
     if (mode == "shape") (void)shardlab::matmul(shardlab::Tensor(2, 3), shardlab::Tensor(2, 3));
     comm.barrier();
     ctx.verify(mode != "verify", "the answer was wrong on purpose");

@@ -31,7 +31,8 @@
 //   - a blocking call that waits longer than the timeout fails with a message naming
 //     the rank, the peer, the tag and the operation (a deadlock becomes a message);
 //   - ranks that enter one collective with different operations, counts, types or roots
-//     get a mismatch error (threads backend);
+//     get a mismatch error naming both calls, and a collective a rank never joins names
+//     that rank when it times out (threads and MPI);
 //   - a wrong peer, root or count is an Error (exit 1) naming the call;
 //   - an error on any rank ends the whole job (launch.hpp), never leaving others waiting.
 #pragma once
@@ -43,6 +44,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <ranges>
 #include <span>
 #include <string>
@@ -241,6 +243,7 @@ class Communicator {
   [[nodiscard]] Request irecv(MutableBuffer buf, int peer, int tag = 0);
   /// Blocks until `request` completes (with the timeout); it is then no longer pending.
   void wait(Request& request);
+  /// Blocks until every request completes, all within one timeout.
   void wait_all(std::span<Request> requests);
 
   // -- collectives (every rank of the communicator calls them, in the same order) ---
@@ -303,6 +306,23 @@ class Communicator {
     ~Uncounted() { comm_.counting_ = was_; }
     Uncounted(const Uncounted&) = delete;
     Uncounted& operator=(const Uncounted&) = delete;
+
+   private:
+    Communicator& comm_;
+    bool was_;
+  };
+
+  /// While alive, collectives on `comm` skip the check that every rank called the same one
+  /// (which costs the MPI backend a few small messages per call): for benchmark timing
+  /// loops, whose calls were checked once before.
+  class Unchecked {
+   public:
+    explicit Unchecked(Communicator& comm) : comm_(comm), was_(comm.checking_) {
+      comm.checking_ = false;
+    }
+    ~Unchecked() { comm_.checking_ = was_; }
+    Unchecked(const Unchecked&) = delete;
+    Unchecked& operator=(const Unchecked&) = delete;
 
    private:
     Communicator& comm_;
@@ -393,6 +413,12 @@ class Communicator {
     if (counting_) stats_.modeled[static_cast<std::size_t>(op)] = true;
   }
   bool counting() const { return counting_; }
+  bool checking() const { return checking_; }
+  /// When the wait in progress gives up: now + timeout for one wait, and one deadline for
+  /// all the requests of a wait_all (so it cannot wait a multiple of the timeout).
+  std::chrono::steady_clock::time_point wait_deadline() const {
+    return wait_all_deadline_ ? *wait_all_deadline_ : std::chrono::steady_clock::now() + timeout_;
+  }
   void check_peer(int peer, std::string_view what) const;
   void check_root(int root, std::string_view what) const;
 
@@ -424,6 +450,8 @@ class Communicator {
   std::chrono::milliseconds timeout_;
   CommStats stats_{};
   bool counting_ = true;
+  bool checking_ = true;
+  std::optional<std::chrono::steady_clock::time_point> wait_all_deadline_;
   std::function<void(const MessageEvent&)> trace_;
 };
 

@@ -18,7 +18,7 @@
 //   2  bad usage: one line on stderr saying what is wrong
 //
 // Common flags: --ranks N, --backend auto|threads|mpi|nccl, --device cpu|cuda, --seed S,
-// --json, --csv-dir DIR, --quiet, --timeout SECONDS, --help, --version.
+// --json, --csv-dir DIR, --quiet, --timeout SECONDS, --memory-limit GB, --help, --version.
 //
 // This header names CLI11's and nlohmann-json's types without including them (they are
 // heavy); a program that adds flags or JSON fields includes them itself.
@@ -50,6 +50,7 @@ struct Options {
   std::string csv_dir = "results";  // --csv-dir: where benchmark CSV files go
   bool quiet = false;               // --quiet: no human-readable text
   double timeout_s = 60;            // --timeout: how long a blocking call may wait
+  double memory_limit_gb = 0;       // --memory-limit: 0 = what the machine can give now
 };
 
 /// What a rank's body gets: its communicator, the options, and the job's outputs.
@@ -80,10 +81,13 @@ class Context {
   /// True when the text goes to a colour terminal.
   bool color() const;
 
-  /// Records a check. A failed one prints `what` and makes the job exit 1 (after the
-  /// body finishes on every rank, so a result can still be reported).
+  /// Records a check. A failed one makes the job exit 1; `what` is printed when the body
+  /// has finished on every rank, once for all the ranks that reported it.
   bool verify(bool ok, const std::string& what);
   bool ok() const { return ok_; }
+  /// Prints the failed checks of every rank, each distinct one once (every rank calls it;
+  /// run() does, after the body).
+  void report_failures();
 
   /// The --json object (rank 0's is printed); `ok` and the common fields are added.
   nlohmann::json& json() { return *json_; }
@@ -97,6 +101,7 @@ class Context {
   const Options& options_;
   std::unique_ptr<nlohmann::json> json_;
   bool ok_ = true;
+  std::vector<std::string> failures_;
 };
 
 using Body = std::function<void(Context&)>;
@@ -113,6 +118,17 @@ class Program {
   void supports_cuda() { cuda_ = true; }
   /// Chapter checks that need several flags at once; throw UsageError to exit 2.
   void validate(std::function<void(const Options&)> check) { validate_ = std::move(check); }
+  /// How many bytes the whole run needs on this machine (all its ranks together; under
+  /// mpirun, this process's), worked out from the flags before anything is allocated.
+  /// run() refuses (exit 2) a run that needs more than the machine can give: the memory
+  /// available now, the address-space limit (ulimit -v), or --memory-limit /
+  /// SHARDLAB_MEMORY_LIMIT_GB when given.
+  void memory_estimate(std::function<double(const Options&)> bytes) {
+    memory_estimate_ = std::move(bytes);
+  }
+  /// The run writes CSV files when `when()` holds (a benchmark mode): --csv-dir is then
+  /// made and tried before the ranks start, not after the benchmark.
+  void writes_csv(std::function<bool()> when) { writes_csv_ = std::move(when); }
   /// Parses argv, runs `body` on every rank, returns the exit code (see the top).
   int run(int argc, char** argv, const Body& body);
   const Options& options() const { return options_; }
@@ -120,15 +136,23 @@ class Program {
  private:
   int run_threads(const Body& body);
   int run_mpi(const Body& body);
+  void check_memory() const;
   std::string name_;
   std::unique_ptr<CLI::App> app_;
   Options options_;
   std::function<void(const Options&)> validate_;
+  std::function<double(const Options&)> memory_estimate_;
+  std::function<bool()> writes_csv_;
   bool ranks_given_ = false;
   bool cuda_ = false;
 };
 
 /// True when this process was started by mpirun (or another MPI launcher).
 bool started_by_mpirun();
+
+/// Bytes this process can still allocate: the smaller of the memory available now
+/// (MemAvailable), the room left under its address-space limit (ulimit -v) and under its
+/// cgroup's memory limit.
+double memory_available();
 
 }  // namespace shardlab

@@ -8,8 +8,13 @@
 
 namespace shardlab {
 
-/// Writes `content` to `path` through `path.tmp.<pid>` and a rename.
+/// Writes `content` to `path` through a temporary file of its own, synced, then renamed
+/// over `path`: a reader sees the old file or the whole new one. Error (with the
+/// system's reason) if it cannot; the temporary file is removed then.
 void write_file_atomic(const std::filesystem::path& path, const std::string& content);
+/// Makes `folder` if needed and checks that a file can be written there: UsageError
+/// (naming --csv-dir and the reason) if not.
+void check_writable_folder(const std::filesystem::path& folder);
 
 /// A CSV table: header first, then rows; save() writes it atomically.
 class CsvTable {
