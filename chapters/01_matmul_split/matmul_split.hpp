@@ -1,9 +1,14 @@
 // Chapter 01 API: one matmul, out = x @ w, computed by P ranks three ways.
 //
 // Dimensions: x is M x K, w is K x N, out is M x N; P = comm.size(), r = comm.rank().
-// Shards follow shard_range: the first (size % P) ranks get one row/column more.
-// Every rank is handed the full x and w (as if each had loaded them) and takes its own
-// shard; what crosses between ranks is only what the strategy must communicate.
+// Shards follow shard_range: the first (size % P) ranks get one row/column more, and a
+// rank may own none.
+// Every rank is handed x and w of full shape but may use only its own shard of them (the
+// part its strategy says it owns): the tests put NaN everywhere else, and check that
+// each rank does exactly its share of the multiply-adds. What crosses between ranks is
+// only what the strategy must communicate to assemble out, which every rank returns
+// whole. (The chapter program hands every rank the real x and w, as if each had loaded
+// them; a real job would load only its shard.)
 //
 // The learner writes these in exercises/01_matmul_split/matmul_split.cpp; the
 // reference is solutions/01_matmul_split/matmul_split.cpp.

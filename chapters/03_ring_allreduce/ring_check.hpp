@@ -92,7 +92,16 @@ struct StepLog {
 inline std::string not_chunk(const Posted& m, int want, std::size_t count, int ranks) {
   const auto range = chunk_range(count, ranks, want);
   std::set<int> chunks;
-  for (float v : m.contents) chunks.insert(decode(v).chunk);
+  for (float v : m.contents) {
+    const Decoded d = decode(v);
+    // Not the data of any chunk: an element this rank never filled (or garbage).
+    if (v < 0 || d.chunk < 0 || d.chunk >= ranks || d.mask >= (1u << ranks))
+      return "sent " + std::to_string(m.elements) +
+             " elements that hold no chunk's data (never filled in on this rank yet), but this "
+             "step sends chunk " +
+             std::to_string(want) + ", which this rank must have received or reduced by now";
+    chunks.insert(d.chunk);
+  }
   const std::string sizes = " (chunk c is shard_range(S, N, c): for S = " + std::to_string(count) +
                             " and N = " + std::to_string(ranks) + " the chunks have " +
                             chunk_lengths(count, ranks) +
@@ -232,16 +241,29 @@ inline std::string reduce_scatter_error(std::span<const float> data, int rank, i
       return where + " holds data of chunk " + std::to_string(d.chunk) +
              ": a chunk index is wrong (send chunk (r - s) mod N, add into chunk (r - s - 1) mod "
              "N)";
-    // Contributions join chunk c in ring order: rank c starts it, rank c + j adds its own
-    // at step j - 1. The first one missing names the step that went wrong.
-    for (int j = 1; j < ranks; ++j) {
-      const int q = wrap(owned + j, ranks);
-      if (!(d.mask & (1u << q)))
+    // Contributions join chunk c in ring order: rank c starts it at step 0, and rank c + j
+    // adds its own at step j - 1. The pattern of what is there says where it went wrong.
+    std::vector<bool> present(static_cast<std::size_t>(ranks));
+    for (int j = 0; j < ranks; ++j)
+      present[static_cast<std::size_t>(j)] = d.mask & (1u << wrap(owned + j, ranks));
+    int first = 0;
+    while (first < ranks && !present[static_cast<std::size_t>(first)]) ++first;
+    bool suffix = first > 0;  // everything from `first` on is there, nothing before it
+    for (int j = first; j < ranks; ++j) suffix = suffix && present[static_cast<std::size_t>(j)];
+    if (suffix)
+      return where + " holds the sum over ranks " + ranks_in(d.mask) + " only: the sum of ranks " +
+             ranks_in(d.mask ^ ((1u << ranks) - 1)) + " was lost at step " +
+             std::to_string(first - 1) + ", when rank " +
+             std::to_string(wrap(owned + first, ranks)) +
+             " should have added what arrived from the left into its own copy and passed that on";
+    for (int j = first + 1; j < ranks; ++j)
+      if (!present[static_cast<std::size_t>(j)]) {
+        const int q = wrap(owned + j, ranks);
         return where + " holds the sum over ranks " + ranks_in(d.mask) + " only: rank " +
                std::to_string(q) + "'s contribution should have joined at step " +
                std::to_string(j - 1) + ", when rank " + std::to_string(q) + " adds into chunk " +
                std::to_string(owned) + " and passes it on";
-    }
+      }
     return where + " holds ranks " + ranks_in(d.mask) +
            ": a contribution arrived twice or from the wrong step";
   }

@@ -42,6 +42,7 @@ void check_algorithm(const char* name, const Algorithm& run) {
 /// chunk, the last taking the rest (wrong when N does not divide S).
 struct RingVariant {
   bool send_from_copy = false, offset_by_one = false, even_chunks = false;
+  int skip_add_at = -1;  // the step at which every rank forgets to add what arrived
   void operator()(Communicator& comm, std::span<float> data, ch03::Workspace&) const {
     const int N = comm.size(), r = comm.rank();
     auto chunk = [&](int c) {
@@ -59,6 +60,7 @@ struct RingVariant {
         comm.sendrecv(copy, ch03::wrap(r + 1, N), in, ch03::wrap(r - 1, N), s);
       else
         comm.sendrecv(out, ch03::wrap(r + 1, N), in, ch03::wrap(r - 1, N), s);
+      if (s == skip_add_at) continue;
       for (std::size_t i = 0; i < mine.size(); ++i) mine[i] += in[i];
     }
   }
@@ -79,6 +81,8 @@ std::string message_of(const RingVariant& variant, std::size_t count) {
           });
       const std::string steps = check::reduce_scatter_steps_error(log, data, comm.rank(), 4);
       if (!steps.empty()) throw CommError(steps);
+      const std::string result = check::reduce_scatter_error(data, comm.rank(), 4);
+      if (!result.empty()) throw CommError(result);
     });
   } catch (const std::exception& e) {
     message = e.what();
@@ -107,6 +111,34 @@ TEST_SUITE("ch03.algorithms") {
         uneven.find("reduce-scatter step 0: sent chunk ") != std::string::npos &&
         uneven.find(", but this step sends chunk ") != std::string::npos;
     CHECK_MESSAGE(named_uneven, uneven);
+    // A sum dropped at step 1 (every rank forgets to add what arrived): the step is named.
+    const std::string dropped = message_of({.skip_add_at = 1}, 40);
+    CHECK_MESSAGE(dropped.find("was lost at step 1") != std::string::npos, dropped);
+    // An all-gather that sends a chunk this rank has not got yet: named, not a crash.
+    std::string early;
+    try {
+      run_threads(4, [&](Communicator& comm) {
+        const int r = comm.rank();
+        std::vector<float> data(8, -1.0f);  // only the owned chunk filled, as after the half
+        const auto owned = check::chunk_range(8, 4, ch03::owned_chunk(r, 4));
+        for (std::int64_t i = owned.offset; i < owned.offset + owned.length; ++i)
+          data[static_cast<std::size_t>(i)] =
+              15.0f + 1024.0f * 4 * static_cast<float>(ch03::owned_chunk(r, 4));
+        check::StepLog log;
+        log.attach(comm);
+        const auto send = check::chunk_range(8, 4, ch03::wrap(r, 4));  // the wrong index
+        const auto recv = check::chunk_range(8, 4, ch03::wrap(r - 1, 4));
+        comm.sendrecv(std::span<float>(data).subspan(static_cast<std::size_t>(send.offset), 2),
+                      ch03::wrap(r + 1, 4),
+                      std::span<float>(data).subspan(static_cast<std::size_t>(recv.offset), 2),
+                      ch03::wrap(r - 1, 4), 0);
+        const std::string steps = check::allgather_steps_error(log, data, r, 4, false);
+        if (!steps.empty()) throw CommError(steps);
+      });
+    } catch (const std::exception& e) {
+      early = e.what();
+    }
+    CHECK_MESSAGE(early.find("hold no chunk's data") != std::string::npos, early);
     // Chunks of S / N elements when N does not divide S: the boundaries are off.
     const std::string even = message_of({.even_chunks = true}, 10);
     CHECK_MESSAGE(even.find("the chunks have 3 3 2 2 elements") != std::string::npos, even);

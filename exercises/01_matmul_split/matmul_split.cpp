@@ -1,7 +1,16 @@
 // Chapter 01 exercise: the three ways to split out = x @ w.
 // Dimensions: x is M x K, w is K x N, out is M x N; P = comm.size() ranks, this is
-// rank r = comm.rank(). Read chapters/01_matmul_split/README.md first.
+// rank r = comm.rank(). Read chapters/01_matmul_split/README.md first: its pictures show
+// which shard lives where for each strategy.
 //
+// Every function here runs on every rank at once, and every rank must return the same
+// whole result. Each rank is handed x and w of full shape but may use only its own shard
+// of them: the tests put NaN everywhere else, and count each rank's multiply-adds (it
+// must do its share of the work, no more and no less). Shards are uneven when P does not
+// divide a dimension, and a rank may own nothing; it still takes part in every
+// collective.
+//
+// Write gather_rows and gather_columns first: the strategies use them.
 // Check your work with `make check CH=01`. Useful pieces (common/include/shardlab/):
 //   shard(t, P, dim, r)          rank r's piece of t split along dim (uneven sizes too)
 //   shard_range(size, P, r)      {offset, length} of rank r's piece of `size`
@@ -11,7 +20,7 @@
 //   t.view(offset, Shape{M, N})  elements offset.. of t as M x N (shares t's memory)
 //   concat(pieces, dim)          pieces side by side along dim
 //   comm.allgatherv(in, out, counts)   everyone's `in`, concatenated in rank order
-//   comm.allreduce(buf, ReduceOp::sum) in place: the sum over ranks, on every rank
+//   comm.allreduce(buf, shardlab::ReduceOp::sum)  in place: the sum over ranks, on every rank
 // Write them with these operations (no element loops), and the chapter program runs your
 // code on GPUs too (--device cuda).
 #include "matmul_split.hpp"
@@ -24,6 +33,7 @@ namespace ch01 {
 
 using shardlab::concat;
 using shardlab::empty;
+using shardlab::ReduceOp;
 using shardlab::Shape;
 using shardlab::shard;
 using shardlab::shard_counts;
@@ -33,25 +43,33 @@ using shardlab::shard_range;
 // Gathering shards
 
 // TODO(ch01): gather_rows
-// `mine` is rank r's rows: shard_range(total_rows, P, r).length rows of N = mine.cols().
-// Return the total_rows x N tensor with every rank's rows in rank order, on every rank.
-// Steps:
-//   1. counts[q] = rows of rank q * N (elements, not rows): shard_counts does it.
-//   2. out = an empty total_rows x N tensor like mine; comm.allgatherv(mine, out, counts).
-// Hint: row-major rows are contiguous, so the gathered buffer needs no rearranging.
+// Goal: join the ranks' row shards into one tensor, on every rank.
+// Receives: `mine`, this rank's rows of a total_rows x N tensor (its shard along dim 0,
+//   possibly with no rows; N = mine.cols()).
+// Returns: the total_rows x N tensor, rank 0's rows first, then rank 1's, and so on.
+// Invariant: every rank returns the same tensor, having received each row it does not
+//   own once and nothing more (the tests count the elements received).
+// Think: where do one rank's rows sit in a row-major matrix, and does a gather in rank
+//   order already put them there? In what unit does the gather count?
+// Stuck? The chapter README's Exercise section has hints, one at a time.
 Tensor gather_rows(Communicator& comm, const Tensor& mine, std::int64_t total_rows) {
   (void)comm, (void)mine, (void)total_rows;
   SHARDLAB_TODO("ch01: gather_rows");
 }
 
 // TODO(ch01): gather_columns
-// `mine` is M x cols_r, rank r's columns (shard_range(total_cols, P, r)). Return the
-// M x total_cols tensor with rank q's columns at shard_range(total_cols, P, q).offset.
-// Steps:
-//   1. counts[q] = M * cols_q; gather all blocks into one buffer of M * total_cols.
-//   2. Block q is M x cols_q, row-major, starting after the blocks of ranks 0..q-1: take
-//      it as a view, then concat the blocks along dim 1.
-// Hint: unlike rows, columns are not contiguous: the gathered blocks need laying out.
+// Goal: join the ranks' column shards into one tensor, on every rank.
+// Receives: `mine`, this rank's columns of an M x total_cols tensor (its shard along
+//   dim 1: M rows, possibly no columns; M = mine.rows()).
+// Returns: the M x total_cols tensor with each rank's columns in their place, rank 0's
+//   leftmost.
+// Invariants: after the gather, every rank holds all the ranks' blocks, one after
+//   another in rank order, each still a row-major M x (its width) block; after laying
+//   them out, every element is in the row and column it had on its own rank, shifted
+//   right by the columns of the ranks before it.
+// Think: one rank's columns are contiguous in `mine` but not in the result. Blocks may
+//   differ in width: do not assume they are all as wide as yours.
+// Stuck? The chapter README's Exercise section has hints, one at a time.
 Tensor gather_columns(Communicator& comm, const Tensor& mine, std::int64_t total_cols) {
   (void)comm, (void)mine, (void)total_cols;
   SHARDLAB_TODO("ch01: gather_columns");
@@ -61,26 +79,40 @@ Tensor gather_columns(Communicator& comm, const Tensor& mine, std::int64_t total
 // The three strategies
 
 // TODO(ch01): data_parallel_matmul
-// Split x along dim 0; w stays whole. Steps: x_r = my rows of x; out_r = x_r @ w
-// ((M/P) x N); return gather_rows(out_r).
+// Goal: out = x @ w, with x cut by rows (dim 0); every rank owns all of w.
+// Receives: x (M x K) and w (K x N), of full shape; this rank may use only its rows of x.
+// Returns: out, M x N, on every rank, bitwise equal to x @ w.
+// Invariant: before the collective, this rank holds exactly its own rows of out, having
+//   multiplied only its own rows of x (its share of the multiply-adds).
+// Stuck? The chapter README's Exercise section has hints, one at a time.
 Tensor data_parallel_matmul(Communicator& comm, const Tensor& x, const Tensor& w) {
   (void)comm, (void)x, (void)w;
   SHARDLAB_TODO("ch01: data_parallel_matmul");
 }
 
 // TODO(ch01): column_parallel_matmul
-// Split w along dim 1; x stays whole. Steps: w_r = my columns of w; out_r = x @ w_r
-// (M x (N/P)); return gather_columns(out_r).
+// Goal: out = x @ w, with w cut by columns (dim 1); every rank owns all of x.
+// Receives: x (M x K) and w (K x N), of full shape; this rank may use only its columns
+//   of w.
+// Returns: out, M x N, on every rank, bitwise equal to x @ w.
+// Invariant: before the collective, this rank holds exactly its own columns of out,
+//   having multiplied only by its own columns of w.
+// Stuck? The chapter README's Exercise section has hints, one at a time.
 Tensor column_parallel_matmul(Communicator& comm, const Tensor& x, const Tensor& w) {
   (void)comm, (void)x, (void)w;
   SHARDLAB_TODO("ch01: column_parallel_matmul");
 }
 
 // TODO(ch01): row_parallel_matmul
-// Split the inner dimension K: x along dim 1 and w along dim 0, the same slice on both.
-// Steps: x_r = my columns of x (M x K/P); w_r = my rows of w (K/P x N);
-// partial = x_r @ w_r (M x N); allreduce the partials with a sum; return the result.
-// Hint: a rank with no slice of K (P > K) still takes part with a zero partial.
+// Goal: out = x @ w, with the inner dimension K cut: this rank owns one slice of K, the
+//   same slice of x's columns and of w's rows.
+// Receives: x (M x K) and w (K x N), of full shape; this rank may use only its slice.
+// Returns: out, M x N, on every rank, equal to x @ w within rounding (the sum over k is
+//   done in another order, so not bitwise).
+// Invariant: before the collective, this rank holds an M x N partial sum: every element
+//   of out, summed over its slice of k only. The partials of all ranks add up to out.
+// Think: a rank whose slice is empty (P > K) still has a partial to contribute.
+// Stuck? The chapter README's Exercise section has hints, one at a time.
 Tensor row_parallel_matmul(Communicator& comm, const Tensor& x, const Tensor& w) {
   (void)comm, (void)x, (void)w;
   SHARDLAB_TODO("ch01: row_parallel_matmul");

@@ -1,18 +1,28 @@
 // Chapter 02 exercise: gradient averaging, per tensor and in buckets.
 // Read chapters/02_gradient_allreduce/README.md first; check with `make check CH=02`.
 //
-// Names: P ranks; B = global batch, B_r = this rank's rows (local_batch). Each rank's
-// gradients are the mean over its own rows, so the global gradient is the weighted
-// average g = sum_r (B_r / B) * g_r (with an even split: allreduce, then divide by P).
+// The goal: after the sync, every rank holds the gradient of the whole global batch's
+// mean loss, bit for bit the same on every rank, so that every replica takes the same
+// step. Each rank arrives with the mean gradient over its own rows only, and the ranks
+// may hold different numbers of rows (B = 13 on 4 ranks: 4, 3, 3, 3), so what you want
+// is the batch-weighted average
+//     g = sum over ranks r of (B_r / B) * g_r
+// where B is global_batch and B_r is rank r's local_batch (0 is possible: that rank
+// still takes part in every collective).
 //
-// Useful:
-//   p->grad                       a parameter's gradient: a view into the flat buffer
-//   p->offset, p->grad.size()     where that view starts in the flat buffer, and its length
-//   shardlab::scale_in_place(t, s)          t *= s (on the CPU or the GPU)
-//   flat.slice(offset, count)     elements offset .. offset + count of a 1-D tensor, as a
-//                                 view: writing to it writes the gradients
-//   comm.allreduce(t, ReduceOp::sum)        the sum over ranks, in place
-//   comm.iallreduce(t, ReduceOp::sum)       the same, started now; returns a Request
+// The gradients live in one flat buffer, parameters back to back in the order the
+// model added them; each parameter's grad is a view of its range of that buffer.
+//
+// Useful (common/include/shardlab/):
+//   p->grad                             a parameter's gradient: a view into the flat buffer
+//   p->offset, p->grad.size()           where that view starts in the flat buffer, its length
+//   shardlab::scale_in_place(t, s)      t *= s (on the CPU or the GPU)
+//   flat.slice(begin, count)            count elements of a 1-D tensor from begin, as a
+//                                       view: writing to it writes the gradients
+//   comm.allreduce(t, ReduceOp::sum)    the sum over ranks, in place
+//   comm.iallreduce(t, ReduceOp::sum)   the same, started now; returns a Request
+//
+// Stuck? The chapter README's Exercise section has hints, one at a time.
 #include "grad_sync.hpp"
 
 #include <algorithm>
@@ -22,11 +32,12 @@
 namespace ch02 {
 
 // TODO(ch02): allreduce_gradients
-// For every parameter p in params:
-//   1. multiply p->grad by local_batch / global_batch (compute it in double, then use it
-//      as a float),
-//   2. comm.allreduce(p->grad, ReduceOp::sum).
-// Afterwards every rank holds the same averaged gradients, so the replicas step alike.
+// Receives: every parameter of this rank's model (p->grad holds this rank's mean
+// gradient over its local_batch rows), this rank's row count and the global batch.
+// Afterwards: every p->grad, on every rank, holds the batch-weighted average above.
+// One allreduce per parameter tensor (--sync allreduce), in params order, the same
+// calls on every rank. Think first: an allreduce can only add, so what must this rank
+// put into the sum?
 void allreduce_gradients(Communicator& comm, std::span<Parameter* const> params,
                          std::int64_t local_batch, std::int64_t global_batch) {
   (void)comm, (void)params, (void)local_batch, (void)global_batch;
@@ -34,22 +45,28 @@ void allreduce_gradients(Communicator& comm, std::span<Parameter* const> params,
 }
 
 // TODO(ch02): plan_buckets
-// Walk params from the LAST to the first. Capacity = bucket_bytes / 4 elements (at least
-// 1). Open a new bucket when there is none yet or when this gradient would overflow the
-// open one; then add the parameter's index to bucket.params and its size to
-// bucket.elements. A gradient bigger than the capacity ends up alone in its bucket.
-// bucket.offset is where the bucket's range starts in the flat buffer: walking backwards,
-// each parameter you add sits just before the ones already in the bucket.
+// Receives: the parameters (in the order of the flat buffer) and a bucket capacity in
+// bytes; the gradients are float32. Returns: the buckets, in the order backward
+// finishes their gradients (the last parameter first), each holding
+//   params    the indices into params of its parameters, in the order they joined;
+//   offset    where its range starts in the flat buffer (in elements);
+//   elements  the length of that range: the sum of its parameters' sizes.
+// Must hold: every parameter is in exactly one bucket, and concatenating the buckets'
+// params gives n-1, n-2, ..., 0; a bucket never exceeds the capacity unless it holds a
+// single gradient that is bigger on its own (a gradient is never split); each bucket's
+// range [offset, offset + elements) covers exactly its parameters' gradients. It uses
+// no communication: every rank plans the same buckets from the same model.
 std::vector<Bucket> plan_buckets(std::span<Parameter* const> params, std::int64_t bucket_bytes) {
   (void)params, (void)bucket_bytes;
   SHARDLAB_TODO("ch02: plan_buckets");
 }
 
 // TODO(ch02): start_bucket_allreduce
-// Steps: take the bucket's range of flat_grads as a view (slice); scale it by
-// local_batch / global_batch; return comm.iallreduce(view, ReduceOp::sum).
-// Hint: one allreduce for the whole bucket is the point — fewer, larger messages, and no
-// copy in or out, because the view is the gradients themselves.
+// Receives: the flat gradient buffer (1-D, all parameters), one bucket of it, this
+// rank's row count and the global batch. Returns: the request of a started, not yet
+// finished, allreduce. Once the trainer has waited for it, the bucket's range of
+// flat_grads holds the batch-weighted average, and every element outside the range is
+// unchanged. One allreduce for the whole bucket, in place: no copy in or out.
 Request start_bucket_allreduce(Communicator& comm, Tensor& flat_grads, const Bucket& bucket,
                                std::int64_t local_batch, std::int64_t global_batch) {
   (void)comm, (void)flat_grads, (void)bucket, (void)local_batch, (void)global_batch;

@@ -8,6 +8,7 @@ namespace ch01 {
 
 using shardlab::concat;
 using shardlab::empty;
+using shardlab::ReduceOp;
 using shardlab::Shape;
 using shardlab::shard;
 using shardlab::shard_counts;
@@ -66,7 +67,7 @@ Tensor row_parallel_matmul(Communicator& comm, const Tensor& x, const Tensor& w)
   const Tensor x_r = shard(x, comm.size(), 1, comm.rank());
   const Tensor w_r = shard(w, comm.size(), 0, comm.rank());
   Tensor partial = shardlab::matmul(x_r, w_r);  // M x N, this slice's share of every element
-  comm.allreduce(partial, shardlab::ReduceOp::sum);
+  comm.allreduce(partial, ReduceOp::sum);
   return partial;
 }
 
