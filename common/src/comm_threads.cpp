@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -834,14 +836,52 @@ std::unique_ptr<Communicator> ThreadWorld::communicator(int rank) {
 
 void ThreadWorld::abort(const std::string& reason) { state_->abort(reason); }
 
+bool ThreadWorld::aborted() const { return state_->aborted.load(); }
+
+namespace {
+/// The ranks still running once the job has ended: a rank busy computing notices an
+/// abort only at its next call, and one in an endless loop never does. After `grace`
+/// the process ends, saying which ranks, rather than wait on them for ever.
+[[noreturn]] void end_with_stuck_ranks(const std::string& prefix,
+                                       const std::vector<std::exception_ptr>& errors,
+                                       const std::vector<int>& stuck,
+                                       std::chrono::milliseconds grace) {
+  for (const std::exception_ptr& e : errors) {
+    if (!e) continue;
+    try {
+      std::rethrow_exception(e);
+    } catch (const CommAborted&) {
+    } catch (const std::exception& x) {
+      std::fprintf(stderr, "%s%s\n", prefix.c_str(), x.what());
+      break;
+    } catch (...) {
+    }
+  }
+  std::string list;
+  for (std::size_t i = 0; i < stuck.size() && i < 8; ++i)
+    list += (i ? ", " : "") + std::to_string(stuck[i]);
+  if (stuck.size() > 8) list += " and " + std::to_string(stuck.size() - 8) + " more";
+  std::fprintf(stderr,
+               "%sthe job failed, but rank%s %s did not stop within %s (busy computing, or in "
+               "an endless loop?): ending the process\n",
+               prefix.c_str(), stuck.size() > 1 ? "s" : "", list.c_str(), seconds(grace).c_str());
+  std::fflush(nullptr);
+  std::_Exit(1);
+}
+}  // namespace
+
 std::vector<std::exception_ptr> run_ranks(int ranks, std::chrono::milliseconds timeout,
-                                          const std::function<void(Communicator&)>& body) {
+                                          const std::function<void(Communicator&)>& body,
+                                          const std::string& program) {
   ThreadWorld world(ranks, timeout);
   std::vector<std::unique_ptr<Communicator>> comms;
   for (int r = 0; r < ranks; ++r) comms.push_back(world.communicator(r));
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(ranks));
   std::vector<std::thread> threads;
   threads.reserve(static_cast<std::size_t>(ranks));
+  std::mutex done_mutex;
+  std::condition_variable done_cv;
+  std::vector<char> done(static_cast<std::size_t>(ranks), 0);
   std::string failed_to_start;
   for (int r = 0; r < ranks; ++r) {
     try {
@@ -852,12 +892,43 @@ std::vector<std::exception_ptr> run_ranks(int ranks, std::chrono::milliseconds t
           errors[static_cast<std::size_t>(r)] = std::current_exception();
           world.abort("rank " + std::to_string(r) + " failed");
         }
+        {
+          std::lock_guard<std::mutex> lock(done_mutex);
+          done[static_cast<std::size_t>(r)] = 1;
+        }
+        done_cv.notify_all();
       });
     } catch (const std::system_error& e) {
       failed_to_start = "could start only " + std::to_string(r) + " of " + std::to_string(ranks) +
                         " rank threads (" + e.what() + "): use fewer ranks";
       world.abort(failed_to_start);
       break;
+    }
+  }
+  // Wait for every rank; once the job has ended, for at most `timeout` more.
+  {
+    const auto started = static_cast<std::size_t>(threads.size());
+    auto all_done = [&] {
+      return std::all_of(done.begin(), done.begin() + static_cast<std::ptrdiff_t>(started),
+                         [](char d) { return d != 0; });
+    };
+    std::unique_lock<std::mutex> lock(done_mutex);
+    while (!all_done()) {
+      if (!world.aborted()) {
+        done_cv.wait_for(lock, std::chrono::milliseconds(20));
+        continue;
+      }
+      if (!done_cv.wait_for(lock, timeout, all_done)) {
+        std::vector<int> stuck;
+        std::vector<std::exception_ptr> finished_errors;  // only the finished ranks' are set
+        for (std::size_t r = 0; r < started; ++r)
+          if (done[r])
+            finished_errors.push_back(errors[r]);
+          else
+            stuck.push_back(static_cast<int>(r));
+        end_with_stuck_ranks(program.empty() ? program : program + ": ", finished_errors, stuck,
+                             timeout);
+      }
     }
   }
   for (std::thread& t : threads) t.join();

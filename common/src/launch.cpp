@@ -362,11 +362,12 @@ int Program::run_threads(const Body& body) {
   std::vector<int> codes(static_cast<std::size_t>(n), 0);
   std::vector<std::exception_ptr> errors;
   try {
-    errors = run_ranks(n, std::chrono::milliseconds(static_cast<long>(options_.timeout_s * 1000)),
-                       [&](Communicator& comm) {
-                         codes[static_cast<std::size_t>(comm.rank())] =
-                             run_rank(comm, options_, body);
-                       });
+    errors = run_ranks(
+        n, std::chrono::milliseconds(static_cast<long>(options_.timeout_s * 1000)),
+        [&](Communicator& comm) {
+          codes[static_cast<std::size_t>(comm.rank())] = run_rank(comm, options_, body);
+        },
+        name_);
   } catch (const std::exception& e) {  // the rank threads could not all start
     std::fprintf(stderr, "%s: %s\n", name_.c_str(), e.what());
     return 1;

@@ -7,8 +7,10 @@
 //   --mode verify     a verification fails (the job still finishes and reports)
 //   --mode shape      a matmul of mismatched shapes inside the program (exit 1, not 2)
 //   --mode skip       the last rank skips an allreduce the others make (and then waits)
+//   --mode busy       the last rank computes for an hour while the others allreduce
 //   --mode ok         nothing goes wrong
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <vector>
@@ -19,8 +21,9 @@ int main(int argc, char** argv) {
   shardlab::Program program("failure_demo", "Fails on purpose, to show how failures end a job");
   std::string mode = "ok";
   program.cli()
-      .add_option("--mode", mode, "deadlock, throw, mismatch, verify, shape, skip or ok")
-      ->check(CLI::IsMember({"deadlock", "throw", "mismatch", "verify", "shape", "skip", "ok"}));
+      .add_option("--mode", mode, "deadlock, throw, mismatch, verify, shape, skip, busy or ok")
+      ->check(CLI::IsMember(
+          {"deadlock", "throw", "mismatch", "verify", "shape", "skip", "busy", "ok"}));
   return program.run(argc, argv, [&](shardlab::Context& ctx) {
     auto& comm = ctx.comm();
     std::vector<float> buf(mode == "mismatch" && ctx.rank() != 0 ? 6 : 8, 1.0f);
@@ -32,6 +35,14 @@ int main(int argc, char** argv) {
       if (ctx.rank() != ctx.size() - 1) comm.allreduce(buf);
       std::vector<float> never(1);
       if (ctx.rank() == ctx.size() - 1) comm.recv(never, 0, 99);  // blocked elsewhere
+    }
+    if (mode == "busy") {
+      if (ctx.rank() == ctx.size() - 1) {  // never calls the communicator: cannot notice
+        const auto end = std::chrono::steady_clock::now() + std::chrono::hours(1);
+        volatile double x = 0;
+        while (std::chrono::steady_clock::now() < end) x = x + 1;
+      }
+      comm.allreduce(buf);
     }
     if (mode == "shape") (void)shardlab::matmul(shardlab::Tensor(2, 3), shardlab::Tensor(2, 3));
     comm.barrier();

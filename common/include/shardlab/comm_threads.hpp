@@ -43,6 +43,8 @@ class ThreadWorld {
   std::unique_ptr<Communicator> communicator(int rank);
   /// Ends the job: every blocked or later call on any rank throws CommAborted(reason).
   void abort(const std::string& reason);
+  /// Whether the job has been ended (by abort, or by a rank's timeout).
+  bool aborted() const;
 
   struct State;
 
@@ -53,9 +55,12 @@ class ThreadWorld {
 
 /// Runs body(comm) on every rank of a fresh threads world, one thread each, and returns
 /// each rank's error (null where it finished). A rank that throws ends the job for the
-/// others (they get CommAborted).
+/// others (they get CommAborted). A rank that has not returned `timeout` after the job
+/// ended (busy computing, or looping for ever) ends the process with a message naming it,
+/// each line starting with `program` (when given) and ": ".
 std::vector<std::exception_ptr> run_ranks(int ranks, std::chrono::milliseconds timeout,
-                                          const std::function<void(Communicator&)>& body);
+                                          const std::function<void(Communicator&)>& body,
+                                          const std::string& program = {});
 
 /// run_ranks, then rethrows the first rank's own error (not the CommAborted of the ranks
 /// it stopped). What tests use; programs use Program::run (launch.hpp).
