@@ -121,8 +121,14 @@ function(shardlab_add_chapter chapter)
     EXIT 0 MATCH "\"ok\": true" "\"ranks\": 3" LABELS "${short};program")
   shardlab_add_expect_test(${short}.help COMMAND ${program} --help EXIT 0 MATCH "--ranks"
     LABELS "${short};program")
+  # What every program rejects: out-of-range, NaN and infinite numbers, seeds that are
+  # not one, and benchmark folders it cannot write (found before any rank starts).
   set(bad_usages "--ranks 0" "--ranks abc" "--ranks -3" "--backend carrier-pigeon"
-                 "--timeout 0" "--seed -1" "--no-such-flag" "stray-argument" ${ARG_BAD_USAGE})
+                 "--timeout 0" "--timeout nan" "--timeout inf" "--memory-limit nan"
+                 "--seed -1" "--seed abc" "--seed 18446744073709551616"
+                 "--no-such-flag" "stray-argument"
+                 "--benchmark --csv-dir /dev/full" "--benchmark --csv-dir /proc"
+                 "--benchmark --csv-dir ${chapter_dir}/CMakeLists.txt" ${ARG_BAD_USAGE})
   set(index 0)
   foreach(bad IN LISTS bad_usages)
     math(EXPR index "${index} + 1")

@@ -262,9 +262,9 @@ Program::Program(std::string name, std::string description)
                    "seconds a blocking call may wait before the job fails")
       ->check(cli::between(0.001, 86400.0))
       ->capture_default_str();
-  app_->add_option("--memory-limit", options_.memory_limit_gb,
-                   "GB the run may use (0: what the machine can give now; also "
-                   "SHARDLAB_MEMORY_LIMIT_GB)")
+  app_->add_option("--memory-limit", options_.memory_limit_gib,
+                   "GiB the run may use (0: what the machine can give now; also "
+                   "SHARDLAB_MEMORY_LIMIT_GIB)")
       ->check(cli::between(0.0, 1e6))
       ->capture_default_str();
 }
@@ -331,30 +331,35 @@ int Program::run(int argc, char** argv, const Body& body) {
 }
 
 void Program::check_memory() const {
+  constexpr double kGiB = 1024.0 * 1024 * 1024;
   const double need = memory_estimate_(options_);
-  double limit = options_.memory_limit_gb * 1e9;
-  const char* from_env = std::getenv("SHARDLAB_MEMORY_LIMIT_GB");
-  std::string source = "--memory-limit";
-  if (limit == 0 && from_env != nullptr) {
+  double limit = options_.memory_limit_gib * kGiB;
+  std::string source = "--memory-limit " + format_number(options_.memory_limit_gib);
+  const char* from_env = std::getenv("SHARDLAB_MEMORY_LIMIT_GIB");
+  if (limit == 0 && from_env != nullptr && *from_env != '\0') {
     char* end = nullptr;
-    limit = std::strtod(from_env, &end) * 1e9;
-    if (end == from_env || !std::isfinite(limit) || limit < 0)
-      throw UsageError("SHARDLAB_MEMORY_LIMIT_GB='" + std::string(from_env) +
-                       "' is not a number of GB");
-    source = "SHARDLAB_MEMORY_LIMIT_GB";
+    const double gib = std::strtod(from_env, &end);
+    if (*end != '\0' || !std::isfinite(gib) || gib < 0)
+      throw UsageError("SHARDLAB_MEMORY_LIMIT_GIB='" + std::string(from_env) +
+                       "' is not a number of GiB");
+    limit = gib * kGiB;
+    source = "SHARDLAB_MEMORY_LIMIT_GIB=" + std::string(from_env);
   }
-  if (limit == 0) {
-    limit = memory_available();
+  if (limit == 0) {  // a tenth left for the estimates' errors and everything else
+    limit = 0.9 * memory_available();
     source = "";
   }
   if (need <= limit) return;
-  auto gib = [](double bytes) { return format_number(bytes / (1024.0 * 1024 * 1024), 3) + " GiB"; };
-  throw UsageError("this run needs about " + gib(need) + " of memory, more than " +
-                   (source.empty() ? "the " + gib(limit) +
+  auto amount = [](double bytes) {
+    return bytes >= kGiB ? format_number(bytes / kGiB, 3) + " GiB"
+                         : format_number(bytes / (1024.0 * 1024), 3) + " MiB";
+  };
+  throw UsageError("this run needs about " + amount(need) + " of memory, more than " +
+                   (source.empty() ? "the " + amount(limit) +
                                          " this machine can give now (available memory, "
                                          "ulimit -v); use fewer ranks or smaller sizes, or "
-                                         "allow more with --memory-limit GB"
-                                   : "the " + gib(limit) + " " + source + " allows"));
+                                         "allow more with --memory-limit GIB"
+                                   : source + " GiB allows"));
 }
 
 int Program::run_threads(const Body& body) {

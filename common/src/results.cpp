@@ -53,6 +53,7 @@ void write_file_atomic(const std::filesystem::path& path, const std::string& con
 }
 
 void check_writable_folder(const std::filesystem::path& folder) {
+  if (folder.empty()) throw UsageError("--csv-dir is empty: name a folder (. for this one)");
   std::error_code error;
   std::filesystem::create_directories(folder, error);
   if (error || !std::filesystem::is_directory(folder))

@@ -18,7 +18,7 @@
 //   2  bad usage: one line on stderr saying what is wrong
 //
 // Common flags: --ranks N, --backend auto|threads|mpi|nccl, --device cpu|cuda, --seed S,
-// --json, --csv-dir DIR, --quiet, --timeout SECONDS, --memory-limit GB, --help, --version.
+// --json, --csv-dir DIR, --quiet, --timeout SECONDS, --memory-limit GIB, --help, --version.
 //
 // This header names CLI11's and nlohmann-json's types without including them (they are
 // heavy); a program that adds flags or JSON fields includes them itself.
@@ -50,7 +50,7 @@ struct Options {
   std::string csv_dir = "results";  // --csv-dir: where benchmark CSV files go
   bool quiet = false;               // --quiet: no human-readable text
   double timeout_s = 60;            // --timeout: how long a blocking call may wait
-  double memory_limit_gb = 0;       // --memory-limit: 0 = what the machine can give now
+  double memory_limit_gib = 0;      // --memory-limit: 0 = what the machine can give now
 };
 
 /// What a rank's body gets: its communicator, the options, and the job's outputs.
@@ -122,7 +122,7 @@ class Program {
   /// mpirun, this process's), worked out from the flags before anything is allocated.
   /// run() refuses (exit 2) a run that needs more than the machine can give: the memory
   /// available now, the address-space limit (ulimit -v), or --memory-limit /
-  /// SHARDLAB_MEMORY_LIMIT_GB when given.
+  /// SHARDLAB_MEMORY_LIMIT_GIB when given.
   void memory_estimate(std::function<double(const Options&)> bytes) {
     memory_estimate_ = std::move(bytes);
   }

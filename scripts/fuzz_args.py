@@ -1,0 +1,246 @@
+#!/usr/bin/env python3
+"""Runs every chapter program with random arguments, the way a careless user would.
+
+    scripts/fuzz_args.py [--runs N] [--seed S] [--memory-gb G] PROGRAM...
+
+Each run draws a few flags and a value for each from the tables below (valid values,
+edges, values just outside the range, NaN, infinity, words where numbers belong, sizes
+whose product no machine holds) and runs the program under a memory cap (like ulimit -v)
+and a time limit, in a scratch folder. A run fails the test if it
+
+  - dies of a signal, or is still running after the time limit (a hang);
+  - exits with a code other than 0, 1 or 2;
+  - exits 2 with anything but one line "<program>: error: ..." on stderr;
+  - runs out of memory (std::bad_alloc): the program must refuse what it cannot hold;
+  - says "ok": true, or exits 0, while a result is NaN or infinite;
+  - exits 1 without saying why.
+
+The draws depend on the seed alone, so a failure is reproduced by running the same
+command; each failure prints the command line that shows it. Every flag in a program's
+--help must have values here, so a new flag cannot go untested.
+"""
+
+import argparse
+import json
+import os
+import random
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+# Flags every program has (launch.cpp). Values are strings, as on a command line.
+COMMON = {
+    "--ranks": ["1", "2", "3", "4", "7", "0", "-1", "1025", "abc", "", "2.5", "64"],
+    "--backend": ["auto", "threads", "mpi", "nccl", "carrier-pigeon"],
+    "--device": ["cpu", "cuda", "gpu"],
+    "--seed": ["0", "1", "-1", "abc", "18446744073709551615", "18446744073709551616", "1e3", ""],
+    "--timeout": ["1", "5", "0", "0.0001", "nan", "inf", "-inf", "-1", "1e9", "abc"],
+    "--memory-limit": ["0", "0.001", "2", "-1", "nan", "inf", "1e7", "abc"],
+    "--csv-dir": ["out", "out/deeper", "/dev/full", "/proc", "a-file", ""],
+    "--json": None,  # a flag without a value
+    "-q": None,
+    "--quiet": None,
+    "-r": ["2", "0", "x"],
+}
+
+# Each chapter's own flags. Values that are valid but slow (a million steps) are left
+# out: this looks for crashes and wrong verdicts, not for patience.
+CHAPTERS = {
+    "ch01": {
+        "--rows": ["1", "2", "4", "17", "0", "-1", "4097", "abc", "1.5", "4096"],
+        "--inner": ["1", "5", "33", "0", "-3", "4097", "", "1e2"],
+        "--cols": ["1", "8", "3", "0", "4097", "nan", "100000"],
+        "--benchmark": None,
+        "--peak-tflops": ["0", "1", "100", "nan", "inf", "-1", "1e7", "abc"],
+    },
+    "ch02": {
+        "--sync": ["none", "allreduce", "bucketed", "overlap", "sometimes", ""],
+        "--steps": ["1", "2", "5", "0", "-1", "1000001", "abc"],
+        "--batch": ["1", "3", "64", "0", "-5", "1048577", "x"],
+        "--bucket-kb": ["0.001", "1", "64", "0", "-4", "nan", "inf", "1e9", "1048577"],
+        "--accum-steps": ["1", "2", "3", "0", "4097", "abc"],
+        "--lr": ["0", "0.05", "0.5", "1", "5", "10", "11", "nan", "inf", "-1"],
+        "--in": ["1", "16", "64", "0", "65537", "abc", "65536"],
+        "--hidden": ["1", "64", "200", "0", "65537", "-1", "65536"],
+        "--benchmark": None,
+    },
+    "ch03": {
+        "--algo": ["naive", "ring", "pipelined", "recursive_doubling", "native", "all", "carrier-pigeon"],
+        "--count": ["0", "1", "2", "3", "7", "1000", "1000003", "1073741824", "1073741825", "-1", "abc"],
+        "--benchmark": None,
+        "-b": ["4", "1K", "64K", "64M", "4G", "0", "3", "abc", "1.5K", "5G"],
+        "--minbytes": ["8", "1M"],
+        "-e": ["4", "64K", "1M", "4G", "0", "1T", "abc"],
+        "--maxbytes": ["16", "256K"],
+        "-f": ["2", "3", "1024", "1", "nan", "inf", "1025", "abc"],
+        "--stepfactor": ["4"],
+        "-n": ["1", "2", "0", "100001", "abc"],
+        "--iters": ["3"],
+        "-w": ["0", "1", "-1", "x"],
+        "--warmup_iters": ["2"],
+        "--segment-kb": ["0.004", "1", "256", "1048576", "nan", "inf", "0", "-1"],
+    },
+}
+
+# Pairs whose product is what matters: drawn together, so that a large value meets
+# another large one (refused) or a small one (fast), never a slow middle.
+PAIRS = {
+    "ch02": [("--in", "--hidden", [("65536", "65536"), ("65536", "1"), ("1", "65536"),
+                                   ("4096", "4096"), ("16", "64")])],
+    "ch01": [("--rows", "--cols", [("4096", "4096"), ("4096", "1")])],
+}
+
+TIME_LIMIT_S = 60
+
+
+def help_flags(program):
+    """The flags a program's --help lists (both spellings where it has two)."""
+    out = subprocess.run([program, "--help"], capture_output=True, text=True, timeout=30).stdout
+    flags = set()
+    for line in out.splitlines():
+        m = re.match(r"\s+(-[^\s]+)", line)
+        if not m:
+            continue
+        for flag in m.group(1).split(","):
+            if flag not in ("-h", "--help", "--version"):
+                flags.add(flag)
+    return flags
+
+
+def table_for(program):
+    name = os.path.basename(program)
+    chapter = name[:4]
+    if chapter not in CHAPTERS:
+        sys.exit(f"fuzz_args.py: no values for {name}: add its flags to CHAPTERS")
+    table = dict(COMMON)
+    table.update(CHAPTERS[chapter])
+    missing = sorted(help_flags(program) - set(table))
+    if missing:
+        sys.exit(f"fuzz_args.py: {name} has flags without values here: {' '.join(missing)}")
+    return table, PAIRS.get(chapter, [])
+
+
+def draw(rng, table, pairs, scratch):
+    """A random argument list."""
+    args = []
+    flags = sorted(table)
+    for flag in rng.sample(flags, rng.randint(1, 4)):
+        values = table[flag]
+        if values is None:
+            args.append(flag)
+            continue
+        value = rng.choice(values)
+        if flag == "--csv-dir" and value in ("out", "out/deeper", "a-file"):
+            value = os.path.join(scratch, value)
+        args += [flag, value]
+    if pairs and rng.random() < 0.3:
+        a, b, choices = rng.choice(pairs)
+        va, vb = rng.choice(choices)
+        args += [a, va, b, vb]
+    if rng.random() < 0.5 and "--json" not in args:
+        args.append("--json")
+    return args
+
+
+def non_finite(value):
+    """Whether a parsed JSON value holds a null (how a NaN or infinity is written)."""
+    if value is None:
+        return True
+    if isinstance(value, dict):
+        return any(non_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return any(non_finite(v) for v in value)
+    return False
+
+
+def judge(name, args, rc, out, err):
+    """What is wrong with one run, or None."""
+    text = out + err
+    if rc is None:
+        return f"still running after {TIME_LIMIT_S} s"
+    if rc < 0:
+        return f"killed by signal {-rc}"
+    if rc not in (0, 1, 2):
+        return f"exit code {rc}"
+    if re.search(r"bad_alloc|terminate called|Sanitizer|Segmentation", text):
+        return "ran out of memory or crashed: " + text.strip().splitlines()[-1]
+    if rc == 2:
+        lines = err.splitlines()
+        if len(lines) != 1 or not lines[0].startswith(name + ": error: "):
+            return "exit 2 without exactly one line '" + name + ": error: ...' on stderr"
+    if rc == 1 and not err.strip():
+        return "exit 1 without a message"
+    if "--json" in args and out.strip():
+        try:
+            result = json.loads(out)
+        except json.JSONDecodeError:
+            return "--json printed something that is not JSON"
+        if result.get("ok") is True and rc != 0:
+            return f'"ok": true but exit {rc}'
+        if rc == 0 and result.get("ok") is not True:
+            return 'exit 0 without "ok": true'
+        if rc == 0 and non_finite(result):
+            return 'exit 0 with a NaN or infinite value (null) in the JSON'
+    elif rc == 0 and re.search(r"(?<![\w.])-?(nan|inf)(?![\w.])", text, re.IGNORECASE):
+        return "exit 0 while printing nan or inf"
+    return None
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("programs", nargs="+")
+    parser.add_argument("--runs", type=int, default=50, help="runs per program")
+    parser.add_argument("--seed", type=int, default=2026)
+    parser.add_argument("--memory-gb", type=float, default=3.0, help="address-space cap per run")
+    options = parser.parse_args()
+
+    cap = int(options.memory_gb * 2**30)
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+    env = dict(os.environ)
+    env.pop("SHARDLAB_MEMORY_LIMIT_GIB", None)
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    failures, codes, started, slowest = [], {0: 0, 1: 0, 2: 0}, time.monotonic(), []
+    for program in options.programs:
+        program = os.path.abspath(program)
+        name = os.path.basename(program)
+        table, pairs = table_for(program)
+        rng = random.Random(f"{options.seed}/{name}")
+        for run in range(options.runs):
+            with tempfile.TemporaryDirectory(prefix="shardlab-fuzz-") as scratch:
+                open(os.path.join(scratch, "a-file"), "w").close()
+                args = draw(rng, table, pairs, scratch)
+                began = time.monotonic()
+                try:
+                    p = subprocess.run([program] + args, cwd=scratch, env=env, preexec_fn=limit,
+                                       capture_output=True, text=True, errors="replace",
+                                       timeout=TIME_LIMIT_S)
+                    rc, out, err = p.returncode, p.stdout, p.stderr
+                except subprocess.TimeoutExpired as e:
+                    rc = None
+                    out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+                    err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+            codes[rc] = codes.get(rc, 0) + 1
+            problem = judge(name, args, rc, out, err)
+            shown = " ".join(repr(a) if a == "" or " " in a else a for a in args)
+            slowest.append((time.monotonic() - began, f"{name} {shown} (exit {rc})"))
+            if problem:
+                failures.append(f"{name} {shown}: {problem}")
+                print(f"FAIL {name} {shown}\n     {problem}", flush=True)
+    total = sum(codes.values())
+    for seconds, run in sorted(slowest, reverse=True)[:3]:
+        print(f"slow: {seconds:.1f} s  {run}")
+    print(f"{total} runs of {len(options.programs)} programs in {time.monotonic() - started:.0f} s "
+          f"(seed {options.seed}, {options.memory_gb:g} GiB cap): exit 0: {codes.get(0, 0)}, "
+          f"exit 1: {codes.get(1, 0)}, exit 2: {codes.get(2, 0)}; {len(failures)} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
