@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -274,6 +275,7 @@ int main(int argc, char** argv) {
     for (std::size_t s = 0; s < trace.losses.size(); ++s)
       loss_diff = std::max(loss_diff, std::fabs(trace.losses[s] - reference.losses[s]) /
                                           std::max(1e-30, reference.losses[s]));
+    if (diverged_at(trace.losses) > 0) loss_diff = std::numeric_limits<double>::infinity();
 
     const std::int64_t grad_bytes = gradient_elements(cfg) * 4;
     const double steps = cfg.steps;
@@ -336,6 +338,11 @@ int main(int argc, char** argv) {
                             format_number(reference.losses.front(), 4) +
                             " at step 1): lower --lr (" + format_number(cfg.lr) + " is too large " +
                             "for this model)");
+    } else if (const int own = diverged_at(trace.losses); own > 0) {
+      // The single-device run trained; these replicas blew up: a fault in the sync.
+      ctx.verify(false, "the distributed run diverged at step " + std::to_string(own) + " (loss " +
+                            format_number(trace.losses[static_cast<std::size_t>(own - 1)], 4) +
+                            ") while the single-device run trained");
     } else if (synced) {
       ctx.verify(final_divergence == 0,
                  "replicas are not identical after syncing: they differ by " +
