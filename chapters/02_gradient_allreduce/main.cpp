@@ -214,11 +214,15 @@ int main(int argc, char** argv) {
   });
   program.writes_csv([&] { return bench; });
 
+  // Settled once, before the ranks start: every rank reads cfg, none writes it.
+  program.validate([&](const Options& o) {
+    cfg.sync = ch02::parse_sync(sync);
+    cfg.seed = o.seed;
+    cfg.memory = o.device == "cuda" ? Memory::device : Memory::host;
+  });
+
   return program.run(argc, argv, [&](Context& ctx) {
     Communicator& comm = ctx.comm();
-    cfg.sync = ch02::parse_sync(sync);
-    cfg.seed = ctx.options().seed;
-    cfg.memory = ctx.memory();
     const double relative_tolerance =
         ctx.on_gpu() ? gpu_relative_tolerance : cpu_relative_tolerance;
     const int P = ctx.size();

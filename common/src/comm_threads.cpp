@@ -456,7 +456,11 @@ class ThreadComm final : public Communicator {
   };
 
   int me_world() const { return g_->world_rank(rank()); }
+  /// For the waits of the rank's own thread (wait, wait_all: one shared deadline).
   Clock::time_point deadline() const { return wait_deadline(); }
+  /// For the waits inside a collective, which the progress thread runs too: one
+  /// timeout from now, touching nothing the rank's thread writes.
+  Clock::time_point call_deadline() const { return Clock::now() + timeout(); }
   const Slot& slot(int q) const { return g_->slots[static_cast<std::size_t>(q)]; }
   const Slot::Call& call(int q) const { return slot(q).call; }
 
@@ -736,7 +740,7 @@ class ThreadComm final : public Communicator {
     }
     const bool met = g.world->wait_until(
         me_world(), [&] { return g.generation.load(std::memory_order_acquire) != gen; },
-        deadline());
+        call_deadline());
     if (met) return;
     std::string missing;
     {
