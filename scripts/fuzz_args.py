@@ -2,6 +2,7 @@
 """Runs every chapter program with random arguments, the way a careless user would.
 
     scripts/fuzz_args.py [--runs N] [--seed S] [--memory-gb G] PROGRAM...
+    scripts/fuzz_args.py --self-test     (the judge, on hand-made results)
 
 Each run draws a few flags and a value for each from the tables below (valid values,
 edges, values just outside the range, NaN, infinity, words where numbers belong, sizes
@@ -11,9 +12,14 @@ and a time limit, in a scratch folder. A run fails the test if it
   - dies of a signal, or is still running after the time limit (a hang);
   - exits with a code other than 0, 1 or 2;
   - exits 2 with anything but one line "<program>: error: ..." on stderr;
-  - runs out of memory (std::bad_alloc): the program must refuse what it cannot hold;
+  - runs out of memory (std::bad_alloc, "cannot allocate"): the program must refuse
+    what it cannot hold before it starts;
   - says "ok": true, or exits 0, while a result is NaN or infinite;
   - exits 1 without saying why.
+
+Checked against: chapter 03 with its memory estimate returning 0 (caught: "--count
+1073741824 ...: cannot allocate 4294967296 bytes"); a rank that crashes or hangs, and an
+exit-2 message of two lines and the rest of judge()'s cases: --self-test.
 
 The draws depend on the seed alone, so a failure is reproduced by running the same
 command; each failure prints the command line that shows it. Every flag in a program's
@@ -165,7 +171,7 @@ def judge(name, args, rc, out, err):
         return f"killed by signal {-rc}"
     if rc not in (0, 1, 2):
         return f"exit code {rc}"
-    if re.search(r"bad_alloc|terminate called|Sanitizer|Segmentation", text):
+    if re.search(r"bad_alloc|cannot allocate|terminate called|Sanitizer|Segmentation", text):
         return "ran out of memory or crashed: " + text.strip().splitlines()[-1]
     if rc == 2:
         lines = err.splitlines()
@@ -189,7 +195,40 @@ def judge(name, args, rc, out, err):
     return None
 
 
+def self_test():
+    """judge() on hand-made results: each bad one is named, the good ones pass."""
+    n = "chNN_demo"
+    bad = [((n, [], -11, "", ""), "killed by signal 11"),
+           ((n, [], None, "", ""), "still running"),
+           ((n, [], 3, "", "x"), "exit code 3"),
+           ((n, [], 2, "", n + ": error: one\nand two\n"), "exactly one line"),
+           ((n, [], 2, "", "error: no program name\n"), "exactly one line"),
+           ((n, [], 1, "", ""), "without a message"),
+           ((n, [], 1, "", n + ": cannot allocate 4096 bytes\n"), "out of memory"),
+           ((n, [], 1, "", "terminate called after throwing\n"), "out of memory or crashed"),
+           ((n, ["--json"], 0, '{"ok": true, "diff": null}', ""), "NaN or infinite"),
+           ((n, ["--json"], 1, '{"ok": true}', "x"), '"ok": true but exit 1'),
+           ((n, ["--json"], 0, '{"ok": false}', ""), 'without "ok": true'),
+           ((n, ["--json"], 0, "not json", ""), "not JSON"),
+           ((n, [], 0, "max abs diff nan\n", ""), "nan or inf"),
+           ((n, [], 0, "loss -inf\n", ""), "nan or inf")]
+    good = [(n, [], 0, "max abs diff 0 (bitwise), info, 1e-9\n", ""),
+            (n, [], 2, "", n + ": error: --rows: 'nan' is not a finite number\n"),
+            (n, [], 1, "", n + ": verification failed: training diverged\n"),
+            (n, ["--json"], 0, '{"ok": true, "x": [1.5, 2]}', "")]
+    wrong = [f"{case}: expected '{want}', got {judge(*case)!r}"
+             for case, want in bad if want not in (judge(*case) or "")]
+    wrong += [f"{case}: expected no complaint, got {judge(*case)!r}"
+              for case in good if judge(*case) is not None]
+    for w in wrong:
+        print("FAIL", w)
+    print(f"self-test: {len(bad)} bad and {len(good)} good results, {len(wrong)} judged wrongly")
+    return 1 if wrong else 0
+
+
 def main():
+    if sys.argv[1:] == ["--self-test"]:
+        return self_test()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("programs", nargs="+")
     parser.add_argument("--runs", type=int, default=50, help="runs per program")
