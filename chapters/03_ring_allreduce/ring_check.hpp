@@ -55,6 +55,13 @@ inline Decoded decode(float value) {
   return d;
 }
 
+/// Whether `value` is none of the tagged values any chunk can hold: an element never
+/// filled in (the tests start such elements at -1), or garbage.
+inline bool holds_no_chunk(float value, int ranks) {
+  const Decoded d = decode(value);
+  return value < 0 || d.chunk < 0 || d.chunk >= ranks || d.mask >= (1u << ranks);
+}
+
 /// "3 3 2 2": the chunk lengths of `count` elements over `ranks`.
 inline std::string chunk_lengths(std::size_t count, int ranks) {
   std::string s;
@@ -94,8 +101,7 @@ inline std::string not_chunk(const Posted& m, int want, std::size_t count, int r
   std::set<int> chunks;
   for (float v : m.contents) {
     const Decoded d = decode(v);
-    // Not the data of any chunk: an element this rank never filled (or garbage).
-    if (v < 0 || d.chunk < 0 || d.chunk >= ranks || d.mask >= (1u << ranks))
+    if (holds_no_chunk(v, ranks))
       return "sent " + std::to_string(m.elements) +
              " elements that hold no chunk's data (never filled in on this rank yet), but this "
              "step sends chunk " +
@@ -237,6 +243,8 @@ inline std::string reduce_scatter_error(std::span<const float> data, int rank, i
     std::string where = "rank " + std::to_string(rank) + ", after reduce-scatter, chunk " +
                         std::to_string(owned) + " (element " + std::to_string(i) + ")";
     if (d.mask == all && d.chunk == owned) continue;
+    if (holds_no_chunk(data[i], ranks))
+      return where + " holds no chunk's data: nothing was ever added into it";
     if (d.chunk != owned)
       return where + " holds data of chunk " + std::to_string(d.chunk) +
              ": a chunk index is wrong (send chunk (r - s) mod N, add into chunk (r - s - 1) mod "
@@ -278,9 +286,13 @@ inline std::string allgather_error(std::span<const float> data, int rank, int ra
     const int c = chunk_of(i, data.size(), ranks);
     const Decoded d = decode(data[i]);
     if (d.mask == all && d.chunk == c) continue;
+    const std::string holds =
+        holds_no_chunk(data[i], ranks)
+            ? "holds no chunk's data (nothing arrived there)"
+            : "holds ranks " + ranks_in(d.mask) + " of chunk " + std::to_string(d.chunk);
     return "rank " + std::to_string(rank) + ", after all-gather, chunk " + std::to_string(c) +
-           " (element " + std::to_string(i) + ") holds ranks " + ranks_in(d.mask) + " of chunk " +
-           std::to_string(d.chunk) + "; it should have arrived complete from the left at step " +
+           " (element " + std::to_string(i) + ") " + holds +
+           "; it should have arrived complete from the left at step " +
            std::to_string(wrap(rank - c, ranks)) + " (" + allgather_rule + ")";
   }
   return "";

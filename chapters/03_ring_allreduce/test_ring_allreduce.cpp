@@ -1,6 +1,21 @@
 // Chapter 03 tests of the learner's ring: compiled against the solution (must pass) and
 // the exercise stubs (every case must fail). World sizes 1, 2, 3, 4, 8; counts 0, < N,
 // not divisible by N, and large.
+//
+// Wrong versions these tests were checked against (test_algorithms.cpp plants the first
+// five in a ring of its own and checks the checker's words, so they stay caught):
+//   a correct ring that sends from a copy of its chunk -> passes (chunks are judged by
+//     what they carry, not by their address)
+//   the chunk index off by one, (r - s + 1) -> "reduce-scatter step 0: sent chunk ..., but
+//     this step sends chunk ..." at counts N divides and at counts it does not
+//   every rank forgetting to add at step 1 -> "... was lost at step 1"
+//   S / N elements per chunk when N does not divide S -> "the chunks have 3 3 2 2 elements"
+//   an all-gather that first sends a chunk it does not have yet -> "... hold no chunk's
+//     data", not a crash
+//   the all-gather's chunks shifted by one -> "all-gather: finished chunks reach every
+//     rank" fails with the rank and chunk
+//   an isend never waited for -> the communicator names the withdrawn send
+//   no reduce-scatter at all (the stub) -> every case fails, "TODO(ch03: ...)"
 #include <doctest/doctest.h>
 
 #include <functional>
