@@ -61,6 +61,7 @@ endfunction()
 # shardlab_add_chapter(<NN_slug> SOURCES <file>... [CHAPTER_SOURCES <file>...]
 #                      TESTS <test_file>... [CHAPTER_TESTS <test_file>...]
 #                      [BAD_USAGE "<args>"...] [MPI_ARGS <arg>...] [MPI_RANKS <n>]
+#                      [MPI_TIMED_KEYS <key|key...>]
 #                      [GPU_ARGS <arg>...])
 #
 # Wires one chapter, as DESIGN.md describes:
@@ -72,11 +73,11 @@ endfunction()
 #   test_chNN_solution / test_chNN_exercise   each TESTS file compiled against each library
 # CTest: the program runs, prints JSON, rejects the common bad usages and the chapter's
 # BAD_USAGE ones with exit 2, and under mpirun -np MPI_RANKS (default 3, with MPI_ARGS)
-# gives the same JSON as --ranks MPI_RANKS. chNN.solution must pass. chNN.exercise must fail with every test case failing
+# gives the same JSON as --ranks MPI_RANKS (the values of MPI_TIMED_KEYS, timings, aside). chNN.solution must pass. chNN.exercise must fail with every test case failing
 # on the untouched stubs (a test that passes on a stub is a bug); in learner mode it must
 # pass instead, because the learner has filled the stubs in.
 function(shardlab_add_chapter chapter)
-  cmake_parse_arguments(ARG "" "MPI_RANKS"
+  cmake_parse_arguments(ARG "" "MPI_RANKS;MPI_TIMED_KEYS"
     "SOURCES;CHAPTER_SOURCES;TESTS;CHAPTER_TESTS;BAD_USAGE;MPI_ARGS;GPU_ARGS" ${ARGN})
   if(NOT ARG_MPI_RANKS)
     set(ARG_MPI_RANKS 3)
@@ -152,6 +153,7 @@ function(shardlab_add_chapter chapter)
     string(REPLACE ";" "@@" threads_cmd "${program};--json;--quiet;--ranks;${ARG_MPI_RANKS};${ARG_MPI_ARGS}")
     add_test(NAME ${short}.mpi_matches_threads
       COMMAND ${CMAKE_COMMAND} "-DFIRST=${mpi_cmd}" "-DSECOND=${threads_cmd}"
+              "-DTIMED=${ARG_MPI_TIMED_KEYS}"
               -P ${PROJECT_SOURCE_DIR}/cmake/same_json.cmake)
     set_tests_properties(${short}.mpi_matches_threads PROPERTIES
       LABELS "${short};mpi" TIMEOUT 120 ENVIRONMENT "${SHARDLAB_MPI_ENV}")

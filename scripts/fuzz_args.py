@@ -89,6 +89,24 @@ CHAPTERS = {
         "--warmup_iters": ["2"],
         "--segment-kb": ["0.004", "1", "256", "1048576", "nan", "inf", "0", "-1"],
     },
+    "ch04": {
+        "--schedule": ["naive", "gpipe", "1f1b", "interleaved", "zb1", "all", "zigzag", ""],
+        "-m": ["1", "3", "8", "0", "4097", "4096", "64"],
+        "--microbatches": ["2", "abc"],
+        "-v": ["1", "2", "3", "0", "65", "64"],
+        "--chunks": ["2", "-1"],
+        "-p": ["1", "2", "4", "0", "1025"],
+        "--stages": ["3", "1024", "x"],
+        "--simulate": None,
+        "--fwd-cost": ["1", "0.5", "0", "nan", "inf", "-1", "1e6", "1e-7"],
+        "--bwd-cost": ["2", "1", "0", "nan", "1e9"],
+        "--wgrad-cost": ["0", "1", "-inf", "nan", "1e6"],
+        "--layers": ["1", "2", "8", "0", "4097", "64"],
+        "--width": ["1", "8", "64", "300", "0", "8193", "8192"],
+        "--batch": ["1", "7", "64", "0", "1048577", "1048576"],
+        "--trace": ["out/trace.json", "/dev/full/trace.json", "", "a-file", "/proc/trace.json"],
+        "--benchmark": None,
+    },
 }
 
 # Pairs whose product is what matters: drawn together, so that a large value meets
@@ -139,7 +157,7 @@ def draw(rng, table, pairs, scratch):
             args.append(flag)
             continue
         value = rng.choice(values)
-        if flag == "--csv-dir" and value in ("out", "out/deeper", "a-file"):
+        if flag in ("--csv-dir", "--trace") and value.split("/")[0] in ("out", "a-file"):
             value = os.path.join(scratch, value)
         args += [flag, value]
     if pairs and rng.random() < 0.3:

@@ -52,22 +52,22 @@ void write_file_atomic(const std::filesystem::path& path, const std::string& con
   }
 }
 
-void check_writable_folder(const std::filesystem::path& folder) {
-  if (folder.empty()) throw UsageError("--csv-dir is empty: name a folder (. for this one)");
+void check_writable_folder(const std::filesystem::path& folder, const std::string& flag) {
+  if (folder.empty()) throw UsageError(flag + " is empty: name a folder (. for this one)");
   std::error_code error;
   std::filesystem::create_directories(folder, error);
   if (error || !std::filesystem::is_directory(folder))
-    throw UsageError("--csv-dir " + folder.string() + ": cannot make it a folder (" +
+    throw UsageError(flag + " " + folder.string() + ": cannot make it a folder (" +
                      (error ? error.message() : "it is a file") + ")");
   const std::filesystem::path probe =
       folder / (".shardlab-write-test." + std::to_string(::getpid()));
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) throw UsageError("--csv-dir " + folder.string() + " is not writable: " + reason());
+  if (fd < 0) throw UsageError(flag + " " + folder.string() + " is not writable: " + reason());
   const bool wrote = ::write(fd, "x", 1) == 1 && ::fsync(fd) == 0;
   const std::string why = reason();
   ::close(fd);
   ::unlink(probe.c_str());
-  if (!wrote) throw UsageError("--csv-dir " + folder.string() + " is not writable: " + why);
+  if (!wrote) throw UsageError(flag + " " + folder.string() + " is not writable: " + why);
 }
 
 CsvTable::CsvTable(std::vector<std::string> columns) : columns_(std::move(columns)) {}

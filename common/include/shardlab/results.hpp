@@ -13,8 +13,9 @@ namespace shardlab {
 /// system's reason) if it cannot; the temporary file is removed then.
 void write_file_atomic(const std::filesystem::path& path, const std::string& content);
 /// Makes `folder` if needed and checks that a file can be written there: UsageError
-/// (naming --csv-dir and the reason) if not.
-void check_writable_folder(const std::filesystem::path& folder);
+/// (naming `flag`, the folder and the reason) if not.
+void check_writable_folder(const std::filesystem::path& folder,
+                           const std::string& flag = "--csv-dir");
 
 /// A CSV table: header first, then rows; save() writes it atomically.
 class CsvTable {

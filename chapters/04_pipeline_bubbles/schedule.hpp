@@ -1,0 +1,94 @@
+// Chapter 04 API: pipeline schedules as data.
+//
+// A model of L layers is cut into p stages, one per rank; the batch into m microbatches.
+// A schedule says, for each stage, the order in which that stage runs its operations:
+//   F(j, c)  forward of microbatch j through model chunk c of this stage
+//   B(j, c)  backward of microbatch j: the input gradient (and, when the schedule has no
+//            W ops, the weight gradient too: the usual fused backward)
+//   W(j, c)  the weight gradient of microbatch j, split off B (zero-bubble schedules)
+// Chunks: with v chunks per stage (interleaved schedules) the model is cut into p * v
+// pieces, and piece k = c * p + s (its "virtual stage") lives on stage s as chunk c. With
+// v = 1 every stage has one chunk, c = 0.
+//
+// The same Schedule is printed, checked (validate), simulated (simulate.hpp) and run on
+// real ranks (pipeline.hpp).
+//
+// The learner writes one_f_one_b in exercises/04_pipeline_bubbles/one_f_one_b.cpp; the
+// reference is in solutions/04_pipeline_bubbles/.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace ch04 {
+
+enum class Kind { forward, backward, weight };
+
+struct Op {
+  Kind kind;
+  int microbatch;  // j, 0 <= j < microbatches
+  int chunk = 0;   // c, 0 <= c < chunks
+  bool operator==(const Op&) const = default;
+};
+
+/// One list of ops per stage, in the order that stage runs them.
+struct Schedule {
+  std::string name;
+  int stages = 1;                    // p
+  int microbatches = 1;              // m: how many pieces the batch is cut into
+  int chunks = 1;                    // v: model chunks per stage
+  std::vector<std::vector<Op>> ops;  // ops[s]: stage s
+  /// True when backwards are split into B and W ops (every B has its W).
+  bool split_backward() const;
+};
+
+/// The virtual stage of chunk c on stage s: c * p + s (0 is the model's first piece).
+inline int virtual_stage(int stage, int chunk, int stages) { return chunk * stages + stage; }
+
+// ---------------------------------------------------------------------------
+// The schedules
+
+/// No microbatches: the whole batch goes forward through every stage, then backward.
+/// (microbatches = 1; only one stage works at a time.)
+Schedule naive(int stages);
+
+/// GPipe (Huang et al. 2019): every forward, then every backward, on every stage.
+Schedule gpipe(int stages, int microbatches);
+
+/// 1F1B, also called PipeDream-Flush (Narayanan et al. 2021, Megatron-LM's default).
+/// Stage s first runs min(p - s - 1, m) forwards (warm-up); then, while forwards remain,
+/// one forward and one backward (steady state); then the remaining backwards (cool-down).
+/// At most p - s microbatches are in flight on stage s. THE EXERCISE.
+Schedule one_f_one_b(int stages, int microbatches);
+
+/// Interleaved 1F1B (Narayanan et al. 2021 §2.2.2, Megatron-LM): v chunks per stage,
+/// microbatches taken p at a time through each chunk in turn; m must be a multiple of p.
+Schedule interleaved(int stages, int microbatches, int chunks);
+
+/// ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, §2.1): 1F1B with the
+/// backward split into B and W; stage s runs, for x = 0, 1, ..., m + p - 2, the ops
+/// F(x), B(x - (p - 1 - s)), W(x - (p - 1)) whose microbatch exists. The Ws fill what
+/// were bubbles; at most p microbatches are in flight on any stage.
+Schedule zb_h1(int stages, int microbatches);
+
+/// The schedule called `name` (naive, gpipe, 1f1b, interleaved, zb1). UsageError for an
+/// unknown name or shape the schedule cannot take.
+Schedule make_schedule(const std::string& name, int stages, int microbatches, int chunks);
+
+/// "" when `s` is a well-formed schedule, else what is wrong with it, naming the stage
+/// and the op: every (microbatch, chunk) has exactly one F and one B on every stage (and
+/// one W when the backward is split), after its F (and W after its B), and nothing else.
+/// Whether the stages can run it together without deadlock is for simulate() to say.
+std::string validate(const Schedule& s);
+
+/// "F3", "B0", "W2" (and ".1" for chunk 1 when the schedule has more than one chunk).
+std::string label(const Op& op, int chunks);
+
+// ---------------------------------------------------------------------------
+// What the formulas say (t_b = 2 t_f, no W, no communication cost; m >= 1)
+
+/// Fraction of the total time p * makespan that stages sit idle, for GPipe and 1F1B:
+/// (p - 1) / (m + p - 1).
+double bubble_fraction_formula(int stages, int microbatches);
+
+}  // namespace ch04

@@ -1,0 +1,130 @@
+// Chapter 04: the discrete-event simulation of a schedule.
+#include "simulate.hpp"
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <tuple>
+
+namespace ch04 {
+
+double Timeline::bubble_fraction() const {
+  if (makespan <= 0) return 0;
+  const double busy_total = std::accumulate(busy.begin(), busy.end(), 0.0);
+  return (stages() * makespan - busy_total) / (stages() * makespan);
+}
+
+double Timeline::bubble_over_ideal() const {
+  const double busy_total = std::accumulate(busy.begin(), busy.end(), 0.0);
+  if (busy_total <= 0) return 0;
+  return (stages() * makespan - busy_total) / busy_total;
+}
+
+Timeline timeline_of(std::vector<Event> events, int stages, int chunks, bool split_backward) {
+  Timeline t;
+  t.events = std::move(events);
+  t.busy.assign(static_cast<std::size_t>(stages), 0.0);
+  t.peak_in_flight.assign(static_cast<std::size_t>(stages), 0.0);
+  std::vector<int> held(static_cast<std::size_t>(stages), 0);
+  double first = 0, last = 0;
+  for (std::size_t i = 0; i < t.events.size(); ++i) {
+    const Event& e = t.events[i];
+    const auto st = static_cast<std::size_t>(e.stage);
+    first = i == 0 ? e.start : std::min(first, e.start);
+    last = i == 0 ? e.end : std::max(last, e.end);
+    t.busy[st] += e.end - e.start;
+    // A microbatch's activations are held from its forward until its backward is done
+    // (its W, when the backward is split: the weight gradient needs them too).
+    if (e.op.kind == Kind::forward) ++held[st];
+    if ((e.op.kind == Kind::backward && !split_backward) || e.op.kind == Kind::weight) --held[st];
+    t.peak_in_flight[st] = std::max(t.peak_in_flight[st], static_cast<double>(held[st]) / chunks);
+  }
+  t.makespan = last - first;
+  return t;
+}
+
+Timeline simulate(const Schedule& s, const std::function<double(int, const Op&)>& cost) {
+  const int p = s.stages, last = p * s.chunks - 1;
+  std::vector<Event> events;
+  std::vector<std::size_t> next(static_cast<std::size_t>(p), 0);
+  std::vector<double> free_at(static_cast<std::size_t>(p), 0.0);
+  // When (kind, microbatch, virtual stage) finished.
+  std::map<std::tuple<Kind, int, int>, double> done;
+
+  // What op `op` on stage `st` needs first: (kind, microbatch, virtual stage), or nothing
+  // (the first virtual stage's forward).
+  auto needs = [&](int st, const Op& op) -> std::tuple<bool, Kind, int, int> {
+    const int vs = virtual_stage(st, op.chunk, p);
+    switch (op.kind) {
+      case Kind::forward:
+        return {vs > 0, Kind::forward, op.microbatch, vs - 1};
+      case Kind::backward:
+        return vs == last ? std::tuple{true, Kind::forward, op.microbatch, vs}
+                          : std::tuple{true, Kind::backward, op.microbatch, vs + 1};
+      case Kind::weight:
+        return {true, Kind::backward, op.microbatch, vs};
+    }
+    return {false, Kind::forward, 0, 0};
+  };
+
+  std::size_t remaining = 0;
+  for (const auto& ops : s.ops) remaining += ops.size();
+  std::string deadlock;
+  while (remaining > 0) {
+    bool progressed = false;
+    for (int st = 0; st < p; ++st) {
+      const auto& ops = s.ops[static_cast<std::size_t>(st)];
+      auto& at = next[static_cast<std::size_t>(st)];
+      while (at < ops.size()) {
+        const Op& op = ops[at];
+        const auto [has, kind, j, vs] = needs(st, op);
+        double ready = 0;
+        if (has) {
+          const auto it = done.find({kind, j, vs});
+          if (it == done.end()) break;
+          ready = it->second;
+        }
+        Event e{st, op, std::max(free_at[static_cast<std::size_t>(st)], ready), 0};
+        e.end = e.start + cost(st, op);
+        free_at[static_cast<std::size_t>(st)] = e.end;
+        done[{op.kind, op.microbatch, virtual_stage(st, op.chunk, p)}] = e.end;
+        events.push_back(e);
+        ++at;
+        --remaining;
+        progressed = true;
+      }
+    }
+    if (progressed) continue;
+    // Nobody can move: say who waits for what.
+    for (int st = 0; st < p; ++st) {
+      const auto& ops = s.ops[static_cast<std::size_t>(st)];
+      const std::size_t at = next[static_cast<std::size_t>(st)];
+      if (at == ops.size()) continue;
+      const auto [has, kind, j, vs] = needs(st, ops[at]);
+      (void)has;
+      const Op wanted{kind, j, vs / p};
+      deadlock += std::string(deadlock.empty() ? "" : "; ") + "stage " + std::to_string(st) +
+                  " waits at op " + std::to_string(at) + " (" + label(ops[at], s.chunks) +
+                  ") for " + label(wanted, s.chunks) + " on stage " + std::to_string(vs % p);
+    }
+    break;
+  }
+  // Events stage by stage, each stage's in the order it ran them.
+  std::stable_sort(events.begin(), events.end(),
+                   [](const Event& a, const Event& b) { return a.stage < b.stage; });
+  Timeline t = timeline_of(std::move(events), p, s.chunks, s.split_backward());
+  t.deadlock = deadlock;
+  return t;
+}
+
+Timeline simulate(const Schedule& s, const Costs& costs, double scale) {
+  const bool split = s.split_backward();
+  return simulate(s, [&](int, const Op& op) {
+    const double c = op.kind == Kind::forward    ? costs.forward
+                     : op.kind == Kind::backward ? costs.backward + (split ? 0 : costs.weight)
+                                                 : costs.weight;
+    return scale * c / s.chunks;
+  });
+}
+
+}  // namespace ch04

@@ -1,0 +1,34 @@
+// Chapter 04: timelines drawn in the terminal, and written as Chrome trace events.
+#pragma once
+
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <vector>
+
+#include "shardlab/comm.hpp"
+#include "simulate.hpp"
+
+namespace ch04 {
+
+/// One row per stage, one column per `cell` of time: each op as its label (F3, B3, W3)
+/// followed by blanks for as long as it runs, idle time as dots, like the figures of
+/// the GPipe and Megatron-LM papers; with several chunks per stage, odd chunks in lower
+/// case (f3: microbatch 3 through chunk 1). With `color`, forwards, backwards and weight
+/// gradients get background colours of their own.
+///   stage 0 |F0 F1 F2 F3 ..................B0    B1    B2    B3    |
+std::string draw(const Timeline& t, double cell, bool color);
+
+/// The column width that gives the shortest op three columns (simulated timelines), but
+/// no more than `max_columns` columns in all.
+double cell_for(const Timeline& t, int max_columns = 120);
+
+/// Appends `t` to a Chrome trace-event list (chrome://tracing, ui.perfetto.dev): one
+/// process `pid` named `process`, one thread per stage, one complete event per op.
+/// `us_per_unit` turns the timeline's time into microseconds.
+void add_trace(nlohmann::json& trace_events, const Timeline& t, int pid, const std::string& process,
+               int chunks, double us_per_unit);
+
+/// Every rank's events, on every rank (an allgather; not counted as the run's traffic).
+std::vector<Event> gather_events(shardlab::Communicator& comm, const std::vector<Event>& mine);
+
+}  // namespace ch04
