@@ -78,13 +78,14 @@ struct Formula {
   std::vector<double> peak;  // empty: none
 };
 
-Formula formula_for(const Schedule& s, const ch04::Costs& c) {
+Formula formula_for(const Schedule& s, const ch04::Costs& c, int batch_in_microbatches) {
   const int p = s.stages, m = s.microbatches, v = s.chunks;
   Formula f;
   if (s.name == "naive" || s.name == "gpipe" || s.name == "1f1b") {
     f.text = s.name == "naive" ? "p-1" : "(p-1)/m";
     f.over_ideal = static_cast<double>(p - 1) / m;
-    for (int st = 0; st < p; ++st) f.peak.push_back(s.name == "1f1b" ? std::min(p - st, m) : m);
+    for (int st = 0; st < p; ++st)
+      f.peak.push_back(s.name == "1f1b" ? std::min(p - st, m) : batch_in_microbatches);
   } else if (s.name == "interleaved" && c.backward == 2 * c.forward && c.weight == 0) {
     f.text = "(p-1)/(v m)";
     f.over_ideal = static_cast<double>(p - 1) / (v * m);
@@ -124,6 +125,13 @@ std::vector<std::string> chosen(const Settings& s, int p, std::vector<std::strin
     names.push_back(n);
   }
   return names;
+}
+
+/// The naive schedule's one "microbatch" is the whole batch: m of the others' microbatches
+/// (what its stages hold, counted like theirs).
+void in_microbatches(Timeline& t, const Schedule& sched, int m) {
+  if (sched.name == "naive")
+    for (double& held : t.peak_in_flight) held *= m;
 }
 
 /// Builds and checks schedule `name`; a broken one is reported and gives nullopt.
@@ -172,7 +180,8 @@ void simulate_all(Context& ctx, const Settings& s, nlohmann::json& trace) {
     const Schedule& sched = *built;
     // The naive schedule's one op carries all m microbatches.
     const double scale = name == "naive" ? s.microbatches : 1.0;
-    const Timeline t = ch04::simulate(sched, s.costs, scale);
+    Timeline t = ch04::simulate(sched, s.costs, scale);
+    in_microbatches(t, sched, s.microbatches);
     ctx.say(name + (sched.chunks > 1 ? " (v = " + std::to_string(sched.chunks) + " chunks)" : "") +
             ": " + costs_text(sched, s.costs));
     if (!ctx.verify(t.deadlock.empty(), name + ": the schedule deadlocks: " + t.deadlock)) {
@@ -180,7 +189,7 @@ void simulate_all(Context& ctx, const Settings& s, nlohmann::json& trace) {
       continue;
     }
     ctx.say(ch04::draw(t, ch04::cell_for(t), ctx.color()));
-    const Formula f = formula_for(sched, s.costs);
+    const Formula f = formula_for(sched, s.costs, s.microbatches);
     auto& j = ctx.json()["schedules"][name];
     report(ctx, sched, t, f, j);
     ctx.say("");
@@ -219,6 +228,8 @@ RealRun run_on_ranks(Context& ctx, const Schedule& sched, const Settings& s,
   const std::vector<ch04::Event> events = ch04::gather_events(comm, run.events);
   r.measured = ch04::timeline_of(events, sched.stages, sched.chunks, sched.split_backward());
   r.simulated = ch04::simulate(sched, ch04::measured_costs(events, sched.stages));
+  in_microbatches(r.measured, sched, s.microbatches);
+  in_microbatches(r.simulated, sched, s.microbatches);
   r.grad_diff = comm.agree(ch04::max_gradient_diff(model, ref), ReduceOp::max);
   r.grad_scale = max_abs(ref.store.grads());
   r.loss = comm.agree(run.squared_error, ReduceOp::sum) / (2.0 * s.model.batch);
@@ -262,7 +273,7 @@ void run_all(Context& ctx, const Settings& s, nlohmann::json& trace,
             ", measured (" + format_number(r.measured.makespan * 1e3, 3) + " ms):");
     ctx.say(ch04::draw(r.measured, r.measured.makespan / 100, ctx.color()));
     auto& j = ctx.json()["schedules"][name];
-    report(ctx, sched, r.measured, formula_for(sched, s.costs), j);
+    report(ctx, sched, r.measured, formula_for(sched, s.costs, s.microbatches), j);
     const double ratio = r.measured.bubble_fraction() / r.simulated.bubble_fraction();
     ctx.say("simulated with the measured op costs: bubble " +
             percent(r.simulated.bubble_fraction()) + " of the total time; gradients vs one " +
@@ -337,7 +348,7 @@ void benchmark(Context& ctx, const Settings& s, const std::vector<RealRun>& at_d
         RealRun r = run_on_ranks(ctx, sched, at, batch, ref);
         if (!best || r.measured.makespan < best->measured.makespan) best = std::move(r);
       }
-      const Formula f = formula_for(sched, at.costs);
+      const Formula f = formula_for(sched, at.costs, m);
       sweep.add({name, std::to_string(p), std::to_string(m), std::to_string(sched.chunks),
                  format_number(best->measured.bubble_fraction()),
                  format_number(best->simulated.bubble_fraction()),
