@@ -214,6 +214,7 @@ struct RealRun {
   Schedule schedule;
   Timeline measured, simulated;
   double grad_diff = 0, grad_scale = 0, loss = 0, reference_loss = 0;
+  std::uint64_t bytes = 0;  // sent by all stages together
 };
 
 /// Runs `sched` on the ranks, times it, simulates it with the measured op costs, and
@@ -221,7 +222,7 @@ struct RealRun {
 RealRun run_on_ranks(Context& ctx, const Schedule& sched, const Settings& s,
                      const ch04::Batch& batch, ch04::Reference& ref) {
   Communicator& comm = ctx.comm();
-  RealRun r{sched, {}, {}, 0, 0, 0, 0};
+  RealRun r{sched, {}, {}, 0, 0, 0, 0, 0};
   ch04::StageModel model(s.model, comm.rank(), sched.stages, sched.chunks, ctx.memory());
   model.store().zero_grad();
   const ch04::StageRun run = ch04::run_schedule(comm, sched, model, batch);
@@ -233,6 +234,8 @@ RealRun run_on_ranks(Context& ctx, const Schedule& sched, const Settings& s,
   r.grad_diff = comm.agree(ch04::max_gradient_diff(model, ref), ReduceOp::max);
   r.grad_scale = max_abs(ref.store.grads());
   r.loss = comm.agree(run.squared_error, ReduceOp::sum) / (2.0 * s.model.batch);
+  r.bytes = static_cast<std::uint64_t>(
+      comm.agree(static_cast<std::int64_t>(run.bytes_sent), ReduceOp::sum));
   r.reference_loss = ref.squared_error / (2.0 * s.model.batch);
   return r;
 }
@@ -279,7 +282,14 @@ void run_all(Context& ctx, const Settings& s, nlohmann::json& trace,
             percent(r.simulated.bubble_fraction()) + " of the total time; gradients vs one " +
             "device: max abs diff " + format_number(r.grad_diff, 3) + " (largest gradient " +
             format_number(r.grad_scale, 3) + "); loss " + format_number(r.loss, 6) + " vs " +
-            format_number(r.reference_loss, 6) + "\n");
+            format_number(r.reference_loss, 6));
+    const std::uint64_t formula = ch04::formula_bytes(s.model, p, sched.chunks);
+    ctx.say("sent between stages: " + std::to_string(r.bytes) + " bytes in all, measured; " +
+            "formula 2 (p v - 1) x batch x width x 4 = " + std::to_string(formula) + "\n");
+    j["bytes_sent"] = r.bytes;
+    j["formula_bytes_sent"] = formula;
+    ctx.verify(r.bytes == formula, name + ": stages sent " + std::to_string(r.bytes) +
+                                       " bytes, the formula says " + std::to_string(formula));
     char line[200];
     std::snprintf(line, sizeof line, "%-13s %-17s %-31s %-7s %s\n", name.c_str(),
                   percent(r.measured.bubble_fraction()).c_str(),
@@ -327,7 +337,8 @@ void benchmark(Context& ctx, const Settings& s, const std::vector<RealRun>& at_d
 
   CsvTable sweep({"schedule", "stages", "microbatches", "chunks", "measured_bubble",
                   "simulated_bubble", "formula_bubble", "makespan_ms", "peak_in_flight",
-                  "grad_max_abs_diff", "layers", "width", "batch", "backend", "machine"});
+                  "grad_max_abs_diff", "bytes_sent", "layers", "width", "batch", "backend",
+                  "machine"});
   const ch04::Batch batch = ch04::make_batch(s.model);
   ch04::Reference ref;
   ch04::run_reference(s.model, batch, ref);
@@ -354,8 +365,9 @@ void benchmark(Context& ctx, const Settings& s, const std::vector<RealRun>& at_d
                  format_number(best->simulated.bubble_fraction()),
                  f.over_ideal >= 0 ? format_number(f.over_ideal / (1 + f.over_ideal)) : "",
                  format_number(best->measured.makespan * 1e3), join(best->measured.peak_in_flight),
-                 format_number(best->grad_diff, 3), std::to_string(s.model.layers),
-                 std::to_string(s.model.width), std::to_string(s.model.batch), backend, machine});
+                 format_number(best->grad_diff, 3), std::to_string(best->bytes),
+                 std::to_string(s.model.layers), std::to_string(s.model.width),
+                 std::to_string(s.model.batch), backend, machine});
     }
   }
   ctx.save_csv(sweep, "04_pipeline_bubbles");

@@ -165,7 +165,15 @@ StageRun run_schedule(Communicator& comm, const Schedule& s, StageModel& model,
     }
   }
   comm.wait_all(sends);
+  run.bytes_sent =
+      forward_channel->stats().total().bytes_sent + backward_channel->stats().total().bytes_sent;
   return run;
+}
+
+std::uint64_t formula_bytes(const ModelConfig& cfg, int stages, int chunks) {
+  if (stages == 1) return 0;
+  return 2ull * static_cast<std::uint64_t>(stages * chunks - 1) *
+         static_cast<std::uint64_t>(cfg.batch) * static_cast<std::uint64_t>(cfg.width) * 4ull;
 }
 
 void run_reference(const ModelConfig& cfg, const Batch& batch, Reference& out) {

@@ -60,9 +60,16 @@ class StageModel {
 
 /// What one rank saw.
 struct StageRun {
-  std::vector<Event> events;  // its ops, in order; times in seconds from the common start
-  double squared_error = 0;   // last stage: the loss's sum of squares over its microbatches
+  std::vector<Event> events;     // its ops, in order; times in seconds from the common start
+  double squared_error = 0;      // last stage: the loss's sum of squares over its microbatches
+  std::uint64_t bytes_sent = 0;  // activations and their gradients sent to other stages
 };
+
+/// Bytes all stages send in one run of a schedule: every microbatch's activations cross
+/// each of the p v - 1 boundaries between model pieces forward, and their gradients
+/// cross back: 2 (p v - 1) * batch * width * 4 (none with one stage, whose pieces are
+/// all on one rank).
+std::uint64_t formula_bytes(const ModelConfig& cfg, int stages, int chunks);
 
 /// Runs this rank's list of ops of `s` (stage = comm.rank(); s.stages must equal
 /// comm.size()), adding every parameter gradient into model.store().grads() (zero them
