@@ -59,7 +59,7 @@ struct Settings {
   bool simulate = false;
   bool benchmark = false;
   std::string trace;
-  ch04::ModelConfig model{8, 64, 64, 0};
+  ch04::ModelConfig model{8, 256, 128, 0};
 };
 
 std::string percent(double fraction) { return format_number(100 * fraction, 3) + "%"; }
@@ -224,11 +224,27 @@ RealRun run_on_ranks(Context& ctx, const Schedule& sched, const Settings& s,
   Communicator& comm = ctx.comm();
   RealRun r{sched, {}, {}, 0, 0, 0, 0, 0};
   ch04::StageModel model(s.model, comm.rank(), sched.stages, sched.chunks, ctx.memory());
+  // Once untimed first (the first touches of fresh memory would count as compute), then
+  // the fastest of three runs: on a shared machine, one run can lose a core for a while.
   model.store().zero_grad();
-  const ch04::StageRun run = ch04::run_schedule(comm, sched, model, batch);
-  const std::vector<ch04::Event> events = ch04::gather_events(comm, run.events);
+  (void)ch04::run_schedule(comm, sched, model, batch);
+  ch04::StageRun run;
+  std::vector<ch04::Event> events;
+  double fastest = 0;
+  for (int round = 0; round < 3; ++round) {
+    model.store().zero_grad();
+    ch04::StageRun attempt = ch04::run_schedule(comm, sched, model, batch);
+    std::vector<ch04::Event> all = ch04::gather_events(comm, attempt.events);
+    const double makespan =
+        ch04::timeline_of(all, sched.stages, sched.chunks, sched.split_backward()).makespan;
+    if (round == 0 || makespan < fastest) {
+      fastest = makespan;
+      run = std::move(attempt);
+      events = std::move(all);
+    }
+  }
   r.measured = ch04::timeline_of(events, sched.stages, sched.chunks, sched.split_backward());
-  r.simulated = ch04::simulate(sched, ch04::measured_costs(events, sched.stages));
+  r.simulated = ch04::simulate(sched, ch04::measured_costs(events));
   in_microbatches(r.measured, sched, s.microbatches);
   in_microbatches(r.simulated, sched, s.microbatches);
   r.grad_diff = comm.agree(ch04::max_gradient_diff(model, ref), ReduceOp::max);
@@ -354,11 +370,7 @@ void benchmark(Context& ctx, const Settings& s, const std::vector<RealRun>& at_d
       sched.name = name;
       if (!ch04::validate(sched).empty() || !ch04::simulate(sched, at.costs).deadlock.empty())
         continue;  // reported by the run above
-      std::optional<RealRun> best;
-      for (int round = 0; round < 3; ++round) {
-        RealRun r = run_on_ranks(ctx, sched, at, batch, ref);
-        if (!best || r.measured.makespan < best->measured.makespan) best = std::move(r);
-      }
+      const std::optional<RealRun> best = run_on_ranks(ctx, sched, at, batch, ref);
       const Formula f = formula_for(sched, at.costs, m);
       sweep.add({name, std::to_string(p), std::to_string(m), std::to_string(sched.chunks),
                  format_number(best->measured.bubble_fraction()),

@@ -1,12 +1,12 @@
 // Chapter 04: running a schedule on real ranks.
 #include "pipeline.hpp"
 
-#include <array>
 #include <chrono>
 #include <cmath>
 #include <deque>
 #include <map>
 #include <string>
+#include <tuple>
 
 #include "shardlab/check.hpp"
 
@@ -197,21 +197,13 @@ double max_gradient_diff(StageModel& model, Reference& ref) {
   return worst;
 }
 
-std::function<double(int, const Op&)> measured_costs(const std::vector<Event>& events, int stages) {
-  // sum and count per (stage, kind)
-  std::vector<std::array<double, 3>> sum(static_cast<std::size_t>(stages)),
-      count(static_cast<std::size_t>(stages));
-  for (auto& a : sum) a.fill(0);
-  for (auto& a : count) a.fill(0);
-  for (const Event& e : events) {
-    const auto k = static_cast<std::size_t>(e.op.kind);
-    sum[static_cast<std::size_t>(e.stage)][k] += e.end - e.start;
-    count[static_cast<std::size_t>(e.stage)][k] += 1;
-  }
-  return [sum, count](int stage, const Op& op) {
-    const auto k = static_cast<std::size_t>(op.kind);
-    const auto s = static_cast<std::size_t>(stage);
-    return count[s][k] > 0 ? sum[s][k] / count[s][k] : 0.0;
+std::function<double(int, const Op&)> measured_costs(const std::vector<Event>& events) {
+  std::map<std::tuple<int, Kind, int, int>, double> took;
+  for (const Event& e : events)
+    took[{e.stage, e.op.kind, e.op.microbatch, e.op.chunk}] = e.end - e.start;
+  return [took](int stage, const Op& op) {
+    const auto it = took.find({stage, op.kind, op.microbatch, op.chunk});
+    return it == took.end() ? 0.0 : it->second;
   };
 }
 

@@ -91,8 +91,9 @@ void run_reference(const ModelConfig& cfg, const Batch& batch, Reference& out);
 /// parameters by name.
 double max_gradient_diff(StageModel& model, Reference& ref);
 
-/// Every op's time measured on the ranks, turned into the costs of a simulation: for each
-/// stage and kind, the mean duration of that kind of op on that stage.
-std::function<double(int, const Op&)> measured_costs(const std::vector<Event>& events, int stages);
+/// Every op's time measured on the ranks, as the costs of a simulation: each op takes
+/// exactly as long as it took. What the simulation then leaves out is what happened
+/// between the ops: messages in flight, and waking up when they arrive.
+std::function<double(int, const Op&)> measured_costs(const std::vector<Event>& events);
 
 }  // namespace ch04
