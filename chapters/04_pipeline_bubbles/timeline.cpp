@@ -61,7 +61,10 @@ double cell_for(const Timeline& t, int max_columns) {
     if (e.end > e.start)
       shortest = shortest == 0 ? e.end - e.start : std::min(shortest, e.end - e.start);
   if (shortest == 0 || t.makespan <= 0) return 1;
-  return std::max(shortest / 3, t.makespan / max_columns);
+  // A whole number of columns per shortest op keeps the ops of a row aligned.
+  for (int per_op : {3, 2})
+    if (t.makespan / (shortest / per_op) <= max_columns) return shortest / per_op;
+  return t.makespan / max_columns;
 }
 
 void add_trace(nlohmann::json& trace_events, const Timeline& t, int pid, const std::string& process,

@@ -18,8 +18,8 @@ namespace ch04 {
 ///   stage 0 |F0 F1 F2 F3 ..................B0    B1    B2    B3    |
 std::string draw(const Timeline& t, double cell, bool color);
 
-/// The column width that gives the shortest op three columns (simulated timelines), but
-/// no more than `max_columns` columns in all.
+/// The column width that gives the shortest op three columns, or two (simulated
+/// timelines), in no more than `max_columns` columns in all; else makespan / max_columns.
 double cell_for(const Timeline& t, int max_columns = 120);
 
 /// Appends `t` to a Chrome trace-event list (chrome://tracing, ui.perfetto.dev): one
