@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "shardlab/check.hpp"
+#include "shardlab/cuda.hpp"
 
 namespace ch04 {
 
@@ -157,6 +158,9 @@ StageRun run_schedule(Communicator& comm, const Schedule& s, StageModel& model,
           break;
         }
       }
+      // On a GPU the kernels run after their launch returns: wait for them, so that the
+      // op's time is its own.
+      if (memory == Memory::device) shardlab::cuda::synchronize();
       e.end = since(Clock::now());
       run.events.push_back(e);
     } catch (const shardlab::CommError& error) {
