@@ -18,6 +18,7 @@
 #include "kernels.hpp"
 #include "shardlab/check.hpp"
 #include "shardlab/half.hpp"
+#include "shardlab/memory.hpp"
 
 namespace shardlab {
 
@@ -118,8 +119,9 @@ struct Storage {
   std::size_t bytes = 0;
   Memory memory = Memory::host;
   int device = -1;
+  memory::Charge charge;  // this allocation in the memory ledger (memory.hpp)
 
-  Storage(std::size_t n, Memory m, bool zeroed) : bytes(n), memory(m) {
+  Storage(std::size_t n, Memory m, bool zeroed) : bytes(n), memory(m), charge(n) {
     if (m == Memory::device) {
       ptr = kernels::device_alloc(std::max<std::size_t>(n, 1), &device);
       if (zeroed && n) kernels::zero(ptr, n);
