@@ -491,19 +491,24 @@ void sgd_step(Tensor& params, const Tensor& grads, float lr) { axpy(-lr, grads, 
 Adam::Adam(std::int64_t size, AdamConfig config, Memory memory)
     : config_(config), m_(Shape{size}, DType::f32, memory), v_(Shape{size}, DType::f32, memory) {}
 
-void Adam::step(Tensor& params, const Tensor& grads) {
+void Adam::step(Tensor& params, const Tensor& grads) { adam_update(params, grads, m_, v_, ++t_, config_); }
+
+void adam_update(Tensor& params, const Tensor& grads, Tensor& m_, Tensor& v_, int t,
+                 const AdamConfig& config) {
   require(params.dtype() == DType::f32 && grads.dtype() == DType::f32 &&
+              m_.dtype() == DType::f32 && v_.dtype() == DType::f32 &&
               params.size() == m_.size() && grads.size() == m_.size() &&
-              params.memory() == m_.memory() && grads.memory() == m_.memory(),
+              v_.size() == m_.size() && params.memory() == m_.memory() &&
+              grads.memory() == m_.memory() && v_.memory() == m_.memory() && t >= 1,
           [&] {
-            return "Adam::step: params " + params.describe() + " and grads " + grads.describe() +
-                   " must be f32, " + std::to_string(m_.size()) + " elements, in " +
-                   std::string(memory_name(m_.memory())) + " memory";
+            return "Adam step " + std::to_string(t) + ": params " + params.describe() +
+                   " and grads " + grads.describe() + " must be f32, " +
+                   std::to_string(m_.size()) + " elements, in " +
+                   std::string(memory_name(m_.memory())) + " memory, at a step t >= 1";
           });
-  ++t_;
-  const AdamConfig& c = config_;
-  const float c1 = 1.0f - std::pow(c.beta1, static_cast<float>(t_));
-  const float c2 = 1.0f - std::pow(c.beta2, static_cast<float>(t_));
+  const AdamConfig& c = config;
+  const float c1 = 1.0f - std::pow(c.beta1, static_cast<float>(t));
+  const float c2 = 1.0f - std::pow(c.beta2, static_cast<float>(t));
   const float decay = c.decoupled ? c.lr * c.weight_decay : 0.0f;
   const float l2 = c.decoupled ? 0.0f : c.weight_decay;
   const std::int64_t n = params.size();

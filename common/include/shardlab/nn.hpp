@@ -273,6 +273,12 @@ struct AdamConfig {
   bool decoupled = false;
 };
 
+/// One Adam step t (1, 2, ...) over `params` with the state m and v (all f32, one size,
+/// one memory): the update Adam::step describes below, for a caller that keeps its own
+/// state (a ZeRO shard's, chapter 05).
+void adam_update(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, int t,
+                 const AdamConfig& config);
+
 /// Adam (Kingma & Ba 2015, Algorithm 1) and AdamW (Loshchilov & Hutter 2019), with the
 /// update PyTorch's documentation writes out. Step t = 1, 2, ..., element by element:
 ///   g = grad (+ weight_decay * p for Adam's L2)
