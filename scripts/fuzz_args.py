@@ -107,6 +107,21 @@ CHAPTERS = {
         "--trace": ["out/trace.json", "/dev/full/trace.json", "", "a-file", "/proc/trace.json"],
         "--benchmark": None,
     },
+    "ch05": {
+        "--params": ["7.5B", "1e9", "350M", "1", "0", "-1", "nan", "inf", "1e17", "7.5X", "", "abc"],
+        "--preset": ["gpt2-1.5b", "zero-7.5b", "gpt3-175b", "llama-65b", "zero-1t", "gpt5", ""],
+        "--dp": ["1", "4", "64", "1024", "0", "-2", "nan", "inf", "1e10", "abc"],
+        "--device-gb": ["80", "0.5", "0", "-1", "nan", "inf", "1e10"],
+        "--table": None,
+        "--precision": ["fp32", "mixed", "fp8", ""],
+        "--train": None,
+        "--stage": ["0", "1", "2", "3", "4", "-1", "x"],
+        "--steps": ["1", "3", "0", "1001", "abc"],
+        "--blocks": ["1", "2", "0", "1025", "x"],
+        "--width": ["1", "8", "64", "0", "4097", "y"],
+        "--batch": ["1", "7", "64", "0", "1048577", "1048576"],
+        "--benchmark": None,
+    },
 }
 
 # Pairs whose product is what matters: drawn together, so that a large value meets
@@ -115,6 +130,8 @@ PAIRS = {
     "ch02": [("--in", "--hidden", [("65536", "65536"), ("65536", "1"), ("1", "65536"),
                                    ("4096", "4096"), ("16", "64")])],
     "ch01": [("--rows", "--cols", [("4096", "4096"), ("4096", "1")])],
+    "ch05": [("--width", "--blocks", [("4096", "1024"), ("4096", "1"), ("1", "1024"), ("64", "4"),
+                                      ("16", "64")])],
 }
 
 TIME_LIMIT_S = 60
