@@ -27,8 +27,8 @@
 //   mpirun -np 4 build/default/bin/ch05_adam_memory --train
 //   build/default/bin/ch05_adam_memory --train --ranks 4 --benchmark --csv-dir results
 //
-// Expected: the calculator prints 120, 31.4, 16.6 and 1.9 GB for the 7.5B model on 64
-// ranks; training measures exactly the formula's bytes on every rank, and every stage
+// Expected: the calculator prints 120, 31.4, 16.6 and 1.88 GB for the 7.5B model on 64
+// ranks (ZeRO's Figure 1 rounds the last to 1.9); training measures exactly the formula's bytes on every rank, and every stage
 // ends with the weights of plain data parallelism (bit for bit on threads).
 #include <algorithm>
 #include <cmath>
@@ -206,8 +206,8 @@ void part_adam(Context& ctx, const Settings& s) {
           "every rank by the memory ledger; rank 0 shown)");
   char line[240];
   std::ostringstream out;
-  std::snprintf(line, sizeof line, "  %-24s %11s %11s %11s %11s %11s  %s\n", "", "params", "grads",
-                "master", "optimizer", "total", "formula");
+  std::snprintf(line, sizeof line, "  %-24s %11s %11s %11s %11s %11s  %-36s %s\n", "", "params", "grads",
+                "master", "optimizer", "total", "formula", "peak, all tensors");
   out << line;
   struct Case {
     const char* name;
@@ -227,10 +227,10 @@ void part_adam(Context& ctx, const Settings& s) {
     rc.steps = 1;
     const RunResult r = train(ctx.comm(), s.model, rc, ctx.memory());
     const StateBytes f = formula_states(s.model, rc, ctx.size(), ctx.rank());
-    std::snprintf(line, sizeof line, "  %-24s %11s %11s %11s %11s %11s  %s%s\n", c.name,
+    std::snprintf(line, sizeof line, "  %-24s %11s %11s %11s %11s %11s  %-36s %s%s\n", c.name,
                   bytes_text(r.states.params).c_str(), bytes_text(r.states.grads).c_str(),
                   bytes_text(r.states.master).c_str(), bytes_text(r.states.optimizer).c_str(),
-                  bytes_text(r.states.total()).c_str(), c.formula,
+                  bytes_text(r.states.total()).c_str(), c.formula, bytes_text(r.usage.peak_total).c_str(),
                   r.states == f && f.total() == c.per_param * P ? "" : "  <- differs");
     out << line;
     ctx.verify(r.states == f && f.total() == c.per_param * P,
@@ -239,8 +239,10 @@ void part_adam(Context& ctx, const Settings& s) {
     auto& j = ctx.json()["adam_memory"][c.name];
     j["measured_bytes"] = r.states.total();
     j["formula_bytes"] = c.per_param * P;
+    j["peak_bytes"] = r.usage.peak_total;
   }
-  out << "  Psi = " << with_commas(P) << " parameters; bytes per rank\n";
+  out << "  Psi = " << with_commas(P) << " parameters; bytes per rank, live at the end of training;"
+      << " the peak adds activations, communication buffers and temporaries\n";
   ctx.say(out.str());
 }
 
@@ -251,6 +253,7 @@ void part_checkpoint(Context& ctx, const Settings& s) {
   plain.precision = ckpt.precision = p;
   plain.steps = ckpt.steps = std::max(s.steps, 3);
   ckpt.checkpoint = true;
+  plain.keep_grads = ckpt.keep_grads = true;
   const RunResult a = train(ctx.comm(), s.model, plain, ctx.memory());
   const RunResult b = train(ctx.comm(), s.model, ckpt, ctx.memory());
   const bool same = a.first_grads.bitwise_equal(b.first_grads) && a.weights.bitwise_equal(b.weights);
@@ -479,6 +482,8 @@ int main(int argc, char** argv) {
     if (!s.params_text.empty() && !s.preset.empty())
       throw UsageError("--params and --preset both name the model: give one");
     if (!s.params_text.empty()) (void)parse_params(s.params_text);
+    if (std::floor(s.dp) != s.dp)
+      throw UsageError("--dp " + format_number(s.dp) + ": a number of devices is a whole number");
   });
   // Training, per rank: the model states (at most 16 bytes per parameter, twice: a run and
   // the reference weights), the data set (every rank draws all N B rows) and activations.

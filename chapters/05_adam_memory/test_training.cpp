@@ -116,7 +116,8 @@ TEST_SUITE("ch05") {
     const ModelConfig model{4, 16, 6, 2};
     on_ranks(2, [&](Communicator& comm) {
       for (Precision p : {Precision::mixed, Precision::fp32}) {
-        RunConfig plain{.precision = p}, ckpt{.precision = p, .checkpoint = true};
+        RunConfig plain{.precision = p, .keep_grads = true};
+        RunConfig ckpt{.precision = p, .checkpoint = true, .keep_grads = true};
         const RunResult a = train(comm, model, plain, Memory::host);
         const RunResult b = train(comm, model, ckpt, Memory::host);
         CHECK(a.activations_after_forward == formula_activations(model, plain));

@@ -70,9 +70,14 @@ std::vector<double> values(const Tensor& t) {
   return {f.begin(), f.end()};
 }
 
+/// max |a - b|; NaN anywhere gives NaN (so no comparison with a tolerance passes).
 double worst(const std::vector<double>& a, const std::vector<double>& b) {
   double d = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) d = std::max(d, std::fabs(a[i] - b[i]));
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const double e = std::fabs(a[i] - b[i]);
+    if (std::isnan(e)) return e;
+    d = std::max(d, e);
+  }
   return d;
 }
 

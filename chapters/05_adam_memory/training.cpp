@@ -161,8 +161,10 @@ struct Rank {
   /// Block b's range of this rank's shard buffers (stages 2, 3).
   Tensor shard_of(const Tensor& t, int b) const { return t.slice(b * own.length, own.length); }
 
-  void allocate() {
-    // The same initial weights on every rank and at every stage: W ~ N(0, 1 / fan_in).
+  /// Every rank's and every stage's initial weights, W ~ N(0, 1 / fan_in), in the
+  /// parameters' type: made before the ledger starts counting the run.
+  static Tensor initial_weights(const ModelConfig& model, DType type, Memory memory) {
+    const std::int64_t P = model.params(), PB = model.block_params(), d = model.width;
     Tensor init(Shape{P}, DType::f32);
     for (int b = 0; b < model.blocks; ++b) {
       const auto seed = model.seed * 1000003 + static_cast<std::uint64_t>(b);
@@ -170,7 +172,10 @@ struct Rank {
       w.w1.copy_from(scale(randn(Shape{d, 4 * d}, seed * 2 + 1), 1.0f / std::sqrt(static_cast<float>(d))));
       w.w2.copy_from(scale(randn(Shape{4 * d, d}, seed * 2 + 2), 1.0f / std::sqrt(4.0f * static_cast<float>(d))));
     }
-    Tensor full = cast(init, type).to(memory);
+    return cast(init, type).to(memory);
+  }
+
+  void allocate(const Tensor& full) {
     if (run.stage <= 2) {
       Scope scope(Category::params);
       params = full.clone();
@@ -194,9 +199,11 @@ struct Rank {
     if (type == DType::f32) {
       if (run.stage != 2) master = params;
     } else {
-      Scope scope(Category::master);
-      master = run.stage == 0 ? cast(params, DType::f32) : Tensor(Shape{owned}, DType::f32, memory);
-      if (run.stage != 0)
+      {
+        Scope scope(Category::master);
+        master = run.stage == 0 ? cast(params, DType::f32) : Tensor(Shape{owned}, DType::f32, memory);
+      }
+      if (run.stage != 0)  // each block's range, through a temporary the size of one
         for (int b = 0; b < model.blocks; ++b)
           shard_of(master, b).copy_from(cast(full.slice(b * PB + own.offset, own.length), DType::f32));
     }
@@ -375,9 +382,11 @@ RunResult train(Communicator& comm, const ModelConfig& model, const RunConfig& r
             .to(memory);
     y = all_y.slice(r * B, B).clone().to(memory);
   }
+  Tensor initial = Rank::initial_weights(model, run.precision == Precision::mixed ? DType::f16 : DType::f32, memory);
   memory::Tracker tracker;
   Rank rank(comm, model, run, memory);
-  rank.allocate();
+  rank.allocate(initial);
+  initial = Tensor();
   result.shard = run.stage == 0 ? model.params() : (run.stage == 1 ? rank.zero1->range.length : rank.S());
   const CommStats before = comm.stats();
   for (int t = 1; t <= run.steps; ++t) {
@@ -386,7 +395,7 @@ RunResult train(Communicator& comm, const ModelConfig& model, const RunConfig& r
     const double sse = rank.step(x, y, t, t == 1 ? &result.activations_after_forward : nullptr);
     if (memory == Memory::device) cuda::synchronize();  // the clock stops when the GPU is done
     const double took = seconds_since(start);
-    if (t == 1 && run.stage == 0) result.first_grads = cast(rank.grads, DType::f32).to(Memory::host);
+    if (t == 1 && run.stage == 0 && run.keep_grads) result.first_grads = cast(rank.grads, DType::f32).to(Memory::host);
     result.fastest_step_s = t == 1 ? took : std::min(result.fastest_step_s, took);
     result.losses.push_back(comm.agree(sse, ReduceOp::sum) / (2.0 * N * static_cast<double>(B)));
   }

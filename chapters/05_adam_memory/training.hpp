@@ -38,6 +38,7 @@ struct RunConfig {
   bool checkpoint = false;  // keep each block's input only, recompute the rest in backward
   bool prefetch = true;     // stage 3: start gathering the next block before this one runs
   int steps = 3;
+  bool keep_grads = false;  // stage 0: keep a copy of step 1's summed gradients (counted)
   shardlab::nn::AdamConfig adam{.lr = 1e-2f};
 };
 
@@ -57,7 +58,7 @@ struct RunResult {
   std::vector<double> losses;                    // per step, over every rank's rows
   double fastest_step_s = 0;
   std::int64_t shard = 0;        // S_r
-  shardlab::Tensor first_grads;  // stage 0: the summed gradients of step 1, f32
+  shardlab::Tensor first_grads;  // with keep_grads: the summed gradients of step 1, f32
 };
 
 /// Trains on this rank (every rank calls it, with the same configs).

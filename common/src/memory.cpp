@@ -3,6 +3,8 @@
 #include "shardlab/memory.hpp"
 
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 
 namespace shardlab::memory {
 
@@ -84,7 +86,15 @@ Category current_category() { return t_category; }
 Tracker::Tracker() : ledger_(std::make_shared<Ledger>(current())), previous_(current()) {
   current() = ledger_;
 }
-Tracker::~Tracker() { current() = previous_; }
+Tracker::~Tracker() {
+  // Only the innermost Tracker can step out of the chain; ending an outer one first
+  // would leave the inner one counting into a ledger nobody reads.
+  if (current() != ledger_) {
+    std::fprintf(stderr, "memory::Tracker: ended while a Tracker made after it is alive\n");
+    std::abort();
+  }
+  current() = previous_;
+}
 Usage Tracker::usage() const { return ledger_->usage(); }
 void Tracker::reset_peaks() { ledger_->reset_peaks(); }
 

@@ -491,7 +491,10 @@ void sgd_step(Tensor& params, const Tensor& grads, float lr) { axpy(-lr, grads, 
 Adam::Adam(std::int64_t size, AdamConfig config, Memory memory)
     : config_(config), m_(Shape{size}, DType::f32, memory), v_(Shape{size}, DType::f32, memory) {}
 
-void Adam::step(Tensor& params, const Tensor& grads) { adam_update(params, grads, m_, v_, ++t_, config_); }
+void Adam::step(Tensor& params, const Tensor& grads) {
+  adam_update(params, grads, m_, v_, t_ + 1, config_);  // throws before counting a bad call
+  ++t_;
+}
 
 void adam_update(Tensor& params, const Tensor& grads, Tensor& m_, Tensor& v_, int t,
                  const AdamConfig& config) {

@@ -29,15 +29,19 @@ using namespace shardlab;
 namespace ch05 {
 
 // TODO(ch05): adam_update
-// For every element i, with g = grad[i] as a float and p = master[i]:
+// For every element i, with g the gradient's element i as a float (f16 or f32: see
+// "Useful" above) and p = master[i]:
 //   Adam (config.decoupled false): g += weight_decay * p
 //   AdamW (config.decoupled true): p -= lr * weight_decay * p, before the rest
 //   m[i] = beta1 m[i] + (1 - beta1) g
 //   v[i] = beta2 v[i] + (1 - beta2) g^2
 //   p -= lr * (m[i] / (1 - beta1^t)) / (sqrt(v[i] / (1 - beta2^t)) + eps),  t = step
-// Everything in float (f32), in this order, so that the chapter's stages agree bit for bit.
+// Everything in float (f32), in this order: the tests compare with this update written
+// out in double, and a GPU runs the library's kernel, which does the same.
 void adam_update(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v, int step,
                  const AdamConfig& config) {
+  // A GPU: the library's kernel, which reads f32 gradients (an f16 one is widened into
+  // a temporary the size of `grad` first).
   if (master.on_device()) {  // a GPU: the library's kernel (keep this)
     const Tensor g = grad.dtype() == DType::f32 ? grad : cast(grad, DType::f32);
     return nn::adam_update(master, g, m, v, step, config);

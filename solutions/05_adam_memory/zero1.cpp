@@ -13,6 +13,8 @@ namespace ch05 {
 
 void adam_update(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v, int step,
                  const AdamConfig& config) {
+  // A GPU: the library's kernel, which reads f32 gradients (an f16 one is widened into
+  // a temporary the size of `grad` first).
   if (master.on_device()) {  // a GPU: the library's kernel, on an f32 gradient
     const Tensor g = grad.dtype() == DType::f32 ? grad : cast(grad, DType::f32);
     return nn::adam_update(master, g, m, v, step, config);

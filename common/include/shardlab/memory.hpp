@@ -68,7 +68,8 @@ Category current_category();
 class Ledger;  // live and peak counters, shared by the allocations charged to them
 
 /// Counts every allocation this thread makes while it is alive (on top of the ledgers
-/// already counting: the thread's own, and enclosing Trackers).
+/// already counting: the thread's own, and enclosing Trackers). Trackers nest like
+/// scopes: one made on the stack ends before the one around it (an error otherwise).
 class Tracker {
  public:
   Tracker();
