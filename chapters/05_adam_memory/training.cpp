@@ -90,16 +90,6 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-/// tanh in the compute type (f16 through f32: the CPU has no f16 arithmetic).
-Tensor act(const Tensor& z) {
-  if (z.dtype() == DType::f32) return tanh(z);
-  return cast(tanh(cast(z, DType::f32)), z.dtype());
-}
-Tensor act_backward(const Tensor& y, const Tensor& dy) {
-  if (y.dtype() == DType::f32) return tanh_backward(y, dy);
-  return cast(tanh_backward(cast(y, DType::f32), cast(dy, DType::f32)), y.dtype());
-}
-
 /// One block's two weights, views of a flat block of 8 d^2 elements: W1 (d x 4d), W2.
 struct Weights {
   Tensor w1, w2;
@@ -117,8 +107,8 @@ struct Kept {
 Kept block_forward(const Tensor& x, const Weights& w) {
   Scope scope(Category::activations);
   Kept k{x, {}, {}};
-  k.y1 = act(matmul(x, w.w1));
-  k.y2 = act(matmul(k.y1, w.w2));
+  k.y1 = tanh(matmul(x, w.w1));  // f16: in f32, rounded once
+  k.y2 = tanh(matmul(k.y1, w.w2));
   return k;
 }
 
@@ -127,9 +117,9 @@ Tensor block_backward(const Kept& k, const Tensor& dy2, const Weights& w, Tensor
                       std::int64_t d) {
   Scope scope(Category::activations);
   Weights g = weights_of(grad, d);
-  const Tensor dz2 = act_backward(k.y2, dy2);
+  const Tensor dz2 = tanh_backward(k.y2, dy2);
   matmul_into(g.w2, k.y1, dz2, true, false);  // dW2 = y1^T dz2
-  const Tensor dz1 = act_backward(k.y1, matmul(dz2, w.w2, false, true));
+  const Tensor dz1 = tanh_backward(k.y1, matmul(dz2, w.w2, false, true));
   matmul_into(g.w1, k.x, dz1, true, false);  // dW1 = x^T dz1
   return matmul(dz1, w.w1, false, true);
 }

@@ -56,8 +56,6 @@ void copy_bytes(void* dst, const void* src, std::size_t bytes, Memory mem) {
 std::string seconds(std::chrono::milliseconds t) {
   return format_number(static_cast<double>(t.count()) / 1000.0, 3) + " s";
 }
-
-bool is_half(DType t) { return t == DType::f16 || t == DType::bf16; }
 }  // namespace
 
 struct ThreadWorld::State {

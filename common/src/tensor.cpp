@@ -695,6 +695,8 @@ namespace {
 template <class Host>
 Tensor unary(const Tensor& x, const char* what, void (*kernel)(const float*, float*, std::int64_t),
              Host&& host) {
+  if (is_half(x.dtype()))  // f16, bf16: in f32, rounded once
+    return cast(unary(cast(x, DType::f32), what, kernel, host), x.dtype());
   require_f32(x, what);
   if (!x.on_device()) return host_map(x, host);
   Tensor y = empty(x.shape(), DType::f32, Memory::device);
@@ -705,6 +707,8 @@ Tensor unary(const Tensor& x, const char* what, void (*kernel)(const float*, flo
 template <class Host>
 Tensor gradient(const Tensor& a, const Tensor& dy, const char* what,
                 void (*kernel)(const float*, const float*, float*, std::int64_t), Host&& host) {
+  if (is_half(a.dtype()) && dy.dtype() == a.dtype())  // f16, bf16: in f32, rounded once
+    return cast(gradient(cast(a, DType::f32), cast(dy, DType::f32), what, kernel, host), a.dtype());
   require_f32(a, what);
   require_like(a, dy, what);
   if (!a.on_device()) return host_zip(a, dy, host);

@@ -248,3 +248,19 @@ TEST_SUITE("tensor") {
     CHECK_THROWS(table.add({"only one"}));
   }
 }
+
+TEST_CASE("tanh, gelu and their backward take f16 and bf16: computed in f32, rounded once") {
+  // Checked against: a half input computed without rounding back (an f32 result), and
+  // one rounded twice (through bf16 for an f16 input): both fail here.
+  const Tensor x32 = randn(Shape{3, 37}, 21), dy32 = randn(Shape{3, 37}, 22);
+  for (DType type : {DType::f16, DType::bf16}) {
+    CAPTURE(dtype_name(type));
+    const Tensor x = cast(x32, type), dy = cast(dy32, type);
+    const Tensor wide = cast(x, DType::f32), dwide = cast(dy, DType::f32);
+    CHECK(tanh(x).dtype() == type);
+    CHECK(tanh(x).bitwise_equal(cast(tanh(wide), type)));
+    CHECK(gelu(x).bitwise_equal(cast(gelu(wide), type)));
+    CHECK(tanh_backward(x, dy).bitwise_equal(cast(tanh_backward(wide, dwide), type)));
+    CHECK(gelu_backward(x, dy).bitwise_equal(cast(gelu_backward(wide, dwide), type)));
+  }
+}

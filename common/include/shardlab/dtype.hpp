@@ -28,6 +28,9 @@ struct BFloat16 {
 
 enum class DType : std::uint8_t { f32, f64, f16, bf16, i32, i64, u8 };
 
+/// f16 or bf16: the 16-bit floating types, computed in f32 and rounded.
+constexpr bool is_half(DType t) { return t == DType::f16 || t == DType::bf16; }
+
 /// Bytes per element.
 constexpr std::size_t dtype_size(DType t) {
   switch (t) {

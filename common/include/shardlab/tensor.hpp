@@ -242,7 +242,8 @@ void scale_in_place(Tensor& t, float s);
 void add_row(Tensor& y, const Tensor& row);
 /// The 1 x N sums of the columns of x (M x N), each summed over i in order.
 Tensor column_sums(const Tensor& x);
-/// tanh(x), and dL/dx = dy * (1 - y^2) from y = tanh(x).
+/// tanh(x), and dL/dx = dy * (1 - y^2) from y = tanh(x). These four take f16 and bf16
+/// too: computed in f32 and rounded once to the input's type.
 Tensor tanh(const Tensor& x);
 Tensor tanh_backward(const Tensor& y, const Tensor& dy);
 /// GELU, tanh approximation (GPT-2): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), and
