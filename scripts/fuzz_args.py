@@ -122,6 +122,22 @@ CHAPTERS = {
         "--batch": ["1", "7", "64", "0", "1048577", "1048576"],
         "--benchmark": None,
     },
+    "ch06": {
+        "--to-half": ["1e-8", "65504", "65520", "0.1", "-0", "inf", "nan", "abc", "1e-8x", ""],
+        "--scaler": ["none", "static", "dynamic", "fancy", ""],
+        "--scale": ["2^16", "1024", "2^-3", "0", "-1", "inf", "nan", "2^200", "abc", "2^1.5"],
+        "--init-scale": ["2^16", "1", "2^127", "2^128", "0", "-2", "x"],
+        "--growth-factor": ["2", "1.5", "1", "0.5", "nan", "inf", "1e6"],
+        "--backoff-factor": ["0.5", "0.99", "1", "0", "-1", "nan", "2"],
+        "--growth-interval": ["1", "20", "2000", "0", "-1", "1000001", "x"],
+        "--inject-overflow": ["1", "3,4", "0", "1,x", "999999", "", "2,2"],
+        "--steps": ["1", "5", "60", "0", "100001", "x"],
+        "--lr": ["3e-5", "1e-3", "0", "nan", "inf", "2"],
+        "--target-scale": ["1e-4", "1", "1e-12", "0", "nan", "1e5"],
+        "--batch": ["1", "7", "128", "0", "1048577", "x"],
+        "--hidden": ["1", "64", "0", "4097", "x"],
+        "--csv": None,
+    },
 }
 
 # Pairs whose product is what matters: drawn together, so that a large value meets

@@ -1,0 +1,143 @@
+// Chapter 06 tests of the learner's dynamic loss scaler and unscale-and-check step:
+// compiled against the solution (must pass) and the exercise stub (every case must fail).
+// The reference is PyTorch's GradScaler rule (torch/amp/grad_scaler.py and the
+// _amp_update_scale_ kernel), worked out by hand below.
+//
+// Wrong versions these tests were checked against (each fails with the message quoted):
+//   the growth tracker not reset on an overflow
+//     -> "after step 7 the growth tracker is 2, GradScaler's 0"
+//   growing one step late (tracker > interval instead of ==)
+//     -> "after step 3 (finite) the scale is 8, GradScaler's 16"
+//   growing without the finite check
+//     -> "the scale grew to inf"
+//   the scale updated before the skip decision (a full interval grows the scale even on
+//   the step that overflowed)
+//     -> "after step 7 (inf) the scale is 8, GradScaler's 4"
+//   unscaling by multiplying with the scale
+//     -> "element 0: unscaled 262144, want 9.31323e-10 (the fp16 value / scale, in f32)"
+//   unscaling in fp16 (the small gradients underflow again)
+//     -> "element 0: unscaled 0, want 9.31323e-10 (the fp16 value / scale, in f32)"
+//   each rank deciding from its own gradients alone
+//     -> "rank 1 would step although rank 0's gradients hold a NaN: the replicas would go
+//        apart"
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "scaler.hpp"
+#include "shardlab/half.hpp"
+#include "shardlab/testing.hpp"
+#include "training.hpp"
+
+using namespace shardlab;
+using shardlab::testing::on_ranks;
+
+TEST_SUITE("ch06") {
+  TEST_CASE("the scale follows GradScaler's rule over a scripted run of finite and non-finite steps") {
+    // init 8, growth x2 after 3 finite steps, backoff x0.5. Worked by hand:
+    //   step        1  2  3   4  5  6  7  8  9  10 11 12
+    //   found inf   .  .  .   X  .  .  X  X  .  .  .  .
+    //   scale after 8  8  16  8  8  8  4  2  2  2  4  4
+    //   tracker     1  2  0   0  1  2  0  0  1  2  0  1
+    ch06::DynamicScaler s({.init_scale = 8, .growth_factor = 2, .backoff_factor = 0.5f, .growth_interval = 3});
+    const bool inf[12] = {false, false, false, true, false, false, true, true, false, false, false, false};
+    const float scale[12] = {8, 8, 16, 8, 8, 8, 4, 2, 2, 2, 4, 4};
+    const int tracker[12] = {1, 2, 0, 0, 1, 2, 0, 0, 1, 2, 0, 1};
+    CHECK(s.scale() == 8);
+    for (int t = 0; t < 12; ++t) {
+      s.update(inf[t]);
+      const std::string what = inf[t] ? " (inf)" : " (finite)";
+      CHECK_MESSAGE(s.scale() == scale[t], "after step " << t + 1 << what
+                                                          << " the scale is " << s.scale() << ", GradScaler's "
+                                                          << scale[t]);
+      CHECK_MESSAGE(s.growth_tracker() == tracker[t], "after step " << t + 1 << " the growth tracker is "
+                                                                     << s.growth_tracker() << ", GradScaler's "
+                                                                     << tracker[t]);
+    }
+  }
+
+  TEST_CASE("the defaults grow the scale after 2000 finite steps, and never to infinity") {
+    ch06::DynamicScaler s;
+    for (int t = 1; t < 2000; ++t) s.update(false);
+    CHECK_MESSAGE(s.scale() == 65536.0f, "after 1999 finite steps the scale is " << s.scale());
+    s.update(false);
+    CHECK_MESSAGE(s.scale() == 131072.0f, "after 2000 finite steps the scale is " << s.scale());
+    ch06::DynamicScaler top({.init_scale = std::ldexp(1.0f, 127), .growth_interval = 1});
+    top.update(false);
+    CHECK_MESSAGE(std::isfinite(top.scale()), "the scale grew to " << top.scale());
+    CHECK(top.scale() == std::ldexp(1.0f, 127));
+    CHECK(top.growth_tracker() == 0);
+  }
+
+  TEST_CASE("unscaling restores the gradients, in f32, and finds inf and NaN") {
+    on_ranks(1, [](Communicator& comm) {
+      // g * 2^24 in fp16, back: 2^-30 is 0 in fp16, so dividing there would lose it.
+      const std::vector<float> g = {std::ldexp(1.0f, -30), 1e-7f, -3.5e-6f, 0.0f, 2e-3f, -1.0f};
+      const float scale = std::ldexp(1.0f, 24);
+      Tensor scaled16(Shape{static_cast<std::int64_t>(g.size())}, DType::f16);
+      for (std::size_t i = 0; i < g.size(); ++i)
+        scaled16.data<Half>()[i] = from_float<Half>(g[i] * (i == 5 ? 1.0f / 65536 : scale));
+      Tensor out(static_cast<std::int64_t>(g.size()));
+      const bool found = ch06::unscale_and_check(comm, scaled16, out, scale);
+      CHECK_MESSAGE(!found, "finite gradients reported as non-finite");
+      for (std::size_t i = 0; i < g.size(); ++i) {
+        const double want = static_cast<double>(to_float(scaled16.data<Half>()[i])) / scale;
+        CHECK_MESSAGE(out[static_cast<std::int64_t>(i)] == want, "element " << i << ": unscaled " << out[static_cast<std::int64_t>(i)]
+                                                                            << ", want " << want << " (the fp16 value / scale, in f32)");
+      }
+      CHECK_MESSAGE(out[0] == std::ldexp(1.0f, -30), "2^-30 came back as " << out[0] << " (divided in fp16?)");
+      // f32 gradients too.
+      Tensor g32 = Tensor::from_1d({4.0f, -8.0f}), out32(2);
+      CHECK(!ch06::unscale_and_check(comm, g32, out32, 4.0f));
+      CHECK(out32[0] == 1.0f);
+      CHECK(out32[1] == -2.0f);
+      for (float bad : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                        std::numeric_limits<float>::quiet_NaN()}) {
+        Tensor t = cast(Tensor::from_1d({1.0f, bad, 2.0f}), DType::f16), o(3);
+        CHECK_MESSAGE(ch06::unscale_and_check(comm, t, o, 2.0f), "a gradient of " << bad << " went unnoticed");
+      }
+    });
+  }
+
+  TEST_CASE("one rank's non-finite gradient makes every rank skip") {
+    for (int N : {2, 3, 4, 8}) {
+      CAPTURE(N);
+      for (int bad_rank : {0, N - 1}) {
+        on_ranks(N, [&](Communicator& comm) {
+          Tensor g = cast(Tensor::from_1d({0.5f, 0.25f, 1.0f}), DType::f16), out(3);
+          if (comm.rank() == bad_rank) g.data<Half>()[1] = from_float<Half>(std::numeric_limits<float>::quiet_NaN());
+          const bool found = ch06::unscale_and_check(comm, g, out, 2.0f);
+          CHECK_MESSAGE(found, "rank " << comm.rank() << " would step although rank " << bad_rank
+                                       << "'s gradients hold a NaN: the replicas would go apart");
+          Tensor fine = cast(Tensor::from_1d({0.5f}), DType::f16), o(1);
+          CHECK_MESSAGE(!ch06::unscale_and_check(comm, fine, o, 2.0f), "finite gradients on every rank, yet a skip");
+        });
+      }
+    }
+  }
+
+  TEST_CASE("a skipped step leaves the weights untouched on every rank, and halves the scale") {
+    ch06::ModelConfig model;
+    model.hidden = 16;
+    on_ranks(3, [&](Communicator& comm) {
+      ch06::RunConfig run;
+      run.steps = 4;
+      const ch06::RunResult before = ch06::train(comm, model, run, Memory::host);
+      run.steps = 5;
+      run.inject_overflow = {5};  // the last rank's gradients turn inf at step 5
+      const ch06::RunResult skipped = ch06::train(comm, model, run, Memory::host);
+      CHECK_MESSAGE(skipped.skipped == std::vector<int>{5}, "rank " << comm.rank() << " skipped "
+                                                                    << skipped.skipped.size() << " steps, not step 5 alone");
+      CHECK_MESSAGE(skipped.weights.bitwise_equal(before.weights),
+                    "rank " << comm.rank() << ": step 5 was to be skipped, but the weights changed by "
+                            << max_abs_diff(skipped.weights, before.weights));
+      run.steps = 6;
+      const ch06::RunResult after = ch06::train(comm, model, run, Memory::host);
+      CHECK_MESSAGE(after.scales[5] == 32768.0f, "the step after the skip uses the scale " << after.scales[5]
+                                                                                           << ", half of 65536 expected");
+      CHECK_MESSAGE(after.scales[4] == 65536.0f, "the skipped step itself used the scale " << after.scales[4]);
+    });
+  }
+}

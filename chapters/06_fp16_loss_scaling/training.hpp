@@ -1,0 +1,65 @@
+// Chapter 06's training: a small MLP fit by data-parallel ranks with Adam, in fp32 or in
+// mixed precision (fp16 weights, activations and gradients; fp32 master weights and
+// update), with no loss scaling, a static scale or GradScaler's dynamic one.
+//
+// The model: out = tanh(x W1) W2; x is R x I (R rows in all, shared out among the ranks),
+// W1 I x H, W2 H x O; the loss is the mean over the R x O outputs of (out - y)^2 / 2, y = s tanh(x T) for a fixed random
+// T and a small `target_scale` s: the outputs are small numbers, and so are the
+// gradients — many of them below fp16's smallest subnormal, 2^-24.
+#pragma once
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "scaler.hpp"
+#include "shardlab/comm.hpp"
+#include "shardlab/tensor.hpp"
+
+namespace ch06 {
+
+struct ModelConfig {
+  int in = 32, hidden = 64, out = 16;
+  int rows = 128;  // R: the batch, all ranks together (rank r gets shard_range(R, N, r))
+  double target_scale = 1e-4;
+  std::uint64_t seed = 0;
+  std::int64_t params() const { return std::int64_t{in} * hidden + std::int64_t{hidden} * out; }
+};
+
+enum class Scaler { none, fixed, dynamic };  // --scaler none | static | dynamic
+
+struct RunConfig {
+  bool fp16 = true;  // false: everything in fp32 (the reference run)
+  Scaler scaler = Scaler::dynamic;
+  float static_scale = 65536.0f;  // Scaler::fixed
+  ScalerConfig dynamic;           // Scaler::dynamic
+  std::set<int> inject_overflow;  // steps (1-based) whose gradients are made non-finite
+  int steps = 300;
+  float lr = 3e-5f;  // small: the weights are the size of the targets
+};
+
+struct RunResult {
+  std::vector<double> losses;  // per step, the mean over every rank's outputs
+  std::vector<double> scales;  // the scale each step's loss was multiplied by
+  std::vector<int> skipped;    // steps skipped for non-finite gradients
+  /// Steps skipped and weights unchanged by them on every rank (checked as it ran).
+  bool skips_held = true;
+  Tensor weights;              // the fp32 master weights at the end (W1 then W2)
+  std::uint64_t grad_bytes_per_step = 0;  // this rank's gradient allreduce, bytes received
+  bool grad_traffic_modeled = false;
+  /// Step 1's gradients before any rounding to fp16 (fp32 run only): dL/dout, dL/dh,
+  /// dL/d(xW1), dL/dW1, dL/dW2, every element, for the underflow histogram.
+  std::vector<float> first_gradients;
+  double first_zero_weight_grads = 0;  // fraction of step 1's weight gradients that are 0
+};
+
+/// Trains on this rank's rows (every rank calls it, with the same configs).
+RunResult train(Communicator& comm, const ModelConfig& model, const RunConfig& run,
+                shardlab::Memory memory);
+
+/// The fraction of the nonzero values in `gradients` that become 0 in fp16 after
+/// multiplying by `scale` (1: unscaled).
+double underflow_fraction(const std::vector<float>& gradients, float scale);
+
+}  // namespace ch06
