@@ -25,12 +25,12 @@ def histogram(csv_dir: Path) -> Path:
     df = pd.read_csv(csv_dir / "06_fp16_loss_scaling_histogram.csv")
     shift = math.log2(float(df["scale"].iloc[0]))
     fig, ax = plt.subplots(figsize=(9, 4))
-    ax.bar(df["log2_from"] + 1, df["count"], width=1.8, color="#888888", edgecolor="black", linewidth=0.4,
+    ax.bar(df["log2_from"] + 0.5, df["count"], width=0.9, color="#888888", edgecolor="black", linewidth=0.4,
            label="step 1's gradients (fp32 run)")
-    ax.axvspan(-62, -24, color="#d9534f", alpha=0.15, label="0 in fp16 (below 2^-24)")
-    ax.axvspan(-24, -14, color="#f0ad4e", alpha=0.15, label="fp16 subnormal (2^-24 .. 2^-14)")
-    ax.axvline(-24 - shift, color="#4c9bd6", linestyle="--",
-               label=f"what the scale 2^{shift:.0f} lifts to 2^-24")
+    ax.axvspan(-62, -25, color="#d9534f", alpha=0.15, label="0 in fp16 (below 2^-25)")
+    ax.axvspan(-25, -14, color="#f0ad4e", alpha=0.15, label="fp16 subnormal (2^-25 .. 2^-14)")
+    ax.axvline(-25 - shift, color="#4c9bd6", linestyle="--",
+               label=f"what the scale 2^{shift:.0f} lifts to 2^-25")
     ax.set_xlim(-62, 2)
     ax.set_xlabel("log2 |gradient|")
     ax.set_ylabel("values")

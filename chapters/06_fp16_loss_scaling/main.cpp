@@ -64,11 +64,14 @@ float parse_scale(const std::string& text, const std::string& flag) {
     if (text.rfind("2^", 0) == 0) {
       const double k = std::stod(text.substr(2), &used);
       used += 2;
-      value = std::ldexp(1.0, static_cast<int>(std::lround(k)));
-      if (k != std::round(k)) used = 0;
+      if (!std::isfinite(k) || k != std::round(k) || std::fabs(k) > 1000)
+        throw UsageError(flag + " " + text + ": 2^k needs a whole k within float's range (-126 to 127)");
+      value = std::ldexp(1.0, static_cast<int>(k));
     } else {
       value = std::stod(text, &used);
     }
+  } catch (const UsageError&) {
+    throw;
   } catch (const std::exception&) {
     used = 0;
   }
@@ -162,7 +165,8 @@ void show_half(Context& ctx, const std::string& text) {
   const std::uint16_t h = float_to_half_bits(f), b = float_to_bf16_bits(f);
   const float hv = half_bits_to_float(h), bv = bf16_bits_to_float(b);
   std::ostringstream out;
-  out << "--to-half " << text << " (as a float: " << format_number(f, 9) << ")\n"
+  out << "--to-half " << text << " (as a float: " << format_number(f, 9)
+      << (std::isinf(f) && std::isfinite(value) ? ", beyond even fp32's range" : "") << ")\n"
       << "  fp16 " << hex16(h) << " = " << format_number(hv, 9) << "  (" << kind_of_half(h);
   if (std::isfinite(hv) && hv != f && f != 0) out << ", relative error " << sci(std::fabs(hv - f) / std::fabs(f));
   if (hv == 0 && f != 0) out << ": below half of 2^-24, the value is gone";
@@ -182,10 +186,10 @@ void show_half(Context& ctx, const std::string& text) {
 // ---------------------------------------------------------------------------
 // The three runs
 
-/// log2|g| in bins of 2, from 2^-60 to 2^0, as text bars.
+/// log2|g| in bins of one power of two, from 2^-60 to 2^0, as text bars.
 std::string histogram(const std::vector<float>& g, float scale, std::vector<std::pair<int, std::size_t>>& bins) {
   bins.clear();
-  for (int lo = -60; lo < 0; lo += 2) bins.push_back({lo, 0});
+  for (int lo = -60; lo < 0; ++lo) bins.push_back({lo, 0});
   std::size_t below = 0;
   for (float x : g) {
     if (x == 0) continue;
@@ -194,7 +198,7 @@ std::string histogram(const std::vector<float>& g, float scale, std::vector<std:
       ++below;
       continue;
     }
-    const int at = std::min(29, static_cast<int>(std::floor((l + 60) / 2)));
+    const int at = std::min(59, static_cast<int>(std::floor(l + 60)));
     ++bins[static_cast<std::size_t>(at)].second;
   }
   std::size_t most = 1;
@@ -207,11 +211,13 @@ std::string histogram(const std::vector<float>& g, float scale, std::vector<std:
   std::ostringstream out;
   for (std::size_t i = first; i <= last && i < bins.size(); ++i) {
     const auto& [lo, n] = bins[i];
-    const char* zone = lo + 2 <= -24 ? "0 in fp16" : lo < -14 ? "subnormal" : "normal";
+    // fp16 keeps |x| >= 2^-25 (rounding up to 2^-24; exactly 2^-25 ties to 0, a bin's
+    // lower edge only), subnormal below 2^-14, inf from 2^16.
+    const char* zone = lo + 1 <= -25 ? "0 in fp16" : lo < -14 ? "subnormal" : "normal";
     const int scaled = lo + shift;
-    const char* szone = scaled + 2 <= -24 ? "0" : scaled < -14 ? "subnormal" : scaled >= 16 ? "inf" : "normal";
+    const char* szone = scaled + 1 <= -25 ? "0" : scaled < -14 ? "subnormal" : scaled >= 16 ? "inf" : "normal";
     char line[160];
-    std::snprintf(line, sizeof line, "  2^%-4d..2^%-4d %7zu  %-40s  %-10s  x scale: %s\n", lo, lo + 2, n,
+    std::snprintf(line, sizeof line, "  2^%-4d..2^%-4d %7zu  %-40s  %-10s  x scale: %s\n", lo, lo + 1, n,
                   std::string(static_cast<std::size_t>(40.0 * static_cast<double>(n) / static_cast<double>(most)), '#').c_str(),
                   zone, szone);
     out << line;
@@ -283,7 +289,7 @@ void three_runs(Context& ctx, const Settings& s) {
   ctx.verify(2 * c.grad_bytes_per_step == a.grad_bytes_per_step,
              "the fp16 gradients' allreduce moved " + std::to_string(c.grad_bytes_per_step) +
                  " bytes, not half of fp32's " + std::to_string(a.grad_bytes_per_step));
-  ctx.verify(c.skips_held, "a skipped step changed the weights on some rank");
+  ctx.verify(c.skips_agreed, "some ranks skipped a step that others took: the replicas went apart");
   ctx.verify(std::isfinite(a.losses.back()), "the fp32 run's loss is not finite");
   if (s.run.scaler != Scaler::none)
     ctx.verify(std::isfinite(c.losses.back()), "the scaled fp16 run's loss is not finite");
@@ -313,8 +319,8 @@ void three_runs(Context& ctx, const Settings& s) {
   if (!s.csv) return;
   CsvTable hist({"log2_from", "log2_to", "count", "scale", "fp16_zone"});
   for (const auto& [lo, n] : bins)
-    hist.add({std::to_string(lo), std::to_string(lo + 2), std::to_string(n), format_number(chosen),
-              lo + 2 <= -24 ? "zero" : lo < -14 ? "subnormal" : "normal"});
+    hist.add({std::to_string(lo), std::to_string(lo + 1), std::to_string(n), format_number(chosen),
+              lo + 1 <= -25 ? "zero" : lo < -14 ? "subnormal" : "normal"});
   ctx.save_csv(hist, "06_fp16_loss_scaling_histogram");
   CsvTable curves({"step", "run", "loss", "scale", "skipped"});
   for (const auto& [name, r] : {std::pair{"fp32", &a}, {"fp16_unscaled", &b}, {"fp16_scaled", &c}})
@@ -362,8 +368,12 @@ int main(int argc, char** argv) {
     s.model.seed = o.seed;
     if (cli.count("--to-half") && s.to_half.empty())
       throw UsageError("--to-half needs a value to convert, like 1e-8 or 65520");
-    if (!s.to_half.empty() && (cli.count("--inject-overflow") || s.csv || cli.count("--steps")))
-      throw UsageError("--to-half only converts a value: drop the training flags");
+    if (!s.to_half.empty())
+      for (const char* flag : {"--scaler", "--scale", "--init-scale", "--growth-factor", "--backoff-factor",
+                               "--growth-interval", "--inject-overflow", "--steps", "--lr", "--target-scale",
+                               "--batch", "--hidden", "--csv"})
+        if (cli.count(flag))
+          throw UsageError(std::string("--to-half only converts a value: drop ") + flag);
     if (s.growth_factor <= 1.0f)
       throw UsageError("--growth-factor " + format_number(s.growth_factor) + ": must be above 1");
     if (s.backoff_factor <= 0.0f || s.backoff_factor >= 1.0f)
@@ -375,6 +385,9 @@ int main(int argc, char** argv) {
     if (cli.count("--scale") && s.run.scaler != Scaler::fixed)
       throw UsageError("--scale is the static scaler's: add --scaler static");
     s.run.inject_overflow = parse_steps(s.inject, s.run.steps);
+    if (s.run.scaler == Scaler::none && !s.run.inject_overflow.empty())
+      throw UsageError("--inject-overflow shows a scaler skipping steps: with --scaler none nothing would skip "
+                       "them and the weights would turn to NaN");
     if (s.to_half.empty() && s.model.rows < o.ranks && o.backend != "mpi")
       throw UsageError("--batch " + std::to_string(s.model.rows) + " cannot give " + std::to_string(o.ranks) +
                        " ranks a row each");

@@ -17,6 +17,9 @@
 //     -> "element 0: unscaled 262144, want 9.31323e-10 (the fp16 value / scale, in f32)"
 //   unscaling in fp16 (the small gradients underflow again)
 //     -> "element 0: unscaled 0, want 9.31323e-10 (the fp16 value / scale, in f32)"
+//   agreeing with a sum of the flags compared with 1 (right for one bad rank only)
+//     -> "rank 0 would step although ranks 0 and 1 hold a NaN in its gradients: the
+//        replicas would go apart"
 //   each rank deciding from its own gradients alone
 //     -> "rank 1 would step although rank 0's gradients hold a NaN: the replicas would go
 //        apart"
@@ -101,16 +104,26 @@ TEST_SUITE("ch06") {
     });
   }
 
-  TEST_CASE("one rank's non-finite gradient makes every rank skip") {
+  TEST_CASE("one rank's non-finite gradient makes every rank skip, and so do several") {
     for (int N : {2, 3, 4, 8}) {
       CAPTURE(N);
-      for (int bad_rank : {0, N - 1}) {
+      // Which ranks hold a NaN: the first, the last, two of them, all of them.
+      for (int pattern = 0; pattern < 4; ++pattern) {
+        auto bad = [&](int q) {
+          switch (pattern) {
+            case 0: return q == 0;
+            case 1: return q == N - 1;
+            case 2: return q == 0 || q == 1;
+            default: return true;
+          }
+        };
         on_ranks(N, [&](Communicator& comm) {
           Tensor g = cast(Tensor::from_1d({0.5f, 0.25f, 1.0f}), DType::f16), out(3);
-          if (comm.rank() == bad_rank) g.data<Half>()[1] = from_float<Half>(std::numeric_limits<float>::quiet_NaN());
+          if (bad(comm.rank())) g.data<Half>()[1] = from_float<Half>(std::numeric_limits<float>::quiet_NaN());
           const bool found = ch06::unscale_and_check(comm, g, out, 2.0f);
-          CHECK_MESSAGE(found, "rank " << comm.rank() << " would step although rank " << bad_rank
-                                       << "'s gradients hold a NaN: the replicas would go apart");
+          const std::string who = pattern == 3 ? "every rank holds" : pattern == 2 ? "ranks 0 and 1 hold" : "one rank holds";
+          CHECK_MESSAGE(found, "rank " << comm.rank() << " would step although " << who
+                                       << " a NaN in its gradients: the replicas would go apart");
           Tensor fine = cast(Tensor::from_1d({0.5f}), DType::f16), o(1);
           CHECK_MESSAGE(!ch06::unscale_and_check(comm, fine, o, 2.0f), "finite gradients on every rank, yet a skip");
         });

@@ -111,7 +111,6 @@ RunResult train(Communicator& comm, const ModelConfig& model, const RunConfig& r
       Tensor first = grads.slice(0, 1);
       first.fill(std::numeric_limits<double>::infinity());
     }
-    const Tensor before_step = master.clone();
     bool skip = false;
     if (run.fp16 && run.scaler != Scaler::none) {
       skip = unscale_and_check(comm, grads, unscaled, loss_scale);
@@ -124,10 +123,10 @@ RunResult train(Communicator& comm, const ModelConfig& model, const RunConfig& r
       nn::adam_update(master, unscaled, m, v, ++adam_steps, adam);
     }
     if (run.fp16 && run.scaler == Scaler::dynamic) dynamic.update(skip);
-    // A skipped step must leave the weights as they were, on every rank.
-    if (skip && !master.bitwise_equal(before_step)) result.skips_held = false;
+    // A rank that stepped while another skipped would leave the replicas apart for good.
+    const int skips = comm.agree(skip ? 1 : 0, ReduceOp::sum);
+    if (skips != 0 && skips != N) result.skips_agreed = false;
   }
-  result.skips_held = comm.all_true(result.skips_held);
   result.weights = master.to(Memory::host);
   return result;
 }

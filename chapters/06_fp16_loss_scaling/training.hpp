@@ -43,8 +43,8 @@ struct RunResult {
   std::vector<double> losses;  // per step, the mean over every rank's outputs
   std::vector<double> scales;  // the scale each step's loss was multiplied by
   std::vector<int> skipped;    // steps skipped for non-finite gradients
-  /// Steps skipped and weights unchanged by them on every rank (checked as it ran).
-  bool skips_held = true;
+  /// Every step's skip decision was the same on every rank (checked as it ran).
+  bool skips_agreed = true;
   Tensor weights;              // the fp32 master weights at the end (W1 then W2)
   std::uint64_t grad_bytes_per_step = 0;  // this rank's gradient allreduce, bytes received
   bool grad_traffic_modeled = false;
