@@ -53,6 +53,24 @@ endfunction()
 # Under the debug preset's sanitizers, OpenMPI's own start-up allocations (some in plugins
 # it loads at run time) would read as leaks, so leak checking is off for MPI runs only.
 set(SHARDLAB_MPI_ENV "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1;ASAN_OPTIONS=detect_leaks=0")
+# shardlab_add_notebook_test(<chNN> <NN_slug> RESULTS <dir> DEPENDS <test> EXPECT <png>...)
+# Executes notebooks/<NN_slug>.ipynb headlessly on the CSVs in RESULTS (which the test
+# DEPENDS on writes) and checks that it saved every EXPECT picture there. Only where the
+# project's .venv (scripts/setup.sh) exists.
+function(shardlab_add_notebook_test short slug)
+  cmake_parse_arguments(ARG "" "RESULTS;DEPENDS" "EXPECT" ${ARGN})
+  if(NOT EXISTS ${PROJECT_SOURCE_DIR}/.venv/bin/python)
+    return()
+  endif()
+  string(JOIN "," expect ${ARG_EXPECT})
+  add_test(NAME ${short}.notebook
+    COMMAND ${CMAKE_COMMAND} -DPYTHON=${PROJECT_SOURCE_DIR}/.venv/bin/python
+            -DNOTEBOOK=${PROJECT_SOURCE_DIR}/notebooks/${slug}.ipynb -DRESULTS=${ARG_RESULTS}
+            -DEXPECT=${expect} -P ${PROJECT_SOURCE_DIR}/cmake/notebook.cmake)
+  set_tests_properties(${short}.notebook PROPERTIES LABELS "${short};benchmark" TIMEOUT 300
+    DEPENDS ${ARG_DEPENDS})
+endfunction()
+
 function(shardlab_mpirun_command out_var ranks)
   set(${out_var} ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${ranks} --oversubscribe
       ${MPIEXEC_PREFLAGS} ${ARGN} PARENT_SCOPE)
