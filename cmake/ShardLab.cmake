@@ -91,12 +91,16 @@ endfunction()
 #   test_chNN_solution / test_chNN_exercise   each TESTS file compiled against each library
 # CTest: the program runs, prints JSON, rejects the common bad usages and the chapter's
 # BAD_USAGE ones with exit 2, and under mpirun -np MPI_RANKS (default 3, with MPI_ARGS)
-# gives the same JSON as --ranks MPI_RANKS (the values of MPI_TIMED_KEYS, timings, aside). chNN.solution must pass. chNN.exercise must fail with every test case failing
+# gives the same JSON as --ranks MPI_RANKS (the values of MPI_TIMED_KEYS, timings, aside);
+# the JSON test runs JSON_RANKS ranks (default 3). chNN.solution must pass. chNN.exercise must fail with every test case failing
 # on the untouched stubs (a test that passes on a stub is a bug); in learner mode it must
 # pass instead, because the learner has filled the stubs in.
 function(shardlab_add_chapter chapter)
-  cmake_parse_arguments(ARG "" "MPI_RANKS;MPI_TIMED_KEYS"
+  cmake_parse_arguments(ARG "" "MPI_RANKS;MPI_TIMED_KEYS;JSON_RANKS"
     "SOURCES;CHAPTER_SOURCES;TESTS;CHAPTER_TESTS;BAD_USAGE;MPI_ARGS;GPU_ARGS" ${ARGN})
+  if(NOT ARG_JSON_RANKS)
+    set(ARG_JSON_RANKS 3)
+  endif()
   if(NOT ARG_MPI_RANKS)
     set(ARG_MPI_RANKS 3)
   endif()
@@ -136,8 +140,8 @@ function(shardlab_add_chapter chapter)
   # Every program: a plain run passes; bad usage is one line on stderr and exit 2.
   set(program $<TARGET_FILE:${target}>)
   shardlab_add_expect_test(${short}.runs COMMAND ${program} --quiet EXIT 0 LABELS "${short};program")
-  shardlab_add_expect_test(${short}.json COMMAND ${program} --json --ranks 3
-    EXIT 0 MATCH "\"ok\": true" "\"ranks\": 3" LABELS "${short};program")
+  shardlab_add_expect_test(${short}.json COMMAND ${program} --json --ranks ${ARG_JSON_RANKS}
+    EXIT 0 MATCH "\"ok\": true" "\"ranks\": ${ARG_JSON_RANKS}" LABELS "${short};program")
   shardlab_add_expect_test(${short}.help COMMAND ${program} --help EXIT 0 MATCH "--ranks"
     LABELS "${short};program")
   # What every program rejects: out-of-range, NaN and infinite numbers, seeds that are

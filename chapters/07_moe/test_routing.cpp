@@ -1,0 +1,146 @@
+// Chapter 07 tests of the learner's routing and dispatch plan: compiled against the
+// solution (must pass) and the exercise stub (every case must fail).
+//
+// Wrong versions these tests were checked against (each fails with the message quoted):
+//   slots given token by token (t0's choices, then t1's, ...) instead of first choices first
+//     -> "token 1 choice 1 (expert 2): slot 0, want 1 (first choices by position, then
+//        second choices; -1 dropped)"
+//   ties to the higher expert index
+//     -> "token 0 choice 1 (expert 1): slot 1, want 0 ..." and a wrong expert for token 4
+//   gates not renormalised for k = 2
+//     -> "token 0 choice 0: gate 0.5, want 0.625 (p / the sum of the token's k chosen p)"
+//   capacity off by one (n <= capacity)
+//     -> "token 4 choice 0 (expert 0): slot 3, want -1"
+//   every kept choice sent to every rank (each rank picks out its experts' rows)
+//     -> "rank 0 sends token 1 to itself (expert 0), then token 0 to rank 1", wrong
+//        outputs, and "rank 0 received 3712 bytes in its all-to-alls; the routing sends it
+//        2048 (every token to every rank?)"
+// Not wrong, and so not failing: a rank's rows to one expert ordered by token rather than
+// by slot. Sender and receiver use the same plan, and the chapter places every received
+// row by its slot.
+#include <doctest/doctest.h>
+
+#include <numeric>
+#include <vector>
+
+#include "moe.hpp"
+#include "routing.hpp"
+#include "shardlab/testing.hpp"
+
+using namespace shardlab;
+using shardlab::testing::on_ranks;
+
+namespace {
+
+Tensor probs_of(const std::vector<std::vector<float>>& rows) {
+  Tensor p(static_cast<std::int64_t>(rows.size()), static_cast<std::int64_t>(rows[0].size()));
+  for (std::size_t t = 0; t < rows.size(); ++t)
+    for (std::size_t e = 0; e < rows[t].size(); ++e) p(static_cast<std::int64_t>(t), static_cast<std::int64_t>(e)) = rows[t][e];
+  return p;
+}
+
+}  // namespace
+
+TEST_SUITE("ch07") {
+  TEST_CASE("top-2 routing with capacity 3: a hand-worked example") {
+    // 5 tokens, 3 experts, capacity 3. Choices, best first (ties to the lower index):
+    //   t0 [.5 .3 .2] -> 0, 1    t1 [.6 .1 .3] -> 0, 2    t2 [.2 .2 .6] -> 2, 0 (tie: 0)
+    //   t3 [.7 .2 .1] -> 0, 1    t4 [.4 .4 .2] -> 0 (tie), 1
+    // Slots, first choices by position, then second choices by position:
+    //   first:  t0 e0:0, t1 e0:1, t2 e2:0, t3 e0:2, t4 e0: full -> dropped
+    //   second: t0 e1:0, t1 e2:1, t2 e0: full -> dropped, t3 e1:1, t4 e1:2
+    const Tensor p = probs_of({{.5f, .3f, .2f}, {.6f, .1f, .3f}, {.2f, .2f, .6f}, {.7f, .2f, .1f}, {.4f, .4f, .2f}});
+    const ch07::Routing r = ch07::route(p, 2, 3);
+    const std::vector<int> expert = {0, 1, 0, 2, 2, 0, 0, 1, 0, 1};
+    const std::vector<int> slot = {0, 0, 1, 1, 0, -1, 2, 1, -1, 2};
+    const std::vector<float> gate = {.5f / .8f, .3f / .8f, .6f / .9f, .3f / .9f, .6f / .8f,
+                                     .2f / .8f, .7f / .9f, .2f / .9f, .4f / .8f, .4f / .8f};
+    REQUIRE(r.expert.size() == 10);
+    for (int t = 0; t < 5; ++t)
+      for (int j = 0; j < 2; ++j) {
+        const auto c = static_cast<std::size_t>(t * 2 + j);
+        CHECK_MESSAGE(r.expert[c] == expert[c], "token " << t << " choice " << j << ": expert " << r.expert[c]
+                                                         << ", want " << expert[c] << " (k best, ties to the lower index)");
+        CHECK_MESSAGE(r.slot[c] == slot[c], "token " << t << " choice " << j << " (expert " << expert[c] << "): slot "
+                                                     << r.slot[c] << ", want " << slot[c]
+                                                     << " (first choices by position, then second choices; -1 dropped)");
+        CHECK_MESSAGE(r.gate[c] == doctest::Approx(gate[c]).epsilon(1e-6),
+                      "token " << t << " choice " << j << ": gate " << r.gate[c] << ", want " << gate[c]
+                               << " (p / the sum of the token's k chosen p)");
+      }
+  }
+
+  TEST_CASE("top-1 routing: the gate is the probability, and capacity drops the later tokens") {
+    const Tensor p = probs_of({{.1f, .9f}, {.3f, .7f}, {.6f, .4f}, {.2f, .8f}});
+    const ch07::Routing r = ch07::route(p, 1, 2);
+    CHECK((r.expert == std::vector<int>{1, 1, 0, 1}));
+    CHECK_MESSAGE((r.slot == std::vector<int>{0, 1, 0, -1}), "expert 1 has room for tokens 0 and 1 only");
+    CHECK_MESSAGE(r.gate[0] == doctest::Approx(0.9f), "k = 1: the gate is p itself (Switch), got " << r.gate[0]);
+    CHECK(r.gate[2] == doctest::Approx(0.6f));
+  }
+
+  TEST_CASE("the dispatch plan of a hand-worked example: 4 tokens, 4 experts, 2 ranks") {
+    // Rank 0 holds tokens 0, 1 and experts 0, 1; rank 1 tokens 2, 3 and experts 2, 3.
+    ch07::Routing r{4, 4, 1, 2, {3, 0, 3, 1}, {1, 1, 1, 1}, {0, 0, 1, 0}};
+    const ch07::Dispatch a = ch07::plan_dispatch(r, 0, 2), b = ch07::plan_dispatch(r, 1, 2);
+    CHECK((a.send_counts == std::vector<std::size_t>{1, 1}));
+    CHECK_MESSAGE((a.send_order == std::vector<int>{1, 0}), "rank 0 sends token 1 to itself (expert 0), then token 0 to rank 1");
+    CHECK((a.recv_counts == std::vector<std::size_t>{1, 1}));
+    CHECK_MESSAGE((a.recv_choice == std::vector<int>{1, 3}), "rank 0 receives token 1 from itself, token 3 from rank 1");
+    CHECK((b.send_order == std::vector<int>{3, 2}));
+    CHECK((b.recv_choice == std::vector<int>{0, 2}));
+    // A dropped choice is not sent at all.
+    r.slot[2] = -1;
+    const ch07::Dispatch c = ch07::plan_dispatch(r, 1, 2);
+    CHECK_MESSAGE((c.send_counts == std::vector<std::size_t>{1, 0}), "a dropped choice was sent");
+  }
+
+  TEST_CASE("expert parallel equals one device, forward and backward, N = 1, 2, 4, 8 and k = 1, 2") {
+    for (int N : {1, 2, 4, 8})
+      for (int k : {1, 2}) {
+        CAPTURE(N);
+        CAPTURE(k);
+        ch07::MoeConfig c;
+        c.tokens = 37;  // uneven shares
+        c.experts = 8;
+        c.k = k;
+        c.capacity_factor = 0.9;  // some choices dropped
+        const Tensor x = randn(Shape{c.tokens, c.hidden}, 5), dy = randn(Shape{c.tokens, c.hidden}, 6);
+        const ch07::Result ref = ch07::moe_reference(c, ch07::make_weights(c, 0, c.experts), x, dy);
+        on_ranks(N, [&](Communicator& comm) {
+          const int per = c.experts / N;
+          const ShardRange mine = shard_range(c.tokens, N, comm.rank());
+          const ch07::Result r = ch07::moe_parallel(comm, c, ch07::make_weights(c, comm.rank() * per, per),
+                                                    x.slice(mine.offset, mine.length), dy.slice(mine.offset, mine.length),
+                                                    Memory::host);
+          shardlab::testing::check_equal(r.y, ref.y.slice(mine.offset, mine.length), "outputs y");
+          shardlab::testing::check_close(r.dx, ref.dx.slice(mine.offset, mine.length), 1e-6f, 1e-5f, "dL/dx");
+          shardlab::testing::check_close(r.drouter, ref.drouter, 1e-6f, 1e-5f, "dL/dWrouter");
+          for (int l = 0; l < per; ++l) {
+            shardlab::testing::check_equal(r.dw1[static_cast<std::size_t>(l)], ref.dw1[static_cast<std::size_t>(comm.rank() * per + l)], "dL/dW1");
+            shardlab::testing::check_equal(r.dw2[static_cast<std::size_t>(l)], ref.dw2[static_cast<std::size_t>(comm.rank() * per + l)], "dL/dW2");
+          }
+          // The all-to-all moves only the rows the routing sends to other ranks, counted
+          // here from the routing alone: rows this rank's experts take from other ranks'
+          // tokens, and rows of its tokens other ranks' experts take; 4 passes.
+          const int E = c.experts;
+          std::uint64_t rows = 0;
+          for (int t = 0; t < c.tokens; ++t)
+            for (int j = 0; j < c.k; ++j) {
+              const auto ch = static_cast<std::size_t>(t * c.k + j);
+              if (ref.routing.slot[ch] < 0) continue;
+              const int owner = ref.routing.expert[ch] / (E / N);
+              int holder = 0;
+              while (!(t >= shard_range(c.tokens, N, holder).offset &&
+                       t < shard_range(c.tokens, N, holder).offset + shard_range(c.tokens, N, holder).length))
+                ++holder;
+              if (owner != holder && (owner == comm.rank() || holder == comm.rank())) ++rows;
+            }
+          const std::uint64_t want = 2 * rows * static_cast<std::uint64_t>(c.hidden) * 4;
+          CHECK_MESSAGE(r.alltoall_received == want, "rank " << comm.rank() << " received " << r.alltoall_received
+                                                             << " bytes in its all-to-alls; the routing sends it " << want
+                                                             << " (every token to every rank?)");
+        });
+      }
+  }
+}
