@@ -20,9 +20,9 @@
 //   build/default/bin/ch07_moe --ranks 4 --benchmark --csv-dir results
 //   mpirun -np 4 build/default/bin/ch07_moe --benchmark --csv-dir results   (MPI's alltoall)
 //
-// Expected: the expert-parallel layer equals the single-device one (forward bit for bit,
-// gradients to rounding); the all-to-all moves exactly the rows the routing sends to
-// other ranks.
+// Expected: the expert-parallel layer equals the single-device one (on the CPU the
+// forward bit for bit, gradients to rounding); the all-to-all moves exactly the rows the
+// routing sends to other ranks.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -105,9 +105,22 @@ void layer(Context& ctx, const Settings& s) {
   }
   dw_diff = comm.agree(dw_diff, ReduceOp::max);
   const double scale_dr = max_abs(ref.drouter), scale_dx = max_abs(ref.dx);
+  // What the all-to-alls must have moved, from the single-device routing alone: rows of
+  // other ranks' tokens for this rank's experts, and rows of this rank's tokens for other
+  // ranks' experts, d floats each, forward and backward.
+  std::uint64_t rows = 0;
+  for (int t = 0; t < c.tokens; ++t)
+    for (int j = 0; j < c.k; ++j) {
+      const auto ch = static_cast<std::size_t>(t * c.k + j);
+      if (ref.routing.slot[ch] < 0) continue;
+      const int owner = ref.routing.expert[ch] / per;
+      const bool mine_token = t >= tokens.offset && t < tokens.offset + tokens.length;
+      if ((owner == ctx.rank()) != mine_token) ++rows;
+    }
+  const std::uint64_t expected = 2 * rows * static_cast<std::uint64_t>(c.hidden) * 4;
   const auto received = comm.gather_values(static_cast<std::int64_t>(r.alltoall_received));
-  const auto formula = comm.gather_values(static_cast<std::int64_t>(r.alltoall_formula));
-  const bool bytes_ok = comm.all_true(r.traffic_modeled || r.alltoall_received == r.alltoall_formula);
+  const auto formula = comm.gather_values(static_cast<std::int64_t>(expected));
+  const bool bytes_ok = comm.all_true(r.alltoall_received == expected);
 
   std::ostringstream out;
   const double ideal = static_cast<double>(c.k) * c.tokens / c.experts;
@@ -131,8 +144,8 @@ void layer(Context& ctx, const Settings& s) {
       << "; summed over ranks in another order)\n"
       << "  dL/dW of the experts max abs diff " << format_number(dw_diff, 3) << "\n\n"
       << "all-to-all bytes received per rank (dispatch + combine, forward and backward), "
-      << (r.traffic_modeled ? "modeled" : "measured") << " vs the routing's count of rows from other ranks x d x 4 "
-      << "x 4 passes:\n";
+      << (r.traffic_modeled ? "modeled" : "measured") << " vs the one-device routing's rows that cross ranks x d x 4 "
+      << "x 2 passes:\n";
   for (int q = 0; q < N; ++q)
     out << "  rank " << q << ": " << received[static_cast<std::size_t>(q)] << " vs "
         << formula[static_cast<std::size_t>(q)] << "\n";
@@ -141,8 +154,12 @@ void layer(Context& ctx, const Settings& s) {
       << " bytes per rank)\n";
   ctx.say(out.str());
 
-  ctx.verify(dy_diff == 0, "the expert-parallel outputs differ from one device's by " + format_number(dy_diff));
-  ctx.verify(dw_diff <= 1e-6 * std::max(1.0, max_abs(ref.dw1[0])) + 1e-6,
+  // On the CPU both sides add the same numbers in the same order: bit for bit. On a GPU the
+  // experts run in cuBLAS and the reference on the host: to rounding.
+  const double exact = ctx.on_gpu() ? 1e-5 : 0.0;
+  ctx.verify(dy_diff <= exact * std::max(1.0, max_abs(ref.y)),
+             "the expert-parallel outputs differ from one device's by " + format_number(dy_diff));
+  ctx.verify(dw_diff <= 1e-6 * std::max(1.0, max_abs(ref.dw1[0])) + 1e-6 + exact,
              "the experts' gradients differ from one device's by " + format_number(dw_diff));
   ctx.verify(dx_diff <= 1e-5 * std::max(scale_dx, 1e-30), "dL/dx differs from one device's by " + format_number(dx_diff));
   ctx.verify(dr_diff <= 1e-5 * std::max(scale_dr, 1e-30),
@@ -150,7 +167,8 @@ void layer(Context& ctx, const Settings& s) {
   ctx.verify(bytes_ok, "the all-to-all moved other than the rows the routing sends to other ranks");
   auto& j = ctx.json();
   j["capacity"] = c.capacity();
-  j["dropped_tokens"] = r.dropped;
+  j["dropped_tokens"] = r.dropped;  // dropped choices: tokens for k = 1
+  j["dropped_choices"] = r.dropped;
   j["passed_through_tokens"] = r.passed_through;
   j["tokens_per_expert"] = r.kept;
   j["wanted_per_expert"] = r.wanted;
@@ -403,6 +421,9 @@ int main(int argc, char** argv) {
     if (c.experts % ctx.size() != 0)
       throw UsageError("--experts " + std::to_string(c.experts) + " cannot be shared out evenly over " +
                        std::to_string(ctx.size()) + " ranks");
+    if (c.tokens < ctx.size() && !s.benchmark)
+      throw UsageError("--tokens " + std::to_string(c.tokens) + " cannot give " + std::to_string(ctx.size()) +
+                       " ranks one each");
     if (s.benchmark) return benchmark(ctx, s);
     if (s.train) return training(ctx, s);
     layer(ctx, s);

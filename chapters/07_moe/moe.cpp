@@ -13,7 +13,8 @@ namespace ch07 {
 
 int expert_capacity(int tokens, int k, int experts, double capacity_factor) {
   const double c = std::ceil(static_cast<double>(k) * tokens * capacity_factor / experts - 1e-9);
-  return std::max(1, static_cast<int>(c));
+  // An expert never gets more than every token once: a larger C changes nothing.
+  return static_cast<int>(std::clamp(c, 1.0, static_cast<double>(std::max(tokens, 1))));
 }
 
 Weights make_weights(const MoeConfig& c, int first, int count) {
@@ -204,6 +205,13 @@ Tensor input_grad(const Tensor& dy, const Routing& r, std::int64_t offset, const
 }  // namespace
 
 Result moe_reference(const MoeConfig& c, const Weights& all, const Tensor& x, const Tensor& dy) {
+  require(x.ndim() == 2 && x.rows() == c.tokens && x.cols() == c.hidden &&
+              static_cast<int>(all.w1.size()) == c.experts && (!dy.defined() || dy.same_shape(x)),
+          [&] {
+            return "moe_reference: x " + x.describe() + ", dy " + (dy.defined() ? dy.describe() : "none") +
+                   " for " + std::to_string(c.tokens) + " tokens of " + std::to_string(c.hidden) + " and " +
+                   std::to_string(all.w1.size()) + " of " + std::to_string(c.experts) + " experts";
+          });
   Result out;
   const Tensor probs = router_probs(x, all.router);
   out.routing = route(probs, c.k, c.capacity());
@@ -232,7 +240,7 @@ Result moe_reference(const MoeConfig& c, const Weights& all, const Tensor& x, co
     at += static_cast<std::int64_t>(mine.size());
   }
   out.y = combine(x, r, 0, row, outs);
-  if (!dy.defined() || dy.empty()) return out;
+  if (!dy.defined()) return out;
   // Backward.
   const std::vector<float> dgate = gate_grads(dy, r, 0, row, outs);
   Tensor dins(static_cast<std::int64_t>(token_of.size()), c.hidden);
@@ -268,10 +276,13 @@ Result moe_parallel(Communicator& comm, const MoeConfig& c, const Weights& mine,
            " ranks, this rank holding " + std::to_string(mine.w1.size()) + " from " + std::to_string(mine.first);
   });
   const ShardRange tokens = shard_range(c.tokens, N, rank);
-  require(x_host.rows() == tokens.length, [&] {
-    return "moe_parallel: rank " + std::to_string(rank) + " has " + std::to_string(x_host.rows()) +
-           " tokens, shard_range gives it " + std::to_string(tokens.length);
-  });
+  require(x_host.ndim() == 2 && x_host.rows() == tokens.length && x_host.cols() == c.hidden &&
+              (!dy.defined() || dy.same_shape(x_host)),
+          [&] {
+            return "moe_parallel: rank " + std::to_string(rank) + " has x " + x_host.describe() +
+                   (dy.defined() ? ", dy " + dy.describe() : std::string()) + "; shard_range gives it " +
+                   std::to_string(tokens.length) + " tokens of " + std::to_string(c.hidden);
+          });
   const std::int64_t d = c.hidden;
   Result out;
   // 1. Route every token alike on every rank: the router's probabilities of all tokens.
@@ -322,7 +333,8 @@ Result moe_parallel(Communicator& comm, const MoeConfig& c, const Weights& mine,
   for (std::size_t i = 0; i < plan.send_order.size(); ++i)
     send_row[static_cast<std::size_t>(plan.send_order[i])] = static_cast<int>(i);
   out.y = combine(x, r, tokens.offset, send_row, back);
-  if (dy.defined() && !dy.empty()) {
+  // A rank may hold no tokens (T < N): it still joins every collective of the backward.
+  if (dy.defined()) {
     // Backward: gate * dy to the experts the same way, their dL/dx back.
     const std::vector<float> dgate = gate_grads(dy, r, tokens.offset, send_row, back);
     Tensor scaled(n_send, d);
@@ -354,16 +366,6 @@ Result moe_parallel(Communicator& comm, const MoeConfig& c, const Weights& mine,
   const CommStats moved = comm.stats().since(before);
   out.alltoall_received = moved[Op::alltoall].bytes_received;
   out.traffic_modeled = moved.is_modeled(Op::alltoall);
-  // What the routing says: rows from other ranks in the dispatch, rows back from other
-  // ranks in the combine (and both again in the backward), d floats each.
-  std::uint64_t in = 0, back_in = 0;
-  for (int q = 0; q < N; ++q) {
-    if (q == rank) continue;
-    in += plan.recv_counts[static_cast<std::size_t>(q)];
-    back_in += plan.send_counts[static_cast<std::size_t>(q)];
-  }
-  const std::uint64_t passes = dy.defined() && !dy.empty() ? 2 : 1;
-  out.alltoall_formula = passes * (in + back_in) * static_cast<std::uint64_t>(d) * 4;
   out.y = out.y.to(Memory::host);
   return out;
 }

@@ -61,8 +61,8 @@ struct Result {
   Tensor dx, drouter;
   std::vector<Tensor> dw1, dw2;
   // Communication of this rank (moe_parallel): all-to-all bytes received, forward and
-  // backward together, and what the routing says they must be.
-  std::uint64_t alltoall_received = 0, alltoall_formula = 0;
+  // backward together.
+  std::uint64_t alltoall_received = 0;
   bool traffic_modeled = false;
 };
 

@@ -6,7 +6,7 @@
 //   the gate renormalisation left out of the router's backward (dL/dp = dL/dgate for
 //     k = 2) -> "the layer's gradients match finite differences": dL/dWrouter, k := 2;
 //   the aux loss's gradient left out -> the same case, dL/dWrouter, k := 1;
-//   capacity rounded down -> "capacity C = ceil(k T / E x factor)": 19, not 20.
+//   capacity rounded down -> "capacity C = ceil(k T / E x factor)": 2 for 2.5, 8 for 8.325.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -37,8 +37,8 @@ TEST_SUITE("ch07") {
     CHECK(ch07::expert_capacity(4, 1, 64, 0.1) == 1);
   }
 
-  TEST_CASE("the aux loss is alpha when the routing is perfectly even") {
-    // f_i = 1/E and P_i = 1/E for every expert: alpha E sum (1/E)(1/E) = alpha.
+  TEST_CASE("the aux loss is alpha E sum f_i P_i") {
+    // Every probability 1/E (a zero router): whatever f is, alpha E sum f_i / E = alpha.
     ch07::MoeConfig c;
     c.tokens = 8;
     c.experts = 4;
@@ -49,6 +49,41 @@ TEST_SUITE("ch07") {
     const Tensor x = randn(Shape{c.tokens, c.hidden}, 3);
     const ch07::Result r = ch07::moe_reference(c, w, x, Tensor());
     CHECK(r.aux_loss == doctest::Approx(0.3 * 4 * (1.0 * 0.25)));
+    // A real router: f from the first choices, P from the softmax, worked out here in double.
+    const ch07::Weights w2 = ch07::make_weights(c, 0, c.experts);
+    const ch07::Result r2 = ch07::moe_reference(c, w2, x, Tensor());
+    std::vector<double> f(4, 0.0), P(4, 0.0);
+    for (int t = 0; t < c.tokens; ++t) {
+      double logits[4], top = -1e300, sum = 0;
+      for (int e = 0; e < 4; ++e) {
+        logits[e] = 0;
+        for (int i = 0; i < c.hidden; ++i) logits[e] += static_cast<double>(x(t, i)) * w2.router(i, e);
+        top = std::max(top, logits[e]);
+      }
+      for (int e = 0; e < 4; ++e) sum += std::exp(logits[e] - top);
+      for (int e = 0; e < 4; ++e) P[static_cast<std::size_t>(e)] += std::exp(logits[e] - top) / sum / c.tokens;
+      f[static_cast<std::size_t>(r2.routing.expert[static_cast<std::size_t>(t)])] += 1.0 / c.tokens;
+    }
+    double want = 0;
+    for (int e = 0; e < 4; ++e) want += f[static_cast<std::size_t>(e)] * P[static_cast<std::size_t>(e)];
+    CHECK(r2.aux_loss == doctest::Approx(0.3 * 4 * want).epsilon(1e-5));
+    CHECK(r2.aux_loss > 0.3);  // not even: above alpha
+  }
+
+  TEST_CASE("a rank with no tokens still takes part: 3 tokens on 4 ranks") {
+    ch07::MoeConfig c;
+    c.tokens = 3;
+    c.experts = 4;
+    const Tensor x = randn(Shape{c.tokens, c.hidden}, 9), dy = randn(Shape{c.tokens, c.hidden}, 10);
+    const ch07::Result ref = ch07::moe_reference(c, ch07::make_weights(c, 0, c.experts), x, dy);
+    shardlab::testing::on_ranks(4, [&](Communicator& comm) {
+      const ShardRange mine = shard_range(c.tokens, 4, comm.rank());
+      const ch07::Result r = ch07::moe_parallel(comm, c, ch07::make_weights(c, comm.rank(), 1),
+                                                x.slice(mine.offset, mine.length), dy.slice(mine.offset, mine.length),
+                                                Memory::host);
+      shardlab::testing::check_equal(r.y, ref.y.slice(mine.offset, mine.length), "outputs");
+      shardlab::testing::check_close(r.drouter, ref.drouter, 1e-6f, 1e-5f, "dL/dWrouter");
+    });
   }
 
   TEST_CASE("the layer's gradients match finite differences (k = 1, 2; aux loss on)") {
@@ -60,7 +95,7 @@ TEST_SUITE("ch07") {
       c.ffn = 8;
       c.experts = 4;
       c.k = k;
-      c.capacity_factor = 2.0;  // nothing dropped: the loss is smooth around the point
+      c.capacity_factor = 4.0;  // C = T for k = 1 and 2: nothing dropped, the loss smooth here
       c.aux_alpha = 0.5;
       ch07::Weights w = ch07::make_weights(c, 0, c.experts);
       const Tensor x = randn(Shape{c.tokens, c.hidden}, 7), dy = randn(Shape{c.tokens, c.hidden}, 8);

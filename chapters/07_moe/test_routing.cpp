@@ -15,6 +15,9 @@
 //     -> "rank 0 sends token 1 to itself (expert 0), then token 0 to rank 1", wrong
 //        outputs, and "rank 0 received 3712 bytes in its all-to-alls; the routing sends it
 //        2048 (every token to every rank?)"
+//   std::sort instead of std::stable_sort (ties in any order)
+//     -> "the experts differ from the brute-force router's (ties: the lower index first)"
+//   a loop written for k <= 2 only -> "the experts of the top-3 choices"
 // Not wrong, and so not failing: a rank's rows to one expert ordered by token rather than
 // by slot. Sender and receiver use the same plan, and the chapter places every received
 // row by its slot.
@@ -77,6 +80,54 @@ TEST_SUITE("ch07") {
     CHECK_MESSAGE((r.slot == std::vector<int>{0, 1, 0, -1}), "expert 1 has room for tokens 0 and 1 only");
     CHECK_MESSAGE(r.gate[0] == doctest::Approx(0.9f), "k = 1: the gate is p itself (Switch), got " << r.gate[0]);
     CHECK(r.gate[2] == doctest::Approx(0.6f));
+  }
+
+  TEST_CASE("top-3 of 4 experts, capacity 2: a hand-worked example") {
+    //   t0 [.1 .4 .3 .2] -> 1, 2, 3    t1 [.25 .25 .25 .25] -> 0, 1, 2 (ties: lower first)
+    //   t2 [.4 .1 .2 .3] -> 0, 3, 2
+    // first:  t0 e1:0, t1 e0:0, t2 e0:1     second: t0 e2:0, t1 e1:1, t2 e3:0
+    // third:  t0 e3:1, t1 e2:1, t2 e2: full -> dropped
+    const Tensor p = probs_of({{.1f, .4f, .3f, .2f}, {.25f, .25f, .25f, .25f}, {.4f, .1f, .2f, .3f}});
+    const ch07::Routing r = ch07::route(p, 3, 2);
+    CHECK_MESSAGE((r.expert == std::vector<int>{1, 2, 3, 0, 1, 2, 0, 3, 2}), "the experts of the top-3 choices");
+    CHECK_MESSAGE((r.slot == std::vector<int>{0, 0, 1, 0, 1, 1, 1, 0, -1}), "the slots of the top-3 choices");
+    CHECK_MESSAGE(r.gate[0] == doctest::Approx(.4f / .9f), "k = 3: the gates are p / the sum of the three, got " << r.gate[0]);
+    CHECK(r.gate[3] == doctest::Approx(1.0f / 3));
+  }
+
+  TEST_CASE("route agrees with a brute-force router on random probabilities with many ties") {
+    // An independent router: repeatedly take the largest remaining probability (the first
+    // one found, so the lower index on a tie), then fill slots choice level by level.
+    for (int k : {1, 2, 3, 5}) {
+      const int T = 60, E = 24, C = 5;  // E > 16: std::sort no longer falls back to a stable insertion sort
+      Tensor p(T, E);
+      std::uint64_t state = 12345 + static_cast<std::uint64_t>(k);
+      for (std::int64_t i = 0; i < p.size(); ++i) {
+        state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+        p.flat()[i] = static_cast<float>((state >> 33) % 4) / 4.0f + 0.25f;  // 4 values: ties everywhere
+      }
+      const ch07::Routing r = ch07::route(p, k, C);
+      std::vector<int> expert(static_cast<std::size_t>(T * k)), slot(static_cast<std::size_t>(T * k), -1);
+      for (int t = 0; t < T; ++t) {
+        std::vector<bool> taken(static_cast<std::size_t>(E), false);
+        for (int j = 0; j < k; ++j) {
+          int best = -1;
+          for (int e = 0; e < E; ++e)
+            if (!taken[static_cast<std::size_t>(e)] && (best < 0 || p(t, e) > p(t, best))) best = e;
+          taken[static_cast<std::size_t>(best)] = true;
+          expert[static_cast<std::size_t>(t * k + j)] = best;
+        }
+      }
+      std::vector<int> used(static_cast<std::size_t>(E), 0);
+      for (int j = 0; j < k; ++j)
+        for (int t = 0; t < T; ++t) {
+          const auto c = static_cast<std::size_t>(t * k + j);
+          if (used[static_cast<std::size_t>(expert[c])] < C) slot[c] = used[static_cast<std::size_t>(expert[c])]++;
+        }
+      CAPTURE(k);
+      CHECK_MESSAGE(r.expert == expert, "the experts differ from the brute-force router's (ties: the lower index first)");
+      CHECK_MESSAGE(r.slot == slot, "the slots differ from the brute-force router's");
+    }
   }
 
   TEST_CASE("the dispatch plan of a hand-worked example: 4 tokens, 4 experts, 2 ranks") {

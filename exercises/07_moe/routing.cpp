@@ -1,6 +1,6 @@
 // Chapter 07 exercise: top-k routing with capacity, and the dispatch plan.
-// Read chapters/07_moe/README.md first (its picture follows eight tokens through the
-// router, the capacity and the all-to-all); check your work with `make check CH=07`, and
+// Read chapters/07_moe/README.md first (its pictures follow a token through the router
+// and the tokens through the all-to-all); check your work with `make check CH=07`, and
 // watch your routing run with `build/learner/bin/ch07_moe --ranks 4`.
 //
 // Names (routing.hpp): T tokens, E experts, k choices per token, C capacity, N ranks;
@@ -25,6 +25,7 @@ using namespace shardlab;
 namespace ch07 {
 
 // TODO(ch07): route
+// Start from Routing r{T, E, k, capacity, expert(T k), gate(T k), slot(T k, -1)}.
 // 1. For every token t: its k best experts, best first (ties: the lower expert index),
 //    and their gates (k = 1: the probability; k > 1: probability / the sum of the k).
 // 2. Slots: go through j = 0..k-1, and for each j through t = 0..T-1 in order: choice
