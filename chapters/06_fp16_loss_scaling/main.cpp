@@ -411,6 +411,9 @@ int main(int argc, char** argv) {
       if (ctx.rank() == 0) show_half(ctx, s.to_half);
       return;
     }
+    if (s.model.rows < ctx.size())  // under mpirun: the processes it started
+      throw UsageError("--batch " + std::to_string(s.model.rows) + " cannot give " + std::to_string(ctx.size()) +
+                       " ranks a row each");
     if (ctx.rank() == 0) landmarks(ctx);
     three_runs(ctx, s);
   });
