@@ -13,6 +13,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+from plotting import save  # noqa: E402
 
 
 def plot(csv_dir) -> Path:
@@ -30,10 +31,7 @@ def plot(csv_dir) -> Path:
     ax.set_title(f"Data-parallel step, {ranks} ranks ({backend}), {grad_mib:.2f} MiB of gradients, "
                  f"mean of {int(df['steps'].iloc[0])} steps\n{df['machine'].iloc[0]}", fontsize=10)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3, frameon=False)
-    fig.tight_layout()
-    out = csv_dir / "02_gradient_allreduce.png"
-    fig.savefig(out, dpi=120)
-    return out
+    return save(fig, csv_dir / "02_gradient_allreduce.png")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+from plotting import save  # noqa: E402
 
 STYLE = {
     "naive": dict(marker="v"),
@@ -43,11 +44,7 @@ def plot(csv_dir) -> list:
                      "iterations", fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
-        fig.tight_layout()
-        out = csv_dir / f"03_ring_allreduce_{column.split('_')[0]}.png"
-        fig.savefig(out, dpi=120)
-        plt.close(fig)
-        written.append(out)
+        written.append(save(fig, csv_dir / f"03_ring_allreduce_{column.split('_')[0]}.png"))
     return written
 
 

@@ -15,6 +15,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+from plotting import save  # noqa: E402
 
 COLORS = {"F": "#4c9bd6", "B": "#5cb85c", "W": "#f0ad4e"}
 ORDER = ["naive", "gpipe", "1f1b", "interleaved", "zb1"]
@@ -50,11 +51,7 @@ def gantt(csv_dir: Path) -> Path:
     axes[0, 0].legend(handles, ["forward", "backward (B)", "weight gradient (W)"], fontsize=8,
                       loc="upper right")
     fig.suptitle(f"measured pipeline timelines, {p} stages; {_title(ev)}", fontsize=10)
-    fig.tight_layout()
-    out = csv_dir / "04_pipeline_bubbles_gantt.png"
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save(fig, csv_dir / "04_pipeline_bubbles_gantt.png")
 
 
 def bubble(csv_dir: Path) -> Path:
@@ -75,11 +72,7 @@ def bubble(csv_dir: Path) -> Path:
     ax.set_title(f"the bubble shrinks with microbatches, {p} stages\n{_title(df)}", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    out = csv_dir / "04_pipeline_bubbles_bubble.png"
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save(fig, csv_dir / "04_pipeline_bubbles_bubble.png")
 
 
 def memory(csv_dir: Path) -> Path:
@@ -102,11 +95,7 @@ def memory(csv_dir: Path) -> Path:
     ax.set_title(f"activation memory: microbatches in flight per stage, m = {m}\n{_title(df)}",
                  fontsize=10)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    out = csv_dir / "04_pipeline_bubbles_memory.png"
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save(fig, csv_dir / "04_pipeline_bubbles_memory.png")
 
 
 def plot(csv_dir) -> list:

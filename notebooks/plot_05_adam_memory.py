@@ -16,6 +16,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+from plotting import save  # noqa: E402
 
 CATEGORIES = ["params", "grads", "master", "optimizer"]
 COLORS = {"params": "#4c9bd6", "grads": "#5cb85c", "master": "#f0ad4e", "optimizer": "#d9534f"}
@@ -48,11 +49,7 @@ def bytes_by_stage(csv_dir: Path) -> Path:
     axes[0][0].legend()
     p = int(df["params"].iloc[0])
     fig.suptitle(f"Model states per rank, {df['precision'].iloc[0]} precision, Psi = {p:,} parameters")
-    fig.tight_layout()
-    out = csv_dir / "05_adam_memory_bytes.png"
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save(fig, csv_dir / "05_adam_memory_bytes.png")
 
 
 def paper(csv_dir: Path) -> Path:
@@ -73,11 +70,7 @@ def paper(csv_dir: Path) -> Path:
     ax.set_ylabel("GB per device (1e9 bytes)")
     ax.set_title("ZeRO Table 1: the 7.5B model, mixed precision (optimizer = fp32 master + m + v, K = 12)")
     ax.legend()
-    fig.tight_layout()
-    out = csv_dir / "05_adam_memory_paper.png"
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save(fig, csv_dir / "05_adam_memory_paper.png")
 
 
 def step_time(csv_dir: Path) -> Path:
@@ -94,11 +87,7 @@ def step_time(csv_dir: Path) -> Path:
     row = df.iloc[0]
     ax.set_title(f"Step time per ZeRO stage ({row['backend']} backend, {row['machine']})", fontsize=9)
     ax.legend()
-    fig.tight_layout()
-    out = csv_dir / "05_adam_memory_time.png"
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save(fig, csv_dir / "05_adam_memory_time.png")
 
 
 def plot(csv_dir) -> list:

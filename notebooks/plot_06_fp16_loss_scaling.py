@@ -16,6 +16,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+from plotting import save  # noqa: E402
 
 RUNS = {"fp32": ("fp32", "#333333"), "fp16_unscaled": ("fp16, no scaling", "#d9534f"),
         "fp16_scaled": ("fp16, loss scaling", "#4c9bd6")}
@@ -36,11 +37,7 @@ def histogram(csv_dir: Path) -> Path:
     ax.set_ylabel("values")
     ax.set_title("Gradient magnitudes against fp16's range")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    out = csv_dir / "06_fp16_loss_scaling_histogram.png"
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save(fig, csv_dir / "06_fp16_loss_scaling_histogram.png")
 
 
 def losses(csv_dir: Path) -> Path:
@@ -58,11 +55,7 @@ def losses(csv_dir: Path) -> Path:
     ax.set_ylabel("loss")
     ax.set_title("The same model trained three ways")
     ax.legend()
-    fig.tight_layout()
-    out = csv_dir / "06_fp16_loss_scaling_loss.png"
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save(fig, csv_dir / "06_fp16_loss_scaling_loss.png")
 
 
 def scale(csv_dir: Path) -> Path:
@@ -78,11 +71,7 @@ def scale(csv_dir: Path) -> Path:
     ax.set_title("The loss scale over the steps")
     if len(skipped):
         ax.legend()
-    fig.tight_layout()
-    out = csv_dir / "06_fp16_loss_scaling_scale.png"
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save(fig, csv_dir / "06_fp16_loss_scaling_scale.png")
 
 
 def plot(csv_dir) -> list:

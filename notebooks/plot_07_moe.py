@@ -15,6 +15,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+from plotting import save  # noqa: E402
 
 COLORS = {"without": "#d9534f", "with": "#4c9bd6"}
 
@@ -33,11 +34,7 @@ def tokens(csv_dir: Path) -> Path:
         ax.legend()
     axes[0].set_ylabel("tokens kept (choices)")
     fig.suptitle("Tokens per expert, from a router that starts out preferring expert 0")
-    fig.tight_layout()
-    out = csv_dir / "07_moe_tokens.png"
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save(fig, csv_dir / "07_moe_tokens.png")
 
 
 def capacity(csv_dir: Path) -> Path:
@@ -50,11 +47,7 @@ def capacity(csv_dir: Path) -> Path:
     ax.set_ylabel("choices dropped (%)")
     ax.set_title("Dropped tokens against capacity")
     ax.legend()
-    fig.tight_layout()
-    out = csv_dir / "07_moe_capacity.png"
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save(fig, csv_dir / "07_moe_capacity.png")
 
 
 def alltoall(csv_dir: Path) -> Path:
@@ -69,11 +62,7 @@ def alltoall(csv_dir: Path) -> Path:
     ax.set_ylabel("bus bandwidth (GB/s)")
     ax.set_title("All-to-all, busbw = algbw x (N-1)/N")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    out = csv_dir / "07_moe_alltoall.png"
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save(fig, csv_dir / "07_moe_alltoall.png")
 
 
 def plot(csv_dir) -> list:
