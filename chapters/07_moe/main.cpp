@@ -71,38 +71,26 @@ std::string histogram(const Result& r, int capacity) {
   return out.str();
 }
 
-/// This rank's tokens and its gradient seed, drawn the same for every rank count.
-struct Batch {
-  Tensor x, dy;
-};
-Batch batch_of(const MoeConfig& c, int rank, int ranks) {
-  const ShardRange mine = shard_range(c.tokens, ranks, rank);
-  const Tensor x = randn(Shape{c.tokens, c.hidden}, c.seed * 7919 + 11);
-  const Tensor dy = scale(randn(Shape{c.tokens, c.hidden}, c.seed * 7919 + 12), 0.1f);
-  return {x.slice(mine.offset, mine.length).clone(), dy.slice(mine.offset, mine.length).clone()};
-}
-
-double worst(const Tensor& a, const Tensor& b) { return max_abs_diff(a, b); }
-
 void layer(Context& ctx, const Settings& s) {
   Communicator& comm = ctx.comm();
   const MoeConfig& c = s.moe;
   const int N = ctx.size(), per = c.experts / N;
   const Weights mine = make_weights(c, ctx.rank() * per, per);
-  const Batch b = batch_of(c, ctx.rank(), N);
-  const Result r = moe_parallel(comm, c, mine, b.x, b.dy, ctx.memory());
-  // The same layer on one device, every token: rank 0 computes it, every rank compares.
+  // Every token and its gradient, drawn alike for every rank count; this rank's share.
   const Tensor all_x = randn(Shape{c.tokens, c.hidden}, c.seed * 7919 + 11);
   const Tensor all_dy = scale(randn(Shape{c.tokens, c.hidden}, c.seed * 7919 + 12), 0.1f);
-  const Result ref = moe_reference(c, make_weights(c, 0, c.experts), all_x, all_dy);
   const ShardRange tokens = shard_range(c.tokens, N, ctx.rank());
-  const double dy_diff = comm.agree(worst(r.y, ref.y.slice(tokens.offset, tokens.length)), ReduceOp::max);
-  const double dx_diff = comm.agree(worst(r.dx, ref.dx.slice(tokens.offset, tokens.length)), ReduceOp::max);
-  const double dr_diff = comm.agree(worst(r.drouter, ref.drouter), ReduceOp::max);
+  const Result r = moe_parallel(comm, c, mine, all_x.slice(tokens.offset, tokens.length),
+                                all_dy.slice(tokens.offset, tokens.length), ctx.memory());
+  // The same layer on one device, every token: each rank computes it and compares its share.
+  const Result ref = moe_reference(c, make_weights(c, 0, c.experts), all_x, all_dy);
+  const double dy_diff = comm.agree(max_abs_diff(r.y, ref.y.slice(tokens.offset, tokens.length)), ReduceOp::max);
+  const double dx_diff = comm.agree(max_abs_diff(r.dx, ref.dx.slice(tokens.offset, tokens.length)), ReduceOp::max);
+  const double dr_diff = comm.agree(max_abs_diff(r.drouter, ref.drouter), ReduceOp::max);
   double dw_diff = 0;
   for (int l = 0; l < per; ++l) {
-    dw_diff = std::max(dw_diff, worst(r.dw1[static_cast<std::size_t>(l)], ref.dw1[static_cast<std::size_t>(ctx.rank() * per + l)]));
-    dw_diff = std::max(dw_diff, worst(r.dw2[static_cast<std::size_t>(l)], ref.dw2[static_cast<std::size_t>(ctx.rank() * per + l)]));
+    dw_diff = std::max(dw_diff, max_abs_diff(r.dw1[static_cast<std::size_t>(l)], ref.dw1[static_cast<std::size_t>(ctx.rank() * per + l)]));
+    dw_diff = std::max(dw_diff, max_abs_diff(r.dw2[static_cast<std::size_t>(l)], ref.dw2[static_cast<std::size_t>(ctx.rank() * per + l)]));
   }
   dw_diff = comm.agree(dw_diff, ReduceOp::max);
   const double scale_dr = max_abs(ref.drouter), scale_dx = max_abs(ref.dx);

@@ -288,6 +288,11 @@ Result moe_parallel(Communicator& comm, const MoeConfig& c, const Weights& mine,
   // 1. Route every token alike on every rank: the router's probabilities of all tokens.
   const Tensor x = x_host.to(memory);
   const Tensor probs_mine = router_probs(x, mine.router.to(memory));
+  std::vector<Tensor> w1, w2;  // this rank's experts, where they compute (copied once)
+  for (int l = 0; l < per; ++l) {
+    w1.push_back(mine.w1[static_cast<std::size_t>(l)].to(memory));
+    w2.push_back(mine.w2[static_cast<std::size_t>(l)].to(memory));
+  }
   Tensor probs(c.tokens, c.experts);
   comm.allgatherv(probs_mine, probs, shard_counts(c.tokens, N, c.experts));
   out.routing = route(probs, c.k, c.capacity());
@@ -322,8 +327,8 @@ Result moe_parallel(Communicator& comm, const MoeConfig& c, const Weights& mine,
     std::vector<int> at;
     for (int ch : all_rows[static_cast<std::size_t>(mine.first + l)]) at.push_back(recv_row[static_cast<std::size_t>(ch)]);
     where.push_back(index_of(at, memory));
-    runs.push_back(expert_forward(gather_rows(recv, where.back()), mine.w1[static_cast<std::size_t>(l)].to(memory),
-                                  mine.w2[static_cast<std::size_t>(l)].to(memory)));
+    runs.push_back(expert_forward(gather_rows(recv, where.back()), w1[static_cast<std::size_t>(l)],
+                                  w2[static_cast<std::size_t>(l)]));
     if (!at.empty()) scatter_add_rows(outs_recv, where.back(), runs.back().out);
   }
   // 4. Combine: the outputs go back the way they came.
@@ -350,8 +355,7 @@ Result moe_parallel(Communicator& comm, const MoeConfig& c, const Weights& mine,
       Tensor dw1, dw2;
       const Tensor dxe = expert_backward(runs[static_cast<std::size_t>(l)],
                                          gather_rows(grads_recv, where[static_cast<std::size_t>(l)]),
-                                         mine.w1[static_cast<std::size_t>(l)].to(memory),
-                                         mine.w2[static_cast<std::size_t>(l)].to(memory), dw1, dw2);
+                                         w1[static_cast<std::size_t>(l)], w2[static_cast<std::size_t>(l)], dw1, dw2);
       out.dw1.push_back(dw1.to(Memory::host));
       out.dw2.push_back(dw2.to(Memory::host));
       if (dxe.rows()) scatter_add_rows(dins_recv, where[static_cast<std::size_t>(l)], dxe);

@@ -101,12 +101,14 @@ TEST_SUITE("ch07") {
       const Tensor x = randn(Shape{c.tokens, c.hidden}, 7), dy = randn(Shape{c.tokens, c.hidden}, 8);
       const ch07::Result r = ch07::moe_reference(c, w, x, dy);
       const double eps = 1e-3;
+      Tensor xv = x.clone();  // the input, perturbed like the weights for dL/dx
+      // (L(t[i] + eps) - L(t[i] - eps)) / 2 eps, for t any of the weights or xv.
       auto fd = [&](Tensor& t, std::int64_t i) {
         const float keep = t.flat()[i];
         t.flat()[i] = keep + static_cast<float>(eps);
-        const double up = loss(c, w, x, dy);
+        const double up = loss(c, w, xv, dy);
         t.flat()[i] = keep - static_cast<float>(eps);
-        const double down = loss(c, w, x, dy);
+        const double down = loss(c, w, xv, dy);
         t.flat()[i] = keep;
         return (up - down) / (2 * eps);
       };
@@ -123,15 +125,8 @@ TEST_SUITE("ch07") {
         CHECK_MESSAGE(r.dw2[2].flat()[i] == doctest::Approx(want2).epsilon(2e-2).scale(1e-2),
                       "dL/dW2 of expert 2 [" << i << "] = " << r.dw2[2].flat()[i] << ", finite differences " << want2);
       }
-      Tensor xv = x.clone();
       for (std::int64_t i : {0, 7, 30, 71}) {
-        const float keep = xv.flat()[i];
-        xv.flat()[i] = keep + static_cast<float>(eps);
-        const double up = loss(c, w, xv, dy);
-        xv.flat()[i] = keep - static_cast<float>(eps);
-        const double down = loss(c, w, xv, dy);
-        xv.flat()[i] = keep;
-        const double want = (up - down) / (2 * eps);
+        const double want = fd(xv, i);
         CHECK_MESSAGE(r.dx.flat()[i] == doctest::Approx(want).epsilon(2e-2).scale(1e-2),
                       "dL/dx[" << i << "] = " << r.dx.flat()[i] << ", finite differences " << want);
       }
