@@ -66,11 +66,9 @@ std::uint64_t formula_comm_bytes(const ModelConfig& model, const RunConfig& run,
   const auto N = static_cast<std::uint64_t>(ranks);
   const std::uint64_t w = run.precision == Precision::mixed ? 2 : 4;
   if (N == 1) return 0;
-  // The shard a reduce-scatter leaves on this rank: of the flat buffer (stages 0, 1), or
-  // of each block (stages 2, 3).
-  const auto S = static_cast<std::uint64_t>(
-      run.stage <= 1 ? shard_range(model.params(), ranks, rank).length
-                     : shard_elements(model, run.stage, ranks, rank));
+  // The shard a reduce-scatter leaves on this rank: of the flat buffer (stage 0's
+  // allreduce cuts it as stage 1 does), or of each block (stages 2, 3).
+  const auto S = static_cast<std::uint64_t>(shard_elements(model, std::max(run.stage, 1), ranks, rank));
   std::uint64_t elements = (N - 1) * S + (P - S);
   if (run.stage == 3) elements += P - S;  // parameters gathered twice: forward and backward
   return w * elements;
@@ -223,7 +221,7 @@ struct Rank {
     return into;
   }
 
-  /// The weights of each block in the order the step uses them (forward 0..L-1, then
+  /// Stage 3: the weights of each block in the order the step uses them (forward 0..L-1, then
   /// backward L-1..0), gathered one ahead when prefetching.
   struct Gatherer {
     Rank& rank;
@@ -233,7 +231,6 @@ struct Rank {
     Request pending;
     Tensor get() {
       Rank& R = rank;
-      if (R.run.stage < 3) return {};
       const int b = order[next++];
       Tensor now;
       if (!R.run.prefetch) {
