@@ -80,9 +80,13 @@ endfunction()
 #                      TESTS <test_file>... [CHAPTER_TESTS <test_file>...]
 #                      [BAD_USAGE "<args>"...] [MPI_ARGS <arg>...] [MPI_RANKS <n>]
 #                      [MPI_TIMED_KEYS <key|key...>]
-#                      [GPU_ARGS <arg>...])
+#                      [GPU_ARGS <arg>...] [DEPENDS <NN>...])
 #
-# Wires one chapter, as DESIGN.md describes:
+# Wires one chapter, as DESIGN.md describes. DEPENDS names the earlier chapters it builds
+# on (their numbers): a chapter's libraries link shardlab::chNN of each, which is the
+# solution, or in learner mode the learner's exercise (unless SHARDLAB_USE_SOLUTIONS, a
+# list of chapter numbers, asks for the reference of a chapter the learner skips).
+# Configure fails on a dependency that is not an earlier chapter (so there is no cycle).
 #   chNN_<slug>_solution  library from solutions/NN_slug/<SOURCES> (plus the chapter's own
 #                         CHAPTER_SOURCES, which call the API: compiled into both libraries)
 #   chNN_<slug>_exercise  library from exercises/NN_slug/<SOURCES> (the learner's stubs)
@@ -97,7 +101,7 @@ endfunction()
 # pass instead, because the learner has filled the stubs in.
 function(shardlab_add_chapter chapter)
   cmake_parse_arguments(ARG "" "MPI_RANKS;MPI_TIMED_KEYS;JSON_RANKS"
-    "SOURCES;CHAPTER_SOURCES;TESTS;CHAPTER_TESTS;BAD_USAGE;MPI_ARGS;GPU_ARGS" ${ARGN})
+    "SOURCES;CHAPTER_SOURCES;TESTS;CHAPTER_TESTS;BAD_USAGE;MPI_ARGS;GPU_ARGS;DEPENDS" ${ARGN})
   if(NOT ARG_JSON_RANKS)
     set(ARG_JSON_RANKS 3)
   endif()
@@ -109,6 +113,25 @@ function(shardlab_add_chapter chapter)
   set(short ch${number})
   set(chapter_dir ${PROJECT_SOURCE_DIR}/chapters/${chapter})
 
+  # The chapters below this one: earlier ones only, already defined.
+  set(depends)
+  foreach(dep IN LISTS ARG_DEPENDS)
+    if(NOT dep MATCHES "^[0-9][0-9]$")
+      message(FATAL_ERROR "Chapter ${chapter}: DEPENDS ${dep} is not a chapter number like 02.")
+    endif()
+    if(NOT dep LESS number)
+      message(FATAL_ERROR "Chapter ${chapter} depends on chapter ${dep}: a chapter builds only on "
+                          "earlier chapters (no cycles, arrows only downward).")
+    endif()
+    if(NOT TARGET shardlab::ch${dep})
+      message(FATAL_ERROR "Chapter ${chapter} depends on chapter ${dep}, which is not in the "
+                          "chapter list before it.")
+    endif()
+    list(APPEND depends shardlab::ch${dep})
+  endforeach()
+  string(REPLACE ";" "," depends_text "${ARG_DEPENDS}")
+  set_property(GLOBAL APPEND PROPERTY SHARDLAB_CHAPTER_DEPENDS "${number}:${depends_text}")
+
   foreach(kind solution exercise)
     set(sources)
     foreach(source IN LISTS ARG_SOURCES)
@@ -119,15 +142,17 @@ function(shardlab_add_chapter chapter)
     endforeach()
     add_library(${target}_${kind} STATIC ${sources})
     target_include_directories(${target}_${kind} PUBLIC ${chapter_dir})
-    target_link_libraries(${target}_${kind} PUBLIC shardlab::common)
+    target_link_libraries(${target}_${kind} PUBLIC shardlab::common ${depends})
     shardlab_warnings(${target}_${kind})
   endforeach()
 
-  if(SHARDLAB_LEARNER)
+  # shardlab::chNN: what the chapter program and later chapters run on.
+  if(SHARDLAB_LEARNER AND NOT number IN_LIST SHARDLAB_USE_SOLUTIONS)
     set(program_impl ${target}_exercise)
   else()
     set(program_impl ${target}_solution)
   endif()
+  add_library(shardlab::${short} ALIAS ${program_impl})
   add_executable(${target} ${chapter_dir}/main.cpp)
   target_link_libraries(${target} PRIVATE ${program_impl})
   shardlab_warnings(${target})

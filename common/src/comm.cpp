@@ -422,6 +422,14 @@ std::vector<std::string> Communicator::gather_strings(const std::string& mine, i
   return out;
 }
 
+double replica_divergence(Communicator& comm, const Tensor& mine) {
+  Communicator::Uncounted quiet(comm);
+  const Tensor host = mine.to(Memory::host);
+  Tensor rank0 = host.clone();
+  comm.broadcast(rank0, 0);
+  return comm.agree(max_abs_diff(host, rank0), ReduceOp::max);
+}
+
 bool Communicator::all_true(bool mine) {
   return agree<std::int32_t>(mine ? 1 : 0, ReduceOp::min) == 1;
 }

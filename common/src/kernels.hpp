@@ -10,7 +10,6 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "shardlab/comm.hpp"
 #include "shardlab/dtype.hpp"
 
 namespace shardlab::kernels {

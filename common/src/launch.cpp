@@ -86,6 +86,19 @@ double memory_available() {
   return std::max(available, 0.0);
 }
 
+namespace {
+/// The number of processes the MPI launcher started, from its environment (0: unknown).
+int launched_processes() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MPI_LOCALNRANKS"})
+    if (const char* value = std::getenv(var)) {
+      char* end = nullptr;
+      const long n = std::strtol(value, &end, 10);
+      if (end != value && *end == '\0' && n > 0 && n < (1 << 20)) return static_cast<int>(n);
+    }
+  return 0;
+}
+}  // namespace
+
 bool started_by_mpirun() {
   for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"})
     if (std::getenv(var) != nullptr) return true;
@@ -124,7 +137,29 @@ namespace {
 const auto started = std::filesystem::file_time_type::clock::now();
 }  // namespace
 
-void Context::save_csv(const CsvTable& table, const std::string& name) {
+void Context::report(const Table& table, const std::string& name, const std::string& heading) {
+  if (rank() != 0) return;
+  say((heading.empty() ? "" : heading + "\n") + table.text());
+  (*json_)[name] = table.json();
+}
+
+double Context::verify_close(const std::string& what, double diff, double tolerance,
+                             const std::string& reference) {
+  const double agreed = comm_.agree(diff, ReduceOp::max);
+  verify(agreed <= tolerance, what + " differs from " + reference + " by " +
+                                  format_number(agreed, 3) + " (tolerance " +
+                                  format_number(tolerance, 3) + ")");
+  return agreed;
+}
+
+double Context::verify_replicas(const std::string& what, const Tensor& mine) {
+  const double divergence = replica_divergence(comm_, mine);
+  verify(divergence == 0, what + ": the replicas differ from rank 0's by up to " +
+                              format_number(divergence, 3) + " (they must be identical)");
+  return divergence;
+}
+
+void Context::save_csv(const Table& table, const std::string& name) {
   if (rank() != 0) return;
   std::filesystem::path path = std::filesystem::path(options_.csv_dir) / (name + ".csv");
   std::error_code error;
@@ -303,6 +338,14 @@ int Program::run(int argc, char** argv, const Body& body) {
         throw UsageError(
             "--device cuda with MPI: use --backend nccl (this Open MPI is not CUDA-aware)");
     }
+    if (under_mpirun) {
+      const int processes = launched_processes();
+      if (ranks_given_ && processes > 0 && options_.ranks != processes)
+        throw UsageError("--ranks " + std::to_string(options_.ranks) + ", but mpirun started " +
+                         std::to_string(processes) + " processes");
+      if (processes > 0) options_.ranks = processes;
+    }
+    if (world_size_) world_size_(options_, options_.ranks);
     if (validate_) validate_(options_);
     if (memory_estimate_) check_memory();
     if (writes_csv_ && writes_csv_()) check_writable_folder(options_.csv_dir);

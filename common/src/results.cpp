@@ -8,7 +8,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <algorithm>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 
@@ -70,17 +72,32 @@ void check_writable_folder(const std::filesystem::path& folder, const std::strin
   if (!wrote) throw UsageError(flag + " " + folder.string() + " is not writable: " + why);
 }
 
-CsvTable::CsvTable(std::vector<std::string> columns) : columns_(std::move(columns)) {}
+std::string Cell::str(int digits) const {
+  switch (kind_) {
+    case Kind::number:
+      return format_number(number_, digits);
+    case Kind::integer:
+      return std::to_string(integer_);
+    case Kind::flag:
+      return integer_ ? "true" : "false";
+    case Kind::text:
+      break;
+  }
+  return text_;
+}
 
-void CsvTable::add(std::vector<std::string> row) {
+Table::Table(std::vector<std::string> columns) : columns_(std::move(columns)) {}
+
+Table& Table::add(std::vector<Cell> row) {
   if (row.size() != columns_.size())
-    throw std::logic_error("CsvTable: a row of " + std::to_string(row.size()) + " values for " +
+    throw std::logic_error("Table: a row of " + std::to_string(row.size()) + " values for " +
                            std::to_string(columns_.size()) + " columns");
   rows_.push_back(std::move(row));
+  return *this;
 }
 
 namespace {
-void write_row(std::ostringstream& os, const std::vector<std::string>& row) {
+void write_csv_row(std::ostringstream& os, const std::vector<std::string>& row) {
   for (std::size_t i = 0; i < row.size(); ++i) {
     if (i) os << ',';
     const bool quote = row[i].find_first_of(",\"\n") != std::string::npos;
@@ -96,14 +113,71 @@ void write_row(std::ostringstream& os, const std::vector<std::string>& row) {
 }
 }  // namespace
 
-std::string CsvTable::str() const {
+std::string Table::csv() const {
   std::ostringstream os;
-  write_row(os, columns_);
-  for (const auto& row : rows_) write_row(os, row);
+  write_csv_row(os, columns_);
+  std::vector<std::string> line;
+  for (const auto& row : rows_) {
+    line.clear();
+    for (const Cell& cell : row) line.push_back(cell.str(10));
+    write_csv_row(os, line);
+  }
   return os.str();
 }
 
-void CsvTable::save(const std::filesystem::path& path) const { write_file_atomic(path, str()); }
+std::string Table::text(int digits, const std::string& indent) const {
+  std::vector<std::vector<std::string>> shown{columns_};
+  for (const auto& row : rows_) {
+    shown.emplace_back();
+    for (const Cell& cell : row) shown.back().push_back(cell.str(digits));
+  }
+  std::vector<std::size_t> width(columns_.size(), 0);
+  for (const auto& line : shown)
+    for (std::size_t c = 0; c < line.size(); ++c) width[c] = std::max(width[c], line[c].size());
+  std::string out;
+  for (std::size_t r = 0; r < shown.size(); ++r) {
+    std::string line = indent;
+    for (std::size_t c = 0; c < columns_.size(); ++c) {
+      const std::string& s = shown[r][c];
+      const std::string pad(width[c] - s.size(), ' ');
+      // Words to the left, numbers to the right (the header follows its column).
+      const bool right = (r == 0 ? !rows_.empty() && rows_[0][c].kind() != Cell::Kind::text
+                                 : rows_[r - 1][c].kind() != Cell::Kind::text);
+      if (c) line += "  ";
+      line += right ? pad + s : (c + 1 < columns_.size() ? s + pad : s);
+    }
+    out += line + "\n";
+  }
+  return out;
+}
+
+nlohmann::json Table::json() const {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& row : rows_) {
+    nlohmann::json object = nlohmann::json::object();
+    for (std::size_t c = 0; c < columns_.size(); ++c) {
+      const Cell& cell = row[c];
+      switch (cell.kind()) {
+        case Cell::Kind::number:
+          object[columns_[c]] = cell.number();
+          break;
+        case Cell::Kind::integer:
+          object[columns_[c]] = cell.integer();
+          break;
+        case Cell::Kind::flag:
+          object[columns_[c]] = cell.integer() != 0;
+          break;
+        case Cell::Kind::text:
+          object[columns_[c]] = cell.text();
+          break;
+      }
+    }
+    out.push_back(std::move(object));
+  }
+  return out;
+}
+
+void Table::save(const std::filesystem::path& path) const { write_file_atomic(path, csv()); }
 
 std::string machine_description() {
   std::string model = "unknown CPU";

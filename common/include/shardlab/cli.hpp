@@ -5,34 +5,33 @@
 //
 // CLI11's own Range lets NaN through (every comparison with NaN is false): between()
 // does not, and says what it wanted in one line.
+//
+// Numbers with units, for sizes and counts a reader writes the way papers do:
+//   program.cli().add_option("--params", psi)->transform(cli::quantity(cli::Units::decimal));
+//   7.5B, 350M, 1T, 64K, 1.5e9, 2^16     decimal: K = 1e3, M = 1e6, B = G = 1e9, T = 1e12
+//   64M, 4K, 1G, 2^20                    binary (bytes): K = 2^10, M = 2^20, G = 2^30, T = 2^40
 #pragma once
 
 #include <CLI/CLI.hpp>
-#include <cmath>
 #include <string>
 
-#include "shardlab/results.hpp"
+#include "shardlab/format.hpp"
 
 namespace shardlab::cli {
 
 /// A finite number in [lo, hi]: NaN, infinity and anything outside are refused.
-inline CLI::Validator between(double lo, double hi) {
-  return CLI::Validator(
-      [lo, hi](std::string& text) -> std::string {
-        double value = 0;
-        std::size_t used = 0;
-        try {
-          value = std::stod(text, &used);
-        } catch (const std::exception&) {
-          return "'" + text + "' is not a number";
-        }
-        if (used != text.size()) return "'" + text + "' is not a number";
-        if (!std::isfinite(value)) return "'" + text + "' is not a finite number";
-        if (value < lo || value > hi)
-          return text + " is outside [" + format_number(lo) + ", " + format_number(hi) + "]";
-        return "";
-      },
-      "[" + format_number(lo) + ", " + format_number(hi) + "]");
-}
+CLI::Validator between(double lo, double hi);
+
+enum class Units { decimal, binary };
+
+/// "7.5B" -> 7.5e9 (decimal), "64M" -> 67108864 (binary), "2^16" -> 65536, "1e-3" ->
+/// 0.001: a finite number, or std::invalid_argument saying in one line what is wrong
+/// (not a number, an unknown suffix, too large for a double). Subnormal values are
+/// numbers like any other.
+double parse_quantity(const std::string& text, Units units = Units::decimal);
+
+/// A CLI11 transform: the flag's text becomes the plain number parse_quantity reads
+/// (checks such as between() then see that number).
+CLI::Validator quantity(Units units = Units::decimal);
 
 }  // namespace shardlab::cli

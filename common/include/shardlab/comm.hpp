@@ -61,9 +61,7 @@ namespace shardlab {
 // ---------------------------------------------------------------------------
 // Reductions
 
-/// sum, avg (sum / N), max, min: what allreduce, reduce and reduce_scatter combine with.
-/// max and min of floating values propagate NaN on every backend's host path.
-enum class ReduceOp : std::uint8_t { sum, avg, max, min };
+// ReduceOp (sum, avg, max, min) is in dtype.hpp, beside the types it reduces.
 std::string_view reduce_op_name(ReduceOp op);
 /// "sum" -> ReduceOp::sum; throws UsageError for an unknown name.
 ReduceOp parse_reduce_op(std::string_view name);
@@ -480,5 +478,10 @@ Traffic collective_traffic(Op op, std::size_t count, std::size_t elem, int rank,
 /// other rank (allgather) or to root (gather), and takes in the others'.
 Traffic collective_traffic(Op op, std::span<const std::size_t> counts, std::size_t elem, int rank,
                            int root = 0);
+
+/// How far replicas that must be identical have drifted: the largest |mine - rank 0's|
+/// over every element and every rank (NaN when any is NaN), on every rank. Every rank
+/// calls it; rank 0's copy is broadcast uncounted (bookkeeping, not training traffic).
+double replica_divergence(Communicator& comm, const Tensor& mine);
 
 }  // namespace shardlab

@@ -28,6 +28,10 @@ struct BFloat16 {
 
 enum class DType : std::uint8_t { f32, f64, f16, bf16, i32, i64, u8 };
 
+/// sum, avg (sum / N), max, min: what allreduce, reduce and reduce_scatter combine with.
+/// max and min of floating values propagate NaN on every backend's host path.
+enum class ReduceOp : std::uint8_t { sum, avg, max, min };
+
 /// f16 or bf16: the 16-bit floating types, computed in f32 and rounded.
 constexpr bool is_half(DType t) { return t == DType::f16 || t == DType::bf16; }
 

@@ -10,8 +10,9 @@
 //   }
 //
 // run() parses the common flags (below) and the chapter's own, picks the backend
-// (mpi when started by mpirun, else threads), starts the ranks, runs the body on each,
-// and turns what happened into an exit code:
+// (mpi when started by mpirun, else threads), checks what the chapter needs of the
+// number of ranks and of memory, starts the ranks, runs the body on each, and turns what
+// happened into an exit code:
 //   0  ok
 //   1  a verification failed (Context::verify), or a rank failed: its error is printed,
 //      the other ranks are stopped (MPI_Abort under MPI), nobody is left waiting
@@ -42,7 +43,7 @@ namespace shardlab {
 
 /// The common flags, after parsing.
 struct Options {
-  int ranks = 2;                    // --ranks (threads backend)
+  int ranks = 2;  // --ranks (threads backend); under mpirun, the processes it started
   std::string backend = "auto";     // --backend auto|threads|mpi|nccl
   std::string device = "cpu";       // --device cpu|cuda: cuda puts rank r on GPU r % count
   std::uint64_t seed = 0;           // --seed: every random tensor derives from it
@@ -84,6 +85,14 @@ class Context {
   /// Records a check. A failed one makes the job exit 1; `what` is printed when the body
   /// has finished on every rank, once for all the ranks that reported it.
   bool verify(bool ok, const std::string& what);
+  /// The distributed result against its reference: agrees the largest `diff` over the
+  /// ranks (every rank calls it; NaN anywhere fails everywhere) and records the check
+  /// "`what` differs from <reference> by D (tolerance T)". Returns the agreed diff.
+  double verify_close(const std::string& what, double diff, double tolerance,
+                      const std::string& reference = "one device's");
+  /// Replicas that must be identical (data-parallel weights): the largest difference of
+  /// `mine` from rank 0's copy, over every rank (uncounted), must be 0. Returns it.
+  double verify_replicas(const std::string& what, const Tensor& mine);
   bool ok() const { return ok_; }
   /// Prints the failed checks of every rank, each distinct one once (every rank calls it;
   /// run() does, after the body).
@@ -94,7 +103,10 @@ class Context {
 
   /// Rank 0 writes `table` to `CSV_DIR/NAME.csv` (`--csv-dir`, atomically), says so, and records
   /// the path under "csv" in the JSON. Benchmark modes call it; the notebooks read it.
-  void save_csv(const CsvTable& table, const std::string& name);
+  void save_csv(const Table& table, const std::string& name);
+  /// One result, written once: rank 0 prints `heading` and the table's text (unless
+  /// --quiet), and the JSON gets it under `name` (an array of row objects).
+  void report(const Table& table, const std::string& name, const std::string& heading = "");
 
  private:
   Communicator& comm_;
@@ -118,6 +130,14 @@ class Program {
   void supports_cuda() { cuda_ = true; }
   /// Chapter checks that need several flags at once; throw UsageError to exit 2.
   void validate(std::function<void(const Options&)> check) { validate_ = std::move(check); }
+  /// What the chapter needs of the number of ranks (E experts over N ranks, N dividing
+  /// the batch, ...): `check` throws UsageError when `ranks` cannot run. run() calls it
+  /// with --ranks before the threads start, and under mpirun with the number of
+  /// processes mpirun started, before any of them starts MPI: one line, from one process,
+  /// exit 2.
+  void world_size(std::function<void(const Options&, int ranks)> check) {
+    world_size_ = std::move(check);
+  }
   /// How many bytes the whole run needs on this machine (all its ranks together; under
   /// mpirun, this process's), worked out from the flags before anything is allocated.
   /// run() refuses (exit 2) a run that needs more than the machine can give: the memory
@@ -141,6 +161,7 @@ class Program {
   std::unique_ptr<CLI::App> app_;
   Options options_;
   std::function<void(const Options&)> validate_;
+  std::function<void(const Options&, int)> world_size_;
   std::function<double(const Options&)> memory_estimate_;
   std::function<bool()> writes_csv_;
   bool ranks_given_ = false;

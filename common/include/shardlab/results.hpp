@@ -1,10 +1,16 @@
-// results: benchmark rows as CSV for the notebooks, written so a crash never leaves
-// half a file (everything goes to a temporary name that is renamed at the end).
+// results: a program's results as one table rendered three ways (text, CSV, JSON), and
+// files written so a crash never leaves half a file (everything goes to a temporary name
+// that is renamed at the end).
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
+#include <type_traits>
 #include <vector>
+
+#include "shardlab/format.hpp"
 
 namespace shardlab {
 
@@ -17,23 +23,70 @@ void write_file_atomic(const std::filesystem::path& path, const std::string& con
 void check_writable_folder(const std::filesystem::path& folder,
                            const std::string& flag = "--csv-dir");
 
-/// A CSV table: header first, then rows; save() writes it atomically.
-class CsvTable {
+/// One value of a Table: a number, a whole number, a word or a flag.
+class Cell {
  public:
-  explicit CsvTable(std::vector<std::string> columns);
-  /// Adds a row; it must have one value per column.
-  void add(std::vector<std::string> row);
-  std::string str() const;
-  void save(const std::filesystem::path& path) const;
+  enum class Kind { number, integer, text, flag };
+  Cell(const char* text) : kind_(Kind::text), text_(text) {}
+  Cell(std::string text) : kind_(Kind::text), text_(std::move(text)) {}
+  Cell(bool flag) : kind_(Kind::flag), integer_(flag) {}
+  template <class T>
+  requires(std::is_integral_v<T> && !std::is_same_v<T, bool>)
+  Cell(T value) : kind_(Kind::integer), integer_(static_cast<std::int64_t>(value)) {}
+  template <class T>
+  requires std::is_floating_point_v<T>
+  Cell(T value) : kind_(Kind::number), number_(static_cast<double>(value)) {}
+
+  Kind kind() const { return kind_; }
+  double number() const { return kind_ == Kind::number ? number_ : static_cast<double>(integer_); }
+  std::int64_t integer() const { return integer_; }
+  const std::string& text() const { return text_; }
+  /// As a table shows it: numbers with `digits` significant digits.
+  std::string str(int digits = 6) const;
+
+ private:
+  Kind kind_;
+  double number_ = 0;
+  std::int64_t integer_ = 0;
+  std::string text_;
+};
+
+/// One result, written once: rows of cells under named columns, rendered as aligned text
+/// (for the reader), CSV (for the notebooks) and JSON (for scripts and tests) from the
+/// same rows — nccl-tests' one row per size, three outputs.
+///
+///   Table t({"stage", "bytes", "formula"});
+///   t.add({1, measured, formula});
+///   ctx.report(t, "stages");     // text on rank 0, and json["stages"] = [{...}, ...]
+///   ctx.save_csv(t, "05_adam");  // benchmark modes: CSV_DIR/05_adam.csv
+class Table {
+ public:
+  explicit Table(std::vector<std::string> columns);
+  /// Adds a row; it must have one cell per column.
+  Table& add(std::vector<Cell> row);
   std::size_t rows() const { return rows_.size(); }
+  const std::vector<std::string>& columns() const { return columns_; }
+  const Cell& at(std::size_t row, std::size_t column) const { return rows_.at(row).at(column); }
+
+  /// Aligned columns under a header line, each line starting with `indent`; numbers with
+  /// `digits` significant digits, right-aligned.
+  std::string text(int digits = 4, const std::string& indent = "  ") const;
+  /// Header first, then the rows; numbers with 10 significant digits; quoted as RFC 4180.
+  std::string csv() const;
+  /// An array with one object per row, keyed by column (numbers in full).
+  nlohmann::json json() const;
+  /// Writes csv() to `path` atomically.
+  void save(const std::filesystem::path& path) const;
+  /// The same as csv() (the name CSV writers used).
+  std::string str() const { return csv(); }
 
  private:
   std::vector<std::string> columns_;
-  std::vector<std::vector<std::string>> rows_;
+  std::vector<std::vector<Cell>> rows_;
 };
 
-/// `value` with `digits` significant digits, the way CSV and tables print numbers.
-std::string format_number(double value, int digits = 6);
+/// A table written as CSV (the name the benchmark modes use).
+using CsvTable = Table;
 
 /// "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz, 2 logical CPUs": what a benchmark ran
 /// on, for its CSV and its plot's title.
