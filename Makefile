@@ -11,6 +11,7 @@ help:
 	@echo "make test           build and run the whole test suite"
 	@echo "make check CH=01    build YOUR exercise for chapter 01 and run its tests"
 	@echo "make check          your progress over all chapters"
+	@echo "make check CH=09 USE_SOLUTIONS=04   the reference for chapters you skip"
 	@echo "make run            run every chapter program (threads backend)"
 	@echo "make plots          plot every benchmark CSV in RESULTS (default results/)"
 	@echo "make docs           Doxygen over common/ and the chapter texts"
@@ -25,8 +26,9 @@ build:
 test: build
 	ctest --preset $(PRESET)
 
+USE_SOLUTIONS ?=
 check:
-	@scripts/check.sh $(CH)
+	@USE_SOLUTIONS=$(USE_SOLUTIONS) scripts/check.sh $(CH)
 
 run: build
 	scripts/run_chapters.sh build/$(PRESET)/bin

@@ -7,6 +7,11 @@
 # A test run stops at its first failure and prints that check's own message (which rank,
 # which step, which values). A run that takes longer than CHECK_TIMEOUT seconds (default
 # 60) is stopped and reported as a deadlock or a hang.
+#
+# Chapters build on earlier ones (chapter 04's pipeline trains on your chapter 02 sync,
+# ...): a chapter runs on YOUR code of the chapters below it, and a stub down there is
+# named as the reason it stops. USE_SOLUTIONS=04,05 (make check CH=09 USE_SOLUTIONS=04)
+# takes the reference of chapters you skip instead.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 want=${1:-}
@@ -33,11 +38,20 @@ fi
 mkdir -p build
 targets=()
 for name in "${chapters[@]}"; do targets+=("test_ch${name:0:2}_exercise" "ch${name}"); done
+use_solutions=${USE_SOLUTIONS:-}
+use_solutions=${use_solutions//,/;}
+use_solutions=${use_solutions// /;}
+if [[ -n "$use_solutions" && ! "$use_solutions" =~ ^[0-9]{2}(\;[0-9]{2})*$ ]]; then
+  echo "check: USE_SOLUTIONS takes chapter numbers like 04 or 04,05 (got '$USE_SOLUTIONS')" >&2
+  exit 2
+fi
 configure=true
-if [[ -f build/learner/build.ninja && build/learner/CMakeCache.txt -nt CMakePresets.json ]]; then
+if [[ -f build/learner/build.ninja && build/learner/CMakeCache.txt -nt CMakePresets.json ]] &&
+   grep -qxF "SHARDLAB_USE_SOLUTIONS:STRING=$use_solutions" build/learner/CMakeCache.txt; then
   configure=false
 fi
-if ! { { ! $configure || cmake --preset learner > /dev/null; } &&
+if ! { { ! $configure ||
+         cmake --preset learner "-DSHARDLAB_USE_SOLUTIONS=$use_solutions" > /dev/null; } &&
        cmake --build --preset learner --target "${targets[@]}"; } > build/learner.log 2>&1; then
   grep -E "error|Error" build/learner.log | head -20
   echo "check: your exercise does not compile (full log: build/learner.log)" >&2
@@ -97,9 +111,16 @@ sanitizer_summary() {
   '
 }
 
+# Which chapters each one builds on ("04:02" per line, written by CMake).
+declare -A depends_on=()
+while IFS=: read -r number deps; do
+  [[ -n "$number" ]] && depends_on[$number]=${deps//,/ }
+done < build/learner/chapter_depends.txt
+solution_of() { [[ ";$use_solutions;" == *";$1;"* ]]; }
+
 passed_chapters=0
 report=""
-printf '\n%-24s %-12s %s\n' "chapter" "test cases" "status"
+printf '\n%-24s %-12s %-12s %s\n' "chapter" "builds on" "test cases" "status"
 run_tests() {  # run_tests PROGRAM [doctest options]: its log on stdout, its exit code
   ASAN_OPTIONS=handle_abort=1:detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
     timeout -k 5 "$limit" "$@" 2>&1
@@ -139,8 +160,11 @@ for name in "${chapters[@]}"; do
     else
       passed=$(count_of "$(run_tests "$program")" passed)
     fi
-    todo=$(grep -m1 -oE "TODO\(ch[0-9]+: [a-z_]+\)" <<< "$log")
-    if [[ -n "$todo" ]]; then
+    todo=$(grep -m1 -oE "TODO\(ch[0-9]+: [a-z_0-9]+\)" <<< "$log")
+    from=${todo:7:2}
+    if [[ -n "$todo" && "$from" != "$number" ]]; then
+      status="stopped at $todo: chapter $from first (or USE_SOLUTIONS=$from)"
+    elif [[ -n "$todo" ]]; then
       status="to do — first: $todo"
     else
       status="failing — see below"
@@ -150,9 +174,15 @@ for name in "${chapters[@]}"; do
     fi
   fi
   [[ "$passed" == crashed ]] && total=""
-  printf '%-24s %-12s %s\n' "$name" "${passed:-0}${total:+/$total}" "$status"
+  below=""
+  for dep in ${depends_on[$number]:-}; do
+    below+="${below:+ }$dep"
+    solution_of "$dep" && below+="*"
+  done
+  printf '%-24s %-12s %-12s %s\n' "$name" "${below:--}" "${passed:-0}${total:+/$total}" "$status"
 done
 [[ -n "$report" ]] && printf '%s' "$report"
+[[ -n "$use_solutions" ]] && printf '\n* the reference solution (USE_SOLUTIONS), not your code\n'
 if [[ -z "$want" ]]; then
   printf '\nprogress: %d of %d chapters done\n' "$passed_chapters" "${#chapters[@]}"
 else

@@ -3,7 +3,8 @@
 #
 #   scripts/setup.sh            install what is missing, build, run every chapter
 #   scripts/setup.sh test       install what is missing, build, run the whole test suite
-#   scripts/setup.sh test --ci  the same with warnings as errors (what .ci/run does)
+#   scripts/setup.sh test --ci  the same with warnings as errors, and the learner build of
+#                               every untouched exercise under the sanitizers (.ci/run)
 #
 # Idempotent: packages already installed are not touched, the Python environment is
 # only refreshed when notebooks/requirements.txt changes, and builds are incremental.
@@ -20,17 +21,29 @@ say() { printf '\n== %s\n' "$*"; }
 # ---------------------------------------------------------------------------
 # 1. Debian packages (only the missing ones).
 packages=(cmake ninja-build g++ make pkg-config libopenmpi-dev openmpi-bin doctest-dev
-          libcli11-dev nlohmann-json3-dev doxygen python3 python3-venv python3-pip)
+          libcli11-dev nlohmann-json3-dev doxygen python3 python3-venv python3-pip clang-format)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+mkdir -p build
+log=build/setup.log
+: > "$log"
+# A step's output goes to the log; the screen gets the log's end only if the step fails.
+quietly() {
+  if ! "$@" >> "$log" 2>&1; then
+    tail -20 "$log" >&2
+    echo "setup: '$*' failed (whole log: $log)" >&2
+    exit 1
+  fi
+}
 if ((${#missing[@]})); then
-  say "installing ${missing[*]}"
+  say "installing ${missing[*]} (apt's output: $log)"
   sudo=""
   [[ $(id -u) -ne 0 ]] && sudo=sudo
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  quietly $sudo apt-get update
+  quietly env DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y --no-install-recommends \
+    "${missing[@]}"
 fi
 
 # ---------------------------------------------------------------------------
@@ -40,9 +53,9 @@ stamp=.venv/.requirements.sha256
 want=$(sha256sum notebooks/requirements.txt | cut -d' ' -f1)
 if [[ ! -x .venv/bin/python || "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
   say "Python environment .venv (notebooks/requirements.txt)"
-  python3 -m venv .venv
-  .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -r notebooks/requirements.txt
+  quietly python3 -m venv .venv
+  quietly .venv/bin/python -m pip install --upgrade pip
+  quietly .venv/bin/python -m pip install -r notebooks/requirements.txt
   echo "$want" > "$stamp"
 fi
 
@@ -62,6 +75,12 @@ fi
 
 say "test suite"
 ctest --preset "$preset"
+# Every exercise test already fails on its stub in the suite (ctest -L exercise). CI also
+# builds the learner preset, as a learner's `make check` does, under the sanitizers.
+if [[ "$preset" != ci ]]; then
+  say "all tests passed"
+  exit 0
+fi
 say "learner build: the untouched exercises must build and report every chapter as to do"
 if scripts/check.sh > build/check.log 2>&1; then
   cat build/check.log
