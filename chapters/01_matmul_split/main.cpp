@@ -103,7 +103,7 @@ std::string range_text(const std::string& noun, std::int64_t size, int parts, in
 
 void gemm_benchmark(Context& ctx, double given_peak) {
   const bool gpu = ctx.on_gpu();
-  std::string what = "cpu: ShardLab's i-k-j loop, one core";
+  std::string what = "cpu: the reference loop vs the blocked kernel, one core";
   double peak = given_peak;
   if (gpu) {
     const int device = cuda::device_for_rank(0);
@@ -122,31 +122,31 @@ void gemm_benchmark(Context& ctx, double given_peak) {
   // once per size, so only the GEMM is timed.
   Tensor a, b, out;
   bench::Case gemm;
-  gemm.name = gpu ? "cublas_sgemm" : "cpu_ikj";
+  gemm.name = gpu ? "cublas_sgemm" : "cpu_blocked";
   gemm.prepare = [&](std::int64_t n) {
-    a = randn(n, n, 3).to(ctx.memory());
-    b = randn(n, n, 4).to(ctx.memory());
+    a = randn(n, n, 3).to(ctx.memory()), b = randn(n, n, 4).to(ctx.memory());
     out = empty(Shape{n, n}, DType::f32, ctx.memory());
   };
   gemm.run = [&] { matmul_into(out, a, b); };
+  bench::Case reference = gemm;  // the same operands through the reference loop
+  reference.name = "cpu_reference", reference.run = [&] { matmul_reference_into(out, a, b); };
   bench::Config config;
   config.title = "GEMM benchmark (" + what + "), FP32, n x n x n";
   config.measure = bench::Measure::throughput;
-  config.flops = [](std::int64_t n) {
-    return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n);
-  };
+  config.flops = [](std::int64_t n) { return 2.0 * double(n) * double(n) * double(n); };
   config.peak_tflops = peak;
-  config.iterations = 5;
-  config.warmup = 1;
-  config.synchronize = [gpu] {
-    if (gpu) cuda::synchronize();
-  };
-  config.csv_name = "01_matmul_split";
-  config.json_key = "gemm";
+  config.iterations = 5, config.warmup = 1;
+  if (gpu) config.synchronize = [] { cuda::synchronize(); };
+  config.csv_name = "01_matmul_split", config.json_key = "gemm";
   ctx.say("");
-  bench::run(ctx, config, {gemm},
-             gpu ? std::vector<std::int64_t>{1024, 2048, 4096, 8192}
-                 : std::vector<std::int64_t>{128, 256, 512});
+  const std::vector<bench::Row> rows =
+      bench::run(ctx, config, gpu ? std::vector<bench::Case>{gemm} : std::vector{reference, gemm},
+                 gpu ? std::vector<std::int64_t>{1024, 2048, 4096, 8192}
+                     : std::vector<std::int64_t>{256, 512, 1024});
+  for (std::size_t i = 0; !gpu && i + 1 < rows.size(); i += 2)  // by size: reference, blocked
+    ctx.say("  n = " + std::to_string(rows[i].count) + ": GFLOP/s reference " +
+            format_number(rows[i].tflops * 1e3, 3) + ", blocked " +
+            format_number(rows[i + 1].tflops * 1e3, 3));
   if (peak == 0) ctx.say("  (peak not known for this device: give it with --peak-tflops)");
   ctx.json()["gemm_device"] = what;
   ctx.json()["peak_tflops"] = peak;

@@ -15,6 +15,7 @@
 #include <ostream>
 #include <sstream>
 
+#include "gemm.hpp"
 #include "kernels.hpp"
 #include "shardlab/check.hpp"
 #include "shardlab/half.hpp"
@@ -489,50 +490,11 @@ void require_like(const Tensor& a, const Tensor& b, const char* what) {
 
 /// out = op(a) @ op(b) on the host, f32, out already M x N. Every out(i, j) is summed
 /// over k = 0..K-1 in order, whichever operand is transposed (so the result does not
-/// depend on it), and no transposed copy is made where a loop order avoids it.
+/// depend on it): gemm.cpp's blocked kernel, bit for bit its plain reference loop.
 void host_matmul_f32(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b,
                      Tensor& out) {
-  if (transpose_a && transpose_b) {  // rare: make one operand plain
-    const Tensor bt = transpose(b);
-    return host_matmul_f32(a, bt, true, false, out);
-  }
-  const std::int64_t M = out.rows(), N = out.cols();
-  const std::int64_t K = transpose_a ? a.rows() : a.cols();
-  const float* pa = a.data();
-  const float* pb = b.data();
-  float* po = out.data();
-  std::fill(po, po + M * N, 0.0f);
-  if (transpose_b) {
-    // out(i, j) = a's row i . b's row j: both contiguous in k.
-    for (std::int64_t i = 0; i < M; ++i)
-      for (std::int64_t j = 0; j < N; ++j) {
-        float sum = 0.0f;
-        for (std::int64_t k = 0; k < K; ++k) sum += pa[i * K + k] * pb[j * K + k];
-        po[i * N + j] = sum;
-      }
-    return;
-  }
-  if (transpose_a) {
-    // k-i-j: row k of a holds column k of a^T; the inner loop walks rows of b and out.
-    for (std::int64_t k = 0; k < K; ++k)
-      for (std::int64_t i = 0; i < M; ++i) {
-        const float aki = pa[k * M + i];
-        float* out_row = po + i * N;
-        const float* b_row = pb + k * N;
-        for (std::int64_t j = 0; j < N; ++j) out_row[j] += aki * b_row[j];
-      }
-    return;
-  }
-  // i-k-j order: the inner loop walks rows of b and out contiguously (cache friendly,
-  // vectorises), and out(i, j) still accumulates over k = 0..K-1 in order.
-  for (std::int64_t i = 0; i < M; ++i) {
-    float* out_row = po + i * N;
-    for (std::int64_t k = 0; k < K; ++k) {
-      const float aik = pa[i * K + k];
-      const float* b_row = pb + k * N;
-      for (std::int64_t j = 0; j < N; ++j) out_row[j] += aik * b_row[j];
-    }
-  }
+  gemm::host_matmul_fast_f32(a.data(), b.data(), out.data(), out.rows(), out.cols(),
+                             transpose_a ? a.rows() : a.cols(), transpose_a, transpose_b);
 }
 
 /// Elementwise out = f(a[i]) (and b[i]) over f32 host tensors.

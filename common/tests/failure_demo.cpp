@@ -8,6 +8,7 @@
 //   --mode shape      a matmul of mismatched shapes inside the program (exit 1, not 2)
 //   --mode skip       the last rank skips an allreduce the others make (and then waits)
 //   --mode busy       the last rank computes for an hour while the others allreduce
+//   --mode even       needs an even number of ranks (Program::world_size): 3 is bad usage
 //   --mode ok         nothing goes wrong
 #include <CLI/CLI.hpp>
 #include <chrono>
@@ -21,9 +22,15 @@ int main(int argc, char** argv) {
   shardlab::Program program("failure_demo", "Fails on purpose, to show how failures end a job");
   std::string mode = "ok";
   program.cli()
-      .add_option("--mode", mode, "deadlock, throw, mismatch, verify, shape, skip, busy or ok")
+      .add_option("--mode", mode,
+                  "deadlock, throw, mismatch, verify, shape, skip, busy, even or ok")
       ->check(CLI::IsMember(
-          {"deadlock", "throw", "mismatch", "verify", "shape", "skip", "busy", "ok"}));
+          {"deadlock", "throw", "mismatch", "verify", "shape", "skip", "busy", "even", "ok"}));
+  program.world_size([&](const shardlab::Options&, int ranks) {
+    shardlab::require_usage(mode != "even" || ranks % 2 == 0,
+                            "--mode even needs an even number of ranks, not " +
+                                std::to_string(ranks));
+  });
   return program.run(argc, argv, [&](shardlab::Context& ctx) {
     auto& comm = ctx.comm();
     std::vector<float> buf(mode == "mismatch" && ctx.rank() != 0 ? 6 : 8, 1.0f);
