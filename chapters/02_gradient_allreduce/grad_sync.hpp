@@ -12,12 +12,19 @@
 // packing into a separate buffer, no unpacking after (PyTorch DDP's gradient views of its
 // buckets do the same).
 //
-// The learner writes these in exercises/02_gradient_allreduce/grad_sync.cpp; the
-// reference is solutions/02_gradient_allreduce/grad_sync.cpp.
+// Two layers:
+//   - the building blocks (allreduce_gradients, plan_buckets, start_bucket_allreduce): the
+//     learner writes them in exercises/02_gradient_allreduce/grad_sync.cpp; the reference
+//     is solutions/02_gradient_allreduce/grad_sync.cpp;
+//   - GradSync, the sync any trainer uses (PyTorch DDP's Reducer), built on those blocks
+//     (gradient_sync.cpp), so the learner's code runs inside every trainer that uses it.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
+#include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "shardlab/comm.hpp"
@@ -31,10 +38,22 @@ using shardlab::Request;
 using shardlab::Tensor;
 using shardlab::nn::Parameter;
 
+/// An allreduce (sum, in place, blocking) over `comm`: the communicator's own by default;
+/// chapter 03's ring, or any other, can be plugged in instead.
+using AllreduceFn = std::function<void(Communicator& comm, Tensor& data)>;
+inline void native_allreduce(Communicator& comm, Tensor& data) {
+  comm.allreduce(data, shardlab::ReduceOp::sum);
+}
+
+// ---------------------------------------------------------------------------
+// The building blocks (the exercise)
+
 /// Replaces every parameter's gradient with its weighted average over ranks (above):
-/// scale it by local_batch / global_batch, then one allreduce (sum) per gradient tensor.
+/// scale it by local_batch / global_batch, then one allreduce(comm, grad) (sum) per
+/// gradient tensor, in params order.
 void allreduce_gradients(Communicator& comm, std::span<Parameter* const> params,
-                         std::int64_t local_batch, std::int64_t global_batch);
+                         std::int64_t local_batch, std::int64_t global_batch,
+                         const AllreduceFn& allreduce = native_allreduce);
 
 /// A bucket: gradients that travel together in one allreduce, a contiguous range of the
 /// flat gradient buffer.
@@ -57,5 +76,108 @@ std::vector<Bucket> plan_buckets(std::span<Parameter* const> params, std::int64_
 [[nodiscard]] Request start_bucket_allreduce(Communicator& comm, Tensor& flat_grads,
                                              const Bucket& bucket, std::int64_t local_batch,
                                              std::int64_t global_batch);
+
+// ---------------------------------------------------------------------------
+// GradSync: data-parallel gradient sync for any trainer
+
+/// none: every replica steps on its own gradient (they drift apart);
+/// allreduce: one allreduce per gradient tensor, at finish();
+/// bucketed: one per bucket, each waited for at once, at finish();
+/// overlap: each bucket's allreduce starts as soon as backward has finished all of its
+/// gradients (ready()), and runs while backward goes on; finish() waits for them.
+enum class Sync { none, allreduce, bucketed, overlap };
+/// "none", "allreduce", "bucketed", "overlap" -> Sync; UsageError for any other name.
+Sync parse_sync(std::string_view name);
+std::string_view sync_name(Sync sync);
+
+struct GradSyncConfig {
+  Sync mode = Sync::allreduce;
+  std::int64_t bucket_bytes = 25 << 20;  // bucketed, overlap (PyTorch DDP's 25 MiB)
+  /// Runs instead of the communicator's allreduce when set: once per tensor (allreduce)
+  /// or per bucket (bucketed; overlap too, where a blocking one runs when its bucket is
+  /// ready: correct, but nothing then overlaps).
+  AllreduceFn allreduce = {};
+};
+
+/// Averages the gradients of a ParameterStore over the ranks of `comm` (the world, or one
+/// axis of a mesh: the data-parallel ranks). Per step, on every rank of `comm`:
+///
+///   ch02::GradSync sync(dp, store, {.mode = Sync::overlap, .bucket_bytes = 1 << 20});
+///   sync.set_batch(my_rows, global_rows);         // the weights B_r / B (default 1 / P)
+///   store.zero_grad();
+///   { ch02::NoSync accumulate(sync);  forward; backward; }  // micro-batches: local only
+///   forward; backward, calling sync.ready(layer) as each layer's gradients are final;
+///   sync.finish();                                 // waits; the flat grads hold g
+///
+/// Every rank must run the same modes, the same ready() calls in the same order, and
+/// finish() once per synced step: the collectives they start must match.
+class GradSync {
+ public:
+  GradSync(Communicator& comm, shardlab::nn::ParameterStore& store, GradSyncConfig config = {});
+  GradSync(const GradSync&) = delete;
+  GradSync& operator=(const GradSync&) = delete;
+
+  /// This rank's share of the batch: gradients are weighted by local_batch / global_batch.
+  void set_batch(std::int64_t local_batch, std::int64_t global_batch);
+  /// Off: ready() and finish() communicate nothing; the gradients keep accumulating
+  /// locally (DDP's no_sync(): every micro-batch but the last, or a pipeline's).
+  void set_enabled(bool enabled) { enabled_ = enabled; }
+  bool enabled() const { return enabled_; }
+
+  /// Backward has finished these gradients (index into store.parameters(); a parameter;
+  /// every parameter of a layer). In overlap mode, starts every bucket, in plan order,
+  /// whose gradients are all ready. Nothing in the other modes, or when disabled.
+  void ready(std::size_t param);
+  void ready(const Parameter& param);
+  void ready(const shardlab::nn::Layer& layer);
+  /// Syncs what is left and waits: afterwards the flat gradients hold the weighted average
+  /// on every rank. Disabled: nothing (the ready marks are dropped).
+  void finish();
+
+  Sync mode() const { return config_.mode; }
+  /// The bucket plan (bucketed and overlap; empty for the other modes).
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  /// Buckets whose allreduce has started this step (overlap: before finish()).
+  std::size_t started() const { return started_; }
+
+ private:
+  void start_ready_buckets();
+  void sync_bucket(std::size_t b);
+  void reset_step();
+
+  Communicator& comm_;
+  shardlab::nn::ParameterStore& store_;
+  GradSyncConfig config_;
+  std::vector<Parameter*> params_;
+  std::unordered_map<const Parameter*, std::size_t> index_;
+  std::vector<Bucket> buckets_;
+  std::int64_t local_batch_ = 1, global_batch_ = 1;
+  bool enabled_ = true;
+  std::vector<bool> ready_;  // this step, per parameter
+  std::size_t started_ = 0;  // buckets started this step, in plan order
+  std::vector<Request> pending_;
+};
+
+/// Scoped no-sync (DDP's `with model.no_sync():`): the sync is off while it lives, and as
+/// it was before once it ends.
+class NoSync {
+ public:
+  explicit NoSync(GradSync& sync) : sync_(sync), was_(sync.enabled()) { sync.set_enabled(false); }
+  ~NoSync() { sync_.set_enabled(was_); }
+  NoSync(const NoSync&) = delete;
+  NoSync& operator=(const NoSync&) = delete;
+
+ private:
+  GradSync& sync_;
+  bool was_;
+};
+
+/// Backward through `model`, its last layer first (nested Sequentials layer by layer),
+/// calling sync.ready(layer) as soon as each layer's gradients are final, so that overlap
+/// starts a bucket while the layers before it still run. Returns dL/dinput; with
+/// input_gradient = false the first layer computes only its weight gradients (its input
+/// is the data) and the result is empty.
+Tensor backward(shardlab::nn::Sequential& model, const Tensor& dy, shardlab::nn::Saved& saved,
+                GradSync& sync, bool input_gradient = true);
 
 }  // namespace ch02

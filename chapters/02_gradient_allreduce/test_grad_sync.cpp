@@ -4,7 +4,9 @@
 // Wrong versions these tests were checked against: no scaling (a sum, not an average);
 // dividing by P instead of weighting by B_r / B (uneven batches); buckets planned first to
 // last (order); a bucket's offset taken as its first parameter's (the range then covers
-// the wrong gradients); a bucket allreduced without scaling.
+// the wrong gradients); a bucket allreduced without scaling; allreduce_gradients calling
+// comm.allreduce instead of the plugged-in allreduce. GradSync itself, on other models:
+// test_gradient_sync.cpp.
 #include <doctest/doctest.h>
 
 #include <memory>
@@ -65,14 +67,14 @@ ch02::Config small_config(ch02::Sync sync) {
 }
 
 /// max |a - b| / max |b|, over all parameters of the two models.
-double relative_distance(ch02::Mlp& a, ch02::Mlp& b) {
-  return max_abs_diff(a.store().values(), b.store().values()) / max_abs(b.store().values());
+double relative_distance(ch02::Model& a, ch02::Model& b) {
+  return max_abs_diff(a.store.values(), b.store.values()) / max_abs(b.store.values());
 }
 
 /// n models, one per rank.
-std::vector<std::unique_ptr<ch02::Mlp>> models_for(int n, const ch02::Config& cfg) {
-  std::vector<std::unique_ptr<ch02::Mlp>> models;
-  for (int r = 0; r < n; ++r) models.push_back(std::make_unique<ch02::Mlp>(cfg));
+std::vector<std::unique_ptr<ch02::Model>> models_for(int n, const ch02::Config& cfg) {
+  std::vector<std::unique_ptr<ch02::Model>> models;
+  for (int r = 0; r < n; ++r) models.push_back(std::make_unique<ch02::Model>(cfg));
   return models;
 }
 
@@ -86,6 +88,31 @@ TEST_SUITE("ch02") {
       on_ranks(n, [&](Communicator& comm) {
         FakeModel g(comm.rank());
         ch02::allreduce_gradients(comm, g.params, shard_range(batch, n, comm.rank()).length, batch);
+        for (std::size_t i = 0; i < want.size(); ++i)
+          check_close(g.params[i]->grad, want[i], 1e-6f, 1e-6f,
+                      "gradient " + std::to_string(i) + " on rank " + std::to_string(comm.rank()));
+      });
+    });
+  }
+
+  TEST_CASE(
+      "allreduce_gradients runs a plugged-in allreduce, once per tensor, not the native one") {
+    for_each_world_size([](int n) {
+      const std::int64_t batch = 13;
+      const std::vector<Tensor> want = weighted_average(n, batch);
+      on_ranks(n, [&](Communicator& comm) {
+        FakeModel g(comm.rank());
+        std::vector<std::int64_t> sizes;
+        auto plugged = [&](Communicator& c, Tensor& t) {
+          sizes.push_back(t.size());
+          ch02::native_allreduce(c, t);
+        };
+        const shardlab::CommStats before = comm.stats();
+        ch02::allreduce_gradients(comm, g.params, shard_range(batch, n, comm.rank()).length, batch,
+                                  plugged);
+        CHECK(sizes == std::vector<std::int64_t>{15, 7, 22});
+        // Three allreduces, the plug's own (it calls the native one): none besides.
+        CHECK(comm.stats().since(before)[Op::allreduce].calls == 3);
         for (std::size_t i = 0; i < want.size(); ++i)
           check_close(g.params[i]->grad, want[i], 1e-6f, 1e-6f,
                       "gradient " + std::to_string(i) + " on rank " + std::to_string(comm.rank()));
@@ -167,7 +194,7 @@ TEST_SUITE("ch02") {
     for (ch02::Sync sync : {ch02::Sync::allreduce, ch02::Sync::bucketed, ch02::Sync::overlap}) {
       CAPTURE(ch02::sync_name(sync));
       const ch02::Config cfg = small_config(sync);
-      ch02::Mlp single(cfg);
+      ch02::Model single(cfg);
       ch02::train_single_device(cfg, single);
       for_each_world_size([&](int n) {
         auto models = models_for(n, cfg);
@@ -175,8 +202,8 @@ TEST_SUITE("ch02") {
           ch02::train(comm, cfg, *models[static_cast<std::size_t>(comm.rank())]);
         });
         for (int r = 1; r < n; ++r)
-          check_equal(models[static_cast<std::size_t>(r)]->store().values(),
-                      models[0]->store().values(), "parameters of rank " + std::to_string(r));
+          check_equal(models[static_cast<std::size_t>(r)]->store.values(),
+                      models[0]->store.values(), "parameters of rank " + std::to_string(r));
         CHECK(relative_distance(*models[0], single) <= 1e-6);
       });
     }
@@ -187,7 +214,7 @@ TEST_SUITE("ch02") {
       CAPTURE(k);
       ch02::Config cfg = small_config(ch02::Sync::bucketed);
       cfg.accum_steps = k;
-      ch02::Mlp single(cfg);
+      ch02::Model single(cfg);
       ch02::train_single_device(cfg, single);
       for (int n : {1, 2, 3}) {
         CAPTURE(n);
@@ -200,7 +227,7 @@ TEST_SUITE("ch02") {
         });
         CHECK(relative_distance(*models[0], single) <= 1e-6);
         // One sync per step, not per micro-batch.
-        CHECK(calls[0] == ch02::plan_buckets(models[0]->parameters(),
+        CHECK(calls[0] == ch02::plan_buckets(models[0]->store.parameters(),
                                              static_cast<std::int64_t>(cfg.bucket_kb * 1024))
                                   .size() *
                               static_cast<std::size_t>(cfg.steps));

@@ -1,26 +1,18 @@
-// Chapter 02's training loop: a 2-layer MLP trained with SGD on a seeded regression
-// task, the global batch split across ranks, gradients synced as --sync says. The
-// chapter owns it (it is not an exercise); it calls the exercise's grad_sync functions.
+// Chapter 02's training loop: the toy MLP (shardlab/toy.hpp) trained with SGD on its
+// teacher's data, the global batch split across ranks, gradients synced by a GradSync as
+// --sync says. The chapter owns it (it is not an exercise); GradSync runs the exercise's
+// grad_sync functions.
 #pragma once
 
 #include <functional>
-#include <memory>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "grad_sync.hpp"
 #include "shardlab/nn.hpp"
+#include "shardlab/toy.hpp"
 
 namespace ch02 {
-
-/// none: every replica steps on its own gradient (they drift apart);
-/// allreduce: one allreduce per gradient tensor; bucketed: one per bucket, each waited
-/// for at once; overlap: each bucket's allreduce starts as soon as backward has finished
-/// its gradients, and runs while backward goes on.
-enum class Sync { none, allreduce, bucketed, overlap };
-Sync parse_sync(std::string_view name);
-std::string_view sync_name(Sync sync);
 
 struct Config {
   std::int64_t in = 16;      // I: input features
@@ -33,37 +25,22 @@ struct Config {
   double bucket_kb = 1.0;  // bucket capacity for bucketed and overlap
   std::uint64_t seed = 0;
   shardlab::Memory memory = shardlab::Memory::host;  // where the model and batch live
+
+  /// The toy model's shape: x (I) -> Linear(I, H) -> tanh -> Linear(H, 1).
+  shardlab::toy::MlpConfig model() const { return {.widths = {in, hidden, 1}, .seed = seed}; }
+  std::int64_t bucket_bytes() const { return static_cast<std::int64_t>(bucket_kb * 1024.0); }
 };
 
-/// x -> Linear(I, H) -> tanh -> Linear(H, 1). Parameters in order W1, b1, W2, b2, all in
-/// one flat buffer (and their gradients in another) in cfg.memory: on a GPU, forward,
-/// backward, the gradient sync and the update all run there.
-class Mlp {
- public:
-  explicit Mlp(const Config& cfg);
-  Mlp(const Mlp&) = delete;  // the layers point into this model's own store
-  Mlp& operator=(const Mlp&) = delete;
-
-  shardlab::nn::Forward forward(const Tensor& x) const;
-  /// Backward from dL/dpred through what forward saved; calls ready(layer) once layer 2's,
-  /// then layer 1's gradients are final (what overlap hooks into).
-  void backward(const Tensor& dpred, shardlab::nn::Saved& saved,
-                const std::function<void(int layer)>& ready = {});
-  std::vector<Parameter*> parameters() { return store_.parameters(); }
-  shardlab::nn::ParameterStore& store() { return store_; }
-
- private:
-  shardlab::nn::ParameterStore store_;
-  shardlab::nn::Sequential layers_;  // Linear, Tanh, Linear
+/// One replica: toy::mlp's layers and the store they point into. Parameters in order W1,
+/// b1, W2, b2, all in one flat buffer (and their gradients in another) in cfg.memory: on
+/// a GPU, forward, backward, the gradient sync and the update all run there.
+struct Model {
+  explicit Model(const Config& cfg);
+  Model(const Model&) = delete;  // the layers point into this model's own store
+  Model& operator=(const Model&) = delete;
+  shardlab::nn::ParameterStore store;
+  shardlab::nn::Sequential layers;
 };
-
-/// The layer (1 or 2) each parameter of an Mlp belongs to, in parameters() order.
-inline constexpr int layer_of[] = {1, 1, 2, 2};
-
-/// Step t's global batch: x is B x I standard normal, y = teacher(x) (a fixed random
-/// 2-layer network of the same shape, made from the seed by make_teacher), on the host.
-Mlp make_teacher(const Config& cfg);
-void make_batch(const Config& cfg, const Mlp& teacher, int step, Tensor& x, Tensor& y);
 
 struct Trace {
   std::vector<double> losses;  // global mean loss before each step's update
@@ -77,11 +54,33 @@ struct Trace {
 
 /// Trains `model` on this rank's share of every batch. `after_step(step)` runs on every
 /// rank after each update (uncounted bookkeeping may use the communicator there).
-Trace train(Communicator& comm, const Config& cfg, Mlp& model,
+Trace train(Communicator& comm, const Config& cfg, Model& model,
             const std::function<void(int step)>& after_step = {});
 
 /// The single-device reference: the same training on the full batch, no communication,
 /// on the host.
-Trace train_single_device(const Config& cfg, Mlp& model);
+Trace train_single_device(const Config& cfg, Model& model);
+
+/// "MLP 16 -> 64 -> 1, global batch 64 (1 micro-batch per rank), 20 steps".
+std::string describe(const Config& cfg);
+
+/// The first step (from 1) whose loss is not finite or has grown past 100 times the first
+/// step's: training blew up. 0 when it did not.
+int diverged_at(const std::vector<double>& losses);
+
+/// Why the comparison of `trace` (distributed) with `reference` (single device) means
+/// nothing, or "": the reference blew up ("training diverged at step N (loss L, ...):
+/// lower --lr"), or only the distributed run did (a fault in the sync).
+std::string divergence_failure(const Trace& reference, const Trace& trace, float lr);
+/// max over steps of |loss - reference loss| / reference loss; infinite when `trace`
+/// diverged.
+double loss_curve_diff(const Trace& reference, const Trace& trace);
+
+/// Bytes one rank holds: its model (parameters and gradients), the
+/// teacher and the single-device reference (parameters and gradients), the weight
+/// gradient's temporary and what each rank thread's allocator keeps after the reference
+/// has run: 16 times the parameters measured (in = hidden = 2048), 18 here; plus a batch
+/// and its activations.
+double bytes_per_rank(const Config& cfg);
 
 }  // namespace ch02

@@ -19,8 +19,10 @@
 //   shardlab::scale_in_place(t, s)      t *= s (on the CPU or the GPU)
 //   flat.slice(begin, count)            count elements of a 1-D tensor from begin, as a
 //                                       view: writing to it writes the gradients
-//   comm.allreduce(t, ReduceOp::sum)    the sum over ranks, in place
-//   comm.iallreduce(t, ReduceOp::sum)   the same, started now; returns a Request
+//   allreduce(comm, t)                  the sum over ranks, in place (the communicator's
+//                                       own allreduce, or one plugged in: chapter 03's ring)
+//   comm.iallreduce(t, ReduceOp::sum)   the communicator's sum, started now; returns a
+//                                       Request
 //
 // Stuck? The chapter README's Exercise section has hints, one at a time.
 #include "grad_sync.hpp"
@@ -35,12 +37,13 @@ namespace ch02 {
 // Receives: every parameter of this rank's model (p->grad holds this rank's mean
 // gradient over its local_batch rows), this rank's row count and the global batch.
 // Afterwards: every p->grad, on every rank, holds the batch-weighted average above.
-// One allreduce per parameter tensor (--sync allreduce), in params order, the same
-// calls on every rank. Think first: an allreduce can only add, so what must this rank
-// put into the sum?
+// One allreduce(comm, grad) per parameter tensor (--sync allreduce), in params order,
+// the same calls on every rank. Think first: an allreduce can only add, so what must
+// this rank put into the sum?
 void allreduce_gradients(Communicator& comm, std::span<Parameter* const> params,
-                         std::int64_t local_batch, std::int64_t global_batch) {
-  (void)comm, (void)params, (void)local_batch, (void)global_batch;
+                         std::int64_t local_batch, std::int64_t global_batch,
+                         const AllreduceFn& allreduce) {
+  (void)comm, (void)params, (void)local_batch, (void)global_batch, (void)allreduce;
   SHARDLAB_TODO("ch02: allreduce_gradients");
 }
 

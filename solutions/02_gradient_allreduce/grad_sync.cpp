@@ -13,12 +13,13 @@ float batch_share(std::int64_t local_batch, std::int64_t global_batch) {
 }  // namespace
 
 void allreduce_gradients(Communicator& comm, std::span<Parameter* const> params,
-                         std::int64_t local_batch, std::int64_t global_batch) {
+                         std::int64_t local_batch, std::int64_t global_batch,
+                         const AllreduceFn& allreduce) {
   const float share = batch_share(local_batch, global_batch);
   for (Parameter* p : params) {
     // My mean gradient, weighted by my share of the batch, summed over ranks.
     shardlab::scale_in_place(p->grad, share);
-    comm.allreduce(p->grad, shardlab::ReduceOp::sum);
+    allreduce(comm, p->grad);
   }
 }
 
