@@ -1,4 +1,5 @@
-// The NCCL backend (see comm_nccl.hpp).
+// The NCCL backend (see comm_nccl.hpp). NCCL is not linked: it is opened when the first
+// NCCL communicator is created (gpu_library.hpp says why).
 #include "shardlab/comm_nccl.hpp"
 
 #include "shardlab/check.hpp"
@@ -28,12 +29,35 @@ std::unique_ptr<Communicator> create(Communicator&, int) {
 #include <vector>
 
 #include "gpu_check.hpp"
+#include "gpu_library.hpp"
 #include "shardlab/results.hpp"
 
 namespace shardlab::nccl {
 
 namespace {
 using Clock = std::chrono::steady_clock;
+
+// The NCCL functions this file calls, opened on first use (the lookup is thread-safe).
+// clang-format off
+#define SHARDLAB_NCCL_FUNCTIONS(X) \
+  X(ncclGetUniqueId) X(ncclCommInitRank) X(ncclCommSplit) X(ncclCommDestroy) \
+  X(ncclCommAbort) X(ncclCommGetAsyncError) X(ncclGetErrorString) \
+  X(ncclGroupStart) X(ncclGroupEnd) X(ncclSend) X(ncclRecv) \
+  X(ncclAllReduce) X(ncclReduce) X(ncclBroadcast) X(ncclReduceScatter) X(ncclAllGather)
+// clang-format on
+struct Nccl {
+  SHARDLAB_GPU_DECLARE(SHARDLAB_NCCL_FUNCTIONS)
+};
+const Nccl& api() {
+  static const Nccl nccl = [] {
+    Nccl n;
+    SHARDLAB_GPU_BIND(SHARDLAB_NCCL_FUNCTIONS, n,
+                      gpu::open_library("NCCL", {SHARDLAB_NCCL_SONAME, SHARDLAB_NCCL_PATH}),
+                      "NCCL");
+    return n;
+  }();
+  return nccl;
+}
 
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
@@ -75,9 +99,9 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 /// open group defers every later NCCL call of the thread, destroy included).
 class Group {
  public:
-  Group() { NCCL_CHECK(ncclGroupStart()); }
+  Group() { NCCL_CHECK(api().ncclGroupStart()); }
   ~Group() noexcept(false) {
-    const ncclResult_t r = ncclGroupEnd();
+    const ncclResult_t r = api().ncclGroupEnd();
     if (!std::uncaught_exceptions()) NCCL_CHECK(r);
   }
   Group(const Group&) = delete;
@@ -114,7 +138,7 @@ class NcclComm final : public Communicator {
         comm_(comm),
         device_(device) {}
   ~NcclComm() override {
-    if (comm_) ncclCommDestroy(comm_);
+    if (comm_) api().ncclCommDestroy(comm_);
   }
   std::string_view backend() const override { return "nccl"; }
 
@@ -127,7 +151,7 @@ class NcclComm final : public Communicator {
     } else {
       r->batch = open_batch();
       r->batch->ops.push_back(
-          [=, this] { NCCL_CHECK(ncclSend(buf, bytes, ncclUint8, peer, comm_, stream())); });
+          [=, this] { NCCL_CHECK(api().ncclSend(buf, bytes, ncclUint8, peer, comm_, stream())); });
     }
     return Request(std::move(r));
   }
@@ -140,7 +164,7 @@ class NcclComm final : public Communicator {
     } else {
       r->batch = open_batch();
       r->batch->ops.push_back(
-          [=, this] { NCCL_CHECK(ncclRecv(buf, bytes, ncclUint8, peer, comm_, stream())); });
+          [=, this] { NCCL_CHECK(api().ncclRecv(buf, bytes, ncclUint8, peer, comm_, stream())); });
     }
     return Request(std::move(r));
   }
@@ -184,7 +208,7 @@ class NcclComm final : public Communicator {
   std::unique_ptr<Communicator> split_impl(int color, int key) override {
     std::unique_ptr<Communicator> host = host_.split(color, key);
     ncclComm_t sub = nullptr;
-    NCCL_CHECK(ncclCommSplit(comm_, color, key, &sub, nullptr));
+    NCCL_CHECK(api().ncclCommSplit(comm_, color, key, &sub, nullptr));
     Communicator& h = *host;
     return std::make_unique<NcclComm>(h, sub, device_, std::move(host));
   }
@@ -252,28 +276,29 @@ class NcclComm final : public Communicator {
     auto at_out = [&](std::size_t elements) { return static_cast<char*>(c.out) + elements * elem; };
     switch (c.op) {
       case Op::allreduce:
-        NCCL_CHECK(ncclAllReduce(c.out, c.out, c.count, t, nccl_op(c.reduce), comm_, stream()));
+        NCCL_CHECK(
+            api().ncclAllReduce(c.out, c.out, c.count, t, nccl_op(c.reduce), comm_, stream()));
         return;
       case Op::reduce:
         NCCL_CHECK(
-            ncclReduce(c.out, c.out, c.count, t, nccl_op(c.reduce), c.root, comm_, stream()));
+            api().ncclReduce(c.out, c.out, c.count, t, nccl_op(c.reduce), c.root, comm_, stream()));
         return;
       case Op::broadcast:
-        NCCL_CHECK(ncclBroadcast(c.out, c.out, c.count, t, c.root, comm_, stream()));
+        NCCL_CHECK(api().ncclBroadcast(c.out, c.out, c.count, t, c.root, comm_, stream()));
         return;
       case Op::reduce_scatter: {
         if (c.count % static_cast<std::size_t>(N) == 0) {
-          NCCL_CHECK(ncclReduceScatter(c.in, c.out, c.count / static_cast<std::size_t>(N), t,
-                                       nccl_op(c.reduce), comm_, stream()));
+          NCCL_CHECK(api().ncclReduceScatter(c.in, c.out, c.count / static_cast<std::size_t>(N), t,
+                                             nccl_op(c.reduce), comm_, stream()));
           return;
         }
         // Uneven shards: one reduce per shard, to its owner, issued as one group.
         Group group;
         for (int q = 0; q < N; ++q) {
           const ShardRange s = shard_range(static_cast<std::int64_t>(c.count), N, q);
-          NCCL_CHECK(ncclReduce(at(c.in, static_cast<std::size_t>(s.offset)), c.out,
-                                static_cast<std::size_t>(s.length), t, nccl_op(c.reduce), q, comm_,
-                                stream()));
+          NCCL_CHECK(api().ncclReduce(at(c.in, static_cast<std::size_t>(s.offset)), c.out,
+                                      static_cast<std::size_t>(s.length), t, nccl_op(c.reduce), q,
+                                      comm_, stream()));
         }
         return;
       }
@@ -281,7 +306,7 @@ class NcclComm final : public Communicator {
         const bool even = std::adjacent_find(c.counts.begin(), c.counts.end(),
                                              std::not_equal_to<>()) == c.counts.end();
         if (even) {
-          NCCL_CHECK(ncclAllGather(c.in, c.out, c.counts[0], t, comm_, stream()));
+          NCCL_CHECK(api().ncclAllGather(c.in, c.out, c.counts[0], t, comm_, stream()));
           return;
         }
         // Uneven counts: one broadcast per rank into its place, issued as one group.
@@ -289,7 +314,7 @@ class NcclComm final : public Communicator {
         std::size_t offset = 0;
         for (int q = 0; q < N; ++q) {
           const std::size_t n = c.counts[static_cast<std::size_t>(q)];
-          NCCL_CHECK(ncclBroadcast(c.in, at_out(offset), n, t, q, comm_, stream()));
+          NCCL_CHECK(api().ncclBroadcast(c.in, at_out(offset), n, t, q, comm_, stream()));
           offset += n;
         }
         return;
@@ -304,12 +329,12 @@ class NcclComm final : public Communicator {
               CUDA_CHECK(cudaMemcpyAsync(at_out(offset), c.in, n * elem, cudaMemcpyDeviceToDevice,
                                          stream()));
             else
-              NCCL_CHECK(ncclRecv(at_out(offset), n, t, q, comm_, stream()));
+              NCCL_CHECK(api().ncclRecv(at_out(offset), n, t, q, comm_, stream()));
             offset += n;
           }
         } else {
-          NCCL_CHECK(
-              ncclSend(c.in, c.counts[static_cast<std::size_t>(r)], t, c.root, comm_, stream()));
+          NCCL_CHECK(api().ncclSend(c.in, c.counts[static_cast<std::size_t>(r)], t, c.root, comm_,
+                                    stream()));
         }
         return;
       }
@@ -321,8 +346,8 @@ class NcclComm final : public Communicator {
         for (int q = 0; q < N; ++q) {
           const std::size_t out_n = c.vector ? c.counts[static_cast<std::size_t>(q)] : c.count;
           const std::size_t in_n = c.vector ? c.recv_counts[static_cast<std::size_t>(q)] : c.count;
-          NCCL_CHECK(ncclSend(at(c.in, sent), out_n, t, q, comm_, stream()));
-          NCCL_CHECK(ncclRecv(at_out(received), in_n, t, q, comm_, stream()));
+          NCCL_CHECK(api().ncclSend(at(c.in, sent), out_n, t, q, comm_, stream()));
+          NCCL_CHECK(api().ncclRecv(at_out(received), in_n, t, q, comm_, stream()));
           sent += out_n;
           received += in_n;
         }
@@ -377,12 +402,12 @@ class NcclComm final : public Communicator {
       if (state == cudaSuccess) return;
       if (state != cudaErrorNotReady) CUDA_CHECK(state);
       ncclResult_t async = ncclSuccess;
-      NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
+      NCCL_CHECK(api().ncclCommGetAsyncError(comm_, &async));
       if (async != ncclSuccess)
         throw CommError("rank " + std::to_string(rank()) + ": NCCL " + what +
-                        " failed: " + ncclGetErrorString(async));
+                        " failed: " + api().ncclGetErrorString(async));
       if (Clock::now() > deadline) {
-        ncclCommAbort(comm_);
+        api().ncclCommAbort(comm_);
         comm_ = nullptr;
         throw CommError(
             "rank " + std::to_string(rank()) + ": NCCL " + what + " waited " +
@@ -414,6 +439,7 @@ std::unique_ptr<Communicator> create(Communicator& host, int device) {
     throw UsageError("--backend nccl needs one GPU per rank: " + std::to_string(host.size()) +
                      " ranks, " + std::to_string(devices) +
                      " GPU(s) (use fewer ranks, or the threads backend with --device cuda)");
+  api();  // every rank opens NCCL before the first collective: all fail alike without it
   // Across processes (MPI), no two ranks of one host may pick the same GPU either.
   char name[256] = {};
   gethostname(name, sizeof name - 1);
@@ -430,7 +456,7 @@ std::unique_ptr<Communicator> create(Communicator& host, int device) {
                          " of one host (start fewer ranks per host)");
   CUDA_CHECK(cudaSetDevice(device));
   ncclUniqueId id{};
-  if (host.rank() == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+  if (host.rank() == 0) NCCL_CHECK(api().ncclGetUniqueId(&id));
   std::vector<std::uint8_t> bytes(sizeof id);
   std::memcpy(bytes.data(), &id, sizeof id);
   {
@@ -439,10 +465,14 @@ std::unique_ptr<Communicator> create(Communicator& host, int device) {
   }
   std::memcpy(&id, bytes.data(), sizeof id);
   ncclComm_t comm = nullptr;
-  NCCL_CHECK(ncclCommInitRank(&comm, host.size(), id, host.rank()));
+  NCCL_CHECK(api().ncclCommInitRank(&comm, host.size(), id, host.rank()));
   return std::make_unique<NcclComm>(host, comm, device);
 }
 
 }  // namespace shardlab::nccl
+
+const char* shardlab::gpu::nccl_error_string(ncclResult_t r) {
+  return shardlab::nccl::api().ncclGetErrorString(r);
+}
 
 #endif

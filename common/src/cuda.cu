@@ -2,6 +2,9 @@
 // (kernels.hpp). Compiled with --default-stream per-thread, so each rank's thread works
 // on a stream of its own.
 //
+// cuBLAS is not linked: it is opened the first time a matmul runs on a GPU (gpu_library.hpp
+// says why).
+//
 // Every kernel here has a host loop beside it in tensor.cpp / comm.cpp, and test_cuda.cpp
 // checks each against it on random data before anything is timed (llm.c's pattern).
 #include <cublas_v2.h>
@@ -15,6 +18,7 @@
 #include <vector>
 
 #include "gpu_check.hpp"
+#include "gpu_library.hpp"
 #include "kernels.hpp"
 #include "shardlab/check.hpp"
 #include "shardlab/cuda.hpp"
@@ -312,6 +316,32 @@ void visit_index(DType t, F&& f) {
     f(std::int64_t{});
 }
 
+// The cuBLAS functions this file calls, opened on first use (the lookup is thread-safe).
+// clang-format off
+#define SHARDLAB_CUBLAS_FUNCTIONS(X) \
+  X(cublasCreate) X(cublasDestroy) X(cublasSetStream) X(cublasSetMathMode) \
+  X(cublasSgemm) X(cublasGetStatusString)
+// clang-format on
+struct Cublas {
+  SHARDLAB_GPU_DECLARE(SHARDLAB_CUBLAS_FUNCTIONS)
+  // For C++, cublas_api.h overloads cublasGemmEx with an inline wrapper (for the older
+  // cudaDataType compute type), so its type is spelled out: the library's own function.
+  cublasStatus_t (*cublasGemmEx)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int,
+                                 int, const void*, const void*, cudaDataType, int, const void*,
+                                 cudaDataType, int, const void*, void*, cudaDataType, int,
+                                 cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
+};
+const Cublas& cublas() {
+  static const Cublas api = [] {
+    void* lib = gpu::open_library("cuBLAS", {SHARDLAB_CUBLAS_SONAME, SHARDLAB_CUBLAS_PATH});
+    Cublas c;
+    SHARDLAB_GPU_BIND(SHARDLAB_CUBLAS_FUNCTIONS, c, lib, "cuBLAS");
+    gpu::bind(lib, c.cublasGemmEx, "cuBLAS", "cublasGemmEx");
+    return c;
+  }();
+  return api;
+}
+
 int device_of(const void* p) {
   cudaPointerAttributes a{};
   CUDA_CHECK(cudaPointerGetAttributes(&a, p));
@@ -324,7 +354,7 @@ int device_of(const void* p) {
 class Handles {
  public:
   ~Handles() {
-    for (auto& [device, handle] : handles_) cublasDestroy(handle);
+    for (auto& [device, handle] : handles_) cublas().cublasDestroy(handle);
   }
   cublasHandle_t get() {
     int device = 0;
@@ -332,9 +362,9 @@ class Handles {
     for (auto& [d, h] : handles_)
       if (d == device) return h;
     cublasHandle_t h = nullptr;
-    CUBLAS_CHECK(cublasCreate(&h));
-    CUBLAS_CHECK(cublasSetStream(h, stream()));
-    CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
+    CUBLAS_CHECK(cublas().cublasCreate(&h));
+    CUBLAS_CHECK(cublas().cublasSetStream(h, stream()));
+    CUBLAS_CHECK(cublas().cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
     handles_.emplace_back(device, h);
     return h;
   }
@@ -496,7 +526,7 @@ void matmul(const void* a, const void* b, void* out, DType type, std::int64_t M,
   const cublasOperation_t op_a = transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasHandle_t h = handles.get();
   if (type == DType::f32) {
-    CUBLAS_CHECK(cublasSgemm(
+    CUBLAS_CHECK(cublas().cublasSgemm(
         h, op_b, op_a, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &one,
         static_cast<const float*>(b), static_cast<int>(b_cols), static_cast<const float*>(a),
         static_cast<int>(a_cols), &zero, static_cast<float*>(out), static_cast<int>(N)));
@@ -504,10 +534,10 @@ void matmul(const void* a, const void* b, void* out, DType type, std::int64_t M,
   }
   // f16 / bf16 in and out, f32 accumulation: the tensor-core path.
   const cudaDataType_t t = type == DType::f16 ? CUDA_R_16F : CUDA_R_16BF;
-  CUBLAS_CHECK(cublasGemmEx(h, op_b, op_a, static_cast<int>(N), static_cast<int>(M),
-                            static_cast<int>(K), &one, b, t, static_cast<int>(b_cols), a, t,
-                            static_cast<int>(a_cols), &zero, out, t, static_cast<int>(N),
-                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  CUBLAS_CHECK(cublas().cublasGemmEx(h, op_b, op_a, static_cast<int>(N), static_cast<int>(M),
+                                     static_cast<int>(K), &one, b, t, static_cast<int>(b_cols), a,
+                                     t, static_cast<int>(a_cols), &zero, out, t,
+                                     static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 // -- reductions for the communicators -----------------------------------------------------
@@ -554,4 +584,9 @@ void finish_reduce(void* acc, std::size_t count, DType type, ReduceOp op, int ra
 void synchronize() { CUDA_CHECK(cudaStreamSynchronize(stream())); }
 
 }  // namespace kernels
+
+const char* gpu::cublas_status_string(cublasStatus_t s) {
+  return kernels::cublas().cublasGetStatusString(s);
+}
+
 }  // namespace shardlab

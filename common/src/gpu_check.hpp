@@ -20,6 +20,15 @@
 
 namespace shardlab::gpu {
 
+// cuBLAS and NCCL are opened at run time (gpu_library.hpp): their error strings come
+// through the opened library, from cuda.cu and comm_nccl.cpp.
+#ifdef SHARDLAB_CHECK_CUBLAS
+const char* cublas_status_string(cublasStatus_t s);
+#endif
+#ifdef SHARDLAB_CHECK_NCCL
+const char* nccl_error_string(ncclResult_t r);
+#endif
+
 [[noreturn]] inline void fail(const std::string& what, const char* call, const char* file,
                               int line) {
   throw Error(std::string(call) + " failed at " + file + ":" + std::to_string(line) + ": " + what);
@@ -30,12 +39,12 @@ inline void check(cudaError_t e, const char* call, const char* file, int line) {
 }
 #ifdef SHARDLAB_CHECK_CUBLAS
 inline void check(cublasStatus_t s, const char* call, const char* file, int line) {
-  if (s != CUBLAS_STATUS_SUCCESS) fail(cublasGetStatusString(s), call, file, line);
+  if (s != CUBLAS_STATUS_SUCCESS) fail(cublas_status_string(s), call, file, line);
 }
 #endif
 #ifdef SHARDLAB_CHECK_NCCL
 inline void check(ncclResult_t r, const char* call, const char* file, int line) {
-  if (r != ncclSuccess && r != ncclInProgress) fail(ncclGetErrorString(r), call, file, line);
+  if (r != ncclSuccess && r != ncclInProgress) fail(nccl_error_string(r), call, file, line);
 }
 #endif
 
