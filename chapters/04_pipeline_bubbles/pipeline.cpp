@@ -1,8 +1,6 @@
-// Chapter 04: running a schedule on real ranks.
+// Chapter 04: the pipeline runtime (pipeline.hpp).
 #include "pipeline.hpp"
 
-#include <chrono>
-#include <cmath>
 #include <deque>
 #include <map>
 #include <string>
@@ -10,41 +8,10 @@
 
 #include "shardlab/check.hpp"
 #include "shardlab/cuda.hpp"
+#include "shardlab/timer.hpp"
+#include "timeline.hpp"
 
 namespace ch04 {
-
-using shardlab::shard;
-using shardlab::shard_range;
-using Clock = std::chrono::steady_clock;
-
-nn::Sequential make_blocks(nn::ParameterStore& store, const ModelConfig& cfg, int first, int last) {
-  nn::Sequential blocks;
-  for (int l = first; l < last; ++l) {
-    blocks.add<nn::Linear>(store, "block" + std::to_string(l), cfg.width, cfg.width,
-                           cfg.seed * 1000003 + static_cast<std::uint64_t>(l));
-    blocks.add<nn::Tanh>();
-  }
-  return blocks;
-}
-
-BlockRange blocks_of(const ModelConfig& cfg, int virtual_stage, int virtual_stages) {
-  const auto r = shard_range(cfg.layers, virtual_stages, virtual_stage);
-  return {static_cast<int>(r.offset), static_cast<int>(r.offset + r.length)};
-}
-
-Batch make_batch(const ModelConfig& cfg) {
-  const std::uint64_t seed = cfg.seed * 1000003 + 0xba7c4ull;
-  return {shardlab::randn(cfg.batch, cfg.width, seed),
-          shardlab::randn(cfg.batch, cfg.width, seed + 1)};
-}
-
-StageModel::StageModel(const ModelConfig& cfg, int stage, int stages, int chunks, Memory memory) {
-  for (int c = 0; c < chunks; ++c) {
-    const BlockRange r = blocks_of(cfg, virtual_stage(stage, c, stages), stages * chunks);
-    chunks_.push_back(make_blocks(store_, cfg, r.first, r.last));
-  }
-  store_.allocate(memory);
-}
 
 namespace {
 
@@ -60,44 +27,62 @@ struct InFlight {
 
 }  // namespace
 
-StageRun run_schedule(Communicator& comm, const Schedule& s, StageModel& model,
-                      const Batch& batch) {
-  shardlab::require(s.stages == comm.size(), [&] {
-    return "run_schedule: a schedule of " + std::to_string(s.stages) + " stages on " +
-           std::to_string(comm.size()) + " ranks";
+Pipeline::Pipeline(Communicator& comm)
+    : comm_(comm), forward_(comm.split(0, comm.rank())), backward_(comm.split(0, comm.rank())) {}
+
+Pipeline::~Pipeline() = default;
+
+StageRun Pipeline::run(const Schedule& s, const Stage& stage, const Hooks& hooks) {
+  const int p = s.stages, st = comm_.rank(), v = s.chunks, last = p * v - 1;
+  shardlab::require(p == comm_.size() && static_cast<int>(stage.chunks.size()) == v, [&] {
+    return "Pipeline::run: the " + s.name + " schedule of " + std::to_string(p) + " stages x " +
+           std::to_string(v) + " chunks on " + std::to_string(comm_.size()) +
+           " ranks, a stage of " + std::to_string(stage.chunks.size()) + " chunks";
   });
-  const int p = s.stages, st = comm.rank(), v = s.chunks, last = p * v - 1;
+  shardlab::require(st != 0 || stage.input, "Pipeline::run: stage 0 has no input");
+  shardlab::require(st != last % p || stage.loss, [&] {
+    return "Pipeline::run: stage " + std::to_string(st) + " (the last virtual stage) has no loss";
+  });
+  shardlab::require(last == 0 || stage.boundary, "Pipeline::run: the stage has no boundary");
   const bool split = s.split_backward();
-  const Memory memory = model.store().values().memory();
-  const std::int64_t rows = batch.x.rows();
-  // Activations flow on one channel, gradients on another: each keeps its own order.
-  const std::unique_ptr<Communicator> forward_channel = comm.split(0, st);
-  const std::unique_ptr<Communicator> backward_channel = comm.split(0, st);
+  const auto& ops = s.ops[static_cast<std::size_t>(st)];
+  // The ops that add weight gradients: the last one gets the hook before it, and each
+  // chunk's count says when its gradients are final.
+  const Kind adds_weights = split ? Kind::weight : Kind::backward;
+  std::size_t last_backward = ops.size();
+  std::vector<int> backwards_left(static_cast<std::size_t>(v), 0);
+  for (std::size_t i = 0; i < ops.size(); ++i)
+    if (ops[i].kind == adds_weights) {
+      last_backward = i;
+      ++backwards_left[static_cast<std::size_t>(ops[i].chunk)];
+    }
 
   std::map<std::pair<int, int>, InFlight> held;  // (microbatch, chunk)
   std::deque<Tensor> sending;                    // buffers of the pending sends
   std::vector<shardlab::Request> sends;
   // A message to this very stage (one stage with several chunks) skips the communicator.
   std::map<std::pair<int, int>, Tensor> to_self_forward, to_self_backward;
+  const std::uint64_t sent_before =
+      forward_->stats().total().bytes_sent + backward_->stats().total().bytes_sent;
   StageRun run;
 
-  auto microbatch_rows = [&](int j) {
-    const auto r = shard_range(rows, s.microbatches, j);
-    return std::pair{r.offset, r.length};
-  };
+  // Receives what enters chunk c for microbatch j, of shape `want`.
   auto receive = [&](Communicator& channel, std::map<std::pair<int, int>, Tensor>& to_self,
-                     int from, int j, int c, std::int64_t n) {
-    if (from == st) {
-      const auto it = to_self.find({j, c});
-      shardlab::require(it != to_self.end(), "run_schedule: a message to this stage went missing");
-      Tensor t = it->second;
-      to_self.erase(it);
-      return t;
+                     int from, int j, int c, const Boundary& want) {
+    if (from != st) {
+      Tensor in = shardlab::empty(want.shape, want.dtype, stage.memory);
+      channel.recv(in, from, tag_of(j, c, v));
+      return in;
     }
-    Tensor in = shardlab::empty({n, static_cast<std::int64_t>(batch.x.cols())},
-                                shardlab::DType::f32, memory);
-    channel.recv(in, from, tag_of(j, c, v));
-    return in;
+    const auto it = to_self.find({j, c});
+    shardlab::require(it != to_self.end(), "a message to this stage went missing");
+    Tensor t = it->second;
+    to_self.erase(it);
+    shardlab::require(t.shape() == want.shape && t.dtype() == want.dtype, [&] {
+      return "chunk " + std::to_string(c) + " gets a " + t.shape().str() +
+             " tensor, its boundary says " + want.shape.str();
+    });
+    return t;
   };
   auto send = [&](Communicator& channel, std::map<std::pair<int, int>, Tensor>& to_self, int to,
                   int j, int c, const Tensor& t) {
@@ -109,96 +94,99 @@ StageRun run_schedule(Communicator& comm, const Schedule& s, StageModel& model,
     sends.push_back(channel.isend(sending.back(), to, tag_of(j, c, v)));
   };
 
-  comm.barrier();
-  const Clock::time_point t0 = Clock::now();
-  auto since = [&](Clock::time_point t) { return std::chrono::duration<double>(t - t0).count(); };
+  auto where = [&](const Op& op) {
+    return "stage " + std::to_string(st) + ", op " + label(op, v) + " of the " + s.name +
+           " schedule: ";
+  };
 
-  for (const Op& op : s.ops[static_cast<std::size_t>(st)]) {
-    const int j = op.microbatch, c = op.chunk, vs = virtual_stage(st, c, p);
-    const auto [offset, n] = microbatch_rows(j);
+  comm_.barrier();
+  const shardlab::Stopwatch clock;
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const Op& op = ops[i];
+    const int j = op.microbatch, c = op.chunk, k = virtual_stage(st, c, p);
+    nn::Layer& chunk = *stage.chunks[static_cast<std::size_t>(c)];
     try {
+      if (i == last_backward && hooks.before_last_backward) hooks.before_last_backward();
       Event e{st, op, 0, 0};
       switch (op.kind) {
         case Kind::forward: {
-          Tensor in = vs == 0 ? batch.x.slice(offset, n).to(memory)
-                              : receive(*forward_channel, to_self_forward, (vs - 1) % p, j, c, n);
-          e.start = since(Clock::now());
-          nn::Forward f = model.chunk(c).forward(in);
+          Tensor in =
+              k == 0 ? stage.input(j)
+                     : receive(*forward_, to_self_forward, (k - 1) % p, j, c, stage.boundary(j, c));
+          e.start = clock.seconds();
+          nn::Forward f = chunk.forward(in);
           InFlight& kept = held[{j, c}];
           kept.saved = std::move(f.saved);
           kept.out = f.out;
-          if (vs < last) {
-            const int next = (vs + 1) % p;
-            send(*forward_channel, to_self_forward, next, j, (vs + 1) / p, f.out);
-          }
+          if (k < last) send(*forward_, to_self_forward, (k + 1) % p, j, (k + 1) / p, f.out);
           break;
         }
         case Kind::backward: {
           InFlight& kept = held.at({j, c});
           Tensor dy;
-          if (vs == last) {
-            e.start = since(Clock::now());
-            const Tensor target = batch.y.slice(offset, n).to(memory);
-            run.squared_error += nn::squared_error(kept.out, target);
-            dy = nn::mse_backward(kept.out, target, static_cast<double>(rows));
+          if (k == last) {
+            e.start = clock.seconds();
+            MicrobatchLoss loss = stage.loss(kept.out, j);
+            shardlab::require(loss.grad.shape() == kept.out.shape(), [&] {
+              return "the loss gives a " + loss.grad.shape().str() + " gradient for a " +
+                     kept.out.shape().str() + " output";
+            });
+            run.loss += loss.value;
+            dy = std::move(loss.grad);
           } else {
-            dy = receive(*backward_channel, to_self_backward, (vs + 1) % p, j, c, n);
-            e.start = since(Clock::now());
+            // The gradient of this chunk's output: the output's shape and type.
+            dy = receive(*backward_, to_self_backward, (k + 1) % p, j, c,
+                         {kept.out.shape(), kept.out.dtype()});
+            e.start = clock.seconds();
           }
-          const Tensor dx = model.chunk(c).backward_input(dy, kept.saved);
-          if (!split) model.chunk(c).backward_weight(kept.saved);
-          if (vs > 0) send(*backward_channel, to_self_backward, (vs - 1) % p, j, (vs - 1) / p, dx);
+          const Tensor dx = chunk.backward_input(dy, kept.saved);
+          if (!split) chunk.backward_weight(kept.saved);
+          if (k > 0) send(*backward_, to_self_backward, (k - 1) % p, j, (k - 1) / p, dx);
           if (!split) held.erase({j, c});
           break;
         }
         case Kind::weight: {
-          e.start = since(Clock::now());
-          model.chunk(c).backward_weight(held.at({j, c}).saved);
+          e.start = clock.seconds();
+          chunk.backward_weight(held.at({j, c}).saved);
           held.erase({j, c});
           break;
         }
       }
       // On a GPU the kernels run after their launch returns: wait for them, so that the
       // op's time is its own.
-      if (memory == Memory::device) shardlab::cuda::synchronize();
-      e.end = since(Clock::now());
+      if (stage.memory == Memory::device) shardlab::cuda::synchronize();
+      e.end = clock.seconds();
       run.events.push_back(e);
+      if (op.kind == adds_weights && hooks.after_backward)
+        hooks.after_backward(j, c, --backwards_left[static_cast<std::size_t>(c)] == 0);
+    } catch (const shardlab::CommAborted&) {
+      throw;  // another rank failed: its own error is the one to report
     } catch (const shardlab::CommError& error) {
-      throw shardlab::CommError("stage " + std::to_string(st) + ", op " + label(op, v) +
-                                " of the " + s.name + " schedule: " + error.what());
+      throw shardlab::CommError(where(op) + error.what());
+    } catch (const shardlab::Error& error) {
+      throw shardlab::Error(where(op) + error.what());
     }
   }
-  comm.wait_all(sends);
+  comm_.wait_all(sends);
   run.bytes_sent =
-      forward_channel->stats().total().bytes_sent + backward_channel->stats().total().bytes_sent;
+      forward_->stats().total().bytes_sent + backward_->stats().total().bytes_sent - sent_before;
   return run;
 }
 
-std::uint64_t formula_bytes(const ModelConfig& cfg, int stages, int chunks) {
-  if (stages == 1) return 0;
-  return 2ull * static_cast<std::uint64_t>(stages * chunks - 1) *
-         static_cast<std::uint64_t>(cfg.batch) * static_cast<std::uint64_t>(cfg.width) * 4ull;
-}
-
-void run_reference(const ModelConfig& cfg, const Batch& batch, Reference& out) {
-  out.model = make_blocks(out.store, cfg, 0, cfg.layers);
-  out.store.allocate();
-  nn::Forward f = out.model.forward(batch.x);
-  out.squared_error = nn::squared_error(f.out, batch.y);
-  out.model.backward(nn::mse_backward(f.out, batch.y, static_cast<double>(cfg.batch)), f.saved);
-}
-
-double max_gradient_diff(StageModel& model, Reference& ref) {
-  std::map<std::string, nn::Parameter*> by_name;
-  for (nn::Parameter* p : ref.store.parameters()) by_name[p->name] = p;
-  double worst = 0;
-  for (nn::Parameter* p : model.store().parameters()) {
-    const nn::Parameter* r = by_name.at(p->name);
-    const double d = shardlab::max_abs_diff(p->grad.to(Memory::host), r->grad);
-    if (std::isnan(d)) return d;
-    worst = std::max(worst, d);
+Timed time_schedule(Pipeline& pipeline, const Schedule& s, const Stage& stage,
+                    const std::function<void()>& reset, int rounds) {
+  reset();
+  (void)pipeline.run(s, stage);
+  Timed best;
+  for (int round = 0; round < rounds; ++round) {
+    reset();
+    StageRun attempt = pipeline.run(s, stage);
+    std::vector<Event> all = gather_events(pipeline.comm(), attempt.events);
+    Timeline t = timeline_of(all, s.stages, s.chunks, s.split_backward());
+    if (round == 0 || t.makespan < best.timeline.makespan)
+      best = {std::move(attempt), std::move(all), std::move(t)};
   }
-  return worst;
+  return best;
 }
 
 std::function<double(int, const Op&)> measured_costs(const std::vector<Event>& events) {

@@ -1,10 +1,30 @@
-// Chapter 04: a schedule run on real ranks. Rank s is stage s; it holds its chunks of
-// the model, runs its list of ops in order, receives the activations (forward) and their
-// gradients (backward) it needs from its neighbours, sends on what it computes, and
-// times every op.
+// Chapter 04: the pipeline runtime. A schedule (schedule.hpp) run on real ranks, over any
+// model: rank s of a communicator (the world, or the "pp" axis of a DeviceMesh) is stage s.
+// It holds its chunks of the model, runs its list of ops in order, receives the
+// activations (forward) and their gradients (backward) it needs from its neighbours, sends
+// on what it computes, and times every op.
+//
+// The runtime knows nothing of the model (picotron's train_step_pipeline_1f1b, PyTorch's
+// _PipelineStageBase): a Stage gives its chunks as nn layers, the shape of what enters
+// each, the first virtual stage's input and the last one's loss; Hooks let a trainer act
+// at the moments data parallelism needs (chapter 02's no-sync pattern: the gradient sync
+// is switched back on before the last backward of the step).
+//
+//   ch04::Pipeline pipeline(mesh.axis("pp"));          // once: its channels
+//   ch04::Stage stage{.chunks = {&my_chunk}, .input = ..., .boundary = ..., .loss = ...};
+//   sync.set_enabled(false);
+//   const ch04::StageRun run = pipeline.run(schedule, stage,
+//                                           {.before_last_backward = [&] {
+//                                             sync.set_enabled(true); }});
+//   sync.finish();
+//
+// Names: p = stages (the communicator's ranks), v = chunks per stage, m = microbatches,
+// j = a microbatch, c = a chunk of this stage, k = c p + s its virtual stage (0 .. p v - 1).
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <vector>
 
 #include "schedule.hpp"
@@ -16,80 +36,100 @@
 namespace ch04 {
 
 using shardlab::Communicator;
+using shardlab::DType;
 using shardlab::Memory;
+using shardlab::Shape;
 using shardlab::Tensor;
 namespace nn = shardlab::nn;
 
-/// The model: `layers` blocks of Linear(width, width) + tanh, and the loss
-/// L = sum over the batch of |out - target|^2 / (2 * batch). Block l's weights come from
-/// seed + l, so every rank builds any block identically.
-struct ModelConfig {
-  int layers = 8;
-  int width = 64;
-  int batch = 32;
-  std::uint64_t seed = 0;
+/// The shape and element type of the activation that enters a chunk (its gradient, coming
+/// back, has the same).
+struct Boundary {
+  Shape shape;
+  DType dtype = DType::f32;
 };
 
-/// Blocks [first, last) of the model, as a Sequential over `store`.
-nn::Sequential make_blocks(nn::ParameterStore& store, const ModelConfig& cfg, int first, int last);
-
-/// The blocks of virtual stage k of n: shard_range(layers, n, k).
-struct BlockRange {
-  int first = 0, last = 0;
+/// What the loss gives for one microbatch: its share of the step's loss (the runtime adds
+/// the shares up, and scales nothing), and dL/dout.
+struct MicrobatchLoss {
+  double value = 0;
+  Tensor grad;
 };
-BlockRange blocks_of(const ModelConfig& cfg, int virtual_stage, int virtual_stages);
 
-/// The input and target of the whole batch (host, from the seed).
-struct Batch {
-  Tensor x, y;
+/// One rank's share of a pipelined model, as the runtime sees it. Callbacks are called
+/// only where the schedule needs them (input: the rank that holds virtual stage 0; loss:
+/// the one that holds the last; boundary: every other chunk).
+struct Stage {
+  /// Chunk c's layers: virtual stage c p + s of the model (an nn::Sequential, or any Layer).
+  std::vector<nn::Layer*> chunks;
+  /// The input of microbatch j to virtual stage 0 (in `memory`; any type, e.g. token ids).
+  std::function<Tensor(int microbatch)> input;
+  /// What enters chunk c for microbatch j from the virtual stage before it: the receive
+  /// buffer's shape and type (each microbatch has its own: uneven microbatches differ).
+  std::function<Boundary(int microbatch, int chunk)> boundary;
+  /// The last virtual stage: the loss of microbatch j's output `out`.
+  std::function<MicrobatchLoss(const Tensor& out, int microbatch)> loss;
+  /// Where the activations live (the GPU's kernels are waited for before an op's clock
+  /// stops).
+  Memory memory = Memory::host;
 };
-Batch make_batch(const ModelConfig& cfg);
 
-/// One rank's share of the model: chunk c holds virtual stage c * p + stage.
-class StageModel {
- public:
-  StageModel(const ModelConfig& cfg, int stage, int stages, int chunks, Memory memory);
-  nn::Sequential& chunk(int c) { return chunks_[static_cast<std::size_t>(c)]; }
-  int chunks() const { return static_cast<int>(chunks_.size()); }
-  nn::ParameterStore& store() { return store_; }
-
- private:
-  nn::ParameterStore store_;
-  std::vector<nn::Sequential> chunks_;
+/// Moments of a step a trainer can act at. Both run on the stage's own rank, outside the
+/// ops' timing.
+struct Hooks {
+  /// Once per step on every stage, just before its last op that adds into the weight
+  /// gradients (its last W when the schedule splits the backward, else its last B): every
+  /// other contribution of the step is in. Where a data-parallel sync is switched back on.
+  std::function<void()> before_last_backward;
+  /// After each op that adds microbatch j's weight gradients of chunk c (B, or W when
+  /// split); `chunk_done`: that was chunk c's last of the step, its gradients are final
+  /// (a per-chunk sync can start).
+  std::function<void(int microbatch, int chunk, bool chunk_done)> after_backward;
 };
 
 /// What one rank saw.
 struct StageRun {
   std::vector<Event> events;     // its ops, in order; times in seconds from the common start
-  double squared_error = 0;      // last stage: the loss's sum of squares over its microbatches
+  double loss = 0;               // the loss's shares of the microbatches whose loss it took
   std::uint64_t bytes_sent = 0;  // activations and their gradients sent to other stages
 };
 
-/// Bytes all stages send in one run of a schedule: every microbatch's activations cross
-/// each of the p v - 1 boundaries between model pieces forward, and their gradients
-/// cross back: 2 (p v - 1) * batch * width * 4 (none with one stage, whose pieces are
-/// all on one rank).
-std::uint64_t formula_bytes(const ModelConfig& cfg, int stages, int chunks);
+/// The runtime over one communicator. Construct it on every rank (it makes two channels,
+/// one for activations, one for gradients, so that each keeps its own order).
+class Pipeline {
+ public:
+  explicit Pipeline(Communicator& comm);
+  ~Pipeline();
+  Pipeline(const Pipeline&) = delete;
+  Pipeline& operator=(const Pipeline&) = delete;
 
-/// Runs this rank's list of ops of `s` (stage = comm.rank(); s.stages must equal
-/// comm.size()), adding every parameter gradient into model.store().grads() (zero them
-/// first). The ranks start together (a barrier). Sends are non-blocking and completed at
-/// the end, so only receives wait: a schedule whose stages wait for each other in a
-/// circle ends in the communicator's timeout, the error naming the stage and the op.
-StageRun run_schedule(Communicator& comm, const Schedule& s, StageModel& model, const Batch& batch);
+  /// Runs this rank's list of ops of `s` (s.stages must be the communicator's size, and
+  /// the stage must have s.chunks chunks), adding every parameter gradient into the
+  /// chunks' gradients (zero them first). The ranks start together (a barrier). Tags name
+  /// the microbatch and chunk of each message, so stages that disagree on the order get
+  /// the communicator's mismatch error; sends are non-blocking and completed at the end,
+  /// so only receives wait: a schedule whose stages wait for each other in a circle ends
+  /// in the communicator's timeout. Errors name the stage, the op and the schedule.
+  StageRun run(const Schedule& s, const Stage& stage, const Hooks& hooks = {});
 
-/// The single-device reference: the whole model on the whole batch, one forward and one
-/// backward; its store holds the gradients.
-struct Reference {
-  nn::ParameterStore store;
-  nn::Sequential model;
-  double squared_error = 0;
+  Communicator& comm() { return comm_; }
+
+ private:
+  Communicator& comm_;
+  std::unique_ptr<Communicator> forward_, backward_;
 };
-void run_reference(const ModelConfig& cfg, const Batch& batch, Reference& out);
 
-/// The largest |g - g_ref| over this rank's parameters (NaN if any is NaN), matching
-/// parameters by name.
-double max_gradient_diff(StageModel& model, Reference& ref);
+/// A schedule timed: run once untimed (the first touches of fresh memory would count as
+/// compute), then `rounds` times, the fastest (by the makespan over all stages) kept: on a
+/// shared machine one run can lose a core for a while. `reset` runs before each run (zero
+/// the gradients). Every stage's events come back on every rank.
+struct Timed {
+  StageRun run;               // this rank's, of the fastest run
+  std::vector<Event> events;  // every stage's, of the fastest run
+  Timeline timeline;          // of those events
+};
+Timed time_schedule(Pipeline& pipeline, const Schedule& s, const Stage& stage,
+                    const std::function<void()>& reset, int rounds = 3);
 
 /// Every op's time measured on the ranks, as the costs of a simulation: each op takes
 /// exactly as long as it took. What the simulation then leaves out is what happened

@@ -75,6 +75,12 @@ Schedule zb_h1(int stages, int microbatches);
 /// unknown name or shape the schedule cannot take.
 Schedule make_schedule(const std::string& name, int stages, int microbatches, int chunks);
 
+/// UsageError unless a pipeline of `stages` can run `schedule` ("all": each schedule
+/// the shape allows) with `microbatches` and `chunks`: interleaved needs m a multiple of p;
+/// on ranks (`layers` > 0) every chunk a layer of the model; and at most a million ops.
+void require_shape(const std::string& schedule, int stages, int microbatches, int chunks,
+                   int layers);
+
 /// "" when `s` is a well-formed schedule, else what is wrong with it, naming the stage
 /// and the op: every (microbatch, chunk) has exactly one F and one B on every stage (and
 /// one W when the backward is split), after its F (and W after its B), and nothing else.
@@ -84,11 +90,47 @@ std::string validate(const Schedule& s);
 /// "F3", "B0", "W2" (and ".1" for chunk 1 when the schedule has more than one chunk).
 std::string label(const Op& op, int chunks);
 
-// ---------------------------------------------------------------------------
-// What the formulas say (t_b = 2 t_f, no W, no communication cost; m >= 1)
+/// The schedules a run shows: `choice` alone, or with "all" every schedule the shape
+/// allows (interleaved needs m a multiple of p and, when `layers` > 0, a layer for each
+/// of its p v chunks); what is left out is added to `skipped`, saying why.
+std::vector<std::string> schedules_to_show(const std::string& choice, int stages, int microbatches,
+                                           int chunks, int layers,
+                                           std::vector<std::string>& skipped);
 
-/// Fraction of the total time p * makespan that stages sit idle, for GPipe and 1F1B:
-/// (p - 1) / (m + p - 1).
+// ---------------------------------------------------------------------------
+// What the formulas say (no communication cost; m >= 1)
+
+/// The time one microbatch's F, B and W take on one stage (all of its chunks: one chunk's
+/// op takes 1/v of it). A schedule that does not split the backward runs B + W as one op.
+/// The textbook case: t_b = 2 t_f and W = 0 (the backward does twice the forward's
+/// matmuls); zero-bubble papers take t_f = t_b = t_w.
+struct Costs {
+  double forward = 1;
+  double backward = 2;
+  double weight = 0;
+};
+
+/// "t_f = 1, t_b = 2 (B and W as one op)": the costs as schedule `s` runs them.
+std::string costs_text(const Schedule& s, const Costs& costs);
+
+/// Fraction of the total time p * makespan that stages sit idle, for GPipe and 1F1B with
+/// t_b = 2 t_f: (p - 1) / (m + p - 1).
 double bubble_fraction_formula(int stages, int microbatches);
+
+/// What the papers' formulas say of schedule `s` with these costs, where they say
+/// something: the bubble over the ideal time, and the microbatches in flight per stage.
+///   naive         p - 1                (its one op carries all m microbatches)
+///   gpipe, 1f1b   (p - 1) / m          GPipe holds m on every stage, 1F1B min(p - s, m)
+///   interleaved   (p - 1) / (v m)      with t_b = 2 t_f, t_w = 0 (Megatron-LM §2.2.2)
+///   zb1           (p - 1) / (3 m)      with t_f = t_b = t_w and m >= p; p held everywhere
+///                                      (Zero Bubble §2.1)
+struct Formula {
+  std::string text;          // "(p-1)/m"; "" when no formula applies
+  double over_ideal = -1;    // -1: none
+  std::vector<double> peak;  // per stage; empty: none
+};
+/// `batch_microbatches`: the m of the run; the naive schedule's one op carries all m, and
+/// its stages hold them all (its own microbatches is 1).
+Formula formula_for(const Schedule& s, const Costs& costs, int batch_microbatches);
 
 }  // namespace ch04

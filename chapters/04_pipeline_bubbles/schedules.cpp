@@ -5,6 +5,7 @@
 
 #include "schedule.hpp"
 #include "shardlab/check.hpp"
+#include "shardlab/format.hpp"
 
 namespace ch04 {
 
@@ -152,8 +153,81 @@ std::string validate(const Schedule& s) {
   return "";
 }
 
+std::vector<std::string> schedules_to_show(const std::string& choice, int stages, int microbatches,
+                                           int chunks, int layers,
+                                           std::vector<std::string>& skipped) {
+  if (choice != "all") return {choice};
+  const int p = stages;
+  std::vector<std::string> names;
+  for (const std::string name : {"naive", "gpipe", "1f1b", "interleaved", "zb1"}) {
+    if (name == "interleaved" && microbatches % p != 0) {
+      skipped.push_back("interleaved (--microbatches " + std::to_string(microbatches) +
+                        " is not a multiple of " + std::to_string(p) + " stages)");
+      continue;
+    }
+    if (name == "interleaved" && layers > 0 && layers < p * chunks) {
+      skipped.push_back("interleaved (--layers " + std::to_string(layers) + " cannot give " +
+                        std::to_string(p) + " stages x " + std::to_string(chunks) +
+                        " chunks a block each)");
+      continue;
+    }
+    names.push_back(name);
+  }
+  return names;
+}
+
+void require_shape(const std::string& schedule, int stages, int microbatches, int chunks,
+                   int layers) {
+  const int p = stages, m = microbatches;
+  const int pieces = p * (schedule == "interleaved" ? chunks : 1);
+  if (layers > 0 && layers < pieces)
+    throw UsageError("--layers " + std::to_string(layers) + " cannot give " +
+                     std::to_string(pieces) + " stage chunks a block each: use --layers " +
+                     std::to_string(pieces) + " or more");
+  // Each op is an event to simulate, draw and keep: a million is plenty to look at.
+  const double ops = 3.0 * p * m * chunks;
+  if (ops > 1e6)
+    throw UsageError(shardlab::format_number(ops, 3) +
+                     " ops (stages x microbatches x chunks x 3): more than a million; use fewer");
+  if (schedule == "interleaved" && m % p != 0)
+    throw UsageError("the interleaved schedule takes microbatches p at a time: --microbatches " +
+                     std::to_string(m) + " is not a multiple of " + std::to_string(p) + " stages");
+}
+
+// ---------------------------------------------------------------------------
+// The formulas
+
+std::string costs_text(const Schedule& s, const Costs& c) {
+  using shardlab::format_number;
+  std::string t = "t_f = " + format_number(c.forward) + ", ";
+  if (s.split_backward())
+    t += "t_b = " + format_number(c.backward) + " (B), t_w = " + format_number(c.weight) + " (W)";
+  else
+    t += "t_b = " + format_number(c.backward + c.weight) + " (B and W as one op)";
+  return t;
+}
+
 double bubble_fraction_formula(int stages, int microbatches) {
   return static_cast<double>(stages - 1) / static_cast<double>(microbatches + stages - 1);
+}
+
+Formula formula_for(const Schedule& s, const Costs& c, int batch_microbatches) {
+  const int p = s.stages, m = s.microbatches, v = s.chunks;
+  Formula f;
+  if (s.name == "naive" || s.name == "gpipe" || s.name == "1f1b") {
+    f.text = s.name == "naive" ? "p-1" : "(p-1)/m";
+    f.over_ideal = static_cast<double>(p - 1) / m;
+    for (int st = 0; st < p; ++st)
+      f.peak.push_back(s.name == "1f1b" ? std::min(p - st, m) : batch_microbatches);
+  } else if (s.name == "interleaved" && c.backward == 2 * c.forward && c.weight == 0) {
+    f.text = "(p-1)/(v m)";
+    f.over_ideal = static_cast<double>(p - 1) / (v * m);
+  } else if (s.name == "zb1" && c.forward == c.backward && c.backward == c.weight && m >= p) {
+    f.text = "(p-1)/(3m)";
+    f.over_ideal = static_cast<double>(p - 1) / (3.0 * m);
+    f.peak.assign(static_cast<std::size_t>(p), static_cast<double>(p));
+  }
+  return f;
 }
 
 }  // namespace ch04

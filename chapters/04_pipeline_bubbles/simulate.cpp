@@ -2,9 +2,12 @@
 #include "simulate.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <numeric>
 #include <tuple>
+
+#include "shardlab/format.hpp"
 
 namespace ch04 {
 
@@ -125,6 +128,36 @@ Timeline simulate(const Schedule& s, const Costs& costs, double scale) {
                                                  : costs.weight;
     return scale * c / s.chunks;
   });
+}
+
+void count_in_microbatches(Timeline& t, const Schedule& s, int batch_microbatches) {
+  if (s.name == "naive")
+    for (double& held : t.peak_in_flight) held *= batch_microbatches;
+}
+
+std::string problems(const Schedule& s, const Costs& costs) {
+  if (const std::string problem = validate(s); !problem.empty()) return s.name + ": " + problem;
+  if (const std::string deadlock = simulate(s, costs).deadlock; !deadlock.empty())
+    return s.name + ": the schedule deadlocks: " + deadlock;
+  return "";
+}
+
+std::string join_numbers(const std::vector<double>& values) {
+  std::string text;
+  for (double v : values) text += (text.empty() ? "" : " ") + shardlab::format_number(v, 3);
+  return text;
+}
+
+std::string formula_mismatch(const std::string& name, const Timeline& t, const Formula& f) {
+  using shardlab::format_number;
+  if (f.over_ideal >= 0 &&
+      !(std::fabs(t.bubble_over_ideal() - f.over_ideal) <= 1e-9 * std::max(1.0, f.over_ideal)))
+    return name + ": the simulated bubble " + format_number(t.bubble_over_ideal()) +
+           " of the ideal differs from the formula's " + format_number(f.over_ideal);
+  if (!f.peak.empty() && t.peak_in_flight != f.peak)
+    return name + ": microbatches in flight " + join_numbers(t.peak_in_flight) + ", formula " +
+           join_numbers(f.peak);
+  return "";
 }
 
 }  // namespace ch04

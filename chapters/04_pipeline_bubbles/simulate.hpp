@@ -12,16 +12,6 @@
 
 namespace ch04 {
 
-/// The time one microbatch's F, B and W take on one stage (all of its chunks: one chunk's
-/// op takes 1/v of it). A schedule that does not split the backward runs B + W as one op.
-/// The textbook case: t_b = 2 t_f and W = 0 (the backward does twice the forward's
-/// matmuls); zero-bubble papers take t_f = t_b = t_w.
-struct Costs {
-  double forward = 1;
-  double backward = 2;
-  double weight = 0;
-};
-
 /// One op as it ran: on which stage, from when to when.
 struct Event {
   int stage = 0;
@@ -52,5 +42,21 @@ Timeline simulate(const Schedule& s, const std::function<double(int, const Op&)>
 /// Runs `s` with the same costs on every stage; `scale` multiplies them (naive: one op
 /// carries the whole batch of m microbatches, so scale = m).
 Timeline simulate(const Schedule& s, const Costs& costs, double scale = 1);
+
+/// "" when `s` is well formed (validate) and its stages can run it together (on paper,
+/// with `costs`), else what is wrong, naming the schedule.
+std::string problems(const Schedule& s, const Costs& costs);
+
+/// "4 3 2 1": numbers with 3 significant digits, space-separated (microbatches in flight).
+std::string join_numbers(const std::vector<double>& values);
+
+/// "" when the timeline `t` of schedule `name` agrees with formula `f` (the bubble over
+/// the ideal within 1e-9, the microbatches in flight exactly, where `f` says them), else
+/// what differs.
+std::string formula_mismatch(const std::string& name, const Timeline& t, const Formula& f);
+
+/// The naive schedule's one "microbatch" is the whole batch of the run's m: what its
+/// stages hold, counted in the others' microbatches (m times its peak; others unchanged).
+void count_in_microbatches(Timeline& t, const Schedule& s, int batch_microbatches);
 
 }  // namespace ch04

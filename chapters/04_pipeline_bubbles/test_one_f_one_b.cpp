@@ -27,6 +27,7 @@
 #include "schedule.hpp"
 #include "shardlab/testing.hpp"
 #include "simulate.hpp"
+#include "toy_stage.hpp"
 
 using namespace shardlab;
 using shardlab::testing::on_ranks;
@@ -116,9 +117,10 @@ TEST_SUITE("ch04") {
         on_ranks(
             p,
             [&](Communicator& comm) {
-              ch04::StageModel model(cfg, comm.rank(), p, 1, Memory::host);
+              ch04::ToyStage model(cfg, comm.rank(), p, 1, Memory::host);
               model.store().zero_grad();
-              (void)ch04::run_schedule(comm, s, model, batch);
+              ch04::Pipeline pipeline(comm);
+              (void)pipeline.run(s, model.stage(batch, m));
               const double diff = ch04::max_gradient_diff(model, ref);
               if (!(diff <= 1e-5 * scale))
                 throw Error("stage " + std::to_string(comm.rank()) +

@@ -89,6 +89,24 @@ void add_trace(nlohmann::json& trace_events, const Timeline& t, int pid, const s
                             {"args", {{"microbatch", e.op.microbatch}, {"chunk", e.op.chunk}}}});
 }
 
+void write_trace(const std::string& path, const nlohmann::json& trace_events) {
+  shardlab::write_file_atomic(
+      path, nlohmann::json{{"traceEvents", trace_events}, {"displayTimeUnit", "ms"}}.dump());
+}
+
+shardlab::Table events_table() {
+  return shardlab::Table({"schedule", "source", "stages", "microbatches", "chunks", "stage", "kind",
+                          "microbatch", "chunk", "start_ms", "end_ms", "backend", "machine"});
+}
+
+void add_events(shardlab::Table& table, const Schedule& s, const std::string& source,
+                const Timeline& t, const std::string& backend, const std::string& machine) {
+  for (const Event& e : t.events)
+    table.add({s.name, source, s.stages, s.microbatches, s.chunks, e.stage,
+               std::string(1, "FBW"[static_cast<int>(e.op.kind)]), e.op.microbatch, e.op.chunk,
+               e.start * 1e3, e.end * 1e3, backend, machine});
+}
+
 std::vector<Event> gather_events(shardlab::Communicator& comm, const std::vector<Event>& mine) {
   shardlab::Communicator::Uncounted quiet(comm);
   constexpr std::size_t fields = 6;

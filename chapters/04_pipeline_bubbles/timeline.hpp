@@ -1,4 +1,5 @@
-// Chapter 04: timelines drawn in the terminal, and written as Chrome trace events.
+// Chapter 04: timelines drawn in the terminal, written as Chrome trace events, and as rows
+// of the events CSV.
 #pragma once
 
 #include <nlohmann/json_fwd.hpp>
@@ -6,6 +7,7 @@
 #include <vector>
 
 #include "shardlab/comm.hpp"
+#include "shardlab/results.hpp"
 #include "simulate.hpp"
 
 namespace ch04 {
@@ -27,6 +29,18 @@ double cell_for(const Timeline& t, int max_columns = 120);
 /// `us_per_unit` turns the timeline's time into microseconds.
 void add_trace(nlohmann::json& trace_events, const Timeline& t, int pid, const std::string& process,
                int chunks, double us_per_unit);
+
+/// Writes trace events (add_trace) as a Chrome trace file, atomically.
+void write_trace(const std::string& path, const nlohmann::json& trace_events);
+
+/// The events CSV the notebook draws as Gantt charts: one row per op, its times in ms.
+/// Columns: schedule source stages microbatches chunks stage kind microbatch chunk
+/// start_ms end_ms backend machine.
+shardlab::Table events_table();
+/// Adds every op of `t` (schedule `s`, `source` "measured" or "simulated"; times in
+/// seconds) to an events_table().
+void add_events(shardlab::Table& table, const Schedule& s, const std::string& source,
+                const Timeline& t, const std::string& backend, const std::string& machine);
 
 /// Every rank's events, on every rank (an allgather; not counted as the run's traffic).
 std::vector<Event> gather_events(shardlab::Communicator& comm, const std::vector<Event>& mine);

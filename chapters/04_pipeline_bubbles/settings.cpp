@@ -1,0 +1,77 @@
+// Chapter 04: the chapter program's flags and their checks (settings.hpp).
+#include "settings.hpp"
+
+#include <CLI/CLI.hpp>
+#include <filesystem>
+
+#include "shardlab/check.hpp"
+#include "shardlab/cli.hpp"
+#include "shardlab/results.hpp"
+
+namespace ch04 {
+
+using shardlab::require_usage;
+
+void add_flags(shardlab::Program& program, Settings& s) {
+  CLI::App& app = program.cli();
+  for (CLI::Option* option :
+       {app.add_option("--schedule", s.schedule, "naive, gpipe, 1f1b, interleaved, zb1 or all")
+            ->check(CLI::IsMember({"naive", "gpipe", "1f1b", "interleaved", "zb1", "all"})),
+        app.add_option("-m,--microbatches", s.microbatches, "pieces the batch is cut into")
+            ->check(CLI::Range(1, 4096)),
+        app.add_option("-v,--chunks", s.chunks, "model chunks per stage (interleaved)")
+            ->check(CLI::Range(1, 64)),
+        app.add_option("--fwd-cost", s.costs.forward, "simulation: time of a forward (F)")
+            ->check(shardlab::cli::between(1e-6, 1e6)),
+        app.add_option("--bwd-cost", s.costs.backward,
+                       "simulation: time of a backward's input gradient (B)")
+            ->check(shardlab::cli::between(1e-6, 1e6)),
+        app.add_option("--wgrad-cost", s.costs.weight,
+                       "simulation: time of a backward's weight gradient (W; part of B when not "
+                       "split)")
+            ->check(shardlab::cli::between(0.0, 1e6)),
+        app.add_option("--layers", s.model.layers, "blocks of the model (on ranks)")
+            ->check(CLI::Range(1, 4096)),
+        app.add_option("--width", s.model.width, "width of every block")
+            ->check(CLI::Range(1, 8192)),
+        app.add_option("--batch", s.model.batch, "rows of the batch")
+            ->check(CLI::Range(1, 1 << 20))})
+    option->capture_default_str();
+  app.add_option("-p,--stages", s.stages, "stages (simulation: default 4; on ranks: the ranks)")
+      ->check(CLI::Range(1, 1024));
+  app.add_flag("--simulate", s.simulate, "on paper only, with the op costs above");
+  app.add_option("--trace", s.trace, "write the timelines as Chrome trace JSON (Perfetto)");
+  app.add_flag("--benchmark", s.benchmark, "on ranks: sweep the microbatches, write CSV");
+
+  program.validate([&s](const shardlab::Options& o) {
+    s.model.seed = o.seed;
+    require_usage(!(s.simulate && s.benchmark), "--benchmark runs on ranks: drop --simulate");
+    require_usage(s.simulate || s.model.batch >= s.microbatches,
+                  "--batch " + std::to_string(s.model.batch) + " cannot be cut into " +
+                      std::to_string(s.microbatches) + " microbatches");
+    if (!s.trace.empty())
+      shardlab::check_writable_folder(std::filesystem::absolute(s.trace).parent_path(),
+                                      "--trace " + s.trace + ": its folder");
+  });
+  // On ranks, one stage per rank; every stage chunk needs a block of the model (with
+  // --schedule all, the interleaved schedule is left out when only the others fit).
+  program.world_size([&s](const shardlab::Options&, int ranks) {
+    const int p = s.stages > 0 ? s.stages : (s.simulate ? 4 : ranks);
+    require_usage(s.simulate || p == ranks, "--stages " + std::to_string(p) + " on ranks needs " +
+                                                std::to_string(p) +
+                                                " ranks (one stage per rank), not " +
+                                                std::to_string(ranks) + "; or add --simulate");
+    require_shape(s.schedule, p, s.microbatches, s.chunks, s.simulate ? 0 : s.model.layers);
+  });
+  // Memory: what each rank holds (toy_stage.hpp); the ranks of a threads job share this
+  // machine.
+  program.memory_estimate([&s](const shardlab::Options& o) {
+    if (s.simulate) return 0.0;
+    return bytes_per_rank(s.model, o.ranks) *
+           (o.backend == "threads" || o.backend == "auto" ? o.ranks : 1);
+  });
+  program.writes_csv([&s] { return s.benchmark; });
+  program.supports_cuda();
+}
+
+}  // namespace ch04
