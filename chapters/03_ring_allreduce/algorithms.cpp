@@ -1,11 +1,15 @@
 // Chapter 03: the allreduce algorithms that are not the exercise — the ring put
 // together, its pipelined form, the naive one and recursive doubling — and the formulas
 // for what each sends. All of them on the communicator's point-to-point calls only.
+#include <algorithm>
 #include <bit>
+#include <cmath>
+#include <string>
 #include <vector>
 
 #include "ring_allreduce.hpp"
 #include "shardlab/check.hpp"
+#include "shardlab/format.hpp"
 #include "shardlab/tensor.hpp"
 
 namespace ch03 {
@@ -21,9 +25,21 @@ void add(std::span<float> into, std::span<const float> x) {
 
 int owned_chunk(int rank, int ranks) { return wrap(rank + 1, ranks); }
 
-void ring_allreduce(Communicator& comm, std::span<float> data, Workspace& scratch) {
+void RingAllreduce::operator()(Communicator& comm, std::span<float> data,
+                               Workspace& scratch) const {
   ring_reduce_scatter(comm, data, scratch);
   ring_allgather(comm, data);
+}
+
+void RingAllreduce::operator()(Communicator& comm, shardlab::Tensor& data) const {
+  shardlab::require(data.dtype() == shardlab::DType::f32 && !data.on_device(), [&] {
+    return "ch03::ring_allreduce: the ring adds float32 on the host, got a " +
+           std::string(shardlab::dtype_name(data.dtype())) + " tensor in " +
+           (data.on_device() ? "device" : "host") + " memory";
+  });
+  // Each rank (a thread, or a process) keeps its scratch between calls: one chunk.
+  thread_local Workspace scratch;
+  (*this)(comm, data.span(), scratch);
 }
 
 // ---------------------------------------------------------------------------
@@ -94,6 +110,19 @@ void pipelined_ring_allreduce(Communicator& comm, std::span<float> data, std::si
   sends.clear();
 }
 
+std::string too_many_segments(double bytes, int ranks, double segment_kb) {
+  constexpr double kMaxSegments = 16384;
+  const double chunk = std::ceil(bytes / std::max(1, ranks));
+  const double segment = std::max(4.0, std::floor(segment_kb * 1024 / 4) * 4);
+  if (chunk / segment <= kMaxSegments) return "";
+  return "--segment-kb " + shardlab::format_number(segment_kb) + " cuts a " +
+         std::to_string(static_cast<long long>(std::ceil(chunk / 1024))) + " KiB chunk into " +
+         std::to_string(static_cast<long long>(std::ceil(chunk / segment))) +
+         " segments, each a message: use --segment-kb " +
+         shardlab::format_number(std::ceil(chunk / kMaxSegments / 1024 * 1000) / 1000) +
+         " or more for these sizes";
+}
+
 // ---------------------------------------------------------------------------
 // Naive: everything to rank 0, and back.
 
@@ -157,11 +186,30 @@ void recursive_doubling_allreduce(Communicator& comm, std::span<float> data, Wor
 }
 
 // ---------------------------------------------------------------------------
-// Formulas
+// By name, and the formulas
+
+void allreduce(std::string_view name, Communicator& comm, shardlab::Tensor& data,
+               std::size_t segment, Workspace& scratch) {
+  if (name == "native") return comm.allreduce(data, shardlab::ReduceOp::sum);
+  const std::span<float> x = data.span();
+  if (name == "ring")
+    ring_allreduce(comm, x, scratch);
+  else if (name == "naive")
+    naive_allreduce(comm, x, scratch);
+  else if (name == "pipelined")
+    pipelined_ring_allreduce(comm, x, segment, scratch);
+  else if (name == "recursive_doubling")
+    recursive_doubling_allreduce(comm, x, scratch);
+  else
+    throw shardlab::Error("no allreduce algorithm '" + std::string(name) + "'");
+}
 
 std::size_t formula_bytes_sent(std::string_view algorithm, std::size_t count, int rank, int ranks) {
   const std::size_t S = count * sizeof(float);
   const auto N = static_cast<std::size_t>(ranks);
+  if (algorithm == "native")
+    return shardlab::collective_traffic(shardlab::Op::allreduce, count, sizeof(float), rank, ranks)
+        .sent;
   if (ranks == 1) return 0;
   if (algorithm == "naive") return rank == 0 ? (N - 1) * S : S;
   if (algorithm == "ring" || algorithm == "pipelined") {

@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -68,14 +69,31 @@ void ring_reduce_scatter(Communicator& comm, std::span<float> data, Workspace& s
 /// `data`. Afterwards every chunk holds the sum on every rank.
 void ring_allgather(Communicator& comm, std::span<float> data);
 
-/// ring_reduce_scatter, then ring_allgather.
-void ring_allreduce(Communicator& comm, std::span<float> data, Workspace& scratch);
+/// The ring allreduce (sum, in place, blocking): ring_reduce_scatter, then ring_allgather.
+///   ring_allreduce(comm, data, scratch)   a span, with scratch the caller keeps
+///   ring_allreduce(comm, tensor)          a float32 host tensor (a view too: a bucket of
+///                                         a flat gradient buffer), scratch kept per thread
+/// The second is chapter 02's AllreduceFn, std::function<void(Communicator&, Tensor&)>:
+///   ch02::GradSyncConfig{.mode = ch02::Sync::bucketed, .allreduce = ch03::ring_allreduce}
+/// It is an object rather than two overloaded functions because a std::function cannot
+/// choose between overloads; called, it reads as one.
+struct RingAllreduce {
+  void operator()(Communicator& comm, std::span<float> data, Workspace& scratch) const;
+  void operator()(Communicator& comm, shardlab::Tensor& data) const;
+};
+inline constexpr RingAllreduce ring_allreduce{};
 
 /// The same ring with every chunk cut into segments of `segment` elements and
 /// non-blocking sends and receives, so that adding one segment overlaps the transfer
 /// of the next, and a reduced segment moves on before its chunk is finished.
 void pipelined_ring_allreduce(Communicator& comm, std::span<float> data, std::size_t segment,
                               Workspace& scratch);
+
+/// Each segment of the pipelined ring is a message: tiny segments on large chunks mean
+/// millions of messages per allreduce, minutes of per-message overhead that teach nothing.
+/// "" when segments of `segment_kb` KiB cut the chunks of a buffer of `bytes` over `ranks`
+/// into at most 16384 segments each; else what is wrong, and the segment that would do.
+std::string too_many_segments(double bytes, int ranks, double segment_kb);
 
 /// Naive: every rank sends its buffer to rank 0, which adds them in rank order and
 /// sends the sum back to each. Rank 0 is the bottleneck.
@@ -87,8 +105,22 @@ void naive_allreduce(Communicator& comm, std::span<float> data, Workspace& scrat
 /// buffer to the odd one above it and gets the result back at the end.
 void recursive_doubling_allreduce(Communicator& comm, std::span<float> data, Workspace& scratch);
 
-/// Bytes `rank` sends in each algorithm ("naive", "ring", "pipelined",
-/// "recursive_doubling"), from the formulas above.
+// ---------------------------------------------------------------------------
+// The algorithms by name, as the chapter program and its benchmark compare them
+
+/// "naive", "ring", "pipelined", "recursive_doubling", and "native": the communicator's
+/// own allreduce, the peer every from-scratch algorithm is measured against.
+inline constexpr std::string_view algorithms[] = {"naive", "ring", "pipelined",
+                                                  "recursive_doubling", "native"};
+
+/// Runs algorithm `name` (one of `algorithms`) on `data`; the pipelined ring cuts its
+/// chunks into segments of `segment` elements. The from-scratch algorithms add float32 on
+/// the host; "native" takes any tensor the communicator does (device memory too).
+void allreduce(std::string_view name, Communicator& comm, shardlab::Tensor& data,
+               std::size_t segment, Workspace& scratch);
+
+/// Bytes `rank` sends in each algorithm, from the formulas above; for "native", what the
+/// communicator's allreduce sends (shardlab::collective_traffic).
 std::size_t formula_bytes_sent(std::string_view algorithm, std::size_t count, int rank, int ranks);
 
 }  // namespace ch03

@@ -1,9 +1,29 @@
 // Chapter 03 tests of the chapter's own algorithms (not the exercise): naive,
 // pipelined ring and recursive doubling equal the native allreduce and send exactly
-// their formula's bytes. Compiled against the solution only.
+// their formula's bytes; the ring as the allreduce a trainer plugs in (a tensor, a view
+// of a flat gradient buffer); the algorithms by name. Compiled against the solution only.
+//
+// Wrong versions the last three test cases were checked against:
+//   the tensor ring over data.shape()[0] elements (the rows of a 2-D view, not all of
+//     them) -> "rank 1, element 7 of the view: got 108, want 212" on the (7, 13) view
+//   the tensor ring dropping the view's last element (span().first(size - 1)) ->
+//     "rank 0, element 4098 of the view: got 103, want 209", and the bytes
+//   the tensor ring as comm.allreduce (right values, right bytes) -> "called the native
+//     allreduce"
+//   one Workspace shared by every rank (static instead of thread_local) -> "rank 0,
+//     element 0 of the view: got 226, want 221" (a race: caught here at 2 ranks)
+//   no type check in the tensor ring -> Tensor's own "holds f16", not the ring's words
+//   "pipelined" by name running the plain ring (same values, same bytes) -> "send calls
+//     differ from pipelined's function"
+//   "naive" by name running recursive doubling -> "send calls differ from naive's function"
+//   formula_bytes_sent("native") giving the ring's formula -> "native on rank 0 sent 24596
+//     bytes, the formula says 24592" (4 ranks, 4099 elements)
+//   an unknown name running the native allreduce instead of throwing -> "did NOT throw"
+
 #include <doctest/doctest.h>
 
 #include <functional>
+#include <string>
 
 #include "ring_allreduce.hpp"
 #include "ring_check.hpp"
@@ -178,6 +198,115 @@ TEST_SUITE("ch03.algorithms") {
       Tensor first = x.clone();
       comm.broadcast(first, 0);
       CHECK(x.bitwise_equal(first));
+    });
+  }
+
+  TEST_CASE("the ring plugs in as a trainer's allreduce: a tensor view of a flat buffer") {
+    // Chapter 02's AllreduceFn. Rank q holds (q + 1)(i mod 7 + 1) + 100 at element i of a
+    // flat buffer; the ring reduces a view of it (a bucket: a 1-D range, or a 2-D tensor
+    // inside it) and must leave every element outside the view as it was.
+    const std::function<void(Communicator&, Tensor&)> allreduce = ch03::ring_allreduce;
+    auto mine = [](std::int64_t i, int q) {
+      return static_cast<float>((q + 1) * (i % 7 + 1) + 100);
+    };
+    for_each_world_size([&](int n) {
+      on_ranks(n, [&](Communicator& comm) {
+        const int r = comm.rank();
+        Tensor flat(5000);
+        // Views of several sizes, larger then smaller (the ring reuses its scratch).
+        for (const auto& [offset, shape] : std::vector<std::pair<std::int64_t, Shape>>{
+                 {13, Shape{4099}}, {3, Shape{7, 13}}, {4999, Shape{1}}, {0, Shape{0}}}) {
+          for (std::int64_t i = 0; i < flat.size(); ++i) flat[i] = mine(i, r);
+          Tensor view = flat.view(offset, shape);
+          const auto count = static_cast<std::size_t>(view.size());
+          CAPTURE(count);
+          const CommStats before = comm.stats();
+          allreduce(comm, view);
+          const CommStats used = comm.stats().since(before);
+          for (std::int64_t i = 0; i < flat.size(); ++i) {
+            const bool inside = i >= offset && i < offset + view.size();
+            float want = mine(i, r);
+            if (inside) {
+              want = 0;
+              for (int q = 0; q < n; ++q) want += mine(i, q);
+            }
+            if (flat[i] != want) {
+              FAIL_CHECK("rank " << r << ", element " << i - offset << " of the view"
+                                 << std::string(inside ? "" : " (outside it)") << ": got "
+                                 << flat[i] << ", want " << want);
+              break;
+            }
+          }
+          CHECK_MESSAGE(used[Op::allreduce].calls == 0, "called the native allreduce");
+          CHECK(used.total().bytes_sent == ch03::formula_bytes_sent("ring", count, r, n));
+        }
+      });
+    });
+  }
+
+  TEST_CASE("the tensor ring refuses what it cannot add, naming itself") {
+    on_ranks(1, [](Communicator& comm) {
+      Tensor halves = zeros(Shape{16}, DType::f16);
+      CHECK_THROWS_WITH_AS(ch03::ring_allreduce(comm, halves),
+                           doctest::Contains("ch03::ring_allreduce: the ring adds float32"),
+                           shardlab::Error);
+    });
+  }
+
+  TEST_CASE("every algorithm by name: the exact sum, and the same messages as the function") {
+    const std::size_t segment = 7;
+    for_each_world_size([&](int n) {
+      on_ranks(n, [&](Communicator& comm) {
+        const int r = comm.rank();
+        const std::size_t count = 4099;
+        ch03::Workspace scratch;
+        for (std::string_view name : ch03::algorithms) {
+          CAPTURE(name);
+          // By name, on a tensor...
+          Tensor by_name = Tensor::from_vector(check::tagged_input(count, r, n));
+          const CommStats before = comm.stats();
+          ch03::allreduce(name, comm, by_name, segment, scratch);
+          const CommStats named = comm.stats().since(before);
+          // ... and the function itself, on the same data.
+          std::vector<float> direct = check::tagged_input(count, r, n);
+          const CommStats start = comm.stats();
+          if (name == "naive") ch03::naive_allreduce(comm, direct, scratch);
+          if (name == "ring") ch03::ring_allreduce(comm, direct, scratch);
+          if (name == "pipelined") ch03::pipelined_ring_allreduce(comm, direct, segment, scratch);
+          if (name == "recursive_doubling")
+            ch03::recursive_doubling_allreduce(comm, direct, scratch);
+          if (name == "native") comm.allreduce(std::span<float>(direct), ReduceOp::sum);
+          const CommStats called = comm.stats().since(start);
+          // The exact sum (small integers: every order agrees), element by element.
+          std::vector<float> sum(count, 0.0f);
+          for (int q = 0; q < n; ++q) {
+            const std::vector<float> v = check::tagged_input(count, q, n);
+            for (std::size_t i = 0; i < count; ++i) sum[i] += v[i];
+          }
+          for (std::size_t i = 0; i < count; ++i)
+            if (by_name[static_cast<std::int64_t>(i)] != sum[i] || direct[i] != sum[i]) {
+              FAIL_CHECK("rank " << r << ", element " << i << ": by name "
+                                 << by_name[static_cast<std::int64_t>(i)] << ", the function "
+                                 << direct[i] << ", want " << sum[i]);
+              break;
+            }
+          for (std::size_t k = 0; k < op_count; ++k) {
+            const auto op = static_cast<Op>(k);
+            CHECK_MESSAGE(named[op].calls == called[op].calls,
+                          op_name(op) << " calls differ from " << name << "'s function");
+            CHECK_MESSAGE(named[op].bytes_sent == called[op].bytes_sent,
+                          op_name(op) << " bytes differ from " << name << "'s function");
+          }
+          const std::size_t formula = ch03::formula_bytes_sent(name, count, r, n);
+          CHECK_MESSAGE(named.total().bytes_sent == formula,
+                        name << " on rank " << r << " sent " << named.total().bytes_sent
+                             << " bytes, the formula says " << formula);
+        }
+        Tensor x(4);
+        CHECK_THROWS_WITH_AS(ch03::allreduce("carrier-pigeon", comm, x, segment, scratch),
+                             doctest::Contains("no allreduce algorithm 'carrier-pigeon'"),
+                             shardlab::Error);
+      });
     });
   }
 }

@@ -1,19 +1,18 @@
-// bench: the timing loop, the table, the CSV and the JSON (see bench.hpp).
+// bench: the timing loop, and each row written once (see bench.hpp).
 #include "shardlab/bench.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
-#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "shardlab/check.hpp"
+#include "shardlab/results.hpp"
+#include "shardlab/timer.hpp"
 
 namespace shardlab::bench {
 
 namespace {
-using Clock = std::chrono::steady_clock;
 
 std::string header(const Context& ctx, const Config& c) {
   std::ostringstream os;
@@ -45,6 +44,30 @@ std::string line(const Config& c, const Row& r) {
                   c.peak_tflops > 0 ? format_number(r.fraction, 3).c_str() : "-",
                   static_cast<unsigned long long>(r.wrong));
   return buf;
+}
+
+/// The rows as one Table: the CSV the notebooks read and the JSON, from the same cells.
+/// Every row says what it ran on and how it was timed, so a plot can say it too.
+Table table_of(const Context& ctx, const Config& c, const std::vector<Row>& rows) {
+  const bool bw = c.measure == Measure::bandwidth;
+  const std::string machine = machine_description();
+  const std::string timing = std::to_string(c.rounds) + "x" + std::to_string(c.iterations);
+  const std::string& backend = ctx.options().backend;
+  Table t(bw ? std::vector<std::string>{"algorithm", "ranks", "backend", "bytes", "count",
+                                        "time_us", "algbw_GBps", "busbw_GBps", "wrong", "machine",
+                                        "rounds_x_iterations"}
+             : std::vector<std::string>{"case", "ranks", "backend", "size", "time_us", "tflops",
+                                        "peak_tflops", "fraction_of_peak", "wrong", "machine",
+                                        "rounds_x_iterations"});
+  for (const Row& r : rows) {
+    if (bw)
+      t.add({r.name, ctx.size(), backend, r.bytes, r.count, r.time_us, r.algbw_GBps, r.busbw_GBps,
+             r.wrong, machine, timing});
+    else
+      t.add({r.name, ctx.size(), backend, r.count, r.time_us, r.tflops, c.peak_tflops, r.fraction,
+             r.wrong, machine, timing});
+  }
+  return t;
 }
 }  // namespace
 
@@ -91,13 +114,13 @@ std::vector<Row> run(Context& ctx, const Config& c, const std::vector<Case>& cas
           Communicator::Uncounted quiet(comm);
           comm.barrier();
         }
-        const Clock::time_point t0 = Clock::now();
+        const Stopwatch watch;
         {
           Communicator::Unchecked fast(comm);  // checked already, in the correctness run
           for (int i = 0; i < c.iterations; ++i) cs.run();
         }
         if (c.synchronize) c.synchronize();
-        const double mine = std::chrono::duration<double>(Clock::now() - t0).count() / c.iterations;
+        const double mine = watch.seconds() / c.iterations;
         const double t = comm.agree(mine, ReduceOp::max);  // the slowest rank ends it
         best[k] = round == 0 ? t : std::min(best[k], t);
       }
@@ -130,57 +153,15 @@ std::vector<Row> run(Context& ctx, const Config& c, const std::vector<Case>& cas
   tail << "# Out of bounds values : " << total_wrong << (total_wrong == 0 ? " OK" : " FAILED");
   tail << (c.measure == Measure::bandwidth ? "\n# Avg bus bandwidth    :"
                                            : "\n# Avg TFLOP/s          :");
-  for (const Case& cs : cases) {
-    double sum = 0;
-    const std::vector<Row> mine = rows_of(rows, cs.name);
-    for (const Row& r : mine) sum += c.measure == Measure::bandwidth ? r.busbw_GBps : r.tflops;
-    tail << " " << cs.name << " "
-         << format_number(mine.empty() ? 0 : sum / static_cast<double>(mine.size()), 4);
-  }
+  for (const Case& cs : cases)
+    tail << " " << cs.name << " " << format_number(mean(rows, cs.name), 4);
   tail << (c.measure == Measure::bandwidth ? " (GB/s)" : "");
   ctx.say(tail.str());
 
-  if (!c.csv_name.empty()) {
-    const bool bw = c.measure == Measure::bandwidth;
-    // Every row says what it ran on and how it was timed, so a plot can say it too.
-    const std::string machine = machine_description();
-    const std::string timing = std::to_string(c.rounds) + "x" + std::to_string(c.iterations);
-    CsvTable csv(bw ? std::vector<std::string>{"algorithm", "ranks", "backend", "bytes", "count",
-                                               "time_us", "algbw_GBps", "busbw_GBps", "wrong",
-                                               "machine", "rounds_x_iterations"}
-                    : std::vector<std::string>{"case", "ranks", "backend", "size", "time_us",
-                                               "tflops", "peak_tflops", "fraction_of_peak", "wrong",
-                                               "machine", "rounds_x_iterations"});
-    for (const Row& r : rows) {
-      if (bw)
-        csv.add({r.name, std::to_string(ctx.size()), ctx.options().backend, std::to_string(r.bytes),
-                 std::to_string(r.count), format_number(r.time_us, 8),
-                 format_number(r.algbw_GBps, 8), format_number(r.busbw_GBps, 8),
-                 std::to_string(r.wrong), machine, timing});
-      else
-        csv.add({r.name, std::to_string(ctx.size()), ctx.options().backend, std::to_string(r.count),
-                 format_number(r.time_us, 8), format_number(r.tflops, 8),
-                 format_number(c.peak_tflops, 6), format_number(r.fraction, 6),
-                 std::to_string(r.wrong), machine, timing});
-    }
-    ctx.save_csv(csv, c.csv_name);
-  }
-  if (!c.json_key.empty()) {
-    nlohmann::json list = nlohmann::json::array();
-    for (const Row& r : rows) {
-      nlohmann::json j = {
-          {"case", r.name}, {"size", r.count}, {"time_us", r.time_us}, {"wrong", r.wrong}};
-      if (c.measure == Measure::bandwidth) {
-        j["bytes"] = r.bytes;
-        j["algbw_GBps"] = r.algbw_GBps;
-        j["busbw_GBps"] = r.busbw_GBps;
-      } else {
-        j["tflops"] = r.tflops;
-        j["fraction_of_peak"] = r.fraction;
-      }
-      list.push_back(j);
-    }
-    ctx.json()[c.json_key] = list;
+  if (!c.csv_name.empty() || !c.json_key.empty()) {
+    const Table table = table_of(ctx, c, rows);
+    if (!c.csv_name.empty()) ctx.save_csv(table, c.csv_name);
+    if (!c.json_key.empty()) ctx.json()[c.json_key] = table.json();
   }
   return rows;
 }
@@ -190,6 +171,13 @@ std::vector<Row> rows_of(const std::vector<Row>& rows, const std::string& name) 
   for (const Row& r : rows)
     if (r.name == name) out.push_back(r);
   return out;
+}
+
+double mean(const std::vector<Row>& rows, const std::string& name) {
+  const std::vector<Row> mine = rows_of(rows, name);
+  double sum = 0;
+  for (const Row& r : mine) sum += r.busbw_GBps > 0 ? r.busbw_GBps : r.tflops;
+  return mine.empty() ? 0 : sum / static_cast<double>(mine.size());
 }
 
 double mean_ratio(const std::vector<Row>& rows, const std::string& a, const std::string& b) {

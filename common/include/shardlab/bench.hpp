@@ -6,7 +6,14 @@
 // of `iterations` timed iterations after `warmup` untimed ones, the cases taking turns
 // within a round (a slow spell of a shared machine hits them all alike), each case keeping
 // its best round. A round's time is the slowest rank's (the collective is over when the
-// last rank is done). One row per case and size comes out as text, CSV and JSON.
+// last rank is done). One Row per case and size, written once: a line of nccl-tests'
+// table as soon as the size is timed, and at the end one Table of all the rows, which is
+// the CSV (for the notebooks) and the JSON (for scripts), with the same columns:
+//
+//   bandwidth   algorithm ranks backend bytes count time_us algbw_GBps busbw_GBps wrong
+//               machine rounds_x_iterations
+//   throughput  case ranks backend size time_us tflops peak_tflops fraction_of_peak wrong
+//               machine rounds_x_iterations
 //
 //   bandwidth   algbw = S / t, busbw = algbw x the case's bus factor (nccl-tests'
 //               PERFORMANCE.md: 2(N-1)/N for allreduce, (N-1)/N for allgather,
@@ -51,7 +58,7 @@ struct Config {
   /// done before the clock stops).
   std::function<void()> synchronize;
   std::string csv_name;  // CSV_DIR/csv_name.csv; empty: no CSV
-  std::string json_key;  // ctx.json()[json_key] gets the rows; empty: none
+  std::string json_key;  // ctx.json()[json_key] gets the rows (the CSV's columns); empty: none
 };
 
 struct Row {
@@ -65,8 +72,8 @@ struct Row {
 };
 
 /// Times every case at every size (see the top), prints the table, saves the CSV and the
-/// JSON, verifies that nothing was wrong (ctx.verify), and returns the rows, by size then
-/// case.
+/// JSON (the same Table), verifies that nothing was wrong (ctx.verify), and returns the
+/// rows, by size then case.
 std::vector<Row> run(Context& ctx, const Config& config, const std::vector<Case>& cases,
                      const std::vector<std::int64_t>& sizes);
 
@@ -76,6 +83,9 @@ std::vector<std::int64_t> sweep(std::uint64_t min_bytes, std::uint64_t max_bytes
 
 /// The rows of one case, in size order.
 std::vector<Row> rows_of(const std::vector<Row>& rows, const std::string& name);
+
+/// Mean over sizes of `name`'s busbw (bandwidth), or of its TFLOP/s; 0 without rows.
+double mean(const std::vector<Row>& rows, const std::string& name);
 
 /// Mean over sizes of `a`'s busbw divided by `b`'s (bandwidth), or of their TFLOP/s.
 double mean_ratio(const std::vector<Row>& rows, const std::string& a, const std::string& b);
