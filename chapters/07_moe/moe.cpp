@@ -1,10 +1,15 @@
 // Chapter 07's MoE layer: the router, the experts, the combine, and their backward — once
-// on one device, once with the tokens travelling to their experts' ranks.
+// written out on one device (the reference), once as an nn layer whose tokens travel to
+// their experts' ranks. Then what the all-to-alls move, the pairwise all-to-all, and the
+// training loop.
 #include "moe.hpp"
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <memory>
 
+#include "shardlab/bench.hpp"
 #include "shardlab/check.hpp"
 
 using namespace shardlab;
@@ -17,15 +22,38 @@ int expert_capacity(int tokens, int k, int experts, double capacity_factor) {
   return static_cast<int>(std::clamp(c, 1.0, static_cast<double>(std::max(tokens, 1))));
 }
 
+std::string describe(const MoeConfig& c) {
+  return std::to_string(c.experts) + " experts, each an MLP " + std::to_string(c.hidden) + " -> " +
+         std::to_string(c.ffn) + " -> " + std::to_string(c.hidden) + "; " +
+         std::to_string(c.tokens) + " tokens, top-" + std::to_string(c.k) + " routing";
+}
+
+double layer_run_bytes(const MoeConfig& c) {
+  const double T = c.tokens, d = c.hidden, h = c.ffn, E = c.experts, k = c.k;
+  return 2 * 4.0 * (40 * T * d + 4 * T * E + 6 * E * d * h + 8 * k * T * (d + h));
+}
+
+namespace {
+
+using Index = std::size_t;
+Index at(int i) { return static_cast<Index>(i); }
+
+std::uint64_t expert_seed(const MoeConfig& c, int e) {
+  return c.seed * 7919 + 100 + 2 * static_cast<std::uint64_t>(e);
+}
+
+}  // namespace
+
 Weights make_weights(const MoeConfig& c, int first, int count) {
   const std::int64_t d = c.hidden, h = c.ffn;
+  const float in_d = 1.0f / std::sqrt(static_cast<float>(d));
+  const float in_h = 1.0f / std::sqrt(static_cast<float>(h));
   Weights w;
   w.first = first;
-  w.router = scale(randn(Shape{d, c.experts}, c.seed * 7919 + 1), 1.0f / std::sqrt(static_cast<float>(d)));
+  w.router = scale(randn(Shape{d, c.experts}, c.seed * 7919 + 1), in_d);
   for (int e = first; e < first + count; ++e) {
-    const std::uint64_t s = c.seed * 7919 + 100 + 2 * static_cast<std::uint64_t>(e);
-    w.w1.push_back(scale(randn(Shape{d, h}, s), 1.0f / std::sqrt(static_cast<float>(d))));
-    w.w2.push_back(scale(randn(Shape{h, d}, s + 1), 1.0f / std::sqrt(static_cast<float>(h))));
+    w.w1.push_back(scale(randn(Shape{d, h}, expert_seed(c, e)), in_d));
+    w.w2.push_back(scale(randn(Shape{h, d}, expert_seed(c, e) + 1), in_h));
   }
   return w;
 }
@@ -47,72 +75,26 @@ Tensor router_probs(const Tensor& x, const Tensor& router) {
 
 /// Per expert, its kept choices in slot order: the rows its buffer holds.
 std::vector<std::vector<int>> rows_by_expert(const Routing& r) {
-  std::vector<std::vector<int>> rows(static_cast<std::size_t>(r.experts));
-  for (auto& v : rows) v.assign(static_cast<std::size_t>(r.capacity), -1);
+  std::vector<std::vector<int>> rows(at(r.experts));
+  for (auto& v : rows) v.assign(at(r.capacity), -1);
   for (int c = 0; c < r.tokens * r.k; ++c)
-    if (r.slot[static_cast<std::size_t>(c)] >= 0)
-      rows[static_cast<std::size_t>(r.expert[static_cast<std::size_t>(c)])]
-          [static_cast<std::size_t>(r.slot[static_cast<std::size_t>(c)])] = c;
+    if (r.slot[at(c)] >= 0) rows[at(r.expert[at(c)])][at(r.slot[at(c)])] = c;
   for (auto& v : rows) v.erase(std::find(v.begin(), v.end(), -1), v.end());
   return rows;
 }
 
-/// One expert on its rows X (in slot order): what the backward needs, and the output.
-struct ExpertRun {
-  Tensor x, h, out;
-};
-ExpertRun expert_forward(const Tensor& x, const Tensor& w1, const Tensor& w2) {
-  ExpertRun run{x, tanh(matmul(x, w1)), {}};
-  run.out = matmul(run.h, w2);
-  return run;
-}
-/// dL/dX of the expert's rows, and its weights' gradients (added into dw1, dw2).
-Tensor expert_backward(const ExpertRun& run, const Tensor& dout, const Tensor& w1, const Tensor& w2,
-                       Tensor& dw1, Tensor& dw2) {
-  dw2 = matmul(run.h, dout, true, false);
-  const Tensor dz = tanh_backward(run.h, matmul(dout, w2, false, true));
-  dw1 = matmul(run.x, dz, true, false);
-  return matmul(dz, w1, false, true);
+/// f_i: the fraction of the T tokens whose first choice is expert i (summed token by token).
+std::vector<float> first_choice_fractions(const Routing& r) {
+  std::vector<float> f(at(r.experts), 0.0f);
+  for (int t = 0; t < r.tokens; ++t)
+    f[at(r.expert[at(r.at(t, 0))])] += 1.0f / static_cast<float>(r.tokens);
+  return f;
 }
 
 /// Index tensor of rows.
 Tensor index_of(const std::vector<int>& rows, Memory memory) {
   std::vector<std::int32_t> v(rows.begin(), rows.end());
   return Tensor::from_vector(v).to(memory);
-}
-
-/// The statistics of a routing, and the aux loss with the router probabilities of every
-/// token.
-void statistics(const MoeConfig& c, const Routing& r, const Tensor& probs_all, Result& out,
-                std::vector<float>& f) {
-  const int E = c.experts, T = c.tokens;
-  out.wanted.assign(static_cast<std::size_t>(E), 0);
-  out.kept.assign(static_cast<std::size_t>(E), 0);
-  f.assign(static_cast<std::size_t>(E), 0.0f);
-  out.dropped = out.passed_through = 0;
-  for (int t = 0; t < T; ++t) {
-    bool any = false;
-    for (int j = 0; j < c.k; ++j) {
-      const auto ch = static_cast<std::size_t>(r.at(t, j));
-      const auto e = static_cast<std::size_t>(r.expert[ch]);
-      ++out.wanted[e];
-      if (r.slot[ch] >= 0) {
-        ++out.kept[e];
-        any = true;
-      } else {
-        ++out.dropped;
-      }
-    }
-    if (!any) ++out.passed_through;
-    f[static_cast<std::size_t>(r.expert[static_cast<std::size_t>(r.at(t, 0))])] += 1.0f / static_cast<float>(T);
-  }
-  double aux = 0;
-  for (int e = 0; e < E; ++e) {
-    double P = 0;
-    for (int t = 0; t < T; ++t) P += probs_all(t, e);
-    aux += f[static_cast<std::size_t>(e)] * (P / T);
-  }
-  out.aux_loss = c.aux_alpha * E * aux;
 }
 
 /// y = x + sum over kept choices, in j order, of gate * the expert's output for it. `row`
@@ -124,7 +106,7 @@ Tensor combine(const Tensor& x, const Routing& r, std::int64_t offset, const std
   const std::int64_t d = y.cols();
   for (std::int64_t t = 0; t < y.rows(); ++t)
     for (int j = 0; j < r.k; ++j) {
-      const auto c = static_cast<std::size_t>(r.at(static_cast<int>(offset + t), j));
+      const Index c = at(r.at(static_cast<int>(offset + t), j));
       if (row[c] < 0) continue;
       const float g = r.gate[c];
       for (std::int64_t i = 0; i < d; ++i) y(t, i) += g * o(row[c], i);
@@ -133,14 +115,14 @@ Tensor combine(const Tensor& x, const Routing& r, std::int64_t offset, const std
 }
 
 /// dL/dgate of every kept choice of tokens [offset, offset + rows): dy . the expert's
-/// output. And the rows gate * dy that the experts' backward starts from.
-std::vector<float> gate_grads(const Tensor& dy, const Routing& r, std::int64_t offset, const std::vector<int>& row,
-                              const Tensor& outs) {
-  std::vector<float> dg(static_cast<std::size_t>(r.tokens * r.k), 0.0f);
+/// output.
+std::vector<float> gate_grads(const Tensor& dy, const Routing& r, std::int64_t offset,
+                              const std::vector<int>& row, const Tensor& outs) {
+  std::vector<float> dg(at(r.tokens * r.k), 0.0f);
   const Tensor o = outs.to(Memory::host), g = dy.to(Memory::host);
   for (std::int64_t t = 0; t < g.rows(); ++t)
     for (int j = 0; j < r.k; ++j) {
-      const auto c = static_cast<std::size_t>(r.at(static_cast<int>(offset + t), j));
+      const Index c = at(r.at(static_cast<int>(offset + t), j));
       if (row[c] < 0) continue;
       float s = 0;
       for (std::int64_t i = 0; i < g.cols(); ++i) s += g(t, i) * o(row[c], i);
@@ -155,45 +137,44 @@ Tensor router_grad(const MoeConfig& c, const Routing& r, std::int64_t offset, co
                    const std::vector<float>& dgate, const std::vector<float>& f) {
   const std::int64_t rows = probs.rows(), E = c.experts;
   Tensor dlogits(rows, E);
-  std::vector<float> dp(static_cast<std::size_t>(E));
+  std::vector<float> dp(at(c.experts));
   const float aux = static_cast<float>(c.aux_alpha * c.experts / c.tokens);
   for (std::int64_t t = 0; t < rows; ++t) {
-    for (std::int64_t e = 0; e < E; ++e) dp[static_cast<std::size_t>(e)] = aux * f[static_cast<std::size_t>(e)];
+    for (int e = 0; e < c.experts; ++e) dp[at(e)] = aux * f[at(e)];
     const int tt = static_cast<int>(offset + t);
     if (c.k == 1) {
-      const auto ch = static_cast<std::size_t>(r.at(tt, 0));
-      dp[static_cast<std::size_t>(r.expert[ch])] += dgate[ch];
+      const Index ch = at(r.at(tt, 0));
+      dp[at(r.expert[ch])] += dgate[ch];
     } else {
       // gate_j = p_j / S, S = sum of the chosen p: dgate_j/dp_i = [i == j] / S - p_j / S^2.
       float S = 0, weighted = 0;
+      for (int j = 0; j < c.k; ++j) S += probs(t, r.expert[at(r.at(tt, j))]);
       for (int j = 0; j < c.k; ++j) {
-        const auto ch = static_cast<std::size_t>(r.at(tt, j));
-        S += probs(t, r.expert[ch]);
-      }
-      for (int j = 0; j < c.k; ++j) {
-        const auto ch = static_cast<std::size_t>(r.at(tt, j));
+        const Index ch = at(r.at(tt, j));
         weighted += dgate[ch] * probs(t, r.expert[ch]);
       }
       for (int j = 0; j < c.k; ++j) {
-        const auto ch = static_cast<std::size_t>(r.at(tt, j));
-        dp[static_cast<std::size_t>(r.expert[ch])] += dgate[ch] / S - weighted / (S * S);
+        const Index ch = at(r.at(tt, j));
+        dp[at(r.expert[ch])] += dgate[ch] / S - weighted / (S * S);
       }
     }
     float dot = 0;
-    for (std::int64_t e = 0; e < E; ++e) dot += probs(t, e) * dp[static_cast<std::size_t>(e)];
-    for (std::int64_t e = 0; e < E; ++e) dlogits(t, e) = probs(t, e) * (dp[static_cast<std::size_t>(e)] - dot);
+    for (std::int64_t e = 0; e < E; ++e) dot += probs(t, e) * dp[static_cast<Index>(e)];
+    for (std::int64_t e = 0; e < E; ++e)
+      dlogits(t, e) = probs(t, e) * (dp[static_cast<Index>(e)] - dot);
   }
   return dlogits;
 }
 
 /// dx = dy + the experts' dL/dx rows (in j order) + dlogits @ router^T.
-Tensor input_grad(const Tensor& dy, const Routing& r, std::int64_t offset, const std::vector<int>& row,
-                  const Tensor& dins, const Tensor& dlogits, const Tensor& router) {
+Tensor input_grad(const Tensor& dy, const Routing& r, std::int64_t offset,
+                  const std::vector<int>& row, const Tensor& dins, const Tensor& dlogits,
+                  const Tensor& router) {
   Tensor dx = dy.to(Memory::host).clone();
   const Tensor di = dins.to(Memory::host);
   for (std::int64_t t = 0; t < dx.rows(); ++t)
     for (int j = 0; j < r.k; ++j) {
-      const auto c = static_cast<std::size_t>(r.at(static_cast<int>(offset + t), j));
+      const Index c = at(r.at(static_cast<int>(offset + t), j));
       if (row[c] < 0) continue;
       for (std::int64_t i = 0; i < dx.cols(); ++i) dx(t, i) += di(row[c], i);
     }
@@ -202,176 +183,554 @@ Tensor input_grad(const Tensor& dy, const Routing& r, std::int64_t offset, const
   return dx;
 }
 
+/// The reference's expert on its rows X (in slot order), written out.
+struct ExpertRun {
+  Tensor x, h, out;
+};
+ExpertRun expert_forward(const Tensor& x, const Tensor& w1, const Tensor& w2) {
+  ExpertRun run{x, tanh(matmul(x, w1)), {}};
+  run.out = matmul(run.h, w2);
+  return run;
+}
+/// dL/dX of the expert's rows, and its weights' gradients.
+Tensor expert_backward(const ExpertRun& run, const Tensor& dout, const Tensor& w1, const Tensor& w2,
+                       Tensor& dw1, Tensor& dw2) {
+  dw2 = matmul(run.h, dout, true, false);
+  const Tensor dz = tanh_backward(run.h, matmul(dout, w2, false, true));
+  dw1 = matmul(run.x, dz, true, false);
+  return matmul(dz, w1, false, true);
+}
+
 }  // namespace
+
+RoutingStats routing_stats(const MoeConfig& c, const Routing& r, const Tensor& probs) {
+  const int E = c.experts, T = c.tokens;
+  RoutingStats s;
+  s.wanted.assign(at(E), 0);
+  s.kept.assign(at(E), 0);
+  for (int t = 0; t < T; ++t) {
+    bool any = false;
+    for (int j = 0; j < c.k; ++j) {
+      const Index ch = at(r.at(t, j));
+      const Index e = at(r.expert[ch]);
+      ++s.wanted[e];
+      if (r.slot[ch] >= 0) {
+        ++s.kept[e];
+        any = true;
+      } else {
+        ++s.dropped;
+      }
+    }
+    if (!any) ++s.passed_through;
+  }
+  const std::vector<float> f = first_choice_fractions(r);
+  double aux = 0;
+  for (int e = 0; e < E; ++e) {
+    double P = 0;
+    for (int t = 0; t < T; ++t) P += probs(t, e);
+    aux += f[at(e)] * (P / T);
+  }
+  s.aux_loss = c.aux_alpha * E * aux;
+  return s;
+}
 
 Result moe_reference(const MoeConfig& c, const Weights& all, const Tensor& x, const Tensor& dy) {
   require(x.ndim() == 2 && x.rows() == c.tokens && x.cols() == c.hidden &&
               static_cast<int>(all.w1.size()) == c.experts && (!dy.defined() || dy.same_shape(x)),
           [&] {
-            return "moe_reference: x " + x.describe() + ", dy " + (dy.defined() ? dy.describe() : "none") +
-                   " for " + std::to_string(c.tokens) + " tokens of " + std::to_string(c.hidden) + " and " +
+            return "moe_reference: x " + x.describe() + ", dy " +
+                   (dy.defined() ? dy.describe() : "none") + " for " + std::to_string(c.tokens) +
+                   " tokens of " + std::to_string(c.hidden) + " and " +
                    std::to_string(all.w1.size()) + " of " + std::to_string(c.experts) + " experts";
           });
   Result out;
   const Tensor probs = router_probs(x, all.router);
   out.routing = route(probs, c.k, c.capacity());
   const Routing& r = out.routing;
-  std::vector<float> f;
-  statistics(c, r, probs, out, f);
+  out.stats = routing_stats(c, r, probs);
   // Each expert runs its rows, gathered straight from x in slot order.
   const auto rows = rows_by_expert(r);
-  std::vector<int> row(static_cast<std::size_t>(c.tokens * c.k), -1);  // choice -> row of outs
-  std::vector<int> token_of;
-  for (int e = 0; e < c.experts; ++e)
-    for (int ch : rows[static_cast<std::size_t>(e)]) {
-      row[static_cast<std::size_t>(ch)] = static_cast<int>(token_of.size());
-      token_of.push_back(ch / c.k);
-    }
-  Tensor outs(static_cast<std::int64_t>(token_of.size()), c.hidden);
+  std::vector<int> row(at(c.tokens * c.k), -1);  // choice -> row of outs
+  int n = 0;
+  for (const auto& mine : rows)
+    for (int ch : mine) row[at(ch)] = n++;
+  Tensor outs(n, c.hidden);
   std::vector<ExpertRun> runs;
-  std::int64_t at = 0;
+  std::int64_t offset = 0;
   for (int e = 0; e < c.experts; ++e) {
-    const auto& mine = rows[static_cast<std::size_t>(e)];
+    const auto& mine = rows[at(e)];
     std::vector<int> tokens;
     for (int ch : mine) tokens.push_back(ch / c.k);
-    runs.push_back(expert_forward(gather_rows(x, index_of(tokens, Memory::host)), all.w1[static_cast<std::size_t>(e)],
-                                  all.w2[static_cast<std::size_t>(e)]));
-    if (!mine.empty()) outs.slice(at, static_cast<std::int64_t>(mine.size())).copy_from(runs.back().out);
-    at += static_cast<std::int64_t>(mine.size());
+    runs.push_back(expert_forward(gather_rows(x, index_of(tokens, Memory::host)), all.w1[at(e)],
+                                  all.w2[at(e)]));
+    const auto count = static_cast<std::int64_t>(mine.size());
+    if (count) outs.slice(offset, count).copy_from(runs.back().out);
+    offset += count;
   }
   out.y = combine(x, r, 0, row, outs);
   if (!dy.defined()) return out;
-  // Backward.
+  // Backward: each expert from gate * dy of its rows.
   const std::vector<float> dgate = gate_grads(dy, r, 0, row, outs);
-  Tensor dins(static_cast<std::int64_t>(token_of.size()), c.hidden);
-  at = 0;
+  Tensor dins(n, c.hidden);
+  offset = 0;
   for (int e = 0; e < c.experts; ++e) {
-    const auto& mine = rows[static_cast<std::size_t>(e)];
-    Tensor dout(static_cast<std::int64_t>(mine.size()), c.hidden);
-    for (std::size_t i = 0; i < mine.size(); ++i) {
-      const auto ch = static_cast<std::size_t>(mine[i]);
+    const auto& mine = rows[at(e)];
+    const auto count = static_cast<std::int64_t>(mine.size());
+    Tensor dout(count, c.hidden);
+    for (std::int64_t i = 0; i < count; ++i)
       for (std::int64_t d = 0; d < c.hidden; ++d)
-        dout(static_cast<std::int64_t>(i), d) = r.gate[ch] * dy(mine[i] / c.k, d);
-    }
+        dout(i, d) =
+            r.gate[at(mine[at(static_cast<int>(i))])] * dy(mine[at(static_cast<int>(i))] / c.k, d);
     Tensor dw1, dw2;
-    const Tensor dxe = expert_backward(runs[static_cast<std::size_t>(e)], dout, all.w1[static_cast<std::size_t>(e)],
-                                       all.w2[static_cast<std::size_t>(e)], dw1, dw2);
+    const Tensor dxe = expert_backward(runs[at(e)], dout, all.w1[at(e)], all.w2[at(e)], dw1, dw2);
     out.dw1.push_back(dw1);
     out.dw2.push_back(dw2);
-    if (!mine.empty()) dins.slice(at, static_cast<std::int64_t>(mine.size())).copy_from(dxe);
-    at += static_cast<std::int64_t>(mine.size());
+    if (count) dins.slice(offset, count).copy_from(dxe);
+    offset += count;
   }
-  const Tensor dlogits = router_grad(c, r, 0, probs, dgate, f);
+  const Tensor dlogits = router_grad(c, r, 0, probs, dgate, first_choice_fractions(r));
   out.drouter = matmul(x, dlogits, true, false);
   out.dx = input_grad(dy, r, 0, row, dins, dlogits, all.router);
   return out;
 }
 
-Result moe_parallel(Communicator& comm, const MoeConfig& c, const Weights& mine, const Tensor& x_host,
-                    const Tensor& dy, Memory memory) {
-  const int N = comm.size(), rank = comm.rank();
-  const int per = c.experts / N;
-  require(c.experts % N == 0 && per == static_cast<int>(mine.w1.size()) && mine.first == rank * per, [&] {
-    return "moe_parallel: " + std::to_string(c.experts) + " experts over " + std::to_string(N) +
-           " ranks, this rank holding " + std::to_string(mine.w1.size()) + " from " + std::to_string(mine.first);
-  });
-  const ShardRange tokens = shard_range(c.tokens, N, rank);
-  require(x_host.ndim() == 2 && x_host.rows() == tokens.length && x_host.cols() == c.hidden &&
-              (!dy.defined() || dy.same_shape(x_host)),
-          [&] {
-            return "moe_parallel: rank " + std::to_string(rank) + " has x " + x_host.describe() +
-                   (dy.defined() ? ", dy " + dy.describe() : std::string()) + "; shard_range gives it " +
-                   std::to_string(tokens.length) + " tokens of " + std::to_string(c.hidden);
-          });
-  const std::int64_t d = c.hidden;
-  Result out;
-  // 1. Route every token alike on every rank: the router's probabilities of all tokens.
-  const Tensor x = x_host.to(memory);
-  const Tensor probs_mine = router_probs(x, mine.router.to(memory));
-  std::vector<Tensor> w1, w2;  // this rank's experts, where they compute (copied once)
-  for (int l = 0; l < per; ++l) {
-    w1.push_back(mine.w1[static_cast<std::size_t>(l)].to(memory));
-    w2.push_back(mine.w2[static_cast<std::size_t>(l)].to(memory));
+// ---------------------------------------------------------------------------
+// MoeLayer
+
+namespace {
+
+// The layer's Saved tensors, by position (children: one Saved per local expert).
+enum SavedAt : Index {
+  saved_x,                       // this rank's tokens, in the layer's memory
+  saved_probs,                   // every token's router probabilities, T x E (host)
+  saved_expert,                  // the routing, T k each (host): i32
+  saved_gate,                    //   f32
+  saved_slot,                    //   i32
+  saved_send_order,              // the dispatch plan (host): i32
+  saved_recv_choice,             //   i32
+  saved_send_counts,             //   i64, rows per rank
+  saved_recv_counts,             //   i64
+  saved_returned,                // the experts' outputs back at this rank, in send order
+  forward_saved,                 // how many the forward keeps;
+  saved_dlogits = forward_saved  // backward_input adds dL/dlogits of this rank's tokens
+};
+
+template <class T, class From>
+Tensor as_tensor(const std::vector<From>& v) {
+  return Tensor::from_vector(std::vector<T>(v.begin(), v.end()));
+}
+template <class To, class T>
+std::vector<To> as_vector(const Tensor& t) {
+  const std::span<const T> s = t.span<T>();
+  return std::vector<To>(s.begin(), s.end());
+}
+
+Routing routing_of(const MoeConfig& c, const nn::Saved& s) {
+  return Routing{c.tokens,
+                 c.experts,
+                 c.k,
+                 c.capacity(),
+                 as_vector<int, std::int32_t>(s.tensors.at(saved_expert)),
+                 as_vector<float, float>(s.tensors.at(saved_gate)),
+                 as_vector<int, std::int32_t>(s.tensors.at(saved_slot))};
+}
+Dispatch plan_of(const nn::Saved& s) {
+  return Dispatch{as_vector<std::size_t, std::int64_t>(s.tensors.at(saved_send_counts)),
+                  as_vector<std::size_t, std::int64_t>(s.tensors.at(saved_recv_counts)),
+                  as_vector<int, std::int32_t>(s.tensors.at(saved_send_order)),
+                  as_vector<int, std::int32_t>(s.tensors.at(saved_recv_choice))};
+}
+
+/// Where every choice's row is on this rank: in the send buffer (send order) and in the
+/// receive buffer (arrival order), and each local expert's rows in the receive buffer (slot
+/// order); the tokens of the send buffer's rows (rows of this rank's x); counts x d.
+struct Places {
+  std::vector<int> send_row, recv_row, send_tokens;
+  std::vector<Tensor> expert_rows;
+  std::vector<std::size_t> send_elems, recv_elems;
+};
+Places places_of(const MoeConfig& c, const Routing& r, const Dispatch& plan, std::int64_t offset,
+                 int first, int per, Memory memory) {
+  Places p;
+  p.send_row.assign(at(c.tokens * c.k), -1);
+  p.recv_row.assign(at(c.tokens * c.k), -1);
+  for (std::size_t i = 0; i < plan.send_order.size(); ++i) {
+    p.send_row[at(plan.send_order[i])] = static_cast<int>(i);
+    p.send_tokens.push_back(plan.send_order[i] / c.k - static_cast<int>(offset));
   }
+  for (std::size_t i = 0; i < plan.recv_choice.size(); ++i)
+    p.recv_row[at(plan.recv_choice[i])] = static_cast<int>(i);
+  const auto all_rows = rows_by_expert(r);
+  for (int l = 0; l < per; ++l) {
+    std::vector<int> rows;
+    for (int ch : all_rows[at(first + l)]) rows.push_back(p.recv_row[at(ch)]);
+    p.expert_rows.push_back(index_of(rows, memory));
+  }
+  for (auto n : plan.send_counts) p.send_elems.push_back(n * static_cast<std::size_t>(c.hidden));
+  for (auto n : plan.recv_counts) p.recv_elems.push_back(n * static_cast<std::size_t>(c.hidden));
+  return p;
+}
+
+}  // namespace
+
+MoeLayer::MoeLayer(nn::ParameterStore& store, Communicator& comm, const MoeConfig& config,
+                   const std::string& name)
+    : MoeLayer(store, comm, config,
+               make_weights(config, comm.rank() * (config.experts / comm.size()),
+                            config.experts / comm.size()),
+               name) {}
+
+MoeLayer::MoeLayer(nn::ParameterStore& store, Communicator& comm, const MoeConfig& config,
+                   const Weights& init, const std::string& name)
+    : comm_(comm), config_(config), name_(name) {
+  const int N = comm.size(), per = config.experts / N;
+  first_ = comm.rank() * per;
+  require(config.experts % N == 0 && static_cast<int>(init.w1.size()) == per &&
+              init.w2.size() == init.w1.size() && init.first == first_ && init.router.ndim() == 2 &&
+              init.router.rows() == config.hidden && init.router.cols() == config.experts,
+          [&] {
+            return name + ": " + std::to_string(config.experts) + " experts over " +
+                   std::to_string(N) + " ranks; rank " + std::to_string(comm.rank()) +
+                   " was given " + std::to_string(init.w1.size()) + " from expert " +
+                   std::to_string(init.first) + " and a router " + init.router.describe();
+          });
+  const std::int64_t d = config.hidden, h = config.ffn;
+  router_ = &store.add(name + ".router", init.router.clone());
+  for (int l = 0; l < per; ++l) {
+    // Expert e: Linear d -> h, tanh, Linear h -> d, no biases; the weights of `init`.
+    const int e = first_ + l;
+    const std::string prefix = name + ".expert" + std::to_string(e);
+    auto net = std::make_shared<nn::Sequential>();
+    net->add<nn::Linear>(store, prefix + ".w1", d, h, expert_seed(config, e), false)
+        .weight()
+        .value.copy_from(init.w1[at(l)]);
+    net->add<nn::Tanh>();
+    net->add<nn::Linear>(store, prefix + ".w2", h, d, expert_seed(config, e) + 1, false)
+        .weight()
+        .value.copy_from(init.w2[at(l)]);
+    experts_.push_back(std::move(net));
+  }
+}
+
+nn::Parameter& MoeLayer::w1(int l) {
+  return dynamic_cast<nn::Linear&>((*experts_.at(at(l)))[0]).weight();
+}
+nn::Parameter& MoeLayer::w2(int l) {
+  return dynamic_cast<nn::Linear&>((*experts_.at(at(l)))[2]).weight();
+}
+
+std::vector<nn::Parameter*> MoeLayer::parameters() const {
+  std::vector<nn::Parameter*> out = {router_};
+  for (const auto& net : experts_)
+    for (nn::Parameter* p : net->parameters()) out.push_back(p);
+  return out;
+}
+
+Weights MoeLayer::weights() const {
+  Weights w;
+  w.first = first_;
+  w.router = router_->value.to(Memory::host).clone();
+  for (const auto& net : experts_) {
+    const auto params = net->parameters();  // W1, W2
+    w.w1.push_back(params.at(0)->value.to(Memory::host).clone());
+    w.w2.push_back(params.at(1)->value.to(Memory::host).clone());
+  }
+  return w;
+}
+
+Routing MoeLayer::routing(const nn::Saved& saved) const {
+  require(saved.tensors.size() >= forward_saved,
+          [&] { return name_ + ": the routing of a Saved that is not this layer's forward's"; });
+  return routing_of(config_, saved);
+}
+
+RoutingStats MoeLayer::stats(const nn::Saved& saved) const {
+  return routing_stats(config_, routing(saved), saved.tensors.at(saved_probs));
+}
+
+nn::Forward MoeLayer::forward(const Tensor& x_in) const {
+  const MoeConfig& c = config_;
+  const int N = comm_.size(), rank = comm_.rank(), per = experts_here();
+  const ShardRange tokens = shard_range(c.tokens, N, rank);
+  require(x_in.ndim() == 2 && x_in.rows() == tokens.length && x_in.cols() == c.hidden, [&] {
+    return name_ + ": rank " + std::to_string(rank) + " has x " + x_in.describe() +
+           "; shard_range gives it " + std::to_string(tokens.length) + " of the " +
+           std::to_string(c.tokens) + " tokens, " + std::to_string(c.hidden) + " wide";
+  });
+  const Memory memory = router_->value.memory();
+  const Tensor x = x_in.to(memory);
+  const std::int64_t d = c.hidden;
+  // 1. Route every token alike on every rank: the router's probabilities of all tokens.
   Tensor probs(c.tokens, c.experts);
-  comm.allgatherv(probs_mine, probs, shard_counts(c.tokens, N, c.experts));
-  out.routing = route(probs, c.k, c.capacity());
-  const Routing& r = out.routing;
-  std::vector<float> f;
-  statistics(c, r, probs, out, f);
+  comm_.allgatherv(router_probs(x, router_->value), probs, shard_counts(c.tokens, N, c.experts));
+  const Routing r = route(probs, c.k, c.capacity());
   const Dispatch plan = plan_dispatch(r, rank, N);
-  auto times_d = [&](const std::vector<std::size_t>& counts) {
-    std::vector<std::size_t> v(counts);
-    for (auto& n : v) n *= static_cast<std::size_t>(d);
-    return v;
-  };
-  const auto send_elems = times_d(plan.send_counts), recv_elems = times_d(plan.recv_counts);
+  const Places p = places_of(c, r, plan, tokens.offset, first_, per, memory);
   const auto n_send = static_cast<std::int64_t>(plan.send_order.size());
   const auto n_recv = static_cast<std::int64_t>(plan.recv_choice.size());
-  const CommStats before = comm.stats();
   // 2. Dispatch: this rank's token rows, in send order, to their experts' ranks.
-  std::vector<int> send_tokens;
-  for (int ch : plan.send_order) send_tokens.push_back(ch / c.k - static_cast<int>(tokens.offset));
-  const Tensor send = gather_rows(x, index_of(send_tokens, memory));
+  const Tensor send = gather_rows(x, index_of(p.send_tokens, memory));
   Tensor recv(Shape{n_recv, d}, DType::f32, memory);
-  comm.alltoallv(send, send_elems, recv, recv_elems);
-  // 3. Each local expert runs its rows, in slot order.
-  std::vector<int> recv_row(static_cast<std::size_t>(c.tokens * c.k), -1);
-  for (std::size_t i = 0; i < plan.recv_choice.size(); ++i)
-    recv_row[static_cast<std::size_t>(plan.recv_choice[i])] = static_cast<int>(i);
-  const auto all_rows = rows_by_expert(r);
-  Tensor outs_recv(Shape{n_recv, d}, DType::f32, memory);
-  std::vector<ExpertRun> runs;
-  std::vector<Tensor> where;  // per local expert: its rows' places in the receive buffer
+  comm_.alltoallv(send, p.send_elems, recv, p.recv_elems);
+  // 3. Each local expert runs its rows, in slot order (as on one device).
+  nn::Forward f;
+  Tensor outs(Shape{n_recv, d}, DType::f32, memory);
   for (int l = 0; l < per; ++l) {
-    std::vector<int> at;
-    for (int ch : all_rows[static_cast<std::size_t>(mine.first + l)]) at.push_back(recv_row[static_cast<std::size_t>(ch)]);
-    where.push_back(index_of(at, memory));
-    runs.push_back(expert_forward(gather_rows(recv, where.back()), w1[static_cast<std::size_t>(l)],
-                                  w2[static_cast<std::size_t>(l)]));
-    if (!at.empty()) scatter_add_rows(outs_recv, where.back(), runs.back().out);
+    nn::Forward e = experts_[at(l)]->forward(gather_rows(recv, p.expert_rows[at(l)]));
+    if (e.out.rows()) scatter_add_rows(outs, p.expert_rows[at(l)], e.out);
+    f.saved.children.push_back(std::move(e.saved));
   }
-  // 4. Combine: the outputs go back the way they came.
+  // 4. Combine: the outputs go back the way they came; y = x + gate x output.
   Tensor back(Shape{n_send, d}, DType::f32, memory);
-  comm.alltoallv(outs_recv, recv_elems, back, send_elems);
-  std::vector<int> send_row(static_cast<std::size_t>(c.tokens * c.k), -1);
-  for (std::size_t i = 0; i < plan.send_order.size(); ++i)
-    send_row[static_cast<std::size_t>(plan.send_order[i])] = static_cast<int>(i);
-  out.y = combine(x, r, tokens.offset, send_row, back);
-  // A rank may hold no tokens (T < N): it still joins every collective of the backward.
+  comm_.alltoallv(outs, p.recv_elems, back, p.send_elems);
+  f.out = combine(x, r, tokens.offset, p.send_row, back).to(memory);
+  f.saved.tensors = {x,
+                     probs,
+                     as_tensor<std::int32_t>(r.expert),
+                     as_tensor<float>(r.gate),
+                     as_tensor<std::int32_t>(r.slot),
+                     as_tensor<std::int32_t>(plan.send_order),
+                     as_tensor<std::int32_t>(plan.recv_choice),
+                     as_tensor<std::int64_t>(plan.send_counts),
+                     as_tensor<std::int64_t>(plan.recv_counts),
+                     back};
+  return f;
+}
+
+Tensor MoeLayer::backward_input(const Tensor& dy_in, nn::Saved& saved) const {
+  const MoeConfig& c = config_;
+  const int N = comm_.size(), rank = comm_.rank(), per = experts_here();
+  require(saved.tensors.size() == forward_saved && saved.children.size() == at(per), [&] {
+    return name_ + " backward: a Saved from this layer's forward (" +
+           std::to_string(saved.tensors.size()) + " tensors), before any backward_input";
+  });
+  const Tensor& x = saved.tensors[saved_x];
+  require(dy_in.same_shape(x),
+          [&] { return name_ + " backward: dy is " + dy_in.describe() + ", x " + x.describe(); });
+  const ShardRange tokens = shard_range(c.tokens, N, rank);
+  const Memory memory = router_->value.memory();
+  const Routing r = routing_of(c, saved);
+  const Dispatch plan = plan_of(saved);
+  const Places p = places_of(c, r, plan, tokens.offset, first_, per, memory);
+  const auto n_send = static_cast<std::int64_t>(plan.send_order.size());
+  const auto n_recv = static_cast<std::int64_t>(plan.recv_choice.size());
+  const std::int64_t d = c.hidden;
+  // A rank may hold no tokens (T < N): it still joins every all-to-all.
+  // 1. gate x dy to the experts, the way the tokens went.
+  const Tensor dy = dy_in.to(Memory::host);
+  const std::vector<float> dgate =
+      gate_grads(dy, r, tokens.offset, p.send_row, saved.tensors[saved_returned]);
+  Tensor scaled(n_send, d);
+  for (std::int64_t i = 0; i < n_send; ++i) {
+    const float g = r.gate[at(plan.send_order[at(static_cast<int>(i))])];
+    const std::int64_t t = p.send_tokens[at(static_cast<int>(i))];
+    for (std::int64_t e = 0; e < d; ++e) scaled(i, e) = g * dy(t, e);
+  }
+  Tensor grads(Shape{n_recv, d}, DType::f32, memory);
+  comm_.alltoallv(scaled.to(memory), p.send_elems, grads, p.recv_elems);
+  // 2. Each local expert's B; their dL/dx rows go back.
+  Tensor dins_recv(Shape{n_recv, d}, DType::f32, memory);
+  for (int l = 0; l < per; ++l) {
+    const Tensor dxe = experts_[at(l)]->backward_input(gather_rows(grads, p.expert_rows[at(l)]),
+                                                       saved.children[at(l)]);
+    if (dxe.rows()) scatter_add_rows(dins_recv, p.expert_rows[at(l)], dxe);
+  }
+  Tensor dins(Shape{n_send, d}, DType::f32, memory);
+  comm_.alltoallv(dins_recv, p.recv_elems, dins, p.send_elems);
+  // 3. Through the router (gates and aux loss), and the residual.
+  const Tensor probs = saved.tensors[saved_probs].slice(tokens.offset, tokens.length);
+  const Tensor dlogits = router_grad(c, r, tokens.offset, probs, dgate, first_choice_fractions(r));
+  saved.dy = dy_in;
+  saved.tensors.push_back(dlogits);
+  return input_grad(dy, r, tokens.offset, p.send_row, dins, dlogits, router_->value).to(memory);
+}
+
+void MoeLayer::backward_weight(nn::Saved& saved) {
+  require(
+      saved.tensors.size() == forward_saved + 1 && saved.dy.defined() &&
+          saved.children.size() == experts_.size(),
+      [&] { return name_ + ": backward_weight needs backward_input first (or was called twice)"; });
+  for (std::size_t l = 0; l < experts_.size(); ++l) experts_[l]->backward_weight(saved.children[l]);
+  // The router is every rank's: its gradient is the sum over every rank's tokens.
+  Tensor drouter =
+      matmul(saved.tensors[saved_x].to(Memory::host), saved.tensors[saved_dlogits], true, false);
+  comm_.allreduce(drouter, ReduceOp::sum);
+  axpy(1.0f, drouter.to(router_->grad.memory()), router_->grad);
+  saved = nn::Saved{};
+}
+
+Result moe_parallel(Communicator& comm, const MoeConfig& config, const Weights& mine,
+                    const Tensor& x, const Tensor& dy, Memory memory) {
+  nn::ParameterStore store;
+  MoeLayer layer(store, comm, config, mine);
+  store.allocate(memory);
+  const CommStats before = comm.stats();
+  nn::Forward f = layer.forward(x);
+  Result out;
+  out.y = f.out.to(Memory::host);
+  out.routing = layer.routing(f.saved);
+  out.stats = layer.stats(f.saved);
   if (dy.defined()) {
-    // Backward: gate * dy to the experts the same way, their dL/dx back.
-    const std::vector<float> dgate = gate_grads(dy, r, tokens.offset, send_row, back);
-    Tensor scaled(n_send, d);
-    const Tensor dyh = dy.to(Memory::host);
-    for (std::int64_t i = 0; i < n_send; ++i) {
-      const auto ch = static_cast<std::size_t>(plan.send_order[static_cast<std::size_t>(i)]);
-      for (std::int64_t e = 0; e < d; ++e) scaled(i, e) = r.gate[ch] * dyh(send_tokens[static_cast<std::size_t>(i)], e);
+    out.dx = layer.backward(dy, f.saved).to(Memory::host);
+    auto host = [](const nn::Parameter& p) { return p.grad.to(Memory::host).clone(); };
+    out.drouter = host(layer.router());
+    for (int l = 0; l < layer.experts_here(); ++l) {
+      out.dw1.push_back(host(layer.w1(l)));
+      out.dw2.push_back(host(layer.w2(l)));
     }
-    Tensor grads_recv(Shape{n_recv, d}, DType::f32, memory);
-    comm.alltoallv(scaled.to(memory), send_elems, grads_recv, recv_elems);
-    Tensor dins_recv(Shape{n_recv, d}, DType::f32, memory);
-    for (int l = 0; l < per; ++l) {
-      Tensor dw1, dw2;
-      const Tensor dxe = expert_backward(runs[static_cast<std::size_t>(l)],
-                                         gather_rows(grads_recv, where[static_cast<std::size_t>(l)]),
-                                         w1[static_cast<std::size_t>(l)], w2[static_cast<std::size_t>(l)], dw1, dw2);
-      out.dw1.push_back(dw1.to(Memory::host));
-      out.dw2.push_back(dw2.to(Memory::host));
-      if (dxe.rows()) scatter_add_rows(dins_recv, where[static_cast<std::size_t>(l)], dxe);
-    }
-    Tensor dins(Shape{n_send, d}, DType::f32, memory);
-    comm.alltoallv(dins_recv, recv_elems, dins, send_elems);
-    const Tensor dlogits = router_grad(c, r, tokens.offset, probs_mine, dgate, f);
-    out.drouter = matmul(x_host, dlogits, true, false);
-    comm.allreduce(out.drouter, ReduceOp::sum);  // the router is every rank's: its gradient the sum
-    out.dx = input_grad(dy, r, tokens.offset, send_row, dins, dlogits, mine.router);
   }
   const CommStats moved = comm.stats().since(before);
   out.alltoall_received = moved[Op::alltoall].bytes_received;
   out.traffic_modeled = moved.is_modeled(Op::alltoall);
-  out.y = out.y.to(Memory::host);
   return out;
+}
+
+// ---------------------------------------------------------------------------
+// What the all-to-alls move
+
+std::uint64_t formula_alltoall_bytes(const Routing& r, int rank, int ranks, int hidden) {
+  const int per = r.experts / ranks;
+  const ShardRange mine = shard_range(r.tokens, ranks, rank);
+  std::uint64_t rows = 0;
+  for (int t = 0; t < r.tokens; ++t)
+    for (int j = 0; j < r.k; ++j) {
+      const Index ch = at(r.at(t, j));
+      if (r.slot[ch] < 0) continue;  // dropped: travels nowhere
+      const bool expert_here = r.expert[ch] / per == rank;
+      const bool token_here = t >= mine.offset && t < mine.offset + mine.length;
+      if (expert_here != token_here) ++rows;  // received in the dispatch or in the combine
+    }
+  return 2 * rows * static_cast<std::uint64_t>(hidden) * 4;
+}
+
+double even_router_alltoall_bytes(const MoeConfig& c, int ranks) {
+  const double N = ranks;
+  return 4.0 * c.k * (c.tokens / N) * (N - 1.0) / N * c.hidden * 4;
+}
+
+void pairwise_alltoallv(Communicator& comm, const Tensor& in,
+                        std::span<const std::size_t> send_counts, Tensor& out,
+                        std::span<const std::size_t> recv_counts) {
+  const int N = comm.size(), r = comm.rank();
+  auto offsets = [&](std::span<const std::size_t> counts) {
+    std::vector<std::int64_t> o(at(N + 1), 0);
+    for (std::size_t q = 0; q < counts.size() && q < at(N); ++q)
+      o[q + 1] = o[q] + static_cast<std::int64_t>(counts[q]);
+    return o;
+  };
+  const std::vector<std::int64_t> send_at = offsets(send_counts), recv_at = offsets(recv_counts);
+  require(send_counts.size() == at(N) && recv_counts.size() == at(N) &&
+              send_at.back() == in.size() && recv_at.back() == out.size() &&
+              send_counts[at(r)] == recv_counts[at(r)],
+          [&] {
+            return "pairwise_alltoallv on rank " + std::to_string(r) + " of " + std::to_string(N) +
+                   ": counts for " + std::to_string(send_counts.size()) + " and " +
+                   std::to_string(recv_counts.size()) + " ranks, summing to " +
+                   std::to_string(send_at.back()) + " and " + std::to_string(recv_at.back()) +
+                   ", for " + in.describe() + " in and " + out.describe() + " out";
+          });
+  const Tensor src = in.flat();
+  Tensor dst = out.flat();
+  auto block = [](const Tensor& t, const std::vector<std::int64_t>& starts, int q) {
+    return t.slice(starts[at(q)], starts[at(q + 1)] - starts[at(q)]);
+  };
+  block(dst, recv_at, r).copy_from(block(src, send_at, r));
+  // Step s: send to rank r + s, receive from r - s; every rank pairs up with two others.
+  for (int s = 1; s < N; ++s) {
+    const int to = (r + s) % N, from = (r - s + N) % N;
+    Tensor into = block(dst, recv_at, from);
+    comm.sendrecv(block(src, send_at, to), to, into, from, 70 + s);
+  }
+}
+
+std::vector<bench::Case> alltoall_cases(Communicator& comm, Memory memory) {
+  struct Buffers {
+    Tensor in, out;
+    std::vector<std::size_t> counts;  // elements per peer
+  };
+  auto b = std::make_shared<Buffers>();
+  const int N = comm.size(), r = comm.rank();
+  auto prepare = [b, N, r, memory](std::int64_t count) {
+    const std::int64_t block = count / N;
+    b->counts.assign(at(N), static_cast<std::size_t>(block));
+    Tensor h(block * N);
+    for (std::int64_t i = 0; i < h.size(); ++i) h[i] = static_cast<float>(r * 1000003 + i);
+    b->in = h.to(memory);
+    b->out = Tensor(h.shape(), DType::f32, memory);
+  };
+  auto wrong_after = [b, N, r](const std::function<void()>& exchange) {
+    b->out.zero();
+    exchange();
+    const Tensor got = b->out.to(Memory::host);
+    const std::int64_t block = got.size() / N;
+    std::uint64_t bad = 0;
+    for (int q = 0; q < N; ++q)
+      for (std::int64_t i = 0; i < block; ++i)
+        bad += got[q * block + i] != static_cast<float>(q * 1000003 + r * block + i);
+    return bad;
+  };
+  std::function<void()> native = [b, &comm] { comm.alltoall(b->in, b->out); };
+  std::function<void()> pairwise = [b, &comm] {
+    pairwise_alltoallv(comm, b->in, b->counts, b->out, b->counts);
+  };
+  const double bus = (N - 1.0) / N;
+  return {{std::string(comm.backend()) + "_alltoall", prepare, native,
+           [=] { return wrong_after(native); }, bus},
+          {"pairwise", prepare, pairwise, [=] { return wrong_after(pairwise); }, bus}};
+}
+
+// ---------------------------------------------------------------------------
+// Training the router
+
+namespace {
+/// The direction every training token leans along (unit length).
+Tensor lean(const MoeConfig& c) {
+  return scale(full(Shape{c.hidden}, 1.0f), 1.0f / std::sqrt(static_cast<float>(c.hidden)));
+}
+}  // namespace
+
+Batch leaning_batch(const MoeConfig& c, std::uint64_t step) {
+  const Tensor u = lean(c);
+  const float root_d = std::sqrt(static_cast<float>(c.hidden));
+  Tensor x = randn(Shape{c.tokens, c.hidden}, c.seed * 7919 + 1000 + step);
+  for (std::int64_t t = 0; t < c.tokens; ++t)
+    for (std::int64_t i = 0; i < c.hidden; ++i) x(t, i) += 1.5f * u[i] * root_d;
+  const Tensor A = scale(randn(Shape{c.hidden, c.hidden}, c.seed * 7919 + 21),
+                         1.0f / std::sqrt(static_cast<float>(c.hidden)));
+  return {x, add(x, scale(tanh(matmul(x, A)), 0.5f))};
+}
+
+TrainRun train(Communicator& comm, const MoeConfig& c, const TrainSettings& s) {
+  const int N = comm.size(), per = c.experts / N;
+  Weights init = make_weights(c, comm.rank() * per, per);
+  const Tensor u = lean(c);
+  for (std::int64_t i = 0; i < c.hidden; ++i) init.router(i, 0) += 2.0f * u[i];
+  nn::ParameterStore store;
+  MoeLayer layer(store, comm, c, init);
+  store.allocate(s.memory);
+  nn::Adam adam(store.size(), {.lr = s.lr}, s.memory);
+  const ShardRange mine = shard_range(c.tokens, N, comm.rank());
+  TrainRun run;
+  for (int step = 1; step <= s.steps; ++step) {
+    // A fresh batch each step; this rank's share of it.
+    const Batch batch = leaning_batch(c, static_cast<std::uint64_t>(step));
+    const Tensor x = batch.x.slice(mine.offset, mine.length);
+    const Tensor target = batch.target.slice(mine.offset, mine.length);
+    nn::Forward f = layer.forward(x.to(s.memory));
+    const RoutingStats stats = layer.stats(f.saved);
+    const Tensor y = f.out.to(Memory::host);
+    // L = sum over every rank's tokens of |y - target|^2 / 2T (+ the aux loss).
+    run.loss.push_back(comm.agree(nn::squared_error(y, target), ReduceOp::sum) / (2.0 * c.tokens));
+    run.kept.push_back(stats.kept);
+    run.aux_loss.push_back(stats.aux_loss);
+    run.dropped_fraction.push_back(static_cast<double>(stats.dropped) / (c.k * c.tokens));
+    store.zero_grad();
+    const Tensor dy = scale(sub(y, target), 1.0f / static_cast<float>(c.tokens));
+    layer.backward(dy.to(s.memory), f.saved);
+    adam.step(store.values(), store.grads());
+  }
+  run.weights = layer.weights();
+  return run;
 }
 
 }  // namespace ch07

@@ -10,23 +10,35 @@
 // renormalisation, the softmax, and the aux loss with f held constant, as in Switch) and
 // every expert's dL/dW1, dL/dW2.
 //
-// On ranks (moe_parallel): rank q holds the router (replicated), experts q E/N ..
+// On ranks (MoeLayer): rank q holds the router (replicated), experts q E/N ..
 // (q + 1) E/N - 1 and tokens shard_range(T, N, q). The router's probabilities are
 // all-gathered (T x E floats) so that every rank routes every token alike; then the
 // tokens go to their experts' ranks in one all-to-all(v), come back in another, and the
 // backward does the same with the gradients.
+//
+// Also here: the all-to-all's bytes as formulas, the pairwise all-to-all(v) the benchmark
+// times against the backend's, and the training loop of `--train`.
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "routing.hpp"
 #include "shardlab/comm.hpp"
+#include "shardlab/nn.hpp"
 #include "shardlab/tensor.hpp"
+
+namespace shardlab::bench {
+struct Case;  // bench.hpp
+}
 
 namespace ch07 {
 
 using shardlab::Communicator;
+using shardlab::Memory;
 
 struct MoeConfig {
   int tokens = 64;  // T, all ranks together
@@ -39,6 +51,11 @@ struct MoeConfig {
   std::uint64_t seed = 0;
   int capacity() const { return expert_capacity(tokens, k, experts, capacity_factor); }
 };
+/// "8 experts, each an MLP 16 -> 32 -> 16; 64 tokens, top-2 routing"
+std::string describe(const MoeConfig& config);
+/// About how many bytes one rank's run of the layer, forward and backward, and of the
+/// one-device reference beside it takes (the program's memory estimate).
+double layer_run_bytes(const MoeConfig& config);
 
 /// The router and the experts `first` .. `first + count - 1` (f32, on the host).
 struct Weights {
@@ -46,16 +63,27 @@ struct Weights {
   int first = 0;               // the first expert held
   std::vector<Tensor> w1, w2;  // per expert held: d x h, h x d
 };
-/// The same weights on every rank and in the reference: expert e's from its own seed.
+/// The same weights on every rank, in the reference and in MoeLayer: the router from
+/// seed * 7919 + 1, expert e's W1 and W2 from its own two seeds (nn::Linear's init).
 Weights make_weights(const MoeConfig& config, int first, int count);
 
-struct Result {
-  Tensor y;        // the outputs of the tokens given (host, f32)
-  Routing routing; // of every token
+/// What a routing did: choices per expert before and after capacity, the drops, and the
+/// aux loss (from the router probabilities of every token, T x E).
+struct RoutingStats {
+  std::vector<int> wanted, kept;
+  int dropped = 0;         // choices dropped, in all
+  int passed_through = 0;  // tokens none of whose choices was kept
   double aux_loss = 0;
-  std::vector<int> wanted, kept;  // choices per expert, before and after capacity
-  int dropped = 0;                // choices dropped, in all
-  int passed_through = 0;         // tokens none of whose choices was kept
+};
+RoutingStats routing_stats(const MoeConfig& config, const Routing& routing, const Tensor& probs);
+
+// ---------------------------------------------------------------------------
+// The layer on one device: the reference
+
+struct Result {
+  Tensor y;         // the outputs of the tokens given (host, f32)
+  Routing routing;  // of every token
+  RoutingStats stats;
   // Gradients (when a dL/dy was given): of the tokens given, the router (summed over all
   // tokens), the experts held.
   Tensor dx, drouter;
@@ -66,12 +94,136 @@ struct Result {
   bool traffic_modeled = false;
 };
 
-/// The whole layer on one device, every token.
-Result moe_reference(const MoeConfig& config, const Weights& all, const Tensor& x, const Tensor& dy);
+/// The whole layer on one device, every token, written out loop by loop (no MoeLayer
+/// code): what the expert-parallel layer is checked against.
+Result moe_reference(const MoeConfig& config, const Weights& all, const Tensor& x,
+                     const Tensor& dy);
 
-/// The layer expert-parallel: this rank's tokens `x` (and `dy`, or an empty tensor for
-/// forward only), its experts in `mine`.
-Result moe_parallel(Communicator& comm, const MoeConfig& config, const Weights& mine, const Tensor& x,
-                    const Tensor& dy, shardlab::Memory memory);
+// ---------------------------------------------------------------------------
+// The layer expert-parallel, as an nn layer
+
+/// The MoE layer over the ranks of `comm` (an expert-parallel group; one rank holds every
+/// expert): the router (replicated) and this rank's E/N experts are parameters in
+/// `store`, each expert an nn::Sequential of Linear, Tanh, Linear. It goes into an
+/// nn::Sequential like any layer.
+///
+///   x   this rank's tokens: rows shard_range(T, N, rank) of the config's T, d columns
+///   y   the same rows, in the memory the store was allocated in (f32 parameters)
+///
+/// forward and backward_input are collectives over `comm` (the all-gather of the router's
+/// probabilities, four all-to-alls), and so is backward_weight (the router's gradient is
+/// summed over the ranks: an allreduce); every rank calls them in the same order.
+/// Gradients accumulate (+=): the router's is the sum over every rank's tokens, an
+/// expert's over the tokens it took, and the aux loss's gradient is included.
+///
+/// Saved (nothing is kept in the layer, so any number of forwards can be in flight):
+///   tensors   this rank's x; the probabilities of every token (T x E, host); the routing
+///             (expert, gate, slot: T k each, host); the dispatch plan (send order,
+///             receive order, counts); the experts' outputs back at this rank, in send
+///             order; after backward_input, dL/dlogits of this rank's tokens
+///   children  per local expert, its Sequential's Saved: the dispatched token rows in
+///             slot order, and the activations tanh(x W1)
+class MoeLayer final : public shardlab::nn::Layer {
+ public:
+  /// The weights of make_weights(config, rank E/N, E/N).
+  MoeLayer(shardlab::nn::ParameterStore& store, Communicator& comm, const MoeConfig& config,
+           const std::string& name = "moe");
+  /// Starting from `init` (the router and this rank's experts, rank E/N .. on).
+  MoeLayer(shardlab::nn::ParameterStore& store, Communicator& comm, const MoeConfig& config,
+           const Weights& init, const std::string& name = "moe");
+
+  std::string name() const override { return name_; }
+  shardlab::nn::Forward forward(const Tensor& x) const override;
+  /// dL/dx, and (kept in `saved` for backward_weight) every expert's own B.
+  Tensor backward_input(const Tensor& dy, shardlab::nn::Saved& saved) const override;
+  /// Adds the experts' dL/dW1, dL/dW2 and the router's dL/dWr (allreduced) into the grads.
+  void backward_weight(shardlab::nn::Saved& saved) override;
+  std::vector<shardlab::nn::Parameter*> parameters() const override;
+
+  const MoeConfig& config() const { return config_; }
+  int first_expert() const { return first_; }
+  int experts_here() const { return static_cast<int>(experts_.size()); }
+  shardlab::nn::Parameter& router() { return *router_; }
+  /// Local expert l's weights (expert first_expert() + l).
+  shardlab::nn::Parameter& w1(int l);
+  shardlab::nn::Parameter& w2(int l);
+  /// The current weights, copied to the host.
+  Weights weights() const;
+
+  /// What a forward routed, read from its Saved (before backward_weight drops it).
+  Routing routing(const shardlab::nn::Saved& saved) const;
+  RoutingStats stats(const shardlab::nn::Saved& saved) const;
+
+ private:
+  Communicator& comm_;
+  MoeConfig config_;
+  std::string name_;
+  int first_ = 0;
+  shardlab::nn::Parameter* router_ = nullptr;
+  std::vector<std::shared_ptr<shardlab::nn::Sequential>> experts_;
+};
+
+/// The layer once, as a Result: a MoeLayer over `comm` from the weights `mine`, with its
+/// parameters in `memory`, forward on this rank's tokens `x` and, when `dy` is given (a
+/// default Tensor(): forward only), backward; the gradients and the all-to-all bytes this
+/// rank received.
+Result moe_parallel(Communicator& comm, const MoeConfig& config, const Weights& mine,
+                    const Tensor& x, const Tensor& dy, Memory memory);
+
+// ---------------------------------------------------------------------------
+// What the all-to-alls move
+
+/// The all-to-all bytes rank `rank` receives in one forward and backward, from the routing
+/// alone: every kept choice whose token and expert live on different ranks, one of them
+/// this one, is a row of d floats it receives twice (dispatch or combine) in the forward
+/// and twice in the backward: 2 x rows x d x 4.
+std::uint64_t formula_alltoall_bytes(const Routing& routing, int rank, int ranks, int hidden);
+/// The same for a perfectly even router with nothing dropped: (N-1)/N of a rank's k T/N
+/// choices leave it, four passes, d floats each: 4 x k T/N x (N-1)/N x d x 4.
+double even_router_alltoall_bytes(const MoeConfig& config, int ranks);
+
+/// All-to-all(v) from point-to-point calls, the pairwise exchange (MPICH's and Open MPI's
+/// algorithm for large messages): this rank's own block is copied; then in step
+/// s = 1 .. N-1 it sends its block for rank r + s and receives rank r - s's block (mod N),
+/// with one sendrecv. `in` and `out` are flat (any shape; counted in elements); blocks are
+/// back to back in rank order, as in Communicator::alltoallv.
+void pairwise_alltoallv(Communicator& comm, const Tensor& in,
+                        std::span<const std::size_t> send_counts, Tensor& out,
+                        std::span<const std::size_t> recv_counts);
+
+/// What the benchmark times, as nccl-tests describes a collective: the backend's alltoall
+/// and pairwise_alltoallv, over one pair of buffers in `memory` (bus factor (N-1)/N).
+/// The data: element i of rank r's input is r 1000003 + i, so after an all-to-all of B
+/// elements per peer, element i of block q of rank r's output must be q 1000003 + r B + i;
+/// #wrong counts the elements that are not, on fresh output.
+std::vector<shardlab::bench::Case> alltoall_cases(Communicator& comm, Memory memory);
+
+// ---------------------------------------------------------------------------
+// Training the router (--train)
+
+/// The task of the training: batch `step` is T tokens x ~ N(0, 1) shifted along one
+/// direction u (1.5 sqrt(d) u), with targets x + 0.5 tanh(x A) (A from the seed).
+struct Batch {
+  Tensor x, target;  // T x d each, every rank's tokens
+};
+Batch leaning_batch(const MoeConfig& config, std::uint64_t step);
+
+struct TrainSettings {
+  int steps = 100;
+  float lr = 1e-2f;  // Adam's
+  Memory memory = Memory::host;
+};
+/// Per step: tokens kept per expert, the aux loss, the dropped fraction of the choices,
+/// and the task's loss (mean squared error / 2); then the trained weights of this rank.
+struct TrainRun {
+  std::vector<std::vector<int>> kept;
+  std::vector<double> aux_loss, dropped_fraction, loss;
+  Weights weights;
+};
+/// Trains a MoeLayer (router and experts, one Adam over the store's flat buffers) on
+/// leaning_batch(config, 1), (config, 2), ..., from a router that starts out preferring
+/// expert 0 (Wr's column 0 plus 2u, the direction the tokens lean along). The aux loss
+/// takes part with config.aux_alpha (0: none).
+TrainRun train(Communicator& comm, const MoeConfig& config, const TrainSettings& settings);
 
 }  // namespace ch07

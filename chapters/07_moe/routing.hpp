@@ -20,8 +20,9 @@ using shardlab::Tensor;
 struct Routing {
   int tokens = 0, experts = 0, k = 1, capacity = 0;
   std::vector<int> expert;  // the expert of choice (t, j)
-  std::vector<float> gate;  // its weight in the output: p / (sum of t's k chosen p) for k > 1, p for k = 1
-  std::vector<int> slot;    // its row in the expert's buffer, 0..C-1, or -1: dropped
+  std::vector<float>
+      gate;  // its weight in the output: p / (sum of t's k chosen p) for k > 1, p for k = 1
+  std::vector<int> slot;  // its row in the expert's buffer, 0..C-1, or -1: dropped
   int at(int t, int j) const { return t * k + j; }
 };
 

@@ -23,7 +23,7 @@ double loss(const ch07::MoeConfig& c, const ch07::Weights& w, const Tensor& x, c
   const ch07::Result r = ch07::moe_reference(c, w, x, Tensor());
   double s = 0;
   for (std::int64_t i = 0; i < r.y.size(); ++i) s += static_cast<double>(r.y[i]) * dy[i];
-  return s + r.aux_loss;
+  return s + r.stats.aux_loss;
 }
 
 }  // namespace
@@ -33,7 +33,7 @@ TEST_SUITE("ch07") {
     CHECK(ch07::expert_capacity(64, 2, 8, 1.25) == 20);
     CHECK(ch07::expert_capacity(64, 2, 8, 1.0) == 16);
     CHECK(ch07::expert_capacity(10, 1, 4, 1.0) == 3);  // 2.5 -> 3
-    CHECK(ch07::expert_capacity(37, 2, 8, 0.9) == 9);   // 8.325 -> 9
+    CHECK(ch07::expert_capacity(37, 2, 8, 0.9) == 9);  // 8.325 -> 9
     CHECK(ch07::expert_capacity(4, 1, 64, 0.1) == 1);
   }
 
@@ -48,7 +48,7 @@ TEST_SUITE("ch07") {
     w.router.zero();  // every probability 1/4; ties go to expert 0, so f = (1, 0, 0, 0)
     const Tensor x = randn(Shape{c.tokens, c.hidden}, 3);
     const ch07::Result r = ch07::moe_reference(c, w, x, Tensor());
-    CHECK(r.aux_loss == doctest::Approx(0.3 * 4 * (1.0 * 0.25)));
+    CHECK(r.stats.aux_loss == doctest::Approx(0.3 * 4 * (1.0 * 0.25)));
     // A real router: f from the first choices, P from the softmax, worked out here in double.
     const ch07::Weights w2 = ch07::make_weights(c, 0, c.experts);
     const ch07::Result r2 = ch07::moe_reference(c, w2, x, Tensor());
@@ -57,17 +57,20 @@ TEST_SUITE("ch07") {
       double logits[4], top = -1e300, sum = 0;
       for (int e = 0; e < 4; ++e) {
         logits[e] = 0;
-        for (int i = 0; i < c.hidden; ++i) logits[e] += static_cast<double>(x(t, i)) * w2.router(i, e);
+        for (int i = 0; i < c.hidden; ++i)
+          logits[e] += static_cast<double>(x(t, i)) * w2.router(i, e);
         top = std::max(top, logits[e]);
       }
       for (int e = 0; e < 4; ++e) sum += std::exp(logits[e] - top);
-      for (int e = 0; e < 4; ++e) P[static_cast<std::size_t>(e)] += std::exp(logits[e] - top) / sum / c.tokens;
+      for (int e = 0; e < 4; ++e)
+        P[static_cast<std::size_t>(e)] += std::exp(logits[e] - top) / sum / c.tokens;
       f[static_cast<std::size_t>(r2.routing.expert[static_cast<std::size_t>(t)])] += 1.0 / c.tokens;
     }
     double want = 0;
-    for (int e = 0; e < 4; ++e) want += f[static_cast<std::size_t>(e)] * P[static_cast<std::size_t>(e)];
-    CHECK(r2.aux_loss == doctest::Approx(0.3 * 4 * want).epsilon(1e-5));
-    CHECK(r2.aux_loss > 0.3);  // not even: above alpha
+    for (int e = 0; e < 4; ++e)
+      want += f[static_cast<std::size_t>(e)] * P[static_cast<std::size_t>(e)];
+    CHECK(r2.stats.aux_loss == doctest::Approx(0.3 * 4 * want).epsilon(1e-5));
+    CHECK(r2.stats.aux_loss > 0.3);  // not even: above alpha
   }
 
   TEST_CASE("a rank with no tokens still takes part: 3 tokens on 4 ranks") {
@@ -79,8 +82,8 @@ TEST_SUITE("ch07") {
     shardlab::testing::on_ranks(4, [&](Communicator& comm) {
       const ShardRange mine = shard_range(c.tokens, 4, comm.rank());
       const ch07::Result r = ch07::moe_parallel(comm, c, ch07::make_weights(c, comm.rank(), 1),
-                                                x.slice(mine.offset, mine.length), dy.slice(mine.offset, mine.length),
-                                                Memory::host);
+                                                x.slice(mine.offset, mine.length),
+                                                dy.slice(mine.offset, mine.length), Memory::host);
       shardlab::testing::check_equal(r.y, ref.y.slice(mine.offset, mine.length), "outputs");
       shardlab::testing::check_close(r.drouter, ref.drouter, 1e-6f, 1e-5f, "dL/dWrouter");
     });
@@ -98,7 +101,8 @@ TEST_SUITE("ch07") {
       c.capacity_factor = 4.0;  // C = T for k = 1 and 2: nothing dropped, the loss smooth here
       c.aux_alpha = 0.5;
       ch07::Weights w = ch07::make_weights(c, 0, c.experts);
-      const Tensor x = randn(Shape{c.tokens, c.hidden}, 7), dy = randn(Shape{c.tokens, c.hidden}, 8);
+      const Tensor x = randn(Shape{c.tokens, c.hidden}, 7),
+                   dy = randn(Shape{c.tokens, c.hidden}, 8);
       const ch07::Result r = ch07::moe_reference(c, w, x, dy);
       const double eps = 1e-3;
       Tensor xv = x.clone();  // the input, perturbed like the weights for dL/dx
@@ -115,15 +119,18 @@ TEST_SUITE("ch07") {
       for (std::int64_t i : {0, 5, 13, 22}) {
         const double want = fd(w.router, i);
         CHECK_MESSAGE(r.drouter.flat()[i] == doctest::Approx(want).epsilon(2e-2).scale(1e-2),
-                      "dL/dWrouter[" << i << "] = " << r.drouter.flat()[i] << ", finite differences " << want);
+                      "dL/dWrouter[" << i << "] = " << r.drouter.flat()[i]
+                                     << ", finite differences " << want);
       }
       for (std::int64_t i : {0, 17, 40}) {
         const double want = fd(w.w1[1], i);
         CHECK_MESSAGE(r.dw1[1].flat()[i] == doctest::Approx(want).epsilon(2e-2).scale(1e-2),
-                      "dL/dW1 of expert 1 [" << i << "] = " << r.dw1[1].flat()[i] << ", finite differences " << want);
+                      "dL/dW1 of expert 1 [" << i << "] = " << r.dw1[1].flat()[i]
+                                             << ", finite differences " << want);
         const double want2 = fd(w.w2[2], i);
         CHECK_MESSAGE(r.dw2[2].flat()[i] == doctest::Approx(want2).epsilon(2e-2).scale(1e-2),
-                      "dL/dW2 of expert 2 [" << i << "] = " << r.dw2[2].flat()[i] << ", finite differences " << want2);
+                      "dL/dW2 of expert 2 [" << i << "] = " << r.dw2[2].flat()[i]
+                                             << ", finite differences " << want2);
       }
       for (std::int64_t i : {0, 7, 30, 71}) {
         const double want = fd(xv, i);

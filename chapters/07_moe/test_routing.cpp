@@ -38,7 +38,8 @@ namespace {
 Tensor probs_of(const std::vector<std::vector<float>>& rows) {
   Tensor p(static_cast<std::int64_t>(rows.size()), static_cast<std::int64_t>(rows[0].size()));
   for (std::size_t t = 0; t < rows.size(); ++t)
-    for (std::size_t e = 0; e < rows[t].size(); ++e) p(static_cast<std::int64_t>(t), static_cast<std::int64_t>(e)) = rows[t][e];
+    for (std::size_t e = 0; e < rows[t].size(); ++e)
+      p(static_cast<std::int64_t>(t), static_cast<std::int64_t>(e)) = rows[t][e];
   return p;
 }
 
@@ -52,7 +53,8 @@ TEST_SUITE("ch07") {
     // Slots, first choices by position, then second choices by position:
     //   first:  t0 e0:0, t1 e0:1, t2 e2:0, t3 e0:2, t4 e0: full -> dropped
     //   second: t0 e1:0, t1 e2:1, t2 e0: full -> dropped, t3 e1:1, t4 e1:2
-    const Tensor p = probs_of({{.5f, .3f, .2f}, {.6f, .1f, .3f}, {.2f, .2f, .6f}, {.7f, .2f, .1f}, {.4f, .4f, .2f}});
+    const Tensor p = probs_of(
+        {{.5f, .3f, .2f}, {.6f, .1f, .3f}, {.2f, .2f, .6f}, {.7f, .2f, .1f}, {.4f, .4f, .2f}});
     const ch07::Routing r = ch07::route(p, 2, 3);
     const std::vector<int> expert = {0, 1, 0, 2, 2, 0, 0, 1, 0, 1};
     const std::vector<int> slot = {0, 0, 1, 1, 0, -1, 2, 1, -1, 2};
@@ -62,14 +64,16 @@ TEST_SUITE("ch07") {
     for (int t = 0; t < 5; ++t)
       for (int j = 0; j < 2; ++j) {
         const auto c = static_cast<std::size_t>(t * 2 + j);
-        CHECK_MESSAGE(r.expert[c] == expert[c], "token " << t << " choice " << j << ": expert " << r.expert[c]
-                                                         << ", want " << expert[c] << " (k best, ties to the lower index)");
-        CHECK_MESSAGE(r.slot[c] == slot[c], "token " << t << " choice " << j << " (expert " << expert[c] << "): slot "
-                                                     << r.slot[c] << ", want " << slot[c]
-                                                     << " (first choices by position, then second choices; -1 dropped)");
+        CHECK_MESSAGE(r.expert[c] == expert[c], "token " << t << " choice " << j << ": expert "
+                                                         << r.expert[c] << ", want " << expert[c]
+                                                         << " (k best, ties to the lower index)");
+        CHECK_MESSAGE(r.slot[c] == slot[c],
+                      "token " << t << " choice " << j << " (expert " << expert[c] << "): slot "
+                               << r.slot[c] << ", want " << slot[c]
+                               << " (first choices by position, then second choices; -1 dropped)");
         CHECK_MESSAGE(r.gate[c] == doctest::Approx(gate[c]).epsilon(1e-6),
-                      "token " << t << " choice " << j << ": gate " << r.gate[c] << ", want " << gate[c]
-                               << " (p / the sum of the token's k chosen p)");
+                      "token " << t << " choice " << j << ": gate " << r.gate[c] << ", want "
+                               << gate[c] << " (p / the sum of the token's k chosen p)");
       }
   }
 
@@ -77,8 +81,10 @@ TEST_SUITE("ch07") {
     const Tensor p = probs_of({{.1f, .9f}, {.3f, .7f}, {.6f, .4f}, {.2f, .8f}});
     const ch07::Routing r = ch07::route(p, 1, 2);
     CHECK((r.expert == std::vector<int>{1, 1, 0, 1}));
-    CHECK_MESSAGE((r.slot == std::vector<int>{0, 1, 0, -1}), "expert 1 has room for tokens 0 and 1 only");
-    CHECK_MESSAGE(r.gate[0] == doctest::Approx(0.9f), "k = 1: the gate is p itself (Switch), got " << r.gate[0]);
+    CHECK_MESSAGE((r.slot == std::vector<int>{0, 1, 0, -1}),
+                  "expert 1 has room for tokens 0 and 1 only");
+    CHECK_MESSAGE(r.gate[0] == doctest::Approx(0.9f),
+                  "k = 1: the gate is p itself (Switch), got " << r.gate[0]);
     CHECK(r.gate[2] == doctest::Approx(0.6f));
   }
 
@@ -87,11 +93,15 @@ TEST_SUITE("ch07") {
     //   t2 [.4 .1 .2 .3] -> 0, 3, 2
     // first:  t0 e1:0, t1 e0:0, t2 e0:1     second: t0 e2:0, t1 e1:1, t2 e3:0
     // third:  t0 e3:1, t1 e2:1, t2 e2: full -> dropped
-    const Tensor p = probs_of({{.1f, .4f, .3f, .2f}, {.25f, .25f, .25f, .25f}, {.4f, .1f, .2f, .3f}});
+    const Tensor p =
+        probs_of({{.1f, .4f, .3f, .2f}, {.25f, .25f, .25f, .25f}, {.4f, .1f, .2f, .3f}});
     const ch07::Routing r = ch07::route(p, 3, 2);
-    CHECK_MESSAGE((r.expert == std::vector<int>{1, 2, 3, 0, 1, 2, 0, 3, 2}), "the experts of the top-3 choices");
-    CHECK_MESSAGE((r.slot == std::vector<int>{0, 0, 1, 0, 1, 1, 1, 0, -1}), "the slots of the top-3 choices");
-    CHECK_MESSAGE(r.gate[0] == doctest::Approx(.4f / .9f), "k = 3: the gates are p / the sum of the three, got " << r.gate[0]);
+    CHECK_MESSAGE((r.expert == std::vector<int>{1, 2, 3, 0, 1, 2, 0, 3, 2}),
+                  "the experts of the top-3 choices");
+    CHECK_MESSAGE((r.slot == std::vector<int>{0, 0, 1, 0, 1, 1, 1, 0, -1}),
+                  "the slots of the top-3 choices");
+    CHECK_MESSAGE(r.gate[0] == doctest::Approx(.4f / .9f),
+                  "k = 3: the gates are p / the sum of the three, got " << r.gate[0]);
     CHECK(r.gate[3] == doctest::Approx(1.0f / 3));
   }
 
@@ -99,15 +109,18 @@ TEST_SUITE("ch07") {
     // An independent router: repeatedly take the largest remaining probability (the first
     // one found, so the lower index on a tie), then fill slots choice level by level.
     for (int k : {1, 2, 3, 5}) {
-      const int T = 60, E = 24, C = 5;  // E > 16: std::sort no longer falls back to a stable insertion sort
+      const int T = 60, E = 24,
+                C = 5;  // E > 16: std::sort no longer falls back to a stable insertion sort
       Tensor p(T, E);
       std::uint64_t state = 12345 + static_cast<std::uint64_t>(k);
       for (std::int64_t i = 0; i < p.size(); ++i) {
         state = state * 6364136223846793005ULL + 1442695040888963407ULL;
-        p.flat()[i] = static_cast<float>((state >> 33) % 4) / 4.0f + 0.25f;  // 4 values: ties everywhere
+        p.flat()[i] =
+            static_cast<float>((state >> 33) % 4) / 4.0f + 0.25f;  // 4 values: ties everywhere
       }
       const ch07::Routing r = ch07::route(p, k, C);
-      std::vector<int> expert(static_cast<std::size_t>(T * k)), slot(static_cast<std::size_t>(T * k), -1);
+      std::vector<int> expert(static_cast<std::size_t>(T * k)),
+          slot(static_cast<std::size_t>(T * k), -1);
       for (int t = 0; t < T; ++t) {
         std::vector<bool> taken(static_cast<std::size_t>(E), false);
         for (int j = 0; j < k; ++j) {
@@ -122,10 +135,13 @@ TEST_SUITE("ch07") {
       for (int j = 0; j < k; ++j)
         for (int t = 0; t < T; ++t) {
           const auto c = static_cast<std::size_t>(t * k + j);
-          if (used[static_cast<std::size_t>(expert[c])] < C) slot[c] = used[static_cast<std::size_t>(expert[c])]++;
+          if (used[static_cast<std::size_t>(expert[c])] < C)
+            slot[c] = used[static_cast<std::size_t>(expert[c])]++;
         }
       CAPTURE(k);
-      CHECK_MESSAGE(r.expert == expert, "the experts differ from the brute-force router's (ties: the lower index first)");
+      CHECK_MESSAGE(
+          r.expert == expert,
+          "the experts differ from the brute-force router's (ties: the lower index first)");
       CHECK_MESSAGE(r.slot == slot, "the slots differ from the brute-force router's");
     }
   }
@@ -135,9 +151,11 @@ TEST_SUITE("ch07") {
     ch07::Routing r{4, 4, 1, 2, {3, 0, 3, 1}, {1, 1, 1, 1}, {0, 0, 1, 0}};
     const ch07::Dispatch a = ch07::plan_dispatch(r, 0, 2), b = ch07::plan_dispatch(r, 1, 2);
     CHECK((a.send_counts == std::vector<std::size_t>{1, 1}));
-    CHECK_MESSAGE((a.send_order == std::vector<int>{1, 0}), "rank 0 sends token 1 to itself (expert 0), then token 0 to rank 1");
+    CHECK_MESSAGE((a.send_order == std::vector<int>{1, 0}),
+                  "rank 0 sends token 1 to itself (expert 0), then token 0 to rank 1");
     CHECK((a.recv_counts == std::vector<std::size_t>{1, 1}));
-    CHECK_MESSAGE((a.recv_choice == std::vector<int>{1, 3}), "rank 0 receives token 1 from itself, token 3 from rank 1");
+    CHECK_MESSAGE((a.recv_choice == std::vector<int>{1, 3}),
+                  "rank 0 receives token 1 from itself, token 3 from rank 1");
     CHECK((b.send_order == std::vector<int>{3, 2}));
     CHECK((b.recv_choice == std::vector<int>{0, 2}));
     // A dropped choice is not sent at all.
@@ -146,7 +164,8 @@ TEST_SUITE("ch07") {
     CHECK_MESSAGE((c.send_counts == std::vector<std::size_t>{1, 0}), "a dropped choice was sent");
   }
 
-  TEST_CASE("expert parallel equals one device, forward and backward, N = 1, 2, 4, 8 and k = 1, 2") {
+  TEST_CASE(
+      "expert parallel equals one device, forward and backward, N = 1, 2, 4, 8 and k = 1, 2") {
     for (int N : {1, 2, 4, 8})
       for (int k : {1, 2}) {
         CAPTURE(N);
@@ -156,20 +175,26 @@ TEST_SUITE("ch07") {
         c.experts = 8;
         c.k = k;
         c.capacity_factor = 0.9;  // some choices dropped
-        const Tensor x = randn(Shape{c.tokens, c.hidden}, 5), dy = randn(Shape{c.tokens, c.hidden}, 6);
+        const Tensor x = randn(Shape{c.tokens, c.hidden}, 5),
+                     dy = randn(Shape{c.tokens, c.hidden}, 6);
         const ch07::Result ref = ch07::moe_reference(c, ch07::make_weights(c, 0, c.experts), x, dy);
         on_ranks(N, [&](Communicator& comm) {
           const int per = c.experts / N;
           const ShardRange mine = shard_range(c.tokens, N, comm.rank());
-          const ch07::Result r = ch07::moe_parallel(comm, c, ch07::make_weights(c, comm.rank() * per, per),
-                                                    x.slice(mine.offset, mine.length), dy.slice(mine.offset, mine.length),
-                                                    Memory::host);
+          const ch07::Result r = ch07::moe_parallel(
+              comm, c, ch07::make_weights(c, comm.rank() * per, per),
+              x.slice(mine.offset, mine.length), dy.slice(mine.offset, mine.length), Memory::host);
           shardlab::testing::check_equal(r.y, ref.y.slice(mine.offset, mine.length), "outputs y");
-          shardlab::testing::check_close(r.dx, ref.dx.slice(mine.offset, mine.length), 1e-6f, 1e-5f, "dL/dx");
+          shardlab::testing::check_close(r.dx, ref.dx.slice(mine.offset, mine.length), 1e-6f, 1e-5f,
+                                         "dL/dx");
           shardlab::testing::check_close(r.drouter, ref.drouter, 1e-6f, 1e-5f, "dL/dWrouter");
           for (int l = 0; l < per; ++l) {
-            shardlab::testing::check_equal(r.dw1[static_cast<std::size_t>(l)], ref.dw1[static_cast<std::size_t>(comm.rank() * per + l)], "dL/dW1");
-            shardlab::testing::check_equal(r.dw2[static_cast<std::size_t>(l)], ref.dw2[static_cast<std::size_t>(comm.rank() * per + l)], "dL/dW2");
+            shardlab::testing::check_equal(r.dw1[static_cast<std::size_t>(l)],
+                                           ref.dw1[static_cast<std::size_t>(comm.rank() * per + l)],
+                                           "dL/dW1");
+            shardlab::testing::check_equal(r.dw2[static_cast<std::size_t>(l)],
+                                           ref.dw2[static_cast<std::size_t>(comm.rank() * per + l)],
+                                           "dL/dW2");
           }
           // The all-to-all moves only the rows the routing sends to other ranks, counted
           // here from the routing alone: rows this rank's experts take from other ranks'
@@ -183,14 +208,16 @@ TEST_SUITE("ch07") {
               const int owner = ref.routing.expert[ch] / (E / N);
               int holder = 0;
               while (!(t >= shard_range(c.tokens, N, holder).offset &&
-                       t < shard_range(c.tokens, N, holder).offset + shard_range(c.tokens, N, holder).length))
+                       t < shard_range(c.tokens, N, holder).offset +
+                               shard_range(c.tokens, N, holder).length))
                 ++holder;
               if (owner != holder && (owner == comm.rank() || holder == comm.rank())) ++rows;
             }
           const std::uint64_t want = 2 * rows * static_cast<std::uint64_t>(c.hidden) * 4;
-          CHECK_MESSAGE(r.alltoall_received == want, "rank " << comm.rank() << " received " << r.alltoall_received
-                                                             << " bytes in its all-to-alls; the routing sends it " << want
-                                                             << " (every token to every rank?)");
+          CHECK_MESSAGE(r.alltoall_received == want,
+                        "rank " << comm.rank() << " received " << r.alltoall_received
+                                << " bytes in its all-to-alls; the routing sends it " << want
+                                << " (every token to every rank?)");
         });
       }
   }

@@ -16,14 +16,20 @@ Routing route(const Tensor& probs, int k, int capacity) {
     return "route: k = " + std::to_string(k) + " of " + std::to_string(E) + " experts, capacity " +
            std::to_string(capacity);
   });
-  Routing r{T, E, k, capacity, std::vector<int>(static_cast<std::size_t>(T * k)),
-            std::vector<float>(static_cast<std::size_t>(T * k)), std::vector<int>(static_cast<std::size_t>(T * k), -1)};
+  Routing r{T,
+            E,
+            k,
+            capacity,
+            std::vector<int>(static_cast<std::size_t>(T * k)),
+            std::vector<float>(static_cast<std::size_t>(T * k)),
+            std::vector<int>(static_cast<std::size_t>(T * k), -1)};
   // 1. Each token's k best experts, best first; gates renormalised over them for k > 1.
   std::vector<int> order(static_cast<std::size_t>(E));
   for (int t = 0; t < T; ++t) {
     for (int e = 0; e < E; ++e) order[static_cast<std::size_t>(e)] = e;
-    std::stable_sort(order.begin(), order.end(),
-                     [&](int a, int b) { return probs(t, a) > probs(t, b); });  // ties: lower index first
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+      return probs(t, a) > probs(t, b);
+    });  // ties: lower index first
     float sum = 0;
     for (int j = 0; j < k; ++j) sum += probs(t, order[static_cast<std::size_t>(j)]);
     for (int j = 0; j < k; ++j) {
@@ -45,7 +51,8 @@ Routing route(const Tensor& probs, int k, int capacity) {
 
 Dispatch plan_dispatch(const Routing& r, int rank, int ranks) {
   require(r.experts % ranks == 0, [&] {
-    return "plan_dispatch: " + std::to_string(r.experts) + " experts over " + std::to_string(ranks) + " ranks";
+    return "plan_dispatch: " + std::to_string(r.experts) + " experts over " +
+           std::to_string(ranks) + " ranks";
   });
   const int per = r.experts / ranks;  // experts per rank
   Dispatch d;
@@ -61,7 +68,8 @@ Dispatch plan_dispatch(const Routing& r, int rank, int ranks) {
       for (auto t = mine.offset; t < mine.offset + mine.length; ++t)
         for (int j = 0; j < r.k; ++j) {
           const int c = r.at(static_cast<int>(t), j);
-          if (r.expert[static_cast<std::size_t>(c)] == e && r.slot[static_cast<std::size_t>(c)] >= 0)
+          if (r.expert[static_cast<std::size_t>(c)] == e &&
+              r.slot[static_cast<std::size_t>(c)] >= 0)
             by_slot.push_back({r.slot[static_cast<std::size_t>(c)], c});
         }
       std::sort(by_slot.begin(), by_slot.end());

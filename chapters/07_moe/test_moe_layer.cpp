@@ -1,0 +1,245 @@
+// Chapter 07's MoE layer as a part of other models: inside an nn::Sequential between
+// Linear and LayerNorm layers, and with two micro-batches in flight, on 2-4 ranks, against
+// the same model on one device built from independent parts (nn::Linear, nn::LayerNorm and
+// the written-out moe_reference). Plus the pairwise all-to-all and the byte formula.
+//
+// Wrong versions this test was checked against (each fails the case named, with the
+// message quoted):
+//   the router's gradient not summed over the ranks (no allreduce in backward_weight)
+//     -> "in a model": "dL/dWrouter: 95 of 96 elements differ"; "micro-batches": "dL/dWrouter
+//     after two micro-batches";
+//   the accumulated gradient allreduced (grad += x^T dlogits, then allreduce(grad), which
+//     sums the first micro-batch's N times) -> "micro-batches": "dL/dWrouter after two
+//     micro-batches";
+//   backward_weight assigning the experts' gradients instead of adding to them
+//     -> "micro-batches": "dL/dW1 of expert e after two micro-batches";
+//   the combine placing tokens from offset 0 instead of the rank's first token
+//     -> "in a model": "outputs", "dL/dx" on ranks 1.. (and every gradient after them);
+//   dL/dy sent to the experts without its gate (dout = dy) -> "in a model": "dL/dx",
+//     "dL/dW1 of expert e";
+//   each expert running its rows in arrival order (by source rank) instead of slot order
+//     -> "dL/dW1 of expert e": 1e-7 apart, no longer bit for bit (rows summed in another
+//     order), in both model cases;
+//   backward_input reading rank 0's router probabilities on every rank (offset 0)
+//     -> "in a model": "dL/dx" and "dL/dWrouter";
+//   pairwise_alltoallv: its own block not copied, the last step (s = N - 1) skipped
+//     -> "block from rank q"; receive offsets taken from the send counts -> the rank's
+//     error "Tensor::slice: 0..2 along dimension 0 of [1]";
+//   formula_alltoall_bytes: the combine left out, the backward left out (x 1, not x 2),
+//     dropped choices counted -> "rank 0: the formula says 512 bytes, the plan receives
+//     1216" (and 608, 1536 for the other two).
+#include <doctest/doctest.h>
+
+#include <memory>
+
+#include "moe.hpp"
+#include "shardlab/nn.hpp"
+#include "shardlab/testing.hpp"
+
+using namespace shardlab;
+using shardlab::testing::check_close;
+using shardlab::testing::check_equal;
+using shardlab::testing::on_ranks;
+
+namespace {
+
+ch07::MoeConfig model_config() {
+  ch07::MoeConfig c;
+  c.tokens = 23;  // uneven shares on 2, 3 and 4 ranks
+  c.hidden = 8;
+  c.ffn = 12;
+  c.experts = 12;
+  c.k = 2;
+  c.capacity_factor = 0.9;  // some choices dropped
+  c.aux_alpha = 0.05;
+  c.seed = 3;
+  return c;
+}
+
+// Input features, output features of the model around the layer.
+constexpr std::int64_t in_features = 5, out_features = 3;
+
+/// The model on one device, from independent parts: Linear, then moe_reference, then
+/// LayerNorm, then Linear; forward and backward by hand.
+struct OneDevice {
+  Tensor y, dx;            // every token's
+  ch07::Result moe;        // the MoE part's backward: its dx, router and experts' grads
+  std::vector<Tensor> dp;  // the gradients of in, norm, out: weight, bias, gamma, beta, ...
+};
+OneDevice one_device(const ch07::MoeConfig& c, const Tensor& x, const Tensor& dy) {
+  nn::ParameterStore store;
+  nn::Linear in(store, "in", in_features, c.hidden, 51);
+  nn::LayerNorm norm(store, "norm", c.hidden);
+  nn::Linear out(store, "out", c.hidden, out_features, 52);
+  store.allocate();
+  const ch07::Weights weights = ch07::make_weights(c, 0, c.experts);
+  nn::Forward h = in.forward(x);
+  const ch07::Result moe_y = ch07::moe_reference(c, weights, h.out, Tensor());
+  nn::Forward n = norm.forward(moe_y.y);
+  nn::Forward o = out.forward(n.out);
+  OneDevice r;
+  r.y = o.out;
+  const Tensor dmoe = norm.backward(out.backward(dy, o.saved), n.saved);
+  r.moe = ch07::moe_reference(c, weights, h.out, dmoe);
+  r.dx = in.backward(r.moe.dx, h.saved);
+  for (nn::Parameter* p : store.parameters()) r.dp.push_back(p->grad.clone());
+  return r;
+}
+
+}  // namespace
+
+TEST_SUITE("ch07") {
+  TEST_CASE("the MoE layer in a model (Linear, MoE, LayerNorm, Linear) equals one device") {
+    const ch07::MoeConfig c = model_config();
+    const Tensor x = randn(Shape{c.tokens, in_features}, 41);
+    const Tensor dy = randn(Shape{c.tokens, out_features}, 42);
+    const OneDevice ref = one_device(c, x, dy);
+    for (int N : {2, 3, 4}) {
+      CAPTURE(N);
+      on_ranks(N, [&](Communicator& comm) {
+        nn::ParameterStore store;
+        nn::Sequential model;
+        nn::Linear& in = model.add<nn::Linear>(store, "in", in_features, c.hidden, 51);
+        ch07::MoeLayer& moe = model.add<ch07::MoeLayer>(store, comm, c);
+        nn::LayerNorm& norm = model.add<nn::LayerNorm>(store, "norm", c.hidden);
+        nn::Linear& out = model.add<nn::Linear>(store, "out", c.hidden, out_features, 52);
+        store.allocate();
+        const ShardRange mine = shard_range(c.tokens, N, comm.rank());
+        nn::Forward f = model.forward(x.slice(mine.offset, mine.length));
+        check_equal(f.out, ref.y.slice(mine.offset, mine.length), "outputs");
+        const Tensor dx = model.backward(dy.slice(mine.offset, mine.length), f.saved);
+        check_equal(dx, ref.dx.slice(mine.offset, mine.length), "dL/dx");
+        check_close(moe.router().grad, ref.moe.drouter, 1e-6f, 1e-5f, "dL/dWrouter");
+        for (int l = 0; l < moe.experts_here(); ++l) {
+          const auto e = static_cast<std::size_t>(moe.first_expert() + l);
+          CAPTURE(e);
+          check_equal(moe.w1(l).grad, ref.moe.dw1[e], "dL/dW1 of expert e");
+          check_equal(moe.w2(l).grad, ref.moe.dw2[e], "dL/dW2 of expert e");
+        }
+        // The layers around it are data parallel: their gradients are this rank's tokens'
+        // share, and summed over the ranks they are one device's (to rounding).
+        std::vector<nn::Parameter*> around;
+        for (nn::Layer* layer : {static_cast<nn::Layer*>(&in), static_cast<nn::Layer*>(&norm),
+                                 static_cast<nn::Layer*>(&out)})
+          for (nn::Parameter* p : layer->parameters()) around.push_back(p);
+        REQUIRE(around.size() == ref.dp.size());
+        for (std::size_t i = 0; i < around.size(); ++i) {
+          Tensor summed = around[i]->grad.clone();
+          comm.allreduce(summed);
+          check_close(summed, ref.dp[i], 1e-5f, 1e-5f, "dL/d" + around[i]->name);
+        }
+      });
+    }
+  }
+
+  TEST_CASE("two micro-batches in flight (F F B B, W W) add up their gradients") {
+    ch07::MoeConfig c = model_config();
+    const ch07::Weights all = ch07::make_weights(c, 0, c.experts);
+    const Tensor xa = randn(Shape{c.tokens, c.hidden}, 61),
+                 dya = randn(Shape{c.tokens, c.hidden}, 62);
+    const Tensor xb = randn(Shape{c.tokens, c.hidden}, 63),
+                 dyb = randn(Shape{c.tokens, c.hidden}, 64);
+    const ch07::Result a = ch07::moe_reference(c, all, xa, dya),
+                       b = ch07::moe_reference(c, all, xb, dyb);
+    for (int N : {2, 4}) {
+      CAPTURE(N);
+      on_ranks(N, [&](Communicator& comm) {
+        nn::ParameterStore store;
+        ch07::MoeLayer moe(store, comm, c);
+        store.allocate();
+        const ShardRange mine = shard_range(c.tokens, N, comm.rank());
+        auto share = [&](const Tensor& t) { return t.slice(mine.offset, mine.length); };
+        nn::Forward fa = moe.forward(share(xa));
+        nn::Forward fb = moe.forward(share(xb));
+        check_equal(fa.out, share(a.y), "outputs of micro-batch a");
+        check_equal(fb.out, share(b.y), "outputs of micro-batch b");
+        check_equal(moe.backward_input(share(dyb), fb.saved), share(b.dx),
+                    "dL/dx of micro-batch b");
+        check_equal(moe.backward_input(share(dya), fa.saved), share(a.dx),
+                    "dL/dx of micro-batch a");
+        moe.backward_weight(fa.saved);
+        moe.backward_weight(fb.saved);
+        check_close(moe.router().grad, add(a.drouter, b.drouter), 1e-6f, 1e-5f,
+                    "dL/dWrouter after two micro-batches");
+        for (int l = 0; l < moe.experts_here(); ++l) {
+          const auto e = static_cast<std::size_t>(moe.first_expert() + l);
+          CAPTURE(e);
+          check_equal(moe.w1(l).grad, add(a.dw1[e], b.dw1[e]),
+                      "dL/dW1 of expert e after two micro-batches");
+          check_equal(moe.w2(l).grad, add(a.dw2[e], b.dw2[e]),
+                      "dL/dW2 of expert e after two micro-batches");
+        }
+        CHECK_THROWS_WITH_AS(moe.backward_weight(fa.saved),
+                             doctest::Contains("backward_input first"), Error);
+      });
+    }
+  }
+
+  TEST_CASE("pairwise all-to-all(v) moves what the backend's alltoallv moves, uneven blocks") {
+    for (int N : {1, 2, 3, 4}) {
+      CAPTURE(N);
+      on_ranks(N, [&](Communicator& comm) {
+        const int r = comm.rank();
+        // Rank r sends (r + 2 q + 1) % 3 elements to rank q (its own block never empty,
+        // some others empty): element i of the block for q is 1000 r + 100 q + i.
+        std::vector<std::size_t> send(static_cast<std::size_t>(N)), recv(send);
+        std::vector<float> values;
+        for (int q = 0; q < N; ++q) {
+          send[static_cast<std::size_t>(q)] = static_cast<std::size_t>((r + 2 * q + 1) % 3);
+          recv[static_cast<std::size_t>(q)] = static_cast<std::size_t>((q + 2 * r + 1) % 3);
+          for (std::size_t i = 0; i < send[static_cast<std::size_t>(q)]; ++i)
+            values.push_back(static_cast<float>(1000 * r + 100 * q) + static_cast<float>(i));
+        }
+        const Tensor in = Tensor::from_vector(values);
+        std::int64_t total = 0;
+        for (auto n : recv) total += static_cast<std::int64_t>(n);
+        Tensor got(total), want(total);
+        ch07::pairwise_alltoallv(comm, in, send, got, recv);
+        comm.alltoallv(in, send, want, recv);
+        std::int64_t at = 0;
+        for (int q = 0; q < N; ++q) {
+          CAPTURE(q);
+          const auto n = static_cast<std::int64_t>(recv[static_cast<std::size_t>(q)]);
+          check_equal(got.slice(at, n), want.slice(at, n), "block from rank q");
+          for (std::int64_t i = 0; i < n; ++i)
+            CHECK(want[at + i] == static_cast<float>(1000 * q + 100 * r + i));  // the oracle
+          at += n;
+        }
+      });
+    }
+  }
+
+  TEST_CASE("the byte formula: what each rank's plan receives, and what the layer moved") {
+    for (int N : {2, 3, 4}) {
+      CAPTURE(N);
+      ch07::MoeConfig c = model_config();
+      const Tensor x = randn(Shape{c.tokens, c.hidden}, 71),
+                   dy = randn(Shape{c.tokens, c.hidden}, 72);
+      const ch07::Result ref = ch07::moe_reference(c, ch07::make_weights(c, 0, c.experts), x, dy);
+      REQUIRE(ref.stats.dropped > 0);  // a dropped choice must travel nowhere
+      on_ranks(N, [&](Communicator& comm) {
+        const int per = c.experts / N, r = comm.rank();
+        // From the plan: rows from other ranks in the dispatch (recv) and the combine (send
+        // counts, the same exchange backwards), each a row of d floats, forward and backward.
+        const ch07::Dispatch plan = ch07::plan_dispatch(ref.routing, r, N);
+        std::uint64_t rows = 0;
+        for (int q = 0; q < N; ++q)
+          if (q != r)
+            rows += plan.recv_counts[static_cast<std::size_t>(q)] +
+                    plan.send_counts[static_cast<std::size_t>(q)];
+        const std::uint64_t want = 2 * rows * static_cast<std::uint64_t>(c.hidden) * 4;
+        CHECK_MESSAGE(ch07::formula_alltoall_bytes(ref.routing, r, N, c.hidden) == want,
+                      "rank " << r << ": the formula says "
+                              << ch07::formula_alltoall_bytes(ref.routing, r, N, c.hidden)
+                              << " bytes, the plan receives " << want);
+        const ShardRange mine = shard_range(c.tokens, N, r);
+        const ch07::Result got = ch07::moe_parallel(
+            comm, c, ch07::make_weights(c, r * per, per), x.slice(mine.offset, mine.length),
+            dy.slice(mine.offset, mine.length), Memory::host);
+        CHECK_MESSAGE(got.alltoall_received == want, "rank " << r << " received "
+                                                             << got.alltoall_received
+                                                             << " bytes, the plan " << want);
+      });
+    }
+  }
+}
