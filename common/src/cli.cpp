@@ -40,12 +40,28 @@ double parse_quantity(const std::string& text, Units units) {
   if (!text.empty()) {
     const bool binary = units == Units::binary;
     switch (text.back()) {
-      case 'k': case 'K': unit = binary ? 0x1p10 : 1e3; break;
-      case 'm': case 'M': unit = binary ? 0x1p20 : 1e6; break;
-      case 'g': case 'G': unit = binary ? 0x1p30 : 1e9; break;
-      case 'b': case 'B': unit = binary ? 0 : 1e9; break;
-      case 't': case 'T': unit = binary ? 0x1p40 : 1e12; break;
-      default: break;
+      case 'k':
+      case 'K':
+        unit = binary ? 0x1p10 : 1e3;
+        break;
+      case 'm':
+      case 'M':
+        unit = binary ? 0x1p20 : 1e6;
+        break;
+      case 'g':
+      case 'G':
+        unit = binary ? 0x1p30 : 1e9;
+        break;
+      case 'b':
+      case 'B':
+        unit = binary ? 0 : 1e9;
+        break;
+      case 't':
+      case 'T':
+        unit = binary ? 0x1p40 : 1e12;
+        break;
+      default:
+        break;
     }
     if (unit == 0) throw std::invalid_argument("'" + text + "': sizes take K, M, G or T");
     if (unit != 1) number.pop_back();

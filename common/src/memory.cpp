@@ -67,14 +67,21 @@ std::shared_ptr<Ledger>& current() {
 
 std::string_view category_name(Category c) {
   switch (c) {
-    case Category::params: return "params";
-    case Category::grads: return "grads";
-    case Category::optimizer: return "optimizer";
-    case Category::master: return "master";
-    case Category::activations: return "activations";
-    case Category::comm: return "comm";
+    case Category::params:
+      return "params";
+    case Category::grads:
+      return "grads";
+    case Category::optimizer:
+      return "optimizer";
+    case Category::master:
+      return "master";
+    case Category::activations:
+      return "activations";
+    case Category::comm:
+      return "comm";
     case Category::other:
-    case Category::count_: break;
+    case Category::count_:
+      break;
   }
   return "other";
 }

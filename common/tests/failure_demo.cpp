@@ -27,9 +27,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember(
           {"deadlock", "throw", "mismatch", "verify", "shape", "skip", "busy", "even", "ok"}));
   program.world_size([&](const shardlab::Options&, int ranks) {
-    shardlab::require_usage(mode != "even" || ranks % 2 == 0,
-                            "--mode even needs an even number of ranks, not " +
-                                std::to_string(ranks));
+    shardlab::require_usage(
+        mode != "even" || ranks % 2 == 0,
+        "--mode even needs an even number of ranks, not " + std::to_string(ranks));
   });
   return program.run(argc, argv, [&](shardlab::Context& ctx) {
     auto& comm = ctx.comm();

@@ -62,7 +62,8 @@ TEST_CASE("views allocate nothing") {
   memory::Tracker t;
   memory::Scope s(Category::params);
   Tensor flat(Shape{1000}, DType::f32);
-  Tensor a = flat.slice(0, 500), b = flat.view(500, Shape{10, 50}), c = flat.reshape(Shape{10, 100});
+  Tensor a = flat.slice(0, 500), b = flat.view(500, Shape{10, 50}),
+         c = flat.reshape(Shape{10, 100});
   CHECK(t.usage().live(Category::params) == 4000);
   Tensor copy = a.clone();
   CHECK(t.usage().live(Category::params) == 6000);
@@ -92,7 +93,9 @@ TEST_CASE("trackers nest, and the thread's own ledger sees everything") {
   CHECK(memory::usage().live_total == before + 400);
 }
 
-TEST_CASE("each thread (rank) has its own ledger; a tensor freed on another thread leaves its own rank's ledger") {
+TEST_CASE(
+    "each thread (rank) has its own ledger; a tensor freed on another thread leaves its own rank's "
+    "ledger") {
   Tensor handed_over;
   memory::Usage while_held, after_free;
   std::thread rank([&] {

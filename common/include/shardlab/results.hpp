@@ -31,11 +31,11 @@ class Cell {
   Cell(std::string text) : kind_(Kind::text), text_(std::move(text)) {}
   Cell(bool flag) : kind_(Kind::flag), integer_(flag) {}
   template <class T>
-  requires(std::is_integral_v<T> && !std::is_same_v<T, bool>)
-  Cell(T value) : kind_(Kind::integer), integer_(static_cast<std::int64_t>(value)) {}
+  requires(std::is_integral_v<T> && !std::is_same_v<T, bool>) Cell(T value)
+      : kind_(Kind::integer), integer_(static_cast<std::int64_t>(value)) {}
   template <class T>
-  requires std::is_floating_point_v<T>
-  Cell(T value) : kind_(Kind::number), number_(static_cast<double>(value)) {}
+  requires std::is_floating_point_v<T> Cell(T value)
+      : kind_(Kind::number), number_(static_cast<double>(value)) {}
 
   Kind kind() const { return kind_; }
   double number() const { return kind_ == Kind::number ? number_ : static_cast<double>(integer_); }

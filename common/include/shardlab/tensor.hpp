@@ -231,8 +231,8 @@ void matmul_into(Tensor& out, const Tensor& a, const Tensor& b, bool transpose_a
 /// it. f32 host tensors only; not counted in multiply_adds().
 Tensor matmul_reference(const Tensor& a, const Tensor& b, bool transpose_a = false,
                         bool transpose_b = false);
-void matmul_reference_into(Tensor& out, const Tensor& a, const Tensor& b,
-                           bool transpose_a = false, bool transpose_b = false);
+void matmul_reference_into(Tensor& out, const Tensor& a, const Tensor& b, bool transpose_a = false,
+                           bool transpose_b = false);
 /// The multiply-adds (M x K x N per matmul) the calling thread's matmuls have done so far.
 /// Each rank's thread counts its own: a test reads it to see that every rank did its
 /// share of the work, and no more.

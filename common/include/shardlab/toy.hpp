@@ -27,7 +27,7 @@ struct MlpConfig {
   bool bias = true;                  // each Linear adds a bias (0 at the start)
   bool tanh_last = false;            // a tanh after the last Linear too
   std::uint64_t seed = 0;
-  std::string prefix = "layer";      // parameter names: layer0.weight, layer0.bias, ...
+  std::string prefix = "layer";  // parameter names: layer0.weight, layer0.bias, ...
   int layers() const { return static_cast<int>(widths.size()) - 1; }
 };
 
