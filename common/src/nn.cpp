@@ -3,9 +3,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "kernels.hpp"
 #include "shardlab/check.hpp"
+#include "shardlab/half.hpp"
+#include "shardlab/memory.hpp"
 
 namespace shardlab::nn {
 
@@ -26,17 +29,40 @@ Parameter& ParameterStore::add(std::string name, Tensor init) {
   return p;
 }
 
-void ParameterStore::allocate(Memory memory) {
+void ParameterStore::allocate(Memory memory, DType type) {
   require(!done_, "ParameterStore::allocate: called twice");
-  values_ = empty(Shape{size_}, DType::f32, memory);
-  grads_ = zeros(Shape{size_}, DType::f32, memory);
+  require(type == DType::f32 || is_half(type), [&] {
+    return "ParameterStore::allocate: parameters are f32, f16 or bf16, not " +
+           std::string(dtype_name(type));
+  });
+  {
+    memory::Scope scope(memory::Category::params);
+    values_ = empty(Shape{size_}, type, memory);
+  }
+  {
+    memory::Scope scope(memory::Category::grads);
+    grads_ = zeros(Shape{size_}, type, memory);
+  }
   for (Parameter& p : params_) {
     Tensor value = values_.view(p.offset, p.value.shape());
-    value.copy_from(p.value);
+    value.copy_from(type == DType::f32 ? p.value : cast(p.value, type));
     p.value = value;
     p.grad = grads_.view(p.offset, p.value.shape());
   }
+  dtype_ = type;
   done_ = true;
+}
+
+void ParameterStore::release_grads() {
+  require(done_, "ParameterStore::release_grads: allocate first");
+  grads_ = Tensor();
+  for (Parameter& p : params_) p.grad = Tensor();
+}
+
+void ParameterStore::release_values() {
+  require(done_, "ParameterStore::release_values: allocate first");
+  values_ = Tensor();
+  for (Parameter& p : params_) p.value = Tensor();
 }
 
 std::vector<Parameter*> ParameterStore::parameters() {
@@ -46,8 +72,9 @@ std::vector<Parameter*> ParameterStore::parameters() {
 }
 
 void ParameterStore::zero_grad() {
-  if (done_) return grads_.zero();
-  for (Parameter& p : params_) p.grad.zero();
+  if (grads_.defined()) return grads_.zero();
+  for (Parameter& p : params_)
+    if (p.grad.defined()) p.grad.zero();
 }
 
 // ---------------------------------------------------------------------------
@@ -76,6 +103,27 @@ void require_w_after_b(const Saved& saved, const std::string& who) {
 void require_host(const Tensor& t, const std::string& who) {
   require(!t.on_device(),
           [&] { return who + " runs on the host only (got " + t.describe() + ")"; });
+}
+/// grad += g, element by element, for H = Half or BFloat16: in f32, rounded once.
+template <class H>
+void accumulate_half(const H* g, H* grad, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) grad[i] = from_float<H>(to_float(grad[i]) + to_float(g[i]));
+}
+/// grad += g. A 16-bit gradient (mixed precision) adds in f32 and is rounded once: on the
+/// host in place, on a GPU through f32 temporaries.
+void accumulate(const Tensor& g, Tensor& grad) {
+  if (grad.dtype() == DType::f32) return axpy(1.0f, g, grad);
+  require(g.dtype() == grad.dtype() && g.same_shape(grad), [&] {
+    return "Linear: the weight gradient " + g.describe() + " does not fit " + grad.describe();
+  });
+  if (grad.on_device()) {
+    Tensor sum = cast(grad, DType::f32);
+    axpy(1.0f, cast(g, DType::f32), sum);
+    return grad.copy_from(cast(sum, grad.dtype()));
+  }
+  if (grad.dtype() == DType::f16)
+    return accumulate_half(g.data<Half>(), grad.data<Half>(), g.size());
+  accumulate_half(g.data<BFloat16>(), grad.data<BFloat16>(), g.size());
 }
 }  // namespace
 
@@ -111,7 +159,7 @@ Tensor Linear::backward_input(const Tensor& dy, Saved& saved) const {
 void Linear::backward_weight(Saved& saved) {
   require_w_after_b(saved, name_);
   const Tensor& x = saved.tensors.at(0);
-  axpy(1.0f, matmul(x, saved.dy, true, false), weight_->grad);  // x^T @ dy
+  accumulate(matmul(x, saved.dy, true, false), weight_->grad);  // x^T @ dy
   if (bias_) axpy(1.0f, column_sums(saved.dy), bias_->grad);
   saved = Saved{};
 }
@@ -496,16 +544,36 @@ void Adam::step(Tensor& params, const Tensor& grads) {
   ++t_;
 }
 
+namespace {
+/// Adam over n elements, the gradient of type G (float, Half or BFloat16) read as a float.
+template <class G>
+void adam_loop(float* p, const G* g, float* m, float* v, std::int64_t n, const AdamConfig& c,
+               float c1, float c2, float decay, float l2) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    float gi;
+    if constexpr (std::is_same_v<G, float>)
+      gi = g[i];
+    else
+      gi = to_float(g[i]);
+    const float grad = gi + l2 * p[i];
+    m[i] = c.beta1 * m[i] + (1.0f - c.beta1) * grad;
+    v[i] = c.beta2 * v[i] + (1.0f - c.beta2) * grad * grad;
+    p[i] -= decay * p[i];
+    p[i] -= c.lr * (m[i] / c1) / (std::sqrt(v[i] / c2) + c.eps);
+  }
+}
+}  // namespace
+
 void adam_update(Tensor& params, const Tensor& grads, Tensor& m_, Tensor& v_, int t,
                  const AdamConfig& config) {
-  require(params.dtype() == DType::f32 && grads.dtype() == DType::f32 &&
-              m_.dtype() == DType::f32 && v_.dtype() == DType::f32 &&
-              params.size() == m_.size() && grads.size() == m_.size() &&
-              v_.size() == m_.size() && params.memory() == m_.memory() &&
-              grads.memory() == m_.memory() && v_.memory() == m_.memory() && t >= 1,
+  require(params.dtype() == DType::f32 && (grads.dtype() == DType::f32 || is_half(grads.dtype())) &&
+              m_.dtype() == DType::f32 && v_.dtype() == DType::f32 && params.size() == m_.size() &&
+              grads.size() == m_.size() && v_.size() == m_.size() &&
+              params.memory() == m_.memory() && grads.memory() == m_.memory() &&
+              v_.memory() == m_.memory() && t >= 1,
           [&] {
             return "Adam step " + std::to_string(t) + ": params " + params.describe() +
-                   " and grads " + grads.describe() + " must be f32, " +
+                   " and grads " + grads.describe() + " must be f32 (grads f16 or bf16 too), " +
                    std::to_string(m_.size()) + " elements, in " +
                    std::string(memory_name(m_.memory())) + " memory, at a step t >= 1";
           });
@@ -515,20 +583,17 @@ void adam_update(Tensor& params, const Tensor& grads, Tensor& m_, Tensor& v_, in
   const float decay = c.decoupled ? c.lr * c.weight_decay : 0.0f;
   const float l2 = c.decoupled ? 0.0f : c.weight_decay;
   const std::int64_t n = params.size();
-  if (params.on_device())
-    return kernels::adam_step(params.data(), grads.data(), m_.data(), v_.data(), n, c.lr, c.beta1,
+  if (params.on_device()) {  // the kernel reads f32: a 16-bit gradient is widened first
+    const Tensor g32 = grads.dtype() == DType::f32 ? grads : cast(grads, DType::f32);
+    return kernels::adam_step(params.data(), g32.data(), m_.data(), v_.data(), n, c.lr, c.beta1,
                               c.beta2, c.eps, l2, decay, c1, c2);
-  float* p = params.data();
-  const float* g = grads.data();
-  float* m = m_.data();
-  float* v = v_.data();
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float grad = g[i] + l2 * p[i];
-    m[i] = c.beta1 * m[i] + (1.0f - c.beta1) * grad;
-    v[i] = c.beta2 * v[i] + (1.0f - c.beta2) * grad * grad;
-    p[i] -= decay * p[i];
-    p[i] -= c.lr * (m[i] / c1) / (std::sqrt(v[i] / c2) + c.eps);
   }
+  float* p = params.data();
+  if (grads.dtype() == DType::f16)
+    return adam_loop(p, grads.data<Half>(), m_.data(), v_.data(), n, c, c1, c2, decay, l2);
+  if (grads.dtype() == DType::bf16)
+    return adam_loop(p, grads.data<BFloat16>(), m_.data(), v_.data(), n, c, c1, c2, decay, l2);
+  adam_loop(p, grads.data(), m_.data(), v_.data(), n, c, c1, c2, decay, l2);
 }
 
 }  // namespace shardlab::nn

@@ -7,9 +7,11 @@
 //   - backward_input + backward_weight against the fused backward, bit for bit, and two
 //     micro-batches in flight at once adding up to the separate gradients
 //   - Sequential::slice: stages one after the other give the whole model's bits
-//   - ParameterStore: parameters are views into the flat buffers
+//   - ParameterStore: parameters are views into the flat buffers, in f32 or 16 bits (the
+//     ledger's params and grads), and released to an owner that keeps them its own way
 //   - sgd_step, Adam (plain, L2, AdamW) against the update written out in double; a shard
-//     of the flat buffer with its own Adam against one Adam over the whole buffer
+//     of the flat buffer with its own Adam against one Adam over the whole buffer; f16 and
+//     bf16 gradients read as the floats they hold; a 16-bit Linear's dW added in f32
 //   - errors: shape mismatches and misuse throw shardlab::Error
 //
 // Wrong versions this suite was checked against, each planted alone in a copy of nn.cpp
@@ -39,6 +41,18 @@
 //       rows of repeated ids); also "two micro-batches in flight ...".
 //   (h) cross_entropy_backward without the 1/B: "cross_entropy's gradient matches central
 //       differences ...": "cross_entropy: dL/dlogits: 20 of 20 elements differ".
+//   (i) a 16-bit store's values not charged to the ledger's params: "a 16-bit store rounds
+//       the initial values once ...": "CHECK( 0 == 44 )", "params hold 0 bytes, want 44".
+//   (j) Linear's f16 weight gradient assigned instead of added: "Linear in a 16-bit store
+//       adds ...": "dW(0, 1) = 0.00846863, want -0.0197906", "12 of 12 ... differ".
+//   (k) adam_update reading f16 gradients as bf16: "adam_update reads f16 and bf16
+//       gradients ...": "params from f16 gradients differ from the same values in f32 by
+//       0.14513".
+//   (l) release_grads dropping the flat buffer but not the parameters' views: "release_grads
+//       and release_values ...": "CHECK_FALSE( a.grad.defined() )", "the gradient buffer
+//       is still alive: 40 bytes"; zero_grad zeroing the flat buffer whenever allocated (as
+//       before release existed): "zero_grad zeroes the gradient an owner points at: 6 of 6
+//       elements differ".
 // Also caught: Linear's dx = dy @ W (untransposed); Linear's W assigning instead of adding
 // (micro-batches); W's work done inside B ("B alone leaves the gradients at zero"); Adam
 // ignoring L2; LayerNorm's dgamma without xhat; attention seeing token t + 1 (forwards vs
@@ -55,6 +69,8 @@
 #include <vector>
 
 #include "shardlab/check.hpp"
+#include "shardlab/half.hpp"
+#include "shardlab/memory.hpp"
 #include "shardlab/nn.hpp"
 #include "shardlab/testing.hpp"
 
@@ -592,6 +608,66 @@ TEST_SUITE("nn") {
     CHECK_THROWS_AS(store.allocate(), Error);
   }
 
+  TEST_CASE("a 16-bit store rounds the initial values once and counts values and gradients") {
+    for (DType type : {DType::f16, DType::bf16}) {
+      CAPTURE(dtype_name(type));
+      ParameterStore store;
+      const Tensor a0 = randn(Shape{3, 5}, 31), b0 = randn(Shape{7}, 32);
+      Parameter& a = store.add("a", a0.clone());
+      Parameter& b = store.add("b", b0.clone());
+      memory::Tracker tracker;
+      store.allocate(Memory::host, type);
+      CHECK(store.dtype() == type);
+      CHECK(store.values().dtype() == type);
+      CHECK(store.grads().dtype() == type);
+      // Each value is its f32 initial value rounded to the type, once.
+      const Tensor a_want = cast(a0, type), b_want = cast(b0, type);
+      CHECK_MESSAGE(a.value.bitwise_equal(a_want), "a: not the initial values rounded once");
+      CHECK_MESSAGE(b.value.bitwise_equal(b_want), "b: not the initial values rounded once");
+      CHECK_MESSAGE(a.grad.bitwise_equal(zeros(Shape{3, 5}, type)), "a's gradient starts at 0");
+      CHECK(a.value.shares_memory_with(store.values()));
+      CHECK(b.grad.shares_memory_with(store.grads()));
+      const memory::Usage u = tracker.usage();
+      CHECK_MESSAGE(u.live(memory::Category::params) == 2 * 22,
+                    "params hold " << u.live(memory::Category::params) << " bytes, want 44");
+      CHECK_MESSAGE(u.live(memory::Category::grads) == 2 * 22,
+                    "grads hold " << u.live(memory::Category::grads) << " bytes, want 44");
+    }
+    ParameterStore f32;
+    f32.add("w", zeros(2, 2));
+    CHECK(f32.dtype() == DType::f32);
+    CHECK_THROWS_AS(f32.allocate(Memory::host, DType::i32), Error);
+  }
+
+  TEST_CASE("release_grads and release_values drop the flat buffers and empty every view") {
+    ParameterStore store;
+    Parameter& a = store.add("a", randn(Shape{4}, 41));
+    Parameter& b = store.add("b", randn(Shape{2, 3}, 42));
+    memory::Tracker tracker;
+    store.allocate();
+    CHECK_THROWS_AS(ParameterStore().release_grads(), Error);  // nothing allocated
+    store.release_grads();
+    CHECK_FALSE(store.grads().defined());
+    CHECK_FALSE(a.grad.defined());
+    CHECK_FALSE(b.grad.defined());
+    CHECK(a.value.defined());
+    CHECK_MESSAGE(tracker.usage().live(memory::Category::grads) == 0,
+                  "the gradient buffer is still alive: "
+                      << tracker.usage().live(memory::Category::grads) << " bytes");
+    // The owner points a gradient somewhere; zero_grad zeroes it, and skips the empty ones.
+    Tensor bucket = full(Shape{2, 3}, 5.0f);
+    b.grad = bucket;
+    store.zero_grad();
+    check_equal(bucket, zeros(Shape{2, 3}), "zero_grad zeroes the gradient an owner points at");
+    store.release_values();
+    CHECK_FALSE(store.values().defined());
+    CHECK_FALSE(a.value.defined());
+    CHECK_FALSE(b.value.defined());
+    CHECK(tracker.usage().live(memory::Category::params) == 0);
+    CHECK(store.size() == 10);  // the parameters themselves stay
+    CHECK(store.parameters().size() == 2);
+  }
+
   TEST_CASE("layers add their parameters in order, initialised as documented") {
     ParameterStore store;
     Linear fc(store, "fc", 3, 4, 5);
@@ -707,6 +783,77 @@ TEST_SUITE("nn") {
       check_equal(mine.m(), one.m().view(range.offset, Shape{range.length}), "shard's m");
       check_equal(mine.v(), one.v().view(range.offset, Shape{range.length}), "shard's v");
     }
+  }
+
+  TEST_CASE("adam_update reads f16 and bf16 gradients as the floats they hold") {
+    const std::int64_t n = 37;
+    for (DType type : {DType::f16, DType::bf16}) {
+      CAPTURE(dtype_name(type));
+      for (const AdamConfig& config :
+           {AdamConfig{.lr = 0.05f}, AdamConfig{.lr = 0.05f, .weight_decay = 0.1f},
+            AdamConfig{.lr = 0.05f, .weight_decay = 0.1f, .decoupled = true}}) {
+        Tensor a = randn(Shape{n}, 3), b = a.clone(), ma(n), va(n), mb(n), vb(n);
+        for (int t = 1; t <= 3; ++t) {
+          // Small gradients, subnormal in f16 for some elements, and an exact zero.
+          Tensor g = scale(randn(Shape{n}, 50 + static_cast<std::uint64_t>(t)), 1e-3f);
+          g[0] = 0.0f;
+          g[1] = 3e-7f;
+          const Tensor g16 = cast(g, type), g32 = cast(g16, DType::f32);
+          adam_update(a, g16, ma, va, t, config);
+          adam_update(b, g32, mb, vb, t, config);
+        }
+        CHECK_MESSAGE(a.bitwise_equal(b), "params from " << dtype_name(type) << " gradients differ "
+                                                         << "from the same values in f32 by "
+                                                         << max_abs_diff(a, b));
+        CHECK(ma.bitwise_equal(mb));
+        CHECK(va.bitwise_equal(vb));
+      }
+    }
+    Tensor p(4), m(4), v(4);
+    const Tensor ids = Tensor::from_vector(std::vector<std::int32_t>{1, 2, 3, 4});
+    CHECK_THROWS_AS(adam_update(p, ids, m, v, 1, AdamConfig{}), Error);
+    Tensor p16 = cast(p, DType::f16);  // the weights Adam updates stay f32
+    CHECK_THROWS_AS(adam_update(p16, cast(p, DType::f16), m, v, 1, AdamConfig{}), Error);
+  }
+
+  TEST_CASE("Linear in a 16-bit store adds its weight gradient in f32, rounded once") {
+    // x (5 x 4) and dy (5 x 3) in f16; dW = x^T dy, from two micro-batches (rows 0-2 and
+    // 3-4): dW = round(round(x1^T dy1) + round(x2^T dy2)), every sum in double here.
+    ParameterStore store;
+    Linear fc(store, "fc", 4, 3, 9, false);
+    store.allocate(Memory::host, DType::f16);
+    const Tensor x = cast(randn(Shape{5, 4}, 61), DType::f16);
+    const Tensor dy = cast(scale(randn(Shape{5, 3}, 62), 0.01f), DType::f16);
+    const Tensor x32 = cast(x, DType::f32), dy32 = cast(dy, DType::f32);
+    auto partial = [&](std::int64_t first, std::int64_t rows, std::int64_t i, std::int64_t j) {
+      double sum = 0;
+      for (std::int64_t k = first; k < first + rows; ++k)
+        sum += static_cast<double>(x32(k, i)) * static_cast<double>(dy32(k, j));
+      return sum;
+    };
+    store.zero_grad();
+    for (auto [first, rows] : {std::pair<std::int64_t, std::int64_t>{0, 3}, {3, 2}}) {
+      Forward f = fc.forward(x.slice(first, rows));
+      CHECK(f.out.dtype() == DType::f16);
+      const Tensor dx = fc.backward(dy.slice(first, rows), f.saved);
+      CHECK(dx.dtype() == DType::f16);
+    }
+    const Tensor got = cast(fc.weight().grad, DType::f32);
+    int wrong = 0;
+    for (std::int64_t i = 0; i < 4; ++i)
+      for (std::int64_t j = 0; j < 3; ++j) {
+        const float first = to_float(from_float<Half>(static_cast<float>(partial(0, 3, i, j))));
+        const float second = to_float(from_float<Half>(static_cast<float>(partial(3, 2, i, j))));
+        const float want = to_float(from_float<Half>(first + second));
+        // An f32 sum of the products may round to the f16 neighbour of the double's: one ulp.
+        const float ulp = std::ldexp(1.0f, std::ilogb(std::max(std::fabs(want), 6.1e-5f)) - 10);
+        if (std::fabs(got(i, j) - want) > ulp) {
+          ++wrong;
+          MESSAGE("dW(" << i << ", " << j << ") = " << got(i, j) << ", want " << want
+                        << " (the two micro-batches' sums added)");
+        }
+      }
+    CHECK_MESSAGE(wrong == 0, wrong << " of 12 weight-gradient elements differ");
   }
 
   // -------------------------------------------------------------------------

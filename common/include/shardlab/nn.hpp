@@ -57,25 +57,42 @@ class ParameterStore {
  public:
   /// Adds a parameter with initial value `init`. The reference stays valid.
   Parameter& add(std::string name, Tensor init);
-  /// Allocates the flat buffers in `memory` (f32), copies every initial value in, and
-  /// points each parameter's value and grad at its range. Call once, after every add.
-  void allocate(Memory memory = Memory::host);
+  /// Allocates the flat buffers in `memory`, of `type`, copies every initial value in
+  /// (rounded once to `type`), and points each parameter's value and grad at its range.
+  /// `type` is f32, or f16 / bf16 for mixed precision's 16-bit weights and gradients (the
+  /// fp32 master copy is the optimizer's; Linear without bias, Tanh and Gelu run on
+  /// them). The memory ledger counts the values as params and the gradients as grads
+  /// (memory.hpp). Call once, after every add.
+  void allocate(Memory memory = Memory::host, DType type = DType::f32);
   bool allocated() const { return done_; }
+  /// The type of the flat buffers: f32 until allocate() says otherwise.
+  DType dtype() const { return dtype_; }
 
   /// The flat buffers (1-D, size() elements each): for an optimizer, a bucket, a shard.
+  /// Undefined once released (below).
   Tensor& values() { return values_; }
   Tensor& grads() { return grads_; }
+  /// For an owner that keeps the gradients its own way (ZeRO stages 2 and 3, chapter 05:
+  /// each rank a shard of them): the flat gradient buffer is dropped, and every
+  /// parameter's grad is empty until that owner points it at a tensor of its own (a
+  /// bucket the backward adds into).
+  void release_grads();
+  /// The same for the values (ZeRO stage 3): every parameter's value is empty until its
+  /// owner points it at a tensor of its own (its group, gathered for a forward).
+  void release_values();
   /// Parameters in the order they were added (the order of the flat buffers).
   std::vector<Parameter*> parameters();
   /// Total number of parameter elements.
   std::int64_t size() const { return size_; }
-  /// Sets every gradient to zero (one pass over the flat gradient buffer).
+  /// Sets every gradient to zero (one pass over the flat gradient buffer; once it is
+  /// released, every parameter's grad that points somewhere).
   void zero_grad();
 
  private:
   std::deque<Parameter> params_;  // a deque: references stay valid as it grows
   Tensor values_, grads_;
   std::int64_t size_ = 0;
+  DType dtype_ = DType::f32;
   bool done_ = false;
 };
 
@@ -110,7 +127,8 @@ class Layer {
   virtual std::vector<Parameter*> parameters() const { return {}; }
 };
 
-/// y = x @ W + b. Saved: x. W ~ N(0, 1/I) from `seed` (LeCun init), b = 0.
+/// y = x @ W + b. Saved: x. W ~ N(0, 1/I) from `seed` (LeCun init), b = 0. In a 16-bit
+/// store (no bias), x and dy are of the store's type and dW is added in f32, rounded once.
 class Linear final : public Layer {
  public:
   Linear(ParameterStore& store, const std::string& name, std::int64_t in, std::int64_t out,
@@ -273,9 +291,10 @@ struct AdamConfig {
   bool decoupled = false;
 };
 
-/// One Adam step t (1, 2, ...) over `params` with the state m and v (all f32, one size,
-/// one memory): the update Adam::step describes below, for a caller that keeps its own
-/// state (a ZeRO shard's, chapter 05).
+/// One Adam step t (1, 2, ...) over `params` with the state m and v (f32, one size, one
+/// memory): the update Adam::step describes below, for a caller that keeps its own state
+/// (a ZeRO shard's, chapter 05). `grads` is f32, or f16 / bf16 (mixed precision's
+/// gradients), each element read as the float it holds.
 void adam_update(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, int t,
                  const AdamConfig& config);
 
