@@ -1,5 +1,7 @@
 #include "calculator.hpp"
 
+#include "shardlab/format.hpp"
+
 namespace ch05 {
 
 StageMemory zero_memory(double psi, double nd, int stage, Precision precision) {
@@ -18,6 +20,45 @@ double zero_comm_elements(double psi, double nd, int stage) {
   return (stage == 3 ? 3 : 2) * one;
 }
 
+const char* stage_name(int stage) {
+  static const char* names[] = {"plain data parallel", "+ optimizer states sharded",
+                                "+ gradients sharded", "+ parameters sharded"};
+  return names[stage];
+}
+
+std::string gb(double bytes) {
+  const double g = bytes / 1e9 * (1 + 1e-12);  // halves round up, as the paper's table: 41.3
+  return shardlab::format_number(g, g >= 100 ? 4 : 3) + " GB";
+}
+
+shardlab::Table zero_table(double psi, const std::vector<double>& dps, Precision precision,
+                           double device_gb) {
+  shardlab::Table t({"Nd", "stage", "sharded", "params", "grads", "optimizer", "per device", "fits",
+                     "comm per step", "bytes_per_device"});
+  const double w = precision == Precision::mixed ? 2 : 4;  // bytes of a value on the wire
+  for (double nd : dps)
+    for (int stage = 0; stage <= 3; ++stage) {
+      const StageMemory m = zero_memory(psi, nd, stage, precision);
+      t.add({nd, stage, stage_name(stage), gb(m.params), gb(m.grads), gb(m.optimizer),
+             gb(m.total()), m.total() <= device_gb * 1e9 ? "yes" : "no",
+             gb(w * zero_comm_elements(psi, nd, stage)) +
+                 (stage == 3 ? " (3 Psi (Nd-1)/Nd)" : " (2 Psi (Nd-1)/Nd)"),
+             m.total()});
+    }
+  return t;
+}
+
+shardlab::Table paper_table() {
+  shardlab::Table paper(
+      {"stage", "dp", "params_bytes", "grads_bytes", "optimizer_bytes", "total_bytes"});
+  for (double nd : {1, 4, 16, 64, 256, 1024})
+    for (int stage = 0; stage <= 3; ++stage) {
+      const StageMemory m = zero_memory(7.5e9, nd, stage, Precision::mixed);
+      paper.add({stage, nd, m.params, m.grads, m.optimizer, m.total()});
+    }
+  return paper;
+}
+
 const std::vector<Preset>& presets() {
   static const std::vector<Preset> all = {
       {"gpt2-1.5b", 1.5e9, "GPT-2 XL (Radford et al. 2019); ZeRO §3.1 takes it as 1.5B: 24 GB"},
@@ -32,6 +73,12 @@ const std::vector<Preset>& presets() {
       {"zero-1t", 1e12, "ZeRO's Table 1"},
   };
   return all;
+}
+
+std::vector<std::string> preset_names() {
+  std::vector<std::string> names;
+  for (const Preset& p : presets()) names.push_back(p.name);
+  return names;
 }
 
 const Preset* find_preset(const std::string& name) {

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "shardlab/results.hpp"
 #include "training.hpp"
 
 namespace ch05 {
@@ -32,6 +33,21 @@ StageMemory zero_memory(double psi, double nd, int stage, Precision precision);
 /// parameters are gathered twice: forward and backward).
 double zero_comm_elements(double psi, double nd, int stage);
 
+/// What stage `stage` shards: "plain data parallel", "+ optimizer states sharded", ...
+const char* stage_name(int stage);
+/// Bytes as GB (1e9), 3 significant digits (4 from 100 GB), halves rounded up as the
+/// paper's table rounds them: "120 GB", "41.3 GB", "0.234 GB".
+std::string gb(double bytes);
+
+/// The calculator's rows: each stage's bytes per device for Psi parameters on each of
+/// `dps` devices of `device_gb` GB, as text ("31.4 GB"), and bytes_per_device exactly.
+shardlab::Table zero_table(double psi, const std::vector<double>& dps, Precision precision,
+                           double device_gb);
+
+/// The paper's 7.5B model at Nd = 1, 4, ..., 1024, every stage (Table 1, as bars for the
+/// notebook: 05_adam_memory_paper.csv).
+shardlab::Table paper_table();
+
 /// A model the reader knows, by name.
 struct Preset {
   std::string name;
@@ -39,6 +55,7 @@ struct Preset {
   std::string source;
 };
 const std::vector<Preset>& presets();
+std::vector<std::string> preset_names();
 /// The preset called `name`, or nullptr.
 const Preset* find_preset(const std::string& name);
 

@@ -39,7 +39,8 @@ TEST_SUITE("ch05") {
       const double want[4] = {120, r.s1, r.s2, r.s3};
       for (int st = 0; st < 4; ++st) {
         // The paper prints 3 significant digits, and 2 decimals below 1 GB.
-        const double digit = want[st] < 1 ? 0.01 : std::pow(10.0, std::floor(std::log10(want[st])) - 2);
+        const double digit =
+            want[st] < 1 ? 0.01 : std::pow(10.0, std::floor(std::log10(want[st])) - 2);
         CHECK_MESSAGE(std::fabs(got[st] - want[st]) <= 0.5 * digit + 1e-12,
                       "stage " << st << ": " << got[st] << " GB, the paper's table " << want[st]);
       }
@@ -55,7 +56,8 @@ TEST_SUITE("ch05") {
     CHECK(zero_comm_elements(1e9, 4, 3) == doctest::Approx(3 * 0.75e9));
   }
 
-  TEST_CASE("every stage ends with plain data parallelism's weights and holds the formula's bytes") {
+  TEST_CASE(
+      "every stage ends with plain data parallelism's weights and holds the formula's bytes") {
     const ModelConfig model{2, 12, 5, 3};  // 8 * 2 * 144 = 2304 parameters: uneven for 5 ranks
     for (int N : {1, 2, 3, 5})
       for (Precision p : {Precision::mixed, Precision::fp32}) {
@@ -73,21 +75,25 @@ TEST_SUITE("ch05") {
               if (st < 3 && !prefetch) continue;
               CAPTURE(st);
               CAPTURE(prefetch);
-              rc.stage = st;
-              rc.prefetch = prefetch;
+              rc.zero.stage = st;
+              rc.zero.prefetch = prefetch;
               const RunResult r = train(comm, model, rc, Memory::host);
               CHECK_MESSAGE(r.weights.bitwise_equal(base.weights),
                             "stage " << st << ": weights differ from plain data parallel by "
                                      << max_abs_diff(r.weights, base.weights));
               const StateBytes f = formula_states(model, rc, N, comm.rank());
               CHECK_MESSAGE(r.states == f, "stage " << st << ": rank " << comm.rank() << " holds "
-                                                    << r.states.total() << " bytes of model states, the formula "
+                                                    << r.states.total()
+                                                    << " bytes of model states, the formula "
                                                     << f.total());
-              CHECK_MESSAGE(r.comm.total().bytes_received / 3 == formula_comm_bytes(model, rc, N, comm.rank()),
+              CHECK_MESSAGE(r.comm.total().bytes_received / 3 ==
+                                formula_comm_bytes(model, rc, N, comm.rank()),
                             "stage " << st << ": received " << r.comm.total().bytes_received / 3
-                                     << " bytes per step, formula " << formula_comm_bytes(model, rc, N, comm.rank()));
+                                     << " bytes per step, formula "
+                                     << formula_comm_bytes(model, rc, N, comm.rank()));
               // Stage 3 keeps at most two blocks gathered (this one and the prefetched next).
-              const std::uint64_t block = static_cast<std::uint64_t>(model.block_params()) * (p == Precision::mixed ? 2 : 4);
+              const std::uint64_t block = static_cast<std::uint64_t>(model.block_params()) *
+                                          (p == Precision::mixed ? 2 : 4);
               if (st == 3)
                 CHECK(r.usage.peak(memory::Category::comm) <= (prefetch ? 2 : 1) * block + block);
             }
@@ -99,9 +105,9 @@ TEST_SUITE("ch05") {
     const ModelConfig model{3, 8, 4, 1};
     on_ranks(2, [&](Communicator& comm) {
       const auto P = static_cast<std::uint64_t>(model.params());
-      RunConfig sgd{.stage = 0, .precision = Precision::fp32, .sgd = true};
-      RunConfig adam32{.stage = 0, .precision = Precision::fp32};
-      RunConfig mixed{.stage = 0, .precision = Precision::mixed};
+      RunConfig sgd{.zero = {.stage = 0, .sgd = true}, .precision = Precision::fp32};
+      RunConfig adam32{.precision = Precision::fp32};
+      RunConfig mixed{.precision = Precision::mixed};
       CHECK(train(comm, model, sgd, Memory::host).states.total() == 8 * P);
       CHECK(train(comm, model, adam32, Memory::host).states.total() == 16 * P);
       const StateBytes m = train(comm, model, mixed, Memory::host).states;

@@ -1,4 +1,6 @@
-// Chapter 05's exercise API: Adam's update, and ZeRO stage 1's sharded step.
+// Chapter 05's exercise API: ZeRO stage 1's sharded step over one flat parameter buffer.
+// (Adam itself is the library's, nn::adam_update; ZeroOptimizer in zero.hpp runs this
+// step for stage 1.)
 //
 // N = ranks, r = this rank, P = the number of parameters in the flat buffer, and
 // shard_range(P, N, r) the range rank r owns (tensor.hpp: the first P % N ranks own one
@@ -15,13 +17,6 @@ using shardlab::Communicator;
 using shardlab::Tensor;
 using shardlab::nn::AdamConfig;
 
-/// One step of Adam (or AdamW) over `master`, element by element, with PyTorch's update
-/// (nn.hpp's AdamConfig): master f32, grad f32 or f16 (read as f32), m and v f32, all of
-/// one length; `step` is t = 1, 2, ... (the bias corrections need it). Host memory; on a
-/// GPU the library's kernel does it (nn::adam_update).
-void adam_update(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v, int step,
-                 const AdamConfig& config);
-
 /// What rank r keeps of ZeRO stage 1's optimizer for one flat parameter buffer: the state
 /// of its own range only. All tensors are `range.length` long.
 struct Shard {
@@ -29,9 +24,9 @@ struct Shard {
   /// The weights the optimizer updates, f32: in mixed precision the fp32 master copy of
   /// the range; in fp32 training a view of the range of the parameters themselves.
   Tensor master;
-  Tensor m, v;  // Adam's state, f32
-  Tensor grad;  // the gradients' type: where this rank's reduced gradient arrives
-  Tensor send;  // the parameters' type: the updated range, sent by the all-gather
+  Tensor m, v;   // Adam's state, f32
+  Tensor grad;   // the gradients' type: where this rank's reduced gradient arrives
+  Tensor send;   // the parameters' type: the updated range, sent by the all-gather
   int step = 0;  // Adam steps taken
 };
 
@@ -43,9 +38,9 @@ Shard make_shard(Communicator& comm, Tensor& params, shardlab::DType grad_type);
 /// One ZeRO-1 step (Rajbhandari et al. 2020, §5.1), on every rank:
 ///   params  the whole flat buffer (f32 or f16), identical on every rank; updated in place
 ///   grads   this rank's gradients of it (its own micro-batch), the same length
-/// After it, every rank holds the same new params: Adam applied to the sum over ranks of
-/// the gradients. Rank r updates only its own range, and the ranks exchange 2 (N-1)/N P
-/// elements each, as plain data parallelism does with its allreduce.
+/// After it, every rank holds the same new params: Adam (nn::adam_update) applied to the
+/// sum over ranks of the gradients. Rank r updates only its own range, and the ranks
+/// exchange 2 (N-1)/N P elements each, as plain data parallelism does with its allreduce.
 void zero1_step(Communicator& comm, Tensor& params, const Tensor& grads, Shard& shard,
                 const AdamConfig& config);
 

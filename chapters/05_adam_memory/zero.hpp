@@ -1,0 +1,168 @@
+// Chapter 05's optimizer: ZeRO (Rajbhandari et al. 2020) stages 0-3 with Adam, over any
+// model's ParameterStore and any data-parallel communicator (a mesh's dp axis, or all
+// the ranks).
+//
+// Names: N = ranks of the data-parallel communicator, r = this rank, P = the store's
+// parameters, G groups (runs of consecutive parameters: FSDP's units, e.g. a model's
+// blocks) of n_g elements, S_r = the elements rank r updates (its shard).
+//
+//   stage  rank r keeps                                 one step
+//   0      values, grads, Adam's state of all P         allreduce the grads; Adam on all
+//   1      values, grads of all P; state of S_r         reduce-scatter, Adam on S_r,
+//                                                       all-gather (zero1_step: exercise)
+//   2      values of all P; grads and state of S_r      each group's grads reduce-scattered
+//                                                       after its backward; Adam on S_r;
+//                                                       each group all-gathered
+//   3      values, grads and state of S_r only          each group's values all-gathered
+//                                                       before it runs, freed after
+// Stage 1 shards the whole flat buffer (DeepSpeed): S_r = shard_range(P, N, r). Stages 2
+// and 3 shard each group on its own (FSDP), so a group is gathered or reduced in one
+// collective: S_r = the sum over groups of shard_range(n_g, N, r).
+//
+// The store's type is the precision: an f32 store trains in fp32 (the optimizer updates
+// the values themselves), an f16 store in mixed precision (an fp32 master copy of S_r).
+//
+// A training step, the same at every stage (what a stage does not need does nothing):
+//   for g in 0 .. G-1:  opt.gather(g);  forward of group g;  opt.release(g);
+//   loss
+//   for g in G-1 .. 0:  opt.gather(g);  opt.prepare_gradients(g);  backward of group g;
+//                       opt.reduce_gradients(g);  opt.release(g);
+//   opt.step();
+// Stage 3 prefetches: gather(g) waits for group g's all-gather (started by the gather
+// before it) and starts the next one in that order (0 .. G-1, then G-1 .. 0), so the
+// exchange of group g + 1 runs while group g computes.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "shardlab/comm.hpp"
+#include "shardlab/nn.hpp"
+#include "shardlab/tensor.hpp"
+#include "zero1.hpp"
+
+namespace ch05 {
+
+struct ZeroConfig {
+  int stage = 1;  // 0 = plain data parallelism, 1, 2, 3
+  shardlab::nn::AdamConfig adam{};
+  bool sgd = false;      // stage 0, fp32 only: plain SGD (lr = adam.lr), no optimizer state
+  bool prefetch = true;  // stage 3: gather the next group while this one runs
+};
+
+/// The model states ZeRO counts (§3.1), in bytes, on one rank.
+struct StateBytes {
+  std::uint64_t params = 0, grads = 0, master = 0, optimizer = 0;
+  std::uint64_t total() const { return params + grads + master + optimizer; }
+  friend bool operator==(const StateBytes&, const StateBytes&) = default;
+};
+
+class ZeroOptimizer {
+ public:
+  /// Takes over `store` (allocated; f32 or f16) for the ranks of `dp`: every rank passes
+  /// a store with the same parameters and values. `groups` are runs of the store's
+  /// parameters in order, covering it (each group's parameters one after the other, e.g.
+  /// a block's parameters()); none: one group. Stages 2 and 3 release the store's
+  /// gradient buffer, stage 3 its values too, and keep this rank's shard instead; the
+  /// store's parameters then point at what gather() and prepare_gradients() hold.
+  ZeroOptimizer(shardlab::Communicator& dp, shardlab::nn::ParameterStore& store, ZeroConfig config,
+                std::vector<std::vector<shardlab::nn::Parameter*>> groups = {});
+  ~ZeroOptimizer();
+  ZeroOptimizer(const ZeroOptimizer&) = delete;
+  ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
+
+  /// Stage 3: group g's values, all-gathered from every rank's shard into a buffer of
+  /// n_g (the ledger's comm); its parameters point there until release(g). Other stages:
+  /// nothing (the values are whole).
+  void gather(int g);
+  void release(int g);
+  /// Group g's gradients, zero, ready for its backward to add into: stages 0 and 1 zero
+  /// the group's range of the store's gradients; stages 2 and 3 point the group's
+  /// parameters at a new zeroed buffer of n_g (comm), until reduce_gradients(g).
+  void prepare_gradients(int g);
+  /// Stages 2 and 3: the sum over ranks of this rank's range of group g's gradients into
+  /// its gradient shard (a reduce-scatter), and the group's full gradients are freed.
+  /// Stages 0 and 1: nothing (step() reduces the whole buffer at once).
+  void reduce_gradients(int g);
+  /// Reduces what is not reduced yet, applies Adam (or SGD) to this rank's S_r and brings
+  /// the updated values where the stage keeps them: after it every rank's values (its
+  /// shard at stage 3) are those of plain data parallelism with the summed gradients.
+  void step();
+
+  /// Every parameter's fp32 weights as the optimizer updates them (the master copy; the
+  /// values in fp32), gathered on every rank (the traffic is not counted). Every rank
+  /// calls it.
+  Tensor weights();
+  int stage() const { return config_.stage; }
+  int steps() const { return steps_; }
+  std::size_t group_count() const { return groups_.size(); }
+  /// S_r: the elements this rank updates.
+  std::int64_t shard_elements() const { return shard_size_; }
+
+ private:
+  struct Group {
+    std::vector<shardlab::nn::Parameter*> params;
+    std::vector<shardlab::Shape> shapes;  // theirs (their views may be empty)
+    std::int64_t offset = 0, size = 0;    // in the store's flat order
+    shardlab::ShardRange own;             // this rank's range of the group (stages 2, 3)
+    std::int64_t shard_offset = 0;        // where that range sits in the shard buffers
+    std::vector<std::size_t> counts;      // every rank's range length
+    Tensor gathered, bucket;              // stage 3's values, stages 2-3's full gradients
+  };
+  Tensor shard_of(const Tensor& buffer, const Group& g) const;
+  Tensor optimizer_weights(const Group& g);
+  /// Points group g's parameters' values (or grads) at views of `flat` (n_g elements),
+  /// or at nothing when `flat` is undefined.
+  static void point(Group& g, const Tensor& flat, bool grads);
+  void start_gather(int g);
+  Group& group(int g, const char* who);
+
+  shardlab::Communicator& comm_;
+  shardlab::nn::ParameterStore& store_;
+  ZeroConfig config_;
+  shardlab::DType type_;
+  shardlab::Memory memory_ = shardlab::Memory::host;
+  std::vector<Group> groups_;
+  std::int64_t shard_size_ = 0;
+  Tensor values_, grads_;      // stage 3: S_r values; stages 2, 3: S_r gradients
+  Tensor master_, m_, v_;      // stages 0, 2, 3 (stage 1: shard1_)
+  std::vector<Shard> shard1_;  // stage 1: zero1.hpp's shard of the flat buffer (0 or 1)
+  int steps_ = 0;
+  // Stage 3's prefetch: the order of use, how far this step has come, what is in flight.
+  std::vector<int> order_;
+  std::size_t next_ = 0;
+  int ahead_group_ = -1;
+  Tensor ahead_;
+  shardlab::Request pending_;
+};
+
+/// The elements of each of `groups` (runs of consecutive parameters covering `store`, as
+/// ZeroOptimizer takes them; none: one group of the whole store).
+std::vector<std::int64_t> group_sizes(
+    const std::vector<std::vector<shardlab::nn::Parameter*>>& groups,
+    const shardlab::nn::ParameterStore& store);
+
+/// S_r for groups of these sizes: P at stage 0, shard_range(P, N, r) at stage 1, the sum
+/// of each group's shard_range(n_g, N, r) at stages 2 and 3.
+std::int64_t zero_shard_elements(const std::vector<std::int64_t>& groups, int stage, int ranks,
+                                 int rank);
+
+/// The paper's per-rank formula (§5), with this rank's own S_r in place of P / N (so
+/// exact, uneven shards included). w = 2 bytes (f16) or 4 (f32) per weight or gradient,
+/// K = 12 in mixed precision (fp32 master, m, v), 8 in fp32 (m and v):
+///   stage 0: w P + w P + K P          stage 1: w P + w P + K S_r
+///   stage 2: w P + w S_r + K S_r      stage 3: (w + w + K) S_r
+/// SGD keeps no optimizer state (K = 0).
+StateBytes zero_state_bytes(const std::vector<std::int64_t>& groups, const ZeroConfig& config,
+                            shardlab::DType type, int ranks, int rank);
+
+/// Bytes rank r receives per step, exactly, on the threads backend (whose reduce-scatter
+/// reads this rank's shard from the N - 1 others, and whose all-gather reads theirs):
+/// stages 0-2 w ((N-1) S + (P - S)) with S the rank's reduce-scatter shard (stage 0's
+/// allreduce cuts the buffer as stage 1 does), stage 3 w (P - S) more (the values are
+/// gathered twice: forward and backward). Even shards: 2 (N-1)/N P and 3 (N-1)/N P
+/// elements, the paper's 2 Psi and 3 Psi (§7).
+std::uint64_t zero_comm_bytes(const std::vector<std::int64_t>& groups, int stage,
+                              shardlab::DType type, int ranks, int rank);
+
+}  // namespace ch05
