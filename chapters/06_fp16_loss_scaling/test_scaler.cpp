@@ -38,26 +38,29 @@ using namespace shardlab;
 using shardlab::testing::on_ranks;
 
 TEST_SUITE("ch06") {
-  TEST_CASE("the scale follows GradScaler's rule over a scripted run of finite and non-finite steps") {
+  TEST_CASE(
+      "the scale follows GradScaler's rule over a scripted run of finite and non-finite steps") {
     // init 8, growth x2 after 3 finite steps, backoff x0.5. Worked by hand:
     //   step        1  2  3   4  5  6  7  8  9  10 11 12
     //   found inf   .  .  .   X  .  .  X  X  .  .  .  .
     //   scale after 8  8  16  8  8  8  4  2  2  2  4  4
     //   tracker     1  2  0   0  1  2  0  0  1  2  0  1
-    ch06::DynamicScaler s({.init_scale = 8, .growth_factor = 2, .backoff_factor = 0.5f, .growth_interval = 3});
-    const bool inf[12] = {false, false, false, true, false, false, true, true, false, false, false, false};
+    ch06::DynamicScaler s(
+        {.init_scale = 8, .growth_factor = 2, .backoff_factor = 0.5f, .growth_interval = 3});
+    const bool inf[12] = {false, false, false, true,  false, false,
+                          true,  true,  false, false, false, false};
     const float scale[12] = {8, 8, 16, 8, 8, 8, 4, 2, 2, 2, 4, 4};
     const int tracker[12] = {1, 2, 0, 0, 1, 2, 0, 0, 1, 2, 0, 1};
     CHECK(s.scale() == 8);
     for (int t = 0; t < 12; ++t) {
       s.update(inf[t]);
       const std::string what = inf[t] ? " (inf)" : " (finite)";
-      CHECK_MESSAGE(s.scale() == scale[t], "after step " << t + 1 << what
-                                                          << " the scale is " << s.scale() << ", GradScaler's "
-                                                          << scale[t]);
-      CHECK_MESSAGE(s.growth_tracker() == tracker[t], "after step " << t + 1 << " the growth tracker is "
-                                                                     << s.growth_tracker() << ", GradScaler's "
-                                                                     << tracker[t]);
+      CHECK_MESSAGE(s.scale() == scale[t], "after step " << t + 1 << what << " the scale is "
+                                                         << s.scale() << ", GradScaler's "
+                                                         << scale[t]);
+      CHECK_MESSAGE(s.growth_tracker() == tracker[t],
+                    "after step " << t + 1 << " the growth tracker is " << s.growth_tracker()
+                                  << ", GradScaler's " << tracker[t]);
     }
   }
 
@@ -87,19 +90,23 @@ TEST_SUITE("ch06") {
       CHECK_MESSAGE(!found, "finite gradients reported as non-finite");
       for (std::size_t i = 0; i < g.size(); ++i) {
         const double want = static_cast<double>(to_float(scaled16.data<Half>()[i])) / scale;
-        CHECK_MESSAGE(out[static_cast<std::int64_t>(i)] == want, "element " << i << ": unscaled " << out[static_cast<std::int64_t>(i)]
-                                                                            << ", want " << want << " (the fp16 value / scale, in f32)");
+        CHECK_MESSAGE(out[static_cast<std::int64_t>(i)] == want,
+                      "element " << i << ": unscaled " << out[static_cast<std::int64_t>(i)]
+                                 << ", want " << want << " (the fp16 value / scale, in f32)");
       }
-      CHECK_MESSAGE(out[0] == std::ldexp(1.0f, -30), "2^-30 came back as " << out[0] << " (divided in fp16?)");
+      CHECK_MESSAGE(out[0] == std::ldexp(1.0f, -30),
+                    "2^-30 came back as " << out[0] << " (divided in fp16?)");
       // f32 gradients too.
       Tensor g32 = Tensor::from_1d({4.0f, -8.0f}), out32(2);
       CHECK(!ch06::unscale_and_check(comm, g32, out32, 4.0f));
       CHECK(out32[0] == 1.0f);
       CHECK(out32[1] == -2.0f);
-      for (float bad : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
-                        std::numeric_limits<float>::quiet_NaN()}) {
+      for (float bad :
+           {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+            std::numeric_limits<float>::quiet_NaN()}) {
         Tensor t = cast(Tensor::from_1d({1.0f, bad, 2.0f}), DType::f16), o(3);
-        CHECK_MESSAGE(ch06::unscale_and_check(comm, t, o, 2.0f), "a gradient of " << bad << " went unnoticed");
+        CHECK_MESSAGE(ch06::unscale_and_check(comm, t, o, 2.0f),
+                      "a gradient of " << bad << " went unnoticed");
       }
     });
   }
@@ -111,21 +118,29 @@ TEST_SUITE("ch06") {
       for (int pattern = 0; pattern < 4; ++pattern) {
         auto bad = [&](int q) {
           switch (pattern) {
-            case 0: return q == 0;
-            case 1: return q == N - 1;
-            case 2: return q == 0 || q == 1;
-            default: return true;
+            case 0:
+              return q == 0;
+            case 1:
+              return q == N - 1;
+            case 2:
+              return q == 0 || q == 1;
+            default:
+              return true;
           }
         };
         on_ranks(N, [&](Communicator& comm) {
           Tensor g = cast(Tensor::from_1d({0.5f, 0.25f, 1.0f}), DType::f16), out(3);
-          if (bad(comm.rank())) g.data<Half>()[1] = from_float<Half>(std::numeric_limits<float>::quiet_NaN());
+          if (bad(comm.rank()))
+            g.data<Half>()[1] = from_float<Half>(std::numeric_limits<float>::quiet_NaN());
           const bool found = ch06::unscale_and_check(comm, g, out, 2.0f);
-          const std::string who = pattern == 3 ? "every rank holds" : pattern == 2 ? "ranks 0 and 1 hold" : "one rank holds";
+          const std::string who = pattern == 3   ? "every rank holds"
+                                  : pattern == 2 ? "ranks 0 and 1 hold"
+                                                 : "one rank holds";
           CHECK_MESSAGE(found, "rank " << comm.rank() << " would step although " << who
                                        << " a NaN in its gradients: the replicas would go apart");
           Tensor fine = cast(Tensor::from_1d({0.5f}), DType::f16), o(1);
-          CHECK_MESSAGE(!ch06::unscale_and_check(comm, fine, o, 2.0f), "finite gradients on every rank, yet a skip");
+          CHECK_MESSAGE(!ch06::unscale_and_check(comm, fine, o, 2.0f),
+                        "finite gradients on every rank, yet a skip");
         });
       }
     }
@@ -142,15 +157,19 @@ TEST_SUITE("ch06") {
       run.inject_overflow = {5};  // the last rank's gradients turn inf at step 5
       const ch06::RunResult skipped = ch06::train(comm, model, run, Memory::host);
       CHECK_MESSAGE(skipped.skipped == std::vector<int>{5}, "rank " << comm.rank() << " skipped "
-                                                                    << skipped.skipped.size() << " steps, not step 5 alone");
+                                                                    << skipped.skipped.size()
+                                                                    << " steps, not step 5 alone");
       CHECK_MESSAGE(skipped.weights.bitwise_equal(before.weights),
-                    "rank " << comm.rank() << ": step 5 was to be skipped, but the weights changed by "
+                    "rank " << comm.rank()
+                            << ": step 5 was to be skipped, but the weights changed by "
                             << max_abs_diff(skipped.weights, before.weights));
       run.steps = 6;
       const ch06::RunResult after = ch06::train(comm, model, run, Memory::host);
-      CHECK_MESSAGE(after.scales[5] == 32768.0f, "the step after the skip uses the scale " << after.scales[5]
-                                                                                           << ", half of 65536 expected");
-      CHECK_MESSAGE(after.scales[4] == 65536.0f, "the skipped step itself used the scale " << after.scales[4]);
+      CHECK_MESSAGE(after.scales[5] == 32768.0f, "the step after the skip uses the scale "
+                                                     << after.scales[5]
+                                                     << ", half of 65536 expected");
+      CHECK_MESSAGE(after.scales[4] == 65536.0f,
+                    "the skipped step itself used the scale " << after.scales[4]);
     });
   }
 }

@@ -1,11 +1,13 @@
-// Chapter 06's training: a small MLP fit by data-parallel ranks with Adam, in fp32 or in
-// mixed precision (fp16 weights, activations and gradients; fp32 master weights and
-// update), with no loss scaling, a static scale or GradScaler's dynamic one.
+// Chapter 06's training: toy.hpp's MLP fit to its teacher by data-parallel ranks with
+// Adam, in fp32 or in mixed precision (fp16 weights, activations and gradients: an f16
+// ParameterStore; fp32 master weights and update), with no loss scaling, a static scale
+// or GradScaler's dynamic one (LossScaler, loss_scaler.hpp).
 //
-// The model: out = tanh(x W1) W2; x is R x I (R rows in all, shared out among the ranks),
-// W1 I x H, W2 H x O; the loss is the mean over the R x O outputs of (out - y)^2 / 2, y = s tanh(x T) for a fixed random
-// T and a small `target_scale` s: the outputs are small numbers, and so are the
-// gradients — many of them below fp16's smallest subnormal, 2^-24.
+// The model: out = tanh(x W1) W2 (Linear(I, H), tanh, Linear(H, O), no biases); x is R x I
+// (R rows in all, shared out among the ranks); the loss is the mean over the R x O outputs
+// of (out - y)^2 / 2, y = s tanh(x T) for toy::Teacher's T and a small `target_scale` s:
+// the outputs are small numbers, and so are the gradients — many of them below fp16's
+// smallest subnormal, 2^-24.
 #pragma once
 
 #include <cstdint>
@@ -13,8 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "scaler.hpp"
+#include "loss_scaler.hpp"
 #include "shardlab/comm.hpp"
+#include "shardlab/results.hpp"
 #include "shardlab/tensor.hpp"
 
 namespace ch06 {
@@ -26,8 +29,6 @@ struct ModelConfig {
   std::uint64_t seed = 0;
   std::int64_t params() const { return std::int64_t{in} * hidden + std::int64_t{hidden} * out; }
 };
-
-enum class Scaler { none, fixed, dynamic };  // --scaler none | static | dynamic
 
 struct RunConfig {
   bool fp16 = true;  // false: everything in fp32 (the reference run)
@@ -45,7 +46,7 @@ struct RunResult {
   std::vector<int> skipped;    // steps skipped for non-finite gradients
   /// Every step's skip decision was the same on every rank (checked as it ran).
   bool skips_agreed = true;
-  Tensor weights;              // the fp32 master weights at the end (W1 then W2)
+  Tensor weights;                         // the fp32 master weights at the end (W1 then W2)
   std::uint64_t grad_bytes_per_step = 0;  // this rank's gradient allreduce, bytes received
   bool grad_traffic_modeled = false;
   /// Step 1's gradients before any rounding to fp16 (fp32 run only): dL/dout, dL/dh,
@@ -61,5 +62,23 @@ RunResult train(Communicator& comm, const ModelConfig& model, const RunConfig& r
 /// The fraction of the nonzero values in `gradients` that become 0 in fp16 after
 /// multiplying by `scale` (1: unscaled).
 double underflow_fraction(const std::vector<float>& gradients, float scale);
+
+/// log2 |g| of the nonzero `gradients` in bins of one power of two, from the smallest bin
+/// that holds a value to the largest: each bin's count, a bar, and where the bin lies in
+/// fp16 ("0", "subnormal", "normal", "inf") as it is and times `scale` (a power of two).
+/// Columns log2_from, log2_to, count, histogram, fp16_zone, scaled_zone, scale.
+shardlab::Table gradient_histogram(const std::vector<float>& gradients, float scale);
+
+/// The formats' landmarks, each from the conversions themselves (half.hpp): largest,
+/// smallest normal, smallest subnormal and epsilon of fp32, fp16 and bf16, one row each.
+shardlab::Table format_landmarks();
+
+/// `value` rounded to fp16 and bf16: the bits, the value they hold, fp16's kind (normal,
+/// subnormal, zero, infinity, NaN) and what was lost (one row; keys fp16_bits, fp16_value,
+/// fp16_kind, bf16_bits, bf16_value, note).
+shardlab::Table to_half_table(double value);
+
+/// "30,31" -> {30, 31}: step numbers from 1 to `steps`; UsageError (naming `flag`) else.
+std::set<int> parse_steps(const std::string& text, int steps, const std::string& flag);
 
 }  // namespace ch06

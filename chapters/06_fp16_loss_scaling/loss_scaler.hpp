@@ -1,0 +1,47 @@
+// Chapter 06's loss scaler, for any trainer: GradScaler's three steps around a backward
+// (torch.amp.GradScaler: scale the loss, unscale and check the gradients, update the
+// scale), over any gradients (a ParameterStore's flat buffer, a ZeRO shard) and any
+// communicator (all the data-parallel ranks, or a mesh's dp axis).
+//
+//   ch06::LossScaler scaler(ch06::Scaler::dynamic);
+//   dL/dout *= scaler.scale();                       before the backward (the loss's
+//   ... backward, the gradients' reduction ...        gradient, or the loss itself)
+//   const bool skip = scaler.unscale_and_check(comm, grads, unscaled);  every rank agrees
+//   if (!skip) optimizer step with `unscaled`;
+//   scaler.update(skip);
+//
+// The rule itself, DynamicScaler::update and unscale_and_check, is the exercise
+// (scaler.hpp).
+#pragma once
+
+#include "scaler.hpp"
+
+namespace ch06 {
+
+enum class Scaler { none, fixed, dynamic };  // --scaler none | static | dynamic
+
+class LossScaler {
+ public:
+  /// `fixed_scale` is Scaler::fixed's scale; `dynamic` DynamicScaler's settings.
+  explicit LossScaler(Scaler kind = Scaler::dynamic, ScalerConfig dynamic = {},
+                      float fixed_scale = 65536.0f);
+  Scaler kind() const { return kind_; }
+  /// What this step's loss (or its gradient) is multiplied by: 1 with Scaler::none.
+  float scale() const;
+  /// out = grads / scale(), in f32 (grads f16 or f32, out f32 of the same length). True
+  /// on every rank when any rank's unscaled gradients hold an inf or a NaN: the step must
+  /// be skipped everywhere. Scaler::none only copies (nothing is scaled, nothing checked:
+  /// false).
+  bool unscale_and_check(Communicator& comm, const Tensor& grads, Tensor& out) const;
+  /// After the step (skipped or not): the dynamic scale backs off or grows; the others
+  /// stay as they are.
+  void update(bool found_inf);
+  const DynamicScaler& dynamic() const { return dynamic_; }
+
+ private:
+  Scaler kind_;
+  DynamicScaler dynamic_;
+  float fixed_;
+};
+
+}  // namespace ch06
