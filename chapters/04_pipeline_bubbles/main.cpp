@@ -136,8 +136,11 @@ std::vector<ch04::Measured> run_all(Context& ctx, const ch04::Settings& s, nlohm
     const Timeline& t = r.measured;
     ctx.say(name + ", measured (" + format_number(t.makespan * 1e3, 3) + " ms):\n" +
             ch04::draw(t, t.makespan / 100, ctx.color()));
-    bubbles.add({name, sched.chunks, t.makespan, t.bubble_fraction(), r.simulated.bubble_fraction(),
-                 t.bubble_fraction() / r.simulated.bubble_fraction(), t.bubble_over_ideal(),
+    // Measured over simulated bubble; none where the simulation has no bubble to compare.
+    const double simulated = r.simulated.bubble_fraction();
+    const Cell ratio = simulated > 0 ? Cell(t.bubble_fraction() / simulated) : Cell("");
+    bubbles.add({name, sched.chunks, t.makespan, t.bubble_fraction(), simulated, ratio,
+                 t.bubble_over_ideal(),
                  formula_cell(ch04::formula_for(sched, s.costs, m).over_ideal),
                  ch04::join_numbers(t.peak_in_flight)});
     checks.add({name, r.grad_diff, r.loss, ref.loss, r.bytes,

@@ -97,6 +97,13 @@ int launched_processes() {
     }
   return 0;
 }
+
+/// Under mpirun the first process to exit non-zero ends the job, possibly before the one
+/// that speaks has written its line: the quiet ones leave a moment later.
+int let_rank_0_speak(bool speaks, int code) {
+  if (!speaks) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  return code;
+}
 }  // namespace
 
 bool started_by_mpirun() {
@@ -360,13 +367,13 @@ int Program::run(int argc, char** argv, const Body& body) {
     return 0;
   } catch (const CLI::ParseError& e) {
     if (speaks) std::fprintf(stderr, "%s: error: %s (see --help)\n", name_.c_str(), e.what());
-    return 2;
+    return let_rank_0_speak(speaks, 2);
   } catch (const UsageError& e) {
     if (speaks) std::fprintf(stderr, "%s: error: %s\n", name_.c_str(), e.what());
-    return 2;
+    return let_rank_0_speak(speaks, 2);
   } catch (const std::exception& e) {  // a check of the program's own went wrong
     if (speaks) std::fprintf(stderr, "%s: %s\n", name_.c_str(), e.what());
-    return 1;
+    return let_rank_0_speak(speaks, 1);
   }
   // NCCL rides on a host communicator: MPI under mpirun, threads otherwise.
   const bool mpi = options_.backend == "mpi" || (options_.backend == "nccl" && under_mpirun);
