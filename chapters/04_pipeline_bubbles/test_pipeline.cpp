@@ -15,6 +15,7 @@
 #include "pipeline.hpp"
 #include "schedule.hpp"
 #include "shardlab/testing.hpp"
+#include "shardlab/timer.hpp"
 #include "simulate.hpp"
 #include "timeline.hpp"
 #include "toy_stage.hpp"
@@ -172,7 +173,7 @@ TEST_SUITE("ch04.chapter") {
     const ch04::ModelConfig cfg{2, 4, 4, 1};
     const ch04::Batch batch = ch04::make_batch(cfg);
     std::string error;
-    const auto start = std::chrono::steady_clock::now();
+    const Stopwatch watch;
     try {
       run_threads(
           2,
@@ -185,8 +186,7 @@ TEST_SUITE("ch04.chapter") {
     } catch (const std::exception& e) {
       error = e.what();
     }
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double seconds = watch.seconds();
     CHECK_MESSAGE(error.find("of the circular schedule: ") != std::string::npos, error);
     CHECK_MESSAGE(error.find("waited 0.5 s") != std::string::npos, error);
     CHECK(seconds < 5);

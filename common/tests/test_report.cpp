@@ -46,8 +46,8 @@ TEST_CASE("a Table renders the same rows as text, CSV and JSON") {
   CHECK_THROWS(t.add({"too", "few"}));
 }
 
-TEST_CASE("the old CSV writer is a Table: quotes what needs quoting") {
-  CsvTable table({"name", "value"});
+TEST_CASE("a Table's CSV quotes what needs quoting") {
+  Table table({"name", "value"});
   table.add({"a,b", "1"});
   table.add({"say \"hi\"", format_number(0.5)});
   CHECK(table.str() == "name,value\n\"a,b\",1\n\"say \"\"hi\"\"\",0.5\n");

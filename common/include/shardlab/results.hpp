@@ -85,9 +85,6 @@ class Table {
   std::vector<std::vector<Cell>> rows_;
 };
 
-/// A table written as CSV (the name the benchmark modes use).
-using CsvTable = Table;
-
 /// "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz, 2 logical CPUs": what a benchmark ran
 /// on, for its CSV and its plot's title.
 std::string machine_description();
