@@ -70,27 +70,6 @@ using shardlab::testing::on_ranks;
 
 namespace {
 
-/// y = x + inner(x): a residual connection around a Sequential.
-class Residual final : public nn::Layer {
- public:
-  explicit Residual(nn::Sequential inner) : inner_(std::move(inner)) {}
-  std::string name() const override { return "residual"; }
-  nn::Forward forward(const Tensor& x) const override {
-    nn::Forward f = inner_.forward(x);
-    nn::Forward out{add(x, f.out), {}};
-    out.saved.children.push_back(std::move(f.saved));
-    return out;
-  }
-  Tensor backward_input(const Tensor& dy, nn::Saved& saved) const override {
-    return add(dy, inner_.backward_input(dy, saved.children[0]));
-  }
-  void backward_weight(nn::Saved& saved) override { inner_.backward_weight(saved.children[0]); }
-  std::vector<nn::Parameter*> parameters() const override { return inner_.parameters(); }
-
- private:
-  nn::Sequential inner_;
-};
-
 struct Gpt {
   std::int64_t vocab = 11, channels = 8, heads = 2, sequence = 4;
   int blocks = 1;
@@ -111,7 +90,7 @@ nn::Sequential piece(nn::ParameterStore& store, const Gpt& g, int k, int pieces)
     inner.add<nn::Linear>(store, name + ".qkv", C, 3 * C, toy::layer_seed(g.seed, 2 * l + 1));
     inner.add<nn::CausalSelfAttention>(g.heads, g.sequence);
     inner.add<nn::Linear>(store, name + ".proj", C, C, toy::layer_seed(g.seed, 2 * l + 2));
-    seq.add<Residual>(std::move(inner));
+    seq.add<nn::Residual>(std::move(inner));
   }
   if (k == pieces - 1) {
     seq.add<nn::LayerNorm>(store, "head.ln", C);

@@ -313,6 +313,13 @@ Program::Program(std::string name, std::string description)
 
 Program::~Program() = default;
 
+void Program::default_ranks(int ranks) {
+  options_.ranks = ranks;
+  app_->get_option("--ranks")->description(
+      "number of ranks (threads backend; under mpirun, mpirun's -np decides) [" +
+      std::to_string(ranks) + "]");
+}
+
 int Program::run(int argc, char** argv, const Body& body) {
   const bool under_mpirun = started_by_mpirun();
   // Under mpirun only rank 0 reports usage errors, so the message appears once.

@@ -450,6 +450,25 @@ void Sequential::backward_weight(Saved& saved) {
   saved = Saved{};
 }
 
+Forward Residual::forward(const Tensor& x) const {
+  Forward inner = inner_.forward(x);
+  Forward out{add(x, inner.out), {}};
+  out.saved.children.push_back(std::move(inner.saved));
+  return out;
+}
+
+Tensor Residual::backward_input(const Tensor& dy, Saved& saved) const {
+  require(saved.children.size() == 1, "Residual::backward_input: no saved state of a forward");
+  return add(dy, inner_.backward_input(dy, saved.children[0]));
+}
+
+void Residual::backward_weight(Saved& saved) {
+  require(saved.children.size() == 1,
+          "residual: backward_weight needs backward_input first (or was called twice)");
+  inner_.backward_weight(saved.children[0]);
+  saved = Saved{};
+}
+
 std::vector<Parameter*> Sequential::parameters() const {
   std::vector<Parameter*> out;
   for (const auto& layer : layers_)

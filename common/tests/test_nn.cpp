@@ -190,6 +190,15 @@ std::shared_ptr<Layer> normed_mlp(ParameterStore& s) {
   return seq;
 }
 
+/// x + fc2(gelu(fc1(x))): a Megatron MLP block on one device.
+std::shared_ptr<Layer> residual_mlp(ParameterStore& s) {
+  Sequential inner;
+  inner.add<Linear>(s, "fc1", 4, 8, 51);
+  inner.add<Gelu>();
+  inner.add<Linear>(s, "fc2", 8, 4, 52);
+  return std::make_shared<Residual>(std::move(inner));
+}
+
 /// Tokens -> embedding -> qkv -> attention -> LayerNorm -> logits: 2 sequences of 3.
 std::shared_ptr<Layer> tiny_transformer(ParameterStore& s) {
   auto seq = std::make_shared<Sequential>();
@@ -219,6 +228,7 @@ std::vector<LayerCase> layer_cases() {
       {"Sequential Linear -> LayerNorm -> Tanh -> Linear", normed_mlp, normal(4, 3)},
       {"Sequential Embedding -> Linear -> attention -> LayerNorm -> Linear", tiny_transformer,
        token_ids(6, 7, DType::i32)},
+      {"Residual x + Linear(Gelu(Linear(x)))", residual_mlp, normal(3, 4)},
   };
 }
 

@@ -128,6 +128,9 @@ class Program {
   CLI::App& cli() { return *app_; }
   /// The chapter has a GPU path: --device cuda is accepted (otherwise it is bad usage).
   void supports_cuda() { cuda_ = true; }
+  /// The number of ranks when --ranks is not given (2 unless a chapter says otherwise:
+  /// chapter 08's 2 x 2 x 2 mesh wants 8).
+  void default_ranks(int ranks);
   /// Chapter checks that need several flags at once; throw UsageError to exit 2.
   void validate(std::function<void(const Options&)> check) { validate_ = std::move(check); }
   /// What the chapter needs of the number of ranks (E experts over N ranks, N dividing

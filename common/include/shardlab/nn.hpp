@@ -254,6 +254,23 @@ class Sequential final : public Layer {
   std::vector<std::shared_ptr<Layer>> layers_;
 };
 
+/// y = x + inner(x): a residual connection around a block (a transformer's attention or
+/// MLP, a Megatron block). Saved: one child, the inner block's.
+class Residual final : public Layer {
+ public:
+  explicit Residual(Sequential inner) : inner_(std::move(inner)) {}
+  std::string name() const override { return "residual"; }
+  Forward forward(const Tensor& x) const override;
+  /// dL/dx = dy + the inner block's dL/dx.
+  Tensor backward_input(const Tensor& dy, Saved& saved) const override;
+  void backward_weight(Saved& saved) override;
+  std::vector<Parameter*> parameters() const override { return inner_.parameters(); }
+  Sequential& inner() { return inner_; }
+
+ private:
+  Sequential inner_;
+};
+
 // ---------------------------------------------------------------------------
 // Losses
 
