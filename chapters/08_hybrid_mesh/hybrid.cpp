@@ -1,0 +1,219 @@
+// Chapter 08's 3-D training (hybrid.hpp).
+#include "hybrid.hpp"
+
+#include <algorithm>
+
+#include "grad_sync.hpp"
+#include "shardlab/check.hpp"
+#include "shardlab/toy.hpp"
+#include "timeline.hpp"
+#include "zero.hpp"
+
+namespace ch08 {
+
+namespace memory = shardlab::memory;
+using shardlab::CommStats;
+using shardlab::Op;
+using shardlab::shard_range;
+
+namespace {
+
+/// The task: y = teacher(x) for a fixed random tanh network of width h (toy.hpp).
+shardlab::toy::Teacher teacher_of(const HybridConfig& c) {
+  return shardlab::toy::Teacher({.widths = {c.hidden, c.hidden, c.hidden}, .seed = 0},
+                                c.seed * 7919 + 8);
+}
+
+std::uint64_t sent_since(Communicator& comm, const CommStats& before) {
+  return comm.stats().since(before).total().bytes_sent;
+}
+
+}  // namespace
+
+MeshShape settle_mesh(int dp, int tp, int pp, int ranks) {
+  const std::string N = std::to_string(ranks);
+  shardlab::require_usage(ranks % (tp * pp) == 0, "tp x pp = " + std::to_string(tp * pp) +
+                                                      " must divide the " + N + " ranks");
+  if (dp == 0) dp = ranks / (tp * pp);
+  shardlab::require_usage(dp * tp * pp == ranks, "dp x tp x pp = " + std::to_string(dp * tp * pp) +
+                                                     " must be the " + N + " ranks");
+  return {pp, dp, tp};
+}
+
+void check_config(const HybridConfig& c) {
+  const MeshShape& m = c.mesh;
+  shardlab::require_usage(
+      c.blocks % m.pp == 0,
+      "--pp " + std::to_string(m.pp) + " must divide the " + std::to_string(c.blocks) + " blocks");
+  shardlab::require_usage(c.hidden % m.tp == 0 && c.ffn % m.tp == 0,
+                          "--tp " + std::to_string(m.tp) + " must divide --hidden and --ffn");
+  shardlab::require_usage(c.batch >= static_cast<std::int64_t>(m.dp) * c.microbatches,
+                          "--batch must give every replica's microbatches a row: at least "
+                          "dp x m = " +
+                              std::to_string(m.dp * c.microbatches));
+}
+
+double run_bytes(const HybridConfig& c) {
+  const auto h = static_cast<double>(c.hidden), f = static_cast<double>(c.ffn);
+  const double weights = 2.0 * c.blocks * (h * f + f + h);
+  // The one-device reference and this rank's share at most: weights, grads, Adam, and
+  // the activations of the whole batch through every block.
+  return 4.0 * (6 * weights + 8.0 * static_cast<double>(c.batch) * (h + f) * c.blocks);
+}
+
+AxisBytes formula_bytes(const HybridConfig& c, const Coords& at) {
+  const MeshShape& m = c.mesh;
+  const std::int64_t rows = shard_range(c.batch, m.dp, at.dp).length;
+  AxisBytes out;
+  for (int j = 0; j < c.microbatches; ++j) {
+    const auto elements =
+        static_cast<std::size_t>(shard_range(rows, c.microbatches, j).length * c.hidden);
+    out.tp += 2ull * static_cast<std::uint64_t>(c.blocks / m.pp) *
+              shardlab::collective_traffic(Op::allreduce, elements, 4, at.tp, m.tp).sent;
+  }
+  // This rank's parameters: its blocks' fc1 columns and fc2 rows, both biases.
+  const std::int64_t f = shard_range(c.ffn, m.tp, at.tp).length;
+  const auto params =
+      static_cast<std::size_t>((c.blocks / m.pp) * (2 * c.hidden * f + f + c.hidden));
+  out.dp = shardlab::collective_traffic(Op::allreduce, params, 4, at.dp, m.dp).sent;
+  const int neighbours = (at.pp > 0) + (at.pp < m.pp - 1);
+  out.pp = static_cast<std::uint64_t>(neighbours * rows * c.hidden * 4);
+  return out;
+}
+
+HybridModel::HybridModel(Mesh& mesh, const HybridConfig& c, Memory memory) {
+  const int per_stage = c.blocks / c.mesh.pp;
+  first_ = mesh.coords().pp * per_stage;
+  for (int b = first_; b < first_ + per_stage; ++b)
+    chunk_.add(std::make_shared<nn::Residual>(
+        parallel_mlp(store_, mesh.tp(), "block" + std::to_string(b), c.hidden, c.ffn, c.seed, b)));
+  store_.allocate(memory);
+}
+
+double HybridModel::max_weight_diff(nn::Sequential& reference) {
+  double worst = 0;
+  for (int i = 0; i < block_count(); ++i) {
+    auto& mine = dynamic_cast<nn::Residual&>(chunk_[static_cast<std::size_t>(i)]).inner();
+    auto& whole =
+        dynamic_cast<nn::Residual&>(reference[static_cast<std::size_t>(first_ + i)]).inner();
+    auto& col = dynamic_cast<ColumnParallelLinear&>(mine[0]);
+    auto& row = dynamic_cast<RowParallelLinear&>(mine[2]);
+    auto& fc1 = dynamic_cast<nn::Linear&>(whole[0]);
+    auto& fc2 = dynamic_cast<nn::Linear&>(whole[2]);
+    const auto cols = col.columns();
+    const auto rows = row.rows();
+    auto diff = [&](const Tensor& got, const Tensor& want) {
+      worst = std::max(worst, shardlab::max_abs_diff(got.to(Memory::host), want));
+    };
+    auto column_slice = [&](const Tensor& t) {
+      Tensor out(t.rows(), cols.length);
+      for (std::int64_t r = 0; r < t.rows(); ++r)
+        for (std::int64_t k = 0; k < cols.length; ++k) out(r, k) = t(r, cols.offset + k);
+      return out;
+    };
+    diff(col.local().weight().value, column_slice(fc1.weight().value));
+    diff(col.local().bias()->value, column_slice(fc1.bias()->value));
+    diff(row.local().weight().value, fc2.weight().value.slice(rows.offset, rows.length));
+    diff(row.bias()->value, fc2.bias()->value);
+  }
+  return worst;
+}
+
+HybridRun train_hybrid(Mesh& mesh, HybridModel& model, const HybridConfig& c, Memory memory) {
+  const Coords& at = mesh.coords();
+  nn::ParameterStore& store = model.store();
+  const ch04::Schedule schedule = ch04::make_schedule(c.schedule, c.mesh.pp, c.microbatches, 1);
+  ch04::Pipeline pipeline(mesh.pp());
+
+  // Data parallelism: chapter 02's sync (one bucket: one allreduce per step) and Adam, or
+  // chapter 05's ZeRO-1 (reduce-scatter, Adam on this rank's shard, all-gather).
+  HybridRun run;
+  std::unique_ptr<ch02::GradSync> sync;
+  std::unique_ptr<nn::Adam> adam;
+  std::unique_ptr<ch05::ZeroOptimizer> zero;
+  {
+    memory::Tracker states;
+    memory::Scope scope(memory::Category::optimizer);
+    if (c.zero == 1) {
+      zero = std::make_unique<ch05::ZeroOptimizer>(mesh.dp(), store,
+                                                   ch05::ZeroConfig{.stage = 1, .adam = c.adam});
+    } else {
+      sync = std::make_unique<ch02::GradSync>(
+          mesh.dp(), store,
+          ch02::GradSyncConfig{.mode = ch02::Sync::bucketed,
+                               .bucket_bytes = std::max<std::int64_t>(4 * store.size(), 1)});
+      // Each rank's loss is already its rows' share of the global batch's mean: the sync
+      // adds the replicas' gradients up (weight 1).
+      sync->set_batch(1, 1);
+      adam = std::make_unique<nn::Adam>(store.size(), c.adam, memory);
+    }
+    run.optimizer_bytes = states.usage().live(memory::Category::optimizer) +
+                          states.usage().live(memory::Category::master);
+  }
+
+  const shardlab::toy::Teacher teacher = teacher_of(c);
+  const shardlab::ShardRange mine = shard_range(c.batch, c.mesh.dp, at.dp);
+  const auto B = static_cast<double>(c.batch);
+  run.parameters = store.size();
+  for (int step = 0; step < c.steps; ++step) {
+    const shardlab::toy::Batch batch = teacher.batch(c.batch, step);
+    const Tensor x = batch.x.slice(mine.offset, mine.length);
+    const Tensor y = batch.y.slice(mine.offset, mine.length);
+    auto rows_of = [&](int j) { return shard_range(mine.length, c.microbatches, j); };
+
+    ch04::Stage stage;
+    stage.chunks = {&model.chunk()};
+    stage.memory = memory;
+    stage.input = [&](int j) { return x.slice(rows_of(j).offset, rows_of(j).length).to(memory); };
+    stage.boundary = [&](int j, int) { return ch04::Boundary{{rows_of(j).length, c.hidden}}; };
+    stage.loss = [&](const Tensor& out, int j) {
+      const Tensor target = y.slice(rows_of(j).offset, rows_of(j).length).to(memory);
+      return ch04::MicrobatchLoss{nn::squared_error(out, target) / (2 * B),
+                                  nn::mse_backward(out, target, B)};
+    };
+    ch04::Hooks hooks;
+    if (sync) {
+      sync->set_enabled(false);  // the microbatches accumulate; the last backward syncs
+      hooks.before_last_backward = [&] { sync->set_enabled(true); };
+    }
+
+    const CommStats tp0 = mesh.tp().stats(), dp0 = mesh.dp().stats();
+    store.zero_grad();
+    ch04::StageRun ran;
+    {
+      memory::Scope scope(memory::Category::activations);
+      ran = pipeline.run(schedule, stage, hooks);
+    }
+    if (zero) {
+      zero->step();
+    } else {
+      sync->finish();
+      adam->step(store.values(), store.grads());
+    }
+    run.bytes = {sent_since(mesh.tp(), tp0), sent_since(mesh.dp(), dp0), ran.bytes_sent};
+    run.events = ch04::gather_events(mesh.pp(), ran.events);  // every stage's (uncounted)
+    // The step's loss: the last stage's shares, once per replica (tp rank 0), summed.
+    const bool counts = at.pp == c.mesh.pp - 1 && at.tp == 0;
+    run.loss.push_back(mesh.world().agree(counts ? ran.loss : 0.0, shardlab::ReduceOp::sum));
+  }
+  return run;
+}
+
+void train_reference(const HybridConfig& c, Reference& out) {
+  for (int b = 0; b < c.blocks; ++b)
+    out.model.add(std::make_shared<nn::Residual>(
+        mlp_block(out.store, "block" + std::to_string(b), c.hidden, c.ffn, c.seed, b)));
+  out.store.allocate();
+  nn::Adam adam(out.store.size(), c.adam);
+  const shardlab::toy::Teacher teacher = teacher_of(c);
+  for (int step = 0; step < c.steps; ++step) {
+    const shardlab::toy::Batch batch = teacher.batch(c.batch, step);
+    out.store.zero_grad();
+    nn::Forward f = out.model.forward(batch.x);
+    out.loss.push_back(nn::squared_error(f.out, batch.y) / (2.0 * static_cast<double>(c.batch)));
+    out.model.backward(nn::mse_backward(f.out, batch.y, static_cast<double>(c.batch)), f.saved);
+    adam.step(out.store.values(), out.store.grads());
+  }
+}
+
+}  // namespace ch08

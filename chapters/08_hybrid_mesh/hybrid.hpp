@@ -1,0 +1,107 @@
+// Chapter 08's 3-D training: a stack of Megatron MLP blocks trained on a pp x dp x tp mesh,
+// with every earlier chapter's piece in its place:
+//   pp  chapter 04's pipeline runtime: stage s holds blocks [s L/pp, (s + 1) L/pp), runs a
+//       schedule (1F1B by default) over m microbatches, activations sent stage to stage;
+//   tp  each block's weights cut Megatron's way (tensor_parallel.hpp): 2 allreduces of the
+//       microbatch's activation per block, one forward (g) and one backward (f);
+//   dp  replicas of the whole, each on its own rows of the batch; chapter 02's GradSync
+//       averages the gradients once per step, after the last microbatch (switched on
+//       before the pipeline's last backward); or chapter 05's ZeRO-1 over the dp ranks.
+// Every rank also trains the same model on one device (train_reference), from the same
+// weights, on the same batches: the loss curves and the final weights must agree.
+//
+// Names: L blocks of hidden width h and inner width f (4h), B rows per step (the global
+// batch), m microbatches per replica, B_r = the rows of replica r (shard_range(B, dp, r)).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mesh.hpp"
+#include "pipeline.hpp"
+#include "shardlab/memory.hpp"
+#include "shardlab/nn.hpp"
+#include "tensor_parallel.hpp"
+
+namespace ch08 {
+
+using shardlab::Memory;
+
+struct HybridConfig {
+  MeshShape mesh;
+  int blocks = 4;            // L: pp must divide it
+  std::int64_t hidden = 16;  // h: tp must divide it
+  std::int64_t ffn = 64;     // f: the blocks' inner width
+  std::int64_t batch = 32;   // B, all replicas together
+  int microbatches = 4;      // m, per replica: B_r rows cut into m
+  int steps = 4;
+  std::string schedule = "1f1b";  // any of chapter 04's with one chunk per stage
+  int zero = 0;                   // 0: GradSync + Adam; 1: ZeRO-1 over dp
+  nn::AdamConfig adam{.lr = 1e-2f};
+  std::uint64_t seed = 0;
+};
+
+/// Bytes this rank sent in one training step, by axis.
+struct AxisBytes {
+  std::uint64_t tp = 0, dp = 0, pp = 0;
+};
+
+/// The mesh of `ranks` for --dp --tp --pp (dp 0: the ranks left over by tp x pp);
+/// UsageError when the product is not the ranks.
+MeshShape settle_mesh(int dp, int tp, int pp, int ranks);
+/// UsageError unless `c` can run on its mesh: pp divides the blocks, tp the widths, and
+/// every replica's every microbatch has a row.
+void check_config(const HybridConfig& c);
+/// About how many bytes one rank holds at most (the memory check before the ranks start).
+double run_bytes(const HybridConfig& c);
+
+/// What the formulas say one rank sends per step (ring allreduce: 2 (N-1)/N of S, as the
+/// ledger counts it; shardlab::collective_traffic exactly):
+///   tp  2 L/pp allreduces per microbatch of its B_r/m x h activation, each 2 (t-1)/t x 4 B
+///   dp  one allreduce of the rank's parameters (ZeRO-1: reduce-scatter + all-gather, the
+///       same volume), 2 (d-1)/d x 4 bytes each
+///   pp  each microbatch's activation to the next stage and its gradient to the one before:
+///       4 h B_r bytes each way that has a neighbour
+AxisBytes formula_bytes(const HybridConfig& c, const Coords& at);
+
+/// This rank's model: its stage's blocks, each cut over tp.
+class HybridModel {
+ public:
+  HybridModel(Mesh& mesh, const HybridConfig& c, Memory memory);
+  nn::ParameterStore& store() { return store_; }
+  nn::Sequential& chunk() { return chunk_; }
+  /// The blocks this rank's stage holds: [first, first + count).
+  int first_block() const { return first_; }
+  int block_count() const { return static_cast<int>(chunk_.size()); }
+  /// The largest |difference| between this rank's weights and the matching slices of the
+  /// one-device model's (`reference`: L mlp_blocks, as train_reference builds them).
+  double max_weight_diff(nn::Sequential& reference);
+
+ private:
+  nn::ParameterStore store_;
+  nn::Sequential chunk_;
+  int first_ = 0;
+};
+
+struct HybridRun {
+  std::vector<double> loss;           // per step, the global batch's (on every rank)
+  AxisBytes bytes;                    // sent by this rank in the last step
+  std::vector<ch04::Event> events;    // every stage's ops in the last step
+  std::uint64_t optimizer_bytes = 0;  // the optimizer's state (and master copy), as allocated
+  std::int64_t parameters = 0;        // elements this rank holds
+};
+
+/// Trains c.steps steps on the mesh. Every rank of the mesh calls it.
+HybridRun train_hybrid(Mesh& mesh, HybridModel& model, const HybridConfig& c, Memory memory);
+
+/// The same training on one device: L unsplit blocks, the whole batch at once.
+struct Reference {
+  nn::ParameterStore store;
+  nn::Sequential model;
+  std::vector<double> loss;
+};
+void train_reference(const HybridConfig& c, Reference& out);
+
+}  // namespace ch08

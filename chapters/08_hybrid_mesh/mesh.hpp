@@ -1,0 +1,100 @@
+// Chapter 08 API: the hybrid mesh. N = pp x dp x tp ranks as a 3-D grid, and Megatron-LM's
+// two conjugate operators that make a tensor-parallel block.
+//
+// The grid's order is Megatron-LM's: tp fastest, then dp, then pp,
+//     rank = (pp_i * dp + dp_i) * tp + tp_i,
+// so the tp ranks of a group are neighbours (one node, NVLink), a dp group strides by tp,
+// and a pp group by dp * tp. Megatron-LM's documented example: 16 GPUs, tp 2, pp 4 (so
+// dp 2) has the tp groups [0, 1], [2, 3], ..., the dp groups [0, 2], [1, 3], [4, 6], ...,
+// and the pp groups [0, 4, 8, 12], [1, 5, 9, 13], [2, 6, 10, 14], [3, 7, 11, 15].
+//
+// f and g (Shoeybi et al. 2019, "Megatron-LM", Figure 3): a column-parallel layer needs
+// the whole input on every tp rank and a row-parallel layer leaves a partial sum on each,
+// so a block is wrapped as
+//     x -> f -> column-parallel -> GELU -> row-parallel -> g -> y
+//     f: forward the identity;         backward an allreduce of dL/dx over tp
+//     g: forward an allreduce over tp; backward the identity
+// The learner writes the mesh arithmetic and f and g in exercises/08_hybrid_mesh/mesh.cpp;
+// the reference is solutions/08_hybrid_mesh/mesh.cpp.
+#pragma once
+
+#include <string_view>
+#include <vector>
+
+#include "shardlab/comm.hpp"
+#include "shardlab/tensor.hpp"
+
+namespace ch08 {
+
+using shardlab::Communicator;
+using shardlab::Tensor;
+
+enum class Axis { pp, dp, tp };
+inline constexpr Axis kAxes[] = {Axis::pp, Axis::dp, Axis::tp};
+std::string_view axis_name(Axis axis);
+
+/// The mesh's size along each axis; ranks = pp * dp * tp.
+struct MeshShape {
+  int pp = 1, dp = 1, tp = 1;
+  int ranks() const { return pp * dp * tp; }
+  int size(Axis axis) const { return axis == Axis::pp ? pp : axis == Axis::dp ? dp : tp; }
+  bool operator==(const MeshShape&) const = default;
+};
+
+/// A rank's place on the mesh: its pipeline stage, its data-parallel replica, and its
+/// tensor-parallel shard.
+struct Coords {
+  int pp = 0, dp = 0, tp = 0;
+  int at(Axis axis) const { return axis == Axis::pp ? pp : axis == Axis::dp ? dp : tp; }
+  bool operator==(const Coords&) const = default;
+};
+
+// ---------------------------------------------------------------------------
+// The exercise
+
+/// The coordinates of `rank` (0 <= rank < shape.ranks()): tp fastest, then dp, then pp.
+Coords coords_of(const MeshShape& shape, int rank);
+/// The rank at `coords`: the inverse of coords_of.
+int rank_of(const MeshShape& shape, const Coords& coords);
+/// Every group along `axis`: the ranks whose coordinates differ only along it, ordered by
+/// that coordinate (so rank i of the group is at coordinate i). The groups are listed in
+/// the order of their first rank. Every rank is in exactly one group per axis.
+std::vector<std::vector<int>> groups(const MeshShape& shape, Axis axis);
+
+/// f before a column-parallel layer. Forward: x is the whole input, already on every tp
+/// rank: nothing to do. Backward: each tp rank's dL/dx is the part its shard of the
+/// weights contributes; the whole gradient is their sum, in place on every rank.
+void f_forward(Communicator& tp, Tensor& x);
+void f_backward(Communicator& tp, Tensor& dx);
+/// g after a row-parallel layer. Forward: each tp rank holds a partial sum of y; the
+/// output is their sum, in place on every rank. Backward: dL/dy is the same on every tp
+/// rank, and every partial sum had weight 1 in y: nothing to do.
+void g_forward(Communicator& tp, Tensor& y);
+void g_backward(Communicator& tp, Tensor& dy);
+
+// ---------------------------------------------------------------------------
+// The mesh on real ranks
+
+/// One communicator per axis, made from `world` with the groups above (world.split: the
+/// group's index as the colour, the coordinate along the axis as the key). Every rank of
+/// `world` constructs it, with the same shape (UsageError unless shape.ranks() is
+/// world.size()).
+class Mesh {
+ public:
+  Mesh(Communicator& world, MeshShape shape);
+  const MeshShape& shape() const { return shape_; }
+  const Coords& coords() const { return coords_; }
+  Communicator& axis(Axis axis);
+  Communicator& pp() { return axis(Axis::pp); }
+  Communicator& dp() { return axis(Axis::dp); }
+  Communicator& tp() { return axis(Axis::tp); }
+  Communicator& world() { return world_; }
+
+ private:
+  Communicator& world_;
+  MeshShape shape_;
+  Coords coords_;
+  std::vector<std::unique_ptr<Communicator>> axes_;  // pp, dp, tp
+};
+
+}  // namespace ch08

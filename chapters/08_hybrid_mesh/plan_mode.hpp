@@ -1,0 +1,84 @@
+// Chapter 08's --plan mode: planner.hpp's arithmetic for a model on a cluster, printed as
+// tables (and the same rows under --json), with no ranks doing any work.
+//
+//   --plan                          GPT-3 175B on 1024 A100s as dp 8 x tp 8 x pp 16 (CS336
+//                                   lecture 7 §5.1): memory, step time, 34 days (eq. 4)
+//   --plan --model 1t               NVIDIA's 1T model on 3072 GPUs, 64 x 6 x 8: 84 days
+//   --plan --search                 every (dp, tp, pp, m) of the GPUs, fastest first; the plan
+//                                   printed is the fastest that fits (or --dp --tp --pp's)
+//   --plan --model custom --layers 32 --hidden 4096 --heads 32 --gpus 64 --batch 512
+//
+// Every --plan ends with the seeds' two layouts side by side (both as their papers ran them
+// on A100s, whatever the other flags say): so-large-lm §6's 64 stages x 6 DGX hosts x 8 GPUs
+// = 3072, which it calls GPT-3's and which is NVIDIA's 1T model (Narayanan et al. 2021, Table
+// 1), and CS336 lecture 7 §5.1's 8 x 8 x 16 = 1024 for GPT-3 175B.
+//
+// A plan that does not fit the GPU's memory is a result ("does not fit", with the numbers;
+// exit 0). Bad input is a UsageError: one line, exit 2.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "planner.hpp"
+
+namespace CLI {
+class App;
+}
+namespace shardlab {
+class Context;
+}
+
+namespace ch08 {
+
+/// Every flag of the mode. 0 means "not given": the preset's value (or the cluster's).
+struct PlanSettings {
+  std::string model = "gpt3-175b";                            // a preset, or "custom"
+  int layers = 0, hidden = 0, heads = 0, seq = 0, vocab = 0;  // custom, or to change a preset
+  std::string cluster = "a100-80gb";
+  double gpus = 0;             // 0: the preset's run, or dp x tp x pp
+  double tokens = 0;           // T; 0: the preset's (300B; 1t: 450B)
+  double batch = 0;            // B, sequences a step; 0: the preset's, or dp x m x b
+  int microbatch_size = 1;     // b
+  double achieved_tflops = 0;  // X; 0: the preset's run on A100s, else the cluster's
+  double gpu_memory_gb = 0;    // 0: the cluster's
+  int gpus_per_node = 0;       // 0: the cluster's
+  int zero = 0;
+  std::string recompute = "full";  // as Narayanan's runs (eq. 4's 8 T P / (n X))
+  bool sequence_parallel = false;
+  bool search = false;
+  int dp = 0, tp = 0, pp = 0, microbatches = 0;  // the program's own flags; 0 = not given
+  bool csv = false;  // with search: also write 08_hybrid_mesh_search.csv (the caller says)
+};
+
+/// Registers the mode's flags (all but --plan, --dp, --tp, --pp and --microbatches).
+void add_plan_options(CLI::App& cli, PlanSettings& settings);
+/// The flags add_plan_options registers, for a caller that refuses them outside --plan.
+std::vector<std::string> plan_flags();
+
+/// The settings made concrete: presets looked up, defaults filled in, every size checked.
+struct ResolvedPlan {
+  ModelSpec model;
+  ClusterSpec cluster;
+  Layout layout;
+  std::int64_t gpus = 0;
+  double tokens = 0;
+  bool layout_given = false;          // --dp, --tp or --pp given
+  std::vector<Candidate> candidates;  // with --search, fastest first
+};
+/// UsageError (one line) on bad input: non-positive sizes, tp not dividing the heads or the
+/// hidden size, pp not dividing the layers, dp x tp x pp != gpus, absurd GPU counts, a batch
+/// that is no whole number of microbatches, an unknown preset, X above the peak.
+ResolvedPlan resolve_plan(const PlanSettings& settings);
+/// resolve_plan's checks alone.
+void validate_plan(const PlanSettings& settings);
+
+/// Prints the plan's tables from rank 0 and fills the JSON (every rank may call it; it does
+/// not communicate): params, flops_per_iteration, training_days, memory_per_gpu_bytes {params,
+/// grads, optimizer, activations, total}, fits, communication_bytes and communication_time_s
+/// {tp, dp, pp}, compute_time_s, bubble_fraction, bubble_time_s, step_time_s, the tables
+/// estimate, memory, step, seed_layouts, and with --search `search` (ranked rows of dp, tp,
+/// pp, microbatches, step_time_s, memory_per_gpu_bytes, fits, ...).
+void report_plan(shardlab::Context& ctx, const PlanSettings& settings);
+
+}  // namespace ch08

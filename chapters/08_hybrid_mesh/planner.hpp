@@ -1,0 +1,224 @@
+// Chapter 08's planner: a GPT-style model's training run on a GPU cluster, on paper. The
+// arithmetic of Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU
+// Clusters Using Megatron-LM", SC21: §5.1 eqs. 2-4, Table 1) and Korthikanti et al. 2022
+// ("Reducing Activation Recomputation in Large Transformer Models": §4, Table 2), with chapter
+// 05's ZeRO calculator for the model states. No ranks are started; every function is pure.
+//
+// Names, the papers': l layers, h hidden size, a attention heads, s sequence length, V
+// vocabulary, B global batch (sequences), b microbatch size, m microbatches per pipeline and
+// step, t = tp, p = pp, d = dp (the mesh's degrees), n = d t p GPUs, X achieved FLOP/s per
+// GPU, T training tokens, P parameters. Bytes are bytes; GB = 1e9 bytes (chapter 05's).
+//
+// Left out, on purpose: the interleaved 1F1B schedule (Narayanan §2.2.2; its first stage
+// holds 1 + (p - 1)/(p v) times the activations), Megatron's scatter/gather of the pipeline's
+// messages (Narayanan §4.1: 1/t of each crosses the network), the activations of the
+// embedding and output layers (Korthikanti §4.3: small next to l layers'), temporary buffers
+// and fragmentation (ZeRO §3.2), and any overlap of communication with computation.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "training.hpp"  // ch05::Precision
+
+namespace ch08 {
+
+/// The most GPUs a plan may have: 2^24, about a hundred times the largest clusters of 2024.
+inline constexpr std::int64_t kMaxGpus = std::int64_t{1} << 24;
+
+// ---------------------------------------------------------------------------
+// The model and the cluster
+
+/// A run a paper reports for a model: the layout, batch and speed it trained with.
+struct ReferenceRun {
+  int gpus = 0, tp = 1, pp = 1;  // gpus = 0: none known
+  std::int64_t batch = 0;        // B, sequences
+  double achieved_tflops = 0;    // X on A100s, FLOP/s / 1e12
+  double tokens = 300e9;         // T
+};
+
+/// A GPT-style transformer: l layers of width h with a heads, s tokens of context, V words.
+struct ModelSpec {
+  std::string name;
+  int layers = 0, hidden = 0, heads = 0, seq = 2048, vocab = 51200;  // l, h, a, s, V
+  std::string source;
+  ReferenceRun run;
+};
+
+/// The presets: `gpt3-175b` (Brown et al. 2020), every row of Narayanan et al. Table 1 by its
+/// parameter column (`1.7b` ... `529.6b`, and `1t` for its last row, 1008.0B) and
+/// Korthikanti's `22b`.
+const std::vector<ModelSpec>& model_presets();
+/// The preset called `name`, or nullptr.
+const ModelSpec* find_model(const std::string& name);
+
+/// A cluster of nodes of GPUs: memory, speed and the two links a GPU's traffic can take.
+struct ClusterSpec {
+  std::string name;
+  double gpu_memory_bytes = 0;
+  double peak_tflops = 0;      // dense bf16/fp16, FLOP/s / 1e12
+  double achieved_tflops = 0;  // X, what a large run gets end to end
+  int gpus_per_node = 8;
+  double nvlink_GBps = 0;   // inside a node, per GPU, one direction
+  double network_GBps = 0;  // between nodes, per GPU, one direction
+  std::string source;
+};
+
+/// `a100-80gb` (DGX A100) and `h100-80gb` (DGX H100).
+const std::vector<ClusterSpec>& cluster_presets();
+const ClusterSpec* find_cluster(const std::string& name);
+
+// ---------------------------------------------------------------------------
+// Narayanan et al. 2021 §5.1
+
+/// Eq. 2: P = 12 l h^2 (1 + 13/(12 h) + (V + s)/(12 l h)): per layer 12 h^2 weights and 13 h
+/// biases and layer-norm values, plus the word (V h) and position (s h) embeddings.
+double parameters(const ModelSpec& model);
+/// Eq. 3: F = 96 B s l h^2 (1 + s/(6 h) + V/(16 l h)) FLOPs per iteration of B sequences,
+/// with full recomputation (each layer: forward, backward = 2 forwards, forward again; the
+/// output layer 6 B s h V, not recomputed).
+double flops_per_iteration(const ModelSpec& model, double batch);
+/// Eq. 4: the time to train on T tokens with n GPUs at X FLOP/s each, 8 T P / (n X) with
+/// recomputation, 6 T P / (n X) without.
+double training_seconds(double params, double tokens, double gpus, double flops_per_gpu,
+                        bool recomputation);
+double training_days(double params, double tokens, double gpus, double flops_per_gpu,
+                     bool recomputation);
+
+// ---------------------------------------------------------------------------
+// A layout and its memory
+
+/// What the backward needs that the forward does not keep: nothing (none), the attention's
+/// softmax, its dropout and the QK^T it came from (selective, Korthikanti §5), or everything
+/// but each layer's input (full).
+enum class Recompute { none, selective, full };
+std::string recompute_name(Recompute r);
+/// "none", "selective", "full"; UsageError otherwise.
+Recompute parse_recompute(const std::string& name);
+
+/// A (dp, tp, pp) mesh with its microbatches: B = d m b sequences a step.
+struct Layout {
+  int dp = 1, tp = 1, pp = 1;
+  int microbatches = 1;     // m, through each pipeline per step
+  int microbatch_size = 1;  // b, sequences
+  int zero = 0;             // ZeRO stage over dp, 0-3
+  Recompute recompute = Recompute::full;
+  bool sequence_parallel = false;  // Korthikanti §4.2.2: LayerNorm and dropout split over t
+  std::int64_t gpus() const { return std::int64_t{dp} * tp * pp; }
+  std::int64_t batch() const { return std::int64_t{dp} * microbatches * microbatch_size; }
+};
+
+/// UsageError (one line) unless the model's sizes are positive and h splits into a heads.
+void check_model(const ModelSpec& model);
+/// UsageError unless the layout fits the model and the GPU count: positive sizes, t divides
+/// a and h, p divides l, d t p = gpus, ZeRO 0-3.
+void check_layout(const ModelSpec& model, const Layout& layout, std::int64_t gpus);
+/// UsageError unless memory, speeds, bandwidths and GPUs per node are positive and finite.
+void check_cluster(const ClusterSpec& cluster);
+
+/// Korthikanti Table 2: activation bytes one layer keeps for one microbatch of b sequences
+/// (16-bit values, 1-byte dropout masks), on each of its t tensor-parallel GPUs:
+///   no parallelism (t = 1)     s b h (34 + 5 a s / h)
+///   tensor parallel            s b h (10 + 24/t + 5 a s / (h t))
+///   + sequence parallel        s b h (34/t + 5 a s / (h t))
+///   selective recomputation    drops the 5 a s / h term: s b h (10 + 24/t), or s b h 34/t
+///   full recomputation         the layer's input only: 2 s b h, or 2 s b h / t
+double activation_bytes_per_layer(const ModelSpec& model, int microbatch_size, int tp,
+                                  bool sequence_parallel, Recompute recompute);
+
+/// The parameters one GPU of the first pipeline stage holds: its l/p layers, (12 h^2 + 13 h)
+/// each, split over t (the 13 h of biases and norms counted as split too, under 0.01%), and
+/// the embeddings: the word embedding V h split over t (Megatron splits it by vocabulary),
+/// the position embedding s h whole on every tp rank. (The last stage holds a tied copy of
+/// the word embedding as the output layer, as many; inner stages hold layers only.) With
+/// t = p = 1 this is P.
+double stage_parameters(const ModelSpec& model, int tp, int pp);
+
+/// Bytes one GPU of the first stage needs, by category. Model states: chapter 05's
+/// zero_memory for the stage's parameters over d ranks (mixed precision: 2 + 2 + 12 bytes a
+/// parameter at stage 0). Activations: the first stage under 1F1B holds min(p, m)
+/// microbatches of its l/p layers (Korthikanti §4.2: l layers' worth when m >= p). The
+/// activation formula is for 16-bit training whatever `precision` says of the states.
+struct MemoryEstimate {
+  double params = 0, grads = 0, optimizer = 0, activations = 0;  // optimizer: master, m, v
+  double total() const { return params + grads + optimizer + activations; }
+};
+MemoryEstimate memory_per_gpu(const ModelSpec& model, const Layout& layout,
+                              ch05::Precision precision = ch05::Precision::mixed);
+
+// ---------------------------------------------------------------------------
+// Communication and time
+
+/// Bytes each GPU sends in a ring allreduce of `bytes` over n GPUs: 2 (n - 1)/n bytes.
+double ring_allreduce_bytes(double bytes, double n);
+
+/// Which groups of each axis leave a node, ranks laid out as Megatron-LM does (tp fastest,
+/// then dp, then pp: rank = (pp_i d + dp_i) t + tp_i) on nodes of `gpus_per_node` (node =
+/// rank / gpus_per_node). An axis crosses nodes when any of its groups does.
+struct NodeCrossings {
+  bool tp = false, dp = false, pp = false;
+};
+NodeCrossings crosses_nodes(const Layout& layout, int gpus_per_node);
+
+/// One axis's traffic in a step, per GPU, and its time on the link it takes.
+struct AxisCost {
+  int size = 1;
+  double bytes = 0;  // sent by one GPU per step
+  bool crosses_nodes = false;
+  double link_GBps = 0;  // NVLink inside a node, the network across
+  double seconds = 0;    // bytes / link
+};
+
+/// Per GPU and step (16-bit values on the wire: 2 bytes):
+///   tp  per layer of the stage and per microbatch, 4 allreduces of b s h values (2 forward,
+///       2 backward; 6 with full recomputation's second forward), each 2 (t-1)/t of them
+///       sent; sequence parallelism sends as much as all-gathers and reduce-scatters
+///   dp  the gradient allreduce of the stage's parameters, once per step: 2 (d-1)/d of them
+///       for ZeRO 0-2 (1-2 as a reduce-scatter and an all-gather), 3 (d-1)/d for ZeRO 3
+///       (ZeRO §7; chapter 05's zero_comm_elements)
+///   pp  each microbatch's b s h activation forward and its gradient backward across every
+///       stage boundary: an inner stage sends 2 b s h values a microbatch, the first and the
+///       last stage b s h (b s h / t with sequence parallelism: the values are split over t)
+/// Time: compute F / (n X) (F: eq. 3 with full recomputation, 72 instead of 96 and the output
+/// layer's 6 B s h V without, plus the attention's 4 b s^2 h per layer and microbatch with
+/// selective); the 1F1B bubble adds (p - 1)/m of it; every axis's communication is exposed
+/// (none overlaps compute: an upper bound). X is used as the rate of the math alone: papers
+/// measure it end to end, bubble and communication included, so with their X the step time
+/// counts those twice. It ranks layouts; eq. 4 estimates the days.
+struct StepEstimate {
+  double flops = 0;  // per step, all GPUs, recomputation included
+  double compute_s = 0, bubble_fraction = 0, bubble_s = 0;
+  AxisCost tp, dp, pp;
+  double communication_s() const { return tp.seconds + dp.seconds + pp.seconds; }
+  double total_s() const { return compute_s + bubble_s + communication_s(); }
+};
+/// The FLOPs of one step of `batch` sequences as the layout's recomputation makes them.
+double step_flops(const ModelSpec& model, double batch, Recompute recompute);
+StepEstimate step_time(const ModelSpec& model, const ClusterSpec& cluster, const Layout& layout);
+
+// ---------------------------------------------------------------------------
+// The search: a tiny automatic parallelism planner
+
+/// What the search holds fixed.
+struct SearchSpec {
+  std::int64_t gpus = 0, batch = 0;
+  int microbatch_size = 1, zero = 0;
+  Recompute recompute = Recompute::full;
+  bool sequence_parallel = false;
+};
+/// One layout the search found, with its estimates.
+struct Candidate {
+  Layout layout;
+  StepEstimate step;
+  MemoryEstimate memory;
+  bool fits = false;  // memory.total() <= the GPU's memory
+  NodeCrossings crossings;
+};
+/// Every (d, t, p, m) with d t p = gpus, t dividing a and h, p dividing l and B = d m b
+/// (t may cross nodes: crossings.tp says so), fastest first; the layouts that do not fit the
+/// memory are kept, fits = false. UsageError if the spec or the model is bad.
+std::vector<Candidate> search(const ModelSpec& model, const ClusterSpec& cluster,
+                              const SearchSpec& spec);
+
+}  // namespace ch08

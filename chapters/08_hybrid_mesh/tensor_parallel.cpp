@@ -1,0 +1,121 @@
+// Chapter 08's tensor-parallel layers (tensor_parallel.hpp).
+#include "tensor_parallel.hpp"
+
+#include "shardlab/check.hpp"
+
+namespace ch08 {
+
+using shardlab::require;
+using shardlab::Shape;
+using shardlab::shard_range;
+
+namespace {
+
+/// The one-device Linear's initial weight, from a scratch store (so the cut layers start
+/// from exactly what nn::Linear would draw).
+Tensor whole_weight(const std::string& name, std::int64_t in, std::int64_t out,
+                    std::uint64_t seed) {
+  nn::ParameterStore scratch;
+  nn::Linear whole(scratch, name, in, out, seed, false);
+  return whole.weight().value;
+}
+
+ShardRange my_part(std::int64_t size, Communicator& tp, const std::string& name, const char* what) {
+  const ShardRange part = shard_range(size, tp.size(), tp.rank());
+  require(part.length > 0, [&] {
+    return name + ": " + std::to_string(size) + " " + what + " cut over " +
+           std::to_string(tp.size()) + " tensor-parallel ranks leaves rank " +
+           std::to_string(tp.rank()) + " none";
+  });
+  return part;
+}
+
+}  // namespace
+
+ColumnParallelLinear::ColumnParallelLinear(nn::ParameterStore& store, Communicator& tp,
+                                           const std::string& name, std::int64_t in,
+                                           std::int64_t out, std::uint64_t seed, bool bias)
+    : tp_(tp),
+      columns_(my_part(out, tp, name, "columns")),
+      inner_(store, name, in, columns_.length, seed, bias) {
+  inner_.weight().value = shard(whole_weight(name, in, out, seed), tp.size(), 1, tp.rank());
+}
+
+nn::Forward ColumnParallelLinear::forward(const Tensor& x) const {
+  Tensor in = x.clone();  // f may not touch the caller's activation
+  f_forward(tp_, in);
+  return inner_.forward(in);
+}
+
+Tensor ColumnParallelLinear::backward_input(const Tensor& dy, nn::Saved& saved) const {
+  Tensor dx = inner_.backward_input(dy, saved);
+  f_backward(tp_, dx);
+  return dx;
+}
+
+RowParallelLinear::RowParallelLinear(nn::ParameterStore& store, Communicator& tp,
+                                     const std::string& name, std::int64_t in, std::int64_t out,
+                                     std::uint64_t seed, bool bias)
+    : tp_(tp),
+      rows_(my_part(in, tp, name, "rows")),
+      inner_(store, name, rows_.length, out, seed, false) {
+  inner_.weight().value =
+      whole_weight(name, in, out, seed).slice(rows_.offset, rows_.length).clone();
+  if (bias) bias_ = &store.add(name + ".bias", shardlab::zeros(Shape{1, out}));
+}
+
+nn::Forward RowParallelLinear::forward(const Tensor& x) const {
+  nn::Forward partial = inner_.forward(x);
+  g_forward(tp_, partial.out);
+  if (bias_) add_row(partial.out, bias_->value);
+  nn::Forward f{std::move(partial.out), {}};
+  f.saved.children.push_back(std::move(partial.saved));
+  return f;
+}
+
+Tensor RowParallelLinear::backward_input(const Tensor& dy, nn::Saved& saved) const {
+  require(saved.children.size() == 1, inner_.name() + ": backward without a forward");
+  Tensor d = dy.clone();  // g may not touch the caller's gradient
+  g_backward(tp_, d);
+  saved.dy = d;
+  return inner_.backward_input(d, saved.children[0]);
+}
+
+void RowParallelLinear::backward_weight(nn::Saved& saved) {
+  require(saved.children.size() == 1 && saved.dy.defined(),
+          inner_.name() + ": backward_weight before backward_input");
+  inner_.backward_weight(saved.children[0]);
+  if (bias_) axpy(1.0f, shardlab::column_sums(saved.dy), bias_->grad);
+  saved = nn::Saved{};
+}
+
+std::vector<nn::Parameter*> RowParallelLinear::parameters() const {
+  std::vector<nn::Parameter*> out = inner_.parameters();
+  if (bias_) out.push_back(bias_);
+  return out;
+}
+
+std::uint64_t fc_seed(std::uint64_t seed, int block, int which) {
+  return seed * 1000003ULL + static_cast<std::uint64_t>(block) * 2 +
+         static_cast<std::uint64_t>(which);
+}
+
+nn::Residual parallel_mlp(nn::ParameterStore& store, Communicator& tp, const std::string& name,
+                          std::int64_t hidden, std::int64_t ffn, std::uint64_t seed, int block) {
+  nn::Sequential inner;
+  inner.add<ColumnParallelLinear>(store, tp, name + ".fc1", hidden, ffn, fc_seed(seed, block, 1));
+  inner.add<nn::Gelu>();
+  inner.add<RowParallelLinear>(store, tp, name + ".fc2", ffn, hidden, fc_seed(seed, block, 2));
+  return nn::Residual(std::move(inner));
+}
+
+nn::Residual mlp_block(nn::ParameterStore& store, const std::string& name, std::int64_t hidden,
+                       std::int64_t ffn, std::uint64_t seed, int block) {
+  nn::Sequential inner;
+  inner.add<nn::Linear>(store, name + ".fc1", hidden, ffn, fc_seed(seed, block, 1));
+  inner.add<nn::Gelu>();
+  inner.add<nn::Linear>(store, name + ".fc2", ffn, hidden, fc_seed(seed, block, 2));
+  return nn::Residual(std::move(inner));
+}
+
+}  // namespace ch08

@@ -1,0 +1,88 @@
+// Chapter 08's tensor-parallel layers: Megatron-LM's column- and row-parallel Linear
+// (Shoeybi et al. 2019, §3; megatron/core/tensor_parallel/layers.py), as nn layers over
+// the tp communicator, and the MLP block they make. Chapter 09 builds its GPT from them.
+//
+// A Linear y = x W + b with W of I x O, on t tensor-parallel ranks:
+//   column-parallel  rank i holds the columns O_i of W and of b (shard_range(O, t, i)):
+//                    y_i = f(x) W[:, O_i] + b[O_i], the output's columns O_i, nothing summed
+//   row-parallel     rank i holds the rows I_i of W and takes the input's columns I_i:
+//                    y = g(x_i W[I_i, :]) + b, the partial sums added up by g; the bias is
+//                    whole on every rank and added once, after the sum (Megatron-LM's
+//                    skip_bias_add / reduce-then-add)
+// so column -> elementwise -> row needs one allreduce forward (g) and one backward (f),
+// each of the activation's B x h elements: 2 allreduces per block and step.
+//
+// The weights are those of the one-device nn::Linear with the same seed, cut: a
+// tensor-parallel block on any number of ranks starts from the same model.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "mesh.hpp"
+#include "shardlab/nn.hpp"
+
+namespace ch08 {
+
+namespace nn = shardlab::nn;
+using shardlab::ShardRange;
+
+class ColumnParallelLinear final : public nn::Layer {
+ public:
+  ColumnParallelLinear(nn::ParameterStore& store, Communicator& tp, const std::string& name,
+                       std::int64_t in, std::int64_t out, std::uint64_t seed, bool bias = true);
+  std::string name() const override { return inner_.name(); }
+  /// y_i = f(x) W[:, O_i] + b[O_i]. Saved: the inner Linear's.
+  nn::Forward forward(const Tensor& x) const override;
+  /// dL/dx = f's backward of dy_i W[:, O_i]^T: summed over the tp ranks.
+  Tensor backward_input(const Tensor& dy, nn::Saved& saved) const override;
+  void backward_weight(nn::Saved& saved) override { inner_.backward_weight(saved); }
+  std::vector<nn::Parameter*> parameters() const override { return inner_.parameters(); }
+  /// The columns O_i of the whole layer this rank holds.
+  ShardRange columns() const { return columns_; }
+  nn::Linear& local() { return inner_; }
+
+ private:
+  Communicator& tp_;
+  ShardRange columns_;
+  nn::Linear inner_;
+};
+
+class RowParallelLinear final : public nn::Layer {
+ public:
+  RowParallelLinear(nn::ParameterStore& store, Communicator& tp, const std::string& name,
+                    std::int64_t in, std::int64_t out, std::uint64_t seed, bool bias = true);
+  std::string name() const override { return inner_.name(); }
+  /// y = g(x_i W[I_i, :]) + b; x_i is the input's columns I_i (a column-parallel layer's
+  /// output). Saved: the inner Linear's (children[0]) and dy for the bias.
+  nn::Forward forward(const Tensor& x) const override;
+  /// dL/dx_i = g's backward of dy, times W[I_i, :]^T.
+  Tensor backward_input(const Tensor& dy, nn::Saved& saved) const override;
+  /// dW[I_i, :] += x_i^T dy; db += the column sums of dy (the same on every tp rank).
+  void backward_weight(nn::Saved& saved) override;
+  std::vector<nn::Parameter*> parameters() const override;
+  /// The rows I_i of the whole layer this rank holds.
+  ShardRange rows() const { return rows_; }
+  nn::Linear& local() { return inner_; }
+  nn::Parameter* bias() { return bias_; }
+
+ private:
+  Communicator& tp_;
+  ShardRange rows_;
+  nn::Linear inner_;
+  nn::Parameter* bias_ = nullptr;
+};
+
+/// The seeds of block b's two Linears (fc1, fc2) in a model seeded `seed`: the same for
+/// the one-device block and its tensor-parallel shards.
+std::uint64_t fc_seed(std::uint64_t seed, int block, int which);
+
+/// Megatron-LM's MLP block on the tp ranks: x + g(row(gelu(column(f(x))))), hidden width
+/// h, inner width `ffn` (4h in GPT), parameters named name.fc1, name.fc2.
+nn::Residual parallel_mlp(nn::ParameterStore& store, Communicator& tp, const std::string& name,
+                          std::int64_t hidden, std::int64_t ffn, std::uint64_t seed, int block);
+/// The same block on one device: x + fc2(gelu(fc1(x))), the same weights uncut.
+nn::Residual mlp_block(nn::ParameterStore& store, const std::string& name, std::int64_t hidden,
+                       std::int64_t ffn, std::uint64_t seed, int block);
+
+}  // namespace ch08

@@ -1,0 +1,227 @@
+// Chapter 08 tests: compiled against the solution (must pass) and the exercise stubs (every
+// case must fail). The mesh against Megatron-LM's documented example and a second mesh
+// written out by hand; f and g on their own; a Megatron MLP block made of them against the
+// same block on one device; the 3-D mesh's communicators on real ranks.
+//
+// Wrong versions these tests were checked against (each fails with the message shown):
+//   - axis order swapped (pp fastest, as a (tp, dp, pp) grid): "tp groups of 16 ranks,
+//     tp 2, pp 4" lists [0, 8] where Megatron-LM lists [0, 1];
+//   - dp and tp swapped in coords_of (dp fastest): the tp groups become [0, 2], ...;
+//   - rank_of with the dp stride tp * pp: "rank_of(coords_of(r)) != r";
+//   - groups ordered by rank within but the groups in another order (by last rank): the
+//     listed groups differ; a group built with the axis' size off by one: a group of 1
+//     rank too few (the dropped last member);
+//   - allreduce in both f and g: f's forward doubles x ("f_forward changed x"); and the
+//     block's output is tp times too large;
+//   - identity in both: g_forward leaves the partial sum; the block differs for tp > 1;
+//   - f and g swapped (allreduce in f's forward, g's backward): named by the f/g case;
+//   - f_backward averaging (allreduce then / tp) instead of summing: dL/dx differs.
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "mesh.hpp"
+#include "shardlab/testing.hpp"
+#include "tensor_parallel.hpp"
+
+using namespace shardlab;
+using namespace ch08;
+using Groups = std::vector<std::vector<int>>;
+using shardlab::testing::check_close;
+using shardlab::testing::on_ranks;
+
+namespace {
+
+std::string show(const Groups& gs) {
+  std::string out;
+  for (const auto& g : gs) {
+    out += "[";
+    for (std::size_t i = 0; i < g.size(); ++i) out += (i ? ", " : "") + std::to_string(g[i]);
+    out += "] ";
+  }
+  return out;
+}
+
+void check_groups(const MeshShape& shape, Axis axis, const Groups& want) {
+  const Groups got = groups(shape, axis);
+  CHECK_MESSAGE(got == want, std::string(axis_name(axis))
+                                 << " groups of the " << shape.pp << " x " << shape.dp << " x "
+                                 << shape.tp << " mesh: got " << show(got) << "; expected "
+                                 << show(want));
+}
+
+const std::vector<MeshShape> shapes = {{1, 1, 1}, {2, 2, 2}, {4, 2, 2}, {1, 2, 8}, {3, 1, 2},
+                                       {2, 3, 1}, {1, 1, 5}, {5, 1, 1}, {2, 3, 4}, {8, 1, 1}};
+
+}  // namespace
+
+TEST_SUITE("ch08 mesh") {
+  TEST_CASE("Megatron-LM's example: 16 GPUs, tp 2, pp 4 (dp 2) has its documented groups") {
+    // megatron/core/parallel_state.py, initialize_model_parallel's docstring.
+    const MeshShape shape{4, 2, 2};
+    check_groups(shape, Axis::tp,
+                 {{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}, {12, 13}, {14, 15}});
+    check_groups(shape, Axis::dp,
+                 {{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}});
+    check_groups(shape, Axis::pp, {{0, 4, 8, 12}, {1, 5, 9, 13}, {2, 6, 10, 14}, {3, 7, 11, 15}});
+  }
+
+  TEST_CASE("dp 2 x tp 8: two nodes of 8, tp inside each, dp across them") {
+    const MeshShape shape{1, 2, 8};
+    check_groups(shape, Axis::tp, {{0, 1, 2, 3, 4, 5, 6, 7}, {8, 9, 10, 11, 12, 13, 14, 15}});
+    check_groups(shape, Axis::dp,
+                 {{0, 8}, {1, 9}, {2, 10}, {3, 11}, {4, 12}, {5, 13}, {6, 14}, {7, 15}});
+    Groups alone;
+    for (int r = 0; r < 16; ++r) alone.push_back({r});
+    check_groups(shape, Axis::pp, alone);
+  }
+
+  TEST_CASE("coords_of: tp fastest, then dp, then pp; rank_of is its inverse") {
+    CHECK(coords_of({2, 2, 2}, 5) == Coords{1, 0, 1});
+    CHECK(coords_of({2, 2, 2}, 6) == Coords{1, 1, 0});
+    CHECK(coords_of({4, 2, 2}, 13) == Coords{3, 0, 1});
+    CHECK(coords_of({2, 3, 4}, 23) == Coords{1, 2, 3});
+    CHECK(coords_of({2, 3, 4}, 4) == Coords{0, 1, 0});
+    for (const MeshShape& s : shapes)
+      for (int r = 0; r < s.ranks(); ++r) {
+        const Coords c = coords_of(s, r);
+        CAPTURE(r);
+        REQUIRE_MESSAGE(
+            (c.pp >= 0 && c.pp < s.pp && c.dp >= 0 && c.dp < s.dp && c.tp >= 0 && c.tp < s.tp),
+            "coords_of(" << r << ") = (" << c.pp << ", " << c.dp << ", " << c.tp
+                         << ") is outside the mesh");
+        // The reference, written independently: rank = (pp * dp + dp_i) * tp + tp_i.
+        REQUIRE_MESSAGE((c.pp * s.dp + c.dp) * s.tp + c.tp == r,
+                        "coords_of(" << r << ") is not where Megatron-LM's order puts it");
+        REQUIRE_MESSAGE(rank_of(s, c) == r, "rank_of(coords_of(" << r << ")) != " << r);
+      }
+  }
+
+  TEST_CASE("every rank is in exactly one group per axis, at its own coordinate") {
+    for (const MeshShape& s : shapes)
+      for (Axis axis : kAxes) {
+        const Groups gs = groups(s, axis);
+        CAPTURE(s.pp);
+        CAPTURE(s.dp);
+        CAPTURE(s.tp);
+        CAPTURE(axis_name(axis));
+        REQUIRE_MESSAGE(
+            static_cast<int>(gs.size()) == s.ranks() / s.size(axis),
+            "there are " << gs.size() << " groups, expected " << s.ranks() / s.size(axis));
+        std::vector<int> seen(static_cast<std::size_t>(s.ranks()), 0);
+        for (const auto& g : gs) {
+          REQUIRE_MESSAGE(static_cast<int>(g.size()) == s.size(axis),
+                          "a group of " << g.size() << " ranks: " << show({g}));
+          for (std::size_t i = 0; i < g.size(); ++i) {
+            REQUIRE(g[i] >= 0);
+            REQUIRE(g[i] < s.ranks());
+            ++seen[static_cast<std::size_t>(g[i])];
+            const Coords c = coords_of(s, g[i]), first = coords_of(s, g[0]);
+            CHECK_MESSAGE(c.at(axis) == static_cast<int>(i),
+                          "rank " << g[i] << " is at place " << i << " of its group " << show({g})
+                                  << " but at coordinate " << c.at(axis));
+            for (Axis other : kAxes)
+              if (other != axis)
+                CHECK_MESSAGE(c.at(other) == first.at(other),
+                              show({g}) << " mixes ranks of different " << axis_name(other));
+          }
+        }
+        for (int r = 0; r < s.ranks(); ++r)
+          CHECK_MESSAGE(
+              seen[static_cast<std::size_t>(r)] == 1,
+              "rank " << r << " is in " << seen[static_cast<std::size_t>(r)] << " groups");
+      }
+  }
+
+  TEST_CASE("f is the identity forward and a sum backward; g the other way round") {
+    for (int n : {1, 2, 3, 4}) {
+      on_ranks(n, [n](Communicator& tp) {
+        const int r = tp.rank();
+        const Tensor mine = randn(3, 5, 10 + static_cast<std::uint64_t>(r));
+        Tensor sum = zeros(3, 5);
+        for (int q = 0; q < n; ++q)
+          axpy(1.0f, randn(3, 5, 10 + static_cast<std::uint64_t>(q)), sum);
+        Tensor t = mine.clone();
+        f_forward(tp, t);
+        check_close(t, mine, 0, 0, "f_forward changed x (it is the identity)");
+        t = mine.clone();
+        f_backward(tp, t);
+        check_close(t, sum, 1e-6f, 1e-6f, "f_backward: dL/dx summed over the tp ranks");
+        t = mine.clone();
+        g_forward(tp, t);
+        check_close(t, sum, 1e-6f, 1e-6f, "g_forward: y summed over the tp ranks");
+        t = mine.clone();
+        g_backward(tp, t);
+        check_close(t, mine, 0, 0, "g_backward changed dL/dy (it is the identity)");
+      });
+    }
+  }
+
+  TEST_CASE("a Megatron MLP block on tp ranks equals the block on one device") {
+    struct Case {
+      int tp;
+      std::int64_t hidden, ffn;
+    };
+    // tp = 1, 2, 4; the last two cut the inner width unevenly (10 over 4: 3, 3, 2, 2).
+    for (const Case c :
+         {Case{1, 6, 24}, Case{2, 6, 24}, Case{4, 8, 32}, Case{4, 6, 10}, Case{3, 5, 7}}) {
+      CAPTURE(c.tp);
+      CAPTURE(c.ffn);
+      const Tensor x = randn(7, c.hidden, 21), dy = randn(7, c.hidden, 22);
+      nn::ParameterStore ref_store;
+      nn::Residual ref = mlp_block(ref_store, "b", c.hidden, c.ffn, 5, 0);
+      ref_store.allocate();
+      nn::Forward rf = ref.forward(x);
+      const Tensor ref_dx = ref.backward(dy, rf.saved);
+      auto& fc1 = dynamic_cast<nn::Linear&>(ref.inner()[0]);
+      auto& fc2 = dynamic_cast<nn::Linear&>(ref.inner()[2]);
+      on_ranks(c.tp, [&](Communicator& tp) {
+        nn::ParameterStore store;
+        nn::Residual block = parallel_mlp(store, tp, "b", c.hidden, c.ffn, 5, 0);
+        store.allocate();
+        nn::Forward f = block.forward(x);
+        const Tensor dx = block.backward(dy, f.saved);
+        check_close(f.out, rf.out, 1e-5f, 1e-5f, "the block's output y");
+        check_close(dx, ref_dx, 1e-5f, 1e-5f, "dL/dx");
+        auto& col = dynamic_cast<ColumnParallelLinear&>(block.inner()[0]);
+        auto& row = dynamic_cast<RowParallelLinear&>(block.inner()[2]);
+        const ShardRange cols = col.columns(), rows = row.rows();
+        const auto part = [&](const Tensor& t) { return shard(t, tp.size(), 1, tp.rank()); };
+        REQUIRE(cols.length == shard_range(c.ffn, tp.size(), tp.rank()).length);
+        check_close(col.local().weight().grad, part(fc1.weight().grad), 1e-5f, 1e-5f,
+                    "dL/dW1: this rank's columns");
+        check_close(col.local().bias()->grad, part(fc1.bias()->grad), 1e-5f, 1e-5f,
+                    "dL/db1: this rank's columns");
+        check_close(row.local().weight().grad, fc2.weight().grad.slice(rows.offset, rows.length),
+                    1e-5f, 1e-5f, "dL/dW2: this rank's rows");
+        check_close(row.bias()->grad, fc2.bias()->grad, 1e-5f, 1e-5f,
+                    "dL/db2 (whole on every rank, the bias added once after g)");
+      });
+    }
+  }
+
+  TEST_CASE("the mesh's communicators hold the groups, each rank at its coordinate") {
+    for (const MeshShape shape : {MeshShape{2, 2, 2}, MeshShape{1, 2, 3}, MeshShape{3, 1, 1}}) {
+      on_ranks(shape.ranks(), [&](Communicator& world) {
+        Mesh mesh(world, shape);
+        CHECK(mesh.coords() == coords_of(shape, world.rank()));
+        for (Axis axis : kAxes) {
+          Communicator& comm = mesh.axis(axis);
+          const std::vector<std::int64_t> members = comm.gather_values(std::int64_t{world.rank()});
+          // The group of this rank, from the reference order written out again here.
+          const Coords me = mesh.coords();
+          std::vector<std::int64_t> want;
+          for (int i = 0; i < shape.size(axis); ++i) {
+            Coords c = me;
+            (axis == Axis::pp ? c.pp : axis == Axis::dp ? c.dp : c.tp) = i;
+            want.push_back((c.pp * shape.dp + c.dp) * shape.tp + c.tp);
+          }
+          CHECK_MESSAGE(members == want, axis_name(axis) << " communicator of rank " << world.rank()
+                                                         << " holds other ranks");
+          CHECK(comm.rank() == me.at(axis));
+        }
+      });
+    }
+  }
+}

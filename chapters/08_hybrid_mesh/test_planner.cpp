@@ -1,0 +1,544 @@
+// Chapter 08's planner against the numbers its papers print, and against the formulas
+// evaluated by hand here (independently of planner.cpp):
+//   - Narayanan et al. 2021 Table 1: every row's parameter column (to its 0.1B), eq. 2 exact
+//     for one row; eq. 3 for one row; eq. 4's ≈34 days (GPT-3 175B, 1024 A100s, 140 TFLOP/s,
+//     300B tokens) and ≈84 days (1T, 3072 GPUs, 163 TFLOP/s, 450B tokens);
+//   - Korthikanti et al. 2022 Figure 1's activation memory per GPU (GiB), as the Calculon
+//     project's validation transcribes it (calculon/llm/validation.py, "seqsel_fig1"): the 1T
+//     model at tp 8, pp 64, b 1 holds 131.25 GiB without and 26.5625 GiB with sequence
+//     parallelism and selective recomputation; the 22B at tp 8, pp 1, b 4, 59.25 and 9.5625;
+//   - Table 2's coefficients, the memory categories, ZeRO's stages and the traffic of each axis
+//     for a small layout by hand; the search; the node crossings against an enumeration of
+//     every group; bad input.
+//
+// Wrong versions this test was checked against (each planted alone in planner.cpp; the
+// first message it failed with, got == want):
+//   eq. 2 without the 13/(12h) term
+//     -> "76.1b: eq. 2 gives 76.0427B, Table 1 prints 76.1B", and "eq. 2 by hand for 1.7b:
+//        1651507200 == 1652226048"
+//   eq. 4 with 6 T P / (n X) when recomputing
+//     -> "GPT-3 175B on 1024 A100s: 25.3755 days, the paper says about 34"
+//   eq. 3 with 72 instead of 96
+//     -> "eq. 3 for the 1.7b row" (1.16001e+16 == 1.54668e+16)
+//   the activations not divided by t (s b h (34 + 5as/h) with tp)
+//     -> "none, sp no, t 2" (9472 == 5376)
+//   1F1B's first stage holding all m microbatches instead of min(p, m)
+//     -> "1T, tp 8, no sp, no recompute" (1050 == 131.25 GiB)
+//   the word embedding not split over tp
+//     -> "stage parameters by hand" (1512 == 1256)
+//   memory_per_gpu passing dp = 1 to ZeRO (no sharding)
+//     -> "ZeRO 1: optimizer / dp" (15072 == 7536)
+//   the search dropping the layouts that do not fit
+//     -> "every valid layout is found: 13 == 35", "the search keeps the layouts that do not fit"
+//   the search sorted slowest first
+//     -> "the search is fastest first: entry 1" (102.396 <= 99.3187)
+//   the search keeping tp within a node (tp <= GPUs per node)
+//     -> "every valid layout is found: 23 == 35", "tp crossing nodes are listed, and marked"
+//   crosses_nodes for tp as tp > GPUs per node (instead of GPUs per node % tp != 0)
+//     -> "tp 2 x dp 1 x pp 2 on nodes of 3: tp crosses"
+//   tp always on NVLink
+//     -> across.tp.seconds == inside's x 300/25 (2.02937 == 24.3525), then "across.total_s()
+//        > inside.total_s()"
+//   the ring sending (n-1)/n instead of 2(n-1)/n
+//     -> "tp bytes by hand" (4096 == 8192)
+//   pp sending both ways from the end stages (pp = 2)
+//     -> "pp bytes, pp 2" (2048 == 1024)
+//   full recomputation with 4 tp allreduces instead of 6
+//     -> "tp bytes with full recomputation" (8192 == 12288)
+//   the bubble p/m instead of (p - 1)/m
+//     -> "bubble (p-1)/m" (0.5 == 0.25)
+//   selective recomputation keeping the 5as/h term
+//     -> "selective, sp no, t 2" (5376 == 2816)
+//   check_layout not checking that pp divides the layers
+//     -> "pp 5 on 96 layers (no exception thrown)"
+#include <doctest/doctest.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "plan_mode.hpp"
+#include "planner.hpp"
+#include "shardlab/check.hpp"
+#include "shardlab/comm_threads.hpp"
+#include "shardlab/launch.hpp"
+
+using namespace ch08;
+using shardlab::UsageError;
+
+namespace {
+
+const ModelSpec& preset(const char* name) {
+  const ModelSpec* m = find_model(name);
+  REQUIRE_MESSAGE(m != nullptr, "no preset " << name);
+  return *m;
+}
+
+const ClusterSpec& a100() { return *find_cluster("a100-80gb"); }
+
+// The small model of the by-hand cases: l 4, h 8, a 4, s 16, V 64.
+ModelSpec tiny() {
+  ModelSpec m;
+  m.name = "tiny";
+  m.layers = 4;
+  m.hidden = 8;
+  m.heads = 4;
+  m.seq = 16;
+  m.vocab = 64;
+  return m;
+}
+
+constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
+
+// Every rank of every group along an axis, as the mesh lays them out, from the rank formula.
+bool any_group_crosses(int dp, int tp, int pp, int axis, int g) {
+  for (int a = 0; a < pp; ++a)
+    for (int d = 0; d < dp; ++d)
+      for (int t = 0; t < tp; ++t) {
+        const int rank = (a * dp + d) * tp + t;
+        // the group's first rank: the coordinate along the axis set to 0
+        const int first = axis == 0 ? d * tp + t : axis == 1 ? a * dp * tp + t : (a * dp + d) * tp;
+        if (rank / g != first / g) return true;
+      }
+  return false;
+}
+
+}  // namespace
+
+TEST_SUITE("ch08 planner") {
+  TEST_CASE("eq. 2 reproduces the parameter column of Narayanan et al. 2021 Table 1, every row") {
+    struct Row {
+      const char* name;
+      int heads, hidden, layers;
+      double billions;  // as printed
+    };
+    const Row table_1[] = {{"1.7b", 24, 2304, 24, 1.7},        {"3.6b", 32, 3072, 30, 3.6},
+                           {"7.5b", 32, 4096, 36, 7.5},        {"18.4b", 48, 6144, 40, 18.4},
+                           {"39.1b", 64, 8192, 48, 39.1},      {"76.1b", 80, 10240, 60, 76.1},
+                           {"145.6b", 96, 12288, 80, 145.6},   {"310.1b", 128, 16384, 96, 310.1},
+                           {"529.6b", 128, 20480, 105, 529.6}, {"1t", 160, 25600, 128, 1008.0}};
+    for (const Row& row : table_1) {
+      const ModelSpec& m = preset(row.name);
+      CHECK_MESSAGE((m.heads == row.heads && m.hidden == row.hidden && m.layers == row.layers &&
+                     m.seq == 2048 && m.vocab == 51200),
+                    std::string(row.name) << ": the preset's shape differs from Table 1's");
+      const double billions = parameters(m) / 1e9;
+      CHECK_MESSAGE(std::fabs(billions - row.billions) < 0.05,
+                    std::string(row.name) << ": eq. 2 gives " << billions << "B, Table 1 prints "
+                                          << row.billions << "B");
+    }
+    // Exactly, for one row: 12 l h^2 + 13 l h + (V + s) h with l 24, h 2304.
+    const double by_hand = 12.0 * 24 * 2304 * 2304 + 13.0 * 24 * 2304 + (51200.0 + 2048) * 2304;
+    CHECK(by_hand == 1652226048.0);
+    CHECK_MESSAGE(parameters(preset("1.7b")) == doctest::Approx(by_hand).epsilon(1e-13),
+                  "eq. 2 by hand for 1.7b: " << std::llround(parameters(preset("1.7b")))
+                                             << " == " << std::llround(by_hand));
+    CHECK(parameters(preset("gpt3-175b")) / 1e9 == doctest::Approx(174.6).epsilon(3e-4));
+  }
+
+  TEST_CASE("eq. 3 for one row of Table 1, by hand; step_flops without recomputation") {
+    // 1.7b, B = 512: 96 B s l h^2 + 16 B s^2 l h + 6 B s h V = 15466830067924992.
+    const ModelSpec& m = preset("1.7b");
+    CHECK_MESSAGE(
+        flops_per_iteration(m, 512) == doctest::Approx(15466830067924992.0).epsilon(1e-13),
+        "eq. 3 for the 1.7b row");
+    CHECK(step_flops(m, 512, Recompute::full) == flops_per_iteration(m, 512));
+    // 72 B s l h^2 + 12 B s^2 l h + 6 B s h V; selective adds 4 B s^2 h l.
+    CHECK(step_flops(m, 512, Recompute::none) ==
+          doctest::Approx(11785665138130944.0).epsilon(1e-13));
+    CHECK(step_flops(m, 512, Recompute::selective) ==
+          doctest::Approx(12260654161330176.0).epsilon(1e-13));
+  }
+
+  TEST_CASE("eq. 4 reproduces the paper's 34 days for GPT-3 175B and 84 for the 1T model") {
+    const double gpt3 = training_days(parameters(preset("gpt3-175b")), 300e9, 1024, 140e12, true);
+    CHECK_MESSAGE(std::fabs(gpt3 - 34) < 0.5,
+                  "GPT-3 175B on 1024 A100s: " << gpt3 << " days, the paper says about 34");
+    const double one_t = training_days(parameters(preset("1t")), 450e9, 3072, 163e12, true);
+    CHECK_MESSAGE(std::fabs(one_t - 84) < 0.5,
+                  "1T on 3072 A100s: " << one_t << " days, the paper says about 84");
+    // Without recomputation 6 T P / (n X): 3/4 of it. In seconds, 86400 a day.
+    CHECK(training_days(1e9, 1e9, 1, 1e12, false) == doctest::Approx(6e6 / 86400));
+    CHECK(training_seconds(1e9, 1e9, 1, 1e12, true) == doctest::Approx(8e6));
+  }
+
+  TEST_CASE("Korthikanti et al. Table 2's coefficients, per layer and microbatch, by hand") {
+    // tiny: s b h = 16 x 1 x 8 = 128, 5 a s / h = 5 x 4 x 16 / 8 = 40, t = 2.
+    const ModelSpec m = tiny();
+    struct Case {
+      Recompute r;
+      bool sp;
+      int tp;
+      double bytes;
+    };
+    const Case cases[] = {
+        {Recompute::none, false, 1, 128 * (34 + 40)},       // no parallelism
+        {Recompute::none, false, 2, 128 * (10 + 12 + 20)},  // 10 + 24/t + 5as/(ht)
+        {Recompute::none, true, 2, 128 * (17 + 20)},        // 34/t + 5as/(ht)
+        {Recompute::selective, false, 2, 128 * (10 + 12)},  // 10 + 24/t
+        {Recompute::selective, true, 2, 128 * 17},          // 34/t
+        {Recompute::full, false, 2, 128 * 2},               // 2 s b h
+        {Recompute::full, true, 2, 128},                    // 2 s b h / t
+        {Recompute::selective, false, 1, 128 * 34},         // t = 1: 34
+    };
+    for (const Case& c : cases)
+      CHECK_MESSAGE(activation_bytes_per_layer(m, 1, c.tp, c.sp, c.r) == c.bytes,
+                    recompute_name(c.r)
+                        << ", sp " << std::string(c.sp ? "yes" : "no") << ", t " << c.tp);
+    CHECK(activation_bytes_per_layer(m, 3, 2, false, Recompute::none) == 3 * 128 * 42);
+  }
+
+  TEST_CASE("Korthikanti et al. Figure 1: the first stage's activations for 1T and 22B") {
+    // 1T (Table 3): tp 8, pp 64, b 1, B = 512 on 512 GPUs: dp 1, m = 512 >= p.
+    Layout L{.dp = 1, .tp = 8, .pp = 64, .microbatches = 512, .recompute = Recompute::none};
+    CHECK_MESSAGE(memory_per_gpu(preset("1t"), L).activations / GiB == doctest::Approx(131.25),
+                  "1T, tp 8, no sp, no recompute");
+    L.sequence_parallel = true;
+    L.recompute = Recompute::selective;
+    CHECK_MESSAGE(memory_per_gpu(preset("1t"), L).activations / GiB == doctest::Approx(26.5625),
+                  "1T, tp 8, sp + selective");
+    // 22B: tp 8, pp 1, b 4, B = 4: one microbatch through its 48 layers.
+    Layout K{.dp = 1,
+             .tp = 8,
+             .pp = 1,
+             .microbatches = 1,
+             .microbatch_size = 4,
+             .recompute = Recompute::none};
+    CHECK_MESSAGE(memory_per_gpu(preset("22b"), K).activations / GiB == doctest::Approx(59.25),
+                  "22B, tp 8, b 4, no sp, no recompute");
+    K.sequence_parallel = true;
+    K.recompute = Recompute::selective;
+    CHECK_MESSAGE(memory_per_gpu(preset("22b"), K).activations / GiB == doctest::Approx(9.5625),
+                  "22B, tp 8, b 4, sp + selective");
+  }
+
+  TEST_CASE("memory by category for one layout by hand, and what each ZeRO stage shrinks") {
+    // tiny on dp 2 x tp 2 x pp 2, m 4, b 1, no recomputation. The first stage: 2 layers of
+    // 12 h^2 + 13 h = 872, over t = 2: 872; embeddings V h / t = 256 and s h = 128: 1256.
+    const ModelSpec m = tiny();
+    CHECK_MESSAGE(stage_parameters(m, 2, 2) == 1256, "stage parameters by hand");
+    CHECK(stage_parameters(m, 1, 1) == doctest::Approx(parameters(m)));
+    Layout L{.dp = 2, .tp = 2, .pp = 2, .microbatches = 4, .recompute = Recompute::none};
+    MemoryEstimate e = memory_per_gpu(m, L);
+    CHECK(e.params == 2 * 1256);
+    CHECK(e.grads == 2 * 1256);
+    CHECK(e.optimizer == 12 * 1256);
+    // 128 (10 + 12 + 20) = 5376 a layer, x 2 layers x min(p = 2, m = 4) microbatches.
+    CHECK(e.activations == 5376 * 2 * 2);
+    CHECK(e.total() == 2512 + 2512 + 15072 + 21504);
+    L.microbatches = 8;
+    CHECK_MESSAGE(memory_per_gpu(m, L).activations == 21504, "activations, m = 8");
+    L.microbatches = 1;
+    CHECK_MESSAGE(memory_per_gpu(m, L).activations == 10752, "activations, m = 1");
+    L.microbatches = 4;
+    L.zero = 1;
+    e = memory_per_gpu(m, L);
+    CHECK_MESSAGE(e.optimizer == 7536, "ZeRO 1: optimizer / dp");
+    CHECK((e.params == 2512 && e.grads == 2512 && e.activations == 21504));
+    L.zero = 2;
+    e = memory_per_gpu(m, L);
+    CHECK_MESSAGE((e.grads == 1256 && e.optimizer == 7536 && e.params == 2512), "ZeRO 2");
+    L.zero = 3;
+    e = memory_per_gpu(m, L);
+    CHECK_MESSAGE((e.params == 1256 && e.grads == 1256 && e.optimizer == 7536), "ZeRO 3");
+    CHECK(e.activations == 21504);  // ZeRO never touches activations
+  }
+
+  TEST_CASE("each axis's bytes, time, and the bubble for one layout by hand") {
+    // b s h = 128 values = 256 bytes. tp: 2 layers x 4 microbatches x 4 allreduces x
+    // 2 (t-1)/t = 1 x 256 = 8192. dp: 2 (d-1)/d x 1256 x 2 bytes = 2512. pp (2 stages):
+    // one direction a microbatch, 4 x 256 = 1024.
+    const ModelSpec m = tiny();
+    ClusterSpec c = a100();
+    c.achieved_tflops = 1e-9;  // 1000 FLOP/s
+    c.gpus_per_node = 8;
+    Layout L{.dp = 2, .tp = 2, .pp = 2, .microbatches = 4, .recompute = Recompute::none};
+    StepEstimate st = step_time(m, c, L);
+    CHECK_MESSAGE(st.tp.bytes == 8192, "tp bytes by hand");
+    CHECK(st.dp.bytes == 2512);
+    CHECK_MESSAGE(st.pp.bytes == 1024, "pp bytes, pp 2");
+    CHECK((!st.tp.crosses_nodes && !st.dp.crosses_nodes && !st.pp.crosses_nodes));
+    CHECK(st.tp.seconds == doctest::Approx(8192 / 300e9));
+    CHECK(st.flops == step_flops(m, 8, Recompute::none));
+    CHECK(st.compute_s == doctest::Approx(st.flops / (8 * 1000.0)));
+    CHECK_MESSAGE(st.bubble_fraction == 0.25, "bubble (p-1)/m");
+    CHECK(st.bubble_s == doctest::Approx(0.25 * st.compute_s));
+    CHECK(st.total_s() ==
+          doctest::Approx(st.compute_s * 1.25 + st.tp.seconds + st.dp.seconds + st.pp.seconds));
+    L.recompute = Recompute::full;
+    CHECK_MESSAGE(step_time(m, c, L).tp.bytes == 12288, "tp bytes with full recomputation");
+    L.recompute = Recompute::none;
+    L.zero = 3;
+    CHECK(step_time(m, c, L).dp.bytes == 3768);  // 3 (d-1)/d x 1256 x 2
+    L.zero = 0;
+    L.sequence_parallel = true;
+    st = step_time(m, c, L);
+    CHECK((st.tp.bytes == 8192 && st.pp.bytes == 512));  // as much tp; pp / t
+    // An inner stage of 4 (1 layer each, on 16 GPUs) sends both ways: 2 x 4 x 256.
+    L = {.dp = 2, .tp = 2, .pp = 4, .microbatches = 4, .recompute = Recompute::none};
+    st = step_time(m, c, L);
+    CHECK(st.pp.bytes == 2048);
+    CHECK(st.pp.crosses_nodes);  // 16 GPUs on nodes of 8
+    CHECK(ring_allreduce_bytes(100, 1) == 0);
+    CHECK(ring_allreduce_bytes(100, 4) == 150);
+  }
+
+  TEST_CASE("node crossings equal an enumeration of every group of every axis") {
+    for (int g : {1, 2, 3, 4, 6, 8, 16})
+      for (int dp = 1; dp <= 8; ++dp)
+        for (int tp = 1; tp <= 8; ++tp)
+          for (int pp = 1; pp <= 8; ++pp) {
+            if (dp * tp * pp > 96) continue;
+            const NodeCrossings c = crosses_nodes({.dp = dp, .tp = tp, .pp = pp}, g);
+            const std::string mesh = "tp " + std::to_string(tp) + " x dp " + std::to_string(dp) +
+                                     " x pp " + std::to_string(pp) + " on nodes of " +
+                                     std::to_string(g);
+            CHECK_MESSAGE(c.tp == any_group_crosses(dp, tp, pp, 2, g), mesh << ": tp crosses");
+            CHECK_MESSAGE(c.dp == any_group_crosses(dp, tp, pp, 1, g), mesh << ": dp crosses");
+            CHECK_MESSAGE(c.pp == any_group_crosses(dp, tp, pp, 0, g), mesh << ": pp crosses");
+          }
+  }
+
+  TEST_CASE("a tp group that crosses nodes takes the network and is slower than inside one") {
+    const ModelSpec& m = preset("gpt3-175b");
+    ClusterSpec c = a100();
+    const Layout L{.dp = 8, .tp = 8, .pp = 16, .microbatches = 192};
+    const StepEstimate inside = step_time(m, c, L);
+    c.gpus_per_node = 4;
+    const StepEstimate across = step_time(m, c, L);
+    CHECK(!inside.tp.crosses_nodes);
+    CHECK_MESSAGE(across.tp.crosses_nodes, "tp 8 on nodes of 4 takes the network");
+    CHECK(across.tp.bytes == inside.tp.bytes);
+    CHECK(across.tp.seconds == doctest::Approx(inside.tp.seconds * 300 / 25));
+    CHECK(across.total_s() > inside.total_s());
+  }
+
+  TEST_CASE("the search: every valid layout, fastest first, the misfits kept and marked") {
+    const ModelSpec& m = preset("gpt3-175b");
+    const SearchSpec spec{.gpus = 1024, .batch = 1536, .recompute = Recompute::selective};
+    const std::vector<Candidate> found = search(m, a100(), spec);
+    // Independently: every (dp, tp, pp) with product 1024 that the rules allow.
+    std::set<std::vector<int>> want, got;
+    for (int tp = 1; tp <= 1024; ++tp)
+      for (int pp = 1; pp <= 1024; ++pp) {
+        if (1024 % (tp * pp)) continue;
+        const int dp = 1024 / (tp * pp);
+        if (96 % tp == 0 && 12288 % tp == 0 && 96 % pp == 0 && 1536 % dp == 0)
+          want.insert({dp, tp, pp, 1536 / dp});
+      }
+    for (const Candidate& k : found) {
+      const Layout& L = k.layout;
+      got.insert({L.dp, L.tp, L.pp, L.microbatches});
+      CHECK(L.gpus() == 1024);
+      CHECK(L.batch() == 1536);
+      CHECK((m.heads % L.tp == 0 && m.hidden % L.tp == 0 && m.layers % L.pp == 0));
+      CHECK((L.zero == 0 && L.recompute == Recompute::selective && L.microbatch_size == 1));
+      CHECK(k.memory.total() == memory_per_gpu(m, L).total());
+      CHECK(k.step.total_s() == step_time(m, a100(), L).total_s());
+      CHECK(k.fits == (k.memory.total() <= 80e9));
+    }
+    CHECK_MESSAGE(got == want,
+                  "every valid layout is found: " << got.size() << " == " << want.size());
+    CHECK(got.size() == found.size());
+    for (std::size_t i = 1; i < found.size(); ++i)
+      CHECK_MESSAGE(found[i - 1].step.total_s() <= found[i].step.total_s(),
+                    "the search is fastest first: entry " << i);
+    const auto misfits = std::count_if(found.begin(), found.end(), [](auto& k) { return !k.fits; });
+    CHECK_MESSAGE(misfits > 0, "the search keeps the layouts that do not fit");
+    CHECK(misfits < std::ptrdiff_t(found.size()));
+    CHECK_MESSAGE(std::any_of(found.begin(), found.end(),
+                              [](auto& k) { return k.layout.tp > 8 && k.crossings.tp; }),
+                  "tp crossing nodes are listed, and marked");
+  }
+
+  TEST_CASE("the plan's defaults: the seeds' layouts and the paper's runs") {
+    const ResolvedPlan gpt3 = resolve_plan({});
+    CHECK(gpt3.model.name == "gpt3-175b");
+    CHECK(gpt3.gpus == 1024);
+    CHECK((gpt3.layout.dp == 8 && gpt3.layout.tp == 8 && gpt3.layout.pp == 16));
+    CHECK((gpt3.layout.microbatches == 192 && gpt3.layout.batch() == 1536));
+    CHECK((gpt3.cluster.achieved_tflops == 140 && gpt3.tokens == 300e9));
+    PlanSettings s;
+    s.model = "1t";
+    const ResolvedPlan one_t = resolve_plan(s);
+    CHECK(one_t.gpus == 3072);
+    CHECK((one_t.layout.dp == 6 && one_t.layout.tp == 8 && one_t.layout.pp == 64));
+    CHECK((one_t.cluster.achieved_tflops == 163 && one_t.tokens == 450e9));
+    s.cluster = "h100-80gb";  // the run's X was on A100s: the cluster's own
+    CHECK(resolve_plan(s).cluster.achieved_tflops == 400);
+    s = {};
+    s.tp = 4;  // dp follows: 1024 / (4 x 16)
+    CHECK(resolve_plan(s).layout.dp == 16);
+    s = {};
+    s.search = true;  // the search's fastest that fits
+    const ResolvedPlan searched = resolve_plan(s);
+    CHECK(!searched.candidates.empty());
+    const auto first_fit = std::find_if(searched.candidates.begin(), searched.candidates.end(),
+                                        [](auto& k) { return k.fits; });
+    REQUIRE(first_fit != searched.candidates.end());
+    CHECK(searched.layout.dp == first_fit->layout.dp);
+    CHECK(searched.layout.tp == first_fit->layout.tp);
+    CHECK(searched.layout.pp == first_fit->layout.pp);
+  }
+
+  TEST_CASE("the flags: quantities parse, absurd ones are refused") {
+    PlanSettings s;
+    CLI::App app;
+    add_plan_options(app, s);
+    app.parse(std::vector<std::string>{"2^10", "--gpus", "450B", "--tokens"});  // reversed argv
+    CHECK(s.gpus == 1024);
+    CHECK(s.tokens == 450e9);
+    for (const char* bad : {"1e12", "0", "-8", "nan"}) {
+      PlanSettings t;
+      CLI::App other;
+      add_plan_options(other, t);
+      CHECK_THROWS_AS(other.parse(std::vector<std::string>{bad, "--gpus"}), CLI::ParseError);
+    }
+    std::set<std::string> registered;
+    for (const CLI::Option* o : app.get_options()) registered.insert(o->get_name());
+    for (const std::string& flag : plan_flags()) CHECK_MESSAGE(registered.count(flag), flag);
+    for (const char* theirs : {"--dp", "--tp", "--pp", "--microbatches", "--plan", "--json"})
+      CHECK_MESSAGE(!registered.count(theirs), std::string(theirs) << " is the program's");
+  }
+
+  TEST_CASE("bad input is a UsageError of one line") {
+    const auto refused = [](const PlanSettings& s, const std::string& what) {
+      bool threw = false;
+      try {
+        validate_plan(s);
+      } catch (const UsageError& e) {
+        threw = true;
+        CHECK_MESSAGE(std::string(e.what()).find('\n') == std::string::npos, what);
+        CHECK_MESSAGE(!std::string(e.what()).empty(), what);
+      }
+      CHECK_MESSAGE(threw, what << " (no exception thrown)");
+    };
+    PlanSettings s;
+    s.tp = 5;
+    s.gpus = 1280;
+    refused(s, "tp 5 on 96 heads");
+    s = {};
+    s.pp = 5;
+    s.gpus = 640;
+    refused(s, "pp 5 on 96 layers");
+    s = {};
+    s.dp = 4;
+    s.gpus = 1024;
+    refused(s, "dp 4 x tp 8 x pp 16 on 1024 GPUs");
+    s = {};
+    s.gpus = 1e12;
+    refused(s, "1e12 GPUs");
+    s.gpus = 1000;
+    refused(s, "1000 GPUs: tp x pp does not divide them");
+    s.gpus = 2.5;
+    refused(s, "2.5 GPUs");
+    s = {};
+    s.dp = 1 << 20;
+    refused(s, "2^20 x 8 x 16 GPUs");
+    s = {};
+    s.model = "gpt5";
+    refused(s, "an unknown model");
+    s = {};
+    s.cluster = "tpu-v9";
+    refused(s, "an unknown cluster");
+    s = {};
+    s.layers = -4;
+    refused(s, "negative layers");
+    s = {};
+    s.hidden = 1000;  // 96 heads
+    refused(s, "h not a multiple of a");
+    s = {};
+    s.model = "custom";
+    s.layers = 32;
+    refused(s, "custom without --hidden and --heads");
+    s.hidden = 4096;
+    s.heads = 32;
+    refused(s, "custom without --gpus");
+    s.gpus = 64;
+    refused(s, "custom without --batch");
+    s.batch = 512;
+    CHECK_NOTHROW(validate_plan(s));
+    s = {};
+    s.batch = 1004;  // dp 8
+    refused(s, "a batch of 1004 on dp 8");
+    s.batch = 1536;
+    s.microbatches = 100;
+    refused(s, "--batch 1536 against 8 x 100 x 1");
+    s = {};
+    s.achieved_tflops = 400;
+    refused(s, "X above the A100's peak");
+    s = {};
+    s.zero = 4;
+    refused(s, "ZeRO 4");
+    s = {};
+    s.recompute = "some";
+    refused(s, "recompute some");
+    s = {};
+    s.gpu_memory_gb = -1;
+    refused(s, "negative memory");
+    s = {};
+    s.microbatch_size = 0;
+    refused(s, "b = 0");
+    s = {};
+    s.search = true;
+    s.gpus = 1009;  // prime: no dp divides the batch, no tp the heads, no pp the layers
+    refused(s, "--search on 1009 GPUs");
+    CHECK_THROWS_AS(search(preset("1t"), a100(), {.gpus = 1'000'000'000'000, .batch = 8}),
+                    UsageError);
+    CHECK_THROWS_AS(check_layout(preset("gpt3-175b"), {.dp = 8, .tp = 8, .pp = 0}, 0), UsageError);
+    CHECK_THROWS_AS(parse_recompute("partial"), UsageError);
+  }
+
+  TEST_CASE("report_plan fills the JSON without communicating; a misfit is a result") {
+    const auto report = [](const PlanSettings& s) {
+      shardlab::Options options;
+      options.quiet = true;
+      nlohmann::json out;
+      std::vector<std::uint64_t> calls(2);
+      shardlab::run_threads(2, [&](shardlab::Communicator& comm) {
+        shardlab::Context ctx(comm, options);
+        report_plan(ctx, s);  // on every rank; rank 0 writes the JSON
+        if (comm.rank() == 0) out = ctx.json();
+        calls[std::size_t(comm.rank())] = comm.stats().total().calls;
+      });
+      CHECK_MESSAGE((calls[0] == 0 && calls[1] == 0), "report_plan communicated");
+      return out;
+    };
+    PlanSettings s;
+    s.search = true;
+    s.tp = 8;
+    s.pp = 16;
+    const nlohmann::json j = report(s);
+    const ResolvedPlan p = resolve_plan(s);
+    CHECK(j["params"].get<double>() == parameters(p.model));
+    CHECK(j["flops_per_iteration"].get<double>() == flops_per_iteration(p.model, 1536));
+    CHECK(j["training_days"].get<double>() == doctest::Approx(33.834).epsilon(1e-4));
+    const MemoryEstimate mem = memory_per_gpu(p.model, p.layout);
+    CHECK(j["memory_per_gpu_bytes"]["total"].get<double>() == mem.total());
+    CHECK(j["memory_per_gpu_bytes"]["activations"].get<double>() == mem.activations);
+    CHECK(j["fits"].get<bool>());
+    const StepEstimate st = step_time(p.model, p.cluster, p.layout);
+    CHECK(j["communication_bytes"]["tp"].get<double>() == st.tp.bytes);
+    CHECK(j["communication_time_s"]["pp"].get<double>() == st.pp.seconds);
+    CHECK(j["bubble_fraction"].get<double>() == doctest::Approx(15.0 / 192));
+    CHECK(j["step_time_s"].get<double>() == st.total_s());
+    REQUIRE(j["search"].is_array());
+    CHECK(j["search"].size() == p.candidates.size());
+    for (const char* key :
+         {"dp", "tp", "pp", "microbatches", "step_time_s", "memory_per_gpu_bytes", "fits"})
+      CHECK_MESSAGE(j["search"][0].contains(key), std::string(key));
+    REQUIRE(j["seed_layouts"].size() == 2);
+    CHECK(j["seed_layouts"][0]["gpus"].get<int>() == 3072);
+    CHECK(j["seed_layouts"][1]["gpus"].get<int>() == 1024);
+
+    PlanSettings tight;
+    tight.gpu_memory_gb = 10;
+    const nlohmann::json misfit = report(tight);
+    CHECK(!misfit["fits"].get<bool>());
+    CHECK(misfit["memory_per_gpu_bytes"]["total"].get<double>() > 10e9);
+  }
+}
