@@ -113,7 +113,8 @@ void add_plan_options(CLI::App& cli, PlanSettings& s) {
       ->capture_default_str();
   cli.add_option("--layers", s.layers, "plan: layers l (custom, or to change the preset's)")
       ->check(sc::between(1, 1e5));
-  cli.add_option("--hidden", s.hidden, "plan: hidden size h")->check(sc::between(1, 1e6));
+  cli.add_option("--hidden", s.hidden, "hidden size h (the run: 16; --plan: the model's)")
+      ->check(sc::between(1, 1e6));
   cli.add_option("--heads", s.heads, "plan: attention heads a")->check(sc::between(1, 1e5));
   cli.add_option("--seq", s.seq, "plan: sequence length s (preset: 2048)")
       ->transform(sc::quantity())
@@ -130,7 +131,8 @@ void add_plan_options(CLI::App& cli, PlanSettings& s) {
   cli.add_option("--tokens", s.tokens, "plan: training tokens T (300B; default: the preset's)")
       ->transform(sc::quantity())
       ->check(sc::between(1, 1e16));
-  cli.add_option("--batch", s.batch, "plan: global batch B in sequences (default: the preset's)")
+  cli.add_option("--batch", s.batch,
+                 "global batch B (the run: 32 rows; --plan: sequences, the preset's)")
       ->transform(sc::quantity())
       ->check(sc::between(1, INT_MAX));
   cli.add_option("--microbatch-size", s.microbatch_size, "plan: microbatch size b")
@@ -141,9 +143,9 @@ void add_plan_options(CLI::App& cli, PlanSettings& s) {
       ->check(sc::between(1e-3, 1e6));
   cli.add_option("--gpu-memory-gb", s.gpu_memory_gb, "plan: GB (1e9 bytes) a GPU (default: 80)")
       ->check(sc::between(1e-3, 1e6));
-  cli.add_option("--gpus-per-node", s.gpus_per_node, "plan: GPUs a node (default: 8)")
+  cli.add_option("--gpus-per-node", s.gpus_per_node, "GPUs a node (--layout, --plan; default: 8)")
       ->check(sc::between(1, 1 << 20));
-  cli.add_option("--zero", s.zero, "plan: ZeRO stage over dp (0-3)")
+  cli.add_option("--zero", s.zero, "ZeRO stage over dp (the run: 0 or 1; --plan: 0-3)")
       ->check(sc::between(0, 3))
       ->capture_default_str();
   cli.add_option("--recompute", s.recompute, "plan: activation recomputation")
