@@ -1,13 +1,16 @@
 // Chapter 08 tests: compiled against the solution (must pass) and the exercise stubs (every
 // case must fail). The mesh against Megatron-LM's documented example and a second mesh
 // written out by hand; f and g on their own; a Megatron MLP block made of them against the
-// same block on one device; the 3-D mesh's communicators on real ranks.
+// same block on one device; the 3-D mesh's communicators on real ranks; and last the 3-D
+// training on them (on the learner's chapters 02, 04 and 05 in the learner build: a stub
+// there is named by `make check` as the chapter to do first).
 //
 // Wrong versions these tests were checked against (each fails with the message shown):
 //   - axis order swapped (pp fastest, as a (tp, dp, pp) grid): "tp groups of 16 ranks,
 //     tp 2, pp 4" lists [0, 8] where Megatron-LM lists [0, 1];
-//   - dp and tp swapped in coords_of (dp fastest): the tp groups become [0, 2], ...;
-//   - rank_of with the dp stride tp * pp: "rank_of(coords_of(r)) != r";
+//   - dp and tp swapped in coords_of (dp fastest): the pp groups come in another order,
+//     and the mesh refuses to start ("rank_of(coords_of(1)) is 2, not 1");
+//   - rank_of with the dp stride tp * pp: the tp groups list [0, 1] [8, 9] [4, 5] ...;
 //   - groups ordered by rank within but the groups in another order (by last rank): the
 //     listed groups differ; a group built with the axis' size off by one: a group of 1
 //     rank too few (the dropped last member);
@@ -21,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "hybrid.hpp"
 #include "mesh.hpp"
 #include "shardlab/testing.hpp"
 #include "tensor_parallel.hpp"
@@ -221,6 +225,36 @@ TEST_SUITE("ch08 mesh") {
                                                          << " holds other ranks");
           CHECK(comm.rank() == me.at(axis));
         }
+      });
+    }
+  }
+  // Last, so that your own chapter's stubs are named first: the 3-D training runs on your
+  // mesh and your f and g, and on the chapters below (in the learner build, your chapter
+  // 02 sync, your 1F1B and your ZeRO-1 step).
+  TEST_CASE("3-D training on your mesh (and your chapters 02, 04, 05) equals one device") {
+    for (const int zero : {0, 1}) {
+      HybridConfig c;
+      c.mesh = {2, 2, 2};
+      c.blocks = 4;
+      c.hidden = 8;
+      c.ffn = 24;
+      c.batch = 16;
+      c.steps = 2;
+      c.zero = zero;
+      CAPTURE(zero);
+      Reference ref;
+      train_reference(c, ref);
+      on_ranks(8, [&](Communicator& world) {
+        Mesh mesh(world, c.mesh);
+        HybridModel model(mesh, c, Memory::host);
+        const HybridRun run = train_hybrid(mesh, model, c, Memory::host);
+        for (std::size_t t = 0; t < run.loss.size(); ++t)
+          CHECK_MESSAGE(std::abs(run.loss[t] - ref.loss[t]) <= 1e-5,
+                        "step " << t + 1 << "'s loss: " << run.loss[t] << " on the mesh, "
+                                << ref.loss[t] << " on one device");
+        CHECK_MESSAGE(model.max_weight_diff(ref.model) <= 1e-5,
+                      "rank " << world.rank() << "'s weights differ from one device's by "
+                              << model.max_weight_diff(ref.model));
       });
     }
   }
