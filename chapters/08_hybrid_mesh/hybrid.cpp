@@ -2,6 +2,7 @@
 #include "hybrid.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "grad_sync.hpp"
 #include "shardlab/check.hpp"
@@ -24,6 +25,11 @@ shardlab::toy::Teacher teacher_of(const HybridConfig& c) {
                                 c.seed * 7919 + 8);
 }
 
+/// GPT-2's scaling of each residual branch's output projection: 1/sqrt(L).
+float residual_scale(const HybridConfig& c) {
+  return 1.0f / std::sqrt(static_cast<float>(c.blocks));
+}
+
 std::uint64_t sent_since(Communicator& comm, const CommStats& before) {
   return comm.stats().since(before).total().bytes_sent;
 }
@@ -42,6 +48,7 @@ MeshShape settle_mesh(int dp, int tp, int pp, int ranks) {
 
 void check_config(const HybridConfig& c) {
   const MeshShape& m = c.mesh;
+  shardlab::require_usage(!(c.sgd && c.zero), "--sgd keeps no state for ZeRO-1 to shard");
   shardlab::require_usage(
       c.blocks % m.pp == 0,
       "--pp " + std::to_string(m.pp) + " must divide the " + std::to_string(c.blocks) + " blocks");
@@ -51,6 +58,18 @@ void check_config(const HybridConfig& c) {
                           "--batch must give every replica's microbatches a row: at least "
                           "dp x m = " +
                               std::to_string(m.dp * c.microbatches));
+}
+
+std::string describe(const HybridConfig& c, std::string_view backend) {
+  const MeshShape& m = c.mesh;
+  return std::to_string(c.blocks) + " Megatron MLP blocks (h " + std::to_string(c.hidden) + ", f " +
+         std::to_string(c.ffn) + ") on pp x dp x tp = " + std::to_string(m.pp) + " x " +
+         std::to_string(m.dp) + " x " + std::to_string(m.tp) + " (" + std::string(backend) + "), " +
+         c.schedule + ", " + std::to_string(c.microbatches) + " microbatches, " +
+         (c.zero  ? "ZeRO-1"
+          : c.sgd ? "GradSync + SGD"
+                  : "GradSync + Adam") +
+         "; batch " + std::to_string(c.batch);
 }
 
 double run_bytes(const HybridConfig& c) {
@@ -85,8 +104,9 @@ HybridModel::HybridModel(Mesh& mesh, const HybridConfig& c, Memory memory) {
   const int per_stage = c.blocks / c.mesh.pp;
   first_ = mesh.coords().pp * per_stage;
   for (int b = first_; b < first_ + per_stage; ++b)
-    chunk_.add(std::make_shared<nn::Residual>(
-        parallel_mlp(store_, mesh.tp(), "block" + std::to_string(b), c.hidden, c.ffn, c.seed, b)));
+    chunk_.add(std::make_shared<nn::Residual>(parallel_mlp(store_, mesh.tp(),
+                                                           "block" + std::to_string(b), c.hidden,
+                                                           c.ffn, c.seed, b, residual_scale(c))));
   store_.allocate(memory);
 }
 
@@ -103,7 +123,7 @@ double HybridModel::max_weight_diff(nn::Sequential& reference) {
     const auto cols = col.columns();
     const auto rows = row.rows();
     auto diff = [&](const Tensor& got, const Tensor& want) {
-      worst = std::max(worst, shardlab::max_abs_diff(got.to(Memory::host), want));
+      worst = nan_max(worst, shardlab::max_abs_diff(got.to(Memory::host), want));
     };
     auto column_slice = [&](const Tensor& t) {
       Tensor out(t.rows(), cols.length);
@@ -145,7 +165,7 @@ HybridRun train_hybrid(Mesh& mesh, HybridModel& model, const HybridConfig& c, Me
       // Each rank's loss is already its rows' share of the global batch's mean: the sync
       // adds the replicas' gradients up (weight 1).
       sync->set_batch(1, 1);
-      adam = std::make_unique<nn::Adam>(store.size(), c.adam, memory);
+      if (!c.sgd) adam = std::make_unique<nn::Adam>(store.size(), c.adam, memory);
     }
     run.optimizer_bytes = states.usage().live(memory::Category::optimizer) +
                           states.usage().live(memory::Category::master);
@@ -188,7 +208,10 @@ HybridRun train_hybrid(Mesh& mesh, HybridModel& model, const HybridConfig& c, Me
       zero->step();
     } else {
       sync->finish();
-      adam->step(store.values(), store.grads());
+      if (adam)
+        adam->step(store.values(), store.grads());
+      else
+        nn::sgd_step(store.values(), store.grads(), c.adam.lr);
     }
     run.bytes = {sent_since(mesh.tp(), tp0), sent_since(mesh.dp(), dp0), ran.bytes_sent};
     run.events = ch04::gather_events(mesh.pp(), ran.events);  // every stage's (uncounted)
@@ -199,20 +222,37 @@ HybridRun train_hybrid(Mesh& mesh, HybridModel& model, const HybridConfig& c, Me
   return run;
 }
 
-void train_reference(const HybridConfig& c, Reference& out) {
+void train_reference(const HybridConfig& c, Reference& out, bool in_pieces) {
   for (int b = 0; b < c.blocks; ++b)
-    out.model.add(std::make_shared<nn::Residual>(
-        mlp_block(out.store, "block" + std::to_string(b), c.hidden, c.ffn, c.seed, b)));
+    out.model.add(std::make_shared<nn::Residual>(mlp_block(
+        out.store, "block" + std::to_string(b), c.hidden, c.ffn, c.seed, b, residual_scale(c))));
   out.store.allocate();
   nn::Adam adam(out.store.size(), c.adam);
   const shardlab::toy::Teacher teacher = teacher_of(c);
+  const auto B = static_cast<double>(c.batch);
   for (int step = 0; step < c.steps; ++step) {
     const shardlab::toy::Batch batch = teacher.batch(c.batch, step);
     out.store.zero_grad();
-    nn::Forward f = out.model.forward(batch.x);
-    out.loss.push_back(nn::squared_error(f.out, batch.y) / (2.0 * static_cast<double>(c.batch)));
-    out.model.backward(nn::mse_backward(f.out, batch.y, static_cast<double>(c.batch)), f.saved);
-    adam.step(out.store.values(), out.store.grads());
+    double loss = 0;
+    // The whole batch at once, or the mesh's pieces one after another: each replica's
+    // rows, each cut into the microbatches (the same sums, added in another order).
+    const int replicas = in_pieces ? c.mesh.dp : 1, pieces = in_pieces ? c.microbatches : 1;
+    for (int r = 0; r < replicas; ++r) {
+      const shardlab::ShardRange rows = shard_range(c.batch, replicas, r);
+      for (int j = 0; j < pieces; ++j) {
+        const shardlab::ShardRange mb = shard_range(rows.length, pieces, j);
+        const Tensor x = batch.x.slice(rows.offset + mb.offset, mb.length);
+        const Tensor y = batch.y.slice(rows.offset + mb.offset, mb.length);
+        nn::Forward f = out.model.forward(x);
+        loss += nn::squared_error(f.out, y) / (2 * B);
+        out.model.backward(nn::mse_backward(f.out, y, B), f.saved);
+      }
+    }
+    out.loss.push_back(loss);
+    if (c.sgd)
+      nn::sgd_step(out.store.values(), out.store.grads(), c.adam.lr);
+    else
+      adam.step(out.store.values(), out.store.grads());
   }
 }
 

@@ -14,9 +14,11 @@
 // batch), m microbatches per replica, B_r = the rows of replica r (shard_range(B, dp, r)).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "mesh.hpp"
@@ -40,6 +42,7 @@ struct HybridConfig {
   std::string schedule = "1f1b";  // any of chapter 04's with one chunk per stage
   int zero = 0;                   // 0: GradSync + Adam; 1: ZeRO-1 over dp
   nn::AdamConfig adam{.lr = 1e-2f};
+  bool sgd = false;  // plain SGD at adam.lr instead of Adam (not with ZeRO-1)
   std::uint64_t seed = 0;
 };
 
@@ -48,12 +51,18 @@ struct AxisBytes {
   std::uint64_t tp = 0, dp = 0, pp = 0;
 };
 
+/// The larger of a and b, NaN when either is: a difference that is NaN must not vanish in
+/// a maximum (std::max drops it when it comes second).
+inline double nan_max(double a, double b) { return a != a || b != b ? a + b : std::max(a, b); }
+
 /// The mesh of `ranks` for --dp --tp --pp (dp 0: the ranks left over by tp x pp);
 /// UsageError when the product is not the ranks.
 MeshShape settle_mesh(int dp, int tp, int pp, int ranks);
 /// UsageError unless `c` can run on its mesh: pp divides the blocks, tp the widths, and
 /// every replica's every microbatch has a row.
 void check_config(const HybridConfig& c);
+/// "4 Megatron MLP blocks (h 16, f 64) on pp x dp x tp = 2 x 2 x 2 (threads), 1f1b, ...".
+std::string describe(const HybridConfig& c, std::string_view backend);
 /// About how many bytes one rank holds at most (the memory check before the ranks start).
 double run_bytes(const HybridConfig& c);
 
@@ -96,12 +105,16 @@ struct HybridRun {
 /// Trains c.steps steps on the mesh. Every rank of the mesh calls it.
 HybridRun train_hybrid(Mesh& mesh, HybridModel& model, const HybridConfig& c, Memory memory);
 
-/// The same training on one device: L unsplit blocks, the whole batch at once.
+/// The same training on one device: L unsplit blocks, the whole batch at once; or, with
+/// `in_pieces`, the mesh's pieces of the batch one after another (each replica's rows, cut
+/// into its microbatches, the gradients accumulated): the same sums in another order. How
+/// far the two drift apart is how much the order of the additions alone moves this
+/// training: the yardstick the mesh is held to (main.cpp).
 struct Reference {
   nn::ParameterStore store;
   nn::Sequential model;
   std::vector<double> loss;
 };
-void train_reference(const HybridConfig& c, Reference& out);
+void train_reference(const HybridConfig& c, Reference& out, bool in_pieces = false);
 
 }  // namespace ch08

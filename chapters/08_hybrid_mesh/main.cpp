@@ -2,13 +2,11 @@
 // GPT-3's layout planned on paper.
 //
 // The course (so-large-lm's distributed-training chapter §6 "混合并行"; CS336 lecture 7
-// §5): real training mixes all three — data parallelism where bandwidth is plentiful
-// (across hosts), tensor parallelism where it is scarce and latency matters (inside a
-// host, over NVLink), and pipeline parallelism to cut the rest into stages. This program
-// trains a stack of Megatron MLP blocks on a pp x dp x tp mesh of ranks: chapter 04's
-// pipeline runs the stages, chapter 08's column/row-parallel layers cut each block over
-// tp, chapter 02's sync (or chapter 05's ZeRO-1) keeps the dp replicas together. Every
-// rank also trains the model on one device: the loss curves and weights must agree.
+// §5): data parallelism across hosts, tensor parallelism inside a host (NVLink), pipeline
+// parallelism to cut the rest into stages. A stack of Megatron MLP blocks trains on a
+// pp x dp x tp mesh: chapter 04's pipeline runs the stages, this chapter's layers cut each
+// block over tp, chapter 02's sync (or chapter 05's ZeRO-1) keeps the dp replicas together;
+// every rank also trains the model on one device, and the two must agree.
 //
 // Run:
 //   build/default/bin/ch08_hybrid_mesh                       8 ranks: pp 2 x dp 2 x tp 2
@@ -40,51 +38,59 @@ struct Settings {
   PlanSettings planner;
 };
 
-// The tolerance of "equal to one device": the mesh adds the same products in another
-// order (tp's partial sums, dp's and the microbatches' gradient sums), so results differ
-// in the last bits, and Adam's steps carry that on. Relative to the largest value.
-constexpr double kTolerance = 1e-5;
+// How close is equal? The mesh adds the same products in another order (tp's partial sums,
+// dp's and the microbatches' gradient sums), so it differs from one device in the last
+// bits, and training carries that on (Adam's first step moves a weight by lr x the sign of
+// its gradient: a gradient that is zero but for rounding can go either way). The mesh must
+// stay within kOrder times what reordering the additions on one device does, and never
+// needs to be closer than kTolerance (relative to the largest value).
+constexpr double kTolerance = 1e-5, kOrder = 10;
 
 void train(Context& ctx, const Settings& s) {
   const HybridConfig& c = s.run;
   Mesh mesh(ctx.comm(), c.mesh);
   const Coords& at = mesh.coords();
 
-  // 1. The reference: the same blocks on one device, the whole batch (every rank).
-  Reference ref;
+  // 1. The reference: the same blocks on one device, the whole batch (every rank); and
+  // one device again with the batch in the mesh's pieces: only the order of additions
+  // differs, and how far that alone moves the training is the yardstick below.
+  Reference ref, pieces;
   train_reference(c, ref);
+  train_reference(c, pieces, true);
 
   // 2. The mesh: this rank's stage of blocks, its tp shard of each, its dp replica's rows.
   memory::Tracker tracker;
   HybridModel model(mesh, c, ctx.memory());
   const HybridRun run = train_hybrid(mesh, model, c, ctx.memory());
   const memory::Usage used = tracker.usage();
-
   // 3. The comparison: the loss of every step, then every weight.
   Table curve({"step", "one_device", "mesh", "diff"});
-  double loss_diff = 0;
+  double loss_diff = 0, loss_order = 0;
   for (std::size_t t = 0; t < run.loss.size(); ++t) {
-    const double d = std::abs(run.loss[t] - ref.loss[t]);
-    loss_diff = std::max(loss_diff, d);
+    const double d = std::abs(run.loss[t] - ref.loss[t]), size = std::max(1.0, ref.loss[t]);
+    loss_diff = nan_max(loss_diff, d / size);
+    loss_order = nan_max(loss_order, std::abs(pieces.loss[t] - ref.loss[t]) / size);
     curve.add({t + 1, ref.loss[t], run.loss[t], d});
   }
   ctx.report(curve, "loss_curve",
-             "Chapter 08 - " + std::to_string(c.blocks) + " Megatron MLP blocks (h " +
-                 std::to_string(c.hidden) + ", f " + std::to_string(c.ffn) +
-                 ") on pp x dp x tp = " + std::to_string(c.mesh.pp) + " x " +
-                 std::to_string(c.mesh.dp) + " x " + std::to_string(c.mesh.tp) + " (" +
-                 std::string(ctx.comm().backend()) + "), " + c.schedule + ", " +
-                 std::to_string(c.microbatches) + " microbatches, " +
-                 (c.zero ? "ZeRO-1" : "GradSync + Adam") + "; batch " + std::to_string(c.batch) +
+             "Chapter 08 - " + describe(c, ctx.comm().backend()) +
                  "\n\nthe loss of each step, on one device and on the mesh");
   const double largest = std::max(1.0, max_abs(ref.store.values()));
-  Table vs({"what", "max_abs_diff", "tolerance"});
-  vs.add(
-      {"loss, every step", ctx.verify_close("the loss curve", loss_diff, kTolerance), kTolerance});
-  const double weights = model.max_weight_diff(ref.model);
-  vs.add({"final weights", ctx.verify_close("the final weights", weights, kTolerance * largest),
-          kTolerance * largest});
-  ctx.report(vs, "vs_single_device", "\nthe mesh vs one device (relative to the largest value)");
+  const double order = max_abs_diff(pieces.store.values(), ref.store.values()) / largest;
+  Table vs({"what", "max_abs_diff", "order_alone", "tolerance"});
+  auto compare = [&](const std::string& what, double diff, double alone) {
+    const double tolerance = std::max(kTolerance, kOrder * alone);
+    vs.add({what, ctx.verify_close(what, diff, tolerance), alone, tolerance});
+  };
+  compare("the loss, every step", loss_diff, loss_order);
+  compare("the final weights", model.max_weight_diff(ref.model) / largest, order);
+  if (!ctx.ok() && !c.sgd)
+    ctx.say(
+        "(Adam steps lr x sign(gradient): a gradient zero but for rounding can step either "
+        "way on the mesh and on one device; --sgd compares without that)");
+  ctx.report(vs, "vs_single_device",
+             "\nthe mesh vs one device, relative to the largest value; "
+             "order alone: one device, the batch in the mesh's pieces");
   ctx.json()["vs_single_device_max_abs_diff"] = vs.at(1, 1).number();
   const double drift = ctx.comm().agree(
       replica_divergence(mesh.dp(), model.store().values().to(Memory::host)), ReduceOp::max);
@@ -127,18 +133,15 @@ void train(Context& ctx, const Settings& s) {
              "with the measured op times, the formula at t_b = 2 t_f");
 
   // 6. Memory per rank: the model states chapter 05's formula predicts, and the ledger's.
-  const ch05::ZeroConfig zc{.stage = c.zero, .adam = c.adam};
+  const ch05::ZeroConfig zc{.stage = c.zero, .adam = c.adam, .sgd = c.sgd};
   const ch05::StateBytes states =
       ch05::zero_state_bytes({run.parameters}, zc, DType::f32, c.mesh.dp, at.dp);
   using memory::Category;
-  const std::vector<std::int64_t> mine = {
-      static_cast<std::int64_t>(states.params),
-      static_cast<std::int64_t>(used.live(Category::params)),
-      static_cast<std::int64_t>(states.grads),
-      static_cast<std::int64_t>(used.live(Category::grads)),
-      static_cast<std::int64_t>(states.optimizer + states.master),
-      static_cast<std::int64_t>(run.optimizer_bytes),
-      static_cast<std::int64_t>(used.peak(Category::activations))};
+  std::vector<std::int64_t> mine;
+  for (std::uint64_t v :
+       {states.params, used.live(Category::params), states.grads, used.live(Category::grads),
+        states.optimizer + states.master, run.optimizer_bytes, used.peak(Category::activations)})
+    mine.push_back(static_cast<std::int64_t>(v));
   std::vector<std::vector<std::int64_t>> every;
   for (std::int64_t v : mine) every.push_back(ctx.comm().gather_values(v));
   Table mem({"rank", "params", "params_measured", "grads", "grads_measured", "optimizer",
@@ -175,6 +178,7 @@ int main(int argc, char** argv) {
   option("--blocks", c.blocks, "MLP blocks L (pp must divide them)", CLI::Range(1, 1024));
   option("--ffn", c.ffn, "the blocks' inner width", CLI::Range(1, 16384));
   option("--steps", c.steps, "training steps", CLI::Range(1, 10000));
+  cli.add_flag("--sgd", c.sgd, "plain SGD instead of Adam");
   option("--lr", c.adam.lr, "Adam's learning rate", cli::between(1e-9, 1.0));
   option("--schedule", c.schedule, "pipeline schedule (chapter 04): gpipe, 1f1b or zb1",
          CLI::IsMember({"gpipe", "1f1b", "zb1"}));
@@ -215,14 +219,15 @@ int main(int argc, char** argv) {
     c.zero = p.zero;
     if (s.layout || s.plan) {
       if (s.layout && s.dp == 0) s.dp = std::max(1, ranks / (s.tp * s.pp));
-      require_usage(!s.layout || static_cast<double>(s.dp) * s.tp * s.pp <= 1 << 20,
-                    "--layout draws meshes of at most 2^20 ranks");
+      require_usage(!s.layout || static_cast<double>(s.dp) * s.tp * s.pp <= 1 << 16,
+                    "--layout draws meshes of at most 65536 ranks");
       return;
     }
     c.mesh = settle_mesh(s.dp, s.tp, s.pp, ranks);
     check_config(c);
   });
   program.memory_estimate([&](const Options& o) {
+    if (s.plan || s.layout) return 0.0;  // on paper: a few MB (--layout: at most 65536 ranks)
     return (o.backend == "threads" || o.backend == "auto" ? o.ranks : 1) * run_bytes(c);
   });
   program.writes_csv([&] { return s.csv; });

@@ -55,12 +55,12 @@ Tensor ColumnParallelLinear::backward_input(const Tensor& dy, nn::Saved& saved) 
 
 RowParallelLinear::RowParallelLinear(nn::ParameterStore& store, Communicator& tp,
                                      const std::string& name, std::int64_t in, std::int64_t out,
-                                     std::uint64_t seed, bool bias)
+                                     std::uint64_t seed, bool bias, float init_scale)
     : tp_(tp),
       rows_(my_part(in, tp, name, "rows")),
       inner_(store, name, rows_.length, out, seed, false) {
   inner_.weight().value =
-      whole_weight(name, in, out, seed).slice(rows_.offset, rows_.length).clone();
+      scale(whole_weight(name, in, out, seed).slice(rows_.offset, rows_.length), init_scale);
   if (bias) bias_ = &store.add(name + ".bias", shardlab::zeros(Shape{1, out}));
 }
 
@@ -101,20 +101,24 @@ std::uint64_t fc_seed(std::uint64_t seed, int block, int which) {
 }
 
 nn::Residual parallel_mlp(nn::ParameterStore& store, Communicator& tp, const std::string& name,
-                          std::int64_t hidden, std::int64_t ffn, std::uint64_t seed, int block) {
+                          std::int64_t hidden, std::int64_t ffn, std::uint64_t seed, int block,
+                          float out_scale) {
   nn::Sequential inner;
   inner.add<ColumnParallelLinear>(store, tp, name + ".fc1", hidden, ffn, fc_seed(seed, block, 1));
   inner.add<nn::Gelu>();
-  inner.add<RowParallelLinear>(store, tp, name + ".fc2", ffn, hidden, fc_seed(seed, block, 2));
+  inner.add<RowParallelLinear>(store, tp, name + ".fc2", ffn, hidden, fc_seed(seed, block, 2), true,
+                               out_scale);
   return nn::Residual(std::move(inner));
 }
 
 nn::Residual mlp_block(nn::ParameterStore& store, const std::string& name, std::int64_t hidden,
-                       std::int64_t ffn, std::uint64_t seed, int block) {
+                       std::int64_t ffn, std::uint64_t seed, int block, float out_scale) {
   nn::Sequential inner;
   inner.add<nn::Linear>(store, name + ".fc1", hidden, ffn, fc_seed(seed, block, 1));
   inner.add<nn::Gelu>();
-  inner.add<nn::Linear>(store, name + ".fc2", ffn, hidden, fc_seed(seed, block, 2));
+  nn::Linear& fc2 =
+      inner.add<nn::Linear>(store, name + ".fc2", ffn, hidden, fc_seed(seed, block, 2));
+  fc2.weight().value = scale(fc2.weight().value, out_scale);
   return nn::Residual(std::move(inner));
 }
 

@@ -50,8 +50,11 @@ class ColumnParallelLinear final : public nn::Layer {
 
 class RowParallelLinear final : public nn::Layer {
  public:
+  /// `init_scale` multiplies the initial weights (GPT-2's 1/sqrt(residual layers) for a
+  /// block's output projection).
   RowParallelLinear(nn::ParameterStore& store, Communicator& tp, const std::string& name,
-                    std::int64_t in, std::int64_t out, std::uint64_t seed, bool bias = true);
+                    std::int64_t in, std::int64_t out, std::uint64_t seed, bool bias = true,
+                    float init_scale = 1.0f);
   std::string name() const override { return inner_.name(); }
   /// y = g(x_i W[I_i, :]) + b; x_i is the input's columns I_i (a column-parallel layer's
   /// output). Saved: the inner Linear's (children[0]) and dy for the bias.
@@ -78,11 +81,14 @@ class RowParallelLinear final : public nn::Layer {
 std::uint64_t fc_seed(std::uint64_t seed, int block, int which);
 
 /// Megatron-LM's MLP block on the tp ranks: x + g(row(gelu(column(f(x))))), hidden width
-/// h, inner width `ffn` (4h in GPT), parameters named name.fc1, name.fc2.
+/// h, inner width `ffn` (4h in GPT), parameters named name.fc1, name.fc2. fc2's initial
+/// weights are scaled by `out_scale`: in a stack of L blocks GPT-2's 1/sqrt(L) keeps the
+/// residual stream's size from growing with depth.
 nn::Residual parallel_mlp(nn::ParameterStore& store, Communicator& tp, const std::string& name,
-                          std::int64_t hidden, std::int64_t ffn, std::uint64_t seed, int block);
+                          std::int64_t hidden, std::int64_t ffn, std::uint64_t seed, int block,
+                          float out_scale = 1.0f);
 /// The same block on one device: x + fc2(gelu(fc1(x))), the same weights uncut.
 nn::Residual mlp_block(nn::ParameterStore& store, const std::string& name, std::int64_t hidden,
-                       std::int64_t ffn, std::uint64_t seed, int block);
+                       std::int64_t ffn, std::uint64_t seed, int block, float out_scale = 1.0f);
 
 }  // namespace ch08

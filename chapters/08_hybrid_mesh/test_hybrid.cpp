@@ -53,7 +53,7 @@ Outcome train_and_compare(const HybridConfig& c) {
     const HybridRun run = train_hybrid(mesh, model, c, Memory::host);
     double loss = 0;
     for (std::size_t t = 0; t < run.loss.size(); ++t)
-      loss = std::max(loss, std::abs(run.loss[t] - ref.loss[t]));
+      loss = nan_max(loss, std::abs(run.loss[t] - ref.loss[t]));
     const double weights = world.agree(model.max_weight_diff(ref.model), ReduceOp::max);
     const double replicas = replica_divergence(mesh.dp(), model.store().values());
     const AxisBytes want = formula_bytes(c, mesh.coords());

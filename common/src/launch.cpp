@@ -352,6 +352,14 @@ int Program::run(int argc, char** argv, const Body& body) {
         throw UsageError(
             "--device cuda with MPI: use --backend nccl (this Open MPI is not CUDA-aware)");
     }
+    if (options_.backend == "mpi" && !under_mpirun) {
+      // Without mpirun, MPI starts one process (a singleton): that is the world.
+      if (ranks_given_ && options_.ranks != 1)
+        throw UsageError("--backend mpi without mpirun is one process: start " +
+                         std::to_string(options_.ranks) + " with mpirun -np " +
+                         std::to_string(options_.ranks) + ", or drop --ranks");
+      options_.ranks = 1;
+    }
     if (under_mpirun) {
       const int processes = launched_processes();
       if (ranks_given_ && processes > 0 && options_.ranks != processes)
