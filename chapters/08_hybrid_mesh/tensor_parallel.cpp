@@ -38,7 +38,11 @@ ColumnParallelLinear::ColumnParallelLinear(nn::ParameterStore& store, Communicat
     : tp_(tp),
       columns_(my_part(out, tp, name, "columns")),
       inner_(store, name, in, columns_.length, seed, bias) {
-  inner_.weight().value = shard(whole_weight(name, in, out, seed), tp.size(), 1, tp.rank());
+  inner_.weight().value = own(whole_weight(name, in, out, seed));
+}
+
+Tensor ColumnParallelLinear::own(const Tensor& whole) const {
+  return shard(whole, tp_.size(), 1, tp_.rank());
 }
 
 nn::Forward ColumnParallelLinear::forward(const Tensor& x) const {
@@ -59,8 +63,7 @@ RowParallelLinear::RowParallelLinear(nn::ParameterStore& store, Communicator& tp
     : tp_(tp),
       rows_(my_part(in, tp, name, "rows")),
       inner_(store, name, rows_.length, out, seed, false) {
-  inner_.weight().value =
-      scale(whole_weight(name, in, out, seed).slice(rows_.offset, rows_.length), init_scale);
+  inner_.weight().value = scale(own(whole_weight(name, in, out, seed)), init_scale);
   if (bias) bias_ = &store.add(name + ".bias", shardlab::zeros(Shape{1, out}));
 }
 

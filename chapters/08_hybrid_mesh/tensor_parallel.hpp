@@ -40,6 +40,9 @@ class ColumnParallelLinear final : public nn::Layer {
   std::vector<nn::Parameter*> parameters() const override { return inner_.parameters(); }
   /// The columns O_i of the whole layer this rank holds.
   ShardRange columns() const { return columns_; }
+  /// This rank's columns of a tensor shaped like the whole layer's weight or bias (its
+  /// initial value, a one-device layer's, their gradients): a copy.
+  Tensor own(const Tensor& whole) const;
   nn::Linear& local() { return inner_; }
 
  private:
@@ -66,6 +69,8 @@ class RowParallelLinear final : public nn::Layer {
   std::vector<nn::Parameter*> parameters() const override;
   /// The rows I_i of the whole layer this rank holds.
   ShardRange rows() const { return rows_; }
+  /// This rank's rows of a tensor shaped like the whole layer's weight: a view.
+  Tensor own(const Tensor& whole) const { return whole.slice(rows_.offset, rows_.length); }
   nn::Linear& local() { return inner_; }
   nn::Parameter* bias() { return bias_; }
 

@@ -272,6 +272,13 @@ int run_rank(Communicator& host, const Options& options, const Body& body) {
 
 }  // namespace
 
+namespace {
+std::string ranks_help(int ranks) {
+  return "number of ranks (threads backend; under mpirun, mpirun's -np decides) [" +
+         std::to_string(ranks) + "]";
+}
+}  // namespace
+
 Program::Program(std::string name, std::string description)
     : name_(std::move(name)), app_(std::make_unique<CLI::App>(std::move(description), name_)) {
   app_->set_version_flag("--version", std::string(name_) + " (ShardLab " + version + ")");
@@ -281,7 +288,7 @@ Program::Program(std::string name, std::string description)
             options_.ranks = n;
             ranks_given_ = true;
           },
-          "number of ranks (threads backend; under mpirun, mpirun's -np decides) [2]")
+          ranks_help(options_.ranks))
       ->check(CLI::Number)
       ->check(CLI::Range(1, 1024));
   app_->add_option("--backend", options_.backend,
@@ -315,9 +322,7 @@ Program::~Program() = default;
 
 void Program::default_ranks(int ranks) {
   options_.ranks = ranks;
-  app_->get_option("--ranks")->description(
-      "number of ranks (threads backend; under mpirun, mpirun's -np decides) [" +
-      std::to_string(ranks) + "]");
+  app_->get_option("--ranks")->description(ranks_help(ranks));
 }
 
 int Program::run(int argc, char** argv, const Body& body) {
