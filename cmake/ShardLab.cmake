@@ -90,23 +90,34 @@ function(shardlab_exercise_pch)
     <shardlab/tensor.hpp>)
 endfunction()
 
+# Compile flags of a chapter's code without linking it anywhere: an object library whose
+# objects go into both the solution's and the exercise's targets sees the chapter's
+# headers, common's and those of LIBRARIES (usage requirements only: $<TARGET_OBJECTS>
+# carries no link dependency, so neither library is pulled in twice).
+function(shardlab_compile_as_chapter target chapter_dir)
+  target_include_directories(${target} PRIVATE ${chapter_dir})
+  target_link_libraries(${target} PRIVATE shardlab::common ${ARGN})
+  shardlab_warnings(${target})
+endfunction()
+
 # shardlab_add_chapter(<NN_slug> SOURCES <file>... [CHAPTER_SOURCES <file>...]
 #                      TESTS <test_file>... [CHAPTER_TESTS <test_file>...]
 #                      [BAD_USAGE "<args>"...] [MPI_ARGS <arg>...] [MPI_RANKS <n>]
 #                      [MPI_TIMED_KEYS <key|key...>]
-#                      [GPU_ARGS <arg>...] [DEPENDS <NN>...])
+#                      [GPU_ARGS <arg>...] [DEPENDS <NN>...] [LIBRARIES <target>...])
 #
 # Wires one chapter, as DESIGN.md describes. DEPENDS names the earlier chapters it builds
 # on (their numbers): a chapter's libraries link shardlab::chNN of each, which is the
 # solution, or in learner mode the learner's exercise (unless SHARDLAB_USE_SOLUTIONS, a
 # list of chapter numbers, asks for the reference of a chapter the learner skips).
 # Configure fails on a dependency that is not an earlier chapter (so there is no cycle).
+# LIBRARIES: other targets the chapter's code links (chapter 08's planner).
 #   chNN_<slug>_solution  library from solutions/NN_slug/<SOURCES> (plus the chapter's own
-#                         CHAPTER_SOURCES, which call the API: compiled into both libraries)
+#                         CHAPTER_SOURCES, which call the API: compiled once, in both)
 #   chNN_<slug>_exercise  library from exercises/NN_slug/<SOURCES> (the learner's stubs)
 #   chNN_<slug>           the chapter program (links the solution; the exercise when
 #                         SHARDLAB_LEARNER is on)
-#   test_chNN_solution / test_chNN_exercise   each TESTS file compiled against each library
+#   test_chNN_solution / test_chNN_exercise   the TESTS files (compiled once) linked with each
 # CTest: the program runs, prints JSON, rejects the common bad usages and the chapter's
 # BAD_USAGE ones with exit 2, and under mpirun -np MPI_RANKS (default 3, with MPI_ARGS)
 # gives the same JSON as --ranks MPI_RANKS (the values of MPI_TIMED_KEYS, timings, aside);
@@ -115,7 +126,8 @@ endfunction()
 # pass instead, because the learner has filled the stubs in.
 function(shardlab_add_chapter chapter)
   cmake_parse_arguments(ARG "" "MPI_RANKS;MPI_TIMED_KEYS;JSON_RANKS"
-    "SOURCES;CHAPTER_SOURCES;TESTS;CHAPTER_TESTS;BAD_USAGE;MPI_ARGS;GPU_ARGS;DEPENDS" ${ARGN})
+    "SOURCES;CHAPTER_SOURCES;TESTS;CHAPTER_TESTS;BAD_USAGE;MPI_ARGS;GPU_ARGS;DEPENDS;LIBRARIES"
+    ${ARGN})
   if(NOT ARG_JSON_RANKS)
     set(ARG_JSON_RANKS 3)
   endif()
@@ -146,17 +158,26 @@ function(shardlab_add_chapter chapter)
   string(REPLACE ";" "," depends_text "${ARG_DEPENDS}")
   set_property(GLOBAL APPEND PROPERTY SHARDLAB_CHAPTER_DEPENDS "${number}:${depends_text}")
 
+  # The chapter's own sources call the exercise's API through the chapter's headers, which
+  # are the same for both libraries: compiled once, their objects put into each.
+  set(chapter_objects)
+  if(ARG_CHAPTER_SOURCES)
+    set(sources)
+    foreach(source IN LISTS ARG_CHAPTER_SOURCES)
+      list(APPEND sources ${chapter_dir}/${source})
+    endforeach()
+    add_library(${target}_chapter_objects OBJECT ${sources})
+    shardlab_compile_as_chapter(${target}_chapter_objects ${chapter_dir} ${depends} ${ARG_LIBRARIES})
+    set(chapter_objects $<TARGET_OBJECTS:${target}_chapter_objects>)
+  endif()
   foreach(kind solution exercise)
     set(sources)
     foreach(source IN LISTS ARG_SOURCES)
       list(APPEND sources ${PROJECT_SOURCE_DIR}/${kind}s/${chapter}/${source})
     endforeach()
-    foreach(source IN LISTS ARG_CHAPTER_SOURCES)
-      list(APPEND sources ${chapter_dir}/${source})
-    endforeach()
-    add_library(${target}_${kind} STATIC ${sources})
+    add_library(${target}_${kind} STATIC ${sources} ${chapter_objects})
     target_include_directories(${target}_${kind} PUBLIC ${chapter_dir})
-    target_link_libraries(${target}_${kind} PUBLIC shardlab::common ${depends})
+    target_link_libraries(${target}_${kind} PUBLIC shardlab::common ${depends} ${ARG_LIBRARIES})
     shardlab_warnings(${target}_${kind})
   endforeach()
   # The learner's re-check recompiles one exercise file: most of that is parsing the
@@ -226,12 +247,17 @@ function(shardlab_add_chapter chapter)
       LABELS "${short};mpi" TIMEOUT 120 ENVIRONMENT "${SHARDLAB_MPI_ENV}")
   endif()
 
+  # The exercise's tests, compiled once and linked twice: against the solution, and
+  # against the exercise.
   set(test_sources)
   foreach(test IN LISTS ARG_TESTS)
     list(APPEND test_sources ${chapter_dir}/${test})
   endforeach()
+  add_library(test_${short}_objects OBJECT ${test_sources})
+  shardlab_compile_as_chapter(test_${short}_objects ${chapter_dir} ${depends} ${ARG_LIBRARIES}
+                              shardlab::testing)
   foreach(kind solution exercise)
-    add_executable(test_${short}_${kind} ${test_sources})
+    add_executable(test_${short}_${kind} $<TARGET_OBJECTS:test_${short}_objects>)
     target_link_libraries(test_${short}_${kind} PRIVATE ${target}_${kind} shardlab::testing)
     shardlab_warnings(test_${short}_${kind})
   endforeach()
