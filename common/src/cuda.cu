@@ -33,12 +33,18 @@ namespace cuda {
 bool built() { return true; }
 
 int device_count() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();  // no driver or no device: clear the error, report none
-    return 0;
-  }
-  return n;
+  // Asked once: the answer, or why a GPU that is there cannot be used.
+  static const std::pair<int, std::string> probe = [] {
+    int n = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    if (e == cudaSuccess) return std::pair<int, std::string>{n, ""};
+    cudaGetLastError();  // clear it
+    return std::pair<int, std::string>{
+        0, start_failure(static_cast<int>(e),
+                         std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e))};
+  }();
+  if (!probe.second.empty()) throw Error(probe.second);
+  return probe.first;
 }
 
 namespace {
@@ -92,6 +98,31 @@ int device_for_rank(int rank) {
 }
 
 void synchronize() { CUDA_CHECK(cudaStreamSynchronize(cudaStreamPerThread)); }
+
+EventTimer::EventTimer() {
+  cudaEvent_t b = nullptr, e = nullptr;
+  CUDA_CHECK(cudaEventCreate(&b));
+  if (const cudaError_t err = cudaEventCreate(&e); err != cudaSuccess) {
+    cudaEventDestroy(b);
+    CUDA_CHECK(err);
+  }
+  begin_ = b, end_ = e;
+}
+EventTimer::~EventTimer() {
+  cudaEventDestroy(static_cast<cudaEvent_t>(begin_));
+  cudaEventDestroy(static_cast<cudaEvent_t>(end_));
+}
+void EventTimer::start() {
+  CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(begin_), cudaStreamPerThread));
+}
+double EventTimer::stop() {
+  const auto e = static_cast<cudaEvent_t>(end_);
+  CUDA_CHECK(cudaEventRecord(e, cudaStreamPerThread));
+  CUDA_CHECK(cudaEventSynchronize(e));
+  float ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(begin_), e));
+  return static_cast<double>(ms) / 1e3;
+}
 
 }  // namespace cuda
 

@@ -22,6 +22,10 @@ double peak_fp32_tflops(int) { return 0; }
 void set_device(int) { no_cuda(); }
 int current_device() { return -1; }
 int device_for_rank(int) { no_cuda(); }
+EventTimer::EventTimer() { no_cuda(); }
+EventTimer::~EventTimer() = default;
+void EventTimer::start() { no_cuda(); }
+double EventTimer::stop() { no_cuda(); }
 void synchronize() {}
 }  // namespace cuda
 

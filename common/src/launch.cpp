@@ -249,7 +249,10 @@ Outcome classify(const std::exception_ptr& error) {
 int run_rank(Communicator& host, const Options& options, const Body& body) {
   std::unique_ptr<Communicator> gpus;
   if (options.device == "cuda") {
-    const int device = cuda::device_for_rank(host.rank());
+    // Threads share one process, so their rank is their place on the machine; processes
+    // under mpirun ask the launcher.
+    const int device = cuda::device_for_rank(
+        host.backend() == "threads" ? host.rank() : cuda::local_rank(host.rank()));
     cuda::set_device(device);
     if (options.backend == "nccl") gpus = nccl::create(host, device);
   }

@@ -7,11 +7,16 @@
 // overwriting instead of adding (gather and scatter-add); max_abs_diff dropping NaN
 // (NaN never compares equal).
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 
 #include "shardlab/check.hpp"
+#include "shardlab/cuda.hpp"
 #include "shardlab/half.hpp"
 #include "shardlab/results.hpp"
 #include "shardlab/testing.hpp"
@@ -254,5 +259,49 @@ TEST_CASE("tanh, gelu and their backward take f16 and bf16: computed in f32, rou
     CHECK(gelu(x).bitwise_equal(cast(gelu(wide), type)));
     CHECK(tanh_backward(x, dy).bitwise_equal(cast(tanh_backward(wide, dwide), type)));
     CHECK(gelu_backward(x, dy).bitwise_equal(cast(gelu_backward(wide, dwide), type)));
+  }
+}
+
+// When the GPU tests may skip: only where there is no GPU. Wrong versions this was checked
+// against: every CUDA error read as "no device" (a too-old driver then skips every GPU test);
+// nvidiactl or nvidia-uvm taken for a GPU (containers without one have them); the world rank
+// picking the GPU under mpirun (a second node's ranks ask for GPUs 4-7 of a 4-GPU node).
+TEST_SUITE("cuda probe") {
+  TEST_CASE("no GPU skips; a GPU that CUDA cannot start is an error that says what to do") {
+    namespace fs = std::filesystem;
+    const fs::path dev = fs::temp_directory_path() / ("shardlab_dev_" + std::to_string(::getpid()));
+    fs::remove_all(dev);
+    fs::create_directories(dev);
+    std::ofstream(dev / "nvidiactl") << "";
+    std::ofstream(dev / "nvidia-uvm") << "";
+    CHECK(cuda::gpu_device_node(dev.string()).empty());
+    CHECK(cuda::start_failure(35, "cudaErrorInsufficientDriver", dev.string()).empty());
+    std::ofstream(dev / "nvidia0") << "";
+    CHECK(cuda::gpu_device_node(dev.string()) == (dev / "nvidia0").string());
+    const std::string old_driver =
+        cuda::start_failure(35, "cudaErrorInsufficientDriver", dev.string());
+    CHECK(old_driver.find("GPU is present") != std::string::npos);
+    CHECK(old_driver.find("r580") != std::string::npos);
+    CHECK(old_driver.find("error 35") != std::string::npos);
+    const std::string other = cuda::start_failure(2, "cudaErrorMemoryAllocation", dev.string());
+    CHECK(other.find("protect_shadow_gap=0") != std::string::npos);
+    // cudaErrorNoDevice is "no GPU" whatever the device nodes say.
+    CHECK(cuda::start_failure(100, "cudaErrorNoDevice", dev.string()).empty());
+    fs::remove_all(dev);
+  }
+
+  TEST_CASE("under a launcher a process's GPU follows its local rank, not its world rank") {
+    ::unsetenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    ::unsetenv("MPI_LOCALRANKID");
+    ::unsetenv("SLURM_LOCALID");
+    CHECK(cuda::local_rank(5) == 5);
+    ::setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1", 1);
+    CHECK(cuda::local_rank(5) == 1);
+    ::setenv("OMPI_COMM_WORLD_LOCAL_RANK", "x", 1);  // not a number: the rank itself
+    CHECK(cuda::local_rank(5) == 5);
+    ::unsetenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    ::setenv("SLURM_LOCALID", "3", 1);
+    CHECK(cuda::local_rank(7) == 3);
+    ::unsetenv("SLURM_LOCALID");
   }
 }
