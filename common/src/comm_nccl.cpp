@@ -30,6 +30,7 @@ std::unique_ptr<Communicator> create(Communicator&, int) {
 
 #include "gpu_check.hpp"
 #include "gpu_library.hpp"
+#include "shardlab/cuda.hpp"
 #include "shardlab/results.hpp"
 
 namespace shardlab::nccl {
@@ -40,8 +41,8 @@ using Clock = std::chrono::steady_clock;
 // The NCCL functions this file calls, opened on first use (the lookup is thread-safe).
 // clang-format off
 #define SHARDLAB_NCCL_FUNCTIONS(X) \
-  X(ncclGetUniqueId) X(ncclCommInitRank) X(ncclCommSplit) X(ncclCommDestroy) \
-  X(ncclCommAbort) X(ncclCommGetAsyncError) X(ncclGetErrorString) \
+  X(ncclGetUniqueId) X(ncclCommInitRankConfig) X(ncclCommSplit) X(ncclCommFinalize) \
+  X(ncclCommDestroy) X(ncclCommAbort) X(ncclCommGetAsyncError) X(ncclGetErrorString) \
   X(ncclGroupStart) X(ncclGroupEnd) X(ncclSend) X(ncclRecv) \
   X(ncclAllReduce) X(ncclReduce) X(ncclBroadcast) X(ncclReduceScatter) X(ncclAllGather)
 // clang-format on
@@ -95,18 +96,84 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
+std::string seconds(std::chrono::milliseconds t) {
+  return format_number(static_cast<double>(t.count()) / 1000.0, 3) + " s";
+}
+
+/// The communicators are non-blocking (config.blocking = 0): a call that would wait inside
+/// NCCL — creating a communicator, splitting one, the first transfer between two ranks in
+/// ncclGroupEnd — returns ncclInProgress and goes on in NCCL's own thread, and until the
+/// communicator's state is ncclSuccess again no other NCCL call may be made on it. This
+/// polls that state against the deadline and the job's end (another rank failed), and
+/// aborts the communicator (ncclCommAbort: never destroy one that may be stuck) and
+/// throws on an error, at the deadline, or when the job ends.
+void settle(ncclComm_t& comm, const Communicator& host, Clock::time_point deadline,
+            const std::string& what) {
+  const std::string who = "rank " + std::to_string(host.rank()) + ": NCCL " + what;
+  auto abort = [&comm] {
+    if (comm) api().ncclCommAbort(comm);
+    comm = nullptr;
+  };
+  for (;;) {
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t asked = api().ncclCommGetAsyncError(comm, &state);
+    if (asked != ncclSuccess) state = asked;
+    if (state == ncclSuccess) return;
+    if (state != ncclInProgress) {
+      abort();
+      throw CommError(who + " failed: " + api().ncclGetErrorString(state));
+    }
+    try {
+      host.check_not_aborted();
+    } catch (...) {
+      abort();
+      throw;
+    }
+    if (Clock::now() > deadline) {
+      abort();
+      throw CommError(who + " waited " + seconds(host.timeout()) +
+                      " (--timeout); did every rank make the call, and can they reach each "
+                      "other (NCCL_DEBUG=INFO says how NCCL connects)?");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+/// An NCCL call on a non-blocking communicator: an error throws (naming the call), and
+/// ncclInProgress waits until the communicator has settled.
+void call(ncclResult_t r, ncclComm_t& comm, const Communicator& host, const char* what) {
+  if (r == ncclInProgress) return settle(comm, host, Clock::now() + host.timeout(), what);
+  if (r != ncclSuccess)
+    throw CommError("rank " + std::to_string(host.rank()) + ": NCCL " + what +
+                    " failed: " + api().ncclGetErrorString(r));
+}
+
 /// ncclGroupStart() ... ncclGroupEnd(), closed even when a call in between throws (an
-/// open group defers every later NCCL call of the thread, destroy included).
+/// open group defers every later NCCL call of the thread, destroy included). The calls in
+/// between are only queued; ncclGroupEnd issues them (and may be the one to wait).
 class Group {
  public:
-  Group() { NCCL_CHECK(api().ncclGroupStart()); }
+  Group(ncclComm_t& comm, const Communicator& host) : comm_(comm), host_(host) {
+    NCCL_CHECK(api().ncclGroupStart());
+  }
   ~Group() noexcept(false) {
     const ncclResult_t r = api().ncclGroupEnd();
-    if (!std::uncaught_exceptions()) NCCL_CHECK(r);
+    if (!std::uncaught_exceptions()) call(r, comm_, host_, "group of calls");
   }
   Group(const Group&) = delete;
   Group& operator=(const Group&) = delete;
+
+ private:
+  ncclComm_t& comm_;
+  const Communicator& host_;
 };
+
+/// A configuration for non-blocking communicators (see settle).
+ncclConfig_t non_blocking() {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  return config;
+}
 
 /// Point-to-point operations posted since the last wait, issued together at the next.
 struct Batch {
@@ -136,11 +203,28 @@ class NcclComm final : public Communicator {
         host_(host),
         owned_host_(std::move(owned)),
         comm_(comm),
-        device_(device) {}
+        device_(device) {
+    // A stream of the communicator's own: with a non-blocking communicator NCCL may
+    // enqueue from its own thread, where cudaStreamPerThread would name that thread's
+    // stream, not this rank's.
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&caller_done_, cudaEventDisableTiming));
+  }
+  /// Finalizes (flushes what was issued) and destroys the communicator; one that does not
+  /// finish within the timeout, or has failed, is aborted instead.
   ~NcclComm() override {
-    if (comm_) api().ncclCommDestroy(comm_);
+    if (comm_) {
+      try {
+        call(api().ncclCommFinalize(comm_), comm_, host_, "finalize");
+        if (comm_) api().ncclCommDestroy(comm_);
+      } catch (...) {  // settle has aborted it
+      }
+    }
+    if (caller_done_) cudaEventDestroy(caller_done_);
+    if (stream_) cudaStreamDestroy(stream_);
   }
   std::string_view backend() const override { return "nccl"; }
+  void check_not_aborted() const override { host_.check_not_aborted(); }
 
  protected:
   Request isend_impl(const void* buf, std::size_t bytes, Memory mem, int peer, int tag) override {
@@ -151,7 +235,7 @@ class NcclComm final : public Communicator {
     } else {
       r->batch = open_batch();
       r->batch->ops.push_back(
-          [=, this] { NCCL_CHECK(api().ncclSend(buf, bytes, ncclUint8, peer, comm_, stream())); });
+          [=, this] { NCCL_CHECK(api().ncclSend(buf, bytes, ncclUint8, peer, comm_, stream_)); });
     }
     return Request(std::move(r));
   }
@@ -164,7 +248,7 @@ class NcclComm final : public Communicator {
     } else {
       r->batch = open_batch();
       r->batch->ops.push_back(
-          [=, this] { NCCL_CHECK(api().ncclRecv(buf, bytes, ncclUint8, peer, comm_, stream())); });
+          [=, this] { NCCL_CHECK(api().ncclRecv(buf, bytes, ncclUint8, peer, comm_, stream_)); });
     }
     return Request(std::move(r));
   }
@@ -201,20 +285,35 @@ class NcclComm final : public Communicator {
     auto r = std::make_unique<NcclRequest>();
     r->what = c.describe();
     CUDA_CHECK(cudaEventCreateWithFlags(&r->done, cudaEventDisableTiming));
-    CUDA_CHECK(cudaEventRecord(r->done, stream()));
+    CUDA_CHECK(cudaEventRecord(r->done, stream_));
     return Request(std::move(r));
   }
 
   std::unique_ptr<Communicator> split_impl(int color, int key) override {
     std::unique_ptr<Communicator> host = host_.split(color, key);
     ncclComm_t sub = nullptr;
-    NCCL_CHECK(api().ncclCommSplit(comm_, color, key, &sub, nullptr));
+    ncclConfig_t config = non_blocking();
+    const auto deadline = Clock::now() + timeout();
+    call(api().ncclCommSplit(live(), color, key, &sub, &config), comm_, host_, "split");
+    settle(sub, *host, deadline, "split (the new communicator)");
     Communicator& h = *host;
     return std::make_unique<NcclComm>(h, sub, device_, std::move(host));
   }
 
  private:
-  static cudaStream_t stream() { return cudaStreamPerThread; }
+  /// The communicator, or an error when an earlier failure has aborted it.
+  ncclComm_t live() const {
+    if (!comm_)
+      throw CommError("rank " + std::to_string(rank()) +
+                      ": this NCCL communicator was aborted after an earlier failure");
+    return comm_;
+  }
+
+  /// What the rank queued on its own stream before the call comes first on NCCL's.
+  void after_caller() {
+    CUDA_CHECK(cudaEventRecord(caller_done_, cudaStreamPerThread));
+    CUDA_CHECK(cudaStreamWaitEvent(stream_, caller_done_, 0));
+  }
 
   /// Host buffers go through the host communicator; its counters' growth is added here.
   void on_host(const Collective& c) {
@@ -270,35 +369,36 @@ class NcclComm final : public Communicator {
     const std::size_t elem = dtype_size(c.type);
     const ncclDataType_t t = nccl_type(c.type);
     const int N = size(), r = rank();
+    const ncclComm_t comm = live();
+    after_caller();
     auto at = [&](const void* p, std::size_t elements) {
       return static_cast<const char*>(p) + elements * elem;
     };
     auto at_out = [&](std::size_t elements) { return static_cast<char*>(c.out) + elements * elem; };
     switch (c.op) {
       case Op::allreduce:
-        NCCL_CHECK(
-            api().ncclAllReduce(c.out, c.out, c.count, t, nccl_op(c.reduce), comm_, stream()));
+        NCCL_CHECK(api().ncclAllReduce(c.out, c.out, c.count, t, nccl_op(c.reduce), comm, stream_));
         return;
       case Op::reduce:
         NCCL_CHECK(
-            api().ncclReduce(c.out, c.out, c.count, t, nccl_op(c.reduce), c.root, comm_, stream()));
+            api().ncclReduce(c.out, c.out, c.count, t, nccl_op(c.reduce), c.root, comm, stream_));
         return;
       case Op::broadcast:
-        NCCL_CHECK(api().ncclBroadcast(c.out, c.out, c.count, t, c.root, comm_, stream()));
+        NCCL_CHECK(api().ncclBroadcast(c.out, c.out, c.count, t, c.root, comm, stream_));
         return;
       case Op::reduce_scatter: {
         if (c.count % static_cast<std::size_t>(N) == 0) {
           NCCL_CHECK(api().ncclReduceScatter(c.in, c.out, c.count / static_cast<std::size_t>(N), t,
-                                             nccl_op(c.reduce), comm_, stream()));
+                                             nccl_op(c.reduce), comm, stream_));
           return;
         }
         // Uneven shards: one reduce per shard, to its owner, issued as one group.
-        Group group;
+        Group group(comm_, host_);
         for (int q = 0; q < N; ++q) {
           const ShardRange s = shard_range(static_cast<std::int64_t>(c.count), N, q);
           NCCL_CHECK(api().ncclReduce(at(c.in, static_cast<std::size_t>(s.offset)), c.out,
                                       static_cast<std::size_t>(s.length), t, nccl_op(c.reduce), q,
-                                      comm_, stream()));
+                                      comm, stream_));
         }
         return;
       }
@@ -306,48 +406,48 @@ class NcclComm final : public Communicator {
         const bool even = std::adjacent_find(c.counts.begin(), c.counts.end(),
                                              std::not_equal_to<>()) == c.counts.end();
         if (even) {
-          NCCL_CHECK(api().ncclAllGather(c.in, c.out, c.counts[0], t, comm_, stream()));
+          NCCL_CHECK(api().ncclAllGather(c.in, c.out, c.counts[0], t, comm, stream_));
           return;
         }
         // Uneven counts: one broadcast per rank into its place, issued as one group.
-        Group group;
+        Group group(comm_, host_);
         std::size_t offset = 0;
         for (int q = 0; q < N; ++q) {
           const std::size_t n = c.counts[static_cast<std::size_t>(q)];
-          NCCL_CHECK(api().ncclBroadcast(c.in, at_out(offset), n, t, q, comm_, stream()));
+          NCCL_CHECK(api().ncclBroadcast(c.in, at_out(offset), n, t, q, comm, stream_));
           offset += n;
         }
         return;
       }
       case Op::gather: {
-        Group group;
+        Group group(comm_, host_);
         if (r == c.root) {
           std::size_t offset = 0;
           for (int q = 0; q < N; ++q) {
             const std::size_t n = c.counts[static_cast<std::size_t>(q)];
             if (q == c.root)
               CUDA_CHECK(cudaMemcpyAsync(at_out(offset), c.in, n * elem, cudaMemcpyDeviceToDevice,
-                                         stream()));
+                                         stream_));
             else
-              NCCL_CHECK(api().ncclRecv(at_out(offset), n, t, q, comm_, stream()));
+              NCCL_CHECK(api().ncclRecv(at_out(offset), n, t, q, comm, stream_));
             offset += n;
           }
         } else {
           NCCL_CHECK(api().ncclSend(c.in, c.counts[static_cast<std::size_t>(r)], t, c.root, comm_,
-                                    stream()));
+                                    stream_));
         }
         return;
       }
       case Op::alltoall: {
         // Grouped sends and receives (NCCL has no alltoall(v)): block q to rank q, and
         // rank q's block for me into place q.
-        Group group;
+        Group group(comm_, host_);
         std::size_t sent = 0, received = 0;
         for (int q = 0; q < N; ++q) {
           const std::size_t out_n = c.vector ? c.counts[static_cast<std::size_t>(q)] : c.count;
           const std::size_t in_n = c.vector ? c.recv_counts[static_cast<std::size_t>(q)] : c.count;
-          NCCL_CHECK(api().ncclSend(at(c.in, sent), out_n, t, q, comm_, stream()));
-          NCCL_CHECK(api().ncclRecv(at_out(received), in_n, t, q, comm_, stream()));
+          NCCL_CHECK(api().ncclSend(at(c.in, sent), out_n, t, q, comm, stream_));
+          NCCL_CHECK(api().ncclRecv(at_out(received), in_n, t, q, comm, stream_));
           sent += out_n;
           received += in_n;
         }
@@ -373,18 +473,20 @@ class NcclComm final : public Communicator {
   void issue(Batch& b) {
     if (b.issued) return;
     b.issued = true;
+    (void)live();
+    after_caller();
     {
-      Group group;
+      Group group(comm_, host_);
       for (auto& op : b.ops) op();
     }
     CUDA_CHECK(cudaEventCreateWithFlags(&b.done, cudaEventDisableTiming));
-    CUDA_CHECK(cudaEventRecord(b.done, stream()));
+    CUDA_CHECK(cudaEventRecord(b.done, stream_));
   }
 
   void finish(const std::string& what) {
     cudaEvent_t e = nullptr;
     CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    CUDA_CHECK(cudaEventRecord(e, stream()));
+    CUDA_CHECK(cudaEventRecord(e, stream_));
     try {
       finish(e, what);
     } catch (...) {
@@ -394,25 +496,37 @@ class NcclComm final : public Communicator {
     cudaEventDestroy(e);
   }
 
-  /// Polls `done` until it completes or the timeout runs out; then aborts NCCL and throws.
+  /// Polls `done` until it completes, with the communicator's state (settle: an error,
+  /// the timeout or the job's end aborts the communicator and throws).
   void finish(cudaEvent_t done, const std::string& what) {
     const auto deadline = Clock::now() + timeout();
     for (;;) {
       const cudaError_t state = cudaEventQuery(done);
       if (state == cudaSuccess) return;
       if (state != cudaErrorNotReady) CUDA_CHECK(state);
+      (void)live();
       ncclResult_t async = ncclSuccess;
       NCCL_CHECK(api().ncclCommGetAsyncError(comm_, &async));
-      if (async != ncclSuccess)
+      if (async != ncclSuccess && async != ncclInProgress) {
+        api().ncclCommAbort(comm_);
+        comm_ = nullptr;
         throw CommError("rank " + std::to_string(rank()) + ": NCCL " + what +
                         " failed: " + api().ncclGetErrorString(async));
+      }
+      try {
+        host_.check_not_aborted();
+      } catch (...) {
+        api().ncclCommAbort(comm_);
+        comm_ = nullptr;
+        throw;
+      }
       if (Clock::now() > deadline) {
         api().ncclCommAbort(comm_);
         comm_ = nullptr;
-        throw CommError(
-            "rank " + std::to_string(rank()) + ": NCCL " + what + " waited " +
-            format_number(static_cast<double>(timeout().count()) / 1000.0, 3) +
-            " s (--timeout); did the other ranks skip the call, or are they blocked elsewhere?");
+        throw CommError("rank " + std::to_string(rank()) + ": NCCL " + what + " waited " +
+                        seconds(timeout()) +
+                        " (--timeout); did the other ranks skip the call, or are they blocked "
+                        "elsewhere?");
       }
       std::this_thread::yield();
     }
@@ -422,6 +536,8 @@ class NcclComm final : public Communicator {
   std::unique_ptr<Communicator> owned_host_;  // the host side of a split
   ncclComm_t comm_;
   int device_;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t caller_done_ = nullptr;
   std::shared_ptr<Batch> batch_;
 };
 
@@ -430,9 +546,8 @@ class NcclComm final : public Communicator {
 bool available() { return true; }
 
 std::unique_ptr<Communicator> create(Communicator& host, int device) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0)
-    throw UsageError("--backend nccl: no CUDA device found");
+  const int devices = cuda::device_count();
+  if (devices == 0) throw UsageError("--backend nccl: no CUDA device found");
   // NCCL needs a GPU of its own for every rank: with more ranks than GPUs, say so now
   // rather than hang in ncclCommInitRank (threads: one process sees all the ranks).
   if (host.backend() == "threads" && host.size() > devices)
@@ -464,8 +579,18 @@ std::unique_ptr<Communicator> create(Communicator& host, int device) {
     host.broadcast(bytes, 0);
   }
   std::memcpy(&id, bytes.data(), sizeof id);
+  // Non-blocking (see settle): a rank that never joins ends in a message at the timeout,
+  // not a hang inside ncclCommInitRank.
   ncclComm_t comm = nullptr;
-  NCCL_CHECK(api().ncclCommInitRank(&comm, host.size(), id, host.rank()));
+  ncclConfig_t config = non_blocking();
+  const auto deadline = Clock::now() + host.timeout();
+  const ncclResult_t r = api().ncclCommInitRankConfig(&comm, host.size(), id, host.rank(), &config);
+  if (r != ncclSuccess && r != ncclInProgress) {
+    if (comm) api().ncclCommAbort(comm);
+    throw CommError("rank " + std::to_string(host.rank()) +
+                    ": NCCL communicator creation failed: " + api().ncclGetErrorString(r));
+  }
+  settle(comm, host, deadline, "communicator creation (ncclCommInitRank)");
   return std::make_unique<NcclComm>(host, comm, device);
 }
 

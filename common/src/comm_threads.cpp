@@ -338,6 +338,9 @@ class ThreadComm final : public Communicator {
   }
 
   std::string_view backend() const override { return "threads"; }
+  void check_not_aborted() const override {
+    if (g_->world->aborted.load()) g_->world->throw_aborted(g_->world_rank(rank()));
+  }
 
  protected:
   Request isend_impl(const void* buf, std::size_t bytes, Memory mem, int peer, int tag) override {

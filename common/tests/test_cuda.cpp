@@ -8,6 +8,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <cstdlib>
 
 #include "comm_cases.hpp"
 #include "shardlab/comm_nccl.hpp"
@@ -21,6 +22,15 @@ using shardlab::testing::check_close;
 using shardlab::testing::check_equal;
 
 namespace {
+/// The GPUs, for a test's skip decorator (evaluated before main, which reports a GPU that
+/// CUDA cannot start).
+int gpus() {
+  try {
+    return cuda::device_count();
+  } catch (const Error&) {
+    return 0;
+  }
+}
 /// Float32 kernels and their host loops may round differently (the GPU fuses
 /// multiply-adds, and its tanhf is within 2 ulp): a few ulp, relative.
 constexpr float kernel_rtol = 4e-7f, kernel_atol = 1e-7f;
@@ -208,8 +218,7 @@ TEST_SUITE("cuda") {
     }
   }
 
-  TEST_CASE("the threads backend with ranks on different GPUs" *
-            doctest::skip(cuda::device_count() < 2)) {
+  TEST_CASE("the threads backend with ranks on different GPUs" * doctest::skip(gpus() < 2)) {
     const int n = cuda::device_count();
     run_threads(n, [](Communicator& comm) {
       cuda::set_device(comm.rank());
@@ -255,8 +264,21 @@ TEST_CASE("NCCL: every collective and a sendrecv ring on device buffers, one GPU
 }
 
 int main(int argc, char** argv) {
-  if (cuda::device_count() == 0) {
+  // Skipped only where there is no GPU at all; a GPU that CUDA cannot start fails.
+  int devices = 0;
+  try {
+    devices = cuda::device_count();
+  } catch (const Error& e) {
+    std::fprintf(stderr, "test_cuda: %s\n", e.what());
+    return 1;
+  }
+  if (devices == 0) {
     std::printf("skipped: no CUDA device%s\n", cuda::built() ? "" : " (this build has no CUDA)");
+    return 77;
+  }
+  // SHARDLAB_TEST_GPUS=2: the multi-GPU run (CTest common.cuda_2gpus), skipped with fewer.
+  if (const char* need = std::getenv("SHARDLAB_TEST_GPUS"); need && devices < std::atoi(need)) {
+    std::printf("skipped: needs %s GPUs, this machine has %d\n", need, devices);
     return 77;
   }
   std::printf("device 0: %s\n", cuda::describe_device(0).c_str());

@@ -228,6 +228,10 @@ class Communicator {
   virtual std::string_view backend() const = 0;
   /// How long a blocking call may wait before it fails.
   std::chrono::milliseconds timeout() const { return timeout_; }
+  /// Throws CommAborted once the job has been ended by another rank's failure. This
+  /// communicator's own waits notice that by themselves; a backend that waits elsewhere
+  /// (NCCL, polling the GPU) asks here while it waits.
+  virtual void check_not_aborted() const {}
 
   // -- point to point --------------------------------------------------------
   // Blocking send may wait until the receiver posts its recv (as MPI allows for large
