@@ -135,7 +135,8 @@ void correctness(Context& ctx, const std::vector<std::string>& algorithms, const
 void benchmark(Context& ctx, const std::vector<std::string>& algorithms, const Settings& s) {
   ctx.say("");
   Communicator& comm = ctx.comm();
-  const double N = ctx.size(), bus_factor = N > 1 ? 2 * (N - 1) / N : 1.0;
+  const double N = ctx.size(), bus_factor = 2 * (N - 1) / N;  // 0 for one rank, as nccl-tests
+  if (N == 1) ctx.say("one rank: an allreduce moves no data (NCCL's is a no-op): busbw is 0");
   Buffers buf{ctx.memory(), s.segment};
   auto prepare = [&](std::int64_t count) {
     buf.resize(count);
@@ -155,11 +156,9 @@ void benchmark(Context& ctx, const std::vector<std::string>& algorithms, const S
                  "; memcpy: each rank copies S bytes " +
                  (ctx.on_gpu() ? "device to device on its GPU" : "on the host") +
                  " (busbw = algbw)";
-  config.iterations = s.iters;
-  config.warmup = s.warmup;
+  config.iterations = s.iters, config.warmup = s.warmup;
   if (ctx.on_gpu()) config.synchronize = cuda::synchronize;  // the clock stops when the GPU is done
-  config.csv_name = "03_ring_allreduce";
-  config.json_key = "benchmark";
+  config.csv_name = "03_ring_allreduce", config.json_key = "benchmark";
   const std::vector<bench::Row> rows =
       bench::run(ctx, config, cases, bench::sweep(s.min_bytes, s.max_bytes, s.factor, 4));
 
@@ -167,6 +166,7 @@ void benchmark(Context& ctx, const std::vector<std::string>& algorithms, const S
   auto ratio = [&](const std::string& name, const std::string& to) {
     return std::round(1000 * bench::mean_ratio(rows, name, to)) / 1000;
   };
+  if (N == 1) return;  // no bus bandwidth to compare
   Table ratios({"algorithm", "busbw_vs_native", "busbw_vs_memcpy"});
   for (const std::string& name : algorithms)
     ratios.add({name, ratio(name, "native"), ratio(name, "memcpy")});

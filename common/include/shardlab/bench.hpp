@@ -57,6 +57,10 @@ struct Config {
   /// Called after the timed iterations on every rank (a GPU's stream: the work must be
   /// done before the clock stops).
   std::function<void()> synchronize;
+  /// Time the iterations with CUDA events on each rank's stream (cuda::EventTimer): the
+  /// GPU's own time for the work, for a computation (not a collective, whose time includes
+  /// waiting for the other ranks).
+  bool device_clock = false;
   std::string csv_name;  // CSV_DIR/csv_name.csv; empty: no CSV
   std::string json_key;  // ctx.json()[json_key] gets the rows (the CSV's columns); empty: none
 };
