@@ -71,6 +71,10 @@ function(shardlab_add_notebook_test short slug)
     DEPENDS ${ARG_DEPENDS})
 endfunction()
 
+# GPU tests: CUDA starts under AddressSanitizer (the debug preset) only with the shadow
+# gap unprotected; without ASan the variable is ignored.
+set(SHARDLAB_GPU_ENV "ASAN_OPTIONS=protect_shadow_gap=0")
+
 function(shardlab_mpirun_command out_var ranks)
   set(${out_var} ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${ranks} --oversubscribe
       ${MPIEXEC_PREFLAGS} ${ARGN} PARENT_SCOPE)
@@ -104,7 +108,8 @@ endfunction()
 #                      TESTS <test_file>... [CHAPTER_TESTS <test_file>...]
 #                      [BAD_USAGE "<args>"...] [MPI_ARGS <arg>...] [MPI_RANKS <n>]
 #                      [MPI_TIMED_KEYS <key|key...>]
-#                      [GPU_ARGS <arg>...] [DEPENDS <NN>...] [LIBRARIES <target>...])
+#                      [GPU_ARGS <arg>...] [GPU_EXPECT <regex>...]
+#                      [DEPENDS <NN>...] [LIBRARIES <target>...])
 #
 # Wires one chapter, as DESIGN.md describes. DEPENDS names the earlier chapters it builds
 # on (their numbers): a chapter's libraries link shardlab::chNN of each, which is the
@@ -126,7 +131,7 @@ endfunction()
 # pass instead, because the learner has filled the stubs in.
 function(shardlab_add_chapter chapter)
   cmake_parse_arguments(ARG "" "MPI_RANKS;MPI_TIMED_KEYS;JSON_RANKS"
-    "SOURCES;CHAPTER_SOURCES;TESTS;CHAPTER_TESTS;BAD_USAGE;MPI_ARGS;GPU_ARGS;DEPENDS;LIBRARIES"
+    "SOURCES;CHAPTER_SOURCES;TESTS;CHAPTER_TESTS;BAD_USAGE;MPI_ARGS;GPU_ARGS;GPU_EXPECT;DEPENDS;LIBRARIES"
     ${ARGN})
   if(NOT ARG_JSON_RANKS)
     set(ARG_JSON_RANKS 3)
@@ -225,11 +230,28 @@ function(shardlab_add_chapter chapter)
     shardlab_add_expect_test(${short}.usage_${index} COMMAND ${program} ${bad_args}
       EXIT 2 MATCH "^${target}: error: [^\n]+\n$" LABELS "${short};program")
   endforeach()
-  # Chapters with a GPU path (GPU_ARGS given): --device cuda runs and verifies on a GPU
-  # (label gpu; skipped where there is none).
+  # Chapters with a GPU path (GPU_ARGS given): --device cuda runs and verifies on a GPU,
+  # and the same with --backend nccl (one GPU per rank), each output matching every
+  # GPU_EXPECT regex (label gpu; skipped where there is no GPU, or too few for NCCL).
   if(ARG_GPU_ARGS)
-    add_test(NAME ${short}.gpu COMMAND ${PROJECT_SOURCE_DIR}/scripts/gpu_run.sh ${program} --quiet ${ARG_GPU_ARGS})
-    set_tests_properties(${short}.gpu PROPERTIES LABELS "${short};gpu" TIMEOUT 300 SKIP_RETURN_CODE 77)
+    set(expect)
+    foreach(pattern IN LISTS ARG_GPU_EXPECT)
+      list(APPEND expect --expect ${pattern})
+    endforeach()
+    add_test(NAME ${short}.gpu COMMAND ${PROJECT_SOURCE_DIR}/scripts/gpu_run.sh ${expect}
+             ${program} --quiet ${ARG_GPU_ARGS})
+    set(gpu_tests ${short}.gpu)
+    if(SHARDLAB_HAVE_NCCL)
+      add_test(NAME ${short}.gpu_nccl COMMAND ${PROJECT_SOURCE_DIR}/scripts/gpu_run.sh ${expect}
+               ${program} --quiet --backend nccl ${ARG_GPU_ARGS})
+      list(APPEND gpu_tests ${short}.gpu_nccl)
+    endif()
+    set_tests_properties(${gpu_tests} PROPERTIES LABELS "${short};gpu" TIMEOUT 300
+      SKIP_RETURN_CODE 77 ENVIRONMENT "${SHARDLAB_GPU_ENV}")
+    # The expected numbers hold on the CPU too (so a pattern cannot be wrong unnoticed).
+    add_test(NAME ${short}.gpu_expect COMMAND ${PROJECT_SOURCE_DIR}/scripts/gpu_run.sh --cpu
+             ${expect} ${program} --quiet ${ARG_GPU_ARGS})
+    set_tests_properties(${short}.gpu_expect PROPERTIES LABELS "${short};program" TIMEOUT 120)
   endif()
 
   # Under mpirun the program prints the same results as with threads (only the
