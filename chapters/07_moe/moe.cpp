@@ -294,6 +294,158 @@ Result moe_reference(const MoeConfig& c, const Weights& all, const Tensor& x, co
   return out;
 }
 
+namespace {
+/// |t|, element by element (host, f32).
+Tensor magnitude(const Tensor& t) {
+  Tensor m = t.to(Memory::host).clone();
+  for (float& v : m) v = std::fabs(v);
+  return m;
+}
+/// Componentwise, for C = A B computed from A' and B' within ea and eb of A and B (element
+/// by element, matrices; undefined: 0) with the sums in any order: |C' - C| is at most
+/// 2 gamma_K |A||B| (Higham §3.1, matmul_reorder_bound's, element by element) + ea |B| +
+/// |A| eb, to first order.
+Tensor carried(const Tensor& a, const Tensor& ea, const Tensor& b, const Tensor& eb) {
+  constexpr double u = 0x1.0p-24;
+  const double K = static_cast<double>(a.cols());
+  const Tensor abs_a = magnitude(a), abs_b = magnitude(b);
+  Tensor e = scale(matmul(abs_a, abs_b), static_cast<float>(2 * K * u / (1 - K * u)));
+  if (ea.defined()) axpy(1.0f, matmul(ea, abs_b), e);
+  if (eb.defined()) axpy(1.0f, matmul(abs_a, eb), e);
+  return e;
+}
+}  // namespace
+
+Tolerance tolerance(const MoeConfig& c, const Weights& all, const Tensor& x, const Tensor& dy,
+                    const Result& ref, bool gpu) {
+  constexpr float u = 0x1.0p-24f;
+  const Routing& r = ref.routing;
+  const auto rows = rows_by_expert(r);
+  std::vector<int> row(at(c.tokens * c.k), -1);  // choice -> row of outs, as the reference
+  int n = 0;
+  for (const auto& mine : rows)
+    for (int ch : mine) row[at(ch)] = n++;
+  const Tensor probs = router_probs(x, all.router);
+  // The experts, as the reference runs them, with their error matrices on a GPU: h = X W1,
+  // a = tanh(h) (|tanh'| <= 1; tanhf within 2 ulp of |a| <= 1: 2^-22), o = a W2; backward
+  // from do = gate dy: da = do W2^T, dh = da (1 - a^2) (|d dh/da| = 2 |a da|), dx_e = dh W1^T,
+  // dW1 = X^T dh, dW2 = a^T do.
+  Tensor outs(n, c.hidden), e_outs(n, c.hidden), e_dins(n, c.hidden);
+  Tolerance t;
+  // The router and the gates: z = x Wr; the softmax moves p_i by at most
+  // p_i (ez_i + sum_j p_j ez_j); a gate p_j / S (S the chosen p's sum) by g_j (dp_j / p_j +
+  // dS / S).
+  const Tensor ez = gpu ? carried(x, Tensor(), all.router, Tensor()) : zeros(c.tokens, c.experts);
+  Tensor ep(c.tokens, c.experts);
+  std::vector<float> eg(at(c.tokens * c.k), 0.0f), es(at(c.tokens), 0.0f);
+  for (int tk = 0; tk < c.tokens; ++tk) {
+    float mean = 0, chosen = 0;
+    for (int e = 0; e < c.experts; ++e) mean += probs(tk, e) * ez(tk, e);
+    for (int e = 0; e < c.experts; ++e) ep(tk, e) = probs(tk, e) * (ez(tk, e) + mean);
+    for (int j = 0; j < c.k; ++j) {
+      const int e = r.expert[at(r.at(tk, j))];
+      chosen += probs(tk, e), es[at(tk)] += ep(tk, e);
+    }
+    for (int j = 0; j < c.k; ++j) {
+      const Index ch = at(r.at(tk, j));
+      const int e = r.expert[ch];
+      eg[ch] = c.k == 1 ? ep(tk, e) : r.gate[ch] * (ep(tk, e) / probs(tk, e) + es[at(tk)] / chosen);
+    }
+  }
+  for (int e = 0; e < c.experts; ++e) {
+    const auto& mine = rows[at(e)];
+    if (mine.empty()) continue;
+    const auto count = static_cast<std::int64_t>(mine.size());
+    std::vector<int> tokens;
+    Tensor dout(count, c.hidden), e_dout(count, c.hidden);
+    for (std::int64_t i = 0; i < count; ++i) {
+      const Index ch = at(mine[at(static_cast<int>(i))]);
+      tokens.push_back(static_cast<int>(ch) / c.k);
+      for (std::int64_t d = 0; d < c.hidden; ++d) {
+        dout(i, d) = r.gate[ch] * dy(tokens.back(), d);
+        e_dout(i, d) = eg[ch] * std::fabs(dy(tokens.back(), d)) + u * std::fabs(dout(i, d));
+      }
+    }
+    const Tensor X = gather_rows(x, index_of(tokens, Memory::host));
+    const Tensor &w1 = all.w1[at(e)], &w2 = all.w2[at(e)];
+    const Tensor a = tanh(matmul(X, w1)), o = matmul(a, w2);
+    const std::int64_t first = row[at(mine[0])];
+    outs.slice(first, count).copy_from(o);
+    if (!gpu) continue;
+    Tensor ea = carried(X, Tensor(), w1, Tensor());
+    for (float& v : ea) v += 0x1.0p-22f;
+    e_outs.slice(first, count).copy_from(carried(a, ea, w2, Tensor()));
+    const Tensor da = matmul(dout, w2, false, true), dh = tanh_backward(a, da);
+    Tensor edh = carried(dout, e_dout, transpose(w2), Tensor());
+    for (std::int64_t i = 0; i < edh.size(); ++i)
+      edh[i] += 2 * std::fabs(a[i] * da[i]) * ea[i] + 2 * u * std::fabs(dh[i]);
+    e_dins.slice(first, count).copy_from(carried(dh, edh, transpose(w1), Tensor()));
+    t.dw = std::max({t.dw, max_abs(carried(transpose(X), Tensor(), dh, edh)),
+                     max_abs(carried(transpose(a), transpose(ea), dout, e_dout))});
+  }
+  // dL/dgate = dy . o; dL/dp through the renormalisation (dp_i = dg_i / S - W / S^2, W =
+  // sum_j dg_j p_j, plus the aux loss's constant); dL/dz = p (dp - p . dp).
+  const std::vector<float> dgate = gate_grads(dy, r, 0, row, outs);
+  const Tensor dlogits = router_grad(c, r, 0, probs, dgate, first_choice_fractions(r));
+  t.drouter = matmul_reorder_bound(transpose(x), dlogits);  // the ranks sum it in parts
+  if (!gpu) return t;
+  const double hu = c.hidden * double{u}, gamma_d = hu / (1 - hu);
+  std::vector<float> edg(at(c.tokens * c.k), 0.0f);
+  Tensor edl(c.tokens, c.experts);
+  for (int tk = 0; tk < c.tokens; ++tk) {
+    std::vector<float> dp(at(c.experts), 0.0f), edp(at(c.experts), 0.0f);
+    float S = 0, W = 0, eW = 0;
+    for (int j = 0; j < c.k; ++j) {
+      const Index ch = at(r.at(tk, j));
+      if (row[ch] < 0) continue;
+      float err = 0, mag = 0;
+      for (std::int64_t d = 0; d < c.hidden; ++d) {
+        err += std::fabs(dy(tk, d)) * e_outs(row[ch], d);
+        mag += std::fabs(dy(tk, d) * outs(row[ch], d));
+      }
+      edg[ch] = err + static_cast<float>(2 * gamma_d) * mag;
+    }
+    for (int j = 0; j < c.k; ++j) {
+      const Index ch = at(r.at(tk, j));
+      const float p = probs(tk, r.expert[ch]);
+      S += p, W += dgate[ch] * p, eW += edg[ch] * p + std::fabs(dgate[ch]) * ep(tk, r.expert[ch]);
+    }
+    for (int j = 0; j < c.k; ++j) {
+      const Index ch = at(r.at(tk, j));
+      const auto e = at(r.expert[ch]);
+      dp[e] += c.k == 1 ? dgate[ch] : dgate[ch] / S - W / (S * S);
+      edp[e] += c.k == 1 ? edg[ch]
+                         : edg[ch] / S + std::fabs(dgate[ch]) * es[at(tk)] / (S * S) +
+                               eW / (S * S) + 2 * std::fabs(W) * es[at(tk)] / (S * S * S);
+    }
+    float dot = 0, edot = 0;
+    for (int e = 0; e < c.experts; ++e) {
+      dot += probs(tk, e) * dp[at(e)];
+      edot += ep(tk, e) * std::fabs(dp[at(e)]) + probs(tk, e) * edp[at(e)];
+    }
+    for (int e = 0; e < c.experts; ++e)
+      edl(tk, e) = ep(tk, e) * std::fabs(dp[at(e)] - dot) + probs(tk, e) * (edp[at(e)] + edot) +
+                   4 * u * std::fabs(dlogits(tk, e));
+  }
+  // y = x + the k choices' gate o; dx = dy + the k choices' dx_e + dlogits Wr^T; each
+  // addition rounded (an ulp of the result).
+  Tensor ey(c.tokens, c.hidden), edx = carried(dlogits, edl, transpose(all.router), Tensor());
+  for (int tk = 0; tk < c.tokens; ++tk)
+    for (int j = 0; j < c.k; ++j) {
+      const Index ch = at(r.at(tk, j));
+      if (row[ch] < 0) continue;
+      for (std::int64_t d = 0; d < c.hidden; ++d) {
+        ey(tk, d) += r.gate[ch] * e_outs(row[ch], d) + eg[ch] * std::fabs(outs(row[ch], d));
+        edx(tk, d) += e_dins(row[ch], d);
+      }
+    }
+  const double k = c.k;
+  t.y = max_abs(ey) + 2 * k * u * max_abs(ref.y);
+  t.dx = max_abs(edx) + 2 * (k + 1) * u * max_abs(ref.dx);
+  t.drouter = max_abs(carried(transpose(x), Tensor(), dlogits, edl));
+  return t;
+}
+
 // ---------------------------------------------------------------------------
 // MoeLayer
 

@@ -99,6 +99,21 @@ struct Result {
 Result moe_reference(const MoeConfig& config, const Weights& all, const Tensor& x,
                      const Tensor& dy);
 
+/// How far the expert-parallel layer may lie from the reference `ref` (max abs, per
+/// compared quantity), with the same routing. Derived, not guessed. On the CPU: 0 (the
+/// same sums in the same order), except the router's gradient, whose T token terms the
+/// ranks sum in parts (Higham's 2 gamma_T |x^T| |dlogits|, matmul_reorder_bound). On a GPU
+/// (`gpu`): each matmul (the router's, the experts') summed in cuBLAS's order is within
+/// Higham's bound of the host's; tanhf is within 2 ulp; and each step's input error is
+/// carried through every later step to first order (a matmul A' B with |A' - A| <= e adds
+/// e x the largest column sum of |B|; the softmax, the gates' renormalisation, tanh' and
+/// the router's backward by their derivatives). README, "On a GPU", writes the chain out.
+struct Tolerance {
+  double y = 0, dx = 0, drouter = 0, dw = 0;
+};
+Tolerance tolerance(const MoeConfig& config, const Weights& all, const Tensor& x, const Tensor& dy,
+                    const Result& ref, bool gpu);
+
 // ---------------------------------------------------------------------------
 // The layer expert-parallel, as an nn layer
 

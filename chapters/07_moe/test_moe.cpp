@@ -6,10 +6,16 @@
 //   the gate renormalisation left out of the router's backward (dL/dp = dL/dgate for
 //     k = 2) -> "the layer's gradients match finite differences": dL/dWrouter, k := 2;
 //   the aux loss's gradient left out -> the same case, dL/dWrouter, k := 1;
-//   capacity rounded down -> "capacity C = ceil(k T / E x factor)": 2 for 2.5, 8 for 8.325.
+//   capacity rounded down -> "capacity C = ceil(k T / E x factor)": 2 for 2.5, 8 for 8.325;
+//   the GPU tolerance 0 as on the CPU, or one ulp of the largest value -> "the GPU
+//     tolerance covers another summation order": another order exceeds it (by up to 5e-7
+//     relative, in dL/dWrouter); a tolerance of the magnitudes alone (sum |A||B|, no
+//     K u) -> the same case: "says nothing about values of ...".
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "moe.hpp"
 #include "shardlab/testing.hpp"
@@ -24,6 +30,23 @@ double loss(const ch07::MoeConfig& c, const ch07::Weights& w, const Tensor& x, c
   double s = 0;
   for (std::int64_t i = 0; i < r.y.size(); ++i) s += static_cast<double>(r.y[i]) * dy[i];
   return s + r.stats.aux_loss;
+}
+
+/// Columns (or rows, for `rows`) of t in the order `order`.
+Tensor permuted(const Tensor& t, const std::vector<std::int64_t>& order, bool rows) {
+  Tensor out(t.rows(), t.cols());
+  for (std::int64_t i = 0; i < t.rows(); ++i)
+    for (std::int64_t j = 0; j < t.cols(); ++j)
+      out(i, j) = rows ? t(order[static_cast<std::size_t>(i)], j)
+                       : t(i, order[static_cast<std::size_t>(j)]);
+  return out;
+}
+std::vector<std::int64_t> shuffled(std::int64_t n, std::uint64_t seed) {
+  std::vector<std::int64_t> order(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) order[static_cast<std::size_t>(i)] = i;
+  const Tensor keys = randn(1, n, seed);
+  std::sort(order.begin(), order.end(), [&](auto a, auto b) { return keys[a] < keys[b]; });
+  return order;
 }
 
 }  // namespace
@@ -137,6 +160,55 @@ TEST_SUITE("ch07") {
         CHECK_MESSAGE(r.dx.flat()[i] == doctest::Approx(want).epsilon(2e-2).scale(1e-2),
                       "dL/dx[" << i << "] = " << r.dx.flat()[i] << ", finite differences " << want);
       }
+    }
+  }
+}
+
+TEST_CASE("the GPU tolerance covers another summation order of every sum") {
+  // A GPU sums each matmul in its own order. The same layer with the hidden and the FFN
+  // dimensions permuted (x's columns, W1's rows and columns, ...) computes the same
+  // numbers with every inner sum in another order: the results, permuted back, must lie
+  // within the bound `tolerance` derives for a GPU, and the routing must not change.
+  for (int k : {1, 2}) {
+    CAPTURE(k);
+    ch07::MoeConfig c;
+    c.k = k, c.tokens = 96, c.hidden = 48, c.ffn = 80, c.experts = 4, c.seed = 5;
+    const ch07::Weights w = ch07::make_weights(c, 0, c.experts);
+    const Tensor x = randn(c.tokens, c.hidden, 31), dy = scale(randn(c.tokens, c.hidden, 32), 0.1f);
+    const ch07::Result ref = ch07::moe_reference(c, w, x, dy);
+    const ch07::Tolerance tol = ch07::tolerance(c, w, x, dy, ref, true);
+    const auto P = shuffled(c.hidden, 41), Q = shuffled(c.ffn, 42);
+    ch07::Weights v = w;
+    v.router = permuted(w.router, P, true);
+    for (int e = 0; e < c.experts; ++e) {
+      v.w1[static_cast<std::size_t>(e)] =
+          permuted(permuted(w.w1[static_cast<std::size_t>(e)], P, true), Q, false);
+      v.w2[static_cast<std::size_t>(e)] =
+          permuted(permuted(w.w2[static_cast<std::size_t>(e)], Q, true), P, false);
+    }
+    const ch07::Result other =
+        ch07::moe_reference(c, v, permuted(x, P, false), permuted(dy, P, false));
+    REQUIRE_MESSAGE(other.routing.expert == ref.routing.expert,
+                    "the permuted run routed otherwise");
+    REQUIRE(other.routing.slot == ref.routing.slot);
+    auto check = [](const std::string& what, const Tensor& got, const Tensor& want, double bound) {
+      const double diff = max_abs_diff(got, want);
+      CHECK_MESSAGE(diff <= bound, what << ": another order differs by " << diff
+                                        << ", more than the GPU tolerance " << bound);
+      // Not vacuous. The bound is a worst case (K u per sum, every error aligned), some
+      // 10^3 to 10^5 times what another order gives here; still, a mistake of the layer (a
+      // dropped term, a wrong row) moves a result by more than 5 % of the largest value.
+      CHECK_MESSAGE(bound < 0.05 * std::max(1.0, max_abs(want)),
+                    what << ": the GPU tolerance " << bound << " says nothing about values of "
+                         << max_abs(want));
+    };
+    check("y", permuted(ref.y, P, false), other.y, tol.y);
+    check("dL/dx", permuted(ref.dx, P, false), other.dx, tol.dx);
+    check("dL/dWrouter", permuted(ref.drouter, P, true), other.drouter, tol.drouter);
+    for (int e = 0; e < c.experts; ++e) {
+      const auto i = static_cast<std::size_t>(e);
+      check("dL/dW1", permuted(permuted(ref.dw1[i], P, true), Q, false), other.dw1[i], tol.dw);
+      check("dL/dW2", permuted(permuted(ref.dw2[i], Q, true), P, false), other.dw2[i], tol.dw);
     }
   }
 }
