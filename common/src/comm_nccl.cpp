@@ -377,20 +377,19 @@ class NcclComm final : public Communicator {
     auto at_out = [&](std::size_t elements) { return static_cast<char*>(c.out) + elements * elem; };
     switch (c.op) {
       case Op::allreduce:
-        NCCL_CHECK(api().ncclAllReduce(c.out, c.out, c.count, t, nccl_op(c.reduce), comm, stream_));
-        return;
+        return settled(
+            api().ncclAllReduce(c.out, c.out, c.count, t, nccl_op(c.reduce), comm, stream_), c);
       case Op::reduce:
-        NCCL_CHECK(
-            api().ncclReduce(c.out, c.out, c.count, t, nccl_op(c.reduce), c.root, comm, stream_));
-        return;
+        return settled(
+            api().ncclReduce(c.out, c.out, c.count, t, nccl_op(c.reduce), c.root, comm, stream_),
+            c);
       case Op::broadcast:
-        NCCL_CHECK(api().ncclBroadcast(c.out, c.out, c.count, t, c.root, comm, stream_));
-        return;
+        return settled(api().ncclBroadcast(c.out, c.out, c.count, t, c.root, comm, stream_), c);
       case Op::reduce_scatter: {
         if (c.count % static_cast<std::size_t>(N) == 0) {
-          NCCL_CHECK(api().ncclReduceScatter(c.in, c.out, c.count / static_cast<std::size_t>(N), t,
-                                             nccl_op(c.reduce), comm, stream_));
-          return;
+          return settled(api().ncclReduceScatter(c.in, c.out, c.count / static_cast<std::size_t>(N),
+                                                 t, nccl_op(c.reduce), comm, stream_),
+                         c);
         }
         // Uneven shards: one reduce per shard, to its owner, issued as one group.
         Group group(comm_, host_);
@@ -406,8 +405,7 @@ class NcclComm final : public Communicator {
         const bool even = std::adjacent_find(c.counts.begin(), c.counts.end(),
                                              std::not_equal_to<>()) == c.counts.end();
         if (even) {
-          NCCL_CHECK(api().ncclAllGather(c.in, c.out, c.counts[0], t, comm, stream_));
-          return;
+          return settled(api().ncclAllGather(c.in, c.out, c.counts[0], t, comm, stream_), c);
         }
         // Uneven counts: one broadcast per rank into its place, issued as one group.
         Group group(comm_, host_);
@@ -457,6 +455,11 @@ class NcclComm final : public Communicator {
         throw Error("nccl backend: no collective " + std::string(op_name(c.op)));
     }
   }
+
+  /// A collective issued alone (not in a group) on the non-blocking communicator: NCCL
+  /// may still be enqueueing it (ncclInProgress), and nothing may follow on its stream, not
+  /// even the event that marks its end, until it has.
+  void settled(ncclResult_t r, const Collective& c) { call(r, comm_, host_, c.describe().c_str()); }
 
   /// Sends and receives posted but not yet waited for go out before a collective, so that
   /// a peer waiting on them is not stuck behind it.
