@@ -153,12 +153,22 @@ void call(ncclResult_t r, ncclComm_t& comm, const Communicator& host, const char
 /// between are only queued; ncclGroupEnd issues them (and may be the one to wait).
 class Group {
  public:
-  Group(ncclComm_t& comm, const Communicator& host) : comm_(comm), host_(host) {
+  Group(ncclComm_t& comm, const Communicator& host)
+      : comm_(comm), host_(host), exceptions_(std::uncaught_exceptions()) {
     NCCL_CHECK(api().ncclGroupStart());
   }
   ~Group() noexcept(false) {
     const ncclResult_t r = api().ncclGroupEnd();
-    if (!std::uncaught_exceptions()) call(r, comm_, host_, "group of calls");
+    if (std::uncaught_exceptions() == exceptions_) {
+      call(r, comm_, host_, "group of calls");
+      return;
+    }
+    // Unwinding already: the group's state cannot be waited for here, and an unsettled
+    // communicator refuses every later call, so it is aborted.
+    if (r != ncclSuccess && comm_) {
+      api().ncclCommAbort(comm_);
+      comm_ = nullptr;
+    }
   }
   Group(const Group&) = delete;
   Group& operator=(const Group&) = delete;
@@ -166,6 +176,7 @@ class Group {
  private:
   ncclComm_t& comm_;
   const Communicator& host_;
+  int exceptions_;
 };
 
 /// A configuration for non-blocking communicators (see settle).
@@ -195,6 +206,13 @@ struct NcclRequest final : Request::Impl {
   }
 };
 
+class NcclComm;
+/// The NCCL communicators of this thread (one rank's). A wait on one first issues the
+/// sends and receives posted on the others: a pipeline stage that sends on one
+/// communicator and then receives on another would otherwise wait for ever for its
+/// peer's send, which waits in a batch not yet issued.
+thread_local std::vector<NcclComm*> thread_comms;
+
 class NcclComm final : public Communicator {
  public:
   NcclComm(Communicator& host, ncclComm_t comm, int device,
@@ -209,16 +227,20 @@ class NcclComm final : public Communicator {
     // stream, not this rank's.
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     CUDA_CHECK(cudaEventCreateWithFlags(&caller_done_, cudaEventDisableTiming));
+    thread_comms.push_back(this);
   }
   /// Finalizes (flushes what was issued) and destroys the communicator; one that does not
   /// finish within the timeout, or has failed, is aborted instead.
   ~NcclComm() override {
+    std::erase(thread_comms, this);
     if (comm_) {
       try {
         call(api().ncclCommFinalize(comm_), comm_, host_, "finalize");
         if (comm_) api().ncclCommDestroy(comm_);
-      } catch (...) {  // settle has aborted it
+      } catch (...) {  // settle has aborted it, unless finalize failed at once
+        if (comm_) api().ncclCommAbort(comm_);
       }
+      comm_ = nullptr;
     }
     if (caller_done_) cudaEventDestroy(caller_done_);
     if (stream_) cudaStreamDestroy(stream_);
@@ -294,7 +316,14 @@ class NcclComm final : public Communicator {
     ncclComm_t sub = nullptr;
     ncclConfig_t config = non_blocking();
     const auto deadline = Clock::now() + timeout();
-    call(api().ncclCommSplit(live(), color, key, &sub, &config), comm_, host_, "split");
+    // The split goes on in NCCL's thread: the parent is "in progress" (ncclCommSplit itself
+    // returns ncclSuccess) and `sub` stays null until it is done, so the parent is waited
+    // for first, then the new communicator.
+    const ncclResult_t r = api().ncclCommSplit(live(), color, key, &sub, &config);
+    if (r != ncclSuccess && r != ncclInProgress) call(r, comm_, host_, "split");
+    settle(comm_, host_, deadline, "split");
+    if (!sub)
+      throw CommError("rank " + std::to_string(rank()) + ": NCCL split gave no communicator");
     settle(sub, *host, deadline, "split (the new communicator)");
     Communicator& h = *host;
     return std::make_unique<NcclComm>(h, sub, device_, std::move(host));
@@ -502,7 +531,8 @@ class NcclComm final : public Communicator {
   /// Polls `done` until it completes, with the communicator's state (settle: an error,
   /// the timeout or the job's end aborts the communicator and throws).
   void finish(cudaEvent_t done, const std::string& what) {
-    const auto deadline = Clock::now() + timeout();
+    for (NcclComm* other : thread_comms) other->flush();
+    const auto deadline = wait_deadline();
     for (;;) {
       const cudaError_t state = cudaEventQuery(done);
       if (state == cudaSuccess) return;

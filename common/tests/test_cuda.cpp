@@ -255,6 +255,29 @@ TEST_CASE("NCCL: every collective and a sendrecv ring on device buffers, one GPU
     comm->sendrecv(dev(mine), (host_comm.rank() + 1) % n, in, (host_comm.rank() + n - 1) % n);
     CHECK(host(in).bitwise_equal(
         randn(1, 4099, 70 + static_cast<std::uint64_t>((host_comm.rank() + n - 1) % n))));
+    // Split communicators (the split settles on the parent first), and a send on one
+    // answered by a receive that waits on another, as pipeline stages do: the wait on the
+    // second must issue the first's pending send.
+    auto forward = comm->split(0, host_comm.rank());
+    auto backward = comm->split(0, host_comm.rank());
+    Tensor again = dev(mine);
+    forward->allreduce(again);
+    check_close(host(again), expected, 1e-5f, 1e-6f, "allreduce on a split communicator");
+    if (n >= 2 && host_comm.rank() < 2) {
+      const Tensor to_send = randn(1, 513, 90 + static_cast<std::uint64_t>(host_comm.rank()));
+      const Tensor out = dev(to_send);  // alive until the send is waited for
+      Tensor got = dev(Tensor(1, 513));
+      if (host_comm.rank() == 0) {
+        Request sent = forward->isend(out, 1);
+        backward->recv(got, 1);
+        forward->wait(sent);
+      } else {
+        forward->recv(got, 0);
+        backward->send(out, 0);
+      }
+      CHECK(host(got).bitwise_equal(
+          randn(1, 513, 90 + static_cast<std::uint64_t>(1 - host_comm.rank()))));
+    }
     // Host buffers on the same communicator go through the host backend: the full suite.
     cases::allreduce_every_op_and_type(*comm);
     cases::reduce_scatter_uneven_shards(*comm);
