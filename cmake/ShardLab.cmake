@@ -222,6 +222,7 @@ function(shardlab_add_chapter chapter)
                  "--seed -1" "--seed abc" "--seed 18446744073709551616"
                  "--no-such-flag" "stray-argument"
                  "--benchmark --csv-dir /dev/full" "--benchmark --csv-dir /proc"
+                 "--benchmark --csv-dir /"
                  "--benchmark --csv-dir ${chapter_dir}/CMakeLists.txt" ${ARG_BAD_USAGE})
   set(index 0)
   foreach(bad IN LISTS bad_usages)

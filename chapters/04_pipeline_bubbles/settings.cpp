@@ -40,18 +40,17 @@ void add_flags(shardlab::Program& program, Settings& s) {
   app.add_option("-p,--stages", s.stages, "stages (simulation: default 4; on ranks: the ranks)")
       ->check(CLI::Range(1, 1024));
   app.add_flag("--simulate", s.simulate, "on paper only, with the op costs above");
-  app.add_option("--trace", s.trace, "write the timelines as Chrome trace JSON (Perfetto)");
+  CLI::Option* trace =
+      app.add_option("--trace", s.trace, "write the timelines as Chrome trace JSON (Perfetto)");
   app.add_flag("--benchmark", s.benchmark, "on ranks: sweep the microbatches, write CSV");
 
-  program.validate([&s](const shardlab::Options& o) {
+  program.validate([&s, trace](const shardlab::Options& o) {
     s.model.seed = o.seed;
     require_usage(!(s.simulate && s.benchmark), "--benchmark runs on ranks: drop --simulate");
     require_usage(s.simulate || s.model.batch >= s.microbatches,
                   "--batch " + std::to_string(s.model.batch) + " cannot be cut into " +
                       std::to_string(s.microbatches) + " microbatches");
-    if (!s.trace.empty())
-      shardlab::check_writable_folder(std::filesystem::absolute(s.trace).parent_path(),
-                                      "--trace " + s.trace + ": its folder");
+    if (trace->count() > 0) shardlab::check_writable_file(s.trace, "--trace");
   });
   // On ranks, one stage per rank; every stage chunk needs a block of the model (with
   // --schedule all, the interleaved schedule is left out when only the others fit).

@@ -22,7 +22,19 @@ namespace {
 std::string reason() { return std::strerror(errno); }
 }  // namespace
 
+namespace {
+/// Something other than a regular file (a device, a folder, a pipe, a socket) at `path`.
+bool taken_by_other_than_a_file(const std::filesystem::path& path) {
+  std::error_code error;
+  const auto status = std::filesystem::status(path, error);
+  return std::filesystem::exists(status) && !std::filesystem::is_regular_file(status);
+}
+}  // namespace
+
 void write_file_atomic(const std::filesystem::path& path, const std::string& content) {
+  if (taken_by_other_than_a_file(path))
+    throw UsageError("will not write " + path.string() +
+                     ": it is there and is not a regular file (a folder, a device or a pipe)");
   std::error_code error;
   if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), error);
   if (error)
@@ -57,6 +69,10 @@ void write_file_atomic(const std::filesystem::path& path, const std::string& con
 void check_writable_folder(const std::filesystem::path& folder, const std::string& flag) {
   if (folder.empty()) throw UsageError(flag + " is empty: name a folder (. for this one)");
   std::error_code error;
+  const std::filesystem::path where = std::filesystem::weakly_canonical(folder, error);
+  if (!error && where == where.root_path())
+    throw UsageError(flag + " " + folder.string() +
+                     ": that is the filesystem's root; name a folder of its own");
   std::filesystem::create_directories(folder, error);
   if (error || !std::filesystem::is_directory(folder))
     throw UsageError(flag + " " + folder.string() + ": cannot make it a folder (" +
@@ -70,6 +86,15 @@ void check_writable_folder(const std::filesystem::path& folder, const std::strin
   ::close(fd);
   ::unlink(probe.c_str());
   if (!wrote) throw UsageError(flag + " " + folder.string() + " is not writable: " + why);
+}
+
+void check_writable_file(const std::filesystem::path& file, const std::string& flag) {
+  if (file.empty()) throw UsageError(flag + " is empty: name a file");
+  if (taken_by_other_than_a_file(file))
+    throw UsageError(flag + " " + file.string() +
+                     ": it is there and is not a regular file (a folder, a device or a pipe)");
+  check_writable_folder(std::filesystem::absolute(file).parent_path(),
+                        flag + " " + file.string() + ": its folder");
 }
 
 std::string Cell::str(int digits) const {

@@ -16,12 +16,17 @@ namespace shardlab {
 
 /// Writes `content` to `path` through a temporary file of its own, synced, then renamed
 /// over `path`: a reader sees the old file or the whole new one. Error (with the
-/// system's reason) if it cannot; the temporary file is removed then.
+/// system's reason) if it cannot, or if `path` is there and is not a regular file (a
+/// rename would replace a device, a folder's link or a pipe); the temporary file is
+/// removed then.
 void write_file_atomic(const std::filesystem::path& path, const std::string& content);
 /// Makes `folder` if needed and checks that a file can be written there: UsageError
-/// (naming `flag`, the folder and the reason) if not.
+/// (naming `flag`, the folder and the reason) if not, and for the filesystem's root.
 void check_writable_folder(const std::filesystem::path& folder,
                            const std::string& flag = "--csv-dir");
+/// The same for a file a flag names (`--trace run.json`): not empty, not something other
+/// than a regular file where it already is, in a folder where a file can be written.
+void check_writable_file(const std::filesystem::path& file, const std::string& flag);
 
 /// One value of a Table: a number, a whole number, a word or a flag.
 class Cell {
