@@ -10,8 +10,10 @@
 //     seeds must depend on the model's seed too, and the slice must equal the whole)
 //   - replica_divergence comparing each rank with itself (always 0)
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
 
@@ -143,4 +145,27 @@ TEST_CASE("replica_divergence finds the rank that drifted") {
       CHECK(std::isnan(replica_divergence(comm, w)));  // NaN is never "equal"
     });
   }
+}
+
+// Wrong versions this was checked against: a rename over whatever is there (a device node
+// becomes a JSON file, run as root); --csv-dir / accepted (files land in the root).
+TEST_CASE("output files: never over something that is not a regular file, never in /") {
+  namespace fs = std::filesystem;
+  CHECK_THROWS_AS(write_file_atomic("/dev/null", "{}"), UsageError);
+  CHECK(fs::is_character_file("/dev/null"));
+  const fs::path folder =
+      fs::temp_directory_path() / ("shardlab_out_" + std::to_string(::getpid()));
+  fs::create_directories(folder / "taken");
+  CHECK_THROWS_AS(write_file_atomic(folder / "taken", "{}"), UsageError);
+  CHECK(fs::is_directory(folder / "taken"));
+  write_file_atomic(folder / "new.json", "{}");
+  write_file_atomic(folder / "new.json", "[]");  // a regular file is replaced
+  CHECK(fs::file_size(folder / "new.json") == 2);
+  CHECK_THROWS_AS(check_writable_file(folder / "taken", "--trace"), UsageError);
+  CHECK_THROWS_AS(check_writable_file("", "--trace"), UsageError);
+  CHECK_NOTHROW(check_writable_file(folder / "trace.json", "--trace"));
+  CHECK_THROWS_AS(check_writable_folder("/"), UsageError);
+  CHECK_THROWS_AS(check_writable_folder("/./"), UsageError);
+  CHECK_NOTHROW(check_writable_folder(folder));
+  fs::remove_all(folder);
 }
