@@ -217,15 +217,19 @@ __global__ void gelu_backward_kernel(const float* x, const float* dy, float* dx,
     dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
   }
 }
-__global__ void adam_kernel(float* p, const float* g, float* m, float* v, std::int64_t n, float lr,
-                            float b1, float b2, float eps, float l2, float decay, float c1,
-                            float c2) {
+__global__ void adam_kernel(float* p, const float* g, float* m, float* v, std::int64_t n,
+                            float m_weight, float v_keep, float v_weight, float step_size,
+                            float correction2_sqrt, float eps, float l2, float keep) {
   GRID_STRIDE(i, n) {
-    const float grad = g[i] + l2 * p[i];
-    m[i] = b1 * m[i] + (1.0f - b1) * grad;
-    v[i] = b2 * v[i] + (1.0f - b2) * grad * grad;
-    p[i] -= decay * p[i];
-    p[i] -= lr * (m[i] / c1) / (sqrtf(v[i] / c2) + eps);
+    float grad = g[i];
+    if (l2 != 0.0f) grad = __fadd_rn(grad, __fmul_rn(l2, p[i]));
+    if (keep != 1.0f) p[i] = __fmul_rn(p[i], keep);
+    const float d = __fsub_rn(grad, m[i]);  // ATen's lerp, without fused multiply-adds
+    m[i] = fabsf(m_weight) < 0.5f ? __fadd_rn(m[i], __fmul_rn(m_weight, d))
+                                  : __fsub_rn(grad, __fmul_rn(d, __fsub_rn(1.0f, m_weight)));
+    v[i] = __fadd_rn(__fmul_rn(v[i], v_keep), __fmul_rn(__fmul_rn(v_weight, grad), grad));
+    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v[i]), correction2_sqrt), eps);
+    p[i] = __fadd_rn(p[i], __fdiv_rn(__fmul_rn(-step_size, m[i]), denom));
   }
 }
 template <class In, class Out>
@@ -471,10 +475,11 @@ void gelu_forward(const float* x, float* y, std::int64_t n) { launch(n, gelu_ker
 void gelu_backward(const float* x, const float* dy, float* dx, std::int64_t n) {
   launch(n, gelu_backward_kernel, x, dy, dx, n);
 }
-void adam_step(float* p, const float* g, float* m, float* v, std::int64_t n, float lr, float beta1,
-               float beta2, float eps, float l2, float decay, float correction1,
-               float correction2) {
-  launch(n, adam_kernel, p, g, m, v, n, lr, beta1, beta2, eps, l2, decay, correction1, correction2);
+void adam_step(float* p, const float* g, float* m, float* v, std::int64_t n, float m_weight,
+               float v_keep, float v_weight, float step_size, float correction2_sqrt, float eps,
+               float l2, float keep) {
+  launch(n, adam_kernel, p, g, m, v, n, m_weight, v_keep, v_weight, step_size, correction2_sqrt,
+         eps, l2, keep);
 }
 
 // -- types and indices ----------------------------------------------------------------------

@@ -39,10 +39,12 @@ void tanh_forward(const float* x, float* y, std::int64_t n);
 void tanh_backward(const float* y, const float* dy, float* dx, std::int64_t n);
 void gelu_forward(const float* x, float* y, std::int64_t n);
 void gelu_backward(const float* x, const float* dy, float* dx, std::int64_t n);
-/// One Adam step on every element (nn.hpp has the formula); decay is AdamW's decoupled
-/// weight decay factor lr * weight_decay (0 for plain Adam), l2 Adam's coupled one.
-void adam_step(float* p, const float* g, float* m, float* v, std::int64_t n, float lr, float beta1,
-               float beta2, float eps, float l2, float decay, float correction1, float correction2);
+/// One Adam step on every element, as nn.cpp's host loop (PyTorch's single-tensor step):
+/// g += l2 p; p *= keep; m = lerp(m, g, m_weight); v = v v_keep + v_weight g g;
+/// p += -step_size m / (sqrt(v) / correction2_sqrt + eps).
+void adam_step(float* p, const float* g, float* m, float* v, std::int64_t n, float m_weight,
+               float v_keep, float v_weight, float step_size, float correction2_sqrt, float eps,
+               float l2, float keep);
 
 // -- types and indices ------------------------------------------------------------------
 /// out = in converted element by element (to f16/bf16: round to nearest even).

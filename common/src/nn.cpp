@@ -564,21 +564,42 @@ void Adam::step(Tensor& params, const Tensor& grads) {
 }
 
 namespace {
+/// The per-step constants of torch.optim.Adam's single-tensor step, computed in double and
+/// rounded once (see Adam).
+struct AdamStep {
+  float m_weight, v_keep, v_weight, step_size, correction2_sqrt, eps, l2, keep;
+};
+AdamStep adam_constants(const AdamConfig& c, int t) {
+  const double b1 = c.beta1, b2 = c.beta2, lr = c.lr, wd = c.weight_decay;
+  const double correction1 = 1.0 - std::pow(b1, t), correction2 = 1.0 - std::pow(b2, t);
+  return {static_cast<float>(1.0 - b1),
+          c.beta2,
+          static_cast<float>(1.0 - b2),
+          static_cast<float>(lr / correction1),
+          static_cast<float>(std::sqrt(correction2)),
+          c.eps,
+          c.decoupled ? 0.0f : c.weight_decay,
+          c.decoupled ? static_cast<float>(1.0 - lr * wd) : 1.0f};
+}
+/// ATen's lerp: start + w (end - start) for |w| < 0.5, else end - (end - start)(1 - w).
+inline float lerp(float start, float end, float w) {
+  return std::fabs(w) < 0.5f ? start + w * (end - start) : end - (end - start) * (1.0f - w);
+}
 /// Adam over n elements, the gradient of type G (float, Half or BFloat16) read as a float.
 template <class G>
-void adam_loop(float* p, const G* g, float* m, float* v, std::int64_t n, const AdamConfig& c,
-               float c1, float c2, float decay, float l2) {
+void adam_loop(float* p, const G* g, float* m, float* v, std::int64_t n, const AdamStep& k) {
   for (std::int64_t i = 0; i < n; ++i) {
-    float gi;
+    float grad;
     if constexpr (std::is_same_v<G, float>)
-      gi = g[i];
+      grad = g[i];
     else
-      gi = to_float(g[i]);
-    const float grad = gi + l2 * p[i];
-    m[i] = c.beta1 * m[i] + (1.0f - c.beta1) * grad;
-    v[i] = c.beta2 * v[i] + (1.0f - c.beta2) * grad * grad;
-    p[i] -= decay * p[i];
-    p[i] -= c.lr * (m[i] / c1) / (std::sqrt(v[i] / c2) + c.eps);
+      grad = to_float(g[i]);
+    if (k.l2 != 0.0f) grad = grad + k.l2 * p[i];
+    if (k.keep != 1.0f) p[i] *= k.keep;
+    m[i] = lerp(m[i], grad, k.m_weight);
+    v[i] = v[i] * k.v_keep + k.v_weight * grad * grad;
+    const float denom = std::sqrt(v[i]) / k.correction2_sqrt + k.eps;
+    p[i] = p[i] + -k.step_size * m[i] / denom;
   }
 }
 }  // namespace
@@ -596,23 +617,20 @@ void adam_update(Tensor& params, const Tensor& grads, Tensor& m_, Tensor& v_, in
                    std::to_string(m_.size()) + " elements, in " +
                    std::string(memory_name(m_.memory())) + " memory, at a step t >= 1";
           });
-  const AdamConfig& c = config;
-  const float c1 = 1.0f - std::pow(c.beta1, static_cast<float>(t));
-  const float c2 = 1.0f - std::pow(c.beta2, static_cast<float>(t));
-  const float decay = c.decoupled ? c.lr * c.weight_decay : 0.0f;
-  const float l2 = c.decoupled ? 0.0f : c.weight_decay;
+  const AdamStep k = adam_constants(config, t);
   const std::int64_t n = params.size();
   if (params.on_device()) {  // the kernel reads f32: a 16-bit gradient is widened first
     const Tensor g32 = grads.dtype() == DType::f32 ? grads : cast(grads, DType::f32);
-    return kernels::adam_step(params.data(), g32.data(), m_.data(), v_.data(), n, c.lr, c.beta1,
-                              c.beta2, c.eps, l2, decay, c1, c2);
+    return kernels::adam_step(params.data(), g32.data(), m_.data(), v_.data(), n, k.m_weight,
+                              k.v_keep, k.v_weight, k.step_size, k.correction2_sqrt, k.eps, k.l2,
+                              k.keep);
   }
   float* p = params.data();
   if (grads.dtype() == DType::f16)
-    return adam_loop(p, grads.data<Half>(), m_.data(), v_.data(), n, c, c1, c2, decay, l2);
+    return adam_loop(p, grads.data<Half>(), m_.data(), v_.data(), n, k);
   if (grads.dtype() == DType::bf16)
-    return adam_loop(p, grads.data<BFloat16>(), m_.data(), v_.data(), n, c, c1, c2, decay, l2);
-  adam_loop(p, grads.data(), m_.data(), v_.data(), n, c, c1, c2, decay, l2);
+    return adam_loop(p, grads.data<BFloat16>(), m_.data(), v_.data(), n, k);
+  adam_loop(p, grads.data(), m_.data(), v_.data(), n, k);
 }
 
 }  // namespace shardlab::nn

@@ -321,6 +321,12 @@ void adam_update(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, int 
 ///   p = p * (1 - lr * weight_decay)            (AdamW only)
 ///   m = beta1 m + (1 - beta1) g;   v = beta2 v + (1 - beta2) g^2
 ///   p -= lr * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)
+/// computed as torch.optim.Adam's single-tensor step (foreach=False) does it: the bias
+/// corrections, lr / (1 - beta1^t) and sqrt(1 - beta2^t), and 1 - lr * weight_decay in
+/// double, each rounded to float once; m moved by lerp(m, g, 1 - beta1); then
+/// p += (-step_size * m) / (sqrt(v) / sqrt(1 - beta2^t) + eps). (The hyperparameters are
+/// floats here, 0.9f being 0.899999976: PyTorch given the same values follows the same
+/// steps; its vectorised kernels may fuse a multiply-add where these do not.)
 /// The state is two f32 tensors the size of the parameters it updates: m and v, 8 bytes
 /// per parameter (chapter 05's "4x the parameters" with params and grads).
 class Adam {
