@@ -19,11 +19,15 @@ using shardlab::Communicator;
 using shardlab::Tensor;
 
 /// GradScaler's settings and defaults (init_scale 2^16, growth x2 after 2000 finite
-/// steps, backoff x0.5).
+/// steps, backoff x0.5). The factors are doubles, as GradScaler's are (Python floats): its
+/// _amp_update_scale_ kernel multiplies the f32 scale by them in double and rounds the
+/// product to f32 once, and so does update() (for a factor like 0.3, multiplying in f32
+/// would be 1 ulp off now and then). GradScaler has no lowest scale: backing off can take
+/// the scale below 1 (DeepSpeed's loss scaler floors it at min_loss_scale; not here).
 struct ScalerConfig {
   float init_scale = 65536.0f;
-  float growth_factor = 2.0f;
-  float backoff_factor = 0.5f;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
   int growth_interval = 2000;
 };
 

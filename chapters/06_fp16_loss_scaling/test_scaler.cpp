@@ -23,6 +23,17 @@
 //   each rank deciding from its own gradients alone
 //     -> "rank 1 would step although rank 0's gradients hold a NaN: the replicas would go
 //        apart"
+//   the backoff floored at a lowest scale (DeepSpeed's min_loss_scale; GradScaler has none)
+//     -> "after 30 overflows the scale is 1, GradScaler's 7.45058e-09"
+//   the factors multiplied in f32 (GradScaler's kernel multiplies in double, rounds once)
+//     -> "after backoff 3 the scale is 1769.4722, GradScaler's 1769.472"
+//   found-inf taken from the scaled gradients, not the unscaled result (they differ once
+//   the scale is below 1)
+//     -> "65504 in fp16 unscaled by 2^-120 is inf in f32: the step must be skipped"
+//   returning before writing `out` on a step to skip
+//     -> "on a skipped step out[0] is 7, not the unscaled 0.5 (GradScaler unscales always)"
+//   `out = grads` (the handle rebound: the caller's gradients are scaled in place)
+//     -> "the caller's gradients changed: element 0 is 1, was 4"
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -31,6 +42,7 @@
 
 #include "scaler.hpp"
 #include "shardlab/half.hpp"
+#include "shardlab/results.hpp"
 #include "shardlab/testing.hpp"
 #include "training.hpp"
 
@@ -75,6 +87,58 @@ TEST_SUITE("ch06") {
     CHECK_MESSAGE(std::isfinite(top.scale()), "the scale grew to " << top.scale());
     CHECK(top.scale() == std::ldexp(1.0f, 127));
     CHECK(top.growth_tracker() == 0);
+  }
+
+  TEST_CASE("the factors multiply in double, rounded to f32 once, and no floor stops the scale") {
+    // backoff 0.3 (a double, as GradScaler's): float(double(scale) x 0.3) each time.
+    ch06::DynamicScaler s({.init_scale = 65536, .backoff_factor = 0.3, .growth_interval = 5});
+    double want = 65536;
+    bool float_math_differs = false;  // this sequence tells the two apart (the test's own check)
+    for (int t = 1; t <= 12; ++t) {
+      const float before = static_cast<float>(want);
+      want = static_cast<float>(want * 0.3);
+      float_math_differs |= before * 0.3f != static_cast<float>(want);
+      s.update(true);
+      CHECK_MESSAGE(s.scale() == static_cast<float>(want),
+                    "after backoff " << t << " the scale is " << format_number(s.scale(), 8)
+                                     << ", GradScaler's " << format_number(want, 8));
+    }
+    CHECK(float_math_differs);
+    ch06::DynamicScaler low({.init_scale = 8, .growth_interval = 5});
+    for (int t = 0; t < 30; ++t) low.update(true);
+    CHECK_MESSAGE(low.scale() == std::ldexp(1.0f, -27), "after 30 overflows the scale is "
+                                                            << low.scale() << ", GradScaler's "
+                                                            << std::ldexp(1.0f, -27));
+  }
+
+  TEST_CASE("unscaling writes out always, checks what it wrote, and leaves the gradients alone") {
+    on_ranks(1, [](Communicator& comm) {
+      // Below a scale of 1 the unscaled gradient can overflow where the scaled one did not.
+      Tensor big = cast(Tensor::from_1d({65504.0f, 1.0f}), DType::f16), out(2);
+      CHECK_MESSAGE(ch06::unscale_and_check(comm, big, out, std::ldexp(1.0f, -120)),
+                    "65504 in fp16 unscaled by 2^-120 is inf in f32: the step must be skipped");
+      // A step to skip still has its gradients unscaled (GradScaler.unscale_ writes them).
+      Tensor bad =
+          cast(Tensor::from_1d({1.0f, std::numeric_limits<float>::infinity()}), DType::f16);
+      Tensor o = Tensor::from_1d({7.0f, 7.0f});
+      CHECK(ch06::unscale_and_check(comm, bad, o, 2.0f));
+      CHECK_MESSAGE(o[0] == 0.5f, "on a skipped step out[0] is "
+                                      << o[0]
+                                      << ", not the unscaled 0.5 (GradScaler unscales "
+                                         "always)");
+      // f32 gradients: out is the caller's buffer, filled; the gradients stay as they were.
+      const Tensor grads = Tensor::from_1d({4.0f, -8.0f});
+      Tensor mine(2);
+      const float* where = mine.data();
+      CHECK(!ch06::unscale_and_check(comm, grads, mine, 4.0f));
+      CHECK_MESSAGE(grads[0] == 4.0f,
+                    "the caller's gradients changed: element 0 is " << grads[0] << ", was 4");
+      CHECK_MESSAGE(mine.data() == where,
+                    "out now points elsewhere: write into the caller's "
+                    "buffer, do not rebind it");
+      CHECK(mine[0] == 1.0f);
+      CHECK(mine[1] == -2.0f);
+    });
   }
 
   TEST_CASE("unscaling restores the gradients, in f32, and finds inf and NaN") {

@@ -11,14 +11,15 @@ using namespace shardlab;
 namespace ch06 {
 
 void DynamicScaler::update(bool found_inf) {
+  // The products in double, rounded to f32 once (as GradScaler's kernel).
   if (found_inf) {  // this step was skipped: a smaller scale, and count again from zero
-    scale_ *= config_.backoff_factor;
+    scale_ = static_cast<float>(scale_ * config_.backoff_factor);
     growth_tracker_ = 0;
     return;
   }
   const int successful = growth_tracker_ + 1;
   if (successful == config_.growth_interval) {
-    const float grown = scale_ * config_.growth_factor;
+    const auto grown = static_cast<float>(scale_ * config_.growth_factor);
     if (std::isfinite(grown)) scale_ = grown;  // never an infinite scale
     growth_tracker_ = 0;
   } else {
