@@ -111,6 +111,19 @@ sanitizer_summary() {
   '
 }
 
+# The compiler's warnings about your own files, when they were compiled just now: an
+# uninitialised variable or a narrowing is often the bug. (The learner build fills
+# uninitialised locals with a pattern, -ftrivial-auto-var-init=pattern, so that such a bug
+# fails the same way every run instead of now and then.)
+warnings=$(grep -E "^[^ ]*exercises/[^ ]+: warning:" build/learner.log | sed -E 's|^.*/(exercises/)|\1|' |
+           sort -u | head -10)
+if [[ -n "$warnings" ]]; then
+  printf '
+the compiler warns about your code:
+'
+  sed 's/^/  /' <<< "$warnings"
+fi
+
 # Which chapters each one builds on ("04:02" per line, written by CMake).
 declare -A depends_on=()
 while IFS=: read -r number deps; do
@@ -121,9 +134,12 @@ solution_of() { [[ ";$use_solutions;" == *";$1;"* ]]; }
 passed_chapters=0
 report=""
 printf '\n%-24s %-12s %-12s %s\n' "chapter" "builds on" "test cases" "status"
+# A test that grows past CHECK_MEMORY_MB (default 4096) is stopped by AddressSanitizer
+# with a report, before it takes the machine's memory.
+memory_mb=${CHECK_MEMORY_MB:-4096}
 run_tests() {  # run_tests PROGRAM [doctest options]: its log on stdout, its exit code
-  ASAN_OPTIONS=handle_abort=1:detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
-    timeout -k 5 "$limit" "$@" 2>&1
+  ASAN_OPTIONS=handle_abort=1:detect_leaks=0:hard_rss_limit_mb=$memory_mb \
+    UBSAN_OPTIONS=print_stacktrace=1 timeout -k 5 "$limit" "$@" 2>&1
 }
 count_of() {  # count_of LOG KEY: "test cases: 6 | 2 passed" -> total or passed
   local summary
@@ -152,6 +168,8 @@ for name in "${chapters[@]}"; do
     passed="crashed"
     status="crashed — see below"
     failure=$(sanitizer_summary <<< "$log")
+    grep -q "hard rss limit exhausted" <<< "$log" &&
+      failure="  failed: the test grew past $memory_mb MiB of memory (CHECK_MEMORY_MB): a loop that"$'\n'"          does not end, or a count that was never set?"
     [[ -z "$failure" ]] && failure=$(tail -15 <<< "$log")
     report+=$'\n'"$name: where it crashed"$'\n'"$failure"$'\n'
   else
