@@ -12,6 +12,7 @@
 #include "shardlab/check.hpp"
 #include "shardlab/half.hpp"
 #include "shardlab/nn.hpp"
+#include "shardlab/results.hpp"
 #include "shardlab/toy.hpp"
 
 using namespace shardlab;
@@ -239,6 +240,15 @@ std::set<int> parse_steps(const std::string& text, int steps, const std::string&
     out.insert(k);
   }
   return out;
+}
+
+std::string RunResult::divergence() const {
+  // A hundredfold: Adam's first steps may raise the loss a few times over; a run that
+  // diverges grows it by 10^5 and more.
+  if (losses.empty() || (std::isfinite(losses.back()) && losses.back() <= 100 * losses.front()))
+    return "";
+  return "diverged: its loss went from " + shardlab::format_number(losses.front()) + " to " +
+         shardlab::format_number(losses.back()) + " (lower --lr or --target-scale)";
 }
 
 }  // namespace ch06
