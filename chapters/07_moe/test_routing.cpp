@@ -18,6 +18,9 @@
 //   std::sort instead of std::stable_sort (ties in any order)
 //     -> "the experts differ from the brute-force router's (ties: the lower index first)"
 //   a loop written for k <= 2 only -> "the experts of the top-3 choices"
+//   top-k by masking each chosen probability with 0 and taking the largest again (a row
+//   with fewer than k non-zero probabilities then picks an expert twice)
+//     -> "token 0 (probabilities 1 0 0 0) chose experts 0 0 0, want 0 1 2 ..."
 // Not wrong, and so not failing: a rank's rows to one expert ordered by token rather than
 // by slot. Sender and receiver use the same plan, and the chapter places every received
 // row by its slot.
@@ -103,6 +106,30 @@ TEST_SUITE("ch07") {
     CHECK_MESSAGE(r.gate[0] == doctest::Approx(.4f / .9f),
                   "k = 3: the gates are p / the sum of the three, got " << r.gate[0]);
     CHECK(r.gate[3] == doctest::Approx(1.0f / 3));
+  }
+
+  TEST_CASE("a token with fewer than k non-zero probabilities still gets k different experts") {
+    // Softmax outputs underflow to 0 for a confident router; the chosen experts must leave
+    // the running all the same, and ties among the zeros go to the lower index.
+    Tensor p(3, 4);
+    const float rows[3][4] = {{1, 0, 0, 0}, {0, 0, 1, 0}, {0, 0.5f, 0, 0.5f}};
+    for (int t = 0; t < 3; ++t)
+      for (int e = 0; e < 4; ++e) p(t, e) = rows[t][e];
+    const ch07::Routing r = ch07::route(p, 3, 3);
+    const std::vector<std::vector<int>> want = {{0, 1, 2}, {2, 0, 1}, {1, 3, 0}};
+    for (int t = 0; t < 3; ++t) {
+      std::vector<int> got;
+      for (int j = 0; j < 3; ++j) got.push_back(r.expert[static_cast<std::size_t>(r.at(t, j))]);
+      CHECK_MESSAGE(got == want[static_cast<std::size_t>(t)],
+                    "token " << t << " (probabilities " << rows[t][0] << " " << rows[t][1] << " "
+                             << rows[t][2] << " " << rows[t][3] << ") chose experts " << got[0]
+                             << " " << got[1] << " " << got[2] << ", want "
+                             << want[static_cast<std::size_t>(t)][0] << " "
+                             << want[static_cast<std::size_t>(t)][1] << " "
+                             << want[static_cast<std::size_t>(t)][2]
+                             << " (k different experts, ties to the lower index)");
+    }
+    CHECK(r.gate[static_cast<std::size_t>(r.at(0, 1))] == 0.0f);
   }
 
   TEST_CASE("route agrees with a brute-force router on random probabilities with many ties") {
