@@ -198,10 +198,14 @@ TEST_SUITE("ch05") {
             const std::uint64_t expect = elem * ((N - 1) * S + (static_cast<std::uint64_t>(P) - S));
             CHECK_MESSAGE(
                 moved.bytes_received == expect,
-                "rank "
-                    << comm.rank() << " received " << moved.bytes_received
-                    << " bytes in the step; a reduce-scatter and an all-gather of its shard bring "
-                    << expect << " (did every rank reduce or update the whole buffer?)");
+                "rank " << comm.rank() << " received " << moved.bytes_received
+                        << " bytes in the step; a reduce-scatter and an all-gather of its shard "
+                        << "bring " << expect
+                        << (moved.bytes_received > expect
+                                ? " (did every rank reduce or update the whole buffer?)"
+                                : " (a collective left out, or a shard that is not this "
+                                  "rank's: reduce-scatter the gradients, all-gather the "
+                                  "updated ranges)"));
             CHECK_MESSAGE(u.live_total == 0,
                           "rank " << comm.rank() << " kept " << u.live_total
                                   << " bytes after the step: the state lives in the Shard");
