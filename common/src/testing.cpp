@@ -19,6 +19,7 @@ std::string compare(const Tensor& got, const Tensor& want, float atol, float rto
   std::int64_t bad = 0, nans = 0;
   double worst = 0.0;
   std::ostringstream first;
+  first.precision(9);  // float's 9 digits: two floats that differ never print alike
   for (std::int64_t i = 0; i < g.size(); ++i) {
     const double diff = std::fabs(pg[i] - pw[i]);
     // Equal values (infinities of one sign included) agree; NaN never does.
@@ -29,7 +30,7 @@ std::string compare(const Tensor& got, const Tensor& want, float atol, float rto
     if (bad < 5) {
       first << "\n    [" << i;
       if (got.ndim() == 2) first << " = (" << i / got.cols() << ", " << i % got.cols() << ")";
-      first << "] got " << pg[i] << ", expected " << pw[i];
+      first << "] got " << pg[i] << ", expected " << pw[i] << " (diff " << pg[i] - pw[i] << ")";
     }
     ++bad;
   }
