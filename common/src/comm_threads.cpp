@@ -754,8 +754,13 @@ class ThreadComm final : public Communicator {
         if (g.arrivals[static_cast<std::size_t>(q)] != gen + 1)
           missing += (missing.empty() ? "" : ", ") + std::to_string(q);
     }
+    // Every rank on record yet the call not met: one of them gave up (its own timeout) and
+    // left before the last arrived.
+    const std::string who = missing.empty()
+                                ? "the others (each arrived, but one gave up before the last came)"
+                                : "rank(s) " + missing;
     throw CommError("rank " + std::to_string(rank()) + ": " + mine.describe() + " waited " +
-                    seconds(timeout()) + " (--timeout) for rank(s) " + missing +
+                    seconds(timeout()) + " (--timeout) for " + who +
                     " to join; did they skip the call, or are they blocked elsewhere?");
   }
 
