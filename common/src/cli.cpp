@@ -110,4 +110,24 @@ CLI::Validator between(double lo, double hi) {
       "[" + format_number(lo) + ", " + format_number(hi) + "]");
 }
 
+CLI::Validator whole(long long lo, long long hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        std::size_t used = 0;
+        long long value = 0;
+        try {
+          value = std::stoll(text, &used);
+        } catch (const std::out_of_range&) {
+          return text + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+        } catch (const std::invalid_argument&) {
+          used = 0;
+        }
+        if (used == 0 || used != text.size()) return "'" + text + "' is not a whole number";
+        if (value < lo || value > hi)
+          return text + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+        return "";
+      },
+      "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+}
+
 }  // namespace shardlab::cli

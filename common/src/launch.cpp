@@ -292,8 +292,7 @@ Program::Program(std::string name, std::string description)
             ranks_given_ = true;
           },
           ranks_help(options_.ranks))
-      ->check(CLI::Number)
-      ->check(CLI::Range(1, 1024));
+      ->check(cli::whole(1, 1024));
   app_->add_option("--backend", options_.backend,
                    "auto, threads, mpi or nccl (auto: mpi under mpirun; nccl: one GPU per rank, "
                    "implies --device cuda)")

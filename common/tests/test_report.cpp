@@ -169,3 +169,15 @@ TEST_CASE("output files: never over something that is not a regular file, never 
   CHECK_NOTHROW(check_writable_folder(folder));
   fs::remove_all(folder);
 }
+
+TEST_CASE("a whole-number flag says 2.0 is not a whole number, and 0 is out of range") {
+  const CLI::Validator v = cli::whole(1, 1024);
+  auto says = [&](std::string text) { return v(text); };
+  CHECK(says("3").empty());
+  CHECK(says("1024").empty());
+  CHECK(says("2.0") == "'2.0' is not a whole number");
+  CHECK(says("1e3") == "'1e3' is not a whole number");
+  CHECK(says("abc") == "'abc' is not a whole number");
+  CHECK(says("0") == "0 is outside [1, 1024]");
+  CHECK(says("99999999999999999999") == "99999999999999999999 is outside [1, 1024]");
+}

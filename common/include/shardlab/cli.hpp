@@ -21,6 +21,9 @@ namespace shardlab::cli {
 
 /// A finite number in [lo, hi]: NaN, infinity and anything outside are refused.
 CLI::Validator between(double lo, double hi);
+/// A whole number in [lo, hi]: "2.0" is "not a whole number" (CLI11's Range would call it
+/// out of range), "1e3" too.
+CLI::Validator whole(long long lo, long long hi);
 
 enum class Units { decimal, binary };
 
