@@ -53,7 +53,9 @@ fi
 if ! { { ! $configure ||
          cmake --preset learner "-DSHARDLAB_USE_SOLUTIONS=$use_solutions" > /dev/null; } &&
        cmake --build --preset learner --target "${targets[@]}"; } > build/learner.log 2>&1; then
-  grep -E "error|Error" build/learner.log | head -20
+  # The first error with what the compiler says after it (the candidates it considered,
+  # the notes), not only the error lines.
+  grep -m1 -A14 -E ": error:|Error" build/learner.log | grep -vE "^\[[0-9]+/[0-9]+\]|^ninja:"
   echo "check: your exercise does not compile (full log: build/learner.log)" >&2
   exit 1
 fi

@@ -54,10 +54,11 @@ class DynamicScaler {
 
 /// Unscales this rank's gradients and says whether the step must be skipped:
 ///   grads   the gradients of the scaled loss (f16 or f32), as the backward left them
-///   out     f32, the same length: grads / scale, computed in f32
+///   out     f32, the same length: grads / loss_scale, computed in f32 (the name is not `scale`,
+///           which would hide shardlab::scale() inside the function)
 /// Returns true on every rank when any rank's unscaled gradients hold an inf or a NaN
 /// (every rank calls it: the ranks agree, as FSDP's ShardedGradScaler makes them; under
 /// DDP the allreduced gradients agree already).
-bool unscale_and_check(Communicator& comm, const Tensor& grads, Tensor& out, float scale);
+bool unscale_and_check(Communicator& comm, const Tensor& grads, Tensor& out, float loss_scale);
 
 }  // namespace ch06

@@ -35,11 +35,11 @@ void DynamicScaler::update(bool found_inf) {
 }
 
 // TODO(ch06): unscale_and_check
-// 1. out = grads / scale, computed in f32 (grads may be f16);
+// 1. out = grads / loss_scale, computed in f32 (grads may be f16);
 // 2. does out hold an inf or a NaN on this rank?
 // 3. the answer for the whole job: true on every rank if true on any.
-bool unscale_and_check(Communicator& comm, const Tensor& grads, Tensor& out, float scale) {
-  (void)comm, (void)grads, (void)out, (void)scale;
+bool unscale_and_check(Communicator& comm, const Tensor& grads, Tensor& out, float loss_scale) {
+  (void)comm, (void)grads, (void)out, (void)loss_scale;
   SHARDLAB_TODO("ch06: unscale_and_check");
 }
 

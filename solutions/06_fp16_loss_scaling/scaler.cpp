@@ -27,14 +27,14 @@ void DynamicScaler::update(bool found_inf) {
   }
 }
 
-bool unscale_and_check(Communicator& comm, const Tensor& grads, Tensor& out, float scale) {
+bool unscale_and_check(Communicator& comm, const Tensor& grads, Tensor& out, float loss_scale) {
   require(out.dtype() == DType::f32 && out.size() == grads.size(), [&] {
     return "unscale_and_check: out " + out.describe() + " must be f32, as long as grads " +
            grads.describe();
   });
   // In f32: dividing in f16 would underflow the small gradients all over again.
   out.copy_from(grads.dtype() == DType::f32 ? grads : cast(grads, DType::f32));
-  scale_in_place(out, 1.0f / scale);  // GradScaler multiplies by the reciprocal, too
+  scale_in_place(out, 1.0f / loss_scale);  // GradScaler multiplies by the reciprocal, too
   const bool mine = !all_finite(out);
   // One rank's inf must stop every rank: a rank that stepped alone would leave the
   // replicas different from then on.
