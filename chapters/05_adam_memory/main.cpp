@@ -216,6 +216,7 @@ int main(int argc, char** argv) {
     refuse(!s.train, {"--stage", "--steps", "--blocks", "--width", "--batch", "--benchmark"},
            " is for training: add --train");
     refuse(cli.count("--preset"), {"--params"}, " and --preset both name the model: give one");
+    refuse(s.table, {"--dp"}, " with --table: the table's Nd are 1 to 1024; give one or the other");
     if (std::floor(s.dp) != s.dp)
       throw UsageError("--dp " + format_number(s.dp) + ": a number of devices is a whole number");
   });
