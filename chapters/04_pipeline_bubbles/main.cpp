@@ -86,7 +86,7 @@ void simulate_all(Context& ctx, const ch04::Settings& s, nlohmann::json& trace) 
                ch04::join_numbers(f.peak)});
     const std::string mismatch = ch04::formula_mismatch(name, t, f);
     ctx.verify(mismatch.empty(), mismatch);
-    ch04::add_trace(trace, t, pid++, name, sched.chunks, 1000.0);  // 1 unit = 1 ms
+    if (!s.trace.empty()) ch04::add_trace(trace, t, pid++, name, sched.chunks, 1000.0);  // 1 ms
   }
   ctx.report(table, "schedules", "bubble: idle over the total time, and over the ideal (busy)");
 }
@@ -145,7 +145,7 @@ std::vector<ch04::Measured> run_all(Context& ctx, const ch04::Settings& s, nlohm
                  ch04::join_numbers(t.peak_in_flight)});
     checks.add({name, r.grad_diff, r.loss, ref.loss, r.bytes,
                 ch04::formula_bytes(s.model, p, sched.chunks)});
-    ch04::add_trace(trace, t, pid++, name, sched.chunks, 1e6);  // seconds -> us
+    if (!s.trace.empty()) ch04::add_trace(trace, t, pid++, name, sched.chunks, 1e6);  // s -> us
     runs.push_back(r);
   }
   ctx.report(bubbles, "schedules",
