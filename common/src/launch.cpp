@@ -168,18 +168,31 @@ double Context::verify_replicas(const std::string& what, const Tensor& mine) {
 
 void Context::save_csv(const Table& table, const std::string& name) {
   if (rank() != 0) return;
-  std::filesystem::path path = std::filesystem::path(options_.csv_dir) / (name + ".csv");
+  const std::filesystem::path folder(options_.csv_dir);
+  auto plain = [&](const std::string& n) { return folder / (n + ".csv"); };
+  auto own = [&](const std::string& n) {
+    return folder / (n + "." + std::to_string(::getpid()) + ".csv");
+  };
   std::error_code error;
-  if (std::filesystem::exists(path, error) &&
-      std::filesystem::last_write_time(path, error) > started) {
-    // Another run wrote it while this one ran: keep both.
-    const std::filesystem::path mine = std::filesystem::path(options_.csv_dir) /
-                                       (name + "." + std::to_string(::getpid()) + ".csv");
-    say("another run wrote " + path.string() + " while this one ran; this run's rows go to " +
-        mine.string());
-    path = mine;
+  auto written_since = [&](const std::filesystem::path& p, std::filesystem::file_time_type t) {
+    return std::filesystem::exists(p, error) && std::filesystem::last_write_time(p, error) > t;
+  };
+  // Another run wrote this file while this one ran, or rewrote one this run wrote before:
+  // then this run's files all go to NAME.PID.csv, the earlier ones again too, so that a
+  // run's CSVs (a table and its _events) always come from the same run.
+  bool conflict = !csv_diverted_ && written_since(plain(name), started);
+  for (const CsvWritten& w : csv_written_)
+    conflict = conflict || (!csv_diverted_ && written_since(plain(w.name), w.when));
+  if (conflict) {
+    say("another run wrote to " + folder.string() + " while this one ran; this run's CSVs go to " +
+        own("NAME").string());
+    csv_diverted_ = true;
+    for (const CsvWritten& w : csv_written_) write_file_atomic(own(w.name), w.text);
   }
-  table.save(path);
+  const std::filesystem::path path = csv_diverted_ ? own(name) : plain(name);
+  const std::string text = table.csv();
+  write_file_atomic(path, text);
+  csv_written_.push_back({name, text, std::filesystem::last_write_time(path, error)});
   say("wrote " + path.string());
   (*json_)["csv"] = path.string();
 }

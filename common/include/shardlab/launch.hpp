@@ -27,6 +27,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
@@ -102,7 +103,9 @@ class Context {
   nlohmann::json& json() { return *json_; }
 
   /// Rank 0 writes `table` to `CSV_DIR/NAME.csv` (`--csv-dir`, atomically), says so, and records
-  /// the path under "csv" in the JSON. Benchmark modes call it; the notebooks read it.
+  /// the path under "csv" in the JSON. Benchmark modes call it; the notebooks read it. A
+  /// file another run wrote while this one ran is left alone: this run's CSVs, the earlier
+  /// ones included, go to NAME.PID.csv, so that a run's files stay together.
   void save_csv(const Table& table, const std::string& name);
   /// One result, written once: rank 0 prints `heading` and the table's text (unless
   /// --quiet), and the JSON gets it under `name` (an array of row objects).
@@ -114,6 +117,12 @@ class Context {
   std::unique_ptr<nlohmann::json> json_;
   bool ok_ = true;
   std::vector<std::string> failures_;
+  bool csv_diverted_ = false;  // this run's CSVs go to NAME.PID.csv (save_csv)
+  struct CsvWritten {
+    std::string name, text;
+    std::filesystem::file_time_type when;
+  };
+  std::vector<CsvWritten> csv_written_;
 };
 
 using Body = std::function<void(Context&)>;
