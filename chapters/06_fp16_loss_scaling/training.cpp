@@ -50,13 +50,13 @@ std::string hex16(std::uint16_t bits) {
 }
 
 /// Whole numbers (fp16's 65504, a scale of 65536) as integers: the text shows every digit.
-Cell number(float v) {
-  if (v == std::floor(v) && std::fabs(v) < 1e15f) return static_cast<std::int64_t>(v);
+Cell number(double v) {
+  if (v == std::floor(v) && std::fabs(v) < 1e15) return static_cast<std::int64_t>(v);
   return v;
 }
 
-/// A float as a cell: as number() does, or "inf" / "-inf" / "nan" (JSON has no infinities).
-Cell value_cell(float v) {
+/// A value as a cell: as number() does, or "inf" / "-inf" / "nan" (JSON has no infinities).
+Cell value_cell(double v) {
   if (std::isnan(v)) return "nan";
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
   return number(v);
@@ -211,12 +211,15 @@ Table to_half_table(double value) {
     return format_number(std::fabs(rounded - f) / std::fabs(f), 3);
   };
   if (std::isinf(f) && std::isfinite(value)) add("beyond even fp32's range");
+  if (f == 0 && value != 0)
+    add("below half of fp32's smallest subnormal (2^-149): 0 in fp32 already");
   if (hv == 0 && f != 0) add("fp16: below half of 2^-24, the value is gone");
   if (std::isinf(hv) && std::isfinite(f)) add("fp16: above 65504 (65520 and up), overflow");
   if (std::isfinite(hv) && hv != 0 && hv != f && f != 0) add("fp16 relative error " + error(hv));
   if (std::isfinite(bv) && bv != f && f != 0) add("bf16 relative error " + error(bv));
   Table t({"value", "fp16_bits", "fp16_value", "fp16_kind", "bf16_bits", "bf16_value", "note"});
-  t.add({value_cell(f), hex16(h), value_cell(hv), kind, hex16(b), value_cell(bv), note});
+  // The value as given (a double: 1e-300 is not 0 until it becomes a float).
+  t.add({value_cell(value), hex16(h), value_cell(hv), kind, hex16(b), value_cell(bv), note});
   return t;
 }
 
