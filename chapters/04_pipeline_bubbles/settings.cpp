@@ -45,7 +45,11 @@ void add_flags(shardlab::Program& program, Settings& s) {
       app.add_option("--trace", s.trace, "write the timelines as Chrome trace JSON (Perfetto)");
   app.add_flag("--benchmark", s.benchmark, "on ranks: sweep the microbatches, write CSV");
 
-  program.validate([&s, trace](const shardlab::Options& o) {
+  const CLI::Option* chunks = app.get_option("--chunks");
+  program.validate([&s, trace, chunks](const shardlab::Options& o) {
+    require_usage(chunks->count() == 0 || s.schedule == "interleaved" || s.schedule == "all",
+                  "--chunks " + std::to_string(s.chunks) + ": " + s.schedule +
+                      " runs one chunk per stage; --chunks is for --schedule interleaved");
     s.model.seed = o.seed;
     require_usage(!(s.simulate && s.benchmark), "--benchmark runs on ranks: drop --simulate");
     require_usage(s.simulate || s.model.batch >= s.microbatches,
