@@ -54,10 +54,6 @@ void check(int code, const char* call, const char* file, int line) {
 }
 #define MPI_CHECK(call) ::shardlab::mpi::check((call), #call, __FILE__, __LINE__)
 
-std::string seconds(std::chrono::milliseconds t) {
-  return format_number(static_cast<double>(t.count()) / 1000.0, 3) + " s";
-}
-
 // ---------------------------------------------------------------------------
 // f16 and bf16: MPI has no such types, so each is a 2-byte type of our own, reduced by an
 // operation of our own. Like NCCL, it rounds to the 16-bit type after every pairwise
@@ -201,7 +197,7 @@ class Watchdog {
         std::fprintf(stderr,
                      "rank %d: %s waited %s (--timeout) for the other ranks; did they skip the "
                      "call, or are they blocked elsewhere? Ending the job.\n",
-                     rank_, what_.c_str(), seconds(timeout_).c_str());
+                     rank_, what_.c_str(), format_seconds(timeout_).c_str());
         std::fflush(stderr);
         MPI_Abort(MPI_COMM_WORLD, 1);
       }
@@ -366,7 +362,7 @@ class MpiComm final : public Communicator {
     int code = MPI_SUCCESS;
     if (!poll(r.request, status, Deadline(remaining()), code)) {
       throw CommError("rank " + std::to_string(rank()) + ": " + r.describe() + " waited " +
-                      seconds(timeout()) + " (--timeout): " +
+                      format_seconds(timeout()) + " (--timeout): " +
                       (r.is_send
                            ? "rank " + std::to_string(r.peer) + " never posted a matching recv"
                            : "no matching send came; is rank " + std::to_string(r.peer) +
@@ -569,7 +565,7 @@ class MpiComm final : public Communicator {
           if (q != me && check.requests[static_cast<std::size_t>(q)] != MPI_REQUEST_NULL)
             missing += (missing.empty() ? "" : ", ") + std::to_string(q);
         throw CommError("rank " + std::to_string(me) + ": " + check.mine.text + " waited " +
-                        seconds(timeout()) + " (--timeout) for rank(s) " + missing +
+                        format_seconds(timeout()) + " (--timeout) for rank(s) " + missing +
                         " to join; did they skip the call, or are they blocked elsewhere?");
       }
       back_off(polls);
@@ -605,7 +601,7 @@ class MpiComm final : public Communicator {
     int code = MPI_SUCCESS;
     if (!poll(c.request, status, Deadline(remaining()), code))
       throw CommError("rank " + std::to_string(rank()) + ": " + c.what + " waited " +
-                      seconds(timeout()) +
+                      format_seconds(timeout()) +
                       " (--timeout) for the other ranks; did they skip the call, or are they "
                       "blocked elsewhere?");
     MPI_CHECK(code);

@@ -96,45 +96,58 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
-std::string seconds(std::chrono::milliseconds t) {
-  return format_number(static_cast<double>(t.count()) / 1000.0, 3) + " s";
-}
-
 /// The communicators are non-blocking (config.blocking = 0): a call that would wait inside
 /// NCCL — creating a communicator, splitting one, the first transfer between two ranks in
 /// ncclGroupEnd — returns ncclInProgress and goes on in NCCL's own thread, and until the
-/// communicator's state is ncclSuccess again no other NCCL call may be made on it. This
-/// polls that state against the deadline and the job's end (another rank failed), and
-/// aborts the communicator (ncclCommAbort: never destroy one that may be stuck) and
-/// throws on an error, at the deadline, or when the job ends.
+/// communicator's state is ncclSuccess again no other NCCL call may be made on it. The
+/// functions below wait for that state.
+
+/// Aborts `comm` (ncclCommAbort: never destroy one that may be stuck) and forgets it.
+void abort_comm(ncclComm_t& comm) {
+  if (comm) api().ncclCommAbort(comm);
+  comm = nullptr;
+}
+
+/// "rank R: NCCL what", the start of every message below.
+std::string who(const Communicator& host, const std::string& what) {
+  return "rank " + std::to_string(host.rank()) + ": NCCL " + what;
+}
+
+/// The communicator's state: ncclSuccess (done) or ncclInProgress (still at work); an
+/// error aborts it and throws.
+ncclResult_t state_of(ncclComm_t& comm, const Communicator& host, const std::string& what) {
+  ncclResult_t state = ncclSuccess;
+  const ncclResult_t asked = api().ncclCommGetAsyncError(comm, &state);
+  if (asked != ncclSuccess) state = asked;
+  if (state == ncclSuccess || state == ncclInProgress) return state;
+  abort_comm(comm);
+  throw CommError(who(host, what) + " failed: " + api().ncclGetErrorString(state));
+}
+
+/// While waiting on `comm`: the job's end (another rank failed) or the deadline aborts it
+/// and throws; `hint` ends the timeout's message.
+void give_up_if_due(ncclComm_t& comm, const Communicator& host, Clock::time_point deadline,
+                    const std::string& what, const char* hint) {
+  try {
+    host.check_not_aborted();
+  } catch (...) {
+    abort_comm(comm);
+    throw;
+  }
+  if (Clock::now() <= deadline) return;
+  abort_comm(comm);
+  throw CommError(who(host, what) + " waited " + format_seconds(host.timeout()) + " (--timeout); " +
+                  hint);
+}
+
+/// Polls the communicator's state until it is done (or an error, the deadline, the job's
+/// end).
 void settle(ncclComm_t& comm, const Communicator& host, Clock::time_point deadline,
             const std::string& what) {
-  const std::string who = "rank " + std::to_string(host.rank()) + ": NCCL " + what;
-  auto abort = [&comm] {
-    if (comm) api().ncclCommAbort(comm);
-    comm = nullptr;
-  };
-  for (;;) {
-    ncclResult_t state = ncclSuccess;
-    const ncclResult_t asked = api().ncclCommGetAsyncError(comm, &state);
-    if (asked != ncclSuccess) state = asked;
-    if (state == ncclSuccess) return;
-    if (state != ncclInProgress) {
-      abort();
-      throw CommError(who + " failed: " + api().ncclGetErrorString(state));
-    }
-    try {
-      host.check_not_aborted();
-    } catch (...) {
-      abort();
-      throw;
-    }
-    if (Clock::now() > deadline) {
-      abort();
-      throw CommError(who + " waited " + seconds(host.timeout()) +
-                      " (--timeout); did every rank make the call, and can they reach each "
-                      "other (NCCL_DEBUG=INFO says how NCCL connects)?");
-    }
+  while (state_of(comm, host, what) != ncclSuccess) {
+    give_up_if_due(comm, host, deadline, what,
+                   "did every rank make the call, and can they reach each other (NCCL_DEBUG="
+                   "INFO says how NCCL connects)?");
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 }
@@ -144,8 +157,7 @@ void settle(ncclComm_t& comm, const Communicator& host, Clock::time_point deadli
 void call(ncclResult_t r, ncclComm_t& comm, const Communicator& host, const char* what) {
   if (r == ncclInProgress) return settle(comm, host, Clock::now() + host.timeout(), what);
   if (r != ncclSuccess)
-    throw CommError("rank " + std::to_string(host.rank()) + ": NCCL " + what +
-                    " failed: " + api().ncclGetErrorString(r));
+    throw CommError(who(host, what) + " failed: " + api().ncclGetErrorString(r));
 }
 
 /// ncclGroupStart() ... ncclGroupEnd(), closed even when a call in between throws (an
@@ -165,10 +177,7 @@ class Group {
     }
     // Unwinding already: the group's state cannot be waited for here, and an unsettled
     // communicator refuses every later call, so it is aborted.
-    if (r != ncclSuccess && comm_) {
-      api().ncclCommAbort(comm_);
-      comm_ = nullptr;
-    }
+    if (r != ncclSuccess) abort_comm(comm_);
   }
   Group(const Group&) = delete;
   Group& operator=(const Group&) = delete;
@@ -238,7 +247,7 @@ class NcclComm final : public Communicator {
         call(api().ncclCommFinalize(comm_), comm_, host_, "finalize");
         if (comm_) api().ncclCommDestroy(comm_);
       } catch (...) {  // settle has aborted it, unless finalize failed at once
-        if (comm_) api().ncclCommAbort(comm_);
+        abort_comm(comm_);
       }
       comm_ = nullptr;
     }
@@ -460,7 +469,7 @@ class NcclComm final : public Communicator {
             offset += n;
           }
         } else {
-          NCCL_CHECK(api().ncclSend(c.in, c.counts[static_cast<std::size_t>(r)], t, c.root, comm_,
+          NCCL_CHECK(api().ncclSend(c.in, c.counts[static_cast<std::size_t>(r)], t, c.root, comm,
                                     stream_));
         }
         return;
@@ -528,8 +537,8 @@ class NcclComm final : public Communicator {
     cudaEventDestroy(e);
   }
 
-  /// Polls `done` until it completes, with the communicator's state (settle: an error,
-  /// the timeout or the job's end aborts the communicator and throws).
+  /// Polls `done` until it completes, with the communicator's state (an error, the
+  /// timeout or the job's end aborts the communicator and throws).
   void finish(cudaEvent_t done, const std::string& what) {
     for (NcclComm* other : thread_comms) other->flush();
     const auto deadline = wait_deadline();
@@ -538,29 +547,9 @@ class NcclComm final : public Communicator {
       if (state == cudaSuccess) return;
       if (state != cudaErrorNotReady) CUDA_CHECK(state);
       (void)live();
-      ncclResult_t async = ncclSuccess;
-      NCCL_CHECK(api().ncclCommGetAsyncError(comm_, &async));
-      if (async != ncclSuccess && async != ncclInProgress) {
-        api().ncclCommAbort(comm_);
-        comm_ = nullptr;
-        throw CommError("rank " + std::to_string(rank()) + ": NCCL " + what +
-                        " failed: " + api().ncclGetErrorString(async));
-      }
-      try {
-        host_.check_not_aborted();
-      } catch (...) {
-        api().ncclCommAbort(comm_);
-        comm_ = nullptr;
-        throw;
-      }
-      if (Clock::now() > deadline) {
-        api().ncclCommAbort(comm_);
-        comm_ = nullptr;
-        throw CommError("rank " + std::to_string(rank()) + ": NCCL " + what + " waited " +
-                        seconds(timeout()) +
-                        " (--timeout); did the other ranks skip the call, or are they blocked "
-                        "elsewhere?");
-      }
+      state_of(comm_, host_, what);
+      give_up_if_due(comm_, host_, deadline, what,
+                     "did the other ranks skip the call, or are they blocked elsewhere?");
       std::this_thread::yield();
     }
   }
@@ -619,9 +608,8 @@ std::unique_ptr<Communicator> create(Communicator& host, int device) {
   const auto deadline = Clock::now() + host.timeout();
   const ncclResult_t r = api().ncclCommInitRankConfig(&comm, host.size(), id, host.rank(), &config);
   if (r != ncclSuccess && r != ncclInProgress) {
-    if (comm) api().ncclCommAbort(comm);
-    throw CommError("rank " + std::to_string(host.rank()) +
-                    ": NCCL communicator creation failed: " + api().ncclGetErrorString(r));
+    abort_comm(comm);
+    throw CommError(who(host, "communicator creation") + " failed: " + api().ncclGetErrorString(r));
   }
   settle(comm, host, deadline, "communicator creation (ncclCommInitRank)");
   return std::make_unique<NcclComm>(host, comm, device);

@@ -53,9 +53,6 @@ void copy_bytes(void* dst, const void* src, std::size_t bytes, Memory mem) {
     std::memcpy(dst, src, bytes);
 }
 
-std::string seconds(std::chrono::milliseconds t) {
-  return format_number(static_cast<double>(t.count()) / 1000.0, 3) + " s";
-}
 }  // namespace
 
 struct ThreadWorld::State {
@@ -374,8 +371,9 @@ class ThreadComm final : public Communicator {
         for (const auto& [from, tag] : box.withdrawn)
           if (from == msg.peer)
             throw CommError("rank " + std::to_string(rank()) + ": " + msg.describe() + " waited " +
-                            seconds(timeout()) + " (--timeout): rank " + std::to_string(from) +
-                            " posted an isend to it (tag " + std::to_string(tag) +
+                            format_seconds(timeout()) + " (--timeout): rank " +
+                            std::to_string(from) + " posted an isend to it (tag " +
+                            std::to_string(tag) +
                             ") but dropped its Request without waiting for it, which withdrew "
                             "the message: keep the Request and wait() for it");
       }
@@ -387,7 +385,7 @@ class ThreadComm final : public Communicator {
               : "no matching send came; is rank " + std::to_string(msg.peer) + " sending to rank " +
                     std::to_string(rank()) + " with tag " + std::to_string(msg.tag) + "?";
       throw CommError("rank " + std::to_string(rank()) + ": " + msg.describe() + " waited " +
-                      seconds(timeout()) + " (--timeout): " + hint);
+                      format_seconds(timeout()) + " (--timeout): " + hint);
     }
     if (!msg.error.empty()) throw CommError("rank " + std::to_string(rank()) + ": " + msg.error);
   }
@@ -760,7 +758,7 @@ class ThreadComm final : public Communicator {
                                 ? "the others (each arrived, but one gave up before the last came)"
                                 : "rank(s) " + missing;
     throw CommError("rank " + std::to_string(rank()) + ": " + mine.describe() + " waited " +
-                    seconds(timeout()) + " (--timeout) for " + who +
+                    format_seconds(timeout()) + " (--timeout) for " + who +
                     " to join; did they skip the call, or are they blocked elsewhere?");
   }
 
@@ -874,7 +872,8 @@ namespace {
   std::fprintf(stderr,
                "%sthe job failed, but rank%s %s did not stop within %s (busy computing, or in "
                "an endless loop?): ending the process\n",
-               prefix.c_str(), stuck.size() > 1 ? "s" : "", list.c_str(), seconds(grace).c_str());
+               prefix.c_str(), stuck.size() > 1 ? "s" : "", list.c_str(),
+               format_seconds(grace).c_str());
   std::fflush(nullptr);
   std::_Exit(1);
 }

@@ -20,9 +20,7 @@ namespace shardlab {
 
 namespace {
 std::string reason() { return std::strerror(errno); }
-}  // namespace
 
-namespace {
 /// Something other than a regular file (a device, a folder, a pipe, a socket) at `path`.
 bool taken_by_other_than_a_file(const std::filesystem::path& path) {
   std::error_code error;
@@ -202,8 +200,6 @@ nlohmann::json Table::json() const {
   return out;
 }
 
-void Table::save(const std::filesystem::path& path) const { write_file_atomic(path, csv()); }
-
 std::string machine_description() {
   std::string model = "unknown CPU";
   std::ifstream cpuinfo("/proc/cpuinfo");
@@ -220,6 +216,10 @@ std::string format_number(double value, int digits) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*g", digits, value);
   return buf;
+}
+
+std::string format_seconds(std::chrono::milliseconds t) {
+  return format_number(static_cast<double>(t.count()) / 1000.0, 3) + " s";
 }
 
 }  // namespace shardlab

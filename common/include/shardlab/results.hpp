@@ -80,8 +80,6 @@ class Table {
   std::string csv() const;
   /// An array with one object per row, keyed by column (numbers in full).
   nlohmann::json json() const;
-  /// Writes csv() to `path` atomically.
-  void save(const std::filesystem::path& path) const;
   /// The same as csv() (the name CSV writers used).
   std::string str() const { return csv(); }
 
