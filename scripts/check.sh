@@ -120,9 +120,7 @@ sanitizer_summary() {
 warnings=$(grep -E "^[^ ]*exercises/[^ ]+: warning:" build/learner.log | sed -E 's|^.*/(exercises/)|\1|' |
            sort -u | head -10)
 if [[ -n "$warnings" ]]; then
-  printf '
-the compiler warns about your code:
-'
+  printf '\nthe compiler warns about your code:\n'
   sed 's/^/  /' <<< "$warnings"
 fi
 

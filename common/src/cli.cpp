@@ -113,19 +113,18 @@ CLI::Validator between(double lo, double hi) {
 CLI::Validator whole(long long lo, long long hi) {
   return CLI::Validator(
       [lo, hi](std::string& text) -> std::string {
+        const std::string range = "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
         std::size_t used = 0;
         long long value = 0;
         try {
           value = std::stoll(text, &used);
         } catch (const std::out_of_range&) {
-          return text + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+          return text + " is outside " + range;
         } catch (const std::invalid_argument&) {
           used = 0;
         }
         if (used == 0 || used != text.size()) return "'" + text + "' is not a whole number";
-        if (value < lo || value > hi)
-          return text + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
-        return "";
+        return value < lo || value > hi ? text + " is outside " + range : "";
       },
       "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
 }

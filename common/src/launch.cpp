@@ -181,8 +181,8 @@ void Context::save_csv(const Table& table, const std::string& name) {
   // then this run's files all go to NAME.PID.csv, the earlier ones again too, so that a
   // run's CSVs (a table and its _events) always come from the same run.
   bool conflict = !csv_diverted_ && written_since(plain(name), started);
-  for (const CsvWritten& w : csv_written_)
-    conflict = conflict || (!csv_diverted_ && written_since(plain(w.name), w.when));
+  for (std::size_t i = 0; !csv_diverted_ && !conflict && i < csv_written_.size(); ++i)
+    conflict = written_since(plain(csv_written_[i].name), csv_written_[i].when);
   if (conflict) {
     say("another run wrote to " + folder.string() + " while this one ran; this run's CSVs go to " +
         own("NAME").string());
