@@ -83,6 +83,16 @@ std::vector<std::vector<int>> rows_by_expert(const Routing& r) {
   return rows;
 }
 
+/// Choice (t k + j) -> its row of the experts' outputs, when `rows` (rows_by_expert) are laid
+/// one expert after the other; -1 for a dropped choice.
+std::vector<int> row_of_choice(const Routing& r, const std::vector<std::vector<int>>& rows) {
+  std::vector<int> row(static_cast<std::size_t>(r.tokens * r.k), -1);
+  int n = 0;
+  for (const auto& mine : rows)
+    for (int ch : mine) row[static_cast<std::size_t>(ch)] = n++;
+  return row;
+}
+
 /// f_i: the fraction of the T tokens whose first choice is expert i (summed token by token).
 std::vector<float> first_choice_fractions(const Routing& r) {
   std::vector<float> f(at(r.experts), 0.0f);
@@ -250,10 +260,9 @@ Result moe_reference(const MoeConfig& c, const Weights& all, const Tensor& x, co
   out.stats = routing_stats(c, r, probs);
   // Each expert runs its rows, gathered straight from x in slot order.
   const auto rows = rows_by_expert(r);
-  std::vector<int> row(at(c.tokens * c.k), -1);  // choice -> row of outs
-  int n = 0;
-  for (const auto& mine : rows)
-    for (int ch : mine) row[at(ch)] = n++;
+  const std::vector<int> row = row_of_choice(r, rows);
+  std::int64_t n = 0;  // the kept choices
+  for (const auto& mine : rows) n += static_cast<std::int64_t>(mine.size());
   Tensor outs(n, c.hidden);
   std::vector<ExpertRun> runs;
   std::int64_t offset = 0;
@@ -268,6 +277,7 @@ Result moe_reference(const MoeConfig& c, const Weights& all, const Tensor& x, co
     offset += count;
   }
   out.y = combine(x, r, 0, row, outs);
+  out.outs = outs;
   if (!dy.defined()) return out;
   // Backward: each expert from gate * dy of its rows.
   const std::vector<float> dgate = gate_grads(dy, r, 0, row, outs);
@@ -288,9 +298,9 @@ Result moe_reference(const MoeConfig& c, const Weights& all, const Tensor& x, co
     if (count) dins.slice(offset, count).copy_from(dxe);
     offset += count;
   }
-  const Tensor dlogits = router_grad(c, r, 0, probs, dgate, first_choice_fractions(r));
-  out.drouter = matmul(x, dlogits, true, false);
-  out.dx = input_grad(dy, r, 0, row, dins, dlogits, all.router);
+  out.dlogits = router_grad(c, r, 0, probs, dgate, first_choice_fractions(r));
+  out.drouter = matmul(x, out.dlogits, true, false);
+  out.dx = input_grad(dy, r, 0, row, dins, out.dlogits, all.router);
   return out;
 }
 
@@ -318,24 +328,25 @@ Tensor carried(const Tensor& a, const Tensor& ea, const Tensor& b, const Tensor&
 
 Tolerance tolerance(const MoeConfig& c, const Weights& all, const Tensor& x, const Tensor& dy,
                     const Result& ref, bool gpu) {
+  Tolerance t;
+  // The ranks sum the router's gradient in parts: another order of its T token terms.
+  t.drouter = matmul_reorder_bound(transpose(x), ref.dlogits);
+  if (!gpu) return t;
   constexpr float u = 0x1.0p-24f;
   const Routing& r = ref.routing;
   const auto rows = rows_by_expert(r);
-  std::vector<int> row(at(c.tokens * c.k), -1);  // choice -> row of outs, as the reference
-  int n = 0;
-  for (const auto& mine : rows)
-    for (int ch : mine) row[at(ch)] = n++;
+  const std::vector<int> row = row_of_choice(r, rows);
+  const Tensor& outs = ref.outs;
   const Tensor probs = router_probs(x, all.router);
   // The experts, as the reference runs them, with their error matrices on a GPU: h = X W1,
   // a = tanh(h) (|tanh'| <= 1; tanhf within 2 ulp of |a| <= 1: 2^-22), o = a W2; backward
   // from do = gate dy: da = do W2^T, dh = da (1 - a^2) (|d dh/da| = 2 |a da|), dx_e = dh W1^T,
   // dW1 = X^T dh, dW2 = a^T do.
-  Tensor outs(n, c.hidden), e_outs(n, c.hidden), e_dins(n, c.hidden);
-  Tolerance t;
+  Tensor e_outs(outs.rows(), c.hidden), e_dins(outs.rows(), c.hidden);
   // The router and the gates: z = x Wr; the softmax moves p_i by at most
   // p_i (ez_i + sum_j p_j ez_j); a gate p_j / S (S the chosen p's sum) by g_j (dp_j / p_j +
   // dS / S).
-  const Tensor ez = gpu ? carried(x, Tensor(), all.router, Tensor()) : zeros(c.tokens, c.experts);
+  const Tensor ez = carried(x, Tensor(), all.router, Tensor());
   Tensor ep(c.tokens, c.experts);
   std::vector<float> eg(at(c.tokens * c.k), 0.0f), es(at(c.tokens), 0.0f);
   for (int tk = 0; tk < c.tokens; ++tk) {
@@ -368,10 +379,8 @@ Tolerance tolerance(const MoeConfig& c, const Weights& all, const Tensor& x, con
     }
     const Tensor X = gather_rows(x, index_of(tokens, Memory::host));
     const Tensor &w1 = all.w1[at(e)], &w2 = all.w2[at(e)];
-    const Tensor a = tanh(matmul(X, w1)), o = matmul(a, w2);
+    const Tensor a = tanh(matmul(X, w1));
     const std::int64_t first = row[at(mine[0])];
-    outs.slice(first, count).copy_from(o);
-    if (!gpu) continue;
     Tensor ea = carried(X, Tensor(), w1, Tensor());
     for (float& v : ea) v += 0x1.0p-22f;
     e_outs.slice(first, count).copy_from(carried(a, ea, w2, Tensor()));
@@ -386,9 +395,7 @@ Tolerance tolerance(const MoeConfig& c, const Weights& all, const Tensor& x, con
   // dL/dgate = dy . o; dL/dp through the renormalisation (dp_i = dg_i / S - W / S^2, W =
   // sum_j dg_j p_j, plus the aux loss's constant); dL/dz = p (dp - p . dp).
   const std::vector<float> dgate = gate_grads(dy, r, 0, row, outs);
-  const Tensor dlogits = router_grad(c, r, 0, probs, dgate, first_choice_fractions(r));
-  t.drouter = matmul_reorder_bound(transpose(x), dlogits);  // the ranks sum it in parts
-  if (!gpu) return t;
+  const Tensor& dlogits = ref.dlogits;
   const double hu = c.hidden * double{u}, gamma_d = hu / (1 - hu);
   std::vector<float> edg(at(c.tokens * c.k), 0.0f);
   Tensor edl(c.tokens, c.experts);

@@ -88,6 +88,9 @@ struct Result {
   // tokens), the experts held.
   Tensor dx, drouter;
   std::vector<Tensor> dw1, dw2;
+  // The reference's own (moe_reference): the experts' outputs, a row per kept choice, by
+  // expert then slot; and dL/dlogits of every token (when a dL/dy was given).
+  Tensor outs, dlogits;
   // Communication of this rank (moe_parallel): all-to-all bytes received, forward and
   // backward together.
   std::uint64_t alltoall_received = 0;
