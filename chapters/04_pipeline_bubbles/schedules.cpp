@@ -48,9 +48,12 @@ Schedule interleaved(int stages, int microbatches, int chunks) {
   auto forward = [&](int k) { return Op{Kind::forward, microbatch(k), (k / p) % v}; };
   auto backward = [&](int k) { return Op{Kind::backward, microbatch(k), v - 1 - (k / p) % v}; };
   for (int st = 0; st < p; ++st) {
-    // Megatron-LM's warm-up: enough forwards that the first backward's inputs have come
-    // back round the ring of stages; all of them when m = p.
-    const int warmup = m == p ? total : std::min((p - st - 1) * 2 + (v - 1) * p, total);
+    // The warm-up of Megatron-LM (get_pp_rank_microbatches, microbatch groups of p) and
+    // of PyTorch's ScheduleInterleaved1F1B: (v - 1) p forwards on every stage, enough for
+    // the first microbatches to come back round to chunk v - 1, and 2 (p - 1 - s) more
+    // on stage s, so that its first backward finds its input there. Also when m = p
+    // (earlier Megatron-LM ran all forwards first then, holding all of them everywhere).
+    const int warmup = std::min((p - st - 1) * 2 + (v - 1) * p, total);
     auto& ops = s.ops[static_cast<std::size_t>(st)];
     for (int k = 0; k < warmup; ++k) ops.push_back(forward(k));
     for (int k = 0; k < total - warmup; ++k) {

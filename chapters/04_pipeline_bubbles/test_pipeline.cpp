@@ -100,6 +100,34 @@ TEST_SUITE("ch04.chapter") {
                          UsageError);
   }
 
+  TEST_CASE("interleaved: Megatron-LM's and PyTorch's warm-up, at m = p too") {
+    // Stage s's warm-up is min(2 (p - 1 - s) + (v - 1) p, v m) forwards (Megatron-LM's
+    // get_pp_rank_microbatches; PyTorch's ScheduleInterleaved1F1B), and the steady state
+    // starts with one more forward before the first backward. Wrong
+    // versions this catches: all forwards first when m = p (earlier Megatron-LM: every
+    // stage then holds all m), p - 1 - s without the factor 2 (1F1B's: a stage waits for a
+    // backward that cannot have come round yet).
+    for (int p = 1; p <= 6; ++p)
+      for (int v = 1; v <= 3; ++v)
+        for (int m = p; m <= 3 * p; m += p)
+          for (int st = 0; st < p; ++st) {
+            CAPTURE(p);
+            CAPTURE(v);
+            CAPTURE(m);
+            CAPTURE(st);
+            const Schedule s = ch04::interleaved(p, m, v);
+            const auto& ops = s.ops[static_cast<std::size_t>(st)];
+            int warmup = 0;
+            while (warmup < static_cast<int>(ops.size()) &&
+                   ops[static_cast<std::size_t>(warmup)].kind == Kind::forward)
+              ++warmup;
+            CHECK(warmup == std::min(2 * (p - 1 - st) + (v - 1) * p + 1, v * m));
+          }
+    // At m = p the last stage holds fewer than all m microbatches (chunks count 1/v each).
+    const ch04::Timeline t = ch04::simulate(ch04::interleaved(4, 4, 2), ch04::Costs{1, 2, 0});
+    CHECK(t.peak_in_flight == std::vector<double>{4, 4, 3.5, 2.5});
+  }
+
   TEST_CASE("ZB-H1: with t_f = t_b = t_w, a third of 1F1B's bubble, and p microbatches held") {
     for (int p = 1; p <= 8; ++p)
       for (int m = p; m <= 3 * p; ++m) {

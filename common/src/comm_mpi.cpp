@@ -12,9 +12,13 @@ namespace {
 }
 }  // namespace
 bool available() { return false; }
-void init(int*, char***, std::chrono::milliseconds) { missing(); }
+void init(int*, char***, std::chrono::milliseconds, const std::string&) { missing(); }
 void finalize() {}
 void abort(int code) { std::exit(code); }
+void fail(const std::string& line, int code, int) {
+  std::fprintf(stderr, "%s\n", line.c_str());
+  std::exit(code);
+}
 int world_rank() { return 0; }
 int world_size() { return 1; }
 std::unique_ptr<Communicator> world(std::chrono::milliseconds) { missing(); }
@@ -24,10 +28,12 @@ std::unique_ptr<Communicator> world(std::chrono::milliseconds) { missing(); }
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <future>
 #include <mutex>
 #include <numeric>
 #include <string>
@@ -42,6 +48,11 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 bool initialized = false;
+bool thread_multiple = false;
+
+// The job's one report (fail): an int in rank 0's memory, 0 until a failing process claims
+// it with an atomic compare-and-swap. Passive target: rank 0 need not take part.
+MPI_Win report_window = MPI_WIN_NULL;
 
 /// MPI_CHECK(call): an MPI error becomes a CommError naming the call, file and line.
 void check(int code, const char* call, const char* file, int line) {
@@ -157,6 +168,30 @@ Layout layout(std::span<const std::size_t> counts, const char* what) {
 }
 
 // ---------------------------------------------------------------------------
+// Heartbeats: who is still waiting inside the communicator?
+//
+// A rank that times out names the ranks it waited for. A rank can be missing because it
+// is stopped or busy outside the communicator (the cause), or because it waits itself, in
+// another call, for someone else (not the cause). Each process counts the polls it makes
+// while it waits (the watchdog counts for it while it sits in one of MPI's blocking
+// collectives) in a window of its own memory; a rank that times out reads the counters of
+// the ranks it names twice, 0.15 s apart. A counter that moved belongs to a rank that is
+// waiting; one that did not, to a rank that is stopped, or computing.
+
+MPI_Win beat_window = MPI_WIN_NULL;
+std::atomic<std::uint64_t*> beats{nullptr};  // this process's counter, in the window
+
+void beat() {
+  if (std::uint64_t* b = beats.load(std::memory_order_relaxed))
+    std::atomic_ref<std::uint64_t>(*b).fetch_add(1, std::memory_order_relaxed);
+}
+
+/// How a wait names the ranks it waits for (diagnose).
+enum class Waited { to_join, the_others, peer };
+std::string diagnose(MPI_Comm comm, const std::vector<int>& named, Waited how, int& order);
+std::string program_name;  // for the watchdog's message
+
+// ---------------------------------------------------------------------------
 // The watchdog: MPI's blocking collectives cannot time out, so a thread watches the
 // one in progress and ends the job with a diagnostic when it outlasts the timeout.
 
@@ -171,9 +206,11 @@ class Watchdog {
     stopping_.store(true);
     if (thread_.joinable()) thread_.join();
   }
-  void enter(std::string what) {
+  /// `what` on `comm` (MPI_COMM_NULL: the world, before any communicator) is starting.
+  void enter(std::string what, MPI_Comm comm) {
     std::lock_guard<std::mutex> lock(m_);
     what_ = std::move(what);
+    comm_ = comm == MPI_COMM_NULL ? MPI_COMM_WORLD : comm;
     since_ = Clock::now();
     busy_ = true;
   }
@@ -193,13 +230,20 @@ class Watchdog {
       const Clock::time_point now = Clock::now();
       if (now - last > std::chrono::seconds(1)) since_ += now - last;
       last = now;
+      if (busy_) beat();  // this rank waits in a blocking collective
       if (busy_ && now - since_ > timeout_) {
-        std::fprintf(stderr,
-                     "rank %d: %s waited %s (--timeout) for the other ranks; did they skip the "
-                     "call, or are they blocked elsewhere? Ending the job.\n",
-                     rank_, what_.c_str(), format_seconds(timeout_).c_str());
-        std::fflush(stderr);
-        MPI_Abort(MPI_COMM_WORLD, 1);
+        int me = 0, n = 1, order = 0;
+        MPI_Comm_rank(comm_, &me);
+        MPI_Comm_size(comm_, &n);
+        std::vector<int> others;
+        for (int q = 0; q < n; ++q)
+          if (q != me) others.push_back(q);
+        const std::string why = diagnose(comm_, others, Waited::the_others, order);
+        fail(program_name + "rank " + std::to_string(me) + ": " + what_ + " waited " +
+                 format_seconds(timeout_) + " (--timeout) for the other ranks" +
+                 (why.empty() ? "; did they skip the call, or are they blocked elsewhere?" : why) +
+                 " (ending the job)",
+             1, order);
       }
     }
   }
@@ -209,6 +253,7 @@ class Watchdog {
   std::atomic<bool> stopping_{false};
   std::mutex m_;
   std::string what_;
+  MPI_Comm comm_ = MPI_COMM_WORLD;
   Clock::time_point since_;
   bool busy_ = false;
 };
@@ -216,7 +261,7 @@ class Watchdog {
 Watchdog watchdog;
 
 struct Watched {
-  explicit Watched(std::string what) { watchdog.enter(std::move(what)); }
+  Watched(std::string what, MPI_Comm comm) { watchdog.enter(std::move(what), comm); }
   ~Watched() { watchdog.leave(); }
 };
 
@@ -256,8 +301,98 @@ bool poll(MPI_Request& request, MPI_Status& status, Deadline deadline, int& code
     code = MPI_Test(&request, &done, &status);
     if (code != MPI_SUCCESS || done) return true;
     if (deadline.passed()) return false;
+    beat();
     back_off(polls);
   }
+}
+
+/// Waits for `answer` at most `limit`, beating meanwhile: a rank that is diagnosing a
+/// timeout, or failing, is inside the communicator, not the cause of anyone's wait.
+template <class T>
+bool beating_wait(std::future<T>& answer, std::chrono::milliseconds limit) {
+  const Clock::time_point end = Clock::now() + limit;
+  while (answer.wait_for(std::chrono::milliseconds(10)) != std::future_status::ready) {
+    beat();
+    if (Clock::now() > end) return false;
+  }
+  return true;
+}
+/// Sleeps, beating.
+void beating_sleep(std::chrono::milliseconds time) {
+  const Clock::time_point end = Clock::now() + time;
+  while (Clock::now() < end) {
+    beat();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+/// For each of `world_ranks`: true when it is waiting inside its communicator (its
+/// heartbeat moved in 0.15 s), false when it is not (stopped, or computing). Empty when
+/// the counters could not be read within a second (no window; a node that does not
+/// answer).
+std::vector<bool> waiting(const std::vector<int>& world_ranks) {
+  if (beat_window == MPI_WIN_NULL || !thread_multiple || world_ranks.empty()) return {};
+  auto result = std::make_shared<std::promise<std::vector<bool> > >();
+  std::future<std::vector<bool> > answer = result->get_future();
+  std::thread([result, world_ranks] {
+    auto read = [&] {
+      std::vector<std::uint64_t> v(world_ranks.size());
+      for (std::size_t i = 0; i < world_ranks.size(); ++i) {
+        MPI_Win_lock(MPI_LOCK_SHARED, world_ranks[i], 0, beat_window);
+        MPI_Get(&v[i], 1, MPI_UINT64_T, world_ranks[i], 0, 1, MPI_UINT64_T, beat_window);
+        MPI_Win_unlock(world_ranks[i], beat_window);
+      }
+      return v;
+    };
+    const std::vector<std::uint64_t> before = read();
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    const std::vector<std::uint64_t> after = read();
+    std::vector<bool> moved;
+    for (std::size_t i = 0; i < before.size(); ++i) moved.push_back(after[i] != before[i]);
+    result->set_value(moved);
+  }).detach();
+  // This rank waits too, meanwhile (for another rank's look at its counter).
+  if (!beating_wait(answer, std::chrono::seconds(1))) return {};
+  return answer.get();
+}
+
+/// ", rank(s) ... do(es) not respond ...; rank(s) ... wait(s) in other calls": what the
+/// heartbeats say of the ranks `named` (of `comm`, which `world` ranks translate), and
+/// the report's order (CommError::report_order).
+std::string diagnose(MPI_Comm comm, const std::vector<int>& named, Waited how, int& order) {
+  order = static_cast<int>(named.size());
+  if (named.empty()) return "";
+  MPI_Group group = MPI_GROUP_NULL, world_group = MPI_GROUP_NULL;
+  std::vector<int> world_ranks(named.size());
+  MPI_Comm_group(comm, &group);
+  MPI_Comm_group(MPI_COMM_WORLD, &world_group);
+  MPI_Group_translate_ranks(group, static_cast<int>(named.size()), named.data(), world_group,
+                            world_ranks.data());
+  MPI_Group_free(&group);
+  MPI_Group_free(&world_group);
+  const std::vector<bool> moving = waiting(world_ranks);
+  if (moving.empty()) return "";
+  std::vector<int> silent, busy_waiting;
+  for (std::size_t i = 0; i < named.size(); ++i)
+    (moving[i] ? busy_waiting : silent).push_back(named[i]);
+  auto list = [](const std::vector<int>& ranks) {
+    std::string text = ranks.size() == 1 ? "rank " : "ranks ";
+    for (std::size_t i = 0; i < ranks.size(); ++i)
+      text += (i ? ", " : "") + std::to_string(ranks[i]);
+    return text;
+  };
+  std::string text;
+  if (!silent.empty())
+    text += "; " + list(silent) + (silent.size() == 1 ? " does" : " do") +
+            " not respond (stopped, or computing outside the communicator)";
+  if (!busy_waiting.empty())
+    text += "; " + list(busy_waiting) + (busy_waiting.size() == 1 ? " is" : " are") +
+            (how == Waited::the_others ? " waiting too"
+             : how == Waited::peer     ? " waiting in another call (do the two wait for each "
+                                         "other?)"
+                                       : " waiting in another call (did it skip this one?)");
+  order = !silent.empty() ? static_cast<int>(silent.size()) : how == Waited::peer ? 11 : 10;
+  return text;
 }
 
 // ---------------------------------------------------------------------------
@@ -317,9 +452,17 @@ struct MpiCollective final : Request::Impl {
   Layout layout;  // the v-collectives' counts must live until completion
   std::vector<int> recv_counts;
   std::function<void()> finish;
+  std::chrono::milliseconds timeout{60000};
   ~MpiCollective() override {
-    // Other ranks' collectives depend on this one: complete it (MPI cannot cancel it).
-    if (request != MPI_REQUEST_NULL) MPI_Wait(&request, MPI_STATUS_IGNORE);
+    // Dropped unfinished (the rank is failing). Other ranks' collectives depend on this
+    // one, so complete it if it can be (MPI cannot cancel it): a collective whose ranks
+    // are all there finishes at once. One that does not within a tenth of a second has a
+    // rank gone, stopped or failing too: leave it, the job is ending, and a longer wait
+    // here would keep this rank from saying why.
+    if (request == MPI_REQUEST_NULL) return;
+    MPI_Status status;
+    int code = MPI_SUCCESS;
+    poll(request, status, Deadline(std::min(timeout, std::chrono::milliseconds(100))), code);
   }
 };
 
@@ -361,13 +504,17 @@ class MpiComm final : public Communicator {
     MPI_Status status;
     int code = MPI_SUCCESS;
     if (!poll(r.request, status, Deadline(remaining()), code)) {
-      throw CommError("rank " + std::to_string(rank()) + ": " + r.describe() + " waited " +
-                      format_seconds(timeout()) + " (--timeout): " +
-                      (r.is_send
-                           ? "rank " + std::to_string(r.peer) + " never posted a matching recv"
-                           : "no matching send came; is rank " + std::to_string(r.peer) +
-                                 " sending to rank " + std::to_string(rank()) + " with tag " +
-                                 std::to_string(r.tag) + "?"));
+      int order = 0;
+      const std::string why = diagnose(comm_, {r.peer}, Waited::peer, order);
+      throw CommError(
+          "rank " + std::to_string(rank()) + ": " + r.describe() + " waited " +
+              format_seconds(timeout()) + " (--timeout): " +
+              (r.is_send ? "rank " + std::to_string(r.peer) + " never posted a matching recv"
+                         : "no matching send came; is rank " + std::to_string(r.peer) +
+                               " sending to rank " + std::to_string(rank()) + " with tag " +
+                               std::to_string(r.tag) + "?") +
+              why,
+          order);
     }
     if (code != MPI_SUCCESS && !r.is_send)
       throw CommError("rank " + std::to_string(rank()) + ": " + r.describe() +
@@ -398,7 +545,7 @@ class MpiComm final : public Communicator {
       finish_check(check);
     }
     if (c.op != Op::barrier) count_modeled(c);
-    Watched w(c.describe());
+    Watched w(c.describe(), comm_);
     const MPI_Datatype t = mpi_type(c.type);
     switch (c.op) {
       case Op::barrier:
@@ -462,6 +609,7 @@ class MpiComm final : public Communicator {
     count_modeled(c);
     auto r = std::make_unique<MpiCollective>();
     r->what = c.describe();
+    r->timeout = timeout();
     // The check travels with the collective and is settled first at wait().
     if (checking()) r->check = std::make_unique<Check>(start_check(c));
     const MPI_Datatype t = mpi_type(c.type);
@@ -505,7 +653,7 @@ class MpiComm final : public Communicator {
     }
     MPI_Comm sub = MPI_COMM_NULL;
     {
-      Watched w("split");
+      Watched w("split", comm_);
       MPI_CHECK(MPI_Comm_split(comm_, color, key, &sub));
     }
     return std::make_unique<MpiComm>(sub, true, timeout());
@@ -559,14 +707,25 @@ class MpiComm final : public Communicator {
         done = done && finished;
       }
       if (done) break;
+      beat();
       if (deadline.passed()) {
         std::string missing;
+        std::vector<int> named;
+        // A rank is missing when its signature has not come, or has not taken this one's
+        // (a process that is stopped does not drain what is sent to it).
         for (int q = 0; q < N; ++q)
-          if (q != me && check.requests[static_cast<std::size_t>(q)] != MPI_REQUEST_NULL)
+          if (q != me && (check.requests[static_cast<std::size_t>(q)] != MPI_REQUEST_NULL ||
+                          check.requests[static_cast<std::size_t>(N + q)] != MPI_REQUEST_NULL)) {
             missing += (missing.empty() ? "" : ", ") + std::to_string(q);
-        throw CommError("rank " + std::to_string(me) + ": " + check.mine.text + " waited " +
-                        format_seconds(timeout()) + " (--timeout) for rank(s) " + missing +
-                        " to join; did they skip the call, or are they blocked elsewhere?");
+            named.push_back(q);
+          }
+        int order = 0;
+        const std::string why = diagnose(comm_, named, Waited::to_join, order);
+        throw CommError(
+            "rank " + std::to_string(me) + ": " + check.mine.text + " waited " +
+                format_seconds(timeout()) + " (--timeout) for rank(s) " + missing + " to join" +
+                (why.empty() ? "; did they skip the call, or are they blocked elsewhere?" : why),
+            order);
       }
       back_off(polls);
     }
@@ -599,11 +758,18 @@ class MpiComm final : public Communicator {
     if (c.check) finish_check(*c.check);
     MPI_Status status;
     int code = MPI_SUCCESS;
-    if (!poll(c.request, status, Deadline(remaining()), code))
-      throw CommError("rank " + std::to_string(rank()) + ": " + c.what + " waited " +
-                      format_seconds(timeout()) +
-                      " (--timeout) for the other ranks; did they skip the call, or are they "
-                      "blocked elsewhere?");
+    if (!poll(c.request, status, Deadline(remaining()), code)) {
+      std::vector<int> others;
+      for (int q = 0; q < size(); ++q)
+        if (q != rank()) others.push_back(q);
+      int order = 0;
+      const std::string why = diagnose(comm_, others, Waited::the_others, order);
+      throw CommError(
+          "rank " + std::to_string(rank()) + ": " + c.what + " waited " +
+              format_seconds(timeout()) + " (--timeout) for the other ranks" +
+              (why.empty() ? "; did they skip the call, or are they blocked elsewhere?" : why),
+          order);
+    }
     MPI_CHECK(code);
     if (c.finish) c.finish();
   }
@@ -649,13 +815,31 @@ class MpiComm final : public Communicator {
 
 bool available() { return true; }
 
-void init(int* argc, char*** argv, std::chrono::milliseconds timeout) {
+void init(int* argc, char*** argv, std::chrono::milliseconds timeout, const std::string& program) {
   if (initialized) return;
+  program_name = program.empty() ? "" : program + ": ";
   int provided = 0;
   // The watchdog thread calls MPI_Abort while the rank's thread may sit in MPI.
   MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
   initialized = true;
+  thread_multiple = provided >= MPI_THREAD_MULTIPLE;
   create_half_types();
+  int* slot = nullptr;
+  const MPI_Aint bytes = world_rank() == 0 ? static_cast<MPI_Aint>(sizeof(int)) : 0;
+  if (MPI_Win_allocate(bytes, sizeof(int), MPI_INFO_NULL, MPI_COMM_WORLD, &slot, &report_window) !=
+      MPI_SUCCESS)
+    report_window = MPI_WIN_NULL;
+  else if (world_rank() == 0)
+    *slot = 0;
+  std::uint64_t* counter = nullptr;
+  if (MPI_Win_allocate(sizeof(std::uint64_t), sizeof(std::uint64_t), MPI_INFO_NULL, MPI_COMM_WORLD,
+                       &counter, &beat_window) != MPI_SUCCESS) {
+    beat_window = MPI_WIN_NULL;
+  } else {
+    *counter = 0;
+    beats.store(counter);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);  // the slot and the counters are 0 before anyone can fail
   if (provided >= MPI_THREAD_MULTIPLE) {
     watchdog.start(timeout, world_rank());
   } else if (world_rank() == 0) {
@@ -669,9 +853,12 @@ void init(int* argc, char*** argv, std::chrono::milliseconds timeout) {
 void finalize() {
   if (!initialized) return;
   free_half_types();
+  if (report_window != MPI_WIN_NULL) MPI_Win_free(&report_window);
+  beats.store(nullptr);
+  if (beat_window != MPI_WIN_NULL) MPI_Win_free(&beat_window);
   {
     // MPI_Finalize waits for the other processes: watched like a collective.
-    Watched w("MPI_Finalize (waiting for the other ranks to finish)");
+    Watched w("MPI_Finalize (waiting for the other ranks to finish)", MPI_COMM_WORLD);
     MPI_Finalize();
   }
   watchdog.stop();
@@ -683,6 +870,40 @@ void abort(int code) {
   std::fflush(stderr);
   MPI_Abort(MPI_COMM_WORLD, code);
   std::exit(code);
+}
+
+namespace {
+/// True when this process is the first of the job to claim the report. Where the claim
+/// cannot be made (no window, no MPI_THREAD_MULTIPLE) or takes over two seconds (rank 0's
+/// node unreachable), every process may speak: a line twice beats none.
+bool claim_report() {
+  if (report_window == MPI_WIN_NULL || !thread_multiple) return true;
+  auto claimed = std::make_shared<std::promise<bool> >();
+  std::future<bool> answer = claimed->get_future();
+  std::thread([claimed] {
+    const int mine = world_rank() + 1, empty = 0;
+    int before = -1;
+    MPI_Win_lock(MPI_LOCK_SHARED, 0, 0, report_window);
+    MPI_Compare_and_swap(&mine, &empty, &before, MPI_INT, 0, 0, report_window);
+    MPI_Win_unlock(0, report_window);
+    claimed->set_value(before == 0);
+  }).detach();
+  if (!beating_wait(answer, std::chrono::seconds(2))) return true;
+  return answer.get();
+}
+}  // namespace
+
+void fail(const std::string& line, int code, int order) {
+  // A report nearer the cause (a lower order) gets in first.
+  if (order > 1) beating_sleep(std::chrono::milliseconds(100 * std::min(order - 1, 15)));
+  if (claim_report()) {
+    std::fprintf(stderr, "%s\n", line.c_str());
+    abort(code);
+  }
+  // Another process speaks and ends the job (its MPI_Abort ends this one too); should that
+  // not come, end it from here.
+  beating_sleep(std::chrono::seconds(30));
+  abort(code);
 }
 
 int world_rank() {

@@ -501,7 +501,7 @@ int Program::run_threads(const Body& body) {
 
 int Program::run_mpi(const Body& body) {
   mpi::init(nullptr, nullptr,
-            std::chrono::milliseconds(static_cast<long>(options_.timeout_s * 1000)));
+            std::chrono::milliseconds(static_cast<long>(options_.timeout_s * 1000)), name_);
   const int rank = mpi::world_rank();
   if (ranks_given_ && options_.ranks != mpi::world_size()) {
     if (rank == 0)
@@ -516,9 +516,15 @@ int Program::run_mpi(const Body& body) {
     code = run_rank(*comm, options_, body);
   } catch (...) {
     const Outcome f = classify(std::current_exception());
-    std::fprintf(stderr, "%s: %s%s (ending the job)\n", name_.c_str(), f.code == 2 ? "error: " : "",
-                 f.message.c_str());
-    mpi::abort(f.code);
+    int order = 0;
+    try {
+      throw;
+    } catch (const CommError& e) {
+      order = e.report_order;
+    } catch (...) {
+    }
+    mpi::fail(name_ + ": " + (f.code == 2 ? "error: " : "") + f.message + " (ending the job)",
+              f.code, order);
   }
   mpi::finalize();
   return code;

@@ -174,6 +174,13 @@ struct Traffic {
 /// rank's error. what() names rank, peer, tag and operation. Exit code 1.
 struct CommError : Error {
   using Error::Error;
+  CommError(const std::string& what, int order) : Error(what), report_order(order) {}
+  /// When several processes fail at once (ranks timing out on one stopped rank), the MPI
+  /// backend lets one speak for the job (mpi::fail), the lowest order first: 0 at once
+  /// (most errors); n >= 1 for a timeout that blames n ranks that do not respond (the
+  /// fewer, the nearer the cause); 10 for one whose ranks all wait in other calls (the
+  /// program's calls deadlock), 11 for such a point-to-point wait.
+  int report_order = 0;
 };
 /// Thrown in every other rank when one rank fails, so they stop waiting; the launcher
 /// reports the first rank's error, not these.
