@@ -28,7 +28,10 @@ struct InFlight {
 }  // namespace
 
 Pipeline::Pipeline(Communicator& comm)
-    : comm_(comm), forward_(comm.split(0, comm.rank())), backward_(comm.split(0, comm.rank())) {}
+    : comm_(comm),
+      forward_(comm.split(0, comm.rank())),
+      backward_(comm.split(0, comm.rank())),
+      one_clock_(shardlab::one_machine(comm)) {}
 
 Pipeline::~Pipeline() = default;
 
@@ -101,6 +104,13 @@ StageRun Pipeline::run(const Schedule& s, const Stage& stage, const Hooks& hooks
 
   comm_.barrier();
   const shardlab::Stopwatch clock;
+  // When an op's computation is over. On a GPU the kernels run after their launch
+  // returns: wait for them, so that the op's time is its own. The send of its result
+  // comes after: it is communication, as the wait for its input was.
+  auto finished = [&] {
+    if (stage.memory == Memory::device) shardlab::cuda::synchronize();
+    return clock.seconds();
+  };
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
     const int j = op.microbatch, c = op.chunk, k = virtual_stage(st, c, p);
@@ -115,6 +125,7 @@ StageRun Pipeline::run(const Schedule& s, const Stage& stage, const Hooks& hooks
                      : receive(*forward_, to_self_forward, (k - 1) % p, j, c, stage.boundary(j, c));
           e.start = clock.seconds();
           nn::Forward f = chunk.forward(in);
+          e.end = finished();
           InFlight& kept = held[{j, c}];
           kept.saved = std::move(f.saved);
           kept.out = f.out;
@@ -141,6 +152,7 @@ StageRun Pipeline::run(const Schedule& s, const Stage& stage, const Hooks& hooks
           }
           const Tensor dx = chunk.backward_input(dy, kept.saved);
           if (!split) chunk.backward_weight(kept.saved);
+          e.end = finished();
           if (k > 0) send(*backward_, to_self_backward, (k - 1) % p, j, (k - 1) / p, dx);
           if (!split) held.erase({j, c});
           break;
@@ -148,14 +160,11 @@ StageRun Pipeline::run(const Schedule& s, const Stage& stage, const Hooks& hooks
         case Kind::weight: {
           e.start = clock.seconds();
           chunk.backward_weight(held.at({j, c}).saved);
+          e.end = finished();
           held.erase({j, c});
           break;
         }
       }
-      // On a GPU the kernels run after their launch returns: wait for them, so that the
-      // op's time is its own.
-      if (stage.memory == Memory::device) shardlab::cuda::synchronize();
-      e.end = clock.seconds();
       run.events.push_back(e);
       if (op.kind == adds_weights && hooks.after_backward)
         hooks.after_backward(j, c, --backwards_left[static_cast<std::size_t>(c)] == 0);
@@ -168,6 +177,20 @@ StageRun Pipeline::run(const Schedule& s, const Stage& stage, const Hooks& hooks
     }
   }
   comm_.wait_all(sends);
+  // Every rank's times from one origin, the earliest rank's start. The ranks leave the
+  // barrier at slightly different moments (a thread can lose its core just after it), and
+  // times counted from each rank's own start would shift its ops against the others' —
+  // and the fastest of several runs (time_schedule) would favour the most shifted. Where
+  // the ranks share a clock it is measured and taken out; across machines each rank's own
+  // start is what there is.
+  if (one_clock_) {
+    const auto mine = clock.started().time_since_epoch();
+    const std::int64_t started = std::chrono::duration_cast<std::chrono::nanoseconds>(mine).count();
+    shardlab::Communicator::Uncounted quiet(comm_);
+    const std::int64_t first = comm_.agree(started, shardlab::ReduceOp::min);
+    const double late = static_cast<double>(started - first) * 1e-9;
+    for (Event& e : run.events) e.start += late, e.end += late;
+  }
   run.bytes_sent =
       forward_->stats().total().bytes_sent + backward_->stats().total().bytes_sent - sent_before;
   return run;

@@ -117,6 +117,7 @@ class Pipeline {
  private:
   Communicator& comm_;
   std::unique_ptr<Communicator> forward_, backward_;
+  bool one_clock_ = false;  // the ranks' steady clocks compare (shardlab::one_machine)
 };
 
 /// A schedule timed: run once untimed (the first touches of fresh memory would count as

@@ -55,10 +55,9 @@ Schedule naive(int stages);
 /// GPipe (Huang et al. 2019): every forward, then every backward, on every stage.
 Schedule gpipe(int stages, int microbatches);
 
-/// 1F1B, also called PipeDream-Flush (Narayanan et al. 2021, Megatron-LM's default).
-/// Stage s first runs min(p - s - 1, m) forwards (warm-up); then, while forwards remain,
-/// one forward and one backward (steady state); then the remaining backwards (cool-down).
-/// At most p - s microbatches are in flight on stage s. THE EXERCISE.
+/// 1F1B, also called PipeDream-Flush (Narayanan et al. 2021, Megatron-LM's default): each
+/// stage starts a microbatch's backward as soon as it can, so that stage s never holds
+/// more than p - s microbatches' activations, with GPipe's bubble. THE EXERCISE.
 Schedule one_f_one_b(int stages, int microbatches);
 
 /// Interleaved 1F1B (Narayanan et al. 2021 §2.2.2, Megatron-LM): v chunks per stage,

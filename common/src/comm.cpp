@@ -2,7 +2,10 @@
 // calls built on the non-blocking ones, and the host reduction loops.
 #include "shardlab/comm.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 
@@ -428,6 +431,23 @@ double replica_divergence(Communicator& comm, const Tensor& mine) {
   Tensor rank0 = host.clone();
   comm.broadcast(rank0, 0);
   return comm.agree(max_abs_diff(host, rank0), ReduceOp::max);
+}
+
+bool one_machine(Communicator& comm) {
+  // This boot of this machine: its boot id (one per kernel boot; containers on one host
+  // share it) and its host name, hashed (FNV-1a).
+  std::string id;
+  if (std::FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    char buf[64] = {};
+    if (std::fgets(buf, sizeof buf, f) != nullptr) id = buf;
+    std::fclose(f);
+  }
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) == 0) id += host;
+  std::uint64_t hash = 1469598103934665603ULL;
+  for (const char ch : id) hash = (hash ^ static_cast<unsigned char>(ch)) * 1099511628211ULL;
+  const std::vector<std::int64_t> all = comm.gather_values(static_cast<std::int64_t>(hash));
+  return std::all_of(all.begin(), all.end(), [&](std::int64_t h) { return h == all[0]; });
 }
 
 bool Communicator::all_true(bool mine) {

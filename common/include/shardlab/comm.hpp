@@ -495,4 +495,10 @@ Traffic collective_traffic(Op op, std::span<const std::size_t> counts, std::size
 /// calls it; rank 0's copy is broadcast uncounted (bookkeeping, not training traffic).
 double replica_divergence(Communicator& comm, const Tensor& mine);
 
+/// True on every rank when all the ranks of `comm` run in one boot of one machine
+/// (threads; MPI processes on one node), so that their std::chrono::steady_clock readings
+/// can be compared: a timeline of several ranks can then put their times on one axis.
+/// Every rank calls it (uncounted).
+bool one_machine(Communicator& comm);
+
 }  // namespace shardlab
