@@ -213,7 +213,9 @@ Table to_half_table(double value) {
   if (std::isinf(f) && std::isfinite(value)) add("beyond even fp32's range");
   if (f == 0 && value != 0)
     add("below half of fp32's smallest subnormal (2^-149): 0 in fp32 already");
-  if (hv == 0 && f != 0) add("fp16: below half of 2^-24, the value is gone");
+  if (hv == 0 && f != 0)
+    add(std::fabs(f) == 0x1p-25f ? "fp16: exactly half of 2^-24, a tie, rounds to even: 0"
+                                 : "fp16: below half of 2^-24, the value is gone");
   if (std::isinf(hv) && std::isfinite(f)) add("fp16: above 65504 (65520 and up), overflow");
   if (std::isfinite(hv) && hv != 0 && hv != f && f != 0) add("fp16 relative error " + error(hv));
   if (std::isfinite(bv) && bv != f && f != 0) add("bf16 relative error " + error(bv));

@@ -25,19 +25,16 @@ using namespace shardlab;
 namespace ch06 {
 
 // TODO(ch06): DynamicScaler::update
-// On an overflow (found_inf): multiply the scale by backoff_factor and restart the
-// count of finite steps. Otherwise: one more finite step; when the count reaches
-// growth_interval, multiply the scale by growth_factor (only if the result is finite)
-// and restart the count.
+// GradScaler's rule (scaler.hpp, and the README's "The scaler"), once after every step,
+// skipped or not: scale_ and growth_tracker_ afterwards as GradScaler leaves them.
 void DynamicScaler::update(bool found_inf) {
   (void)found_inf;
   SHARDLAB_TODO("ch06: DynamicScaler::update");
 }
 
 // TODO(ch06): unscale_and_check
-// 1. out = grads / loss_scale, computed in f32 (grads may be f16);
-// 2. does out hold an inf or a NaN on this rank?
-// 3. the answer for the whole job: true on every rank if true on any.
+// `out`: the gradients as they would be without the scale, in f32; the answer: must this
+// step be skipped? It must be the same on every rank (scaler.hpp).
 bool unscale_and_check(Communicator& comm, const Tensor& grads, Tensor& out, float loss_scale) {
   (void)comm, (void)grads, (void)out, (void)loss_scale;
   SHARDLAB_TODO("ch06: unscale_and_check");
