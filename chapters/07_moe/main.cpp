@@ -54,9 +54,10 @@ void layer(Context& ctx, const Settings& s) {
   const Tensor all_x = randn(Shape{c.tokens, c.hidden}, c.seed * 7919 + 11);
   const Tensor all_dy = scale(randn(Shape{c.tokens, c.hidden}, c.seed * 7919 + 12), 0.1f);
 
-  // 1. The reference: the same layer on one device, every token (each rank computes it).
+  // 1. The reference: the same layer on one device, every token, each rank's tokens routed
+  // as that rank routes them (each rank computes it).
   const Weights all = make_weights(c, 0, c.experts);
-  const Result ref = moe_reference(c, all, all_x, all_dy);
+  const Result ref = moe_reference(c, all, all_x, all_dy, N);
 
   // 2. Expert parallel: this rank's E/N experts and T/N tokens, an nn layer over `comm`.
   nn::ParameterStore store;
@@ -64,24 +65,30 @@ void layer(Context& ctx, const Settings& s) {
   store.allocate(ctx.memory());
   const CommStats before = comm.stats();
   nn::Forward f = moe.forward(all_x.slice(mine.offset, mine.length));
-  const RoutingStats st = moe.stats(f.saved);
+  const RoutingStats st = combined(comm, moe.stats(f.saved));  // every rank's tokens
   const Tensor dx = moe.backward(all_dy.slice(mine.offset, mine.length).to(ctx.memory()), f.saved);
   const CommStats moved = comm.stats().since(before);
 
-  Table routed({"capacity", "even_router_capacity", "dropped_tokens", "of_choices",
+  std::string capacities;  // C of each rank, from its own tokens
+  for (int q = 0; q < N; ++q) capacities += (q ? " " : "") + std::to_string(c.capacity(q, N));
+  Table routed({"capacity_per_rank", "even_router_capacity", "dropped_tokens", "of_choices",
                 "passed_through_tokens", "aux_loss", "balanced_aux_loss"});
-  routed.add({c.capacity(), static_cast<double>(c.k) * c.tokens / c.experts, st.dropped,
+  routed.add({capacities, static_cast<double>(c.k) * c.tokens / (N * c.experts), st.dropped,
               c.k * c.tokens, st.passed_through, st.aux_loss, c.aux_alpha});
   ctx.report(routed, "routing",
              "Chapter 07 - a Mixture-of-Experts layer on " + std::to_string(N) + " ranks (" +
                  std::string(comm.backend()) + "): " + describe(c) +
-                 "\n\ncapacity C = ceil(k T / E x capacity factor); dropped: choices (tokens for "
-                 "k = 1); aux loss alpha E sum f_i P_i");
+                 "\n\neach rank routes its own T_r tokens: capacity C = ceil(k T_r / E x capacity "
+                 "factor) per expert and rank; dropped: choices (tokens for k = 1); aux loss "
+                 "alpha E sum f_i P_i, each rank's, weighted by T_r / T");
   Table experts({"expert", "wanted", "kept", "dropped", "load"});
-  const int most = std::max(c.capacity(), most_of(st.wanted));
+  int most = most_of(st.wanted);
+  for (int q = 0; q < N; ++q) most = std::max(most, N * c.capacity(q, N));
   for (std::size_t e = 0; e < st.kept.size(); ++e)
     experts.add({e, st.wanted[e], st.kept[e], st.wanted[e] - st.kept[e], bar(st.kept[e], most)});
-  ctx.report(experts, "experts", "\ntokens per expert (a full expert drops the rest)");
+  ctx.report(experts, "experts",
+             "\ntokens per expert, every rank's (an expert full for a rank drops the rest of "
+             "that rank's)");
 
   // 3. The comparison. On the CPU both sides add the same numbers in the same order: bit
   // for bit, except the router's gradient, summed over the ranks: another order of the
@@ -110,14 +117,15 @@ void layer(Context& ctx, const Settings& s) {
   const auto received =
       comm.gather_values(static_cast<std::int64_t>(moved[Op::alltoall].bytes_received));
   const auto formula = comm.gather_values(
-      static_cast<std::int64_t>(formula_alltoall_bytes(ref.routing, ctx.rank(), N, c.hidden)));
+      static_cast<std::int64_t>(formula_alltoall_bytes(ref.routings, ctx.rank(), N, c.hidden)));
   const double even = even_router_alltoall_bytes(c, N);
   Table bytes({"rank", "alltoall_bytes_received", "formula", "even_router", "traffic_modeled"});
   for (std::size_t q = 0; q < received.size(); ++q)
     bytes.add({q, received[q], formula[q], even, moved.is_modeled(Op::alltoall)});
   ctx.report(bytes, "alltoall",
              "\nall-to-all bytes received per rank, forward and backward; formula: rows that "
-             "cross ranks x d x 4 x 2; even router: 4 x k T/N x (N-1)/N x d x 4");
+             "cross ranks x d x 4 x 2, and the counts (N-1) E/N x 8; even router: 4 x k T/N x "
+             "(N-1)/N x d x 4 and the counts");
   ctx.verify(received == formula,
              "the all-to-all moved other than the rows the routing sends to other ranks");
   ctx.json()["output_max_abs_diff"] = vs.at(0, 1).number();
@@ -136,8 +144,9 @@ void training(Context& ctx, const Settings& s) {
       {"without", train(ctx.comm(), without, settings)},
       {"with", train(ctx.comm(), with, settings)}};
   ctx.say("Chapter 07 - training the router, " + std::to_string(s.train) + " steps of Adam (lr " +
-          format_number(s.lr) + ") from a router preferring expert 0; capacity " +
-          std::to_string(s.moe.capacity()) + "; aux loss alpha " + format_number(with.aux_alpha));
+          format_number(s.lr) + ") from a router whose first choice is expert 0; capacity " +
+          std::to_string(s.moe.capacity(0, ctx.size())) + " per expert and rank; aux loss alpha " +
+          format_number(with.aux_alpha));
   Table tokens({"aux", "expert", "step_1", "load_1", "last_step", "load_last"});
   Table summary(
       {"aux", "dropped_fraction_step_1", "dropped_fraction_last", "loss_step_1", "loss_last"});
@@ -167,8 +176,8 @@ void training(Context& ctx, const Settings& s) {
     at.capacity_factor = factor;
     for (const auto& [aux, run] : runs) {
       const Result r = moe_parallel(ctx.comm(), at, run.weights, x, {}, ctx.memory());
-      drops.add(
-          {factor, at.capacity(), aux, static_cast<double>(r.stats.dropped) / (at.k * at.tokens)});
+      drops.add({factor, at.capacity(0, ctx.size()), aux,
+                 static_cast<double>(r.stats.dropped) / (at.k * at.tokens)});
     }
   }
   ctx.save_csv(drops, "07_moe_capacity");

@@ -73,27 +73,53 @@ Tensor router_probs(const Tensor& x, const Tensor& router) {
   return p;
 }
 
-/// Per expert, its kept choices in slot order: the rows its buffer holds.
-std::vector<std::vector<int>> rows_by_expert(const Routing& r) {
-  std::vector<std::vector<int>> rows(at(r.experts));
-  for (auto& v : rows) v.assign(at(r.capacity), -1);
-  for (int c = 0; c < r.tokens * r.k; ++c)
-    if (r.slot[at(c)] >= 0) rows[at(r.expert[at(c)])][at(r.slot[at(c)])] = c;
-  for (auto& v : rows) v.erase(std::find(v.begin(), v.end(), -1), v.end());
-  return rows;
+/// Every rank's routings as one, token after token of the whole batch (rank 0's tokens
+/// first): choice (t, j) of the batch at t k + j. Slots stay per rank.
+Routing concatenated(const std::vector<Routing>& routings) {
+  Routing all;
+  all.experts = routings.front().experts;
+  all.k = routings.front().k;
+  for (const Routing& r : routings) {
+    all.tokens += r.tokens;
+    all.capacity = std::max(all.capacity, r.capacity);
+    all.expert.insert(all.expert.end(), r.expert.begin(), r.expert.end());
+    all.gate.insert(all.gate.end(), r.gate.begin(), r.gate.end());
+    all.slot.insert(all.slot.end(), r.slot.begin(), r.slot.end());
+  }
+  return all;
 }
 
-/// Choice (t k + j) -> its row of the experts' outputs, when `rows` (rows_by_expert) are laid
-/// one expert after the other; -1 for a dropped choice.
-std::vector<int> row_of_choice(const Routing& r, const std::vector<std::vector<int>>& rows) {
-  std::vector<int> row(static_cast<std::size_t>(r.tokens * r.k), -1);
-  int n = 0;
-  for (const auto& mine : rows)
-    for (int ch : mine) row[static_cast<std::size_t>(ch)] = n++;
-  return row;
+/// Where the experts run every kept choice: per expert, its rows — the kept choices of
+/// rank 0's tokens in slot order, then rank 1's, ... (as choices of the whole batch:
+/// concatenated()'s indices) — and each choice's row when the experts' outputs are laid
+/// one expert after the other (-1 for a dropped choice).
+struct Layout {
+  std::vector<std::vector<int>> rows;
+  std::vector<int> row;
+  std::int64_t kept = 0;
+};
+Layout layout_of(const std::vector<Routing>& routings) {
+  const int E = routings.front().experts, k = routings.front().k;
+  Layout l;
+  l.rows.resize(at(E));
+  int first = 0;  // the rank's first choice in the whole batch
+  for (const Routing& r : routings) {
+    std::vector<std::vector<int>> by_slot(at(E), std::vector<int>(at(r.capacity), -1));
+    for (int c = 0; c < r.tokens * k; ++c)
+      if (r.slot[at(c)] >= 0) by_slot[at(r.expert[at(c)])][at(r.slot[at(c)])] = first + c;
+    for (int e = 0; e < E; ++e)
+      for (int c : by_slot[at(e)])
+        if (c >= 0) l.rows[at(e)].push_back(c);
+    first += r.tokens * k;
+  }
+  l.row.assign(at(first), -1);
+  for (const auto& mine : l.rows)
+    for (int c : mine) l.row[at(c)] = static_cast<int>(l.kept++);
+  return l;
 }
 
-/// f_i: the fraction of the T tokens whose first choice is expert i (summed token by token).
+/// f_i: the fraction of the routing's tokens (one rank's) whose first choice is expert i
+/// (summed token by token).
 std::vector<float> first_choice_fractions(const Routing& r) {
   std::vector<float> f(at(r.experts), 0.0f);
   for (int t = 0; t < r.tokens; ++t)
@@ -141,8 +167,9 @@ std::vector<float> gate_grads(const Tensor& dy, const Routing& r, std::int64_t o
   return dg;
 }
 
-/// dL/dlogits of tokens [offset, offset + rows): through the gates (renormalised for
-/// k > 1) and the aux loss (f held constant), then the softmax.
+/// dL/dlogits of tokens [offset, offset + rows), all of one rank: through the gates
+/// (renormalised for k > 1) and the aux loss (f, that rank's, held constant; its aux loss
+/// weighted by its share of the T tokens, so d/dp_i = alpha E f_i / T), then the softmax.
 Tensor router_grad(const MoeConfig& c, const Routing& r, std::int64_t offset, const Tensor& probs,
                    const std::vector<float>& dgate, const std::vector<float>& f) {
   const std::int64_t rows = probs.rows(), E = c.experts;
@@ -213,12 +240,21 @@ Tensor expert_backward(const ExpertRun& run, const Tensor& dout, const Tensor& w
 
 }  // namespace
 
+RoutingStats& RoutingStats::operator+=(const RoutingStats& o) {
+  if (wanted.empty()) wanted.assign(o.wanted.size(), 0), kept.assign(o.kept.size(), 0);
+  for (std::size_t e = 0; e < o.wanted.size(); ++e) wanted[e] += o.wanted[e], kept[e] += o.kept[e];
+  dropped += o.dropped;
+  passed_through += o.passed_through;
+  aux_loss += o.aux_loss;
+  return *this;
+}
+
 RoutingStats routing_stats(const MoeConfig& c, const Routing& r, const Tensor& probs) {
-  const int E = c.experts, T = c.tokens;
+  const int E = c.experts;
   RoutingStats s;
   s.wanted.assign(at(E), 0);
   s.kept.assign(at(E), 0);
-  for (int t = 0; t < T; ++t) {
+  for (int t = 0; t < r.tokens; ++t) {
     bool any = false;
     for (int j = 0; j < c.k; ++j) {
       const Index ch = at(r.at(t, j));
@@ -233,41 +269,69 @@ RoutingStats routing_stats(const MoeConfig& c, const Routing& r, const Tensor& p
     }
     if (!any) ++s.passed_through;
   }
+  // alpha E sum_i f_i P_i over this rank's T_r tokens, times T_r / T: alpha E sum_i f_i
+  // (sum of p_i over its tokens) / T.
   const std::vector<float> f = first_choice_fractions(r);
   double aux = 0;
   for (int e = 0; e < E; ++e) {
     double P = 0;
-    for (int t = 0; t < T; ++t) P += probs(t, e);
-    aux += f[at(e)] * (P / T);
+    for (int t = 0; t < r.tokens; ++t) P += probs(t, e);
+    aux += f[at(e)] * (P / c.tokens);
   }
   s.aux_loss = c.aux_alpha * E * aux;
   return s;
 }
 
-Result moe_reference(const MoeConfig& c, const Weights& all, const Tensor& x, const Tensor& dy) {
+RoutingStats combined(Communicator& comm, const RoutingStats& mine) {
+  Communicator::Uncounted quiet(comm);
+  RoutingStats all = mine;
+  std::vector<std::int32_t> counts;
+  for (const auto* v : {&mine.wanted, &mine.kept})
+    counts.insert(counts.end(), v->begin(), v->end());
+  counts.push_back(mine.dropped);
+  counts.push_back(mine.passed_through);
+  comm.allreduce(counts, ReduceOp::sum);  // integers: every order gives the same sums
+  const std::size_t E = mine.wanted.size();
+  for (std::size_t e = 0; e < E; ++e) all.wanted[e] = counts[e], all.kept[e] = counts[E + e];
+  all.dropped = counts[2 * E];
+  all.passed_through = counts[2 * E + 1];
+  all.aux_loss = comm.agree(mine.aux_loss, ReduceOp::sum);  // in rank order on every backend
+  return all;
+}
+
+Result moe_reference(const MoeConfig& c, const Weights& all, const Tensor& x, const Tensor& dy,
+                     int ranks) {
   require(x.ndim() == 2 && x.rows() == c.tokens && x.cols() == c.hidden &&
-              static_cast<int>(all.w1.size()) == c.experts && (!dy.defined() || dy.same_shape(x)),
+              static_cast<int>(all.w1.size()) == c.experts && (!dy.defined() || dy.same_shape(x)) &&
+              ranks >= 1,
           [&] {
             return "moe_reference: x " + x.describe() + ", dy " +
                    (dy.defined() ? dy.describe() : "none") + " for " + std::to_string(c.tokens) +
                    " tokens of " + std::to_string(c.hidden) + " and " +
-                   std::to_string(all.w1.size()) + " of " + std::to_string(c.experts) + " experts";
+                   std::to_string(all.w1.size()) + " of " + std::to_string(c.experts) +
+                   " experts, on " + std::to_string(ranks) + " ranks";
           });
   Result out;
   const Tensor probs = router_probs(x, all.router);
-  out.routing = route(probs, c.k, c.capacity());
-  const Routing& r = out.routing;
-  out.stats = routing_stats(c, r, probs);
-  // Each expert runs its rows, gathered straight from x in slot order.
-  const auto rows = rows_by_expert(r);
-  const std::vector<int> row = row_of_choice(r, rows);
-  std::int64_t n = 0;  // the kept choices
-  for (const auto& mine : rows) n += static_cast<std::int64_t>(mine.size());
-  Tensor outs(n, c.hidden);
+  // Each rank's tokens routed on their own, with that rank's capacity.
+  std::vector<ShardRange> shards;
+  RoutingStats stats;
+  for (int q = 0; q < ranks; ++q) {
+    const ShardRange sh = shard_range(c.tokens, ranks, q);
+    shards.push_back(sh);
+    const Tensor mine = probs.slice(sh.offset, sh.length);
+    out.routings.push_back(route(mine, c.k, c.capacity(q, ranks)));
+    stats += routing_stats(c, out.routings.back(), mine);
+  }
+  out.stats = stats;
+  const Routing r = concatenated(out.routings);
+  const Layout layout = layout_of(out.routings);
+  // Each expert runs its rows, gathered straight from x: by source rank, then slot.
+  Tensor outs(layout.kept, c.hidden);
   std::vector<ExpertRun> runs;
   std::int64_t offset = 0;
   for (int e = 0; e < c.experts; ++e) {
-    const auto& mine = rows[at(e)];
+    const auto& mine = layout.rows[at(e)];
     std::vector<int> tokens;
     for (int ch : mine) tokens.push_back(ch / c.k);
     runs.push_back(expert_forward(gather_rows(x, index_of(tokens, Memory::host)), all.w1[at(e)],
@@ -276,15 +340,15 @@ Result moe_reference(const MoeConfig& c, const Weights& all, const Tensor& x, co
     if (count) outs.slice(offset, count).copy_from(runs.back().out);
     offset += count;
   }
-  out.y = combine(x, r, 0, row, outs);
+  out.y = combine(x, r, 0, layout.row, outs);
   out.outs = outs;
   if (!dy.defined()) return out;
   // Backward: each expert from gate * dy of its rows.
-  const std::vector<float> dgate = gate_grads(dy, r, 0, row, outs);
-  Tensor dins(n, c.hidden);
+  const std::vector<float> dgate = gate_grads(dy, r, 0, layout.row, outs);
+  Tensor dins(layout.kept, c.hidden);
   offset = 0;
   for (int e = 0; e < c.experts; ++e) {
-    const auto& mine = rows[at(e)];
+    const auto& mine = layout.rows[at(e)];
     const auto count = static_cast<std::int64_t>(mine.size());
     Tensor dout(count, c.hidden);
     for (std::int64_t i = 0; i < count; ++i)
@@ -298,9 +362,17 @@ Result moe_reference(const MoeConfig& c, const Weights& all, const Tensor& x, co
     if (count) dins.slice(offset, count).copy_from(dxe);
     offset += count;
   }
-  out.dlogits = router_grad(c, r, 0, probs, dgate, first_choice_fractions(r));
+  // The router: each rank's tokens with that rank's f.
+  out.dlogits = Tensor(c.tokens, c.experts);
+  for (int q = 0; q < ranks; ++q) {
+    const ShardRange& sh = shards[at(q)];
+    if (sh.length == 0) continue;
+    out.dlogits.slice(sh.offset, sh.length)
+        .copy_from(router_grad(c, r, sh.offset, probs.slice(sh.offset, sh.length), dgate,
+                               first_choice_fractions(out.routings[at(q)])));
+  }
   out.drouter = matmul(x, out.dlogits, true, false);
-  out.dx = input_grad(dy, r, 0, row, dins, out.dlogits, all.router);
+  out.dx = input_grad(dy, r, 0, layout.row, dins, out.dlogits, all.router);
   return out;
 }
 
@@ -333,9 +405,10 @@ Tolerance tolerance(const MoeConfig& c, const Weights& all, const Tensor& x, con
   t.drouter = matmul_reorder_bound(transpose(x), ref.dlogits);
   if (!gpu) return t;
   constexpr float u = 0x1.0p-24f;
-  const Routing& r = ref.routing;
-  const auto rows = rows_by_expert(r);
-  const std::vector<int> row = row_of_choice(r, rows);
+  const Routing r = concatenated(ref.routings);
+  const Layout layout = layout_of(ref.routings);
+  const auto& rows = layout.rows;
+  const std::vector<int>& row = layout.row;
   const Tensor& outs = ref.outs;
   const Tensor probs = router_probs(x, all.router);
   // The experts, as the reference runs them, with their error matrices on a GPU: h = X W1,
@@ -461,14 +534,14 @@ namespace {
 // The layer's Saved tensors, by position (children: one Saved per local expert).
 enum SavedAt : Index {
   saved_x,                       // this rank's tokens, in the layer's memory
-  saved_probs,                   // every token's router probabilities, T x E (host)
-  saved_expert,                  // the routing, T k each (host): i32
+  saved_probs,                   // its tokens' router probabilities, T_r x E (host)
+  saved_expert,                  // its routing, T_r k each (host): i32
   saved_gate,                    //   f32
   saved_slot,                    //   i32
   saved_send_order,              // the dispatch plan (host): i32
-  saved_recv_choice,             //   i32
-  saved_send_counts,             //   i64, rows per rank
-  saved_recv_counts,             //   i64
+  saved_per_expert,              //   i64, rows to each expert
+  saved_send_counts,             //   i64, rows to each rank
+  saved_received,                //   i64, the counts the exchange brought (N x E/N)
   saved_returned,                // the experts' outputs back at this rank, in send order
   forward_saved,                 // how many the forward keeps;
   saved_dlogits = forward_saved  // backward_input adds dL/dlogits of this rank's tokens
@@ -484,49 +557,44 @@ std::vector<To> as_vector(const Tensor& t) {
   return std::vector<To>(s.begin(), s.end());
 }
 
-Routing routing_of(const MoeConfig& c, const nn::Saved& s) {
-  return Routing{c.tokens,
-                 c.experts,
-                 c.k,
-                 c.capacity(),
-                 as_vector<int, std::int32_t>(s.tensors.at(saved_expert)),
-                 as_vector<float, float>(s.tensors.at(saved_gate)),
-                 as_vector<int, std::int32_t>(s.tensors.at(saved_slot))};
+Routing routing_of(const MoeConfig& c, const nn::Saved& s, int capacity) {
+  Routing r{0,
+            c.experts,
+            c.k,
+            capacity,
+            as_vector<int, std::int32_t>(s.tensors.at(saved_expert)),
+            as_vector<float, float>(s.tensors.at(saved_gate)),
+            as_vector<int, std::int32_t>(s.tensors.at(saved_slot))};
+  r.tokens = static_cast<int>(r.expert.size()) / c.k;
+  return r;
 }
 Dispatch plan_of(const nn::Saved& s) {
-  return Dispatch{as_vector<std::size_t, std::int64_t>(s.tensors.at(saved_send_counts)),
-                  as_vector<std::size_t, std::int64_t>(s.tensors.at(saved_recv_counts)),
-                  as_vector<int, std::int32_t>(s.tensors.at(saved_send_order)),
-                  as_vector<int, std::int32_t>(s.tensors.at(saved_recv_choice))};
+  return Dispatch{as_vector<std::size_t, std::int64_t>(s.tensors.at(saved_per_expert)),
+                  as_vector<std::size_t, std::int64_t>(s.tensors.at(saved_send_counts)),
+                  as_vector<int, std::int32_t>(s.tensors.at(saved_send_order))};
 }
 
-/// Where every choice's row is on this rank: in the send buffer (send order) and in the
-/// receive buffer (arrival order), and each local expert's rows in the receive buffer (slot
-/// order); the tokens of the send buffer's rows (rows of this rank's x); counts x d.
+/// Where every row is on this rank: each of its choices' row in the send buffer (send
+/// order; -1 dropped), the token of each row sent (a row of this rank's x), each local
+/// expert's rows in the receive buffer (plan_arrivals), and the counts x d.
 struct Places {
-  std::vector<int> send_row, recv_row, send_tokens;
+  std::vector<int> send_row, send_tokens;
   std::vector<Tensor> expert_rows;
   std::vector<std::size_t> send_elems, recv_elems;
 };
-Places places_of(const MoeConfig& c, const Routing& r, const Dispatch& plan, std::int64_t offset,
-                 int first, int per, Memory memory) {
+Places places_of(const MoeConfig& c, const Routing& r, const Dispatch& plan,
+                 const Arrivals& arrivals, Memory memory) {
   Places p;
-  p.send_row.assign(at(c.tokens * c.k), -1);
-  p.recv_row.assign(at(c.tokens * c.k), -1);
+  p.send_row.assign(at(r.tokens * c.k), -1);
   for (std::size_t i = 0; i < plan.send_order.size(); ++i) {
     p.send_row[at(plan.send_order[i])] = static_cast<int>(i);
-    p.send_tokens.push_back(plan.send_order[i] / c.k - static_cast<int>(offset));
+    p.send_tokens.push_back(plan.send_order[i] / c.k);
   }
-  for (std::size_t i = 0; i < plan.recv_choice.size(); ++i)
-    p.recv_row[at(plan.recv_choice[i])] = static_cast<int>(i);
-  const auto all_rows = rows_by_expert(r);
-  for (int l = 0; l < per; ++l) {
-    std::vector<int> rows;
-    for (int ch : all_rows[at(first + l)]) rows.push_back(p.recv_row[at(ch)]);
+  for (const std::vector<int>& rows : arrivals.expert_rows)
     p.expert_rows.push_back(index_of(rows, memory));
-  }
   for (auto n : plan.send_counts) p.send_elems.push_back(n * static_cast<std::size_t>(c.hidden));
-  for (auto n : plan.recv_counts) p.recv_elems.push_back(n * static_cast<std::size_t>(c.hidden));
+  for (auto n : arrivals.recv_counts)
+    p.recv_elems.push_back(n * static_cast<std::size_t>(c.hidden));
   return p;
 }
 
@@ -600,7 +668,7 @@ Weights MoeLayer::weights() const {
 Routing MoeLayer::routing(const nn::Saved& saved) const {
   require(saved.tensors.size() >= forward_saved,
           [&] { return name_ + ": the routing of a Saved that is not this layer's forward's"; });
-  return routing_of(config_, saved);
+  return routing_of(config_, saved, config_.capacity(comm_.rank(), comm_.size()));
 }
 
 RoutingStats MoeLayer::stats(const nn::Saved& saved) const {
@@ -609,7 +677,7 @@ RoutingStats MoeLayer::stats(const nn::Saved& saved) const {
 
 nn::Forward MoeLayer::forward(const Tensor& x_in) const {
   const MoeConfig& c = config_;
-  const int N = comm_.size(), rank = comm_.rank(), per = experts_here();
+  const int N = comm_.size(), rank = comm_.rank();
   const ShardRange tokens = shard_range(c.tokens, N, rank);
   require(x_in.ndim() == 2 && x_in.rows() == tokens.length && x_in.cols() == c.hidden, [&] {
     return name_ + ": rank " + std::to_string(rank) + " has x " + x_in.describe() +
@@ -619,46 +687,53 @@ nn::Forward MoeLayer::forward(const Tensor& x_in) const {
   const Memory memory = router_->value.memory();
   const Tensor x = x_in.to(memory);
   const std::int64_t d = c.hidden;
-  // 1. Route every token alike on every rank: the router's probabilities of all tokens.
-  Tensor probs(c.tokens, c.experts);
-  comm_.allgatherv(router_probs(x, router_->value), probs, shard_counts(c.tokens, N, c.experts));
-  const Routing r = route(probs, c.k, c.capacity());
-  const Dispatch plan = plan_dispatch(r, rank, N);
-  const Places p = places_of(c, r, plan, tokens.offset, first_, per, memory);
+  // 1. Route this rank's tokens, with a capacity from their number.
+  const Tensor probs = router_probs(x, router_->value);
+  const Routing r = route(probs, c.k, c.capacity(rank, N));
+  const Dispatch plan = plan_dispatch(r, N);
+  // 2. The exchange of counts: rank q learns how many rows each of its experts gets from
+  // this rank (E/N counts each way between every pair).
+  const std::vector<std::int64_t> per_expert(plan.per_expert.begin(), plan.per_expert.end());
+  std::vector<std::int64_t> received(per_expert.size());
+  comm_.alltoall(per_expert, received);
+  const Arrivals arrivals =
+      plan_arrivals(std::vector<std::size_t>(received.begin(), received.end()), N);
+  const Places p = places_of(c, r, plan, arrivals, memory);
   const auto n_send = static_cast<std::int64_t>(plan.send_order.size());
-  const auto n_recv = static_cast<std::int64_t>(plan.recv_choice.size());
-  // 2. Dispatch: this rank's token rows, in send order, to their experts' ranks.
+  std::int64_t n_recv = 0;
+  for (std::size_t n : arrivals.recv_counts) n_recv += static_cast<std::int64_t>(n);
+  // 3. Dispatch: this rank's token rows, in send order, to their experts' ranks.
   const Tensor send = gather_rows(x, index_of(p.send_tokens, memory));
   Tensor recv(Shape{n_recv, d}, DType::f32, memory);
   comm_.alltoallv(send, p.send_elems, recv, p.recv_elems);
-  // 3. Each local expert runs its rows, in slot order (as on one device).
+  // 4. Each local expert runs its rows: by source rank, then slot (as on one device).
   nn::Forward f;
   Tensor outs(Shape{n_recv, d}, DType::f32, memory);
-  for (int l = 0; l < per; ++l) {
-    nn::Forward e = experts_[at(l)]->forward(gather_rows(recv, p.expert_rows[at(l)]));
-    if (e.out.rows()) scatter_add_rows(outs, p.expert_rows[at(l)], e.out);
+  for (std::size_t l = 0; l < experts_.size(); ++l) {
+    nn::Forward e = experts_[l]->forward(gather_rows(recv, p.expert_rows[l]));
+    if (e.out.rows()) scatter_add_rows(outs, p.expert_rows[l], e.out);
     f.saved.children.push_back(std::move(e.saved));
   }
-  // 4. Combine: the outputs go back the way they came; y = x + gate x output.
+  // 5. Combine: the outputs go back the way they came; y = x + gate x output.
   Tensor back(Shape{n_send, d}, DType::f32, memory);
   comm_.alltoallv(outs, p.recv_elems, back, p.send_elems);
-  f.out = combine(x, r, tokens.offset, p.send_row, back).to(memory);
+  f.out = combine(x, r, 0, p.send_row, back).to(memory);
   f.saved.tensors = {x,
                      probs,
                      as_tensor<std::int32_t>(r.expert),
                      as_tensor<float>(r.gate),
                      as_tensor<std::int32_t>(r.slot),
                      as_tensor<std::int32_t>(plan.send_order),
-                     as_tensor<std::int32_t>(plan.recv_choice),
+                     as_tensor<std::int64_t>(plan.per_expert),
                      as_tensor<std::int64_t>(plan.send_counts),
-                     as_tensor<std::int64_t>(plan.recv_counts),
+                     as_tensor<std::int64_t>(received),
                      back};
   return f;
 }
 
 Tensor MoeLayer::backward_input(const Tensor& dy_in, nn::Saved& saved) const {
   const MoeConfig& c = config_;
-  const int N = comm_.size(), rank = comm_.rank(), per = experts_here();
+  const int N = comm_.size(), per = experts_here();
   require(saved.tensors.size() == forward_saved && saved.children.size() == at(per), [&] {
     return name_ + " backward: a Saved from this layer's forward (" +
            std::to_string(saved.tensors.size()) + " tensors), before any backward_input";
@@ -666,19 +741,20 @@ Tensor MoeLayer::backward_input(const Tensor& dy_in, nn::Saved& saved) const {
   const Tensor& x = saved.tensors[saved_x];
   require(dy_in.same_shape(x),
           [&] { return name_ + " backward: dy is " + dy_in.describe() + ", x " + x.describe(); });
-  const ShardRange tokens = shard_range(c.tokens, N, rank);
   const Memory memory = router_->value.memory();
-  const Routing r = routing_of(c, saved);
+  const Routing r = routing(saved);
   const Dispatch plan = plan_of(saved);
-  const Places p = places_of(c, r, plan, tokens.offset, first_, per, memory);
+  const Arrivals arrivals =
+      plan_arrivals(as_vector<std::size_t, std::int64_t>(saved.tensors[saved_received]), N);
+  const Places p = places_of(c, r, plan, arrivals, memory);
   const auto n_send = static_cast<std::int64_t>(plan.send_order.size());
-  const auto n_recv = static_cast<std::int64_t>(plan.recv_choice.size());
+  std::int64_t n_recv = 0;
+  for (std::size_t n : arrivals.recv_counts) n_recv += static_cast<std::int64_t>(n);
   const std::int64_t d = c.hidden;
   // A rank may hold no tokens (T < N): it still joins every all-to-all.
   // 1. gate x dy to the experts, the way the tokens went.
   const Tensor dy = dy_in.to(Memory::host);
-  const std::vector<float> dgate =
-      gate_grads(dy, r, tokens.offset, p.send_row, saved.tensors[saved_returned]);
+  const std::vector<float> dgate = gate_grads(dy, r, 0, p.send_row, saved.tensors[saved_returned]);
   Tensor scaled(n_send, d);
   for (std::int64_t i = 0; i < n_send; ++i) {
     const float g = r.gate[at(plan.send_order[at(static_cast<int>(i))])];
@@ -696,12 +772,12 @@ Tensor MoeLayer::backward_input(const Tensor& dy_in, nn::Saved& saved) const {
   }
   Tensor dins(Shape{n_send, d}, DType::f32, memory);
   comm_.alltoallv(dins_recv, p.recv_elems, dins, p.send_elems);
-  // 3. Through the router (gates and aux loss), and the residual.
-  const Tensor probs = saved.tensors[saved_probs].slice(tokens.offset, tokens.length);
-  const Tensor dlogits = router_grad(c, r, tokens.offset, probs, dgate, first_choice_fractions(r));
+  // 3. Through the router (gates and this rank's aux loss), and the residual.
+  const Tensor dlogits =
+      router_grad(c, r, 0, saved.tensors[saved_probs], dgate, first_choice_fractions(r));
   saved.dy = dy_in;
   saved.tensors.push_back(dlogits);
-  return input_grad(dy, r, tokens.offset, p.send_row, dins, dlogits, router_->value).to(memory);
+  return input_grad(dy, r, 0, p.send_row, dins, dlogits, router_->value).to(memory);
 }
 
 void MoeLayer::backward_weight(nn::Saved& saved) {
@@ -727,8 +803,8 @@ Result moe_parallel(Communicator& comm, const MoeConfig& config, const Weights& 
   nn::Forward f = layer.forward(x);
   Result out;
   out.y = f.out.to(Memory::host);
-  out.routing = layer.routing(f.saved);
-  out.stats = layer.stats(f.saved);
+  out.routings = {layer.routing(f.saved)};
+  out.stats = combined(comm, layer.stats(f.saved));
   if (dy.defined()) {
     out.dx = layer.backward(dy, f.saved).to(Memory::host);
     auto host = [](const nn::Parameter& p) { return p.grad.to(Memory::host).clone(); };
@@ -747,24 +823,28 @@ Result moe_parallel(Communicator& comm, const MoeConfig& config, const Weights& 
 // ---------------------------------------------------------------------------
 // What the all-to-alls move
 
-std::uint64_t formula_alltoall_bytes(const Routing& r, int rank, int ranks, int hidden) {
-  const int per = r.experts / ranks;
-  const ShardRange mine = shard_range(r.tokens, ranks, rank);
+std::uint64_t formula_alltoall_bytes(const std::vector<Routing>& routings, int rank, int ranks,
+                                     int hidden) {
+  const int per = routings.front().experts / ranks;
   std::uint64_t rows = 0;
-  for (int t = 0; t < r.tokens; ++t)
-    for (int j = 0; j < r.k; ++j) {
-      const Index ch = at(r.at(t, j));
-      if (r.slot[ch] < 0) continue;  // dropped: travels nowhere
-      const bool expert_here = r.expert[ch] / per == rank;
-      const bool token_here = t >= mine.offset && t < mine.offset + mine.length;
-      if (expert_here != token_here) ++rows;  // received in the dispatch or in the combine
+  for (int q = 0; q < ranks; ++q) {
+    const Routing& r = routings[at(q)];
+    for (int c = 0; c < r.tokens * r.k; ++c) {
+      if (r.slot[at(c)] < 0) continue;  // dropped: travels nowhere
+      const int owner = r.expert[at(c)] / per;
+      // Rank q's token to another rank's expert: received by that rank in the dispatch
+      // and by q in the combine.
+      if (owner != q && (owner == rank || q == rank)) ++rows;
     }
-  return 2 * rows * static_cast<std::uint64_t>(hidden) * 4;
+  }
+  const auto counts = static_cast<std::uint64_t>((ranks - 1) * per) * 8;
+  return 2 * rows * static_cast<std::uint64_t>(hidden) * 4 + counts;
 }
 
 double even_router_alltoall_bytes(const MoeConfig& c, int ranks) {
   const double N = ranks;
-  return 4.0 * c.k * (c.tokens / N) * (N - 1.0) / N * c.hidden * 4;
+  return 4.0 * c.k * (c.tokens / N) * (N - 1.0) / N * c.hidden * 4 +
+         (N - 1.0) * (c.experts / N) * 8;
 }
 
 void pairwise_alltoallv(Communicator& comm, const Tensor& in,
@@ -876,7 +956,7 @@ TrainRun train(Communicator& comm, const MoeConfig& c, const TrainSettings& s) {
     const Tensor x = batch.x.slice(mine.offset, mine.length);
     const Tensor target = batch.target.slice(mine.offset, mine.length);
     nn::Forward f = layer.forward(x.to(s.memory));
-    const RoutingStats stats = layer.stats(f.saved);
+    const RoutingStats stats = combined(comm, layer.stats(f.saved));
     const Tensor y = f.out.to(Memory::host);
     // L = sum over every rank's tokens of |y - target|^2 / 2T (+ the aux loss).
     run.loss.push_back(comm.agree(nn::squared_error(y, target), ReduceOp::sum) / (2.0 * c.tokens));

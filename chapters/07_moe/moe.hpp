@@ -3,18 +3,22 @@
 //   y = x + sum over t's kept choices j of gate_j * expert_{e_j}(x)
 //   expert_e(x) = tanh(x W1_e) W2_e           (d -> h -> d, no biases)
 //   router: p = softmax(x Wr) over E experts  (d x E), then route() (routing.hpp)
-//   aux loss = alpha E sum_i f_i P_i          (Switch Transformer eqs. 4-6): f_i the
-//     fraction of tokens whose first choice is expert i, P_i the mean of p_i over tokens
+//   aux loss: each rank's alpha E sum_i f_i P_i over its own tokens (Switch Transformer
+//     eqs. 4-6, DeepSpeed's l_aux per rank): f_i the fraction of the rank's tokens whose
+//     first choice is expert i, P_i the mean of p_i over them; the layer's is their mean,
+//     each weighted by the rank's share of the T tokens
 //
 // Backward: given dL/dy (any cotangent), dL/dx, dL/dWr (through the gates, their
 // renormalisation, the softmax, and the aux loss with f held constant, as in Switch) and
 // every expert's dL/dW1, dL/dW2.
 //
 // On ranks (MoeLayer): rank q holds the router (replicated), experts q E/N ..
-// (q + 1) E/N - 1 and tokens shard_range(T, N, q). The router's probabilities are
-// all-gathered (T x E floats) so that every rank routes every token alike; then the
-// tokens go to their experts' ranks in one all-to-all(v), come back in another, and the
-// backward does the same with the gradients.
+// (q + 1) E/N - 1 and tokens shard_range(T, N, q). As in Megatron-LM and DeepSpeed, each
+// rank routes its own tokens, with a capacity from their number; the ranks exchange how
+// many rows each expert gets from each (an all-to-all of counts), then the rows (an
+// all-to-all(v)); the rows come back in another, and the backward does the same with the
+// gradients. The one-device reference routes each rank's tokens the same way, so that the
+// two are the same computation.
 //
 // Also here: the all-to-all's bytes as formulas, the pairwise all-to-all(v) the benchmark
 // times against the backend's, and the training loop of `--train`.
@@ -49,7 +53,11 @@ struct MoeConfig {
   double capacity_factor = 1.0;
   double aux_alpha = 0.01;
   std::uint64_t seed = 0;
-  int capacity() const { return expert_capacity(tokens, k, experts, capacity_factor); }
+  /// C of rank `rank` of `ranks`: from its shard_range(T, N, rank) tokens.
+  int capacity(int rank, int ranks) const {
+    return expert_capacity(static_cast<int>(shardlab::shard_range(tokens, ranks, rank).length), k,
+                           experts, capacity_factor);
+  }
 };
 /// "8 experts, each an MLP 16 -> 32 -> 16; 64 tokens, top-2 routing"
 std::string describe(const MoeConfig& config);
@@ -68,28 +76,33 @@ struct Weights {
 Weights make_weights(const MoeConfig& config, int first, int count);
 
 /// What a routing did: choices per expert before and after capacity, the drops, and the
-/// aux loss (from the router probabilities of every token, T x E).
+/// aux loss. routing_stats gives one rank's (its routing, the probabilities of its tokens,
+/// T_r x E; its aux loss weighted by T_r / T); combined() adds every rank's up.
 struct RoutingStats {
   std::vector<int> wanted, kept;
   int dropped = 0;         // choices dropped, in all
   int passed_through = 0;  // tokens none of whose choices was kept
   double aux_loss = 0;
+  RoutingStats& operator+=(const RoutingStats& other);
 };
 RoutingStats routing_stats(const MoeConfig& config, const Routing& routing, const Tensor& probs);
+/// The sum of every rank's stats, on every rank (uncounted: bookkeeping).
+RoutingStats combined(Communicator& comm, const RoutingStats& mine);
 
 // ---------------------------------------------------------------------------
 // The layer on one device: the reference
 
 struct Result {
-  Tensor y;         // the outputs of the tokens given (host, f32)
-  Routing routing;  // of every token
-  RoutingStats stats;
+  Tensor y;                       // the outputs of the tokens given (host, f32)
+  std::vector<Routing> routings;  // rank q's routing of its tokens (moe_parallel: this rank's)
+  RoutingStats stats;             // of the whole layer, every rank's tokens
   // Gradients (when a dL/dy was given): of the tokens given, the router (summed over all
   // tokens), the experts held.
   Tensor dx, drouter;
   std::vector<Tensor> dw1, dw2;
   // The reference's own (moe_reference): the experts' outputs, a row per kept choice, by
-  // expert then slot; and dL/dlogits of every token (when a dL/dy was given).
+  // expert, then source rank, then slot; and dL/dlogits of every token (when a dL/dy was
+  // given).
   Tensor outs, dlogits;
   // Communication of this rank (moe_parallel): all-to-all bytes received, forward and
   // backward together.
@@ -98,9 +111,11 @@ struct Result {
 };
 
 /// The whole layer on one device, every token, written out loop by loop (no MoeLayer
-/// code): what the expert-parallel layer is checked against.
-Result moe_reference(const MoeConfig& config, const Weights& all, const Tensor& x,
-                     const Tensor& dy);
+/// code): what the expert-parallel layer on `ranks` ranks is checked against. The tokens
+/// of each rank (shard_range(T, ranks, q)) are routed on their own, with that rank's
+/// capacity, as the ranks route them; each expert runs its rows by source rank, then slot.
+Result moe_reference(const MoeConfig& config, const Weights& all, const Tensor& x, const Tensor& dy,
+                     int ranks);
 
 /// How far the expert-parallel layer may lie from the reference `ref` (max abs, per
 /// compared quantity), with the same routing. Derived, not guessed. On the CPU: 0 (the
@@ -128,19 +143,19 @@ Tolerance tolerance(const MoeConfig& config, const Weights& all, const Tensor& x
 ///   x   this rank's tokens: rows shard_range(T, N, rank) of the config's T, d columns
 ///   y   the same rows, in the memory the store was allocated in (f32 parameters)
 ///
-/// forward and backward_input are collectives over `comm` (the all-gather of the router's
-/// probabilities, four all-to-alls), and so is backward_weight (the router's gradient is
-/// summed over the ranks: an allreduce); every rank calls them in the same order.
+/// forward and backward_input are collectives over `comm` (the exchange of counts and two
+/// all-to-all(v)s forward, two backward), and so is backward_weight (the router's gradient
+/// is summed over the ranks: an allreduce); every rank calls them in the same order.
 /// Gradients accumulate (+=): the router's is the sum over every rank's tokens, an
 /// expert's over the tokens it took, and the aux loss's gradient is included.
 ///
 /// Saved (nothing is kept in the layer, so any number of forwards can be in flight):
-///   tensors   this rank's x; the probabilities of every token (T x E, host); the routing
-///             (expert, gate, slot: T k each, host); the dispatch plan (send order,
-///             receive order, counts); the experts' outputs back at this rank, in send
-///             order; after backward_input, dL/dlogits of this rank's tokens
-///   children  per local expert, its Sequential's Saved: the dispatched token rows in
-///             slot order, and the activations tanh(x W1)
+///   tensors   this rank's x; the probabilities of its tokens (T_r x E, host); its routing
+///             (expert, gate, slot: T_r k each, host); the dispatch plan (send order and
+///             counts; the counts received); the experts' outputs back at this rank, in
+///             send order; after backward_input, dL/dlogits of this rank's tokens
+///   children  per local expert, its Sequential's Saved: the rows it ran (by source rank,
+///             then slot), and the activations tanh(x W1)
 class MoeLayer final : public shardlab::nn::Layer {
  public:
   /// The weights of make_weights(config, rank E/N, E/N).
@@ -168,7 +183,8 @@ class MoeLayer final : public shardlab::nn::Layer {
   /// The current weights, copied to the host.
   Weights weights() const;
 
-  /// What a forward routed, read from its Saved (before backward_weight drops it).
+  /// What a forward routed on this rank, read from its Saved (before backward_weight
+  /// drops it); combined() makes the stats the whole layer's.
   Routing routing(const shardlab::nn::Saved& saved) const;
   RoutingStats stats(const shardlab::nn::Saved& saved) const;
 
@@ -191,13 +207,16 @@ Result moe_parallel(Communicator& comm, const MoeConfig& config, const Weights& 
 // ---------------------------------------------------------------------------
 // What the all-to-alls move
 
-/// The all-to-all bytes rank `rank` receives in one forward and backward, from the routing
-/// alone: every kept choice whose token and expert live on different ranks, one of them
-/// this one, is a row of d floats it receives twice (dispatch or combine) in the forward
-/// and twice in the backward: 2 x rows x d x 4.
-std::uint64_t formula_alltoall_bytes(const Routing& routing, int rank, int ranks, int hidden);
+/// The all-to-all bytes rank `rank` receives in one forward and backward, from every
+/// rank's routing (`routings[q]`, rank q's): every kept choice whose token and expert live
+/// on different ranks, one of them this one, is a row of d floats it receives twice
+/// (dispatch or combine) in the forward and twice in the backward: 2 x rows x d x 4; and
+/// the exchange of counts brings E/N counts of 8 bytes from each of the N - 1 others.
+std::uint64_t formula_alltoall_bytes(const std::vector<Routing>& routings, int rank, int ranks,
+                                     int hidden);
 /// The same for a perfectly even router with nothing dropped: (N-1)/N of a rank's k T/N
-/// choices leave it, four passes, d floats each: 4 x k T/N x (N-1)/N x d x 4.
+/// choices leave it, four passes, d floats each: 4 x k T/N x (N-1)/N x d x 4; and the
+/// counts, (N-1) E/N x 8.
 double even_router_alltoall_bytes(const MoeConfig& config, int ranks);
 
 /// All-to-all(v) from point-to-point calls, the pairwise exchange (MPICH's and Open MPI's
@@ -231,17 +250,18 @@ struct TrainSettings {
   float lr = 1e-2f;  // Adam's
   Memory memory = Memory::host;
 };
-/// Per step: tokens kept per expert, the aux loss, the dropped fraction of the choices,
-/// and the task's loss (mean squared error / 2); then the trained weights of this rank.
+/// Per step, over every rank's tokens: tokens kept per expert, the aux loss, the dropped
+/// fraction of the choices, and the task's loss (mean squared error / 2); then the
+/// trained weights of this rank.
 struct TrainRun {
   std::vector<std::vector<int>> kept;
   std::vector<double> aux_loss, dropped_fraction, loss;
   Weights weights;
 };
 /// Trains a MoeLayer (router and experts, one Adam over the store's flat buffers) on
-/// leaning_batch(config, 1), (config, 2), ..., from a router that starts out preferring
-/// expert 0 (Wr's column 0 plus 2u, the direction the tokens lean along). The aux loss
-/// takes part with config.aux_alpha (0: none).
+/// leaning_batch(config, 1), (config, 2), ..., from a router whose first choice for these
+/// tokens is expert 0 (Wr's column 0 plus 2u, the direction the tokens lean along). The
+/// aux loss takes part with config.aux_alpha (0: none).
 TrainRun train(Communicator& comm, const MoeConfig& config, const TrainSettings& settings);
 
 }  // namespace ch07

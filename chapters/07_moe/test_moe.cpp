@@ -25,8 +25,9 @@ using namespace shardlab;
 namespace {
 
 /// L = sum of y . dy (in double) + the aux loss: what the backward differentiates.
-double loss(const ch07::MoeConfig& c, const ch07::Weights& w, const Tensor& x, const Tensor& dy) {
-  const ch07::Result r = ch07::moe_reference(c, w, x, Tensor());
+double loss(const ch07::MoeConfig& c, const ch07::Weights& w, const Tensor& x, const Tensor& dy,
+            int ranks) {
+  const ch07::Result r = ch07::moe_reference(c, w, x, Tensor(), ranks);
   double s = 0;
   for (std::int64_t i = 0; i < r.y.size(); ++i) s += static_cast<double>(r.y[i]) * dy[i];
   return s + r.stats.aux_loss;
@@ -70,11 +71,11 @@ TEST_SUITE("ch07") {
     ch07::Weights w = ch07::make_weights(c, 0, c.experts);
     w.router.zero();  // every probability 1/4; ties go to expert 0, so f = (1, 0, 0, 0)
     const Tensor x = randn(Shape{c.tokens, c.hidden}, 3);
-    const ch07::Result r = ch07::moe_reference(c, w, x, Tensor());
+    const ch07::Result r = ch07::moe_reference(c, w, x, Tensor(), 1);
     CHECK(r.stats.aux_loss == doctest::Approx(0.3 * 4 * (1.0 * 0.25)));
     // A real router: f from the first choices, P from the softmax, worked out here in double.
     const ch07::Weights w2 = ch07::make_weights(c, 0, c.experts);
-    const ch07::Result r2 = ch07::moe_reference(c, w2, x, Tensor());
+    const ch07::Result r2 = ch07::moe_reference(c, w2, x, Tensor(), 1);
     std::vector<double> f(4, 0.0), P(4, 0.0);
     for (int t = 0; t < c.tokens; ++t) {
       double logits[4], top = -1e300, sum = 0;
@@ -87,7 +88,8 @@ TEST_SUITE("ch07") {
       for (int e = 0; e < 4; ++e) sum += std::exp(logits[e] - top);
       for (int e = 0; e < 4; ++e)
         P[static_cast<std::size_t>(e)] += std::exp(logits[e] - top) / sum / c.tokens;
-      f[static_cast<std::size_t>(r2.routing.expert[static_cast<std::size_t>(t)])] += 1.0 / c.tokens;
+      f[static_cast<std::size_t>(r2.routings[0].expert[static_cast<std::size_t>(t)])] +=
+          1.0 / c.tokens;
     }
     double want = 0;
     for (int e = 0; e < 4; ++e)
@@ -96,12 +98,39 @@ TEST_SUITE("ch07") {
     CHECK(r2.stats.aux_loss > 0.3);  // not even: above alpha
   }
 
+  TEST_CASE("each rank routes its own tokens with its own capacity (Megatron-LM, DeepSpeed)") {
+    // 8 tokens on 2 ranks, every one's first choice expert 0 (k = 1, E = 2): each rank's
+    // capacity is ceil(1 x 4 / 2) = 2, so each keeps its first two tokens for expert 0 and
+    // drops the other two. (One capacity over all 8 tokens, 4, would keep rank 0's four and
+    // drop every token of rank 1.)
+    ch07::MoeConfig c;
+    c.tokens = 8;
+    c.experts = 2;
+    c.k = 1;
+    c.capacity_factor = 1.0;
+    ch07::Weights w = ch07::make_weights(c, 0, c.experts);
+    const Tensor x = full(Shape{c.tokens, c.hidden}, 1.0f);
+    for (std::int64_t i = 0; i < c.hidden; ++i) w.router(i, 0) = 1.0f, w.router(i, 1) = -1.0f;
+    const ch07::Result r = ch07::moe_reference(c, w, x, Tensor(), 2);
+    REQUIRE(r.routings.size() == 2);
+    CHECK(c.capacity(0, 2) == 2);
+    for (int q = 0; q < 2; ++q) {
+      CAPTURE(q);
+      CHECK_MESSAGE(
+          (r.routings[static_cast<std::size_t>(q)].slot == std::vector<int>{0, 1, -1, -1}),
+          "rank q's first two tokens kept by expert 0, its last two dropped");
+    }
+    CHECK(r.stats.kept == std::vector<int>{4, 0});
+    CHECK(r.stats.dropped == 4);
+    CHECK(r.stats.passed_through == 4);
+  }
+
   TEST_CASE("a rank with no tokens still takes part: 3 tokens on 4 ranks") {
     ch07::MoeConfig c;
     c.tokens = 3;
     c.experts = 4;
     const Tensor x = randn(Shape{c.tokens, c.hidden}, 9), dy = randn(Shape{c.tokens, c.hidden}, 10);
-    const ch07::Result ref = ch07::moe_reference(c, ch07::make_weights(c, 0, c.experts), x, dy);
+    const ch07::Result ref = ch07::moe_reference(c, ch07::make_weights(c, 0, c.experts), x, dy, 4);
     shardlab::testing::on_ranks(4, [&](Communicator& comm) {
       const ShardRange mine = shard_range(c.tokens, 4, comm.rank());
       const ch07::Result r = ch07::moe_parallel(comm, c, ch07::make_weights(c, comm.rank(), 1),
@@ -112,55 +141,60 @@ TEST_SUITE("ch07") {
     });
   }
 
-  TEST_CASE("the layer's gradients match finite differences (k = 1, 2; aux loss on)") {
-    for (int k : {1, 2}) {
-      CAPTURE(k);
-      ch07::MoeConfig c;
-      c.tokens = 12;
-      c.hidden = 6;
-      c.ffn = 8;
-      c.experts = 4;
-      c.k = k;
-      c.capacity_factor = 4.0;  // C = T for k = 1 and 2: nothing dropped, the loss smooth here
-      c.aux_alpha = 0.5;
-      ch07::Weights w = ch07::make_weights(c, 0, c.experts);
-      const Tensor x = randn(Shape{c.tokens, c.hidden}, 7),
-                   dy = randn(Shape{c.tokens, c.hidden}, 8);
-      const ch07::Result r = ch07::moe_reference(c, w, x, dy);
-      const double eps = 1e-3;
-      Tensor xv = x.clone();  // the input, perturbed like the weights for dL/dx
-      // (L(t[i] + eps) - L(t[i] - eps)) / 2 eps, for t any of the weights or xv.
-      auto fd = [&](Tensor& t, std::int64_t i) {
-        const float keep = t.flat()[i];
-        t.flat()[i] = keep + static_cast<float>(eps);
-        const double up = loss(c, w, xv, dy);
-        t.flat()[i] = keep - static_cast<float>(eps);
-        const double down = loss(c, w, xv, dy);
-        t.flat()[i] = keep;
-        return (up - down) / (2 * eps);
-      };
-      for (std::int64_t i : {0, 5, 13, 22}) {
-        const double want = fd(w.router, i);
-        CHECK_MESSAGE(r.drouter.flat()[i] == doctest::Approx(want).epsilon(2e-2).scale(1e-2),
-                      "dL/dWrouter[" << i << "] = " << r.drouter.flat()[i]
-                                     << ", finite differences " << want);
+  TEST_CASE("the layer's gradients match finite differences (k = 1, 2; aux loss on; 1, 2 ranks)") {
+    // With 2 ranks each routes its own 6 tokens and has its own aux loss (weighted by its
+    // share of the batch): the router's gradient must be that loss's.
+    for (int ranks : {1, 2})
+      for (int k : {1, 2}) {
+        CAPTURE(k);
+        CAPTURE(ranks);
+        ch07::MoeConfig c;
+        c.tokens = 12;
+        c.hidden = 6;
+        c.ffn = 8;
+        c.experts = 4;
+        c.k = k;
+        c.capacity_factor = 4.0;  // C = T for k = 1 and 2: nothing dropped, the loss smooth here
+        c.aux_alpha = 0.5;
+        ch07::Weights w = ch07::make_weights(c, 0, c.experts);
+        const Tensor x = randn(Shape{c.tokens, c.hidden}, 7),
+                     dy = randn(Shape{c.tokens, c.hidden}, 8);
+        const ch07::Result r = ch07::moe_reference(c, w, x, dy, ranks);
+        const double eps = 1e-3;
+        Tensor xv = x.clone();  // the input, perturbed like the weights for dL/dx
+        // (L(t[i] + eps) - L(t[i] - eps)) / 2 eps, for t any of the weights or xv.
+        auto fd = [&](Tensor& t, std::int64_t i) {
+          const float keep = t.flat()[i];
+          t.flat()[i] = keep + static_cast<float>(eps);
+          const double up = loss(c, w, xv, dy, ranks);
+          t.flat()[i] = keep - static_cast<float>(eps);
+          const double down = loss(c, w, xv, dy, ranks);
+          t.flat()[i] = keep;
+          return (up - down) / (2 * eps);
+        };
+        for (std::int64_t i : {0, 5, 13, 22}) {
+          const double want = fd(w.router, i);
+          CHECK_MESSAGE(r.drouter.flat()[i] == doctest::Approx(want).epsilon(2e-2).scale(1e-2),
+                        "dL/dWrouter[" << i << "] = " << r.drouter.flat()[i]
+                                       << ", finite differences " << want);
+        }
+        for (std::int64_t i : {0, 17, 40}) {
+          const double want = fd(w.w1[1], i);
+          CHECK_MESSAGE(r.dw1[1].flat()[i] == doctest::Approx(want).epsilon(2e-2).scale(1e-2),
+                        "dL/dW1 of expert 1 [" << i << "] = " << r.dw1[1].flat()[i]
+                                               << ", finite differences " << want);
+          const double want2 = fd(w.w2[2], i);
+          CHECK_MESSAGE(r.dw2[2].flat()[i] == doctest::Approx(want2).epsilon(2e-2).scale(1e-2),
+                        "dL/dW2 of expert 2 [" << i << "] = " << r.dw2[2].flat()[i]
+                                               << ", finite differences " << want2);
+        }
+        for (std::int64_t i : {0, 7, 30, 71}) {
+          const double want = fd(xv, i);
+          CHECK_MESSAGE(
+              r.dx.flat()[i] == doctest::Approx(want).epsilon(2e-2).scale(1e-2),
+              "dL/dx[" << i << "] = " << r.dx.flat()[i] << ", finite differences " << want);
+        }
       }
-      for (std::int64_t i : {0, 17, 40}) {
-        const double want = fd(w.w1[1], i);
-        CHECK_MESSAGE(r.dw1[1].flat()[i] == doctest::Approx(want).epsilon(2e-2).scale(1e-2),
-                      "dL/dW1 of expert 1 [" << i << "] = " << r.dw1[1].flat()[i]
-                                             << ", finite differences " << want);
-        const double want2 = fd(w.w2[2], i);
-        CHECK_MESSAGE(r.dw2[2].flat()[i] == doctest::Approx(want2).epsilon(2e-2).scale(1e-2),
-                      "dL/dW2 of expert 2 [" << i << "] = " << r.dw2[2].flat()[i]
-                                             << ", finite differences " << want2);
-      }
-      for (std::int64_t i : {0, 7, 30, 71}) {
-        const double want = fd(xv, i);
-        CHECK_MESSAGE(r.dx.flat()[i] == doctest::Approx(want).epsilon(2e-2).scale(1e-2),
-                      "dL/dx[" << i << "] = " << r.dx.flat()[i] << ", finite differences " << want);
-      }
-    }
   }
 }
 
@@ -175,7 +209,7 @@ TEST_CASE("the GPU tolerance covers another summation order of every sum") {
     c.k = k, c.tokens = 96, c.hidden = 48, c.ffn = 80, c.experts = 4, c.seed = 5;
     const ch07::Weights w = ch07::make_weights(c, 0, c.experts);
     const Tensor x = randn(c.tokens, c.hidden, 31), dy = scale(randn(c.tokens, c.hidden, 32), 0.1f);
-    const ch07::Result ref = ch07::moe_reference(c, w, x, dy);
+    const ch07::Result ref = ch07::moe_reference(c, w, x, dy, 1);
     const ch07::Tolerance tol = ch07::tolerance(c, w, x, dy, ref, true);
     const auto P = shuffled(c.hidden, 41), Q = shuffled(c.ffn, 42);
     ch07::Weights v = w;
@@ -187,10 +221,10 @@ TEST_CASE("the GPU tolerance covers another summation order of every sum") {
           permuted(permuted(w.w2[static_cast<std::size_t>(e)], Q, true), P, false);
     }
     const ch07::Result other =
-        ch07::moe_reference(c, v, permuted(x, P, false), permuted(dy, P, false));
-    REQUIRE_MESSAGE(other.routing.expert == ref.routing.expert,
+        ch07::moe_reference(c, v, permuted(x, P, false), permuted(dy, P, false), 1);
+    REQUIRE_MESSAGE(other.routings[0].expert == ref.routings[0].expert,
                     "the permuted run routed otherwise");
-    REQUIRE(other.routing.slot == ref.routing.slot);
+    REQUIRE(other.routings[0].slot == ref.routings[0].slot);
     auto check = [](const std::string& what, const Tensor& got, const Tensor& want, double bound) {
       const double diff = max_abs_diff(got, want);
       CHECK_MESSAGE(diff <= bound, what << ": another order differs by " << diff

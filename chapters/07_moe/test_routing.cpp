@@ -11,19 +11,24 @@
 //     -> "token 0 choice 0: gate 0.5, want 0.625 (p / the sum of the token's k chosen p)"
 //   capacity off by one (n <= capacity)
 //     -> "token 4 choice 0 (expert 0): slot 3, want -1"
-//   every kept choice sent to every rank (each rank picks out its experts' rows)
-//     -> "rank 0 sends token 1 to itself (expert 0), then token 0 to rank 1", wrong
-//        outputs, and "rank 0 received 3712 bytes in its all-to-alls; the routing sends it
-//        2048 (every token to every rank?)"
 //   std::sort instead of std::stable_sort (ties in any order)
 //     -> "the experts differ from the brute-force router's (ties: the lower index first)"
 //   a loop written for k <= 2 only -> "the experts of the top-3 choices"
 //   top-k by masking each chosen probability with 0 and taking the largest again (a row
 //   with fewer than k non-zero probabilities then picks an expert twice)
 //     -> "token 0 (probabilities 1 0 0 0) chose experts 0 0 0, want 0 1 2 ..."
-// Not wrong, and so not failing: a rank's rows to one expert ordered by token rather than
-// by slot. Sender and receiver use the same plan, and the chapter places every received
-// row by its slot.
+//   plan_dispatch sending an expert's rows by token instead of by slot
+//     -> "send order 1 2 5 3 0 4, want 2 1 5 3 0 4 (by destination rank, expert, slot)";
+//     in the layer, "dL/dW1: 298 of 512 elements differ": the expert adds its rows in
+//     another order than one device
+//   plan_dispatch counting dropped choices
+//     -> "rows per expert 2 1 1 2 with choice 5 dropped, want 2 0 1 2"
+//   plan_dispatch counting rows by the sending rank's experts instead of the destination's
+//     -> "send counts 6 0, want 3 3"
+//   plan_arrivals laying the receive buffer out expert by expert instead of rank by rank
+//     -> "local expert 0's rows 0 1 2, want 0 4 5 (rank 0's, then rank 1's, ...)"
+//   plan_arrivals reading the counts as expert-major (counts[l N + q])
+//     -> "rows from each rank 2 4 0, want 3 1 2"
 #include <doctest/doctest.h>
 
 #include <numeric>
@@ -173,22 +178,60 @@ TEST_SUITE("ch07") {
     }
   }
 
-  TEST_CASE("the dispatch plan of a hand-worked example: 4 tokens, 4 experts, 2 ranks") {
-    // Rank 0 holds tokens 0, 1 and experts 0, 1; rank 1 tokens 2, 3 and experts 2, 3.
-    ch07::Routing r{4, 4, 1, 2, {3, 0, 3, 1}, {1, 1, 1, 1}, {0, 0, 1, 0}};
-    const ch07::Dispatch a = ch07::plan_dispatch(r, 0, 2), b = ch07::plan_dispatch(r, 1, 2);
-    CHECK((a.send_counts == std::vector<std::size_t>{1, 1}));
-    CHECK_MESSAGE((a.send_order == std::vector<int>{1, 0}),
-                  "rank 0 sends token 1 to itself (expert 0), then token 0 to rank 1");
-    CHECK((a.recv_counts == std::vector<std::size_t>{1, 1}));
-    CHECK_MESSAGE((a.recv_choice == std::vector<int>{1, 3}),
-                  "rank 0 receives token 1 from itself, token 3 from rank 1");
-    CHECK((b.send_order == std::vector<int>{3, 2}));
-    CHECK((b.recv_choice == std::vector<int>{0, 2}));
-    // A dropped choice is not sent at all.
-    r.slot[2] = -1;
-    const ch07::Dispatch c = ch07::plan_dispatch(r, 1, 2);
-    CHECK_MESSAGE((c.send_counts == std::vector<std::size_t>{1, 0}), "a dropped choice was sent");
+  TEST_CASE("the dispatch plan of a hand-worked example: 3 tokens, 4 experts, 2 ranks") {
+    // This rank's tokens, top-2 of experts 0-3 (rank 0 holds experts 0, 1; rank 1 2, 3):
+    //   t0 -> 3, 0    t1 -> 0, 2    t2 -> 3, 1      (choices c = 2 t + j)
+    // Slots, first choices first: e3: c0 (0), c4 (1); e0: c2 (0), c1 (1); e2: c3; e1: c5.
+    ch07::Routing r{
+        3, 4, 2, 2, {3, 0, 0, 2, 3, 1}, {.6f, .4f, .5f, .5f, .7f, .3f}, {0, 1, 0, 0, 1, 0}};
+    auto text = [](const auto& v) {
+      std::string t;
+      for (const auto& x : v) t += (t.empty() ? "" : " ") + std::to_string(x);
+      return t;
+    };
+    const ch07::Dispatch d = ch07::plan_dispatch(r, 2);
+    const std::vector<int> order = {2, 1, 5, 3, 0, 4};
+    CHECK_MESSAGE(d.send_order == order, "send order " << text(d.send_order) << ", want "
+                                                       << text(order)
+                                                       << " (by destination rank, expert, slot)");
+    CHECK_MESSAGE((d.per_expert == std::vector<std::size_t>{2, 1, 1, 2}),
+                  "rows per expert " << text(d.per_expert) << ", want 2 1 1 2");
+    CHECK_MESSAGE((d.send_counts == std::vector<std::size_t>{3, 3}),
+                  "send counts " << text(d.send_counts) << ", want 3 3");
+    // A dropped choice is neither counted nor sent.
+    r.slot[5] = -1;
+    const ch07::Dispatch e = ch07::plan_dispatch(r, 2);
+    CHECK_MESSAGE(
+        (e.per_expert == std::vector<std::size_t>{2, 0, 1, 2}),
+        "rows per expert " << text(e.per_expert) << " with choice 5 dropped, want 2 0 1 2");
+    CHECK_MESSAGE((e.send_counts == std::vector<std::size_t>{2, 3}), "a dropped choice was sent");
+    CHECK((e.send_order == std::vector<int>{2, 1, 3, 0, 4}));
+    // One rank holds every expert: everything goes to itself.
+    const ch07::Dispatch f = ch07::plan_dispatch(r, 1);
+    CHECK((f.send_counts == std::vector<std::size_t>{5}));
+  }
+
+  TEST_CASE("the arrivals of a hand-worked exchange of counts: 3 ranks, 2 experts each") {
+    // counts[q 2 + l]: rank 0 sends 1 row for local expert 0 and 2 for expert 1, rank 1
+    // 0 and 1, rank 2 2 and 0. The buffer holds rank 0's rows (e0: row 0; e1: 1, 2), then
+    // rank 1's (e1: 3), then rank 2's (e0: 4, 5).
+    auto text = [](const auto& v) {
+      std::string t;
+      for (const auto& x : v) t += (t.empty() ? "" : " ") + std::to_string(x);
+      return t;
+    };
+    const ch07::Arrivals a = ch07::plan_arrivals({1, 2, 0, 1, 2, 0}, 3);
+    CHECK_MESSAGE((a.recv_counts == std::vector<std::size_t>{3, 1, 2}),
+                  "rows from each rank " << text(a.recv_counts) << ", want 3 1 2");
+    REQUIRE_MESSAGE(a.expert_rows.size() == 2, "one list of rows per local expert");
+    CHECK_MESSAGE((a.expert_rows[0] == std::vector<int>{0, 4, 5}),
+                  "local expert 0's rows " << text(a.expert_rows[0])
+                                           << ", want 0 4 5 (rank 0's, then rank 1's, ...)");
+    CHECK_MESSAGE((a.expert_rows[1] == std::vector<int>{1, 2, 3}),
+                  "local expert 1's rows " << text(a.expert_rows[1]) << ", want 1 2 3");
+    const ch07::Arrivals none = ch07::plan_arrivals({0, 0, 0, 0}, 2);
+    CHECK((none.recv_counts == std::vector<std::size_t>{0, 0}));
+    CHECK((none.expert_rows.size() == 2 && none.expert_rows[0].empty()));
   }
 
   TEST_CASE(
@@ -204,7 +247,8 @@ TEST_SUITE("ch07") {
         c.capacity_factor = 0.9;  // some choices dropped
         const Tensor x = randn(Shape{c.tokens, c.hidden}, 5),
                      dy = randn(Shape{c.tokens, c.hidden}, 6);
-        const ch07::Result ref = ch07::moe_reference(c, ch07::make_weights(c, 0, c.experts), x, dy);
+        const ch07::Result ref =
+            ch07::moe_reference(c, ch07::make_weights(c, 0, c.experts), x, dy, N);
         on_ranks(N, [&](Communicator& comm) {
           const int per = c.experts / N;
           const ShardRange mine = shard_range(c.tokens, N, comm.rank());
@@ -223,24 +267,21 @@ TEST_SUITE("ch07") {
                                            ref.dw2[static_cast<std::size_t>(comm.rank() * per + l)],
                                            "dL/dW2");
           }
-          // The all-to-all moves only the rows the routing sends to other ranks, counted
-          // here from the routing alone: rows this rank's experts take from other ranks'
-          // tokens, and rows of its tokens other ranks' experts take; 4 passes.
-          const int E = c.experts;
+          // The all-to-alls move only the rows the routing sends to other ranks, counted
+          // here from the reference's routings alone: rows this rank's experts take from
+          // other ranks' tokens, and rows of its tokens other ranks' experts take, 4 passes;
+          // and the counts: E/N of 8 bytes from each other rank.
           std::uint64_t rows = 0;
-          for (int t = 0; t < c.tokens; ++t)
-            for (int j = 0; j < c.k; ++j) {
-              const auto ch = static_cast<std::size_t>(t * c.k + j);
-              if (ref.routing.slot[ch] < 0) continue;
-              const int owner = ref.routing.expert[ch] / (E / N);
-              int holder = 0;
-              while (!(t >= shard_range(c.tokens, N, holder).offset &&
-                       t < shard_range(c.tokens, N, holder).offset +
-                               shard_range(c.tokens, N, holder).length))
-                ++holder;
-              if (owner != holder && (owner == comm.rank() || holder == comm.rank())) ++rows;
+          for (int q = 0; q < N; ++q) {
+            const ch07::Routing& rq = ref.routings[static_cast<std::size_t>(q)];
+            for (std::size_t ch = 0; ch < rq.slot.size(); ++ch) {
+              if (rq.slot[ch] < 0) continue;
+              const int owner = rq.expert[ch] / per;
+              if (owner != q && (owner == comm.rank() || q == comm.rank())) ++rows;
             }
-          const std::uint64_t want = 2 * rows * static_cast<std::uint64_t>(c.hidden) * 4;
+          }
+          const std::uint64_t want = 2 * rows * static_cast<std::uint64_t>(c.hidden) * 4 +
+                                     static_cast<std::uint64_t>((N - 1) * per) * 8;
           CHECK_MESSAGE(r.alltoall_received == want,
                         "rank " << comm.rank() << " received " << r.alltoall_received
                                 << " bytes in its all-to-alls; the routing sends it " << want

@@ -1,4 +1,4 @@
-// Chapter 07 solution: top-k routing with capacity, and the dispatch plan.
+// Chapter 07 solution: top-k routing with capacity, and the dispatch plan's two halves.
 #include "routing.hpp"
 
 #include <algorithm>
@@ -49,42 +49,49 @@ Routing route(const Tensor& probs, int k, int capacity) {
   return r;
 }
 
-Dispatch plan_dispatch(const Routing& r, int rank, int ranks) {
-  require(r.experts % ranks == 0, [&] {
+Dispatch plan_dispatch(const Routing& r, int ranks) {
+  require(ranks >= 1 && r.experts % ranks == 0, [&] {
     return "plan_dispatch: " + std::to_string(r.experts) + " experts over " +
            std::to_string(ranks) + " ranks";
   });
   const int per = r.experts / ranks;  // experts per rank
+  // Every kept choice by expert, each expert's by slot: the order they are sent in (the
+  // experts of rank 0 first, so by destination rank too).
+  std::vector<std::vector<int>> by_expert(static_cast<std::size_t>(r.experts));
+  for (auto& v : by_expert) v.assign(static_cast<std::size_t>(r.capacity), -1);
+  for (int c = 0; c < r.tokens * r.k; ++c)
+    if (r.slot[static_cast<std::size_t>(c)] >= 0)
+      by_expert[static_cast<std::size_t>(r.expert[static_cast<std::size_t>(c)])]
+               [static_cast<std::size_t>(r.slot[static_cast<std::size_t>(c)])] = c;
   Dispatch d;
   d.send_counts.assign(static_cast<std::size_t>(ranks), 0);
-  d.recv_counts.assign(static_cast<std::size_t>(ranks), 0);
-  // Every kept choice of the tokens of rank `from`, for the experts of rank `to`, in
-  // (expert, slot) order: the order both sides use.
-  auto choices = [&](int from, int to) {
-    const ShardRange mine = shard_range(r.tokens, ranks, from);
-    std::vector<int> out;
-    for (int e = to * per; e < (to + 1) * per; ++e) {
-      std::vector<std::pair<int, int>> by_slot;  // (slot, choice)
-      for (auto t = mine.offset; t < mine.offset + mine.length; ++t)
-        for (int j = 0; j < r.k; ++j) {
-          const int c = r.at(static_cast<int>(t), j);
-          if (r.expert[static_cast<std::size_t>(c)] == e &&
-              r.slot[static_cast<std::size_t>(c)] >= 0)
-            by_slot.push_back({r.slot[static_cast<std::size_t>(c)], c});
-        }
-      std::sort(by_slot.begin(), by_slot.end());
-      for (const auto& [slot, c] : by_slot) out.push_back(c);
-    }
-    return out;
-  };
-  for (int q = 0; q < ranks; ++q) {
-    const std::vector<int> send = choices(rank, q), recv = choices(q, rank);
-    d.send_counts[static_cast<std::size_t>(q)] = send.size();
-    d.recv_counts[static_cast<std::size_t>(q)] = recv.size();
-    d.send_order.insert(d.send_order.end(), send.begin(), send.end());
-    d.recv_choice.insert(d.recv_choice.end(), recv.begin(), recv.end());
+  for (int e = 0; e < r.experts; ++e) {
+    std::size_t n = 0;
+    for (int c : by_expert[static_cast<std::size_t>(e)])
+      if (c >= 0) d.send_order.push_back(c), ++n;
+    d.per_expert.push_back(n);
+    d.send_counts[static_cast<std::size_t>(e / per)] += n;
   }
   return d;
+}
+
+Arrivals plan_arrivals(const std::vector<std::size_t>& counts, int ranks) {
+  require(ranks >= 1 && counts.size() % static_cast<std::size_t>(ranks) == 0, [&] {
+    return "plan_arrivals: " + std::to_string(counts.size()) + " counts from " +
+           std::to_string(ranks) + " ranks";
+  });
+  const std::size_t per = counts.size() / static_cast<std::size_t>(ranks);
+  Arrivals a;
+  a.recv_counts.assign(static_cast<std::size_t>(ranks), 0);
+  a.expert_rows.resize(per);
+  int row = 0;  // the receive buffer, rank after rank, each rank's expert after expert
+  for (std::size_t q = 0; q < static_cast<std::size_t>(ranks); ++q)
+    for (std::size_t l = 0; l < per; ++l) {
+      const std::size_t n = counts[q * per + l];
+      a.recv_counts[q] += n;
+      for (std::size_t i = 0; i < n; ++i) a.expert_rows[l].push_back(row++);
+    }
+  return a;
 }
 
 }  // namespace ch07
