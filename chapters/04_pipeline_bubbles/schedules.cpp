@@ -182,11 +182,14 @@ std::vector<std::string> schedules_to_show(const std::string& choice, int stages
 void require_shape(const std::string& schedule, int stages, int microbatches, int chunks,
                    int layers) {
   const int p = stages, m = microbatches;
-  const int pieces = p * (schedule == "interleaved" ? chunks : 1);
+  const bool chunked = schedule == "interleaved";
+  const int pieces = p * (chunked ? chunks : 1);
   if (layers > 0 && layers < pieces)
     throw UsageError("--layers " + std::to_string(layers) + " cannot give " +
-                     std::to_string(pieces) + " stage chunks a block each: use --layers " +
-                     std::to_string(pieces) + " or more");
+                     (chunked ? std::to_string(p) + " stages x " + std::to_string(chunks) +
+                                    " chunks"
+                              : std::to_string(p) + " stages") +
+                     " a block each: use --layers " + std::to_string(pieces) + " or more");
   // Each op is an event to simulate, draw and keep: a million is plenty to look at.
   const double ops = 3.0 * p * m * chunks;
   if (ops > 1e6)
