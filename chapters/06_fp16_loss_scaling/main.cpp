@@ -136,6 +136,13 @@ void three_runs(Context& ctx, const Settings& s) {
   ctx.verify(a.divergence().empty(), "the fp32 run " + a.divergence());  // never "ok"
   if (s.run.scaler != Scaler::none)
     ctx.verify(c.divergence().empty(), "the fp16 run " + c.divergence());
+  // GradScaler has no lowest scale, and neither has this one: backing off often enough
+  // takes it to 0, where every gradient unscales to NaN and every later step is skipped.
+  // That is a dead run, never "ok".
+  if (const auto zero = std::find(c.scales.begin(), c.scales.end(), 0.0f); zero != c.scales.end())
+    ctx.verify(false, "the loss scale backed off to 0 at step " +
+                          std::to_string(zero - c.scales.begin() + 1) +
+                          ": every step after it is skipped (no scale is left to grow)");
   for (const RunResult* r : {&a, &b, &c})
     ctx.verify_replicas("the weights after training", r->weights);
   if (s.run.scaler != Scaler::none)
@@ -211,6 +218,12 @@ int main(int argc, char** argv) {
     require_usage(dynamic.backoff_factor > 0.0f && dynamic.backoff_factor < 1.0f,
                   "--backoff-factor " + format_number(dynamic.backoff_factor) +
                       ": must be between 0 and 1, exclusive");
+    // One backoff must leave a scale the flags allow (fp32's normal range, as --scale's).
+    require_usage(s.run.scaler != Scaler::dynamic ||
+                      static_cast<double>(dynamic.init_scale) * dynamic.backoff_factor >= FLT_MIN,
+                  "--backoff-factor " + format_number(dynamic.backoff_factor) +
+                      ": one backoff takes the scale from " + format_number(dynamic.init_scale) +
+                      " below fp32's smallest normal number (2^-126): use a factor nearer 1");
     s.run.scaler = s.scaler == "none"     ? Scaler::none
                    : s.scaler == "static" ? Scaler::fixed
                                           : Scaler::dynamic;

@@ -85,8 +85,11 @@ TEST_SUITE("ch06") {
     ch06::DynamicScaler top({.init_scale = std::ldexp(1.0f, 127), .growth_interval = 1});
     top.update(false);
     CHECK_MESSAGE(std::isfinite(top.scale()), "the scale grew to " << top.scale());
-    CHECK(top.scale() == std::ldexp(1.0f, 127));
-    CHECK(top.growth_tracker() == 0);
+    CHECK_MESSAGE(top.scale() == std::ldexp(1.0f, 127),
+                  "a growth to infinity is not taken: the scale stays 2^127, not " << top.scale());
+    CHECK_MESSAGE(
+        top.growth_tracker() == 0,
+        "the count restarts when the interval is full, grown or not: " << top.growth_tracker());
   }
 
   TEST_CASE("the factors multiply in double, rounded to f32 once, and no floor stops the scale") {
@@ -162,9 +165,11 @@ TEST_SUITE("ch06") {
                     "2^-30 came back as " << out[0] << " (divided in fp16?)");
       // f32 gradients too.
       Tensor g32 = Tensor::from_1d({4.0f, -8.0f}), out32(2);
-      CHECK(!ch06::unscale_and_check(comm, g32, out32, 4.0f));
-      CHECK(out32[0] == 1.0f);
-      CHECK(out32[1] == -2.0f);
+      CHECK_MESSAGE(!ch06::unscale_and_check(comm, g32, out32, 4.0f),
+                    "finite f32 gradients: nothing to skip");
+      CHECK_MESSAGE(
+          (out32[0] == 1.0f && out32[1] == -2.0f),
+          "f32 gradients 4, -8 at scale 4 unscale to 1, -2, not " << out32[0] << ", " << out32[1]);
       for (float bad :
            {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
             std::numeric_limits<float>::quiet_NaN()}) {

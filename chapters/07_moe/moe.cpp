@@ -582,6 +582,70 @@ struct Places {
   std::vector<Tensor> expert_rows;
   std::vector<std::size_t> send_elems, recv_elems;
 };
+/// Checks of the two plans (the exercise's), so that a wrong one is named
+/// here and not found later as a bad row index inside gather_rows.
+void check_plans(const Routing& r, const Dispatch& plan, const Arrivals& arrivals,
+                 const std::vector<std::int64_t>& received, int rank, int ranks) {
+  const std::string who = "rank " + std::to_string(rank) + ": ";
+  const auto E = static_cast<std::size_t>(r.experts), per = E / static_cast<std::size_t>(ranks);
+  require(plan.per_expert.size() == E && plan.send_counts.size() == static_cast<std::size_t>(ranks),
+          [&] {
+            return who + "plan_dispatch gave " + std::to_string(plan.per_expert.size()) +
+                   " counts per expert and " + std::to_string(plan.send_counts.size()) +
+                   " per rank, for " + std::to_string(E) + " experts on " + std::to_string(ranks) +
+                   " ranks";
+          });
+  std::vector<int> seen(at(r.tokens * r.k), 0);
+  for (int c : plan.send_order) {
+    require(c >= 0 && c < r.tokens * r.k && r.slot[at(c)] >= 0 && seen[at(c)]++ == 0, [&] {
+      return who + "plan_dispatch sends choice " + std::to_string(c) +
+             (c < 0 || c >= r.tokens * r.k ? ", which does not exist"
+              : r.slot[at(c)] < 0          ? ", which was dropped"
+                                           : " twice");
+    });
+  }
+  std::size_t kept = 0, by_expert = 0, by_rank = 0;
+  for (std::size_t c = 0; c < seen.size(); ++c) kept += r.slot[c] >= 0;
+  for (std::size_t e = 0; e < E; ++e) by_expert += plan.per_expert[e];
+  for (std::size_t q = 0; q < static_cast<std::size_t>(ranks); ++q) {
+    std::size_t experts = 0;
+    for (std::size_t l = 0; l < per; ++l) experts += plan.per_expert[q * per + l];
+    require(plan.send_counts[q] == experts, [&] {
+      return who + "plan_dispatch sends " + std::to_string(plan.send_counts[q]) + " rows to rank " +
+             std::to_string(q) + ", but counts " + std::to_string(experts) + " for its experts";
+    });
+    by_rank += plan.send_counts[q];
+  }
+  require(plan.send_order.size() == kept && by_expert == kept && by_rank == kept, [&] {
+    return who + "plan_dispatch sends " + std::to_string(plan.send_order.size()) +
+           " choices and counts " + std::to_string(by_expert) + ", but the routing kept " +
+           std::to_string(kept);
+  });
+  std::size_t coming = 0;
+  for (std::int64_t n : received) coming += static_cast<std::size_t>(n);
+  std::size_t told = 0;
+  for (std::size_t n : arrivals.recv_counts) told += n;
+  require(arrivals.recv_counts.size() == static_cast<std::size_t>(ranks) && told == coming &&
+              arrivals.expert_rows.size() == per,
+          [&] {
+            return who + "plan_arrivals expects " + std::to_string(told) + " rows from " +
+                   std::to_string(arrivals.recv_counts.size()) + " ranks for " +
+                   std::to_string(arrivals.expert_rows.size()) + " experts; the counts say " +
+                   std::to_string(coming) + " rows from " + std::to_string(ranks) + " ranks for " +
+                   std::to_string(per);
+          });
+  std::vector<int> used(coming, 0);
+  for (std::size_t l = 0; l < per; ++l)
+    for (int row : arrivals.expert_rows[l])
+      require(row >= 0 && static_cast<std::size_t>(row) < coming && used[at(row)]++ == 0, [&] {
+        return who + "plan_arrivals gives local expert " + std::to_string(l) + " row " +
+               std::to_string(row) +
+               (row < 0 || static_cast<std::size_t>(row) >= coming
+                    ? " of a receive buffer of " + std::to_string(coming)
+                    : ", which another expert takes too");
+      });
+}
+
 Places places_of(const MoeConfig& c, const Routing& r, const Dispatch& plan,
                  const Arrivals& arrivals, Memory memory) {
   Places p;
@@ -698,6 +762,7 @@ nn::Forward MoeLayer::forward(const Tensor& x_in) const {
   comm_.alltoall(per_expert, received);
   const Arrivals arrivals =
       plan_arrivals(std::vector<std::size_t>(received.begin(), received.end()), N);
+  check_plans(r, plan, arrivals, received, rank, N);
   const Places p = places_of(c, r, plan, arrivals, memory);
   const auto n_send = static_cast<std::int64_t>(plan.send_order.size());
   std::int64_t n_recv = 0;
