@@ -70,12 +70,12 @@ void add_flags(shardlab::Program& program, Settings& s) {
   // Memory: what each rank holds (toy_stage.hpp); the ranks of a threads job share this
   // machine.
   program.memory_estimate([&s](const shardlab::Options& o) {
-    // The simulation: every schedule's ops and timelines, about 14 kB per stage and
-    // microbatch with the default 2 chunks (measured: 1.8 GB at 128 x 1024), more with more
-    // chunks, twice that with --trace's JSON.
+    // The simulation: every schedule's ops and timelines, about 0.6 kB per stage and
+    // microbatch with the default 2 chunks (measured: 82 MB at 64 x 2048), more with more
+    // chunks; --trace's JSON takes about 28 kB more (3.8 GB).
     if (s.simulate)
-      return 16e6 + 15e3 * (s.stages > 0 ? s.stages : 4) * static_cast<double>(s.microbatches) *
-                        std::max(1.0, s.chunks / 2.0) * (s.trace.empty() ? 1 : 2);
+      return 16e6 + (s.trace.empty() ? 1e3 : 30e3) * (s.stages > 0 ? s.stages : 4) *
+                        static_cast<double>(s.microbatches) * std::max(1.0, s.chunks / 2.0);
     return bytes_per_rank(s.model, o.ranks) *
            (o.backend == "threads" || o.backend == "auto" ? o.ranks : 1);
   });

@@ -245,7 +245,8 @@ int main(int argc, char** argv) {
   program.memory_estimate([&](const Options& o) {
     const double ranks = o.backend == "threads" || o.backend == "auto" ? o.ranks : 1;
     // Benchmark: ~6 buffers of the largest size a rank, + 32 MiB (measured 1.5 GB: 4 x 64 MiB)
-    return ranks * (s.benchmark ? (6.0 * s.max_mib + 32) * (1 << 20) : layer_run_bytes(c));
+    if (s.benchmark) return ranks * (6.0 * s.max_mib + 32) * (1 << 20);
+    return layer_run_bytes(c, static_cast<int>(ranks));
   });
   program.writes_csv([&] { return s.benchmark || s.csv; });
   program.supports_cuda();

@@ -61,9 +61,10 @@ struct MoeConfig {
 };
 /// "8 experts, each an MLP 16 -> 32 -> 16; 64 tokens, top-2 routing"
 std::string describe(const MoeConfig& config);
-/// About how many bytes one rank's run of the layer, forward and backward, and of the
-/// one-device reference beside it takes (the program's memory estimate).
-double layer_run_bytes(const MoeConfig& config);
+/// About how many bytes a run of the layer on `ranks` ranks (threads of one process) takes,
+/// forward and backward, with the one-device reference beside it on every rank (the
+/// program's memory estimate).
+double layer_run_bytes(const MoeConfig& config, int ranks);
 
 /// The router and the experts `first` .. `first + count - 1` (f32, on the host).
 struct Weights {
