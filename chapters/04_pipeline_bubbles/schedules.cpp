@@ -186,9 +186,9 @@ void require_shape(const std::string& schedule, int stages, int microbatches, in
   const int pieces = p * (chunked ? chunks : 1);
   if (layers > 0 && layers < pieces)
     throw UsageError("--layers " + std::to_string(layers) + " cannot give " +
-                     (chunked ? std::to_string(p) + " stages x " + std::to_string(chunks) +
-                                    " chunks"
-                              : std::to_string(p) + " stages") +
+                     (chunked
+                          ? std::to_string(p) + " stages x " + std::to_string(chunks) + " chunks"
+                          : std::to_string(p) + " stages") +
                      " a block each: use --layers " + std::to_string(pieces) + " or more");
   // Each op is an event to simulate, draw and keep: a million is plenty to look at.
   const double ops = 3.0 * p * m * chunks;
