@@ -109,14 +109,16 @@ endfunction()
 #                      [BAD_USAGE "<args>"...] [MPI_ARGS <arg>...] [MPI_RANKS <n>]
 #                      [MPI_TIMED_KEYS <key|key...>]
 #                      [GPU_ARGS <arg>...] [GPU_EXPECT <regex>...]
-#                      [DEPENDS <NN>...] [LIBRARIES <target>...])
+#                      [DEPENDS <NN>...] [LIBRARIES <target>...] [RUN_ARGS <arg>...])
 #
 # Wires one chapter, as DESIGN.md describes. DEPENDS names the earlier chapters it builds
 # on (their numbers): a chapter's libraries link shardlab::chNN of each, which is the
 # solution, or in learner mode the learner's exercise (unless SHARDLAB_USE_SOLUTIONS, a
 # list of chapter numbers, asks for the reference of a chapter the learner skips).
 # Configure fails on a dependency that is not an earlier chapter (so there is no cycle).
-# LIBRARIES: other targets the chapter's code links (chapter 08's planner).
+# LIBRARIES: other targets the chapter's code links (chapter 08's planner). RUN_ARGS: what
+# the plain-run, JSON and mpirun tests add to the command (a chapter whose default run
+# trains for minutes, chapter 09, runs a few steps there).
 #   chNN_<slug>_solution  library from solutions/NN_slug/<SOURCES> (plus the chapter's own
 #                         CHAPTER_SOURCES, which call the API: compiled once, in both)
 #   chNN_<slug>_exercise  library from exercises/NN_slug/<SOURCES> (the learner's stubs)
@@ -131,7 +133,7 @@ endfunction()
 # pass instead, because the learner has filled the stubs in.
 function(shardlab_add_chapter chapter)
   cmake_parse_arguments(ARG "" "MPI_RANKS;MPI_TIMED_KEYS;JSON_RANKS"
-    "SOURCES;CHAPTER_SOURCES;TESTS;CHAPTER_TESTS;BAD_USAGE;MPI_ARGS;GPU_ARGS;GPU_EXPECT;DEPENDS;LIBRARIES"
+    "SOURCES;CHAPTER_SOURCES;TESTS;CHAPTER_TESTS;BAD_USAGE;MPI_ARGS;GPU_ARGS;GPU_EXPECT;DEPENDS;LIBRARIES;RUN_ARGS"
     ${ARGN})
   if(NOT ARG_JSON_RANKS)
     set(ARG_JSON_RANKS 3)
@@ -210,8 +212,9 @@ function(shardlab_add_chapter chapter)
 
   # Every program: a plain run passes; bad usage is one line on stderr and exit 2.
   set(program $<TARGET_FILE:${target}>)
-  shardlab_add_expect_test(${short}.runs COMMAND ${program} --quiet EXIT 0 LABELS "${short};program")
-  shardlab_add_expect_test(${short}.json COMMAND ${program} --json --ranks ${ARG_JSON_RANKS}
+  shardlab_add_expect_test(${short}.runs COMMAND ${program} --quiet ${ARG_RUN_ARGS} EXIT 0
+    LABELS "${short};program")
+  shardlab_add_expect_test(${short}.json COMMAND ${program} --json --ranks ${ARG_JSON_RANKS} ${ARG_RUN_ARGS}
     EXIT 0 MATCH "\"ok\": true" "\"ranks\": ${ARG_JSON_RANKS}" LABELS "${short};program")
   shardlab_add_expect_test(${short}.help COMMAND ${program} --help EXIT 0 MATCH "--ranks"
     LABELS "${short};program")
@@ -259,9 +262,12 @@ function(shardlab_add_chapter chapter)
   # backend's name, and whether its traffic is modeled, differ). MPI_RANKS 2 where
   # OpenMPI's allreduce of 3 ranks sums in another order than the threads backend.
   if(SHARDLAB_HAVE_MPI)
-    shardlab_mpirun_command(mpi_cmd ${ARG_MPI_RANKS} ${program} --json --quiet ${ARG_MPI_ARGS})
+    shardlab_mpirun_command(mpi_cmd ${ARG_MPI_RANKS} ${program} --json --quiet ${ARG_MPI_ARGS}
+                            ${ARG_RUN_ARGS})
     string(REPLACE ";" "@@" mpi_cmd "${mpi_cmd}")
-    string(REPLACE ";" "@@" threads_cmd "${program};--json;--quiet;--ranks;${ARG_MPI_RANKS};${ARG_MPI_ARGS}")
+    set(threads_cmd ${program} --json --quiet --ranks ${ARG_MPI_RANKS} ${ARG_MPI_ARGS}
+        ${ARG_RUN_ARGS})
+    string(REPLACE ";" "@@" threads_cmd "${threads_cmd}")
     add_test(NAME ${short}.mpi_matches_threads
       COMMAND ${CMAKE_COMMAND} "-DFIRST=${mpi_cmd}" "-DSECOND=${threads_cmd}"
               "-DTIMED=${ARG_MPI_TIMED_KEYS}"

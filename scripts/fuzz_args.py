@@ -185,6 +185,31 @@ CHAPTERS = {
         "--zero": ["0", "1", "2", "3", "4", "-1", "x"],
         "--recompute": ["none", "selective", "full", "some", ""],
     },
+    "ch09": {
+        "--dp": ["0", "1", "2", "4", "3", "-1", "1048577", "x"],
+        "--tp": ["1", "2", "4", "8", "3", "0", "1048577", "x"],
+        "--pp": ["1", "2", "4", "3", "-1", "1048577", "x"],
+        "--layers": ["1", "2", "4", "3", "0", "65", "x"],
+        "--channels": ["8", "16", "32", "15", "0", "2049", "x"],
+        "--heads": ["1", "2", "4", "8", "3", "0", "257", "x"],
+        "--context": ["1", "8", "16", "0", "1025", "x"],
+        "--batch": ["1", "8", "16", "2", "0", "4097", "2.5", "x"],
+        "--microbatches": ["1", "2", "4", "0", "4097", "x"],
+        "--steps": ["1", "2", "3", "0", "100001", "x"],
+        "--lr": ["0.003", "1e-9", "10", "0", "11", "nan", "inf", "x"],
+        "--clip": ["1", "0", "1e-9", "-1", "nan", "inf", "x"],
+        "--schedule": ["gpipe", "1f1b", "zb1", "interleaved", ""],
+        "--zero": ["0", "1", "2", "-1", "x"],
+        "--log-every": ["1", "10", "0", "x"],
+        "--data": ["a-file", "/dev/null", "/nonexistent", "/proc", ""],
+        "--save": ["out", "out/deeper", "/proc/ckpt", "/dev/full", ""],
+        "--load": ["out", "/nonexistent", "/proc", "a-file", ""],
+        "--sample": ["1", "8", "0", "-1", "100001", "x"],
+        "--prompt": ["Rank ", "", "\u00e9t\u00e9"],
+        "--temperature": ["0", "0.8", "100", "-1", "nan", "x"],
+        "--top-k": ["0", "1", "5", "-1", "x"],
+        "--no-reference": None,
+    },
 }
 
 # Pairs whose product is what matters: drawn together, so that a large value meets
@@ -205,6 +230,9 @@ PAIRS = {
                                     ("32", "32")]),
              ("--gpus", "--tokens", [("16777216", "1e16"), ("1", "1"), ("3072", "450B")])],
 }
+
+# Flags added where a run did not draw them: chapter 09 trains for minutes by default.
+FILL = {"ch09": {"--steps": "2"}}
 
 TIME_LIMIT_S = 60
 
@@ -362,6 +390,9 @@ def main():
             with tempfile.TemporaryDirectory(prefix="shardlab-fuzz-") as scratch:
                 open(os.path.join(scratch, "a-file"), "w").close()
                 args = draw(rng, table, pairs, scratch)
+                for flag, value in FILL.get(name[:4], {}).items():
+                    if flag not in args:
+                        args += [flag, value]
                 began = time.monotonic()
                 try:
                     p = subprocess.run([program] + args, cwd=scratch, env=env, preexec_fn=limit,

@@ -207,9 +207,13 @@ class Watchdog {
     if (thread_.joinable()) thread_.join();
   }
   /// `what` on `comm` (MPI_COMM_NULL: the world, before any communicator) is starting.
-  void enter(std::string what, MPI_Comm comm) {
+  /// `limit`: how long this call may wait (the communicator's timeout; the one the
+  /// watchdog started with when none is given).
+  void enter(std::string what, MPI_Comm comm,
+             std::optional<std::chrono::milliseconds> limit = std::nullopt) {
     std::lock_guard<std::mutex> lock(m_);
     what_ = std::move(what);
+    limit_ = limit.value_or(timeout_);
     comm_ = comm == MPI_COMM_NULL ? MPI_COMM_WORLD : comm;
     since_ = Clock::now();
     busy_ = true;
@@ -231,7 +235,7 @@ class Watchdog {
       if (now - last > std::chrono::seconds(1)) since_ += now - last;
       last = now;
       if (busy_) beat();  // this rank waits in a blocking collective
-      if (busy_ && now - since_ > timeout_) {
+      if (busy_ && now - since_ > limit_) {
         int me = 0, n = 1, order = 0;
         MPI_Comm_rank(comm_, &me);
         MPI_Comm_size(comm_, &n);
@@ -240,14 +244,14 @@ class Watchdog {
           if (q != me) others.push_back(q);
         const std::string why = diagnose(comm_, others, Waited::the_others, order);
         fail(program_name + "rank " + std::to_string(me) + ": " + what_ + " waited " +
-                 format_seconds(timeout_) + " (--timeout) for the other ranks" +
+                 format_seconds(limit_) + " (--timeout) for the other ranks" +
                  (why.empty() ? "; did they skip the call, or are they blocked elsewhere?" : why) +
                  " (ending the job)",
              1, order);
       }
     }
   }
-  std::chrono::milliseconds timeout_{60000};
+  std::chrono::milliseconds timeout_{60000}, limit_{60000};
   int rank_ = 0;
   std::thread thread_;
   std::atomic<bool> stopping_{false};
@@ -261,7 +265,10 @@ class Watchdog {
 Watchdog watchdog;
 
 struct Watched {
-  Watched(std::string what, MPI_Comm comm) { watchdog.enter(std::move(what), comm); }
+  Watched(std::string what, MPI_Comm comm,
+          std::optional<std::chrono::milliseconds> limit = std::nullopt) {
+    watchdog.enter(std::move(what), comm, limit);
+  }
   ~Watched() { watchdog.leave(); }
 };
 
@@ -545,7 +552,7 @@ class MpiComm final : public Communicator {
       finish_check(check);
     }
     if (c.op != Op::barrier) count_modeled(c);
-    Watched w(c.describe(), comm_);
+    Watched w(c.describe(), comm_, timeout());
     const MPI_Datatype t = mpi_type(c.type);
     switch (c.op) {
       case Op::barrier:

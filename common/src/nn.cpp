@@ -558,6 +558,16 @@ void sgd_step(Tensor& params, const Tensor& grads, float lr) { axpy(-lr, grads, 
 Adam::Adam(std::int64_t size, AdamConfig config, Memory memory)
     : config_(config), m_(Shape{size}, DType::f32, memory), v_(Shape{size}, DType::f32, memory) {}
 
+void Adam::restore(const Tensor& m, const Tensor& v, int steps) {
+  require(m.size() == m_.size() && v.size() == v_.size() && steps >= 0, [&] {
+    return "Adam::restore: m " + m.describe() + " and v " + v.describe() + " for a state of " +
+           std::to_string(m_.size()) + ", step " + std::to_string(steps);
+  });
+  m_.copy_from(m.reshape(m_.shape()));
+  v_.copy_from(v.reshape(v_.shape()));
+  t_ = steps;
+}
+
 void Adam::step(Tensor& params, const Tensor& grads) {
   adam_update(params, grads, m_, v_, t_ + 1, config_);  // throws before counting a bad call
   ++t_;

@@ -37,6 +37,7 @@
 //   - an error on any rank ends the whole job (launch.hpp), never leaving others waiting.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -305,6 +306,24 @@ class Communicator {
   /// A snapshot of this rank's counters; subtract snapshots with CommStats::since.
   const CommStats& stats() const { return stats_; }
   void reset_stats() { stats_ = CommStats{}; }
+  /// While alive, a blocking call on `comm` may wait up to `timeout` (when that is longer
+  /// than its own) before it fails: for ranks that wait while one of them computes alone
+  /// for a known while (chapter 09's one-device reference on rank 0).
+  class Patience {
+   public:
+    Patience(Communicator& comm, std::chrono::milliseconds timeout)
+        : comm_(comm), was_(comm.timeout_) {
+      comm.timeout_ = std::max(timeout, was_);
+    }
+    ~Patience() { comm_.timeout_ = was_; }
+    Patience(const Patience&) = delete;
+    Patience& operator=(const Patience&) = delete;
+
+   private:
+    Communicator& comm_;
+    std::chrono::milliseconds was_;
+  };
+
   /// While alive, calls on `comm` are not counted (the program's own bookkeeping:
   /// printing per-rank lines, agreeing on the exit code).
   class Uncounted {

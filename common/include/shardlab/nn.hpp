@@ -334,6 +334,9 @@ class Adam {
   Adam(std::int64_t size, AdamConfig config, Memory memory = Memory::host);
   void step(Tensor& params, const Tensor& grads);
   int steps() const { return t_; }
+  /// Sets the state to a saved one (a checkpoint's): m and v (f32, the optimizer's size)
+  /// after `steps` steps.
+  void restore(const Tensor& m, const Tensor& v, int steps);
   const Tensor& m() const { return m_; }
   const Tensor& v() const { return v_; }
   const AdamConfig& config() const { return config_; }

@@ -1,0 +1,49 @@
+// Chapter 09's checkpoints, in the files Hugging Face's transformers reads:
+//
+//   DIR/model.safetensors      the whole model, GPT-2's names and layout
+//                              (transformer.wte.weight, transformer.h.0.attn.c_attn.weight
+//                              as Conv1D's [in, out], c_attn's columns [q | k | v],
+//                              biases and LayerNorms 1-D; the LM head is wte, tied, so
+//                              it is not written: GPT2LMHeadModel ties it on load)
+//   DIR/config.json            GPT2Config: n_embd, n_layer, n_head, n_positions,
+//                              vocab_size, activation "gelu_new", dropouts 0
+//   DIR/optimizer.safetensors  Adam's exp_avg.NAME and exp_avg_sq.NAME, in the same layout
+//   DIR/trainer.json           the step (which is also the data's position: batches are a
+//                              function of the seed and the step) and Adam's step count
+//
+// GPT2LMHeadModel.from_pretrained(DIR) loads it and computes the same loss on the same
+// bytes (hf_check.py). Saving gathers every piece of the model to rank 0 (pieces_of says
+// where each rank's parameters sit), which writes DIR.partial and renames it to DIR once
+// every rank's pieces have arrived: a save that dies half-way leaves the old DIR whole.
+// Loading reads the whole tensors on every rank and cuts each rank's pieces out, so a
+// checkpoint of one mesh loads into any other (train on 2 x 2 x 2, resume on 1 x 1 x 1).
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "gpt.hpp"
+#include "train.hpp"
+
+namespace ch09 {
+
+/// Writes the checkpoint of step `step` (the steps done). Every rank calls it.
+void save_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model, const nn::Adam* adam,
+                     int step);
+/// Loads DIR into this rank's model (and Adam's state, when `adam`); returns the step to
+/// go on from. UsageError (exit 2) for a folder that is not such a checkpoint, a model of
+/// another shape, or a corrupt file. Every rank calls it.
+int load_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model, nn::Adam* adam);
+
+/// The safetensors format (Hugging Face): an 8-byte little-endian header length, a JSON
+/// header naming each tensor's dtype, shape and byte range, then the data. F32 only.
+void write_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors);
+/// UsageError naming the file and what is wrong with it.
+std::map<std::string, Tensor> read_safetensors(const std::string& path);
+
+/// c_attn's columns (weight C x 3C or bias 1 x 3C) from this model's layout (each head's q,
+/// k, v side by side) to GPT-2's ([q of every head | k | v]), and back.
+Tensor qkv_to_hf(const Tensor& ours, std::int64_t heads);
+Tensor qkv_from_hf(const Tensor& hf, std::int64_t heads);
+
+}  // namespace ch09

@@ -1,0 +1,235 @@
+// Chapter 09's model (gpt.hpp), and the blocks parallel.hpp declares for it.
+#include "gpt.hpp"
+
+#include <cmath>
+
+#include "shardlab/check.hpp"
+#include "tensor_parallel.hpp"
+
+namespace ch09 {
+
+using shardlab::require;
+using shardlab::require_usage;
+using shardlab::shard_range;
+
+std::uint64_t param_seed(const GptShape& shape, int block, int which) {
+  return shape.seed * 1000003ULL + static_cast<std::uint64_t>(block + 1) * 8 +
+         static_cast<std::uint64_t>(which);
+}
+
+float residual_scale(const GptShape& shape) {
+  return 1.0f / std::sqrt(2.0f * static_cast<float>(shape.layers));
+}
+
+nn::Residual attention_block(nn::ParameterStore& store, const std::string& name,
+                             const GptShape& shape, int block) {
+  const std::int64_t C = shape.channels;
+  nn::Sequential inner;
+  inner.add<nn::LayerNorm>(store, name + ".ln_1", C);
+  inner.add<nn::Linear>(store, name + ".attn.c_attn", C, 3 * C, param_seed(shape, block, 0));
+  inner.add<nn::CausalSelfAttention>(shape.heads, shape.context);
+  nn::Linear& proj =
+      inner.add<nn::Linear>(store, name + ".attn.c_proj", C, C, param_seed(shape, block, 1));
+  proj.weight().value = scale(proj.weight().value, residual_scale(shape));
+  return nn::Residual(std::move(inner));
+}
+
+nn::Residual parallel_mlp(nn::ParameterStore& store, Communicator& tp, const std::string& name,
+                          const GptShape& shape, int block) {
+  const std::int64_t C = shape.channels;
+  nn::Sequential inner;
+  inner.add<nn::LayerNorm>(store, name + ".ln_2", C);
+  inner.add<ch08::ColumnParallelLinear>(store, tp, name + ".mlp.c_fc", C, 4 * C,
+                                        param_seed(shape, block, 2));
+  inner.add<nn::Gelu>();
+  inner.add<ch08::RowParallelLinear>(store, tp, name + ".mlp.c_proj", 4 * C, C,
+                                     param_seed(shape, block, 3), true, residual_scale(shape));
+  return nn::Residual(std::move(inner));
+}
+
+namespace {
+
+/// GPT-2's initial embeddings, N(0, 0.02^2); rank `part` of `parts` takes its rows.
+Tensor wte_init(const GptShape& shape, int parts, int part) {
+  return shard(scale(shardlab::randn(Shape{shape.vocab, shape.channels}, param_seed(shape, -1, 0)),
+                     0.02f),
+               parts, 0, part)
+      .clone();
+}
+
+}  // namespace
+
+VocabParallelEmbedding::VocabParallelEmbedding(nn::ParameterStore& store, Communicator& tp,
+                                               const GptShape& shape)
+    : tp_(tp),
+      context_(shape.context),
+      vocab_(shard_range(shape.vocab, tp.size(), tp.rank())),
+      wte_(&store.add("transformer.wte.weight", wte_init(shape, tp.size(), tp.rank()))),
+      wpe_(&store.add(
+          "transformer.wpe.weight",
+          scale(shardlab::randn(Shape{shape.context, shape.channels}, param_seed(shape, -1, 1)),
+                0.02f))) {}
+
+nn::Forward VocabParallelEmbedding::forward(const Tensor& ids) const {
+  const std::int64_t n = ids.size(), C = wpe_->value.cols(), V = vocab_.length;
+  require(ids.dtype() == shardlab::DType::i32 && n % context_ == 0, [&] {
+    return "embedding: ids are " + ids.describe() + "; expected i32 of whole sequences of " +
+           std::to_string(context_);
+  });
+  nn::Forward f{shardlab::zeros(Shape{n, C}), {}};
+  const std::int32_t* id = ids.data<std::int32_t>();
+  const float* w = wte_->value.data();
+  float* y = f.out.data();
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t row = id[i] - vocab_.offset;
+    if (row >= 0 && row < V) std::copy(w + row * C, w + (row + 1) * C, y + i * C);
+  }
+  tp_.allreduce(f.out);  // each token's row from the one rank that holds it
+  const float* p = wpe_->value.data();
+  for (std::int64_t i = 0; i < n; ++i)
+    for (std::int64_t c = 0; c < C; ++c) y[i * C + c] += p[(i % context_) * C + c];
+  f.saved.tensors = {ids};
+  return f;
+}
+
+Tensor VocabParallelEmbedding::backward_input(const Tensor& dy, nn::Saved& saved) const {
+  saved.dy = dy;
+  return Tensor();  // token ids have no gradient
+}
+
+void VocabParallelEmbedding::backward_weight(nn::Saved& saved) {
+  require(saved.dy.defined(), "embedding: backward_weight before backward_input");
+  const Tensor& ids = saved.tensors.at(0);
+  const std::int64_t n = ids.size(), C = wpe_->value.cols(), V = vocab_.length;
+  const std::int32_t* id = ids.data<std::int32_t>();
+  const float* d = saved.dy.data();
+  float* gw = wte_->grad.data();
+  float* gp = wpe_->grad.data();
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t row = id[i] - vocab_.offset;
+    if (row >= 0 && row < V)
+      for (std::int64_t c = 0; c < C; ++c) gw[row * C + c] += d[i * C + c];
+    for (std::int64_t c = 0; c < C; ++c) gp[(i % context_) * C + c] += d[i * C + c];
+  }
+  saved = nn::Saved{};
+}
+
+nn::Forward TiedHead::forward(const Tensor& x) const {
+  nn::Forward f{matmul(x, weight_->value, false, true), {}};
+  f.saved.tensors = {x};
+  return f;
+}
+
+Tensor TiedHead::backward_input(const Tensor& dlogits, nn::Saved& saved) const {
+  saved.dy = dlogits;
+  Tensor dx = matmul(dlogits, weight_->value);
+  ch08::f_backward(tp_, dx);  // every tp rank's vocabulary contributes to dL/dx
+  return dx;
+}
+
+void TiedHead::backward_weight(nn::Saved& saved) {
+  require(saved.dy.defined(), "lm_head: backward_weight before backward_input");
+  axpy(1.0f, matmul(saved.dy, saved.tensors.at(0), true, false), weight_->grad);
+  saved = nn::Saved{};
+}
+
+std::int64_t Piece::size() const {
+  switch (cut) {
+    case Cut::rows:
+      return part.length * whole[1];
+    case Cut::columns:
+      return whole[0] * part.length;
+    case Cut::whole:
+      break;
+  }
+  return whole.numel();
+}
+
+void check_shape(const GptShape& s, const MeshShape& mesh) {
+  const std::string tp = "--tp " + std::to_string(mesh.tp);
+  require_usage(s.channels % s.heads == 0, "--heads " + std::to_string(s.heads) +
+                                               " must divide --channels " +
+                                               std::to_string(s.channels));
+  require_usage(s.heads % mesh.tp == 0,
+                tp + " must divide the " + std::to_string(s.heads) + " heads");
+  require_usage(s.vocab >= mesh.tp, tp + " leaves a rank no tokens of the vocabulary");
+  require_usage(s.layers % mesh.pp == 0, "--pp " + std::to_string(mesh.pp) + " must divide the " +
+                                             std::to_string(s.layers) + " layers");
+}
+
+std::vector<Piece> pieces_of(const GptShape& s, const MeshShape& mesh, const Coords& at) {
+  const std::int64_t C = s.channels;
+  const int t = mesh.tp, r = at.tp;
+  const bool first = at.pp == 0, last = at.pp == mesh.pp - 1, lead = r == 0;
+  std::vector<Piece> out;
+  auto whole = [&](std::string name, Shape shape) {  // the same on every tp rank
+    out.push_back({std::move(name), shape, Cut::whole, {0, 0}, false, lead});
+  };
+  auto cut = [&](std::string name, Shape shape, Cut how, bool qkv = false) {
+    const std::int64_t n = how == Cut::rows ? shape[0] : shape[1];
+    out.push_back({std::move(name), shape, how, shard_range(n, t, r), qkv, true});
+  };
+  if (first) {
+    cut("transformer.wte.weight", {s.vocab, C}, Cut::rows);
+    whole("transformer.wpe.weight", {s.context, C});
+  }
+  const int per = s.layers / mesh.pp;
+  for (int b = at.pp * per; b < (at.pp + 1) * per; ++b) {
+    const std::string h = "transformer.h." + std::to_string(b) + ".";
+    whole(h + "ln_1.weight", {1, C});
+    whole(h + "ln_1.bias", {1, C});
+    cut(h + "attn.c_attn.weight", {C, 3 * C}, Cut::columns, true);
+    cut(h + "attn.c_attn.bias", {1, 3 * C}, Cut::columns, true);
+    cut(h + "attn.c_proj.weight", {C, C}, Cut::rows);
+    whole(h + "attn.c_proj.bias", {1, C});
+    whole(h + "ln_2.weight", {1, C});
+    whole(h + "ln_2.bias", {1, C});
+    cut(h + "mlp.c_fc.weight", {C, 4 * C}, Cut::columns);
+    cut(h + "mlp.c_fc.bias", {1, 4 * C}, Cut::columns);
+    cut(h + "mlp.c_proj.weight", {4 * C, C}, Cut::rows);
+    whole(h + "mlp.c_proj.bias", {1, C});
+  }
+  if (last) {
+    whole("transformer.ln_f.weight", {1, C});
+    whole("transformer.ln_f.bias", {1, C});
+    if (!first) {  // the head's copy of wte: the first stage counts the weight
+      cut("transformer.wte.weight", {s.vocab, C}, Cut::rows);
+      out.back().counted = false;
+    }
+  }
+  return out;
+}
+
+GptModel::GptModel(Mesh& mesh, const GptShape& shape, Memory memory)
+    : shape_(shape),
+      vocab_(shard_range(shape.vocab, mesh.shape().tp, mesh.coords().tp)),
+      first_(mesh.coords().pp == 0),
+      last_(mesh.coords().pp == mesh.shape().pp - 1) {
+  check_shape(shape, mesh.shape());
+  const Coords& at = mesh.coords();
+  Communicator& tp = mesh.tp();
+  if (first_) tied_ = &chunk_.add<VocabParallelEmbedding>(store_, tp, shape).wte();
+  const int per = shape.layers / mesh.shape().pp;
+  for (int b = at.pp * per; b < (at.pp + 1) * per; ++b) {
+    const std::string name = "transformer.h." + std::to_string(b);
+    chunk_.add(std::make_shared<nn::Residual>(parallel_attention(store_, tp, name, shape, b)));
+    chunk_.add(std::make_shared<nn::Residual>(parallel_mlp(store_, tp, name, shape, b)));
+  }
+  if (last_) {
+    chunk_.add<nn::LayerNorm>(store_, "transformer.ln_f", shape.channels);
+    if (!first_) tied_ = &store_.add("lm_head.weight", wte_init(shape, tp.size(), tp.rank()));
+    head_ = std::make_unique<TiedHead>(tp, *tied_);
+  }
+  store_.allocate(memory);
+  pieces_ = pieces_of(shape, mesh.shape(), at);
+  const std::vector<nn::Parameter*> params = store_.parameters();
+  require(params.size() == pieces_.size(), "GptModel: the store and pieces_of() disagree");
+  for (std::size_t i = 0; i < params.size(); ++i)
+    require(params[i]->value.size() == pieces_[i].size(), [&] {
+      return "GptModel: " + params[i]->name + " holds " + std::to_string(params[i]->value.size()) +
+             " elements, pieces_of() says " + pieces_[i].name + " has " +
+             std::to_string(pieces_[i].size());
+    });
+}
+
+}  // namespace ch09

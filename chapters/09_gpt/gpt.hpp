@@ -1,0 +1,137 @@
+// Chapter 09's model: GPT-2 (Radford et al. 2019; Hugging Face's GPT2LMHeadModel) built from
+// the common layers and chapter 08's tensor-parallel ones, cut over a pp x dp x tp mesh.
+//
+//   ids -> wte[id] + wpe[position] -> L x ( x + attn(ln_1(x)),  x + mlp(ln_2(x)) )
+//       -> ln_f -> logits = x wte^T -> cross-entropy against the next byte
+//
+// On the mesh (Megatron-LM's layout, Shoeybi et al. 2019; Narayanan et al. 2021):
+//   pp  stage s holds blocks [s L/pp, (s + 1) L/pp); stage 0 also the embeddings, the last
+//       stage ln_f and the LM head. The head is tied to wte: with pp > 1 the last stage
+//       keeps its own copy of wte, and the two copies' gradients are summed over the
+//       "embedding group" (first and last stage) every step, so they stay one weight.
+//   tp  attention by heads (parallel.hpp), the MLP column then row (chapter 08), wte and
+//       the LM head by vocabulary rows: each tp rank holds V/tp tokens' embeddings and
+//       logits (a vocabulary-parallel cross-entropy). LayerNorms, wpe and the
+//       row-parallel biases are whole on every tp rank.
+//   dp  replicas, each on its own sequences of the batch (chapter 02's sync, or chapter
+//       05's ZeRO-1).
+//
+// Every parameter of a rank is a piece of one tensor of the whole model, named as Hugging
+// Face names it (transformer.h.0.attn.c_attn.weight, ...): pieces_of() lists them, for
+// the checkpoint (checkpoint.hpp), the gradient norm (each counted once) and the tests.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "mesh.hpp"
+#include "parallel.hpp"
+#include "shardlab/memory.hpp"
+
+namespace ch09 {
+
+using ch08::Coords;
+using ch08::Mesh;
+using ch08::MeshShape;
+using shardlab::Memory;
+using shardlab::Shape;
+
+/// The MLP of block b on the tp ranks (tp 1: one device), named name.ln_2, name.mlp.c_fc,
+/// name.mlp.c_proj: x + c_proj(gelu(c_fc(ln_2(x)))), c_fc C x 4C column-parallel, c_proj
+/// 4C x C row-parallel (its initial weights times residual_scale).
+nn::Residual parallel_mlp(nn::ParameterStore& store, Communicator& tp, const std::string& name,
+                          const GptShape& shape, int block);
+
+/// wte[id] + wpe[position] with wte cut by vocabulary rows over tp (Megatron-LM's
+/// VocabParallelEmbedding): rank i holds the rows of tokens `vocab()`; each token's row
+/// comes from the rank that holds it (zeros elsewhere), summed over tp (one allreduce of
+/// n x C); wpe is whole on every rank. x is i32 [n], n a multiple of T (position = i % T).
+/// There is no dL/dx; backward_weight adds dy's rows into the rows of wte this rank holds
+/// and into wpe.
+class VocabParallelEmbedding final : public nn::Layer {
+ public:
+  VocabParallelEmbedding(nn::ParameterStore& store, Communicator& tp, const GptShape& shape);
+  std::string name() const override { return "embedding"; }
+  nn::Forward forward(const Tensor& ids) const override;
+  Tensor backward_input(const Tensor& dy, nn::Saved& saved) const override;
+  void backward_weight(nn::Saved& saved) override;
+  std::vector<nn::Parameter*> parameters() const override { return {wte_, wpe_}; }
+  nn::Parameter& wte() { return *wte_; }
+  ShardRange vocab() const { return vocab_; }
+
+ private:
+  Communicator& tp_;
+  std::int64_t context_;
+  ShardRange vocab_;
+  nn::Parameter* wte_;
+  nn::Parameter* wpe_;
+};
+
+/// The LM head tied to wte: logits_i = x wte_i^T, this rank's V_i columns of the logits
+/// (f before it: x is whole on every tp rank, dL/dx summed over tp in the backward).
+/// `weight` is the embedding's wte (pp 1) or the last stage's copy of it.
+class TiedHead final : public nn::Layer {
+ public:
+  TiedHead(Communicator& tp, nn::Parameter& weight) : tp_(tp), weight_(&weight) {}
+  std::string name() const override { return "lm_head"; }
+  nn::Forward forward(const Tensor& x) const override;
+  Tensor backward_input(const Tensor& dlogits, nn::Saved& saved) const override;
+  void backward_weight(nn::Saved& saved) override;
+  std::vector<nn::Parameter*> parameters() const override { return {weight_}; }
+
+ private:
+  Communicator& tp_;
+  nn::Parameter* weight_;
+};
+
+/// How a rank's parameter is cut from the whole model's tensor.
+enum class Cut { whole, rows, columns };
+
+/// One parameter of a rank, as a piece of the whole model's tensor.
+struct Piece {
+  std::string name;  // Hugging Face's name of the whole tensor
+  Shape whole;       // its shape in this model's layout ([in, out], biases 1 x n)
+  Cut cut = Cut::whole;
+  ShardRange part;            // the rows or columns this rank holds (Cut::whole: all)
+  bool qkv = false;           // c_attn: columns per head (q, k, v side by side), not HF's [q|k|v]
+  bool counted = true;        // in the gradient norm: false for a copy another rank counts
+  std::int64_t size() const;  // elements this rank holds
+};
+
+/// Every parameter rank `at` of `mesh` holds, in the order of its store.
+std::vector<Piece> pieces_of(const GptShape& shape, const MeshShape& mesh, const Coords& at);
+
+/// UsageError unless the model can be cut over `mesh`: tp divides H, C, 4C and V; pp
+/// divides L.
+void check_shape(const GptShape& shape, const MeshShape& mesh);
+
+/// This rank's part of the model.
+class GptModel {
+ public:
+  GptModel(Mesh& mesh, const GptShape& shape, Memory memory = Memory::host);
+  nn::ParameterStore& store() { return store_; }
+  /// The stage's layers: the embedding (first stage), its blocks, ln_f (last stage).
+  nn::Sequential& chunk() { return chunk_; }
+  /// The LM head (last stage only; nullptr elsewhere).
+  TiedHead* head() { return head_.get(); }
+  /// wte or its copy: the parameter the embedding group sums (nullptr on middle stages).
+  nn::Parameter* tied() { return tied_; }
+  const std::vector<Piece>& pieces() const { return pieces_; }
+  const GptShape& shape() const { return shape_; }
+  bool first() const { return first_; }
+  bool last() const { return last_; }
+  ShardRange vocab() const { return vocab_; }
+
+ private:
+  GptShape shape_;
+  nn::ParameterStore store_;
+  nn::Sequential chunk_;
+  std::unique_ptr<TiedHead> head_;
+  nn::Parameter* tied_ = nullptr;
+  std::vector<Piece> pieces_;
+  ShardRange vocab_;
+  bool first_, last_;
+};
+
+}  // namespace ch09

@@ -1,0 +1,244 @@
+// Chapter 09's GPT on the mesh (gpt.hpp, train.hpp, checkpoint.hpp), against one device:
+// every factorisation of 8 ranks gives one device's losses, gradient norm and validation
+// loss; a checkpoint resumes on the same mesh bit for bit and on another to rounding; a
+// corrupt or foreign checkpoint is refused; a save that dies leaves the old checkpoint.
+//
+// Wrong versions this test was checked against, and what each gives:
+//   the gradient norm counting a LayerNorm on every tp rank (every piece counted): "the
+//     gradient norm differs" on every tp > 1 mesh
+//   the norm counting every replica: "the gradient norm differs" on dp > 1
+//   the head's copy of wte not summed with the embedding's gradient (no embedding group):
+//     "the loss differs" from step 2 on every pp > 1 mesh
+//   the loss divided by the replica's tokens instead of the batch's: every dp > 1 mesh
+//   the embedding's allreduce left out (each tp rank its own tokens only): every tp > 1
+//   c_attn's columns written in our layout instead of [q | k | v]: "qkv_to_hf" case
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "checkpoint.hpp"
+#include "shardlab/testing.hpp"
+#include "train.hpp"
+
+using namespace shardlab;
+using namespace ch09;
+using shardlab::testing::on_ranks;
+namespace fs = std::filesystem;
+
+namespace {
+
+/// A text to learn, made up on the spot: sentences with numbers, 12 KB.
+std::string text_file() {
+  static const std::string path = [] {
+    const fs::path p = fs::temp_directory_path() / "shardlab_ch09_test.txt";
+    std::ofstream out(p);
+    for (int i = 0; i < 300; ++i)
+      out << "Rank " << i % 8 << " sends " << i * 37 % 1000 << " bytes to rank " << (i + 1) % 8
+          << ".\n";
+    return p.string();
+  }();
+  return path;
+}
+
+TrainConfig small(MeshShape mesh) {
+  TrainConfig c;
+  c.model = {.layers = 8, .channels = 32, .heads = 8, .context = 8, .vocab = 256, .seed = 5};
+  c.mesh = mesh;
+  c.batch = 8;
+  c.microbatches = 2;
+  c.clip = 0.5f;
+  return c;
+}
+
+struct Run {
+  std::vector<double> loss, norm;
+  double validation = 0;
+};
+
+/// Trains steps [first, first + steps) on c's mesh (rank 0's view); `load`/`save`: a
+/// checkpoint to start from / to write after.
+Run train(TrainConfig c, int first, int steps, const std::string& load = "",
+          const std::string& save = "") {
+  const Corpus data = Corpus::load(text_file(), c.model.context);
+  Run out;
+  on_ranks(
+      c.mesh.ranks(),
+      [&](Communicator& world) {
+        Mesh mesh(world, c.mesh);
+        GptModel model(mesh, c.model);
+        Trainer trainer(mesh, model, c, data);
+        if (!load.empty()) CHECK(load_checkpoint(load, mesh, model, trainer.adam()) == first);
+        Run mine;
+        for (int t = first; t < first + steps; ++t) {
+          const StepResult r = trainer.step(t);
+          mine.loss.push_back(r.loss);
+          mine.norm.push_back(r.grad_norm);
+        }
+        mine.validation = trainer.evaluate(data.validation(6));
+        if (!save.empty()) save_checkpoint(save, mesh, model, trainer.adam(), first + steps);
+        if (world.rank() == 0) out = mine;
+      },
+      std::chrono::seconds(20));
+  return out;
+}
+
+Run one_device(TrainConfig c, int steps) {
+  c.mesh = {1, 1, 1};
+  c.microbatches = 1;
+  return train(c, 0, steps);
+}
+
+double rel(double a, double b) { return std::abs(a - b) / std::max(1.0, std::abs(b)); }
+
+}  // namespace
+
+TEST_CASE("every factorisation of 8 ranks trains like one device") {
+  const Run want = one_device(small({1, 1, 1}), 3);
+  REQUIRE(want.loss.size() == 3);
+  CHECK(want.loss[0] > 5.0);  // ln 256 = 5.55 at the start
+  CHECK(want.norm[0] > 0.5);  // so that the clipping is at work
+  for (MeshShape m : {MeshShape{8, 1, 1}, MeshShape{1, 8, 1}, MeshShape{1, 1, 8},
+                      MeshShape{2, 2, 2}, MeshShape{4, 1, 2}, MeshShape{1, 2, 4}}) {
+    const std::string mesh_shape =
+        std::to_string(m.pp) + "x" + std::to_string(m.dp) + "x" + std::to_string(m.tp);
+    CAPTURE(mesh_shape);
+    const Run got = train(small(m), 0, 3);
+    REQUIRE(got.loss.size() == 3);
+    for (std::size_t t = 0; t < 3; ++t) {
+      CHECK_MESSAGE(rel(got.loss[t], want.loss[t]) < 1e-5, "the loss differs at step "
+                                                               << t + 1 << ": " << got.loss[t]
+                                                               << ", one device " << want.loss[t]);
+      CHECK_MESSAGE(rel(got.norm[t], want.norm[t]) < 1e-5, "the gradient norm differs at step "
+                                                               << t + 1 << ": " << got.norm[t]
+                                                               << ", one device " << want.norm[t]);
+    }
+    CHECK_MESSAGE(
+        rel(got.validation, want.validation) < 1e-5,
+        "the validation loss differs: " << got.validation << ", one device " << want.validation);
+  }
+}
+
+TEST_CASE("a checkpoint resumes on the same mesh bit for bit, and on another to rounding") {
+  const std::string dir = (fs::temp_directory_path() / "shardlab_ch09_ckpt").string();
+  fs::remove_all(dir);
+  const Run whole = train(small({2, 2, 2}), 0, 4);
+  train(small({2, 2, 2}), 0, 2, "", dir);
+  REQUIRE(fs::exists(fs::path(dir) / "model.safetensors"));
+  CHECK_FALSE(fs::exists(dir + ".partial"));
+  const Run same = train(small({2, 2, 2}), 2, 2, dir);
+  REQUIRE(same.loss.size() == 2);
+  CHECK(same.loss[0] == whole.loss[2]);
+  CHECK(same.loss[1] == whole.loss[3]);
+  for (MeshShape m : {MeshShape{1, 4, 2}, MeshShape{1, 1, 1}, MeshShape{4, 1, 1}}) {
+    const std::string mesh_shape =
+        std::to_string(m.pp) + "x" + std::to_string(m.dp) + "x" + std::to_string(m.tp);
+    CAPTURE(mesh_shape);
+    TrainConfig c = small(m);
+    if (m.ranks() == 1) c.microbatches = 1;
+    const Run other = train(c, 2, 2, dir);
+    REQUIRE(other.loss.size() == 2);
+    for (std::size_t t = 0; t < 2; ++t)
+      CHECK_MESSAGE(rel(other.loss[t], whole.loss[t + 2]) < 1e-5,
+                    "resumed, step " << t + 3 << ": " << other.loss[t] << ", uninterrupted "
+                                     << whole.loss[t + 2]);
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("a corrupt, foreign or missing checkpoint is refused with a usage error") {
+  const std::string dir = (fs::temp_directory_path() / "shardlab_ch09_bad").string();
+  fs::remove_all(dir);
+  train(small({1, 1, 2}), 0, 1, "", dir);
+  const Corpus data = Corpus::load(text_file(), 8);
+  auto load_into = [&](TrainConfig c) {
+    std::string error;
+    on_ranks(c.mesh.ranks(), [&](Communicator& world) {
+      Mesh mesh(world, c.mesh);
+      GptModel model(mesh, c.model);
+      Trainer trainer(mesh, model, c, data);
+      try {
+        load_checkpoint(dir, mesh, model, trainer.adam());
+      } catch (const UsageError& e) {
+        if (world.rank() == 0) error = e.what();
+      }
+    });
+    return error;
+  };
+  CHECK(load_into(small({1, 1, 2})).empty());
+  TrainConfig wider = small({1, 1, 2});
+  wider.model.channels = 64;
+  CHECK(load_into(wider).find("n_embd") != std::string::npos);
+  // Cut the model file short, then garble its header.
+  const fs::path file = fs::path(dir) / "model.safetensors";
+  fs::resize_file(file, fs::file_size(file) / 2);
+  CHECK(load_into(small({1, 1, 2})).find("byte range") != std::string::npos);
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(9);
+    f << "garbage";
+  }
+  CHECK(load_into(small({1, 1, 2})).find("not JSON") != std::string::npos);
+  fs::remove_all(dir);
+  CHECK(load_into(small({1, 1, 2})).find("no such folder") != std::string::npos);
+}
+
+TEST_CASE("a save that fails on one rank leaves the last checkpoint as it was") {
+  const std::string dir = (fs::temp_directory_path() / "shardlab_ch09_kill").string();
+  fs::remove_all(dir);
+  train(small({1, 2, 1}), 0, 1, "", dir);
+  const Corpus data = Corpus::load(text_file(), 8);
+  const TrainConfig c = small({1, 2, 1});
+  CHECK_THROWS(run_threads(
+      2,
+      [&](Communicator& world) {
+        Mesh mesh(world, c.mesh);
+        GptModel model(mesh, c.model);
+        Trainer trainer(mesh, model, c, data);
+        trainer.step(1);
+        if (world.rank() == 1) throw Error("rank 1 dies before its pieces are sent");
+        save_checkpoint(dir, mesh, model, trainer.adam(), 2);
+      },
+      std::chrono::seconds(5)));
+  std::ifstream in(fs::path(dir) / "trainer.json");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(text.find("\"step\": 1") != std::string::npos);
+  CHECK_FALSE(fs::exists(dir + ".partial"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("c_attn's columns go from each head's q, k, v side by side to GPT-2's [q | k | v]") {
+  const std::int64_t H = 2, D = 3, C = H * D;
+  Tensor ours(2, 3 * C);
+  for (std::int64_t r = 0; r < 2; ++r)
+    for (std::int64_t col = 0; col < 3 * C; ++col) ours(r, col) = static_cast<float>(100 * r + col);
+  const Tensor hf = qkv_to_hf(ours, H);
+  // Head 1's keys (ours: columns 3D + D .. 3D + 2D) are HF's k block, head 1: C + D ...
+  for (std::int64_t d = 0; d < D; ++d) {
+    CHECK(hf(1, C + D + d) == ours(1, 3 * D + D + d));
+    CHECK(hf(0, d) == ours(0, d));                  // head 0's queries
+    CHECK(hf(0, 2 * C + d) == ours(0, 2 * D + d));  // head 0's values
+  }
+  CHECK(max_abs_diff(qkv_from_hf(hf, H), ours) == 0);
+}
+
+TEST_CASE("sampling gives the same text on one device and on a mesh") {
+  const Corpus data = Corpus::load(text_file(), 8);
+  auto text_on = [&](MeshShape m, float temperature) {
+    TrainConfig c = small(m);
+    std::string out;
+    on_ranks(m.ranks(), [&](Communicator& world) {
+      Mesh mesh(world, c.mesh);
+      GptModel model(mesh, c.model);
+      Trainer trainer(mesh, model, c, data);
+      const std::string t = sample(trainer, "Rank ", 12, temperature, 5, 9);
+      if (world.rank() == 0) out = t;
+    });
+    return out;
+  };
+  const std::string greedy = text_on({1, 1, 1}, 0);
+  CHECK(greedy.size() == 12);
+  CHECK(text_on({2, 2, 2}, 0) == greedy);
+  CHECK(text_on({2, 1, 4}, 0.8f) == text_on({1, 1, 1}, 0.8f));
+}

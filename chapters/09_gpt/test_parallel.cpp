@@ -1,0 +1,172 @@
+// Chapter 09's exercise tests: tensor-parallel attention and the vocabulary-parallel
+// cross-entropy (parallel.hpp), against one device, on tp 1, 2, 3 and 4 ranks.
+//
+// References are computed independently of the code under test: the one-device block
+// from the library's layers (blocks.cpp's attention_block), the cross-entropy in double
+// from its definition, over every element.
+//
+// Wrong versions this test was checked against, and what each gives:
+//   attention on every head on every rank (nn::CausalSelfAttention(H, T) over the rank's
+//     3C/t columns): "y differs" (the heads are mixed up and scaled by the wrong D)
+//   c_attn and c_proj as whole nn::Linear layers on every rank (every rank does all the
+//     work): "h.0.attn.c_attn.weight: rank 0 holds 768 elements, its share is 384"
+//   c_proj column-parallel instead of row-parallel: "y differs" (no sum over the heads)
+//   c_proj without residual_scale, or another seed: "y differs" at tp 1 already
+//   softmax over the rank's own columns only: "the loss differs on tp 2"
+//   each rank's own maximum, not the agreed one: "the loss differs on tp 2"
+//   the target's logit looked up at targets[r] instead of targets[r] - vocab.offset:
+//     "the loss differs" (an index outside the shard, or the wrong token)
+//   no maximum subtracted at all: "the loss is not finite" (logits near 200 overflow)
+//   the backward without 1 / denominator: "dlogits differs" (by the factor)
+//   the backward's one-hot on every rank's column t - offset even when outside the shard:
+//     "dlogits differs"
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <map>
+
+#include "parallel.hpp"
+#include "shardlab/testing.hpp"
+
+using namespace shardlab;
+using namespace ch09;
+using shardlab::testing::check_close;
+using shardlab::testing::on_ranks;
+
+namespace {
+
+GptShape tiny() {
+  GptShape s;
+  s.layers = 2;
+  s.channels = 16;
+  s.heads = 4;
+  s.context = 8;
+  s.seed = 3;
+  return s;
+}
+
+struct BlockRun {
+  Tensor y, dx;
+  std::map<std::string, Tensor> grads, values;
+};
+
+BlockRun run_block(nn::Layer& block, nn::ParameterStore& store, const Tensor& x, const Tensor& dy) {
+  BlockRun out;
+  nn::Forward f = block.forward(x);
+  out.y = f.out;
+  store.zero_grad();
+  out.dx = block.backward(dy, f.saved);
+  for (nn::Parameter* p : store.parameters()) {
+    out.grads[p->name] = p->grad.clone();
+    out.values[p->name] = p->value.clone();
+  }
+  return out;
+}
+
+/// Rank r's share of a whole tensor of the block, as the names say it is cut.
+Tensor share(const std::string& name, const Tensor& whole, int t, int r) {
+  if (name.find("c_attn") != std::string::npos) return shard(whole, t, 1, r);
+  if (name.find("c_proj.weight") != std::string::npos) return shard(whole, t, 0, r);
+  return whole;
+}
+
+}  // namespace
+
+TEST_CASE("parallel_attention equals one device's block, forward and backward, on tp 1, 2, 4") {
+  const GptShape s = tiny();
+  const std::int64_t n = 3 * s.context;
+  const Tensor x = randn(n, s.channels, 11), dy = randn(n, s.channels, 12);
+  nn::ParameterStore one;
+  nn::Residual whole = attention_block(one, "h.1", s, 1);
+  one.allocate();
+  const BlockRun want = run_block(whole, one, x, dy);
+  for (int t : {1, 2, 4}) {
+    CAPTURE(t);
+    on_ranks(t, [&](Communicator& tp) {
+      nn::ParameterStore store;
+      nn::Residual block = parallel_attention(store, tp, "h.1", s, 1);
+      store.allocate();
+      const BlockRun got = run_block(block, store, x, dy);
+      check_close(got.y, want.y, 1e-5f, 1e-5f, "y on tp " + std::to_string(t));
+      check_close(got.dx, want.dx, 1e-5f, 1e-5f, "dL/dx on tp " + std::to_string(t));
+      REQUIRE_MESSAGE(got.grads.size() == want.grads.size(),
+                      "the block holds " << got.grads.size() << " parameters, one device's "
+                                         << want.grads.size());
+      for (const auto& [name, g] : want.grads) {
+        REQUIRE_MESSAGE(got.grads.count(name), "no parameter named " << name);
+        const Tensor mine = share(name, g, t, tp.rank());
+        REQUIRE_MESSAGE(got.grads.at(name).size() == mine.size(),
+                        name << ": rank " << tp.rank() << " holds " << got.grads.at(name).size()
+                             << " elements, its share is " << mine.size());
+        check_close(got.values.at(name).reshape(mine.shape()),
+                    share(name, want.values.at(name), t, tp.rank()), 0, 0,
+                    name + "'s initial value on tp " + std::to_string(t));
+        check_close(got.grads.at(name).reshape(mine.shape()), mine, 1e-5f, 1e-4f,
+                    name + "'s gradient on tp " + std::to_string(t));
+      }
+    });
+  }
+}
+
+TEST_CASE("parallel_attention refuses a tp that does not divide the heads") {
+  GptShape s = tiny();
+  s.heads = 4;
+  on_ranks(3, [&](Communicator& tp) {
+    nn::ParameterStore store;
+    CHECK_THROWS_AS(parallel_attention(store, tp, "h.0", s, 0), UsageError);
+  });
+}
+
+namespace {
+
+/// The definition, in double: sum over rows of log sum exp(l) - l[target], / denominator,
+/// and its gradient (softmax - one_hot) / denominator.
+struct Exact {
+  double value = 0;
+  Tensor grad;
+};
+Exact exact(const Tensor& logits, const std::vector<int>& targets, double denominator) {
+  Exact e{0, Tensor(logits.rows(), logits.cols())};
+  for (std::int64_t r = 0; r < logits.rows(); ++r) {
+    double top = -INFINITY, sum = 0;
+    for (std::int64_t v = 0; v < logits.cols(); ++v) top = std::max(top, double(logits(r, v)));
+    for (std::int64_t v = 0; v < logits.cols(); ++v) sum += std::exp(logits(r, v) - top);
+    const int t = targets[static_cast<std::size_t>(r)];
+    e.value += (std::log(sum) + top - logits(r, t)) / denominator;
+    for (std::int64_t v = 0; v < logits.cols(); ++v)
+      e.grad(r, v) = static_cast<float>(
+          (std::exp(logits(r, v) - top) / sum - (v == t ? 1.0 : 0.0)) / denominator);
+  }
+  return e;
+}
+
+}  // namespace
+
+TEST_CASE("vocab_parallel_cross_entropy equals the full-vocabulary loss and gradient") {
+  // 10 tokens, so tp 3 and 4 cut unevenly; rows whose logits reach 200 (exp overflows
+  // without the maximum subtracted), and targets on every rank's shard.
+  const std::int64_t n = 6, V = 10;
+  Tensor logits = scale(randn(n, V, 21), 4.0f);
+  for (std::int64_t v = 0; v < V; ++v) logits(2, v) += 190.0f;
+  logits(4, 9) = 60.0f;
+  const std::vector<int> targets = {0, 9, 4, 7, 9, 2};
+  const double denominator = 12;
+  const Exact want = exact(logits, targets, denominator);
+  for (int t : {1, 2, 3, 4}) {
+    CAPTURE(t);
+    on_ranks(t, [&](Communicator& tp) {
+      const ShardRange vocab = shard_range(V, t, tp.rank());
+      const Tensor mine = shard(logits, t, 1, tp.rank());
+      const Tensor ids = Tensor::from_vector(targets);
+      const VocabLoss loss = vocab_parallel_cross_entropy(tp, mine, ids, vocab, denominator);
+      REQUIRE_MESSAGE(std::isfinite(loss.value),
+                      "the loss is not finite on tp " << t << ": " << loss.value);
+      CHECK_MESSAGE(std::abs(loss.value - want.value) <= 1e-5 * std::abs(want.value),
+                    "the loss differs on tp " << t << ", rank " << tp.rank() << ": " << loss.value
+                                              << ", want " << want.value);
+      const Tensor d = vocab_parallel_cross_entropy_backward(loss);
+      check_close(d, shard(want.grad, t, 1, tp.rank()), 1e-6f, 1e-4f,
+                  "dlogits on tp " + std::to_string(t) + ", rank " + std::to_string(tp.rank()));
+    });
+  }
+}

@@ -1,0 +1,314 @@
+// Chapter 09's training (train.hpp).
+#include "train.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <iterator>
+#include <numeric>
+
+#include "grad_sync.hpp"
+#include "shardlab/check.hpp"
+#include "shardlab/format.hpp"
+#include "shardlab/memory.hpp"
+#include "zero.hpp"
+
+namespace ch09 {
+
+namespace memory = shardlab::memory;
+using shardlab::CommStats;
+using shardlab::ReduceOp;
+using shardlab::require;
+using shardlab::require_usage;
+using shardlab::shard_range;
+
+namespace {
+
+/// SplitMix64 (Steele et al. 2014): one 64-bit draw from a 64-bit state.
+std::uint64_t mix(std::uint64_t x) {
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+std::uint64_t sent_since(Communicator& comm, const CommStats& before) {
+  return comm.stats().since(before).total().bytes_sent;
+}
+
+}  // namespace
+
+Corpus Corpus::load(const std::string& path, std::int64_t context) {
+  std::ifstream in(path, std::ios::binary);
+  require_usage(in.good(), "--data " + path + ": cannot read it");
+  Corpus c;
+  c.bytes_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  c.context_ = context;
+  c.split_ = c.size() * 9 / 10;
+  require_usage(c.size() - c.split_ >= 4 * (context + 1),
+                "--data " + path + ": " + std::to_string(c.size()) +
+                    " bytes is too little text for --context " + std::to_string(context) +
+                    " (validation needs 4 sequences, 10 % of the text)");
+  return c;
+}
+
+std::vector<std::int64_t> Corpus::batch(int step, std::int64_t sequences,
+                                        std::uint64_t seed) const {
+  const auto places = static_cast<std::uint64_t>(split_ - context_);  // T + 1 bytes fit
+  std::vector<std::int64_t> out;
+  for (std::int64_t b = 0; b < sequences; ++b)
+    out.push_back(static_cast<std::int64_t>(
+        mix(mix(seed * 0x2545F4914F6CDD1DULL + static_cast<std::uint64_t>(step)) +
+            static_cast<std::uint64_t>(b)) %
+        places));
+  return out;
+}
+
+std::vector<std::int64_t> Corpus::validation(std::int64_t count) const {
+  std::vector<std::int64_t> out;
+  for (std::int64_t s = split_; s + context_ + 1 <= size() && count-- > 0; s += context_)
+    out.push_back(s);
+  return out;
+}
+
+Tensor Corpus::ids(const std::vector<std::int64_t>& starts, int shift) const {
+  Tensor out(Shape{static_cast<std::int64_t>(starts.size()) * context_}, shardlab::DType::i32);
+  std::int32_t* p = out.data<std::int32_t>();
+  for (std::int64_t start : starts)
+    for (std::int64_t t = 0; t < context_; ++t)
+      *p++ = bytes_[static_cast<std::size_t>(start + shift + t)];
+  return out;
+}
+
+void check_config(const TrainConfig& c) {
+  check_shape(c.model, c.mesh);
+  require_usage(c.batch >= static_cast<std::int64_t>(c.mesh.dp) * c.microbatches,
+                "--batch " + std::to_string(c.batch) +
+                    " must give every replica's microbatches a sequence: at least dp x m = " +
+                    std::to_string(c.mesh.dp * c.microbatches));
+  require_usage(!(c.zero && c.clip > 0),
+                "--zero 1 updates the shards in the same call that reduces the gradients "
+                "(chapter 05), leaving no moment to take their norm: add --clip 0");
+}
+
+Trainer::Trainer(Mesh& mesh, GptModel& model, const TrainConfig& c, const Corpus& data)
+    : mesh_(mesh),
+      model_(model),
+      c_(c),
+      data_(data),
+      schedule_(ch04::make_schedule(c.schedule, c.mesh.pp, c.microbatches, 1)),
+      pipeline_(mesh.pp()) {
+  const Coords& at = mesh.coords();
+  // The embedding group: the first and the last stage of each (dp, tp) pair share wte.
+  const bool ends = at.pp == 0 || at.pp == c.mesh.pp - 1;
+  const int world = mesh.world().size();
+  embedding_group_ =
+      mesh.world().split(ends ? at.dp * c.mesh.tp + at.tp : world + mesh.world().rank(), at.pp);
+  nn::ParameterStore& store = model.store();
+  memory::Scope scope(memory::Category::optimizer);
+  if (c.zero == 1) {
+    zero_ = std::make_unique<ch05::ZeroOptimizer>(mesh.dp(), store,
+                                                  ch05::ZeroConfig{.stage = 1, .adam = c.adam});
+  } else {
+    sync_ = std::make_unique<ch02::GradSync>(
+        mesh.dp(), store,
+        ch02::GradSyncConfig{.mode = ch02::Sync::bucketed,
+                             .bucket_bytes = std::max<std::int64_t>(4 * store.size(), 1)});
+    sync_->set_batch(1, 1);  // each microbatch's loss is already its share of the mean
+    adam_ = std::make_unique<nn::Adam>(store.size(), c.adam);
+  }
+}
+
+Trainer::~Trainer() = default;
+
+StepResult Trainer::step(int step) {
+  const Coords& at = mesh_.coords();
+  const std::int64_t T = c_.model.context, C = c_.model.channels;
+  const std::vector<std::int64_t> all = data_.batch(step, c_.batch, c_.model.seed);
+  const shardlab::ShardRange mine = shard_range(c_.batch, c_.mesh.dp, at.dp);
+  auto starts_of = [&](int j) {
+    const shardlab::ShardRange mb = shard_range(mine.length, c_.microbatches, j);
+    const auto begin = all.begin() + mine.offset + mb.offset;
+    return std::vector<std::int64_t>(begin, begin + mb.length);
+  };
+  const double tokens = static_cast<double>(c_.batch * T);
+
+  ch04::Stage stage;
+  stage.chunks = {&model_.chunk()};
+  stage.input = [&](int j) { return data_.ids(starts_of(j), 0); };
+  stage.boundary = [&](int j, int) {
+    return ch04::Boundary{{static_cast<std::int64_t>(starts_of(j).size()) * T, C}};
+  };
+  stage.loss = [&](const Tensor& out, int j) {
+    TiedHead& head = *model_.head();
+    nn::Forward logits = head.forward(out);
+    const VocabLoss loss = vocab_parallel_cross_entropy(
+        mesh_.tp(), logits.out, data_.ids(starts_of(j), 1), model_.vocab(), tokens);
+    Tensor dx = head.backward(vocab_parallel_cross_entropy_backward(loss), logits.saved);
+    return ch04::MicrobatchLoss{loss.value, std::move(dx)};
+  };
+  ch04::Hooks hooks;
+  if (sync_) {
+    sync_->set_enabled(false);  // the microbatches accumulate; the last backward syncs
+    hooks.before_last_backward = [&] { sync_->set_enabled(true); };
+  }
+
+  const CommStats tp0 = mesh_.tp().stats(), dp0 = mesh_.dp().stats(),
+                  emb0 = embedding_group_->stats();
+  nn::ParameterStore& store = model_.store();
+  store.zero_grad();
+  ch04::StageRun ran;
+  {
+    memory::Scope scope(memory::Category::activations);
+    ran = pipeline_.run(schedule_, stage, hooks);
+  }
+  // The two copies of wte are one weight: each gets the sum of both gradients.
+  if (c_.mesh.pp > 1 && model_.tied()) embedding_group_->allreduce(model_.tied()->grad);
+  StepResult result;
+  if (zero_) {
+    zero_->step();
+  } else {
+    sync_->finish();
+    result.grad_norm = clip_gradients();
+    adam_->step(store.values(), store.grads());
+  }
+  result.bytes = {sent_since(mesh_.tp(), tp0), sent_since(mesh_.dp(), dp0),
+                  ran.bytes_sent + sent_since(*embedding_group_, emb0)};
+  result.events = std::move(ran.events);
+  // The batch's loss: the last stage's shares, once per replica (tp rank 0), summed.
+  const bool counts = model_.last() && at.tp == 0;
+  result.loss = mesh_.world().agree(counts ? ran.loss : 0.0, ReduceOp::sum);
+  return result;
+}
+
+double Trainer::clip_gradients() {
+  // Each parameter once: replica 0's gradients, tp rank 0's copy of what every tp rank
+  // holds, and not the head's copy of wte (pieces_of says which).
+  double squares = 0;
+  if (mesh_.coords().dp == 0) {
+    const std::vector<nn::Parameter*> params = model_.store().parameters();
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      if (!model_.pieces()[i].counted) continue;
+      for (float g : params[i]->grad.span()) squares += static_cast<double>(g) * g;
+    }
+  }
+  const double norm = std::sqrt(mesh_.world().agree(squares, ReduceOp::sum));
+  if (c_.clip > 0) {
+    const float coef = static_cast<float>(c_.clip / (norm + 1e-6));
+    if (coef < 1.0f) scale_in_place(model_.store().grads(), coef);
+  }
+  return norm;
+}
+
+Tensor Trainer::forward_only(const Tensor& ids) {
+  Communicator& pp = mesh_.pp();
+  const int s = pp.rank(), p = pp.size();
+  const std::int64_t n = ids.size(), C = c_.model.channels;
+  constexpr int kTag = 9000;  // apart from the pipeline runtime's own channels
+  Tensor x;
+  if (s == 0) {
+    x = ids;
+  } else {
+    x = Tensor(n, C);
+    pp.recv(x, s - 1, kTag);
+  }
+  Tensor out = model_.chunk().forward(x).out;
+  if (s < p - 1) {
+    pp.send(out, s + 1, kTag);
+    return Tensor();
+  }
+  return out;
+}
+
+double Trainer::evaluate(const std::vector<std::int64_t>& starts) {
+  const Coords& at = mesh_.coords();
+  const shardlab::ShardRange mine =
+      shard_range(static_cast<std::int64_t>(starts.size()), c_.mesh.dp, at.dp);
+  const std::vector<std::int64_t> part(starts.begin() + mine.offset,
+                                       starts.begin() + mine.offset + mine.length);
+  double loss = 0;
+  if (!part.empty()) {
+    const Tensor out = forward_only(data_.ids(part, 0));
+    if (model_.last()) {
+      const Tensor logits = model_.head()->forward(out).out;
+      loss = vocab_parallel_cross_entropy(
+                 mesh_.tp(), logits, data_.ids(part, 1), model_.vocab(),
+                 static_cast<double>(starts.size() * static_cast<std::size_t>(c_.model.context)))
+                 .value;
+    }
+  }
+  return mesh_.world().agree(model_.last() && at.tp == 0 ? loss : 0.0, ReduceOp::sum);
+}
+
+std::string sample(Trainer& trainer, const std::string& prompt, int count, float temperature,
+                   int top_k, std::uint64_t seed) {
+  Mesh& mesh = trainer.mesh_;
+  GptModel& model = trainer.model_;
+  const std::int64_t T = model.shape().context, V = model.shape().vocab;
+  std::string text = prompt.empty() ? std::string("\n") : prompt;
+  const int root = ch08::rank_of(mesh.shape(), {mesh.shape().pp - 1, 0, 0});
+  for (int i = 0; i < count; ++i) {
+    // The window: the last T bytes, padded at the end (causal attention: what follows
+    // the last byte does not change its logits).
+    const auto len = std::min<std::int64_t>(static_cast<std::int64_t>(text.size()), T);
+    Tensor ids(Shape{T}, shardlab::DType::i32);
+    ids.zero();
+    for (std::int64_t t = 0; t < len; ++t)
+      ids.data<std::int32_t>()[t] =
+          static_cast<unsigned char>(text[text.size() - static_cast<std::size_t>(len - t)]);
+    const Tensor out = trainer.forward_only(ids);
+    Tensor next(Shape{1}, shardlab::DType::f32);
+    if (model.last()) {
+      const Tensor logits = model.head()->forward(out.slice(len - 1, 1)).out;
+      Tensor row(Shape{V}, shardlab::DType::f32);
+      mesh.tp().allgatherv(logits.flat(), row, shardlab::shard_counts(V, mesh.shape().tp));
+      std::vector<int> order(static_cast<std::size_t>(V));
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return row[a] > row[b]; });
+      int pick = order[0];
+      if (temperature > 0) {
+        const std::size_t k =
+            top_k > 0 ? std::min<std::size_t>(static_cast<std::size_t>(top_k), order.size())
+                      : order.size();
+        std::vector<double> w(k);
+        for (std::size_t q = 0; q < k; ++q)
+          w[q] = std::exp((row[order[q]] - row[order[0]]) / static_cast<double>(temperature));
+        double u = static_cast<double>(
+                       mix(seed * 0x9E3779B97F4A7C15ULL + static_cast<std::uint64_t>(i)) >> 11) *
+                   0x1.0p-53 * std::accumulate(w.begin(), w.end(), 0.0);
+        std::size_t q = 0;
+        while (q + 1 < k && u >= w[q]) u -= w[q++];
+        pick = order[q];
+      }
+      next[0] = static_cast<float>(pick);
+    }
+    mesh.world().broadcast(next, root);
+    text.push_back(static_cast<char>(static_cast<int>(next[0])));
+  }
+  return text.substr(prompt.empty() ? 1 : prompt.size());
+}
+
+}  // namespace ch09
+
+namespace ch09 {
+
+std::int64_t parameter_count(const GptShape& s) {
+  const std::int64_t C = s.channels;
+  return s.vocab * C + s.context * C + s.layers * (12 * C * C + 13 * C) + 2 * C;
+}
+
+std::string describe(const TrainConfig& c, std::string_view backend) {
+  const GptShape& s = c.model;
+  const MeshShape& m = c.mesh;
+  auto n = [](auto v) { return std::to_string(v); };
+  return "GPT (L " + n(s.layers) + ", C " + n(s.channels) + ", H " + n(s.heads) + ", T " +
+         n(s.context) + ", V " + n(s.vocab) + "; " +
+         shardlab::format_number(static_cast<double>(parameter_count(s)) / 1e6) +
+         "M parameters) on pp x dp x tp = " + n(m.pp) + " x " + n(m.dp) + " x " + n(m.tp) + " (" +
+         std::string(backend) + "), " + c.schedule + ", " + n(c.microbatches) +
+         " microbatches; batch " + n(c.batch) + " x " + n(s.context) + " bytes, " +
+         (c.zero ? "ZeRO-1" : "Adam") + " lr " + shardlab::format_number(c.adam.lr) +
+         (c.clip > 0 ? ", clip " + shardlab::format_number(c.clip) : "");
+}
+
+}  // namespace ch09

@@ -1,0 +1,135 @@
+// Chapter 09's training: the data, one step of the whole mesh, the validation loss, and
+// text sampled from the model.
+//
+// A step, on every rank (chapter 08's hybrid training, with a language model's ends):
+//   1. the global batch: B sequences of T + 1 bytes at places a seeded generator picks
+//      in the training text; replica d takes sequences shard_range(B, dp, d) and cuts
+//      them into m microbatches;
+//   2. chapter 04's pipeline runs the schedule: stage 0 embeds the bytes, each stage its
+//      blocks, the last stage ln_f, the tied LM head and the vocabulary-parallel
+//      cross-entropy (parallel.hpp), each microbatch's loss its share of the batch's mean;
+//   3. the two copies of wte (first and last stage) add up their gradients (pp > 1);
+//      chapter 02's sync sums the replicas' gradients (or chapter 05's ZeRO-1 does, in
+//      its step);
+//   4. the gradients are clipped to a global norm (PyTorch's clip_grad_norm_: all of them
+//      scaled by max_norm / (norm + 1e-6) when that is below 1), the norm taken over the
+//      whole model, each parameter once (Megatron-LM's rule: a tensor every tp rank holds
+//      counted on tp rank 0 only, a replica's gradient on replica 0 only, the head's copy
+//      of wte not at all);
+//   5. Adam (the library's, PyTorch's update).
+// The one-device reference is the same code on a 1 x 1 x 1 mesh with the whole batch in
+// one microbatch.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gpt.hpp"
+#include "hybrid.hpp"
+#include "pipeline.hpp"
+
+namespace ch05 {
+class ZeroOptimizer;
+}
+namespace ch02 {
+class GradSync;
+}
+
+namespace ch09 {
+
+/// The text the model learns: bytes, the first 90 % for training, the rest for validation.
+class Corpus {
+ public:
+  /// UsageError when `path` cannot be read or holds less than 4 sequences of each part.
+  static Corpus load(const std::string& path, std::int64_t context);
+  std::int64_t size() const { return static_cast<std::int64_t>(bytes_.size()); }
+  std::int64_t train_size() const { return split_; }
+  /// Where step `step`'s B sequences start in the training text (T + 1 bytes each): a
+  /// function of the seed and the step alone, so every rank, mesh and resumed run draws
+  /// the same.
+  std::vector<std::int64_t> batch(int step, std::int64_t sequences, std::uint64_t seed) const;
+  /// Up to `count` sequences of the validation text, back to back from its start.
+  std::vector<std::int64_t> validation(std::int64_t count) const;
+  /// The bytes [start + shift, start + shift + T) of each sequence, as i32 ids: shift 0
+  /// the inputs, shift 1 the targets.
+  Tensor ids(const std::vector<std::int64_t>& starts, int shift) const;
+  std::int64_t context() const { return context_; }
+
+ private:
+  std::vector<std::uint8_t> bytes_;
+  std::int64_t split_ = 0, context_ = 0;
+};
+
+struct TrainConfig {
+  GptShape model;
+  MeshShape mesh;
+  std::int64_t batch = 16;  // B sequences per step, all replicas together
+  int microbatches = 2;     // m per replica
+  std::string schedule = "1f1b";
+  int zero = 0;  // 0: GradSync + Adam; 1: ZeRO-1 over dp
+  nn::AdamConfig adam{.lr = 3e-3f};
+  float clip = 1.0f;  // max global gradient norm; 0: no clipping
+};
+
+/// UsageError unless `c` can run: check_shape, every replica's microbatch a sequence, a
+/// schedule with one chunk per stage, clipping and ZeRO-1 not together.
+void check_config(const TrainConfig& c);
+
+/// What one step did.
+struct StepResult {
+  double loss = 0;                  // the batch's mean loss (every rank)
+  double grad_norm = 0;             // the global norm before clipping (every rank; ZeRO-1: 0)
+  ch08::AxisBytes bytes;            // this rank sent, per axis
+  std::vector<ch04::Event> events;  // this rank's ops
+};
+
+class Trainer {
+ public:
+  Trainer(Mesh& mesh, GptModel& model, const TrainConfig& c, const Corpus& data);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+  /// Trains global step `step` (0, 1, ...: which batch). Every rank of the mesh calls it.
+  StepResult step(int step);
+  /// The mean loss over `starts`' sequences, forward only (each replica its share of
+  /// them, the stages passing activations on). Every rank calls it; every rank gets it.
+  double evaluate(const std::vector<std::int64_t>& starts);
+  /// Adam's state (nullptr under ZeRO-1): what a checkpoint saves and restores.
+  nn::Adam* adam() { return adam_.get(); }
+
+ private:
+  /// Forward only through the stages for `ids` (whole sequences, every replica the same
+  /// or its own): the last stage's ln_f output (empty elsewhere).
+  Tensor forward_only(const Tensor& ids);
+  double clip_gradients();
+
+  Mesh& mesh_;
+  GptModel& model_;
+  TrainConfig c_;
+  const Corpus& data_;
+  ch04::Schedule schedule_;
+  ch04::Pipeline pipeline_;
+  std::unique_ptr<Communicator> embedding_group_;  // first and last stage (pp > 1)
+  std::unique_ptr<ch02::GradSync> sync_;
+  std::unique_ptr<nn::Adam> adam_;
+  std::unique_ptr<ch05::ZeroOptimizer> zero_;
+
+  friend std::string sample(Trainer&, const std::string&, int, float, int, std::uint64_t);
+};
+
+/// `count` bytes generated after `prompt` (its last T bytes are the window): greedy
+/// (temperature 0), or drawn from softmax(logits / temperature) over the top_k most
+/// likely bytes (0: all), seeded. Every rank calls it; every rank gets the text.
+std::string sample(Trainer& trainer, const std::string& prompt, int count, float temperature,
+                   int top_k, std::uint64_t seed);
+
+}  // namespace ch09
+
+namespace ch09 {
+/// "GPT (L 4, C 128, H 4, T 64; 0.8M parameters) on pp x dp x tp = 2 x 2 x 2 (threads), ..."
+std::string describe(const TrainConfig& c, std::string_view backend);
+/// The whole model's parameters.
+std::int64_t parameter_count(const GptShape& shape);
+}  // namespace ch09
