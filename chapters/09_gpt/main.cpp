@@ -143,6 +143,26 @@ void train(Context& ctx, const Settings& s) {
   ctx.verify(std::isfinite(last.loss) && last.loss < std::log(256.0) + 1,
              "the training diverged: the last step's loss is " + format_number(last.loss) +
                  " (guessing uniformly gives 5.55; try a lower --lr)");
+  // 4. Bytes per axis in the last step, next to each axis' formula (train.hpp).
+  const ch08::AxisBytes want = formula_bytes(c, mesh.coords());
+  const std::uint64_t got[] = {last.bytes.tp, last.bytes.dp, last.bytes.pp},
+                      formula[] = {want.tp, want.dp, want.pp};
+  std::vector<std::vector<std::int64_t>> every;
+  for (std::uint64_t v : {got[0], formula[0], got[1], formula[1], got[2], formula[2]})
+    every.push_back(ctx.comm().gather_values(static_cast<std::int64_t>(v)));
+  Table bytes({"rank", "pp", "dp", "tp", "tp_bytes", "tp_formula", "dp_bytes", "dp_formula",
+               "pp_bytes", "pp_formula"});
+  for (int r = 0; r < ctx.size(); ++r) {
+    const Coords q = ch08::coords_of(c.mesh, r);
+    const auto i = static_cast<std::size_t>(r);
+    bytes.add({r, q.pp, q.dp, q.tp, every[0][i], every[1][i], every[2][i], every[3][i], every[4][i],
+               every[5][i]});
+  }
+  ctx.report(bytes, "bytes_per_axis",
+             "\nbytes each rank sent in the last step, per axis, and the formulas (train.hpp)");
+  ctx.verify(every[0] == every[1] && every[2] == every[3] && every[4] == every[5],
+             "a rank sent other than its axis' formula (bytes_per_axis)");
+
   const double tokens = static_cast<double>(c.batch * c.model.context) * s.steps;
   ctx.json()["tokens_per_second"] = tokens / seconds;
   ctx.say("\n" + format_number(tokens / seconds) + " tokens/s on the mesh (" +
@@ -220,16 +240,9 @@ int main(int argc, char** argv) {
   program.validate([&](const Options& o) {
     c.model.seed = o.seed;
     if (s.sample) s.reference = false;
-    require_usage(!s.sample || !s.load.empty() || true, "");
   });
   program.memory_estimate([&](const Options& o) {
-    const double C = static_cast<double>(c.model.channels), L = c.model.layers,
-                 T = static_cast<double>(c.model.context);
-    const double params = 12 * L * C * C + 256 * C + T * C;
-    const double acts =
-        static_cast<double>(c.batch) * T * (L * (16 * C + 2 * c.model.heads * T) + 256);
-    return 4.0 * (2 * 4 * params + 2 * acts) *
-           (o.backend == "threads" || o.backend == "auto" ? 2 : 1);
+    return run_bytes(c, o.backend == "threads" || o.backend == "auto");
   });
 
   return program.run(argc, argv, [&](Context& ctx) {

@@ -6,20 +6,22 @@
 // from its definition, over every element.
 //
 // Wrong versions this test was checked against, and what each gives:
-//   attention on every head on every rank (nn::CausalSelfAttention(H, T) over the rank's
-//     3C/t columns): "y differs" (the heads are mixed up and scaled by the wrong D)
-//   c_attn and c_proj as whole nn::Linear layers on every rank (every rank does all the
-//     work): "h.0.attn.c_attn.weight: rank 0 holds 768 elements, its share is 384"
-//   c_proj column-parallel instead of row-parallel: "y differs" (no sum over the heads)
-//   c_proj without residual_scale, or another seed: "y differs" at tp 1 already
-//   softmax over the rank's own columns only: "the loss differs on tp 2"
-//   each rank's own maximum, not the agreed one: "the loss differs on tp 2"
+//   attention over all H heads on every rank (nn::CausalSelfAttention(H, T) on the rank's
+//     3C/t columns): "y on tp 2: 384 of 384 elements differ" (heads of the wrong size)
+//   c_attn as a whole nn::Linear on every rank (every rank computes every head's q, k,
+//     v): "h.1.attn.c_proj: x is f32 24x16 on host, expected 8 columns" on tp 2
+//   c_proj without residual_scale, or another seed: "y on tp 1: 384 of 384 elements
+//     differ" (tp 1 already)
+//   softmax over the rank's own columns only: "the loss differs on tp 2, rank 0: -3.36,
+//     want 1.58"
+//   each rank's own maximum, not the agreed one: "the loss differs on tp 2, rank 1: 1.76"
 //   the target's logit looked up at targets[r] instead of targets[r] - vocab.offset:
-//     "the loss differs" (an index outside the shard, or the wrong token)
-//   no maximum subtracted at all: "the loss is not finite" (logits near 200 overflow)
-//   the backward without 1 / denominator: "dlogits differs" (by the factor)
-//   the backward's one-hot on every rank's column t - offset even when outside the shard:
-//     "dlogits differs"
+//     "the loss differs on tp 2, rank 1: 2.00"
+//   no maximum subtracted at all: "the loss is not finite on tp 1: inf" (logits near 200)
+//   the backward without 1 / denominator: "dlogits on tp 1, rank 0: 46 of 60 elements
+//     differ"
+//   the backward's one-hot also on a column of another rank's token: "dlogits on tp 2,
+//     rank 1: 3 of 30 elements differ"
 #include <doctest/doctest.h>
 
 #include <cmath>

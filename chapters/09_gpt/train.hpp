@@ -130,6 +130,18 @@ std::string sample(Trainer& trainer, const std::string& prompt, int count, float
 namespace ch09 {
 /// "GPT (L 4, C 128, H 4, T 64; 0.8M parameters) on pp x dp x tp = 2 x 2 x 2 (threads), ..."
 std::string describe(const TrainConfig& c, std::string_view backend);
+/// About how many bytes a run holds at most (the memory check before the ranks start):
+/// one device's run, and under threads the mesh's ranks of this process too.
+double run_bytes(const TrainConfig& c, bool threads);
 /// The whole model's parameters.
 std::int64_t parameter_count(const GptShape& shape);
+/// What the formulas say rank `at` sends in one training step (ring allreduce: 2 (N-1)/N
+/// of S, as shardlab::collective_traffic counts it exactly), per microbatch of n tokens:
+///   tp  allreduces of n x C: 4 per block (attention's and the MLP's g forward and f
+///       backward), 1 for the embedding (first stage), 1 for the head's dL/dx (last
+///       stage); and 3 of n numbers for the cross-entropy (last stage)
+///   dp  one allreduce of the rank's parameters per step
+///   pp  n x C activations to the next stage and their gradients to the one before, and
+///       the allreduce of wte's gradient between the first and the last stage (pp > 1)
+ch08::AxisBytes formula_bytes(const TrainConfig& c, const Coords& at);
 }  // namespace ch09
