@@ -209,6 +209,7 @@ CHAPTERS = {
         "--temperature": ["0", "0.8", "100", "-1", "nan", "x"],
         "--top-k": ["0", "1", "5", "-1", "x"],
         "--no-reference": None,
+        "--benchmark": None,
     },
 }
 

@@ -25,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint.hpp"
+#include "report.hpp"
 #include "shardlab/cli.hpp"
 #include "shardlab/launch.hpp"
 #include "train.hpp"
@@ -39,7 +40,7 @@ struct Settings {
   int dp = 0, tp = 2, pp = 2;  // dp 0: the ranks left over by tp x pp
   int steps = 200, log_every = 20, sample = 0, top_k = 0;
   float temperature = 0;
-  bool reference = true;
+  bool reference = true, benchmark = false;
   std::string data = SHARDLAB_GPT_CORPUS, save, load, prompt;
 };
 
@@ -95,7 +96,8 @@ void train(Context& ctx, const Settings& s) {
     ctx.comm().barrier();
   }
 
-  // 2. The mesh.
+  // 2. The mesh, its memory counted by the ledger from here.
+  memory::Tracker tracker;
   Mesh mesh(ctx.comm(), c.mesh);
   GptModel model(mesh, c.model);
   Trainer trainer(mesh, model, c, data);
@@ -143,25 +145,11 @@ void train(Context& ctx, const Settings& s) {
   ctx.verify(std::isfinite(last.loss) && last.loss < std::log(256.0) + 1,
              "the training diverged: the last step's loss is " + format_number(last.loss) +
                  " (guessing uniformly gives 5.55; try a lower --lr)");
-  // 4. Bytes per axis in the last step, next to each axis' formula (train.hpp).
-  const ch08::AxisBytes want = formula_bytes(c, mesh.coords());
-  const std::uint64_t got[] = {last.bytes.tp, last.bytes.dp, last.bytes.pp},
-                      formula[] = {want.tp, want.dp, want.pp};
-  std::vector<std::vector<std::int64_t>> every;
-  for (std::uint64_t v : {got[0], formula[0], got[1], formula[1], got[2], formula[2]})
-    every.push_back(ctx.comm().gather_values(static_cast<std::int64_t>(v)));
-  Table bytes({"rank", "pp", "dp", "tp", "tp_bytes", "tp_formula", "dp_bytes", "dp_formula",
-               "pp_bytes", "pp_formula"});
-  for (int r = 0; r < ctx.size(); ++r) {
-    const Coords q = ch08::coords_of(c.mesh, r);
-    const auto i = static_cast<std::size_t>(r);
-    bytes.add({r, q.pp, q.dp, q.tp, every[0][i], every[1][i], every[2][i], every[3][i], every[4][i],
-               every[5][i]});
-  }
-  ctx.report(bytes, "bytes_per_axis",
-             "\nbytes each rank sent in the last step, per axis, and the formulas (train.hpp)");
-  ctx.verify(every[0] == every[1] && every[2] == every[3] && every[4] == every[5],
-             "a rank sent other than its axis' formula (bytes_per_axis)");
+  // 4. What the last step sent per axis, what each rank holds, how long the stages
+  // waited: each next to its prediction (report.hpp).
+  report_bytes(ctx, c, last);
+  report_memory(ctx, c, mesh, model, tracker.usage());
+  report_bubble(ctx, c, mesh, last.events);
 
   const double tokens = static_cast<double>(c.batch * c.model.context) * s.steps;
   ctx.json()["tokens_per_second"] = tokens / seconds;
@@ -229,18 +217,26 @@ int main(int argc, char** argv) {
          cli::between(0, 100));
   option("--top-k", s.top_k, "--sample: draw from the k most likely bytes (0: all)",
          CLI::Range(0, 1 << 20));
+  cli.add_flag("--benchmark", s.benchmark,
+               "train every mesh shape of the ranks in turn (--steps each, default 6): tokens/s "
+               "and loss curves, as CSV for the notebook");
   cli.add_flag(
       "--no-reference", [&](std::int64_t) { s.reference = false; },
       "skip one device's training (nothing to compare with)");
 
   program.world_size([&](const Options&, int ranks) {
+    if (s.benchmark) return;  // every mesh shape of the ranks, in turn
     c.mesh = ch08::settle_mesh(s.dp, s.tp, s.pp, ranks);
     check_config(c);
   });
   program.validate([&](const Options& o) {
     c.model.seed = o.seed;
     if (s.sample) s.reference = false;
+    if (s.benchmark && !program.cli().count("--steps")) s.steps = 6;
+    require_usage(!(s.benchmark && (s.sample || !s.save.empty() || !s.load.empty())),
+                  "--benchmark trains fresh models: not with --sample, --save or --load");
   });
+  program.writes_csv([&] { return s.benchmark; });
   program.memory_estimate([&](const Options& o) {
     return run_bytes(c, o.backend == "threads" || o.backend == "auto");
   });
@@ -248,6 +244,7 @@ int main(int argc, char** argv) {
   return program.run(argc, argv, [&](Context& ctx) {
     ctx.json()["chapter"] = "09_gpt";
     if (s.sample) return generate(ctx, s);
+    if (s.benchmark) return run_benchmark(ctx, c, Corpus::load(s.data, c.model.context), s.steps);
     train(ctx, s);
   });
 }

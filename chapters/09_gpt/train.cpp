@@ -300,7 +300,8 @@ double run_bytes(const TrainConfig& c, bool threads) {
   // block keeps for its backward (some 16 C a token, and the attention's T x T per
   // head), the logits and their softmax.
   const double states = 4.0 * 4 * static_cast<double>(parameter_count(g));
-  const double activations = 4.0 * B * T * (L * (16 * C + 2 * H * T) + 3.0 * static_cast<double>(g.vocab));
+  const double activations =
+      4.0 * B * T * (L * (16 * C + 2 * H * T) + 3.0 * static_cast<double>(g.vocab));
   // One device's run; the mesh's ranks together hold about as much (each its share of
   // the batch, the layers and the heads), after the reference has freed its own. Measured
   // (peak RSS over this): 1.33 GB over 1.43 (B 64, T 256, one rank), 0.18 over 0.09 at the

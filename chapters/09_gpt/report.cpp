@@ -1,0 +1,148 @@
+// Chapter 09's measurements next to their predictions (report.hpp).
+#include "report.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "shardlab/format.hpp"
+#include "timeline.hpp"
+#include "zero.hpp"
+
+namespace ch09 {
+
+using shardlab::Context;
+using shardlab::Table;
+namespace memory = shardlab::memory;
+
+namespace {
+
+/// Every rank's value of each of `mine`, on every rank: every[k][r].
+std::vector<std::vector<std::int64_t>> gather(Context& ctx,
+                                              const std::vector<std::uint64_t>& mine) {
+  std::vector<std::vector<std::int64_t>> every;
+  for (std::uint64_t v : mine)
+    every.push_back(ctx.comm().gather_values(static_cast<std::int64_t>(v)));
+  return every;
+}
+
+}  // namespace
+
+void report_bytes(Context& ctx, const TrainConfig& c, const StepResult& last) {
+  const Coords at = ch08::coords_of(c.mesh, ctx.rank());
+  const ch08::AxisBytes want = formula_bytes(c, at);
+  const auto every =
+      gather(ctx, {last.bytes.tp, want.tp, last.bytes.dp, want.dp, last.bytes.pp, want.pp});
+  Table bytes({"rank", "pp", "dp", "tp", "tp_bytes", "tp_formula", "dp_bytes", "dp_formula",
+               "pp_bytes", "pp_formula"});
+  for (int r = 0; r < ctx.size(); ++r) {
+    const Coords q = ch08::coords_of(c.mesh, r);
+    const auto i = static_cast<std::size_t>(r);
+    bytes.add({r, q.pp, q.dp, q.tp, every[0][i], every[1][i], every[2][i], every[3][i], every[4][i],
+               every[5][i]});
+  }
+  ctx.report(bytes, "bytes_per_axis",
+             "\nbytes each rank sent in the last step, per axis, and the formulas (train.hpp)");
+  ctx.verify(every[0] == every[1] && every[2] == every[3] && every[4] == every[5],
+             "a rank sent other than its axis' formula (bytes_per_axis)");
+}
+
+double block_activation_floats(const GptShape& g, int tp) {
+  const auto C = static_cast<double>(g.channels), t = static_cast<double>(tp);
+  return 4 * C + 12 * C / t + static_cast<double>(g.heads * g.context) / t;
+}
+
+void report_memory(Context& ctx, const TrainConfig& c, Mesh& mesh, GptModel& model,
+                   const memory::Usage& used) {
+  const Coords& at = mesh.coords();
+  const ch05::ZeroConfig zc{.stage = c.zero, .adam = c.adam};
+  const ch05::StateBytes states =
+      ch05::zero_state_bytes({model.store().size()}, zc, shardlab::DType::f32, c.mesh.dp, at.dp);
+  using memory::Category;
+  // The blocks' activations for the microbatches in flight on this stage (the largest
+  // microbatch's tokens, the stage's blocks).
+  const std::int64_t replica = shardlab::shard_range(c.batch, c.mesh.dp, at.dp).length;
+  const std::int64_t tokens =
+      shardlab::shard_range(replica, c.microbatches, 0).length * c.model.context;
+  const int in_flight = std::min(c.mesh.pp - at.pp, c.microbatches);
+  const double blocks = 4.0 * block_activation_floats(c.model, c.mesh.tp) *
+                        static_cast<double>(tokens) * (c.model.layers / c.mesh.pp) * in_flight;
+  const auto every =
+      gather(ctx, {states.params, used.live(Category::params), states.grads,
+                   used.live(Category::grads), states.optimizer + states.master,
+                   used.live(Category::optimizer) + used.live(Category::master),
+                   static_cast<std::uint64_t>(blocks), used.peak(Category::activations)});
+  Table mem({"rank", "params", "params_measured", "grads", "grads_measured", "optimizer",
+             "optimizer_measured", "activations_blocks", "activations_peak"});
+  for (std::size_t r = 0; r < every[0].size(); ++r)
+    mem.add({r, every[0][r], every[1][r], every[2][r], every[3][r], every[4][r], every[5][r],
+             every[6][r], every[7][r]});
+  ctx.report(mem, "memory_per_rank",
+             "\nmemory per rank, bytes: the model states by chapter 05's formula over the rank's "
+             "shard, and the ledger's; the activations of the stage's blocks for the microbatches "
+             "1F1B keeps in flight (4C + 12C/t + HT/t floats a token and block), and the "
+             "ledger's peak (the logits, the messages and the loss's softmax besides)");
+  ctx.verify(every[0] == every[1] && every[2] == every[3] && every[4] == every[5],
+             "a rank's model states differ from the formula (memory_per_rank)");
+}
+
+void report_bubble(Context& ctx, const TrainConfig& c, Mesh& mesh,
+                   const std::vector<ch04::Event>& mine) {
+  const std::vector<ch04::Event> events = ch04::gather_events(mesh.pp(), mine);
+  const ch04::Schedule sched = ch04::make_schedule(c.schedule, c.mesh.pp, c.microbatches, 1);
+  const bool split = sched.split_backward();
+  const ch04::Timeline measured = ch04::timeline_of(events, c.mesh.pp, 1, split);
+  const ch04::Timeline simulated = ch04::simulate(sched, ch04::measured_costs(events));
+  const ch04::Formula formula =
+      ch04::formula_for(sched, split ? ch04::Costs{1, 1, 1} : ch04::Costs{}, c.microbatches);
+  Table bubble({"schedule", "measured_bubble_over_ideal", "simulated", "formula", "formula_text"});
+  bubble.add({c.schedule, measured.bubble_over_ideal(), simulated.bubble_over_ideal(),
+              formula.over_ideal, formula.text});
+  ctx.report(bubble, "bubble",
+             "\nthe last step's pipeline bubble (idle / busy time): measured, chapter 04's "
+             "simulation with the measured op times, the formula at t_b = 2 t_f");
+}
+
+void run_benchmark(Context& ctx, const TrainConfig& base, const Corpus& data, int steps) {
+  Table rate({"mesh", "pp", "dp", "tp", "tokens_per_second", "step_ms", "first_loss", "last_loss"});
+  Table curve({"mesh", "step", "loss"});
+  const int N = ctx.size();
+  for (int pp = 1; pp <= N; ++pp)
+    for (int tp = 1; tp <= N / pp; ++tp) {
+      if (N % (pp * tp)) continue;
+      TrainConfig c = base;
+      c.mesh = {pp, N / (pp * tp), tp};
+      try {
+        check_config(c);
+      } catch (const shardlab::UsageError&) {
+        continue;  // this model cannot be cut this way
+      }
+      const std::string name =
+          std::to_string(pp) + "x" + std::to_string(c.mesh.dp) + "x" + std::to_string(tp);
+      Mesh mesh(ctx.comm(), c.mesh);
+      GptModel model(mesh, c.model);
+      Trainer trainer(mesh, model, c, data);
+      std::vector<double> loss;
+      auto start = std::chrono::steady_clock::now();
+      for (int t = 0; t < steps; ++t) {
+        if (t == 1) start = std::chrono::steady_clock::now();  // the first step warms up
+        loss.push_back(trainer.step(t).loss);
+        curve.add({name, t + 1, loss.back()});
+      }
+      const double seconds = ctx.comm().agree(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+          shardlab::ReduceOp::max);
+      const double timed = std::max(1, steps - 1);
+      rate.add({name, pp, c.mesh.dp, tp,
+                timed * static_cast<double>(c.batch * c.model.context) / seconds,
+                1e3 * seconds / timed, loss.front(), loss.back()});
+    }
+  ctx.report(rate, "throughput",
+             "Chapter 09 - every mesh shape of " + std::to_string(N) + " ranks, " +
+                 std::to_string(steps) + " steps each (the first not timed); " +
+                 describe(base, ctx.comm().backend()));
+  ctx.save_csv(rate, "09_gpt_throughput");
+  ctx.save_csv(curve, "09_gpt_loss");
+}
+
+}  // namespace ch09
