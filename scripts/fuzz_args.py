@@ -72,6 +72,7 @@ CHAPTERS = {
         "--in": ["1", "16", "64", "0", "65537", "abc", "65536"],
         "--hidden": ["1", "64", "200", "0", "65537", "-1", "65536"],
         "--benchmark": None,
+        "--recompute": ["none", "selective", "full", "some", ""],
     },
     "ch03": {
         "--algo": ["naive", "ring", "pipelined", "recursive_doubling", "native", "all", "carrier-pigeon"],
@@ -106,6 +107,7 @@ CHAPTERS = {
         "--batch": ["1", "7", "64", "0", "1048577", "1048576"],
         "--trace": ["out/trace.json", "/dev/full/trace.json", "", "a-file", "/proc/trace.json"],
         "--benchmark": None,
+        "--recompute": ["none", "selective", "full", "some", ""],
     },
     "ch05": {
         "--params": ["7.5B", "1e9", "350M", "1", "0", "-1", "nan", "inf", "1e17", "7.5X", "", "abc"],
@@ -121,6 +123,7 @@ CHAPTERS = {
         "--width": ["1", "8", "64", "0", "4097", "y"],
         "--batch": ["1", "7", "64", "0", "1048577", "1048576"],
         "--benchmark": None,
+        "--recompute": ["none", "selective", "full", "some", ""],
     },
     "ch06": {
         "--to-half": ["1e-8", "65504", "65520", "0.1", "-0", "inf", "nan", "abc", "1e-8x", ""],
@@ -210,6 +213,7 @@ CHAPTERS = {
         "--top-k": ["0", "1", "5", "-1", "x"],
         "--no-reference": None,
         "--benchmark": None,
+        "--recompute": ["none", "selective", "full", "some", ""],
     },
 }
 

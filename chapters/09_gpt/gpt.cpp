@@ -200,7 +200,14 @@ std::vector<Piece> pieces_of(const GptShape& s, const MeshShape& mesh, const Coo
   return out;
 }
 
-GptModel::GptModel(Mesh& mesh, const GptShape& shape, Memory memory)
+Recompute parse_recompute(const std::string& name) {
+  if (name == "none") return Recompute::none;
+  if (name == "selective") return Recompute::selective;
+  require_usage(name == "full", "--recompute " + name + ": none, selective or full");
+  return Recompute::full;
+}
+
+GptModel::GptModel(Mesh& mesh, const GptShape& shape, Recompute recompute, Memory memory)
     : shape_(shape),
       vocab_(shard_range(shape.vocab, mesh.shape().tp, mesh.coords().tp)),
       first_(mesh.coords().pp == 0),
@@ -212,8 +219,23 @@ GptModel::GptModel(Mesh& mesh, const GptShape& shape, Memory memory)
   const int per = shape.layers / mesh.shape().pp;
   for (int b = at.pp * per; b < (at.pp + 1) * per; ++b) {
     const std::string name = "transformer.h." + std::to_string(b);
-    chunk_.add(std::make_shared<nn::Residual>(parallel_attention(store_, tp, name, shape, b)));
-    chunk_.add(std::make_shared<nn::Residual>(parallel_mlp(store_, tp, name, shape, b)));
+    auto attention = std::make_shared<nn::Residual>(parallel_attention(store_, tp, name, shape, b));
+    auto mlp = std::make_shared<nn::Residual>(parallel_mlp(store_, tp, name, shape, b));
+    if (recompute == Recompute::selective) {  // the attention core, wherever the block has it
+      nn::Sequential& inner = attention->inner();
+      for (std::size_t i = 0; i < inner.size(); ++i)
+        if (dynamic_cast<nn::CausalSelfAttention*>(inner.layer(i).get()))
+          inner.set(i, std::make_shared<nn::Checkpoint>(inner.layer(i)));
+    }
+    if (recompute == Recompute::full) {
+      auto both = std::make_shared<nn::Sequential>();
+      both->add(attention);
+      both->add(mlp);
+      chunk_.add(std::make_shared<nn::Checkpoint>(both));
+    } else {
+      chunk_.add(attention);
+      chunk_.add(mlp);
+    }
   }
   if (last_) {
     chunk_.add<nn::LayerNorm>(store_, "transformer.ln_f", shape.channels);

@@ -85,6 +85,14 @@ class TiedHead final : public nn::Layer {
   nn::Parameter* weight_;
 };
 
+/// What the blocks keep for their backward (Korthikanti et al. 2022, §4 and §5): none:
+/// every activation; selective: not the attention's softmax region (its H T/t weights a
+/// token: the largest part at long contexts), recomputed in the backward from q, k, v;
+/// full: only each block's input, the whole block recomputed (Megatron-LM's "full").
+enum class Recompute { none, selective, full };
+/// "none", "selective", "full" -> Recompute; UsageError for any other name.
+Recompute parse_recompute(const std::string& name);
+
 /// How a rank's parameter is cut from the whole model's tensor.
 enum class Cut { whole, rows, columns };
 
@@ -109,9 +117,11 @@ void check_shape(const GptShape& shape, const MeshShape& mesh);
 /// This rank's part of the model.
 class GptModel {
  public:
-  GptModel(Mesh& mesh, const GptShape& shape, Memory memory = Memory::host);
+  GptModel(Mesh& mesh, const GptShape& shape, Recompute recompute = Recompute::none,
+           Memory memory = Memory::host);
   nn::ParameterStore& store() { return store_; }
-  /// The stage's layers: the embedding (first stage), its blocks, ln_f (last stage).
+  /// The stage's layers: the embedding (first stage), its blocks (each its attention and
+  /// its MLP, or under full recompute one nn::Checkpoint of the two), ln_f (last stage).
   nn::Sequential& chunk() { return chunk_; }
   /// The LM head (last stage only; nullptr elsewhere).
   TiedHead* head() { return head_.get(); }

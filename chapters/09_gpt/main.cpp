@@ -41,7 +41,7 @@ struct Settings {
   int steps = 200, log_every = 20, sample = 0, top_k = 0;
   float temperature = 0;
   bool reference = true, benchmark = false;
-  std::string data = SHARDLAB_GPT_CORPUS, save, load, prompt;
+  std::string data = SHARDLAB_GPT_CORPUS, save, load, prompt, recompute = "none";
 };
 
 // How close is equal? The mesh adds the same products in another order (tp's partial
@@ -71,7 +71,7 @@ Curve train_one_device(Communicator& self, const Settings& s, const Corpus& data
   c.microbatches = 1;
   c.zero = 0;
   Mesh mesh(self, c.mesh);
-  GptModel model(mesh, c.model);
+  GptModel model(mesh, c.model, c.recompute);
   Trainer trainer(mesh, model, c, data);
   Curve out;
   for (int t = 0; t < s.steps; ++t) out.loss.push_back(trainer.step(t).loss);
@@ -99,7 +99,7 @@ void train(Context& ctx, const Settings& s) {
   // 2. The mesh, its memory counted by the ledger from here.
   memory::Tracker tracker;
   Mesh mesh(ctx.comm(), c.mesh);
-  GptModel model(mesh, c.model);
+  GptModel model(mesh, c.model, c.recompute);
   Trainer trainer(mesh, model, c, data);
   int first = 0;
   if (!s.load.empty()) first = load_checkpoint(s.load, mesh, model, trainer.adam());
@@ -203,6 +203,8 @@ int main(int argc, char** argv) {
   option("--clip", c.clip, "max global gradient norm (0: no clipping)", cli::between(0, 1e9));
   option("--schedule", c.schedule, "pipeline schedule (chapter 04)",
          CLI::IsMember({"gpipe", "1f1b", "zb1"}));
+  option("--recompute", s.recompute, "what the blocks recompute in the backward",
+         CLI::IsMember({"none", "selective", "full"}));
   option("--zero", c.zero, "1: ZeRO-1 over dp (chapter 05)", CLI::Range(0, 1));
   option("--log-every", s.log_every, "a row of the loss curve every N steps",
          CLI::Range(1, 100000));
@@ -231,6 +233,7 @@ int main(int argc, char** argv) {
   });
   program.validate([&](const Options& o) {
     c.model.seed = o.seed;
+    c.recompute = parse_recompute(s.recompute);
     if (s.sample) s.reference = false;
     if (s.benchmark && !program.cli().count("--steps")) s.steps = 6;
     require_usage(!(s.benchmark && (s.sample || !s.save.empty() || !s.load.empty())),

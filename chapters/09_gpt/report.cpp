@@ -47,9 +47,12 @@ void report_bytes(Context& ctx, const TrainConfig& c, const StepResult& last) {
              "a rank sent other than its axis' formula (bytes_per_axis)");
 }
 
-double block_activation_floats(const GptShape& g, int tp) {
+double block_activation_floats(const GptShape& g, int tp, Recompute recompute) {
   const auto C = static_cast<double>(g.channels), t = static_cast<double>(tp);
-  return 4 * C + 12 * C / t + static_cast<double>(g.heads * g.context) / t;
+  if (recompute == Recompute::full) return C;
+  const double softmax =
+      recompute == Recompute::none ? static_cast<double>(g.heads * g.context) / t : 0;
+  return 4 * C + 12 * C / t + softmax;
 }
 
 void report_memory(Context& ctx, const TrainConfig& c, Mesh& mesh, GptModel& model,
@@ -65,7 +68,7 @@ void report_memory(Context& ctx, const TrainConfig& c, Mesh& mesh, GptModel& mod
   const std::int64_t tokens =
       shardlab::shard_range(replica, c.microbatches, 0).length * c.model.context;
   const int in_flight = std::min(c.mesh.pp - at.pp, c.microbatches);
-  const double blocks = 4.0 * block_activation_floats(c.model, c.mesh.tp) *
+  const double blocks = 4.0 * block_activation_floats(c.model, c.mesh.tp, c.recompute) *
                         static_cast<double>(tokens) * (c.model.layers / c.mesh.pp) * in_flight;
   const auto every =
       gather(ctx, {states.params, used.live(Category::params), states.grads,
@@ -80,8 +83,9 @@ void report_memory(Context& ctx, const TrainConfig& c, Mesh& mesh, GptModel& mod
   ctx.report(mem, "memory_per_rank",
              "\nmemory per rank, bytes: the model states by chapter 05's formula over the rank's "
              "shard, and the ledger's; the activations of the stage's blocks for the microbatches "
-             "1F1B keeps in flight (4C + 12C/t + HT/t floats a token and block), and the "
-             "ledger's peak (the logits, the messages and the loss's softmax besides)");
+             "1F1B keeps in flight (4C + 12C/t + HT/t floats a token and block; selective "
+             "recompute: 4C + 12C/t; full: C), and the ledger's peak (the logits, the "
+             "messages, the loss's softmax and a block's recomputed activations besides)");
   ctx.verify(every[0] == every[1] && every[2] == every[3] && every[4] == every[5],
              "a rank's model states differ from the formula (memory_per_rank)");
 }
@@ -120,7 +124,7 @@ void run_benchmark(Context& ctx, const TrainConfig& base, const Corpus& data, in
       const std::string name =
           std::to_string(pp) + "x" + std::to_string(c.mesh.dp) + "x" + std::to_string(tp);
       Mesh mesh(ctx.comm(), c.mesh);
-      GptModel model(mesh, c.model);
+      GptModel model(mesh, c.model, c.recompute);
       Trainer trainer(mesh, model, c, data);
       std::vector<double> loss;
       auto start = std::chrono::steady_clock::now();

@@ -22,10 +22,11 @@ void report_bytes(shardlab::Context& ctx, const TrainConfig& c, const StepResult
 /// Activations one block keeps per token for its backward, in floats, with tp ranks t:
 /// each LayerNorm's input (C) and its normalised output the next Linear keeps (C), c_attn's
 /// output q, k, v (3C/t), the attention weights (H T/t), c_proj's input (C/t), c_fc's
-/// output before and after GELU (4C/t each): 4C + 12C/t + HT/t. (Korthikanti et al.
-/// 2022's 34 + 5aT/h bytes per h count 16-bit values and dropout masks; this model has
-/// neither.)
-double block_activation_floats(const GptShape& g, int tp);
+/// output before and after GELU (4C/t each): 4C + 12C/t + HT/t. Selective recompute
+/// drops the H T/t; full recompute keeps the block's input alone, C. (Korthikanti et al.
+/// 2022's 34 + 5aT/h, 34 and 2 bytes per h count 16-bit values and dropout masks; this
+/// model has neither.)
+double block_activation_floats(const GptShape& g, int tp, Recompute recompute);
 
 /// Model states per rank against chapter 05's formula (its tp x pp shard; ZeRO-1: its
 /// dp shard of Adam's state), and the activations' peak against the blocks' count for

@@ -122,6 +122,21 @@ TEST_CASE("every factorisation of 8 ranks trains like one device") {
   }
 }
 
+TEST_CASE("recomputing activations (selective, full) gives the same training, bit for bit") {
+  TrainConfig c = small({2, 1, 2});
+  const Run none = train(c, 0, 3);
+  for (Recompute r : {Recompute::selective, Recompute::full}) {
+    c.recompute = r;
+    const Run again = train(c, 0, 3);
+    REQUIRE(again.loss.size() == 3);
+    for (std::size_t t = 0; t < 3; ++t) {
+      CHECK(again.loss[t] == none.loss[t]);
+      CHECK(again.norm[t] == none.norm[t]);
+    }
+    CHECK(again.validation == none.validation);
+  }
+}
+
 TEST_CASE("a checkpoint resumes on the same mesh bit for bit, and on another to rounding") {
   const std::string dir = (fs::temp_directory_path() / "shardlab_ch09_ckpt").string();
   fs::remove_all(dir);

@@ -340,7 +340,8 @@ ch08::AxisBytes formula_bytes(const TrainConfig& c, const Coords& at) {
   };
   const shardlab::ShardRange mine = shard_range(c.batch, m.dp, at.dp);
   ch08::AxisBytes out;
-  const std::int64_t per_microbatch = 4 * (g.layers / m.pp) + first + last;
+  const int per_block = c.recompute == Recompute::full ? 6 : 4;
+  const std::int64_t per_microbatch = per_block * (g.layers / m.pp) + first + last;
   for (int j = 0; j < c.microbatches; ++j) {
     const std::int64_t n = shard_range(mine.length, c.microbatches, j).length * g.context;
     out.tp += static_cast<std::uint64_t>(per_microbatch) * allreduce(n * g.channels, at.tp, m.tp);

@@ -71,6 +71,7 @@ struct TrainConfig {
   int zero = 0;  // 0: GradSync + Adam; 1: ZeRO-1 over dp
   nn::AdamConfig adam{.lr = 3e-3f};
   float clip = 1.0f;  // max global gradient norm; 0: no clipping
+  Recompute recompute = Recompute::none;
 };
 
 /// UsageError unless `c` can run: check_shape, every replica's microbatch a sequence, a
@@ -138,8 +139,9 @@ std::int64_t parameter_count(const GptShape& shape);
 /// What the formulas say rank `at` sends in one training step (ring allreduce: 2 (N-1)/N
 /// of S, as shardlab::collective_traffic counts it exactly), per microbatch of n tokens:
 ///   tp  allreduces of n x C: 4 per block (attention's and the MLP's g forward and f
-///       backward), 1 for the embedding (first stage), 1 for the head's dL/dx (last
-///       stage); and 3 of n numbers for the cross-entropy (last stage)
+///       backward; 2 more under full recompute, whose second forward sums again), 1 for
+///       the embedding (first stage), 1 for the head's dL/dx (last stage); and 3 of n
+///       numbers for the cross-entropy (last stage)
 ///   dp  one allreduce of the rank's parameters per step
 ///   pp  n x C activations to the next stage and their gradients to the one before, and
 ///       the allreduce of wte's gradient between the first and the last stage (pp > 1)

@@ -558,6 +558,27 @@ void sgd_step(Tensor& params, const Tensor& grads, float lr) { axpy(-lr, grads, 
 Adam::Adam(std::int64_t size, AdamConfig config, Memory memory)
     : config_(config), m_(Shape{size}, DType::f32, memory), v_(Shape{size}, DType::f32, memory) {}
 
+Forward Checkpoint::forward(const Tensor& x) const {
+  Forward f{inner_->forward(x).out, {}};  // inner's saved state is dropped here
+  f.saved.tensors = {x};
+  return f;
+}
+
+Tensor Checkpoint::backward_input(const Tensor& dy, Saved& saved) const {
+  require(saved.tensors.size() == 1, name() + ": backward without a forward");
+  Forward again = inner_->forward(saved.tensors[0]);
+  Tensor dx = inner_->backward_input(dy, again.saved);
+  saved.tensors.clear();
+  saved.children = {std::move(again.saved)};
+  return dx;
+}
+
+void Checkpoint::backward_weight(Saved& saved) {
+  require(saved.children.size() == 1, name() + ": backward_weight before backward_input");
+  inner_->backward_weight(saved.children[0]);
+  saved = Saved{};
+}
+
 void Adam::restore(const Tensor& m, const Tensor& v, int steps) {
   require(m.size() == m_.size() && v.size() == v_.size() && steps >= 0, [&] {
     return "Adam::restore: m " + m.describe() + " and v " + v.describe() + " for a state of " +

@@ -238,6 +238,9 @@ class Sequential final : public Layer {
   void add(std::shared_ptr<Layer> layer) { layers_.push_back(std::move(layer)); }
   std::size_t size() const { return layers_.size(); }
   Layer& operator[](std::size_t i) { return *layers_[i]; }
+  /// Layer i itself, to wrap it; and layer i replaced (by a Checkpoint of it, say).
+  std::shared_ptr<Layer> layer(std::size_t i) const { return layers_.at(i); }
+  void set(std::size_t i, std::shared_ptr<Layer> layer) { layers_.at(i) = std::move(layer); }
   /// Layers [begin, end) as a Sequential of their own, sharing them (a pipeline stage).
   Sequential slice(std::size_t begin, std::size_t end) const;
 
@@ -269,6 +272,27 @@ class Residual final : public Layer {
 
  private:
   Sequential inner_;
+};
+
+/// Activation checkpointing (Chen et al. 2016, "Training Deep Nets with Sublinear Memory
+/// Cost"; Megatron-LM's recompute): forward keeps only the input and drops everything
+/// `inner` saved; backward_input runs inner's forward again from that input, then its
+/// backward. The same gradients, bit for bit (the same forward, run twice), for a second
+/// forward's time (and its communication, for a tensor-parallel block); inner's
+/// activations live only while its own backward runs. Saved: the input, then (after
+/// backward_input) one child, inner's.
+class Checkpoint final : public Layer {
+ public:
+  explicit Checkpoint(std::shared_ptr<Layer> inner) : inner_(std::move(inner)) {}
+  std::string name() const override { return "checkpoint(" + inner_->name() + ")"; }
+  Forward forward(const Tensor& x) const override;
+  Tensor backward_input(const Tensor& dy, Saved& saved) const override;
+  void backward_weight(Saved& saved) override;
+  std::vector<Parameter*> parameters() const override { return inner_->parameters(); }
+  Layer& inner() { return *inner_; }
+
+ private:
+  std::shared_ptr<Layer> inner_;
 };
 
 // ---------------------------------------------------------------------------
