@@ -34,7 +34,7 @@ import numpy as np
 
 AGREE = 1e-4  # relative: numpy's float64 loss against Hugging Face's float32 one
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DEFAULT_TEXT = os.path.join(ROOT, "build", "default", "data", "ch09_corpus.txt")  # ch09_gpt's
+DEFAULT_TEXT = os.path.join(ROOT, "chapters", "09_gpt", "text", "chapters.txt")  # ch09_gpt's
 
 
 def fail(message, status=1):
@@ -149,7 +149,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("checkpoint")
     ap.add_argument("--text", default=DEFAULT_TEXT,
-                    help="the bytes to score (default: the build's corpus, ch09_gpt's --data)")
+                    help="the bytes to score (default: ch09_gpt's --data, chapters/09_gpt/text/chapters.txt)")
     ap.add_argument("--sequences", type=int, default=4)
     ap.add_argument("--offset", type=int, default=0)
     ap.add_argument("--validation", action="store_true",

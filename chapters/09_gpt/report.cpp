@@ -2,6 +2,7 @@
 #include "report.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 
@@ -11,8 +12,10 @@
 
 namespace ch09 {
 
+using shardlab::Communicator;
 using shardlab::Context;
 using shardlab::Table;
+using shardlab::Tensor;
 namespace memory = shardlab::memory;
 
 namespace {
@@ -27,6 +30,84 @@ std::vector<std::vector<std::int64_t>> gather(Context& ctx,
 }
 
 }  // namespace
+
+double relative(double a, double b) { return std::abs(a - b) / std::max(1.0, std::abs(b)); }
+
+namespace {
+
+Curve train_one_device(Communicator& self, TrainConfig c, int microbatches, const Corpus& data,
+                       int steps) {
+  c.mesh = {1, 1, 1};
+  c.microbatches = microbatches;
+  c.zero = 0;
+  Mesh mesh(self, c.mesh);
+  GptModel model(mesh, c.model, c.recompute);
+  Trainer trainer(mesh, model, c, data);
+  Curve out;
+  for (int t = 0; t < steps; ++t) out.loss.push_back(trainer.step(t).loss);
+  out.validation = trainer.evaluate(data.validation(16));
+  return out;
+}
+
+}  // namespace
+
+References train_references(Context& ctx, const TrainConfig& c, const Corpus& data, int steps) {
+  auto self = ctx.comm().split(ctx.rank(), 0);
+  Communicator::Patience wait(
+      ctx.comm(),
+      std::chrono::milliseconds(static_cast<long>(ctx.options().timeout_s * 1000 * (steps + 2))));
+  Communicator::Uncounted quiet(ctx.comm());
+  const int pieces = c.mesh.dp * c.microbatches, maker = ctx.size() > 1 ? 1 : 0;
+  References ref;
+  if (ctx.rank() == 0) ref.whole = train_one_device(*self, c, 1, data, steps);
+  if (ctx.rank() == maker) ref.pieces = train_one_device(*self, c, pieces, data, steps);
+  // The pieces' curve to rank 0, every double's bits as they are.
+  Tensor bits(shardlab::Shape{steps + 1}, shardlab::DType::i64);
+  auto* b = bits.data<std::int64_t>();
+  if (maker == 1) {
+    if (ctx.rank() == 1) {
+      for (int t = 0; t < steps; ++t)
+        b[t] = std::bit_cast<std::int64_t>(ref.pieces.loss[static_cast<std::size_t>(t)]);
+      b[steps] = std::bit_cast<std::int64_t>(ref.pieces.validation);
+      ctx.comm().send(bits, 0, 1);
+    } else if (ctx.rank() == 0) {
+      ctx.comm().recv(bits, 1, 1);
+      for (int t = 0; t < steps; ++t) ref.pieces.loss.push_back(std::bit_cast<double>(b[t]));
+      ref.pieces.validation = std::bit_cast<double>(b[steps]);
+    }
+  }
+  ctx.comm().barrier();
+  return ref;
+}
+
+void compare_with_one_device(Context& ctx, const References& ref, const std::vector<double>& mesh,
+                             double validation) {
+  double worst = 0, order = 0, vdiff = 0;
+  auto most = [](double& m, double d) {
+    m = std::isnan(d) || std::isnan(m) ? NAN : std::max(m, d);
+  };
+  if (ctx.rank() == 0) {
+    for (std::size_t t = 0; t < mesh.size(); ++t) {
+      most(worst, relative(mesh[t], ref.whole.loss[t]));
+      most(order, relative(ref.pieces.loss[t], ref.whole.loss[t]));
+    }
+    most(order, relative(ref.pieces.validation, ref.whole.validation));
+    vdiff = relative(validation, ref.whole.validation);
+  }
+  order = ctx.comm().agree(order, shardlab::ReduceOp::max);
+  const double tolerance = std::max(kTolerance, kOrder * order);
+  Table vs({"what", "one_device", "mesh", "diff", "order_alone", "tolerance"});
+  vs.add({"training loss, worst step", "", "", worst, order, tolerance});
+  vs.add({"validation loss", ref.whole.validation, validation, vdiff,
+          relative(ref.pieces.validation, ref.whole.validation), tolerance});
+  ctx.report(vs, "vs_single_device",
+             "\nthe mesh against one device, relative; order alone: one device with the batch "
+             "in the mesh's pieces (its worst, step or validation, x " +
+                 shardlab::format_number(kOrder) + " is the tolerance; at least " +
+                 shardlab::format_number(kTolerance) + ")");
+  ctx.verify_close("the training loss", worst, tolerance);
+  ctx.verify_close("the validation loss", vdiff, tolerance);
+}
 
 void report_bytes(Context& ctx, const TrainConfig& c, const StepResult& last) {
   const Coords at = ch08::coords_of(c.mesh, ctx.rank());

@@ -15,6 +15,41 @@
 
 namespace ch09 {
 
+/// |a - b| / max(1, |b|).
+double relative(double a, double b);
+
+/// One device's training: the loss of each step and the validation loss at the end.
+struct Curve {
+  std::vector<double> loss;
+  double validation = 0;
+};
+/// The same model trained on one device (a 1 x 1 x 1 mesh): the whole batch at once, and
+/// the batch in the mesh's pieces (dp x m microbatches, their gradients accumulated). Only
+/// the order of the additions differs between the two.
+struct References {
+  Curve whole, pieces;
+};
+/// Trains both on the job's ranks 0 and 1 at once (rank 0 alone: one after the other),
+/// while the others wait (each step may take --timeout); rank 0 gets both curves.
+References train_references(shardlab::Context& ctx, const TrainConfig& c, const Corpus& data,
+                            int steps);
+
+/// How close is equal? The mesh adds the same products in another order (tp's partial
+/// sums, the microbatches' and replicas' gradient sums), so at first its loss differs from
+/// one device's in the last bits (1e-9 to 1e-8 over the default run's first 20 steps).
+/// Training then amplifies those bits, as it amplifies any change in the order of
+/// additions (Adam moves a weight whose gradient is rounding noise by lr, one way or the
+/// other), until, after some 30 steps, the two are two runs of one recipe. So the mesh is
+/// held to kOrder times what the order of additions alone does to one device over the
+/// same run (References::pieces against ::whole: its worst step, or its validation loss),
+/// and never needs to be closer than kTolerance: every step, and the validation loss. A
+/// short run is held to kTolerance (a wrong cut gives 2e-3 at step 1); a long one is held
+/// to the chaos the order alone causes. A table and the checks, on every rank (rank 0's
+/// curves).
+inline constexpr double kTolerance = 1e-4, kOrder = 4;
+void compare_with_one_device(shardlab::Context& ctx, const References& ref,
+                             const std::vector<double>& mesh, double validation);
+
 /// Bytes per axis of the last step, every rank, measured and by formula; a check that
 /// they are equal.
 void report_bytes(shardlab::Context& ctx, const TrainConfig& c, const StepResult& last);
