@@ -200,7 +200,7 @@ void save_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model, const 
   std::vector<std::vector<Piece>> every;
   for (int r = 0; r < world.size(); ++r) {
     const Coords q = ch08::coords_of(shape, r);
-    every.push_back(pieces_of(g, shape, q));
+    every.push_back(pieces_of(g, shape, q, model.chunks()));
     std::int64_t n = 0;
     for (const Piece& p : every.back()) n += p.size();
     counts.push_back(q.dp == 0 ? static_cast<std::size_t>(states * n) : 0);

@@ -145,7 +145,7 @@ std::int64_t Piece::size() const {
   return whole.numel();
 }
 
-void check_shape(const GptShape& s, const MeshShape& mesh) {
+void check_shape(const GptShape& s, const MeshShape& mesh, int chunks) {
   const std::string tp = "--tp " + std::to_string(mesh.tp);
   require_usage(s.channels % s.heads == 0, "--heads " + std::to_string(s.heads) +
                                                " must divide --channels " +
@@ -155,12 +155,16 @@ void check_shape(const GptShape& s, const MeshShape& mesh) {
   require_usage(s.vocab >= mesh.tp, tp + " leaves a rank no tokens of the vocabulary");
   require_usage(s.layers % mesh.pp == 0, "--pp " + std::to_string(mesh.pp) + " must divide the " +
                                              std::to_string(s.layers) + " layers");
+  require_usage(s.layers % (mesh.pp * chunks) == 0,
+                "--pp " + std::to_string(mesh.pp) + " x --chunks " + std::to_string(chunks) +
+                    " must divide the " + std::to_string(s.layers) + " layers");
 }
 
-std::vector<Piece> pieces_of(const GptShape& s, const MeshShape& mesh, const Coords& at) {
+std::vector<Piece> pieces_of(const GptShape& s, const MeshShape& mesh, const Coords& at,
+                             int chunks) {
   const std::int64_t C = s.channels;
   const int t = mesh.tp, r = at.tp;
-  const bool first = at.pp == 0, last = at.pp == mesh.pp - 1, lead = r == 0;
+  const bool first = at.pp == 0, lead = r == 0;
   std::vector<Piece> out;
   auto whole = [&](std::string name, Shape shape) {  // the same on every tp rank
     out.push_back({std::move(name), shape, Cut::whole, {0, 0}, false, lead});
@@ -169,32 +173,35 @@ std::vector<Piece> pieces_of(const GptShape& s, const MeshShape& mesh, const Coo
     const std::int64_t n = how == Cut::rows ? shape[0] : shape[1];
     out.push_back({std::move(name), shape, how, shard_range(n, t, r), qkv, true});
   };
-  if (first) {
-    cut("transformer.wte.weight", {s.vocab, C}, Cut::rows);
-    whole("transformer.wpe.weight", {s.context, C});
-  }
-  const int per = s.layers / mesh.pp;
-  for (int b = at.pp * per; b < (at.pp + 1) * per; ++b) {
-    const std::string h = "transformer.h." + std::to_string(b) + ".";
-    whole(h + "ln_1.weight", {1, C});
-    whole(h + "ln_1.bias", {1, C});
-    cut(h + "attn.c_attn.weight", {C, 3 * C}, Cut::columns, true);
-    cut(h + "attn.c_attn.bias", {1, 3 * C}, Cut::columns, true);
-    cut(h + "attn.c_proj.weight", {C, C}, Cut::rows);
-    whole(h + "attn.c_proj.bias", {1, C});
-    whole(h + "ln_2.weight", {1, C});
-    whole(h + "ln_2.bias", {1, C});
-    cut(h + "mlp.c_fc.weight", {C, 4 * C}, Cut::columns);
-    cut(h + "mlp.c_fc.bias", {1, 4 * C}, Cut::columns);
-    cut(h + "mlp.c_proj.weight", {4 * C, C}, Cut::rows);
-    whole(h + "mlp.c_proj.bias", {1, C});
-  }
-  if (last) {
-    whole("transformer.ln_f.weight", {1, C});
-    whole("transformer.ln_f.bias", {1, C});
-    if (!first) {  // the head's copy of wte: the first stage counts the weight
+  const int per = s.layers / (mesh.pp * chunks), last_k = mesh.pp * chunks - 1;
+  for (int c = 0; c < chunks; ++c) {
+    const int k = c * mesh.pp + at.pp;  // the virtual stage
+    if (k == 0) {
       cut("transformer.wte.weight", {s.vocab, C}, Cut::rows);
-      out.back().counted = false;
+      whole("transformer.wpe.weight", {s.context, C});
+    }
+    for (int b = k * per; b < (k + 1) * per; ++b) {
+      const std::string h = "transformer.h." + std::to_string(b) + ".";
+      whole(h + "ln_1.weight", {1, C});
+      whole(h + "ln_1.bias", {1, C});
+      cut(h + "attn.c_attn.weight", {C, 3 * C}, Cut::columns, true);
+      cut(h + "attn.c_attn.bias", {1, 3 * C}, Cut::columns, true);
+      cut(h + "attn.c_proj.weight", {C, C}, Cut::rows);
+      whole(h + "attn.c_proj.bias", {1, C});
+      whole(h + "ln_2.weight", {1, C});
+      whole(h + "ln_2.bias", {1, C});
+      cut(h + "mlp.c_fc.weight", {C, 4 * C}, Cut::columns);
+      cut(h + "mlp.c_fc.bias", {1, 4 * C}, Cut::columns);
+      cut(h + "mlp.c_proj.weight", {4 * C, C}, Cut::rows);
+      whole(h + "mlp.c_proj.bias", {1, C});
+    }
+    if (k == last_k) {
+      whole("transformer.ln_f.weight", {1, C});
+      whole("transformer.ln_f.bias", {1, C});
+      if (!first) {  // the head's copy of wte: the first stage counts the weight
+        cut("transformer.wte.weight", {s.vocab, C}, Cut::rows);
+        out.back().counted = false;
+      }
     }
   }
   return out;
@@ -207,43 +214,50 @@ Recompute parse_recompute(const std::string& name) {
   return Recompute::full;
 }
 
-GptModel::GptModel(Mesh& mesh, const GptShape& shape, Recompute recompute, Memory memory)
+GptModel::GptModel(Mesh& mesh, const GptShape& shape, Recompute recompute, int chunks,
+                   Memory memory)
     : shape_(shape),
       vocab_(shard_range(shape.vocab, mesh.shape().tp, mesh.coords().tp)),
       first_(mesh.coords().pp == 0),
       last_(mesh.coords().pp == mesh.shape().pp - 1) {
-  check_shape(shape, mesh.shape());
+  check_shape(shape, mesh.shape(), chunks);
   const Coords& at = mesh.coords();
+  const int p = mesh.shape().pp, per = shape.layers / (p * chunks);
   Communicator& tp = mesh.tp();
-  if (first_) tied_ = &chunk_.add<VocabParallelEmbedding>(store_, tp, shape).wte();
-  const int per = shape.layers / mesh.shape().pp;
-  for (int b = at.pp * per; b < (at.pp + 1) * per; ++b) {
-    const std::string name = "transformer.h." + std::to_string(b);
-    auto attention = std::make_shared<nn::Residual>(parallel_attention(store_, tp, name, shape, b));
-    auto mlp = std::make_shared<nn::Residual>(parallel_mlp(store_, tp, name, shape, b));
-    if (recompute == Recompute::selective) {  // the attention core, wherever the block has it
-      nn::Sequential& inner = attention->inner();
-      for (std::size_t i = 0; i < inner.size(); ++i)
-        if (dynamic_cast<nn::CausalSelfAttention*>(inner.layer(i).get()))
-          inner.set(i, std::make_shared<nn::Checkpoint>(inner.layer(i)));
+  for (int c = 0; c < chunks; ++c) {
+    chunks_.push_back(std::make_unique<nn::Sequential>());
+    nn::Sequential& chunk = *chunks_.back();
+    const int k = c * p + at.pp;  // the virtual stage
+    if (k == 0) tied_ = &chunk.add<VocabParallelEmbedding>(store_, tp, shape).wte();
+    for (int b = k * per; b < (k + 1) * per; ++b) {
+      const std::string name = "transformer.h." + std::to_string(b);
+      auto attention =
+          std::make_shared<nn::Residual>(parallel_attention(store_, tp, name, shape, b));
+      auto mlp = std::make_shared<nn::Residual>(parallel_mlp(store_, tp, name, shape, b));
+      if (recompute == Recompute::selective) {  // the attention core, wherever the block has it
+        nn::Sequential& inner = attention->inner();
+        for (std::size_t i = 0; i < inner.size(); ++i)
+          if (dynamic_cast<nn::CausalSelfAttention*>(inner.layer(i).get()))
+            inner.set(i, std::make_shared<nn::Checkpoint>(inner.layer(i)));
+      }
+      if (recompute == Recompute::full) {
+        auto both = std::make_shared<nn::Sequential>();
+        both->add(attention);
+        both->add(mlp);
+        chunk.add(std::make_shared<nn::Checkpoint>(both));
+      } else {
+        chunk.add(attention);
+        chunk.add(mlp);
+      }
     }
-    if (recompute == Recompute::full) {
-      auto both = std::make_shared<nn::Sequential>();
-      both->add(attention);
-      both->add(mlp);
-      chunk_.add(std::make_shared<nn::Checkpoint>(both));
-    } else {
-      chunk_.add(attention);
-      chunk_.add(mlp);
+    if (k == p * chunks - 1) {
+      chunk.add<nn::LayerNorm>(store_, "transformer.ln_f", shape.channels);
+      if (!first_) tied_ = &store_.add("lm_head.weight", wte_init(shape, tp.size(), tp.rank()));
+      head_ = std::make_unique<TiedHead>(tp, *tied_);
     }
-  }
-  if (last_) {
-    chunk_.add<nn::LayerNorm>(store_, "transformer.ln_f", shape.channels);
-    if (!first_) tied_ = &store_.add("lm_head.weight", wte_init(shape, tp.size(), tp.rank()));
-    head_ = std::make_unique<TiedHead>(tp, *tied_);
   }
   store_.allocate(memory);
-  pieces_ = pieces_of(shape, mesh.shape(), at);
+  pieces_ = pieces_of(shape, mesh.shape(), at, chunks);
   const std::vector<nn::Parameter*> params = store_.parameters();
   require(params.size() == pieces_.size(), "GptModel: the store and pieces_of() disagree");
   for (std::size_t i = 0; i < params.size(); ++i)

@@ -107,22 +107,27 @@ struct Piece {
   std::int64_t size() const;  // elements this rank holds
 };
 
-/// Every parameter rank `at` of `mesh` holds, in the order of its store.
-std::vector<Piece> pieces_of(const GptShape& shape, const MeshShape& mesh, const Coords& at);
+/// Every parameter rank `at` of `mesh` holds, in the order of its store, with `chunks`
+/// model chunks per pipeline stage.
+std::vector<Piece> pieces_of(const GptShape& shape, const MeshShape& mesh, const Coords& at,
+                             int chunks = 1);
 
-/// UsageError unless the model can be cut over `mesh`: tp divides H, C, 4C and V; pp
-/// divides L.
-void check_shape(const GptShape& shape, const MeshShape& mesh);
+/// UsageError unless the model can be cut over `mesh` with `chunks` chunks per stage: tp
+/// divides H; pp x chunks divides L.
+void check_shape(const GptShape& shape, const MeshShape& mesh, int chunks = 1);
 
 /// This rank's part of the model.
 class GptModel {
  public:
-  GptModel(Mesh& mesh, const GptShape& shape, Recompute recompute = Recompute::none,
+  /// With `chunks` v > 1 (the interleaved schedule), stage s holds the p v virtual
+  /// stages k = c p + s, c = 0 .. v - 1, each L / (p v) blocks: chunk c.
+  GptModel(Mesh& mesh, const GptShape& shape, Recompute recompute = Recompute::none, int chunks = 1,
            Memory memory = Memory::host);
   nn::ParameterStore& store() { return store_; }
-  /// The stage's layers: the embedding (first stage), its blocks (each its attention and
-  /// its MLP, or under full recompute one nn::Checkpoint of the two), ln_f (last stage).
-  nn::Sequential& chunk() { return chunk_; }
+  /// Chunk c's layers: the embedding (virtual stage 0), its blocks (each its attention and
+  /// its MLP, or under full recompute one nn::Checkpoint of the two), ln_f (the last).
+  nn::Sequential& chunk(int c = 0) { return *chunks_.at(static_cast<std::size_t>(c)); }
+  int chunks() const { return static_cast<int>(chunks_.size()); }
   /// The LM head (last stage only; nullptr elsewhere).
   TiedHead* head() { return head_.get(); }
   /// wte or its copy: the parameter the embedding group sums (nullptr on middle stages).
@@ -136,7 +141,7 @@ class GptModel {
  private:
   GptShape shape_;
   nn::ParameterStore store_;
-  nn::Sequential chunk_;
+  std::vector<std::unique_ptr<nn::Sequential>> chunks_;
   std::unique_ptr<TiedHead> head_;
   nn::Parameter* tied_ = nullptr;
   std::vector<Piece> pieces_;

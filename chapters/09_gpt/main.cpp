@@ -58,7 +58,7 @@ void train(Context& ctx, const Settings& s) {
   // 2. The mesh, its memory counted by the ledger from here.
   memory::Tracker tracker;
   Mesh mesh(ctx.comm(), c.mesh);
-  GptModel model(mesh, c.model, c.recompute);
+  GptModel model(mesh, c.model, c.recompute, c.chunks);
   Trainer trainer(mesh, model, c, data);
   int first = 0;
   if (!s.load.empty()) first = load_checkpoint(s.load, mesh, model, trainer.adam());
@@ -116,7 +116,7 @@ void generate(Context& ctx, const Settings& s) {
   const TrainConfig& c = s.run;
   const Corpus data = Corpus::load(s.data, c.model.context);
   Mesh mesh(ctx.comm(), c.mesh);
-  GptModel model(mesh, c.model);
+  GptModel model(mesh, c.model, c.recompute, c.chunks);
   Trainer trainer(mesh, model, c, data);
   if (!s.load.empty()) load_checkpoint(s.load, mesh, model, nullptr);
   const std::string text =
@@ -153,7 +153,9 @@ int main(int argc, char** argv) {
   option("--lr", c.adam.lr, "Adam's learning rate", cli::between(1e-9, 10.0));
   option("--clip", c.clip, "max global gradient norm (0: no clipping)", cli::between(0, 1e9));
   option("--schedule", c.schedule, "pipeline schedule (chapter 04)",
-         CLI::IsMember({"gpipe", "1f1b", "zb1"}));
+         CLI::IsMember({"gpipe", "1f1b", "interleaved", "zb1"}));
+  option("--chunks", c.chunks, "model chunks per stage (interleaved; default 2 there)",
+         CLI::Range(1, 64));
   option("--recompute", s.recompute, "what the blocks recompute in the backward",
          CLI::IsMember({"none", "selective", "full"}));
   option("--zero", c.zero, "1: ZeRO-1 over dp (chapter 05)", CLI::Range(0, 1));
@@ -178,6 +180,7 @@ int main(int argc, char** argv) {
       "skip one device's training (nothing to compare with)");
 
   program.world_size([&](const Options&, int ranks) {
+    if (c.schedule == "interleaved" && !program.cli().count("--chunks")) c.chunks = 2;
     if (s.benchmark) return;  // every mesh shape of the ranks, in turn
     c.mesh = ch08::settle_mesh(s.dp, s.tp, s.pp, ranks);
     check_config(c);

@@ -40,6 +40,8 @@ Curve train_one_device(Communicator& self, TrainConfig c, int microbatches, cons
   c.mesh = {1, 1, 1};
   c.microbatches = microbatches;
   c.zero = 0;
+  c.schedule = "1f1b";
+  c.chunks = 1;
   Mesh mesh(self, c.mesh);
   GptModel model(mesh, c.model, c.recompute);
   Trainer trainer(mesh, model, c, data);
@@ -148,7 +150,11 @@ void report_memory(Context& ctx, const TrainConfig& c, Mesh& mesh, GptModel& mod
   const std::int64_t replica = shardlab::shard_range(c.batch, c.mesh.dp, at.dp).length;
   const std::int64_t tokens =
       shardlab::shard_range(replica, c.microbatches, 0).length * c.model.context;
-  const int in_flight = std::min(c.mesh.pp - at.pp, c.microbatches);
+  // How many microbatches' worth of this stage's blocks the schedule keeps at once (chapter
+  // 04's simulation: min(p - s, m) under 1F1B, a chunk counting 1/v).
+  const ch04::Schedule sched = ch04::make_schedule(c.schedule, c.mesh.pp, c.microbatches, c.chunks);
+  const double in_flight =
+      ch04::simulate(sched, ch04::Costs{}).peak_in_flight[static_cast<std::size_t>(at.pp)];
   const double blocks = 4.0 * block_activation_floats(c.model, c.mesh.tp, c.recompute) *
                         static_cast<double>(tokens) * (c.model.layers / c.mesh.pp) * in_flight;
   const auto every =
@@ -164,7 +170,7 @@ void report_memory(Context& ctx, const TrainConfig& c, Mesh& mesh, GptModel& mod
   ctx.report(mem, "memory_per_rank",
              "\nmemory per rank, bytes: the model states by chapter 05's formula over the rank's "
              "shard, and the ledger's; the activations of the stage's blocks for the microbatches "
-             "1F1B keeps in flight (4C + 12C/t + HT/t floats a token and block; selective "
+             "the schedule keeps in flight (4C + 12C/t + HT/t floats a token and block; selective "
              "recompute: 4C + 12C/t; full: C), and the ledger's peak (the logits, the "
              "messages, the loss's softmax and a block's recomputed activations besides)");
   ctx.verify(every[0] == every[1] && every[2] == every[3] && every[4] == every[5],
@@ -174,9 +180,9 @@ void report_memory(Context& ctx, const TrainConfig& c, Mesh& mesh, GptModel& mod
 void report_bubble(Context& ctx, const TrainConfig& c, Mesh& mesh,
                    const std::vector<ch04::Event>& mine) {
   const std::vector<ch04::Event> events = ch04::gather_events(mesh.pp(), mine);
-  const ch04::Schedule sched = ch04::make_schedule(c.schedule, c.mesh.pp, c.microbatches, 1);
+  const ch04::Schedule sched = ch04::make_schedule(c.schedule, c.mesh.pp, c.microbatches, c.chunks);
   const bool split = sched.split_backward();
-  const ch04::Timeline measured = ch04::timeline_of(events, c.mesh.pp, 1, split);
+  const ch04::Timeline measured = ch04::timeline_of(events, c.mesh.pp, c.chunks, split);
   const ch04::Timeline simulated = ch04::simulate(sched, ch04::measured_costs(events));
   const ch04::Formula formula =
       ch04::formula_for(sched, split ? ch04::Costs{1, 1, 1} : ch04::Costs{}, c.microbatches);
@@ -205,7 +211,7 @@ void run_benchmark(Context& ctx, const TrainConfig& base, const Corpus& data, in
       const std::string name =
           std::to_string(pp) + "x" + std::to_string(c.mesh.dp) + "x" + std::to_string(tp);
       Mesh mesh(ctx.comm(), c.mesh);
-      GptModel model(mesh, c.model, c.recompute);
+      GptModel model(mesh, c.model, c.recompute, c.chunks);
       Trainer trainer(mesh, model, c, data);
       std::vector<double> loss;
       auto start = std::chrono::steady_clock::now();

@@ -69,7 +69,7 @@ Run train(TrainConfig c, int first, int steps, const std::string& load = "",
       c.mesh.ranks(),
       [&](Communicator& world) {
         Mesh mesh(world, c.mesh);
-        GptModel model(mesh, c.model);
+        GptModel model(mesh, c.model, c.recompute, c.chunks);
         Trainer trainer(mesh, model, c, data);
         if (!load.empty()) CHECK(load_checkpoint(load, mesh, model, trainer.adam()) == first);
         Run mine;
@@ -119,6 +119,23 @@ TEST_CASE("every factorisation of 8 ranks trains like one device") {
     CHECK_MESSAGE(
         rel(got.validation, want.validation) < 1e-5,
         "the validation loss differs: " << got.validation << ", one device " << want.validation);
+  }
+}
+
+TEST_CASE("the interleaved schedule (2 chunks a stage) trains like one device") {
+  const Run want = one_device(small({1, 1, 1}), 3);
+  for (MeshShape m : {MeshShape{4, 2, 1}, MeshShape{2, 2, 2}}) {
+    TrainConfig c = small(m);
+    c.schedule = "interleaved";
+    c.chunks = 2;
+    c.microbatches = m.pp;
+    const Run got = train(c, 0, 3);
+    REQUIRE(got.loss.size() == 3);
+    for (std::size_t t = 0; t < 3; ++t)
+      CHECK_MESSAGE(rel(got.loss[t], want.loss[t]) < 1e-5,
+                    "pp " << m.pp << ", step " << t + 1 << ": " << got.loss[t] << ", one device "
+                          << want.loss[t]);
+    CHECK(rel(got.validation, want.validation) < 1e-5);
   }
 }
 

@@ -81,7 +81,12 @@ Tensor Corpus::ids(const std::vector<std::int64_t>& starts, int shift) const {
 }
 
 void check_config(const TrainConfig& c) {
-  check_shape(c.model, c.mesh);
+  check_shape(c.model, c.mesh, c.chunks);
+  require_usage(c.chunks == 1 || c.schedule == "interleaved",
+                "--chunks " + std::to_string(c.chunks) +
+                    ": only the interleaved schedule runs "
+                    "several chunks per stage");
+  ch04::require_shape(c.schedule, c.mesh.pp, c.microbatches, c.chunks, c.model.layers);
   require_usage(c.batch >= static_cast<std::int64_t>(c.mesh.dp) * c.microbatches,
                 "--batch " + std::to_string(c.batch) +
                     " must give every replica's microbatches a sequence: at least dp x m = " +
@@ -96,7 +101,7 @@ Trainer::Trainer(Mesh& mesh, GptModel& model, const TrainConfig& c, const Corpus
       model_(model),
       c_(c),
       data_(data),
-      schedule_(ch04::make_schedule(c.schedule, c.mesh.pp, c.microbatches, 1)),
+      schedule_(ch04::make_schedule(c.schedule, c.mesh.pp, c.microbatches, c.chunks)),
       pipeline_(mesh.pp()) {
   const Coords& at = mesh.coords();
   // The embedding group: the first and the last stage of each (dp, tp) pair share wte.
@@ -134,7 +139,7 @@ StepResult Trainer::step(int step) {
   const double tokens = static_cast<double>(c_.batch * T);
 
   ch04::Stage stage;
-  stage.chunks = {&model_.chunk()};
+  for (int c = 0; c < model_.chunks(); ++c) stage.chunks.push_back(&model_.chunk(c));
   stage.input = [&](int j) { return data_.ids(starts_of(j), 0); };
   stage.boundary = [&](int j, int) {
     return ch04::Boundary{{static_cast<std::int64_t>(starts_of(j).size()) * T, C}};
@@ -201,23 +206,22 @@ double Trainer::clip_gradients() {
 }
 
 Tensor Trainer::forward_only(const Tensor& ids) {
+  // Virtual stage k = c p + s runs on stage s as its chunk c; each passes its output to
+  // the next (on this stage itself when p = 1).
   Communicator& pp = mesh_.pp();
-  const int s = pp.rank(), p = pp.size();
+  const int s = pp.rank(), p = pp.size(), last = p * model_.chunks() - 1;
   const std::int64_t n = ids.size(), C = c_.model.channels;
   constexpr int kTag = 9000;  // apart from the pipeline runtime's own channels
-  Tensor x;
-  if (s == 0) {
-    x = ids;
-  } else {
-    x = Tensor(n, C);
-    pp.recv(x, s - 1, kTag);
+  Tensor x = ids;
+  for (int k = s; k <= last; k += p) {
+    if (k > 0 && p > 1) {
+      x = Tensor(n, C);
+      pp.recv(x, (k - 1) % p, kTag + k);
+    }
+    x = model_.chunk(k / p).forward(x).out;
+    if (k < last && p > 1) pp.send(x, (k + 1) % p, kTag + k + 1);
   }
-  Tensor out = model_.chunk().forward(x).out;
-  if (s < p - 1) {
-    pp.send(out, s + 1, kTag);
-    return Tensor();
-  }
-  return out;
+  return model_.last() ? x : Tensor();
 }
 
 double Trainer::evaluate(const std::vector<std::int64_t>& starts) {
@@ -346,10 +350,13 @@ ch08::AxisBytes formula_bytes(const TrainConfig& c, const Coords& at) {
     const std::int64_t n = shard_range(mine.length, c.microbatches, j).length * g.context;
     out.tp += static_cast<std::uint64_t>(per_microbatch) * allreduce(n * g.channels, at.tp, m.tp);
     if (last) out.tp += 3 * allreduce(n, at.tp, m.tp);
-    out.pp += static_cast<std::uint64_t>((!first + !last) * n * g.channels * 4);
+    for (int chunk = 0; chunk < c.chunks && m.pp > 1; ++chunk) {  // to other stages only
+      const int k = chunk * m.pp + at.pp, last_k = m.pp * c.chunks - 1;
+      out.pp += static_cast<std::uint64_t>(((k > 0) + (k < last_k)) * n * g.channels * 4);
+    }
   }
   std::int64_t params = 0;
-  for (const Piece& p : pieces_of(g, m, at)) params += p.size();
+  for (const Piece& p : pieces_of(g, m, at, c.chunks)) params += p.size();
   out.dp = allreduce(params, at.dp, m.dp);
   if (m.pp > 1 && (first || last))
     out.pp += allreduce(shard_range(g.vocab, m.tp, at.tp).length * g.channels, last, 2);

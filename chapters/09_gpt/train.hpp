@@ -68,7 +68,8 @@ struct TrainConfig {
   std::int64_t batch = 16;  // B sequences per step, all replicas together
   int microbatches = 2;     // m per replica
   std::string schedule = "1f1b";
-  int zero = 0;  // 0: GradSync + Adam; 1: ZeRO-1 over dp
+  int chunks = 1;  // v: model chunks per stage (the interleaved schedule)
+  int zero = 0;    // 0: GradSync + Adam; 1: ZeRO-1 over dp
   nn::AdamConfig adam{.lr = 3e-3f};
   float clip = 1.0f;  // max global gradient norm; 0: no clipping
   Recompute recompute = Recompute::none;

@@ -955,9 +955,10 @@ TEST_SUITE("nn") {
 }
 
 TEST_CASE("Checkpoint recomputes its layer's forward and gives the same gradients, bit for bit") {
-  // Wrong versions tried: a backward that reuses the forward's dropped state (empty
-  // tensors: "backward without a forward"); backward_weight without the recomputed
-  // state (the weights' gradients stay 0: "W's gradient differs").
+  // Wrong version tried: a forward that keeps its output instead of its input (the
+  // recomputation starts from the wrong tensor): "dL/dx differs", "W's gradient differs"
+  // (and in chapter 09, where the attention's output is narrower than its input, a shape
+  // error naming the op).
   for (bool split : {false, true}) {
     CAPTURE(split);
     ParameterStore plain_store, wrapped_store;
