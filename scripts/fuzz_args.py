@@ -73,6 +73,7 @@ CHAPTERS = {
         "--hidden": ["1", "64", "200", "0", "65537", "-1", "65536"],
         "--benchmark": None,
         "--recompute": ["none", "selective", "full", "some", ""],
+        "--trace": ["out/t.json", "/proc/t.json", "/dev/full", ""],
     },
     "ch03": {
         "--algo": ["naive", "ring", "pipelined", "recursive_doubling", "native", "all", "carrier-pigeon"],
@@ -108,6 +109,7 @@ CHAPTERS = {
         "--trace": ["out/trace.json", "/dev/full/trace.json", "", "a-file", "/proc/trace.json"],
         "--benchmark": None,
         "--recompute": ["none", "selective", "full", "some", ""],
+        "--trace": ["out/t.json", "/proc/t.json", "/dev/full", ""],
     },
     "ch05": {
         "--params": ["7.5B", "1e9", "350M", "1", "0", "-1", "nan", "inf", "1e17", "7.5X", "", "abc"],
@@ -124,6 +126,7 @@ CHAPTERS = {
         "--batch": ["1", "7", "64", "0", "1048577", "1048576"],
         "--benchmark": None,
         "--recompute": ["none", "selective", "full", "some", ""],
+        "--trace": ["out/t.json", "/proc/t.json", "/dev/full", ""],
     },
     "ch06": {
         "--to-half": ["1e-8", "65504", "65520", "0.1", "-0", "inf", "nan", "abc", "1e-8x", ""],
@@ -187,6 +190,7 @@ CHAPTERS = {
         "--gpus-per-node": ["8", "1", "4", "16", "0", "1048577", "x"],
         "--zero": ["0", "1", "2", "3", "4", "-1", "x"],
         "--recompute": ["none", "selective", "full", "some", ""],
+        "--trace": ["out/t.json", "/proc/t.json", "/dev/full", ""],
     },
     "ch09": {
         "--dp": ["0", "1", "2", "4", "3", "-1", "1048577", "x"],
@@ -215,6 +219,7 @@ CHAPTERS = {
         "--no-reference": None,
         "--benchmark": None,
         "--recompute": ["none", "selective", "full", "some", ""],
+        "--trace": ["out/t.json", "/proc/t.json", "/dev/full", ""],
     },
 }
 

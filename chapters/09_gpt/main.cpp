@@ -25,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint.hpp"
+#include "profile.hpp"
 #include "report.hpp"
 #include "shardlab/cli.hpp"
 #include "shardlab/launch.hpp"
@@ -41,7 +42,7 @@ struct Settings {
   int steps = 200, log_every = 20, sample = 0, top_k = 0;
   float temperature = 0;
   bool reference = true, benchmark = false;
-  std::string data = SHARDLAB_GPT_CORPUS, save, load, prompt, recompute = "none";
+  std::string data = SHARDLAB_GPT_CORPUS, save, load, prompt, recompute = "none", trace;
 };
 
 void train(Context& ctx, const Settings& s) {
@@ -68,7 +69,9 @@ void train(Context& ctx, const Settings& s) {
   std::vector<double> losses;
   const auto start = std::chrono::steady_clock::now();
   StepResult last;
+  Profile profile;
   for (int t = first; t < first + s.steps; ++t) {
+    if (t == first + s.steps - 1) trainer.profile_next_step(&profile);  // the last step's
     last = trainer.step(t);
     losses.push_back(last.loss);
     const auto i = static_cast<std::size_t>(t - first);
@@ -101,6 +104,8 @@ void train(Context& ctx, const Settings& s) {
   report_bytes(ctx, c, last);
   report_memory(ctx, c, mesh, model, tracker.usage());
   report_bubble(ctx, c, mesh, last.events);
+  report_profile(ctx, c.mesh, profile);
+  if (!s.trace.empty()) write_profile_trace(ctx, c.mesh, profile, s.trace);
 
   const double tokens = static_cast<double>(c.batch * c.model.context) * s.steps;
   ctx.json()["tokens_per_second"] = tokens / seconds;
@@ -162,6 +167,8 @@ int main(int argc, char** argv) {
   option("--log-every", s.log_every, "a row of the loss curve every N steps",
          CLI::Range(1, 100000));
   option("--data", s.data, "the text to learn (default: the chapters' READMEs)", CLI::Validator());
+  option("--trace", s.trace, "write a Chrome trace of the last step, every rank, here",
+         CLI::Validator());
   option("--save", s.save, "write a checkpoint (Hugging Face's GPT-2 layout) here",
          CLI::Validator());
   option("--load", s.load, "start from this checkpoint", CLI::Validator());

@@ -21,6 +21,7 @@
 #include <fstream>
 
 #include "checkpoint.hpp"
+#include "profile.hpp"
 #include "shardlab/testing.hpp"
 #include "train.hpp"
 
@@ -240,6 +241,35 @@ TEST_CASE("a save that fails on one rank leaves the last checkpoint as it was") 
   CHECK(text.find("\"step\": 1") != std::string::npos);
   CHECK_FALSE(fs::exists(dir + ".partial"));
   fs::remove_all(dir);
+}
+
+TEST_CASE("a step's profile accounts for the whole step, on every axis") {
+  const Corpus data = Corpus::load(text_file(), 8);
+  const TrainConfig c = small({2, 2, 2});
+  on_ranks(8, [&](Communicator& world) {
+    Mesh mesh(world, c.mesh);
+    GptModel model(mesh, c.model);
+    Trainer trainer(mesh, model, c, data);
+    trainer.step(0);
+    Profile p;
+    trainer.profile_next_step(&p);
+    trainer.step(1);
+    REQUIRE(p.step > 0);
+    int passes = 0;
+    for (const Span& s : p.spans) {
+      CHECK(s.start >= 0);
+      CHECK(s.end <= p.step + 1e-9);
+      CHECK(s.start <= s.end);
+      passes += s.axis == "compute" && s.name != "loss";
+    }
+    CHECK(passes == 3 * c.microbatches);  // F, B and W of each microbatch
+    CHECK(p.tp() > 0);
+    CHECK(p.dp() > 0);
+    CHECK(p.pp() > 0);  // the embedding group: first and last stage
+    CHECK(std::abs(p.compute() + p.tp() + p.dp() + p.pp() + p.wait() - p.step) < 1e-6 * 8);
+    trainer.step(2);  // profiled once only
+    CHECK(p.spans.size() > 0);
+  });
 }
 
 TEST_CASE("c_attn's columns go from each head's q, k, v side by side to GPT-2's [q | k | v]") {

@@ -39,6 +39,8 @@ class GradSync;
 
 namespace ch09 {
 
+struct Profile;  // profile.hpp
+
 /// The text the model learns: bytes, the first 90 % for training, the rest for validation.
 class Corpus {
  public:
@@ -98,6 +100,8 @@ class Trainer {
   /// The mean loss over `starts`' sequences, forward only (each replica its share of
   /// them, the stages passing activations on). Every rank calls it; every rank gets it.
   double evaluate(const std::vector<std::int64_t>& starts);
+  /// The next step() records where this rank's time went into `out` (profile.hpp).
+  void profile_next_step(Profile* out) { profile_ = out; }
   /// Adam's state (nullptr under ZeRO-1): what a checkpoint saves and restores.
   nn::Adam* adam() { return adam_.get(); }
 
@@ -117,6 +121,7 @@ class Trainer {
   std::unique_ptr<ch02::GradSync> sync_;
   std::unique_ptr<nn::Adam> adam_;
   std::unique_ptr<ch05::ZeroOptimizer> zero_;
+  Profile* profile_ = nullptr;
 
   friend std::string sample(Trainer&, const std::string&, int, float, int, std::uint64_t);
 };

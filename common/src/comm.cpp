@@ -281,8 +281,16 @@ void Communicator::sendrecv(ConstBuffer out, int dest, MutableBuffer in, int sou
 
 void Communicator::wait(Request& request) {
   if (!request.pending()) return;
+  const auto start = std::chrono::steady_clock::now();
   wait_impl(*request.impl());
   request.reset();
+  if (call_hook_) call_hook_(Op::count_, start, std::chrono::steady_clock::now());
+}
+
+void Communicator::collective(const Collective& c) {
+  const auto start = std::chrono::steady_clock::now();
+  run_collective(c);
+  if (call_hook_) call_hook_(c.op, start, std::chrono::steady_clock::now());
 }
 
 void Communicator::wait_all(std::span<Request> requests) {
@@ -316,8 +324,8 @@ Communicator::Collective call(Op op, const void* in, void* out, DType type,
 }  // namespace
 
 void Communicator::allreduce(MutableBuffer buf, ReduceOp op) {
-  run_collective(prepare(call(Op::allreduce, buf.data, buf.data, buf.type, op), buf.count,
-                         buf.count, buf.memory, buf.memory, buf.type));
+  collective(prepare(call(Op::allreduce, buf.data, buf.data, buf.type, op), buf.count, buf.count,
+                     buf.memory, buf.memory, buf.type));
 }
 
 Request Communicator::iallreduce(MutableBuffer buf, ReduceOp op) {
@@ -326,18 +334,18 @@ Request Communicator::iallreduce(MutableBuffer buf, ReduceOp op) {
 }
 
 void Communicator::reduce(MutableBuffer buf, ReduceOp op, int root) {
-  run_collective(prepare(call(Op::reduce, buf.data, buf.data, buf.type, op, root), buf.count,
-                         buf.count, buf.memory, buf.memory, buf.type));
+  collective(prepare(call(Op::reduce, buf.data, buf.data, buf.type, op, root), buf.count, buf.count,
+                     buf.memory, buf.memory, buf.type));
 }
 
 void Communicator::broadcast(MutableBuffer buf, int root) {
-  run_collective(prepare(call(Op::broadcast, buf.data, buf.data, buf.type, ReduceOp::sum, root),
-                         buf.count, buf.count, buf.memory, buf.memory, buf.type));
+  collective(prepare(call(Op::broadcast, buf.data, buf.data, buf.type, ReduceOp::sum, root),
+                     buf.count, buf.count, buf.memory, buf.memory, buf.type));
 }
 
 void Communicator::reduce_scatter(ConstBuffer in, MutableBuffer out, ReduceOp op) {
-  run_collective(prepare(call(Op::reduce_scatter, in.data, out.data, out.type, op), in.count,
-                         out.count, in.memory, out.memory, in.type));
+  collective(prepare(call(Op::reduce_scatter, in.data, out.data, out.type, op), in.count, out.count,
+                     in.memory, out.memory, in.type));
 }
 
 Request Communicator::ireduce_scatter(ConstBuffer in, MutableBuffer out, ReduceOp op) {
@@ -359,7 +367,7 @@ void Communicator::allgatherv(ConstBuffer in, MutableBuffer out,
                               std::span<const std::size_t> counts) {
   Collective c = call(Op::allgather, in.data, out.data, out.type);
   c.counts.assign(counts.begin(), counts.end());
-  run_collective(prepare(std::move(c), in.count, out.count, in.memory, out.memory, in.type));
+  collective(prepare(std::move(c), in.count, out.count, in.memory, out.memory, in.type));
 }
 
 Request Communicator::iallgatherv(ConstBuffer in, MutableBuffer out,
@@ -374,12 +382,12 @@ void Communicator::gatherv(ConstBuffer in, MutableBuffer out, std::span<const st
                            int root) {
   Collective c = call(Op::gather, in.data, out.data, out.type, ReduceOp::sum, root);
   c.counts.assign(counts.begin(), counts.end());
-  run_collective(prepare(std::move(c), in.count, out.count, in.memory, out.memory, in.type));
+  collective(prepare(std::move(c), in.count, out.count, in.memory, out.memory, in.type));
 }
 
 void Communicator::alltoall(ConstBuffer in, MutableBuffer out) {
-  run_collective(prepare(call(Op::alltoall, in.data, out.data, out.type), in.count, out.count,
-                         in.memory, out.memory, in.type));
+  collective(prepare(call(Op::alltoall, in.data, out.data, out.type), in.count, out.count,
+                     in.memory, out.memory, in.type));
 }
 
 void Communicator::alltoallv(ConstBuffer in, std::span<const std::size_t> send_counts,
@@ -388,12 +396,12 @@ void Communicator::alltoallv(ConstBuffer in, std::span<const std::size_t> send_c
   c.counts.assign(send_counts.begin(), send_counts.end());
   c.recv_counts.assign(recv_counts.begin(), recv_counts.end());
   c.vector = true;
-  run_collective(prepare(std::move(c), in.count, out.count, in.memory, out.memory, in.type));
+  collective(prepare(std::move(c), in.count, out.count, in.memory, out.memory, in.type));
 }
 
 void Communicator::barrier() {
   if (counting_) ++stats_[Op::barrier].calls;
-  run_collective(call(Op::barrier, nullptr, nullptr, DType::u8));
+  collective(call(Op::barrier, nullptr, nullptr, DType::u8));
 }
 
 std::unique_ptr<Communicator> Communicator::split(int color, int key) {

@@ -362,6 +362,14 @@ class Communicator {
   /// An empty function stops tracing.
   void trace_messages(std::function<void(const MessageEvent&)> hook) { trace_ = std::move(hook); }
 
+  /// Calls `hook(op, start, end)` when each blocking call on this communicator returns (a
+  /// blocking collective, as `op`; a wait for a request, as Op::count_; send and recv are
+  /// a post and a wait), with the steady clock's times: where a rank spent its time
+  /// communicating, for a trace (chapter 09's --trace). An empty function stops it.
+  using CallHook = std::function<void(Op, std::chrono::steady_clock::time_point,
+                                      std::chrono::steady_clock::time_point)>;
+  void time_calls(CallHook hook) { call_hook_ = std::move(hook); }
+
   // -- bookkeeping (uncounted) ---------------------------------------------------
   /// Gathers one string from every rank to `root`; the result has size() entries on root
   /// and is empty elsewhere.
@@ -481,6 +489,9 @@ class Communicator {
   bool checking_ = true;
   std::optional<std::chrono::steady_clock::time_point> wait_all_deadline_;
   std::function<void(const MessageEvent&)> trace_;
+  CallHook call_hook_;
+  /// run_collective, timed for call_hook_ when one is set.
+  void collective(const Collective& c);
 };
 
 // ---------------------------------------------------------------------------

@@ -1,0 +1,115 @@
+// Chapter 09's profile of one training step (profile.hpp).
+#include "profile.hpp"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "shardlab/format.hpp"
+#include "timeline.hpp"
+
+namespace ch09 {
+
+using shardlab::Context;
+using shardlab::Table;
+
+namespace {
+
+double total(const std::vector<Span>& spans, const std::string& axis) {
+  double sum = 0;
+  for (const Span& s : spans)
+    if (s.axis == axis) sum += s.end - s.start;
+  return sum;
+}
+
+/// The spans that do not nest in another (compute, dp, pp), in time order.
+std::vector<Span> outer(const std::vector<Span>& spans) {
+  std::vector<Span> out;
+  for (const Span& s : spans)
+    if (s.axis != "tp") out.push_back(s);
+  std::sort(out.begin(), out.end(), [](const Span& a, const Span& b) { return a.start < b.start; });
+  return out;
+}
+
+}  // namespace
+
+double Profile::tp() const { return total(spans, "tp"); }
+double Profile::dp() const { return total(spans, "dp"); }
+double Profile::pp() const { return total(spans, "pp"); }
+double Profile::compute() const { return total(spans, "compute") - tp(); }
+double Profile::wait() const { return std::max(0.0, step - total(spans, "compute") - dp() - pp()); }
+
+void write_profile_trace(Context& ctx, const MeshShape& mesh, const Profile& mine,
+                         const std::string& path) {
+  const int r = ctx.rank();
+  nlohmann::json events = nlohmann::json::array();
+  auto add = [&](const std::string& name, const std::string& axis, double start, double end) {
+    events.push_back({{"name", name},
+                      {"cat", axis},
+                      {"ph", "X"},
+                      {"pid", 0},
+                      {"tid", r},
+                      {"ts", start * 1e6},
+                      {"dur", (end - start) * 1e6}});
+  };
+  double at = 0;  // the gaps between the outer spans are waits
+  for (const Span& s : outer(mine.spans)) {
+    if (s.start > at) add("wait", "wait", at, s.start);
+    at = std::max(at, s.end);
+  }
+  if (mine.step > at) add("wait", "wait", at, mine.step);
+  for (const Span& s : mine.spans) add(s.name, s.axis, s.start, s.end);
+  const Coords q = ch08::coords_of(mesh, r);
+  events.push_back(
+      {{"name", "thread_name"},
+       {"ph", "M"},
+       {"pid", 0},
+       {"tid", r},
+       {"args",
+        {{"name", "rank " + std::to_string(r) + " (pp " + std::to_string(q.pp) + ", dp " +
+                      std::to_string(q.dp) + ", tp " + std::to_string(q.tp) + ")"}}}});
+  const std::vector<std::string> all = ctx.comm().gather_strings(events.dump());
+  if (r != 0) return;
+  nlohmann::json trace = nlohmann::json::array();
+  for (const std::string& text : all)
+    for (auto& e : nlohmann::json::parse(text)) trace.push_back(std::move(e));
+  ch04::write_trace(path, trace);
+  ctx.say("wrote " + path + " (open it in ui.perfetto.dev or chrome://tracing)");
+}
+
+void report_profile(Context& ctx, const MeshShape& mesh, const Profile& mine) {
+  std::vector<std::vector<double>> every;
+  for (double v : {mine.step, mine.compute(), mine.tp(), mine.dp(), mine.pp(), mine.wait()})
+    every.push_back(ctx.comm().gather_values(v));
+  Table t(
+      {"rank", "pp", "dp", "tp", "step_ms", "compute", "tp_comm", "dp_comm", "pp_comm", "wait"});
+  double worst_busy = 1;
+  int idlest = 0;
+  double most[3] = {0, 0, 0};  // tp, dp, pp: the largest share of any rank
+  for (int r = 0; r < ctx.size(); ++r) {
+    const auto i = static_cast<std::size_t>(r);
+    const double step = every[0][i];
+    const Coords q = ch08::coords_of(mesh, r);
+    auto share = [&](int k) { return step > 0 ? every[static_cast<std::size_t>(k)][i] / step : 0; };
+    t.add({r, q.pp, q.dp, q.tp, 1e3 * step, share(1), share(2), share(3), share(4), share(5)});
+    for (int k = 0; k < 3; ++k) most[k] = std::max(most[k], share(k + 2));
+    if (share(1) < worst_busy) worst_busy = share(1), idlest = r;
+  }
+  ctx.report(t, "profile",
+             "\nthe last step, rank by rank: the shares of its time spent computing, in each "
+             "axis' communication, and waiting (for a neighbour stage, or for the others)");
+  const char* axes[3] = {"tp", "dp", "pp"};
+  std::string diagnosis;
+  for (int k = 0; k < 3; ++k)
+    if (most[k] > 0.3)
+      diagnosis += "\n  " + std::string(axes[k]) + " communication takes " +
+                   shardlab::format_number(100 * most[k], 3) +
+                   " % of a rank's step (over 30 %): look at the " + axes[k] + " allreduces";
+  if (worst_busy < 0.7)
+    diagnosis += "\n  rank " + std::to_string(idlest) + " computes " +
+                 shardlab::format_number(100 * worst_busy, 3) +
+                 " % of its step (under 70 %): more microbatches, or another schedule";
+  ctx.say("the profile's diagnosis (CS336 notes §6.1):" +
+          (diagnosis.empty() ? std::string("\n  nothing over 30 % or under 70 %") : diagnosis));
+}
+
+}  // namespace ch09

@@ -1,0 +1,50 @@
+// Chapter 09's profile of one training step, rank by rank (the CS336 notes' §6.1, "性能瓶颈
+// 诊断", with PyTorch's profiler; here the program measures itself):
+//   compute  each forward (F), input-gradient (B) and weight-gradient (W) pass of the
+//            stage's chunks, and the loss (the head and the cross-entropy), as the
+//            pipeline runs them; the tp allreduces inside them are their own spans
+//   tp, dp   every blocking call on the mesh's tp and dp communicators (the embedding
+//            group's allreduce of wte's gradient counts as pp)
+//   wait     the rest of the step: waiting for a neighbour's activations or gradients
+//            (the pipeline's bubble and its messages), or for the others to arrive
+// The diagnosis applies the notes' two rules of thumb: communication above 30 % of the
+// step ("检查AllReduce效率": look at that axis's allreduces), a device busy under 70 %
+// ("增大batch size或优化流水线": more microbatches, or another schedule).
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "shardlab/launch.hpp"
+#include "train.hpp"
+
+namespace ch09 {
+
+/// One interval of a rank's step, in seconds from the step's start (the earliest rank's).
+struct Span {
+  std::string name;  // "F", "B", "W", "loss", "tp allreduce", "dp wait", ...
+  std::string axis;  // "compute", "tp", "dp", "pp"
+  double start = 0, end = 0;
+};
+
+/// What a rank's step was made of.
+struct Profile {
+  std::vector<Span> spans;  // in the order they ended
+  double step = 0;          // seconds, from the common start to this rank's end
+  /// Seconds per share: compute (less the tp calls inside it), tp, dp, pp (the embedding
+  /// group), wait (the rest).
+  double compute() const, tp() const, dp() const, pp() const, wait() const;
+};
+
+/// Chrome trace events (chrome://tracing, ui.perfetto.dev) of every rank's profile, one
+/// thread per rank, its waits drawn as spans of their own; written to `path` atomically
+/// by rank 0. Every rank calls it.
+void write_profile_trace(shardlab::Context& ctx, const MeshShape& mesh, const Profile& mine,
+                         const std::string& path);
+
+/// The table of every rank's shares of the step, and the diagnosis under it. Every rank
+/// calls it.
+void report_profile(shardlab::Context& ctx, const MeshShape& mesh, const Profile& mine);
+
+}  // namespace ch09
