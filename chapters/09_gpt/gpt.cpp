@@ -207,13 +207,6 @@ std::vector<Piece> pieces_of(const GptShape& s, const MeshShape& mesh, const Coo
   return out;
 }
 
-Recompute parse_recompute(const std::string& name) {
-  if (name == "none") return Recompute::none;
-  if (name == "selective") return Recompute::selective;
-  require_usage(name == "full", "--recompute " + name + ": none, selective or full");
-  return Recompute::full;
-}
-
 GptModel::GptModel(Mesh& mesh, const GptShape& shape, Recompute recompute, int chunks,
                    Memory memory)
     : shape_(shape),

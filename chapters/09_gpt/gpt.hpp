@@ -27,6 +27,7 @@
 
 #include "mesh.hpp"
 #include "parallel.hpp"
+#include "planner.hpp"
 #include "shardlab/memory.hpp"
 
 namespace ch09 {
@@ -85,13 +86,12 @@ class TiedHead final : public nn::Layer {
   nn::Parameter* weight_;
 };
 
-/// What the blocks keep for their backward (Korthikanti et al. 2022, §4 and §5): none:
-/// every activation; selective: not the attention's softmax region (its H T/t weights a
-/// token: the largest part at long contexts), recomputed in the backward from q, k, v;
-/// full: only each block's input, the whole block recomputed (Megatron-LM's "full").
-enum class Recompute { none, selective, full };
-/// "none", "selective", "full" -> Recompute; UsageError for any other name.
-Recompute parse_recompute(const std::string& name);
+/// What the blocks keep for their backward: chapter 08's planner's Recompute (Korthikanti
+/// et al. 2022, §4 and §5). none: every activation; selective: not the attention's softmax
+/// region (its H T/t weights a token, the largest part at long contexts), recomputed in
+/// the backward from q, k and v; full: only each block's input, the whole block
+/// recomputed (Megatron-LM's "full").
+using ch08::Recompute;
 
 /// How a rank's parameter is cut from the whole model's tensor.
 enum class Cut { whole, rows, columns };

@@ -103,7 +103,8 @@ void train(Context& ctx, const Settings& s) {
   // waited: each next to its prediction (report.hpp).
   report_bytes(ctx, c, last);
   report_memory(ctx, c, mesh, model, tracker.usage());
-  report_bubble(ctx, c, mesh, last.events);
+  const double bubble = report_bubble(ctx, c, mesh, last.events);
+  report_planner(ctx, c, last, tracker.usage(), bubble);
   report_profile(ctx, c.mesh, profile);
   if (!s.trace.empty()) write_profile_trace(ctx, c.mesh, profile, s.trace);
 
@@ -194,7 +195,7 @@ int main(int argc, char** argv) {
   });
   program.validate([&](const Options& o) {
     c.model.seed = o.seed;
-    c.recompute = parse_recompute(s.recompute);
+    c.recompute = ch08::parse_recompute(s.recompute);
     if (s.sample) s.reference = false;
     if (s.benchmark && !program.cli().count("--steps")) s.steps = 6;
     require_usage(!(s.benchmark && (s.sample || !s.save.empty() || !s.load.empty())),

@@ -177,8 +177,8 @@ void report_memory(Context& ctx, const TrainConfig& c, Mesh& mesh, GptModel& mod
              "a rank's model states differ from the formula (memory_per_rank)");
 }
 
-void report_bubble(Context& ctx, const TrainConfig& c, Mesh& mesh,
-                   const std::vector<ch04::Event>& mine) {
+double report_bubble(Context& ctx, const TrainConfig& c, Mesh& mesh,
+                     const std::vector<ch04::Event>& mine) {
   const std::vector<ch04::Event> events = ch04::gather_events(mesh.pp(), mine);
   const ch04::Schedule sched = ch04::make_schedule(c.schedule, c.mesh.pp, c.microbatches, c.chunks);
   const bool split = sched.split_backward();
@@ -192,6 +192,49 @@ void report_bubble(Context& ctx, const TrainConfig& c, Mesh& mesh,
   ctx.report(bubble, "bubble",
              "\nthe last step's pipeline bubble (idle / busy time): measured, chapter 04's "
              "simulation with the measured op times, the formula at t_b = 2 t_f");
+  return measured.bubble_over_ideal();
+}
+
+void report_planner(Context& ctx, const TrainConfig& c, const StepResult& last,
+                    const memory::Usage& used, double measured_bubble) {
+  const GptShape& g = c.model;
+  ch08::ModelSpec model;
+  model.name = "this GPT";
+  model.layers = g.layers;
+  model.hidden = static_cast<int>(g.channels);
+  model.heads = static_cast<int>(g.heads);
+  model.seq = static_cast<int>(g.context);
+  model.vocab = static_cast<int>(g.vocab);
+  const ch08::Layout layout{.dp = c.mesh.dp,
+                            .tp = c.mesh.tp,
+                            .pp = c.mesh.pp,
+                            .microbatches = c.microbatches,
+                            .microbatch_size = static_cast<int>(
+                                std::max<std::int64_t>(1, c.batch / (c.mesh.dp * c.microbatches))),
+                            .zero = c.zero,
+                            .recompute = c.recompute};
+  const ch08::MemoryEstimate mem = ch08::memory_per_gpu(model, layout, ch05::Precision::fp32);
+  const ch08::StepEstimate step = ch08::step_time(model, *ch08::find_cluster("a100-80gb"), layout);
+  using memory::Category;
+  Table t({"what", "planner", "measured", "measured_over_planner"});
+  auto row = [&](const std::string& what, double planned, double measured) {
+    t.add({what, planned, measured, planned > 0 ? measured / planned : NAN});
+  };
+  row("params bytes", mem.params, static_cast<double>(used.live(Category::params)));
+  row("grads bytes", mem.grads, static_cast<double>(used.live(Category::grads)));
+  row("optimizer bytes", mem.optimizer,
+      static_cast<double>(used.live(Category::optimizer) + used.live(Category::master)));
+  row("activation bytes (x2: fp32)", 2 * mem.activations,
+      static_cast<double>(used.peak(Category::activations)));
+  row("tp bytes sent (x2: fp32)", 2 * step.tp.bytes, static_cast<double>(last.bytes.tp));
+  row("dp bytes sent (x2: fp32)", 2 * step.dp.bytes, static_cast<double>(last.bytes.dp));
+  row("pp bytes sent (x2: fp32)", 2 * step.pp.bytes, static_cast<double>(last.bytes.pp));
+  row("bubble (idle / busy)", step.bubble_fraction, measured_bubble);
+  ctx.report(t, "planner",
+             "\nchapter 08's planner on this model and mesh, for rank 0 (the first stage), next to "
+             "what it measured: the planner counts 16-bit activations with dropout masks and "
+             "only the blocks' allreduces (not the embedding's, the head's, the loss's, nor "
+             "wte's between the first and last stage), and its bubble is (p-1)/m");
 }
 
 void run_benchmark(Context& ctx, const TrainConfig& base, const Corpus& data, int steps) {

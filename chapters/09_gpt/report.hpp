@@ -72,8 +72,18 @@ void report_memory(shardlab::Context& ctx, const TrainConfig& c, Mesh& mesh, Gpt
 
 /// The last step's bubble (idle over busy time), measured on the stages of replica 0's
 /// tp rank 0, next to chapter 04's simulation with the measured op times and its formula.
-void report_bubble(shardlab::Context& ctx, const TrainConfig& c, Mesh& mesh,
-                   const std::vector<ch04::Event>& mine);
+/// Returns the measured bubble (over the ideal).
+double report_bubble(shardlab::Context& ctx, const TrainConfig& c, Mesh& mesh,
+                     const std::vector<ch04::Event>& mine);
+
+/// Chapter 08's planner applied to this model and mesh (planner.hpp: Narayanan et al.'s
+/// and Korthikanti et al.'s formulas, as it plans GPT-3), next to what rank 0 (the first
+/// stage) measured: its model states, activations, bytes per axis, and the bubble. The
+/// planner speaks of 16-bit training; its activation and wire bytes are doubled here for
+/// this fp32 run, and it counts neither the embedding's, head's and loss's allreduces nor
+/// the embedding group's, which the table's heading says.
+void report_planner(shardlab::Context& ctx, const TrainConfig& c, const StepResult& last,
+                    const shardlab::memory::Usage& used, double measured_bubble);
 
 /// --benchmark: every mesh shape of the ranks that can run `c`'s model, `steps` steps each
 /// (the first not timed), one after another: tokens per second and the loss curve, as
