@@ -196,6 +196,18 @@ StageRun Pipeline::run(const Schedule& s, const Stage& stage, const Hooks& hooks
   return run;
 }
 
+shardlab::Table bubble_table(const Schedule& s, const std::vector<Event>& events) {
+  const bool split = s.split_backward();
+  const Timeline measured = timeline_of(events, s.stages, s.chunks, split);
+  const Timeline simulated = simulate(s, measured_costs(events));
+  const Formula formula = formula_for(s, split ? Costs{1, 1, 1} : Costs{}, s.microbatches);
+  shardlab::Table t(
+      {"schedule", "measured_bubble_over_ideal", "simulated", "formula", "formula_text"});
+  t.add({s.name, measured.bubble_over_ideal(), simulated.bubble_over_ideal(), formula.over_ideal,
+         formula.text});
+  return t;
+}
+
 Timed time_schedule(Pipeline& pipeline, const Schedule& s, const Stage& stage,
                     const std::function<void()>& reset, int rounds) {
   reset();

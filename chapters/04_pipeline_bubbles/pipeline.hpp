@@ -30,6 +30,7 @@
 #include "schedule.hpp"
 #include "shardlab/comm.hpp"
 #include "shardlab/nn.hpp"
+#include "shardlab/results.hpp"
 #include "shardlab/tensor.hpp"
 #include "simulate.hpp"
 
@@ -131,6 +132,13 @@ struct Timed {
 };
 Timed time_schedule(Pipeline& pipeline, const Schedule& s, const Stage& stage,
                     const std::function<void()>& reset, int rounds = 3);
+
+/// A run's bubble (idle over busy time, from every stage's `events` of schedule `s`) next
+/// to this chapter's simulation of `s` fed the measured op times, and the schedule's
+/// formula at t_b = 2 t_f (t_f = t_b = t_w when the backward is split): one row, columns
+/// schedule, measured_bubble_over_ideal, simulated, formula, formula_text. For trainers
+/// that run the pipeline (chapters 08 and 09).
+shardlab::Table bubble_table(const Schedule& s, const std::vector<Event>& events);
 
 /// Every op's time measured on the ranks, as the costs of a simulation: each op takes
 /// exactly as long as it took. What the simulation then leaves out is what happened

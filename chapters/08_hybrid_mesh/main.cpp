@@ -119,18 +119,11 @@ void train(Context& ctx, const Settings& s) {
              "a rank sent other than its axis' formula (tp, dp or pp above)");
 
   // 5. The bubble of the last step, next to chapter 04's simulation of the same schedule.
-  const ch04::Schedule sched = ch04::make_schedule(c.schedule, c.mesh.pp, c.microbatches, 1);
-  const bool split = sched.split_backward();
-  const ch04::Timeline measured = ch04::timeline_of(run.events, c.mesh.pp, 1, split);
-  const ch04::Timeline simulated = ch04::simulate(sched, ch04::measured_costs(run.events));
-  const ch04::Costs costs = split ? ch04::Costs{1, 1, 1} : ch04::Costs{};
-  const ch04::Formula formula = ch04::formula_for(sched, costs, c.microbatches);
-  Table bubble({"schedule", "measured_bubble_over_ideal", "simulated", "formula", "formula_text"});
-  bubble.add({c.schedule, measured.bubble_over_ideal(), simulated.bubble_over_ideal(),
-              formula.over_ideal, formula.text});
-  ctx.report(bubble, "bubble",
-             "\nthe pipeline's bubble (idle / busy time): measured, chapter 04's simulation "
-             "with the measured op times, the formula at t_b = 2 t_f");
+  ctx.report(
+      ch04::bubble_table(ch04::make_schedule(c.schedule, c.mesh.pp, c.microbatches, 1), run.events),
+      "bubble",
+      "\nthe pipeline's bubble (idle / busy time): measured, chapter 04's simulation "
+      "with the measured op times, the formula at t_b = 2 t_f");
 
   // 6. Memory per rank: the model states chapter 05's formula predicts, and the ledger's.
   const ch05::ZeroConfig zc{.stage = c.zero, .adam = c.adam, .sgd = c.sgd};

@@ -179,20 +179,13 @@ void report_memory(Context& ctx, const TrainConfig& c, Mesh& mesh, GptModel& mod
 
 double report_bubble(Context& ctx, const TrainConfig& c, Mesh& mesh,
                      const std::vector<ch04::Event>& mine) {
-  const std::vector<ch04::Event> events = ch04::gather_events(mesh.pp(), mine);
-  const ch04::Schedule sched = ch04::make_schedule(c.schedule, c.mesh.pp, c.microbatches, c.chunks);
-  const bool split = sched.split_backward();
-  const ch04::Timeline measured = ch04::timeline_of(events, c.mesh.pp, c.chunks, split);
-  const ch04::Timeline simulated = ch04::simulate(sched, ch04::measured_costs(events));
-  const ch04::Formula formula =
-      ch04::formula_for(sched, split ? ch04::Costs{1, 1, 1} : ch04::Costs{}, c.microbatches);
-  Table bubble({"schedule", "measured_bubble_over_ideal", "simulated", "formula", "formula_text"});
-  bubble.add({c.schedule, measured.bubble_over_ideal(), simulated.bubble_over_ideal(),
-              formula.over_ideal, formula.text});
+  const Table bubble =
+      ch04::bubble_table(ch04::make_schedule(c.schedule, c.mesh.pp, c.microbatches, c.chunks),
+                         ch04::gather_events(mesh.pp(), mine));
   ctx.report(bubble, "bubble",
              "\nthe last step's pipeline bubble (idle / busy time): measured, chapter 04's "
              "simulation with the measured op times, the formula at t_b = 2 t_f");
-  return measured.bubble_over_ideal();
+  return bubble.at(0, 1).number();
 }
 
 void report_planner(Context& ctx, const TrainConfig& c, const StepResult& last,
