@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from transformers import GPT2Config, GPT2LMHeadModel
 
 BATCH, CONTEXT, VOCAB = 16, 64, 256
-CORPUS = Path(__file__).resolve().parents[2] / "build/default/data/ch09_corpus.txt"
+CORPUS = Path(__file__).resolve().parent / "text" / "chapters.txt"  # ch09_gpt's --data
 
 
 def main():
