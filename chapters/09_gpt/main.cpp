@@ -22,6 +22,7 @@
 // and the validation loss too; the loss falls from ln 256 = 5.55 to about 2.
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint.hpp"
@@ -75,10 +76,13 @@ void train(Context& ctx, const Settings& s) {
     last = trainer.step(t);
     losses.push_back(last.loss);
     const auto i = static_cast<std::size_t>(t - first);
-    const double want = compare ? ref.whole.loss[i] : NAN;
+    // Without a reference (--no-reference, --load) its columns stay empty.
+    auto ref_cell = [&](auto f) { return compare ? Cell(f()) : Cell(""); };
     if ((t - first + 1) % s.log_every == 0 || t == first || t == first + s.steps - 1)
-      curve.add({t + 1, want, last.loss, relative(last.loss, want),
-                 compare ? relative(ref.pieces.loss[i], want) : NAN, last.grad_norm});
+      curve.add({t + 1, ref_cell([&] { return ref.whole.loss[i]; }), last.loss,
+                 ref_cell([&] { return relative(last.loss, ref.whole.loss[i]); }),
+                 ref_cell([&] { return relative(ref.pieces.loss[i], ref.whole.loss[i]); }),
+                 last.grad_norm});
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -196,6 +200,14 @@ int main(int argc, char** argv) {
   program.validate([&](const Options& o) {
     c.model.seed = o.seed;
     c.recompute = ch08::parse_recompute(s.recompute);
+    // Where the run writes is tried before it trains, not after.
+    if (program.cli().count("--trace")) check_writable_file(s.trace, "--trace");
+    if (!s.save.empty()) {
+      const std::filesystem::path dir(s.save);
+      require_usage(!std::filesystem::exists(dir) || std::filesystem::is_directory(dir),
+                    "--save " + s.save + ": there is something else than a folder there");
+      check_writable_folder(dir.has_parent_path() ? dir.parent_path() : ".", "--save");
+    }
     if (s.sample) s.reference = false;
     if (s.benchmark && !program.cli().count("--steps")) s.steps = 6;
     require_usage(!(s.benchmark && (s.sample || !s.save.empty() || !s.load.empty())),

@@ -211,7 +211,11 @@ void report_planner(Context& ctx, const TrainConfig& c, const StepResult& last,
   using memory::Category;
   Table t({"what", "planner", "measured", "measured_over_planner"});
   auto row = [&](const std::string& what, double planned, double measured) {
-    t.add({what, planned, measured, planned > 0 ? measured / planned : NAN});
+    // Nothing planned and nothing measured (dp bytes with one replica) agree: 1.
+    const shardlab::Cell ratio = planned > 0     ? shardlab::Cell(measured / planned)
+                                 : measured == 0 ? shardlab::Cell(1.0)
+                                                 : shardlab::Cell("");
+    t.add({what, planned, measured, ratio});
   };
   row("params bytes", mem.params, static_cast<double>(used.live(Category::params)));
   row("grads bytes", mem.grads, static_cast<double>(used.live(Category::grads)));
