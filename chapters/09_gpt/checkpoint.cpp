@@ -180,8 +180,28 @@ std::map<std::string, Tensor> read_safetensors(const std::string& path) {
   return out;
 }
 
+void check_save_target(const std::string& dir) {
+  const fs::path d = dir, partial = dir + ".partial", old = dir + ".old";
+  require_usage(!dir.empty(), "--save is empty: name a folder");
+  for (const fs::path& p : {partial, old})  // what a save makes and removes beside DIR
+    require_usage(
+        !fs::exists(fs::symlink_status(p)) || (fs::is_directory(fs::symlink_status(p)) &&
+                                               (fs::is_empty(p) || fs::exists(p / "trainer.json"))),
+        "--save " + dir + ": " + p.string() +
+            " is there and is not a checkpoint's: move it away first");
+  if (!fs::exists(fs::symlink_status(d))) return;
+  require_usage(fs::is_directory(fs::symlink_status(d)),
+                "--save " + dir + ": something other than a folder is there (it is left alone)");
+  require_usage(
+      fs::is_empty(d) || (fs::exists(d / "trainer.json") && fs::exists(d / "config.json")),
+      "--save " + dir +
+          ": a folder that is not a checkpoint of this chapter is there (it is left "
+          "alone): name a new folder");
+}
+
 void save_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model, const nn::Adam* adam,
                      int step) {
+  if (mesh.world().rank() == 0) check_save_target(dir);  // again: it may have changed
   // Every piece of replica 0 (values, then Adam's m and v) to world rank 0.
   Communicator& world = mesh.world();
   const MeshShape& shape = mesh.shape();

@@ -27,7 +27,12 @@
 
 namespace ch09 {
 
-/// Writes the checkpoint of step `step` (the steps done). Every rank calls it.
+/// UsageError unless `dir` may be written as a checkpoint: nothing there yet, an empty
+/// folder, or an earlier checkpoint of this chapter (a folder with its trainer.json and
+/// config.json), which the save replaces. Anything else is never touched.
+void check_save_target(const std::string& dir);
+/// Writes the checkpoint of step `step` (the steps done), after check_save_target. Every
+/// rank calls it.
 void save_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model, const nn::Adam* adam,
                      int step);
 /// Loads DIR into this rank's model (and Adam's state, when `adam`); returns the step to

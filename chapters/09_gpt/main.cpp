@@ -202,10 +202,9 @@ int main(int argc, char** argv) {
     c.recompute = ch08::parse_recompute(s.recompute);
     // Where the run writes is tried before it trains, not after.
     if (program.cli().count("--trace")) check_writable_file(s.trace, "--trace");
-    if (!s.save.empty()) {
+    if (cli.count("--save")) {
+      check_save_target(s.save);
       const std::filesystem::path dir(s.save);
-      require_usage(!std::filesystem::exists(dir) || std::filesystem::is_directory(dir),
-                    "--save " + s.save + ": there is something else than a folder there");
       check_writable_folder(dir.has_parent_path() ? dir.parent_path() : ".", "--save");
     }
     if (s.sample) s.reference = false;

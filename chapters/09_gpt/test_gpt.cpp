@@ -219,6 +219,29 @@ TEST_CASE("a corrupt, foreign or missing checkpoint is refused with a usage erro
   CHECK(load_into(small({1, 1, 2})).find("no such folder") != std::string::npos);
 }
 
+TEST_CASE("a save replaces nothing but an earlier checkpoint") {
+  // Wrong version this was written after: a save that renamed whatever was at DIR aside
+  // and deleted it (--save /dev/full replaced the device with a folder).
+  const fs::path base = fs::temp_directory_path() / "shardlab_ch09_target";
+  fs::remove_all(base);
+  fs::create_directories(base / "notes");
+  std::ofstream(base / "notes" / "keep.txt") << "mine";
+  std::ofstream(base / "file.txt") << "mine";
+  fs::create_directories(base / "empty");
+  CHECK_THROWS_AS(check_save_target((base / "notes").string()), UsageError);
+  CHECK_THROWS_AS(check_save_target((base / "file.txt").string()), UsageError);
+  CHECK_THROWS_AS(check_save_target(""), UsageError);
+  CHECK_NOTHROW(check_save_target((base / "empty").string()));
+  CHECK_NOTHROW(check_save_target((base / "new").string()));
+  // DIR.partial and DIR.old, which a save makes and removes, are checked too.
+  fs::create_directories(base / "x.partial");
+  std::ofstream(base / "x.partial" / "keep.txt") << "mine";
+  CHECK_THROWS_AS(check_save_target((base / "x").string()), UsageError);
+  CHECK(fs::exists(base / "notes" / "keep.txt"));
+  CHECK(fs::exists(base / "x.partial" / "keep.txt"));
+  fs::remove_all(base);
+}
+
 TEST_CASE("a save that fails on one rank leaves the last checkpoint as it was") {
   const std::string dir = (fs::temp_directory_path() / "shardlab_ch09_kill").string();
   fs::remove_all(dir);
