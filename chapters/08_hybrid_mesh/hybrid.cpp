@@ -4,11 +4,10 @@
 #include <algorithm>
 #include <cmath>
 
-#include "grad_sync.hpp"
+#include "replicas.hpp"
 #include "shardlab/check.hpp"
 #include "shardlab/toy.hpp"
 #include "timeline.hpp"
-#include "zero.hpp"
 
 namespace ch08 {
 
@@ -140,25 +139,11 @@ HybridRun train_hybrid(Mesh& mesh, HybridModel& model, const HybridConfig& c, Me
   // Data parallelism: chapter 02's sync (one bucket: one allreduce per step) and Adam, or
   // chapter 05's ZeRO-1 (reduce-scatter, Adam on this rank's shard, all-gather).
   HybridRun run;
-  std::unique_ptr<ch02::GradSync> sync;
-  std::unique_ptr<nn::Adam> adam;
-  std::unique_ptr<ch05::ZeroOptimizer> zero;
+  std::unique_ptr<ReplicaOptimizer> opt;
   {
     memory::Tracker states;
     memory::Scope scope(memory::Category::optimizer);
-    if (c.zero == 1) {
-      zero = std::make_unique<ch05::ZeroOptimizer>(mesh.dp(), store,
-                                                   ch05::ZeroConfig{.stage = 1, .adam = c.adam});
-    } else {
-      sync = std::make_unique<ch02::GradSync>(
-          mesh.dp(), store,
-          ch02::GradSyncConfig{.mode = ch02::Sync::bucketed,
-                               .bucket_bytes = std::max<std::int64_t>(4 * store.size(), 1)});
-      // Each rank's loss is already its rows' share of the global batch's mean: the sync
-      // adds the replicas' gradients up (weight 1).
-      sync->set_batch(1, 1);
-      if (!c.sgd) adam = std::make_unique<nn::Adam>(store.size(), c.adam, memory);
-    }
+    opt = std::make_unique<ReplicaOptimizer>(mesh.dp(), store, c.zero, c.adam, c.sgd, memory);
     run.optimizer_bytes = states.usage().live(memory::Category::optimizer) +
                           states.usage().live(memory::Category::master);
   }
@@ -184,10 +169,7 @@ HybridRun train_hybrid(Mesh& mesh, HybridModel& model, const HybridConfig& c, Me
                                   nn::mse_backward(out, target, B)};
     };
     ch04::Hooks hooks;
-    if (sync) {
-      sync->set_enabled(false);  // the microbatches accumulate; the last backward syncs
-      hooks.before_last_backward = [&] { sync->set_enabled(true); };
-    }
+    opt->accumulate(hooks);
 
     const CommStats tp0 = mesh.tp().stats(), dp0 = mesh.dp().stats();
     store.zero_grad();
@@ -196,15 +178,8 @@ HybridRun train_hybrid(Mesh& mesh, HybridModel& model, const HybridConfig& c, Me
       memory::Scope scope(memory::Category::activations);
       ran = pipeline.run(schedule, stage, hooks);
     }
-    if (zero) {
-      zero->step();
-    } else {
-      sync->finish();
-      if (adam)
-        adam->step(store.values(), store.grads());
-      else
-        nn::sgd_step(store.values(), store.grads(), c.adam.lr);
-    }
+    opt->reduce();
+    opt->update();
     run.bytes = {sent_since(mesh.tp(), tp0), sent_since(mesh.dp(), dp0), ran.bytes_sent};
     if (step == c.steps - 1)
       run.events = ch04::gather_events(mesh.pp(), ran.events);  // every stage's (uncounted)

@@ -9,12 +9,10 @@
 #include <iterator>
 #include <numeric>
 
-#include "grad_sync.hpp"
 #include "profile.hpp"
 #include "shardlab/check.hpp"
 #include "shardlab/format.hpp"
 #include "shardlab/memory.hpp"
-#include "zero.hpp"
 
 namespace ch09 {
 
@@ -27,13 +25,8 @@ using shardlab::shard_range;
 
 namespace {
 
-/// SplitMix64 (Steele et al. 2014): one 64-bit draw from a 64-bit state.
-std::uint64_t mix(std::uint64_t x) {
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
-}
+/// One draw of shardlab::splitmix64 from the state `x` (a hash of it).
+std::uint64_t mix(std::uint64_t x) { return shardlab::splitmix64(x); }
 
 /// A chunk as the pipeline runs it, each pass timed for a profile: F, B and W.
 class Timed final : public nn::Layer {
@@ -141,19 +134,8 @@ Trainer::Trainer(Mesh& mesh, GptModel& model, const TrainConfig& c, const Corpus
   const int world = mesh.world().size();
   embedding_group_ =
       mesh.world().split(ends ? at.dp * c.mesh.tp + at.tp : world + mesh.world().rank(), at.pp);
-  nn::ParameterStore& store = model.store();
   memory::Scope scope(memory::Category::optimizer);
-  if (c.zero == 1) {
-    zero_ = std::make_unique<ch05::ZeroOptimizer>(mesh.dp(), store,
-                                                  ch05::ZeroConfig{.stage = 1, .adam = c.adam});
-  } else {
-    sync_ = std::make_unique<ch02::GradSync>(
-        mesh.dp(), store,
-        ch02::GradSyncConfig{.mode = ch02::Sync::bucketed,
-                             .bucket_bytes = std::max<std::int64_t>(4 * store.size(), 1)});
-    sync_->set_batch(1, 1);  // each microbatch's loss is already its share of the mean
-    adam_ = std::make_unique<nn::Adam>(store.size(), c.adam);
-  }
+  replicas_ = std::make_unique<ch08::ReplicaOptimizer>(mesh.dp(), model.store(), c.zero, c.adam);
 }
 
 Trainer::~Trainer() = default;
@@ -220,15 +202,11 @@ StepResult Trainer::step(int step) {
     return ch04::MicrobatchLoss{loss.value, std::move(dx)};
   };
   ch04::Hooks hooks;
-  if (sync_) {
-    sync_->set_enabled(false);  // the microbatches accumulate; the last backward syncs
-    hooks.before_last_backward = [&] { sync_->set_enabled(true); };
-  }
+  replicas_->accumulate(hooks);
 
   const CommStats tp0 = mesh_.tp().stats(), dp0 = mesh_.dp().stats(),
                   emb0 = embedding_group_->stats();
-  nn::ParameterStore& store = model_.store();
-  store.zero_grad();
+  model_.store().zero_grad();
   ch04::StageRun ran;
   {
     memory::Scope scope(memory::Category::activations);
@@ -237,13 +215,9 @@ StepResult Trainer::step(int step) {
   // The two copies of wte are one weight: each gets the sum of both gradients.
   if (c_.mesh.pp > 1 && model_.tied()) embedding_group_->allreduce(model_.tied()->grad);
   StepResult result;
-  if (zero_) {
-    zero_->step();
-  } else {
-    sync_->finish();
-    result.grad_norm = clip_gradients();
-    adam_->step(store.values(), store.grads());
-  }
+  replicas_->reduce();
+  if (c_.zero == 0) result.grad_norm = clip_gradients();  // ZeRO-1 reduces in its update
+  replicas_->update();
   if (profile_) {
     profile_->step = static_cast<double>(ns(Clock::now()) - origin) * 1e-9;
     for (Communicator* comm : {&mesh_.tp(), &mesh_.dp(), embedding_group_.get()})
@@ -364,10 +338,6 @@ std::string sample(Trainer& trainer, const std::string& prompt, int count, float
   }
   return text.substr(prompt.empty() ? 1 : prompt.size());
 }
-
-}  // namespace ch09
-
-namespace ch09 {
 
 double run_bytes(const TrainConfig& c, bool threads) {
   const GptShape& g = c.model;

@@ -29,13 +29,7 @@
 #include "gpt.hpp"
 #include "hybrid.hpp"
 #include "pipeline.hpp"
-
-namespace ch05 {
-class ZeroOptimizer;
-}
-namespace ch02 {
-class GradSync;
-}
+#include "replicas.hpp"
 
 namespace ch09 {
 
@@ -103,7 +97,7 @@ class Trainer {
   /// The next step() records where this rank's time went into `out` (profile.hpp).
   void profile_next_step(Profile* out) { profile_ = out; }
   /// Adam's state (nullptr under ZeRO-1): what a checkpoint saves and restores.
-  nn::Adam* adam() { return adam_.get(); }
+  nn::Adam* adam() { return replicas_->adam(); }
 
  private:
   /// Forward only through the stages for `ids` (whole sequences, every replica the same
@@ -117,10 +111,8 @@ class Trainer {
   const Corpus& data_;
   ch04::Schedule schedule_;
   ch04::Pipeline pipeline_;
-  std::unique_ptr<Communicator> embedding_group_;  // first and last stage (pp > 1)
-  std::unique_ptr<ch02::GradSync> sync_;
-  std::unique_ptr<nn::Adam> adam_;
-  std::unique_ptr<ch05::ZeroOptimizer> zero_;
+  std::unique_ptr<Communicator> embedding_group_;     // first and last stage (pp > 1)
+  std::unique_ptr<ch08::ReplicaOptimizer> replicas_;  // dp: GradSync + Adam, or ZeRO-1
   Profile* profile_ = nullptr;
 
   friend std::string sample(Trainer&, const std::string&, int, float, int, std::uint64_t);

@@ -337,14 +337,14 @@ Tensor arange(std::int64_t n, DType type) {
   return t;
 }
 
-namespace {
-// SplitMix64 (Steele, Lea, Flood 2014): tiny, fast, and the same on every platform.
 std::uint64_t splitmix64(std::uint64_t& state) {
   std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return z ^ (z >> 31);
 }
+
+namespace {
 // A double in (0, 1]: 53 random bits, never 0 (Box-Muller takes its log).
 double uniform_open0(std::uint64_t& state) {
   return (static_cast<double>(splitmix64(state) >> 11) + 1.0) * 0x1.0p-53;

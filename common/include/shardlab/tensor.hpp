@@ -194,6 +194,9 @@ Tensor full(Shape shape, float value, DType type = DType::f32);
 Tensor full(std::int64_t rows, std::int64_t cols, float value);
 /// 1-D tensor 0, 1, ..., n-1.
 Tensor arange(std::int64_t n, DType type = DType::f32);
+/// SplitMix64 (Steele, Lea, Flood 2014): the next 64 random bits of `state`, which it
+/// advances; tiny, fast, and the same on every platform (randn draws from it).
+std::uint64_t splitmix64(std::uint64_t& state);
 /// Standard normal f32 values from `seed`. The generator (SplitMix64 + Box-Muller) is
 /// written out, so every rank, backend and platform draws the same.
 Tensor randn(Shape shape, std::uint64_t seed);

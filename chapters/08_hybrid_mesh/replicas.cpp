@@ -1,0 +1,49 @@
+// Data parallelism for the pipelined trainers (replicas.hpp).
+#include "replicas.hpp"
+
+#include <algorithm>
+
+#include "grad_sync.hpp"
+#include "zero.hpp"
+
+namespace ch08 {
+
+namespace nn = shardlab::nn;
+
+ReplicaOptimizer::ReplicaOptimizer(shardlab::Communicator& dp, nn::ParameterStore& store, int zero,
+                                   const nn::AdamConfig& adam, bool sgd, shardlab::Memory memory)
+    : store_(store), lr_(adam.lr) {
+  if (zero == 1) {
+    zero_ = std::make_unique<ch05::ZeroOptimizer>(dp, store,
+                                                  ch05::ZeroConfig{.stage = 1, .adam = adam});
+    return;
+  }
+  sync_ = std::make_unique<ch02::GradSync>(
+      dp, store,
+      ch02::GradSyncConfig{.mode = ch02::Sync::bucketed,
+                           .bucket_bytes = std::max<std::int64_t>(4 * store.size(), 1)});
+  sync_->set_batch(1, 1);  // each loss is already its share of the global mean: weight 1
+  if (!sgd) adam_ = std::make_unique<nn::Adam>(store.size(), adam, memory);
+}
+
+ReplicaOptimizer::~ReplicaOptimizer() = default;
+
+void ReplicaOptimizer::accumulate(ch04::Hooks& hooks) {
+  if (!sync_) return;
+  sync_->set_enabled(false);  // the microbatches accumulate; the last backward syncs
+  hooks.before_last_backward = [this] { sync_->set_enabled(true); };
+}
+
+void ReplicaOptimizer::reduce() {
+  if (sync_) sync_->finish();
+}
+
+void ReplicaOptimizer::update() {
+  if (zero_) return zero_->step();
+  if (adam_)
+    adam_->step(store_.values(), store_.grads());
+  else
+    nn::sgd_step(store_.values(), store_.grads(), lr_);
+}
+
+}  // namespace ch08
