@@ -301,8 +301,18 @@ void ZeroOptimizer::step() {
     if (type_ != DType::f32) values.copy_from(cast(master_, type_));
     return;
   }
-  if (config_.stage == 1)
+  if (config_.stage == 1 && !reduced_)
     return zero1_step(comm_, values, store_.grads(), shard1_[0], config_.adam);
+  if (config_.stage == 1) {  // zero1_step's steps 2 and 3, its reduce done by reduce_now()
+    reduced_ = false;
+    Shard& shard = shard1_[0];
+    nn::adam_update(shard.master, shard.grad, shard.m, shard.v, ++shard.step, config_.adam);
+    {
+      Scope scope(Category::comm);
+      shard.send.copy_from(type_ == DType::f32 ? shard.master : cast(shard.master, type_));
+    }
+    return comm_.allgatherv(shard.send, values, shard_counts(values.size(), comm_.size()));
+  }
   for (Group& g : groups_) {
     Tensor w = optimizer_weights(g), m = shard_of(m_, g), v = shard_of(v_, g);
     nn::adam_update(w, shard_of(grads_, g), m, v, steps_, config_.adam);
@@ -317,6 +327,36 @@ void ZeroOptimizer::step() {
     }
     comm_.allgatherv(send, values.slice(g.offset, g.size), g.counts);
   }
+}
+
+Tensor ZeroOptimizer::reduce_now() {
+  require(config_.stage == 1 && !reduced_,
+          "ZeroOptimizer::reduce_now: stage 1 only, once before each step()");
+  reduced_ = true;
+  comm_.reduce_scatter(store_.grads(), shard1_[0].grad, ReduceOp::sum);
+  return shard1_[0].grad;
+}
+
+std::int64_t ZeroOptimizer::shard_offset() const {
+  require(config_.stage == 1, "ZeroOptimizer::shard_offset: stage 1 only");
+  return shard1_[0].range.offset;
+}
+
+const Shard& ZeroOptimizer::shard() const {
+  require(config_.stage == 1, "ZeroOptimizer::shard: stage 1 only");
+  return shard1_[0];
+}
+
+void ZeroOptimizer::restore(const Tensor& m, const Tensor& v, int steps) {
+  require(config_.stage == 1 && m.size() == store_.size() && v.size() == store_.size(),
+          "ZeroOptimizer::restore: stage 1, with m and v of the whole store");
+  Shard& shard = shard1_[0];
+  const ShardRange r = shard.range;
+  shard.m.copy_from(m.slice(r.offset, r.length));
+  shard.v.copy_from(v.slice(r.offset, r.length));
+  if (type_ != DType::f32)
+    shard.master.copy_from(cast(store_.values().slice(r.offset, r.length), DType::f32));
+  shard.step = steps_ = steps;
 }
 
 Tensor ZeroOptimizer::weights() {

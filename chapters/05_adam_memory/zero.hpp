@@ -88,6 +88,21 @@ class ZeroOptimizer {
   /// the updated values where the stage keeps them: after it every rank's values (its
   /// shard at stage 3) are those of plain data parallelism with the summed gradients.
   void step();
+  /// Stage 1, for a step that needs the summed gradients before the update (clipping by
+  /// the global norm, as DeepSpeed's ZeRO-1 does it: reduce, take the norm of the
+  /// partitions, scale, update): the reduce-scatter of step(), now. Returns this rank's
+  /// range of the summed gradients (element 0 is element shard_offset() of the flat
+  /// order), to read and scale in place; the next step() updates from it without
+  /// reducing again. Other stages refuse it.
+  Tensor reduce_now();
+  /// Where this rank's range starts in the flat order (stage 1).
+  std::int64_t shard_offset() const;
+  /// Stage 1: Adam's m and v of this rank's range (views: what a checkpoint saves), and
+  /// restore(), which sets them from a saved whole-buffer m and v (P elements each; this
+  /// rank takes its range) after `steps` steps. The values are the store's, restored by
+  /// their owner first (the master copy, in mixed precision, is taken from them).
+  const Shard& shard() const;
+  void restore(const Tensor& m, const Tensor& v, int steps);
 
   /// Every parameter's fp32 weights as the optimizer updates them (the master copy; the
   /// values in fp32), gathered on every rank (the traffic is not counted). Every rank
@@ -128,6 +143,7 @@ class ZeroOptimizer {
   Tensor master_, m_, v_;      // stages 0, 2, 3 (stage 1: shard1_)
   std::vector<Shard> shard1_;  // stage 1: zero1.hpp's shard of the flat buffer (0 or 1)
   int steps_ = 0;
+  bool reduced_ = false;  // stage 1: reduce_now() ran, step() only updates
   // Stage 3's prefetch: the order of use, how far this step has come, what is in flight.
   std::vector<int> order_;
   std::size_t next_ = 0;

@@ -38,6 +38,25 @@ void ReplicaOptimizer::reduce() {
   if (sync_) sync_->finish();
 }
 
+ReplicaOptimizer::Reduced ReplicaOptimizer::reduced() {
+  if (zero_) return {zero_->reduce_now(), zero_->shard_offset(), false};
+  return {store_.grads(), 0, true};
+}
+
+ReplicaOptimizer::State ReplicaOptimizer::state() const {
+  if (zero_) {
+    const ch05::Shard& shard = zero_->shard();
+    return {shard.m, shard.v, shard.range.offset, shard.step, false};
+  }
+  if (adam_) return {adam_->m(), adam_->v(), 0, adam_->steps(), true};
+  return {};
+}
+
+void ReplicaOptimizer::restore(const shardlab::Tensor& m, const shardlab::Tensor& v, int steps) {
+  if (zero_) return zero_->restore(m, v, steps);
+  if (adam_) adam_->restore(m, v, steps);
+}
+
 void ReplicaOptimizer::update() {
   if (zero_) return zero_->step();
   if (adam_)

@@ -8,7 +8,7 @@
 //   ch04::Hooks hooks;  opt.accumulate(hooks);   // microbatches add up locally
 //   pipeline.run(schedule, stage, hooks);
 //   opt.reduce();                                 // the replicas' gradients summed
-//   ... (clip the gradients here)
+//   auto [g, offset, same] = opt.reduced();       // clip them here, if at all
 //   opt.update();
 #pragma once
 
@@ -45,10 +45,31 @@ class ReplicaOptimizer {
   /// After the run: every replica holds the sum of the replicas' gradients (GradSync).
   /// Nothing under ZeRO-1, whose update() reduces them itself.
   void reduce();
+  /// The summed gradients this rank holds, to take their norm and clip them in place
+  /// before update(): after reduce(), the whole store's, the same on every replica; under
+  /// ZeRO-1 this rank's range of them, reduced by this call (DeepSpeed's order: reduce,
+  /// norm, scale, update) instead of inside update().
+  struct Reduced {
+    shardlab::Tensor grads;
+    std::int64_t offset = 0;    // grads[0] is element `offset` of the store's flat order
+    bool every_replica = true;  // the replicas hold the same (count one of them)
+  };
+  Reduced reduced();
   /// The step: Adam or SGD on the whole store, or ZeRO-1's on this rank's shard.
   void update();
-  /// Adam's state (nullptr under ZeRO-1 or SGD): what a checkpoint saves and restores.
-  shardlab::nn::Adam* adam() { return adam_.get(); }
+  /// Adam's state as this rank keeps it, for a checkpoint: m and v of the store's elements
+  /// [offset, offset + m.size()): all of them, the same on every replica; or under ZeRO-1
+  /// this rank's range. Undefined tensors under SGD (no state).
+  struct State {
+    shardlab::Tensor m, v;
+    std::int64_t offset = 0;
+    int steps = 0;
+    bool every_replica = true;
+  };
+  State state() const;
+  /// Sets Adam's state from a saved one: m and v of the whole store, after `steps` steps
+  /// (ZeRO-1 keeps its range of them). Nothing under SGD.
+  void restore(const shardlab::Tensor& m, const shardlab::Tensor& v, int steps);
 
  private:
   shardlab::nn::ParameterStore& store_;

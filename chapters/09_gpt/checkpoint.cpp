@@ -1,10 +1,12 @@
 // Chapter 09's checkpoints (checkpoint.hpp).
 #include "checkpoint.hpp"
 
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "shardlab/check.hpp"
 
@@ -185,8 +187,9 @@ void check_save_target(const std::string& dir) {
   require_usage(!dir.empty(), "--save is empty: name a folder");
   for (const fs::path& p : {partial, old})  // what a save makes and removes beside DIR
     require_usage(
-        !fs::exists(fs::symlink_status(p)) || (fs::is_directory(fs::symlink_status(p)) &&
-                                               (fs::is_empty(p) || fs::exists(p / "trainer.json"))),
+        !fs::exists(fs::symlink_status(p)) ||
+            (fs::is_directory(fs::symlink_status(p)) &&
+             (fs::is_empty(p) || fs::exists(p / "trainer.json") || fs::exists(p / "ranks"))),
         "--save " + dir + ": " + p.string() +
             " is there and is not a checkpoint's: move it away first");
   if (!fs::exists(fs::symlink_status(d))) return;
@@ -199,85 +202,199 @@ void check_save_target(const std::string& dir) {
           "alone): name a new folder");
 }
 
-void save_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model, const nn::Adam* adam,
-                     int step) {
-  if (mesh.world().rank() == 0) check_save_target(dir);  // again: it may have changed
-  // Every piece of replica 0 (values, then Adam's m and v) to world rank 0.
-  Communicator& world = mesh.world();
-  const MeshShape& shape = mesh.shape();
-  const GptShape& g = model.shape();
-  const int states = adam ? 3 : 1;
-  Tensor mine(shardlab::Shape{mesh.coords().dp == 0 ? states * model.store().size() : 0},
-              shardlab::DType::f32);
-  if (mesh.coords().dp == 0) {
-    mine.slice(0, model.store().size()).copy_from(model.store().values());
-    if (adam) {
-      mine.slice(model.store().size(), model.store().size()).copy_from(adam->m());
-      mine.slice(2 * model.store().size(), model.store().size()).copy_from(adam->v());
-    }
-  }
-  std::vector<std::size_t> counts;
-  std::vector<std::vector<Piece>> every;
-  for (int r = 0; r < world.size(); ++r) {
+namespace {
+
+/// The pipeline stage whose file holds each whole tensor: the first stage with a piece of it
+/// (wte's is stage 0, where the embedding is; the last stage's head holds a copy).
+std::map<std::string, int> stage_of_tensors(const GptShape& g, const MeshShape& shape, int chunks) {
+  std::map<std::string, int> out;
+  for (int r = 0; r < shape.ranks(); ++r) {
     const Coords q = ch08::coords_of(shape, r);
-    every.push_back(pieces_of(g, shape, q, model.chunks()));
-    std::int64_t n = 0;
-    for (const Piece& p : every.back()) n += p.size();
-    counts.push_back(q.dp == 0 ? static_cast<std::size_t>(states * n) : 0);
-  }
-  std::size_t total = 0;
-  for (std::size_t n : counts) total += n;
-  Tensor all(shardlab::Shape{world.rank() == 0 ? static_cast<std::int64_t>(total) : 0},
-             shardlab::DType::f32);
-  {
-    Communicator::Uncounted quiet(world);
-    world.gatherv(mine, all, counts, 0);
-  }
-  if (world.rank() == 0) {
-    std::map<std::string, Tensor> whole[3];  // values, exp_avg, exp_avg_sq: ours
-    std::map<std::string, const Piece*> kind;
-    const float* src = all.data();
-    for (int r = 0; r < world.size(); ++r) {
-      if (!counts[static_cast<std::size_t>(r)]) continue;
-      std::int64_t n = 0;
-      for (const Piece& p : every[static_cast<std::size_t>(r)]) n += p.size();
-      for (int k = 0; k < states; ++k) {
-        const float* at = src + k * n;
-        for (const Piece& p : every[static_cast<std::size_t>(r)]) {
-          if (p.counted || p.cut != Cut::whole) {
-            auto it = whole[k].try_emplace(p.name, Tensor(p.whole[0], p.whole[1])).first;
-            place(p, at, it->second);
-            kind[p.name] = &p;
-          }
-          at += p.size();
-        }
-      }
-      src += states * n;
+    for (const Piece& p : pieces_of(g, shape, q, chunks)) {
+      const auto [it, fresh] = out.try_emplace(p.name, q.pp);
+      if (!fresh) it->second = std::min(it->second, q.pp);
     }
-    const fs::path partial = dir + ".partial", final_dir = dir, old = dir + ".old";
+  }
+  return out;
+}
+
+/// Hugging Face's names for the files of a sharded checkpoint: model-00001-of-00004.
+std::string stage_file(const std::string& stem, int stage, int stages) {
+  char name[64];
+  std::snprintf(name, sizeof name, "%s-%05d-of-%05d.safetensors", stem.c_str(), stage + 1, stages);
+  return name;
+}
+
+fs::path rank_file(const fs::path& partial, int rank) {
+  char name[32];
+  std::snprintf(name, sizeof name, "rank-%05d.safetensors", rank);
+  return partial / "ranks" / name;
+}
+
+std::int64_t pieces_size(const std::vector<Piece>& pieces) {
+  std::int64_t n = 0;
+  for (const Piece& p : pieces) n += p.size();
+  return n;
+}
+
+/// Stage s's whole tensors, from the rank files of its ranks, written in Hugging Face's
+/// layout: the values to model-(s+1)-of-P, Adam's state (`states` 3) to optimizer-(s+1)-of-P.
+/// `sharded`: each replica wrote its own range of m and v (ZeRO-1), not replica 0 all of it.
+void assemble_stage(const fs::path& partial, const MeshShape& shape, const GptShape& g, int chunks,
+                    int s, int states, bool sharded) {
+  const std::map<std::string, int> owner = stage_of_tensors(g, shape, chunks);
+  std::map<int, std::map<std::string, Tensor>> files;  // rank -> its file, read once
+  auto file = [&](int r) -> std::map<std::string, Tensor>& {
+    auto it = files.find(r);
+    if (it == files.end()) it = files.emplace(r, read_safetensors(rank_file(partial, r))).first;
+    return it->second;
+  };
+  std::map<std::string, Tensor> whole[3];  // values, exp_avg, exp_avg_sq: our layout
+  std::map<std::string, Piece> kind;
+  const char* state_names[3] = {"values", "exp_avg", "exp_avg_sq"};
+  for (int r = 0; r < shape.ranks(); ++r) {
+    const Coords q = ch08::coords_of(shape, r);
+    if (q.pp != s || q.dp != 0) continue;
+    const std::vector<Piece> pieces = pieces_of(g, shape, q, chunks);
+    const std::int64_t n = pieces_size(pieces);
+    for (int k = 0; k < states; ++k) {
+      // This rank's flat buffer of state k: its own file's, or (ZeRO-1's m and v) each
+      // replica's range of it.
+      Tensor flat(shardlab::Shape{n}, shardlab::DType::f32);
+      for (int d = 0; d < (k > 0 && sharded ? shape.dp : 1); ++d) {
+        const int from = ch08::rank_of(shape, {q.pp, d, q.tp});
+        const shardlab::ShardRange range =
+            k > 0 && sharded ? shardlab::shard_range(n, shape.dp, d) : shardlab::ShardRange{0, n};
+        const auto it = file(from).find(state_names[k]);
+        shardlab::require(it != file(from).end() && it->second.size() == range.length,
+                          "save: rank " + std::to_string(from) + "'s " + state_names[k] +
+                              " is missing or of the wrong size");
+        flat.slice(range.offset, range.length).copy_from(it->second);
+      }
+      const float* at = flat.data();
+      for (const Piece& p : pieces) {
+        if (owner.at(p.name) == s && (p.counted || p.cut != Cut::whole)) {
+          auto w = whole[k].try_emplace(p.name, Tensor(p.whole[0], p.whole[1])).first;
+          place(p, at, w->second);
+          kind.try_emplace(p.name, p);
+        }
+        at += p.size();
+      }
+    }
+  }
+  const char* prefix[3] = {"", "exp_avg.", "exp_avg_sq."};
+  std::map<std::string, Tensor> out[2];
+  for (int k = 0; k < states; ++k)
+    for (const auto& [name, t] : whole[k])
+      out[k ? 1 : 0][prefix[k] + name] = to_hf(kind.at(name), t, g.heads);
+  write_safetensors((partial / stage_file("model", s, shape.pp)).string(), out[0]);
+  if (states == 3)
+    write_safetensors((partial / stage_file("optimizer", s, shape.pp)).string(), out[1]);
+}
+
+/// Hugging Face's index of a sharded checkpoint: which file holds each tensor.
+nlohmann::json index_json(const GptShape& g, const MeshShape& shape, int chunks,
+                          const std::string& stem, const std::string& prefix) {
+  nlohmann::json map = nlohmann::json::object();
+  std::uint64_t bytes = 0;
+  std::set<std::string> seen;
+  for (int r = 0; r < shape.ranks(); ++r)
+    for (const Piece& p : pieces_of(g, shape, ch08::coords_of(shape, r), chunks))
+      if (seen.insert(p.name).second) bytes += 4 * static_cast<std::uint64_t>(p.whole.numel());
+  for (const auto& [name, s] : stage_of_tensors(g, shape, chunks))
+    map[prefix + name] = stage_file(stem, s, shape.pp);
+  return {{"metadata", {{"total_size", bytes}}}, {"weight_map", map}};
+}
+
+/// The tensors of DIR/STEM.safetensors, or of the files DIR/STEM.safetensors.index.json
+/// names (a sharded checkpoint), as Hugging Face looks for them.
+std::map<std::string, Tensor> read_tensors(const fs::path& d, const std::string& stem) {
+  const fs::path index = d / (stem + ".safetensors.index.json");
+  if (!fs::exists(index)) return read_safetensors((d / (stem + ".safetensors")).string());
+  nlohmann::json j;
+  std::ifstream in(index);
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception&) {
+    require_usage(false, index.string() + " is not JSON");
+  }
+  const nlohmann::json map = j.is_object() ? j.value("weight_map", nlohmann::json()) : j;
+  require_usage(map.is_object(), index.string() + " has no weight_map");
+  std::set<std::string> names;
+  for (const auto& [name, file] : map.items()) {
+    require_usage(file.is_string() && file.get<std::string>().find('/') == std::string::npos &&
+                      file.get<std::string>() != "..",
+                  index.string() + ": " + name + "'s file is not a file name in the folder");
+    names.insert(file.get<std::string>());
+  }
+  std::map<std::string, Tensor> out;
+  for (const std::string& name : names) out.merge(read_safetensors((d / name).string()));
+  return out;
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
+                     const ch08::ReplicaOptimizer* optimizer, int step) {
+  Communicator& world = mesh.world();
+  Communicator::Uncounted quiet(world);
+  const MeshShape& shape = mesh.shape();
+  const Coords at = mesh.coords();
+  const fs::path partial = dir + ".partial", final_dir = dir, old = dir + ".old";
+  // 0. Every rank is here (one that died before the save leaves nothing behind); rank 0
+  //    makes the scratch folder.
+  world.barrier();
+  if (world.rank() == 0) {
+    check_save_target(dir);  // again: it may have changed since the run began
     fs::remove_all(partial);
-    fs::create_directories(partial);
-    const char* prefix[3] = {"", "exp_avg.", "exp_avg_sq."};
-    std::map<std::string, Tensor> files[2];
-    for (int k = 0; k < states; ++k)
-      for (const auto& [name, t] : whole[k])
-        files[k ? 1 : 0][prefix[k] + name] = to_hf(*kind[name], t, g.heads);
-    write_safetensors((partial / "model.safetensors").string(), files[0]);
-    if (adam) write_safetensors((partial / "optimizer.safetensors").string(), files[1]);
+    fs::create_directories(partial / "ranks");
+  }
+  world.barrier();
+  // 1. Each rank writes its shard: replica 0 its pieces' values, and Adam's m and v as
+  //    this rank keeps them (replica 0 all of them; under ZeRO-1 every replica its range).
+  const ch08::ReplicaOptimizer::State state =
+      optimizer ? optimizer->state() : ch08::ReplicaOptimizer::State{};
+  const int states = state.m.defined() ? 3 : 1;
+  std::map<std::string, Tensor> mine;
+  if (at.dp == 0) mine.emplace("values", model.store().values());
+  if (states == 3 && (at.dp == 0 || !state.every_replica)) {
+    mine.emplace("exp_avg", state.m);
+    mine.emplace("exp_avg_sq", state.v);
+  }
+  if (!mine.empty()) write_safetensors(rank_file(partial, world.rank()).string(), mine);
+  world.barrier();
+  // 2. The first rank of each pipeline stage assembles the stage's whole tensors.
+  if (at.dp == 0 && at.tp == 0)
+    assemble_stage(partial, shape, model.shape(), model.chunks(), at.pp, states,
+                   !state.every_replica);
+  world.barrier();
+  // 3. Rank 0 writes the indexes and the rest, and only now does DIR change: the old one
+  //    moves aside, the new one takes its name.
+  if (world.rank() == 0) {
+    const GptShape& g = model.shape();
+    fs::remove_all(partial / "ranks");
+    write_json(partial / "model.safetensors.index.json",
+               index_json(g, shape, model.chunks(), "model", ""));
+    if (states == 3) {
+      nlohmann::json index = index_json(g, shape, model.chunks(), "optimizer", "exp_avg.");
+      const nlohmann::json sq = index_json(g, shape, model.chunks(), "optimizer", "exp_avg_sq.");
+      index["weight_map"].update(sq["weight_map"]);
+      index["metadata"]["total_size"] = 2 * index["metadata"]["total_size"].get<std::uint64_t>();
+      write_json(partial / "optimizer.safetensors.index.json", index);
+    }
     write_json(partial / "config.json", config_json(g));
     write_json(partial / "trainer.json",
-               {{"step", step}, {"adam_steps", adam ? adam->steps() : 0}, {"seed", g.seed}});
-    // Only now does DIR change: the old one moves aside, the new one takes its name.
+               {{"step", step}, {"adam_steps", state.steps}, {"seed", g.seed}});
     fs::remove_all(old);
     if (fs::exists(final_dir)) fs::rename(final_dir, old);
     fs::rename(partial, final_dir);
     fs::remove_all(old);
   }
-  Communicator::Uncounted quiet(world);
   world.barrier();
 }
 
-int load_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model, nn::Adam* adam) {
+int load_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
+                    ch08::ReplicaOptimizer* optimizer) {
   const fs::path d = dir;
   const GptShape& g = model.shape();
   require_usage(fs::is_directory(d), "--load " + dir + ": no such folder");
@@ -299,9 +416,10 @@ int load_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model, nn::Ada
                   "--load " + dir + ": the checkpoint's " + key + " is " +
                       config.value(key, nlohmann::json()).dump() + ", this model's " +
                       want[key].dump() + " (give the same --layers --channels --heads --context)");
-  const auto tensors = read_safetensors((d / "model.safetensors").string());
+  const auto tensors = read_tensors(d, "model");
+  const bool adam = optimizer && optimizer->state().m.defined();
   std::map<std::string, Tensor> state;
-  if (adam) state = read_safetensors((d / "optimizer.safetensors").string());
+  if (adam) state = read_tensors(d, "optimizer");
   const std::vector<nn::Parameter*> params = model.store().parameters();
   const std::int64_t P = model.store().size();
   Tensor m(shardlab::Shape{P}, shardlab::DType::f32), v(shardlab::Shape{P}, shardlab::DType::f32);
@@ -319,7 +437,7 @@ int load_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model, nn::Ada
       v.slice(params[i]->offset, p.size()).copy_from(take(state, "exp_avg_sq." + p.name).flat());
     }
   }
-  if (adam) adam->restore(m, v, trainer.value("adam_steps", 0));
+  if (adam) optimizer->restore(m, v, trainer.value("adam_steps", 0));
   (void)mesh;
   return trainer.value("step", 0);
 }

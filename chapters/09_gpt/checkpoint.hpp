@@ -1,22 +1,34 @@
-// Chapter 09's checkpoints, in the files Hugging Face's transformers reads:
+// Chapter 09's checkpoints, in the files Hugging Face's transformers reads (a sharded
+// checkpoint, one file per pipeline stage, as save_pretrained writes a large model's):
 //
-//   DIR/model.safetensors      the whole model, GPT-2's names and layout
-//                              (transformer.wte.weight, transformer.h.0.attn.c_attn.weight
-//                              as Conv1D's [in, out], c_attn's columns [q | k | v],
-//                              biases and LayerNorms 1-D; the LM head is wte, tied, so
-//                              it is not written: GPT2LMHeadModel ties it on load)
-//   DIR/config.json            GPT2Config: n_embd, n_layer, n_head, n_positions,
-//                              vocab_size, activation "gelu_new", dropouts 0
-//   DIR/optimizer.safetensors  Adam's exp_avg.NAME and exp_avg_sq.NAME, in the same layout
-//   DIR/trainer.json           the step (which is also the data's position: batches are a
-//                              function of the seed and the step) and Adam's step count
+//   DIR/model-00001-of-0000P.safetensors   pipeline stage s's whole tensors, GPT-2's names
+//   ...                                    and layout (transformer.wte.weight,
+//                                          transformer.h.0.attn.c_attn.weight as Conv1D's
+//                                          [in, out], c_attn's columns [q | k | v], biases
+//                                          and LayerNorms 1-D; the LM head is wte, tied, so
+//                                          it is not written: GPT2LMHeadModel ties it)
+//   DIR/model.safetensors.index.json       which file holds each tensor, and the total size
+//   DIR/config.json                        GPT2Config: n_embd, n_layer, n_head, n_positions,
+//                                          vocab_size, activation "gelu_new", dropouts 0
+//   DIR/optimizer-0000s-of-0000P.safetensors and optimizer.safetensors.index.json
+//                                          Adam's exp_avg.NAME and exp_avg_sq.NAME, alike
+//   DIR/trainer.json                       the step (which is also the data's position:
+//                                          batches are a function of the seed and the step)
+//                                          and Adam's step count
 //
 // GPT2LMHeadModel.from_pretrained(DIR) loads it and computes the same loss on the same
-// bytes (hf_check.py). Saving gathers every piece of the model to rank 0 (pieces_of says
-// where each rank's parameters sit), which writes DIR.partial and renames it to DIR once
-// every rank's pieces have arrived: a save that dies half-way leaves the old DIR whole.
-// Loading reads the whole tensors on every rank and cuts each rank's pieces out, so a
-// checkpoint of one mesh loads into any other (train on 2 x 2 x 2, resume on 1 x 1 x 1).
+// bytes (hf_check.py). A save goes in three moves, every rank taking part:
+//   1. each rank writes its shard, DIR.partial/ranks/rank-R.safetensors: replica 0 its
+//      pieces of the parameters (pieces_of says which), and Adam's m and v as the rank
+//      keeps them (replica 0 all of its pieces'; under ZeRO-1 every replica its range);
+//   2. the first rank of each pipeline stage (dp 0, tp 0) reads its stage's rank files and
+//      writes the stage's whole tensors, in Hugging Face's layout;
+//   3. rank 0 writes the indexes, config.json and trainer.json, removes the rank files,
+//      and renames DIR.partial to DIR.
+// A save that dies half-way leaves the old DIR whole (and perhaps a DIR.partial, which the
+// next save replaces). Loading reads the whole tensors on every rank and cuts each rank's
+// pieces out, so a checkpoint of one mesh loads into any other (train on 2 x 2 x 2, resume
+// on 1 x 1 x 1), with or without ZeRO-1.
 #pragma once
 
 #include <map>
@@ -33,12 +45,14 @@ namespace ch09 {
 void check_save_target(const std::string& dir);
 /// Writes the checkpoint of step `step` (the steps done), after check_save_target. Every
 /// rank calls it.
-void save_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model, const nn::Adam* adam,
-                     int step);
-/// Loads DIR into this rank's model (and Adam's state, when `adam`); returns the step to
+void save_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
+                     const ch08::ReplicaOptimizer* optimizer, int step);
+/// Loads DIR into this rank's model (and Adam's state, when `optimizer` keeps one); returns
+/// the step to
 /// go on from. UsageError (exit 2) for a folder that is not such a checkpoint, a model of
 /// another shape, or a corrupt file. Every rank calls it.
-int load_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model, nn::Adam* adam);
+int load_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
+                    ch08::ReplicaOptimizer* optimizer);
 
 /// The safetensors format (Hugging Face): an 8-byte little-endian header length, a JSON
 /// header naming each tensor's dtype, shape and byte range, then the data. F32 only.

@@ -5,9 +5,10 @@
                                              [--validation] [--expect LOSS | --expect-json FILE]
                                              [--tolerance REL] [--require-hf]
 
-It reads CKPT/config.json and CKPT/model.safetensors (parsed here with numpy alone: an 8-byte
-little-endian header length, a JSON header of dtype, shape and data_offsets, then F32 data)
-and runs GPT-2's forward pass, written out below in float64 independently of the C++ code:
+It reads CKPT/config.json and CKPT/model.safetensors, or the files model.safetensors.index.json
+names (one per pipeline stage: ch09_gpt writes a sharded checkpoint), parsed here with numpy
+alone (an 8-byte little-endian header length, a JSON header of dtype, shape and data_offsets,
+then F32 data), and runs GPT-2's forward pass, written out below in float64 independently of the C++ code:
 wte + wpe, then per block x + c_proj(attention(ln_1(x))) and x + c_proj(gelu_new(c_fc(ln_2(x)))),
 ln_f, logits = x wte^T (the head tied to wte). The loss is the mean cross-entropy of each next
 byte over N sequences of T = n_positions bytes, back to back from byte K of the text
@@ -87,7 +88,7 @@ def numpy_logits(weights, config, ids):
     """GPT-2's logits [N, T, V] for the byte ids [N, T], in float64."""
     def w(name):
         if name not in weights:
-            fail(f"model.safetensors has no {name}")
+            fail(f"the checkpoint has no {name}")
         return weights[name].astype(np.float64)
     C, H, eps = config["n_embd"], config["n_head"], config["layer_norm_epsilon"]
     N, T = ids.shape
@@ -145,6 +146,30 @@ def hf_logits(ckpt, inputs):
         return model(torch.from_numpy(inputs.astype(np.int64))).logits.double().numpy()
 
 
+def read_checkpoint(ckpt):
+    """{name: float32 array} of CKPT/model.safetensors, or of the files that
+    CKPT/model.safetensors.index.json names (a sharded checkpoint, as ch09_gpt writes one
+    file per pipeline stage)."""
+    index = os.path.join(ckpt, "model.safetensors.index.json")
+    if not os.path.isfile(index):
+        return read_safetensors(os.path.join(ckpt, "model.safetensors"))
+    try:
+        with open(index) as f:
+            weight_map = json.load(f)["weight_map"]
+        files = sorted(set(weight_map.values()))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        fail(f"{index} is not an index of safetensors files (no weight_map)", 2)
+    weights = {}
+    for name in files:
+        if os.path.basename(name) != name:
+            fail(f"{index} names {name!r}, not a file of the folder", 2)
+        weights.update(read_safetensors(os.path.join(ckpt, name)))
+    missing = sorted(set(weight_map) - set(weights))
+    if missing:
+        fail(f"{index} names {missing[0]}, which none of its files holds", 2)
+    return weights
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("checkpoint")
@@ -164,9 +189,11 @@ def main():
     if a.expect_json:
         with open(a.expect_json) as f:
             a.expect = json.load(f)["validation_loss"]
-    for f in ("config.json", "model.safetensors"):
-        if not os.path.isfile(os.path.join(a.checkpoint, f)):
-            fail(f"{a.checkpoint}: no {f} (not a checkpoint of chapter 09)", 2)
+    has = lambda f: os.path.isfile(os.path.join(a.checkpoint, f))
+    if not has("config.json") or not (has("model.safetensors") or
+                                      has("model.safetensors.index.json")):
+        fail(f"{a.checkpoint}: no config.json and model.safetensors (or its index): "
+             "not a checkpoint of chapter 09", 2)
     if not os.path.isfile(a.text):
         fail(f"--text {a.text}: cannot read it (give --text FILE)", 2)
     with open(os.path.join(a.checkpoint, "config.json")) as f:
@@ -194,7 +221,7 @@ def main():
     print(f"{a.checkpoint}: {config['n_layer']} layers, {config['n_embd']} channels, "
           f"{config['n_head']} heads, T {T}; {a.sequences} sequences from byte {a.offset} "
           f"of {a.text}")
-    weights = read_safetensors(os.path.join(a.checkpoint, "model.safetensors"))
+    weights = read_checkpoint(a.checkpoint)
     loss = cross_entropy(numpy_logits(weights, config, inputs), targets)
     print(f"numpy loss        {loss:.6f}")
     losses = [loss]

@@ -63,7 +63,7 @@ void train(Context& ctx, const Settings& s) {
   GptModel model(mesh, c.model, c.recompute, c.chunks);
   Trainer trainer(mesh, model, c, data);
   int first = 0;
-  if (!s.load.empty()) first = load_checkpoint(s.load, mesh, model, trainer.adam());
+  if (!s.load.empty()) first = load_checkpoint(s.load, mesh, model, &trainer.optimizer());
   // 3. Step by step, the mesh against one device (rank 0 holds the references' curves).
   const bool compare = reference && ctx.rank() == 0;
   Table curve({"step", "one_device", "mesh", "diff", "order_alone", "grad_norm"});
@@ -117,7 +117,7 @@ void train(Context& ctx, const Settings& s) {
   ctx.say("\n" + format_number(tokens / seconds) + " tokens/s on the mesh (" +
           format_number(seconds) + " s for " + std::to_string(s.steps) + " steps)");
   if (!s.save.empty()) {
-    save_checkpoint(s.save, mesh, model, trainer.adam(), first + s.steps);
+    save_checkpoint(s.save, mesh, model, &trainer.optimizer(), first + s.steps);
     ctx.say("saved " + s.save + " (step " + std::to_string(first + s.steps) + ")");
   }
 }

@@ -11,6 +11,8 @@
 //     "the gradient norm differs at step 1: 2.45", then the loss from step 2
 //   the embedding's allreduce over tp left out (each tp rank its own tokens only): "the
 //     loss differs at step 1: 5.565, one device 5.552"
+//   ZeRO-1's norm taken on replica 0 only, as if every replica held the same gradients:
+//     "the gradient norm differs at step 1: 2.33, one device 2.77" (1 x 8 x 1)
 //   c_attn's columns saved in this model's layout instead of [q | k | v]: not here (the
 //     files load, into this program too); ch09.hugging_face_layout's other GPT-2 gives
 //     4.418 where the program said 4.395
@@ -72,7 +74,7 @@ Run train(TrainConfig c, int first, int steps, const std::string& load = "",
         Mesh mesh(world, c.mesh);
         GptModel model(mesh, c.model, c.recompute, c.chunks);
         Trainer trainer(mesh, model, c, data);
-        if (!load.empty()) CHECK(load_checkpoint(load, mesh, model, trainer.adam()) == first);
+        if (!load.empty()) CHECK(load_checkpoint(load, mesh, model, &trainer.optimizer()) == first);
         Run mine;
         for (int t = first; t < first + steps; ++t) {
           const StepResult r = trainer.step(t);
@@ -80,7 +82,7 @@ Run train(TrainConfig c, int first, int steps, const std::string& load = "",
           mine.norm.push_back(r.grad_norm);
         }
         mine.validation = trainer.evaluate(data.validation(6));
-        if (!save.empty()) save_checkpoint(save, mesh, model, trainer.adam(), first + steps);
+        if (!save.empty()) save_checkpoint(save, mesh, model, &trainer.optimizer(), first + steps);
         if (world.rank() == 0) out = mine;
       },
       std::chrono::seconds(20));
@@ -123,6 +125,27 @@ TEST_CASE("every factorisation of 8 ranks trains like one device") {
   }
 }
 
+TEST_CASE("ZeRO-1 clips by the norm of its shards and trains like one device") {
+  const Run want = one_device(small({1, 1, 1}), 3);
+  for (MeshShape m : {MeshShape{1, 8, 1}, MeshShape{2, 2, 2}, MeshShape{1, 4, 2}}) {
+    CAPTURE(m.dp);
+    CAPTURE(m.tp);
+    TrainConfig c = small(m);
+    c.zero = 1;
+    const Run got = train(c, 0, 3);
+    REQUIRE(got.loss.size() == 3);
+    for (std::size_t t = 0; t < 3; ++t) {
+      CHECK_MESSAGE(rel(got.norm[t], want.norm[t]) < 1e-5, "the gradient norm differs at step "
+                                                               << t + 1 << ": " << got.norm[t]
+                                                               << ", one device " << want.norm[t]);
+      CHECK_MESSAGE(rel(got.loss[t], want.loss[t]) < 1e-5, "the loss differs at step "
+                                                               << t + 1 << ": " << got.loss[t]
+                                                               << ", one device " << want.loss[t]);
+    }
+    CHECK(rel(got.validation, want.validation) < 1e-5);
+  }
+}
+
 TEST_CASE("the interleaved schedule (2 chunks a stage) trains like one device") {
   const Run want = one_device(small({1, 1, 1}), 3);
   for (MeshShape m : {MeshShape{4, 2, 1}, MeshShape{2, 2, 2}}) {
@@ -160,7 +183,12 @@ TEST_CASE("a checkpoint resumes on the same mesh bit for bit, and on another to 
   fs::remove_all(dir);
   const Run whole = train(small({2, 2, 2}), 0, 4);
   train(small({2, 2, 2}), 0, 2, "", dir);
-  REQUIRE(fs::exists(fs::path(dir) / "model.safetensors"));
+  // One file per pipeline stage, and the indexes; the rank files are gone.
+  for (const char* file : {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                           "model.safetensors.index.json", "optimizer-00002-of-00002.safetensors",
+                           "optimizer.safetensors.index.json"})
+    CHECK_MESSAGE(fs::exists(fs::path(dir) / file), file);
+  CHECK_FALSE(fs::exists(fs::path(dir) / "ranks"));
   CHECK_FALSE(fs::exists(dir + ".partial"));
   const Run same = train(small({2, 2, 2}), 2, 2, dir);
   REQUIRE(same.loss.size() == 2);
@@ -179,6 +207,23 @@ TEST_CASE("a checkpoint resumes on the same mesh bit for bit, and on another to 
                     "resumed, step " << t + 3 << ": " << other.loss[t] << ", uninterrupted "
                                      << whole.loss[t + 2]);
   }
+  // ZeRO-1 saves each replica's range of Adam's state and resumes from it, on its own mesh
+  // and on one without ZeRO (and back).
+  TrainConfig zero = small({2, 2, 2});
+  zero.zero = 1;
+  const Run zero_whole = train(zero, 0, 4);
+  train(zero, 0, 2, "", dir);
+  for (bool sharded : {true, false}) {
+    CAPTURE(sharded);
+    TrainConfig c = small({1, 4, 2});
+    c.zero = sharded ? 1 : 0;
+    const Run other = train(c, 2, 2, dir);
+    REQUIRE(other.loss.size() == 2);
+    for (std::size_t t = 0; t < 2; ++t)
+      CHECK_MESSAGE(rel(other.loss[t], zero_whole.loss[t + 2]) < 1e-5,
+                    "ZeRO-1 resumed, step " << t + 3 << ": " << other.loss[t] << ", uninterrupted "
+                                            << zero_whole.loss[t + 2]);
+  }
   fs::remove_all(dir);
 }
 
@@ -194,7 +239,7 @@ TEST_CASE("a corrupt, foreign or missing checkpoint is refused with a usage erro
       GptModel model(mesh, c.model);
       Trainer trainer(mesh, model, c, data);
       try {
-        load_checkpoint(dir, mesh, model, trainer.adam());
+        load_checkpoint(dir, mesh, model, &trainer.optimizer());
       } catch (const UsageError& e) {
         if (world.rank() == 0) error = e.what();
       }
@@ -206,7 +251,7 @@ TEST_CASE("a corrupt, foreign or missing checkpoint is refused with a usage erro
   wider.model.channels = 64;
   CHECK(load_into(wider).find("n_embd") != std::string::npos);
   // Cut the model file short, then garble its header.
-  const fs::path file = fs::path(dir) / "model.safetensors";
+  const fs::path file = fs::path(dir) / "model-00001-of-00001.safetensors";
   fs::resize_file(file, fs::file_size(file) / 2);
   CHECK(load_into(small({1, 1, 2})).find("byte range") != std::string::npos);
   {
@@ -256,7 +301,7 @@ TEST_CASE("a save that fails on one rank leaves the last checkpoint as it was") 
         Trainer trainer(mesh, model, c, data);
         trainer.step(1);
         if (world.rank() == 1) throw Error("rank 1 dies before its pieces are sent");
-        save_checkpoint(dir, mesh, model, trainer.adam(), 2);
+        save_checkpoint(dir, mesh, model, &trainer.optimizer(), 2);
       },
       std::chrono::seconds(5)));
   std::ifstream in(fs::path(dir) / "trainer.json");

@@ -116,9 +116,6 @@ void check_config(const TrainConfig& c) {
                 "--batch " + std::to_string(c.batch) +
                     " must give every replica's microbatches a sequence: at least dp x m = " +
                     std::to_string(c.mesh.dp * c.microbatches));
-  require_usage(!(c.zero && c.clip > 0),
-                "--zero 1 updates the shards in the same call that reduces the gradients "
-                "(chapter 05), leaving no moment to take their norm: add --clip 0");
 }
 
 Trainer::Trainer(Mesh& mesh, GptModel& model, const TrainConfig& c, const Corpus& data)
@@ -216,7 +213,8 @@ StepResult Trainer::step(int step) {
   if (c_.mesh.pp > 1 && model_.tied()) embedding_group_->allreduce(model_.tied()->grad);
   StepResult result;
   replicas_->reduce();
-  if (c_.zero == 0) result.grad_norm = clip_gradients();  // ZeRO-1 reduces in its update
+  // ZeRO-1 without clipping reduces inside its update (chapter 05's zero1_step): no norm.
+  if (c_.zero == 0 || c_.clip > 0) result.grad_norm = clip_gradients();
   replicas_->update();
   if (profile_) {
     profile_->step = static_cast<double>(ns(Clock::now()) - origin) * 1e-9;
@@ -234,20 +232,26 @@ StepResult Trainer::step(int step) {
 }
 
 double Trainer::clip_gradients() {
-  // Each parameter once: replica 0's gradients, tp rank 0's copy of what every tp rank
-  // holds, and not the head's copy of wte (pieces_of says which).
+  // Each parameter once: one replica's gradients (or, under ZeRO-1, each replica's own
+  // range of them), tp rank 0's copy of what every tp rank holds, and not the head's copy
+  // of wte (pieces_of says which).
+  ch08::ReplicaOptimizer::Reduced reduced = replicas_->reduced();
+  const std::int64_t first = reduced.offset, end = first + reduced.grads.size();
   double squares = 0;
-  if (mesh_.coords().dp == 0) {
+  if (!reduced.every_replica || mesh_.coords().dp == 0) {
     const std::vector<nn::Parameter*> params = model_.store().parameters();
     for (std::size_t i = 0; i < params.size(); ++i) {
-      if (!model_.pieces()[i].counted) continue;
-      for (float g : params[i]->grad.span()) squares += static_cast<double>(g) * g;
+      const std::int64_t from = std::max(first, params[i]->offset),
+                         to = std::min(end, params[i]->offset + params[i]->value.size());
+      if (!model_.pieces()[i].counted || from >= to) continue;
+      for (float g : reduced.grads.slice(from - first, to - from).span())
+        squares += static_cast<double>(g) * g;
     }
   }
   const double norm = std::sqrt(mesh_.world().agree(squares, ReduceOp::sum));
   if (c_.clip > 0) {
     const float coef = static_cast<float>(c_.clip / (norm + 1e-6));
-    if (coef < 1.0f) scale_in_place(model_.store().grads(), coef);
+    if (coef < 1.0f) scale_in_place(reduced.grads, coef);
   }
   return norm;
 }

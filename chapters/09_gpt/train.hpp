@@ -96,8 +96,8 @@ class Trainer {
   double evaluate(const std::vector<std::int64_t>& starts);
   /// The next step() records where this rank's time went into `out` (profile.hpp).
   void profile_next_step(Profile* out) { profile_ = out; }
-  /// Adam's state (nullptr under ZeRO-1): what a checkpoint saves and restores.
-  nn::Adam* adam() { return replicas_->adam(); }
+  /// The data-parallel optimizer, whose state a checkpoint saves and restores.
+  ch08::ReplicaOptimizer& optimizer() { return *replicas_; }
 
  private:
   /// Forward only through the stages for `ids` (whole sequences, every replica the same
