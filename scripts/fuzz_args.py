@@ -220,6 +220,7 @@ CHAPTERS = {
         "--benchmark": None,
         "--recompute": ["none", "selective", "full", "some", ""],
         "--trace": ["out/t.json", "/proc/t.json", "/dev/full", ""],
+        "--sequence-parallel": None,
     },
 }
 

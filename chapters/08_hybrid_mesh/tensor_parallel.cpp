@@ -32,6 +32,23 @@ ShardRange my_part(std::int64_t size, Communicator& tp, const std::string& name,
 
 }  // namespace
 
+Tensor gather_rows(Communicator& tp, const Tensor& mine) {
+  Tensor all(mine.rows() * tp.size(), mine.cols());
+  tp.allgather(mine, all);
+  return all;
+}
+
+Tensor scatter_rows(Communicator& tp, const Tensor& partial) {
+  const int t = tp.size();
+  require(partial.ndim() == 2 && partial.rows() % t == 0, [&] {
+    return "sequence parallelism: " + partial.describe() + " does not split into " +
+           std::to_string(t) + " equal parts of rows";
+  });
+  Tensor mine(partial.rows() / t, partial.cols());
+  tp.reduce_scatter(partial, mine, shardlab::ReduceOp::sum);
+  return mine;
+}
+
 ColumnParallelLinear::ColumnParallelLinear(nn::ParameterStore& store, Communicator& tp,
                                            const std::string& name, std::int64_t in,
                                            std::int64_t out, std::uint64_t seed, bool bias)
@@ -46,15 +63,40 @@ Tensor ColumnParallelLinear::own(const Tensor& whole) const {
 }
 
 nn::Forward ColumnParallelLinear::forward(const Tensor& x) const {
+  if (sequence_parallel_) {
+    // The whole input for the product, but only this rank's rows kept for the backward.
+    nn::Forward f = inner_.forward(gather_rows(tp_, x));
+    nn::Saved inner = std::move(f.saved);
+    inner.tensors.clear();  // the gathered input: gathered again in the backward
+    f.saved = nn::Saved{};
+    f.saved.tensors = {x};
+    f.saved.children.push_back(std::move(inner));
+    return f;
+  }
   Tensor in = x.clone();  // f may not touch the caller's activation
   f_forward(tp_, in);
   return inner_.forward(in);
 }
 
 Tensor ColumnParallelLinear::backward_input(const Tensor& dy, nn::Saved& saved) const {
+  if (sequence_parallel_) {
+    require(saved.children.size() == 1 && saved.tensors.size() == 1,
+            inner_.name() + ": backward without a forward");
+    nn::Saved& inner = saved.children[0];
+    inner.tensors = {gather_rows(tp_, saved.tensors[0])};  // the input again, whole
+    saved.tensors.clear();
+    return scatter_rows(tp_, inner_.backward_input(dy, inner));
+  }
   Tensor dx = inner_.backward_input(dy, saved);
   f_backward(tp_, dx);
   return dx;
+}
+
+void ColumnParallelLinear::backward_weight(nn::Saved& saved) {
+  if (!sequence_parallel_) return inner_.backward_weight(saved);
+  require(saved.children.size() == 1, inner_.name() + ": backward_weight before backward_input");
+  inner_.backward_weight(saved.children[0]);
+  saved = nn::Saved{};
 }
 
 RowParallelLinear::RowParallelLinear(nn::ParameterStore& store, Communicator& tp,
@@ -69,15 +111,21 @@ RowParallelLinear::RowParallelLinear(nn::ParameterStore& store, Communicator& tp
 
 nn::Forward RowParallelLinear::forward(const Tensor& x) const {
   nn::Forward partial = inner_.forward(x);
-  g_forward(tp_, partial.out);
-  if (bias_) add_row(partial.out, bias_->value);
-  nn::Forward f{std::move(partial.out), {}};
+  Tensor y = partial.out;
+  if (sequence_parallel_)
+    y = scatter_rows(tp_, y);  // this rank's rows of the sum
+  else
+    g_forward(tp_, y);
+  if (bias_) add_row(y, bias_->value);
+  nn::Forward f{std::move(y), {}};
   f.saved.children.push_back(std::move(partial.saved));
   return f;
 }
 
 Tensor RowParallelLinear::backward_input(const Tensor& dy, nn::Saved& saved) const {
   require(saved.children.size() == 1, inner_.name() + ": backward without a forward");
+  saved.dy = dy;  // the bias's gradient: every row's (sequence parallel: this rank's rows)
+  if (sequence_parallel_) return inner_.backward_input(gather_rows(tp_, dy), saved.children[0]);
   Tensor d = dy.clone();  // g may not touch the caller's gradient
   g_backward(tp_, d);
   saved.dy = d;

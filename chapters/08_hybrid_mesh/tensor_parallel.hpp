@@ -14,6 +14,18 @@
 //
 // The weights are those of the one-device nn::Linear with the same seed, cut: a
 // tensor-parallel block on any number of ranks starts from the same model.
+//
+// Sequence parallelism (Korthikanti et al. 2022, §4.2.2; Megatron-LM's sequence_parallel):
+// between the blocks' tensor-parallel regions each tp rank keeps n/t of the n rows (the
+// tokens) instead of all n, so the LayerNorms, the residual adds and what they keep for
+// the backward are split t ways too. The conjugates change with it: a column-parallel
+// layer all-gathers its input's rows (forward) and reduce-scatters dL/dx (backward) in
+// place of f; a row-parallel layer reduce-scatters its partial sums (forward) and
+// all-gathers dL/dy (backward) in place of g. An all-gather and a reduce-scatter move what
+// one allreduce moves. The column-parallel layer keeps only its n/t rows of the input and
+// gathers them again in the backward (as Megatron-LM does), and a weight every tp rank
+// holds whole (a LayerNorm's, the row-parallel bias) gets from each rank the gradient of
+// its rows only: the caller sums those over tp.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +39,13 @@ namespace ch08 {
 namespace nn = shardlab::nn;
 using shardlab::ShardRange;
 
+/// Sequence parallelism's two moves over the rows of a 2-D tensor, rank i holding rows
+/// shard_range(n, t, i) of n (t must divide n): gather_rows all-gathers the ranks' n/t rows
+/// into n; scatter_rows sums each rank's n-row partial and returns this rank's n/t rows of
+/// the sum (a reduce-scatter). Each is the other's backward.
+Tensor gather_rows(Communicator& tp, const Tensor& mine);
+Tensor scatter_rows(Communicator& tp, const Tensor& partial);
+
 class ColumnParallelLinear final : public nn::Layer {
  public:
   ColumnParallelLinear(nn::ParameterStore& store, Communicator& tp, const std::string& name,
@@ -36,7 +55,7 @@ class ColumnParallelLinear final : public nn::Layer {
   nn::Forward forward(const Tensor& x) const override;
   /// dL/dx = f's backward of dy_i W[:, O_i]^T: summed over the tp ranks.
   Tensor backward_input(const Tensor& dy, nn::Saved& saved) const override;
-  void backward_weight(nn::Saved& saved) override { inner_.backward_weight(saved); }
+  void backward_weight(nn::Saved& saved) override;
   std::vector<nn::Parameter*> parameters() const override { return inner_.parameters(); }
   /// The columns O_i of the whole layer this rank holds.
   ShardRange columns() const { return columns_; }
@@ -44,11 +63,15 @@ class ColumnParallelLinear final : public nn::Layer {
   /// initial value, a one-device layer's, their gradients): a copy.
   Tensor own(const Tensor& whole) const;
   nn::Linear& local() { return inner_; }
+  /// On: x is this rank's n/t rows; the forward gathers them (not f), the backward
+  /// returns this rank's rows of dL/dx summed over tp (a reduce-scatter).
+  void set_sequence_parallel(bool on) { sequence_parallel_ = on; }
 
  private:
   Communicator& tp_;
   ShardRange columns_;
   nn::Linear inner_;
+  bool sequence_parallel_ = false;
 };
 
 class RowParallelLinear final : public nn::Layer {
@@ -73,12 +96,16 @@ class RowParallelLinear final : public nn::Layer {
   Tensor own(const Tensor& whole) const { return whole.slice(rows_.offset, rows_.length); }
   nn::Linear& local() { return inner_; }
   nn::Parameter* bias() { return bias_; }
+  /// On: the forward returns this rank's n/t rows of y (a reduce-scatter, not g), and the
+  /// backward takes dL/dy of those rows and gathers the rest; db gets those rows' sums.
+  void set_sequence_parallel(bool on) { sequence_parallel_ = on; }
 
  private:
   Communicator& tp_;
   ShardRange rows_;
   nn::Linear inner_;
   nn::Parameter* bias_ = nullptr;
+  bool sequence_parallel_ = false;
 };
 
 /// The seeds of block b's two Linears (fc1, fc2) in a model seeded `seed`: the same for

@@ -84,16 +84,26 @@ nn::Forward VocabParallelEmbedding::forward(const Tensor& ids) const {
     const std::int64_t row = id[i] - vocab_.offset;
     if (row >= 0 && row < V) std::copy(w + row * C, w + (row + 1) * C, y + i * C);
   }
-  tp_.allreduce(f.out);  // each token's row from the one rank that holds it
+  // Each token's row from the one rank that holds it: summed over tp, whole on every rank
+  // or (sequence parallel) this rank's rows of the sum.
+  std::int64_t first = 0;
+  if (sequence_parallel_) {
+    f.out = ch08::scatter_rows(tp_, f.out);
+    first = f.out.rows() * tp_.rank();
+  } else {
+    tp_.allreduce(f.out);
+  }
+  y = f.out.data();
   const float* p = wpe_->value.data();
-  for (std::int64_t i = 0; i < n; ++i)
-    for (std::int64_t c = 0; c < C; ++c) y[i * C + c] += p[(i % context_) * C + c];
+  for (std::int64_t i = 0; i < f.out.rows(); ++i)
+    for (std::int64_t c = 0; c < C; ++c) y[i * C + c] += p[((first + i) % context_) * C + c];
   f.saved.tensors = {ids};
   return f;
 }
 
 Tensor VocabParallelEmbedding::backward_input(const Tensor& dy, nn::Saved& saved) const {
-  saved.dy = dy;
+  // wte's rows here may be read by any row of the microbatch: every row's gradient.
+  saved.dy = sequence_parallel_ ? ch08::gather_rows(tp_, dy) : dy;
   return Tensor();  // token ids have no gradient
 }
 
@@ -105,25 +115,33 @@ void VocabParallelEmbedding::backward_weight(nn::Saved& saved) {
   const float* d = saved.dy.data();
   float* gw = wte_->grad.data();
   float* gp = wpe_->grad.data();
+  // wpe: every row, or (sequence parallel) this rank's rows only, summed over tp later.
+  const std::int64_t mine = sequence_parallel_ ? n / tp_.size() : n,
+                     first = sequence_parallel_ ? mine * tp_.rank() : 0;
   for (std::int64_t i = 0; i < n; ++i) {
     const std::int64_t row = id[i] - vocab_.offset;
     if (row >= 0 && row < V)
       for (std::int64_t c = 0; c < C; ++c) gw[row * C + c] += d[i * C + c];
-    for (std::int64_t c = 0; c < C; ++c) gp[(i % context_) * C + c] += d[i * C + c];
+    if (i >= first && i < first + mine)
+      for (std::int64_t c = 0; c < C; ++c) gp[(i % context_) * C + c] += d[i * C + c];
   }
   saved = nn::Saved{};
 }
 
 nn::Forward TiedHead::forward(const Tensor& x) const {
-  nn::Forward f{matmul(x, weight_->value, false, true), {}};
-  f.saved.tensors = {x};
+  const Tensor whole = sequence_parallel_ ? ch08::gather_rows(tp_, x) : x;
+  nn::Forward f{matmul(whole, weight_->value, false, true), {}};
+  f.saved.tensors = {whole};
   return f;
 }
 
 Tensor TiedHead::backward_input(const Tensor& dlogits, nn::Saved& saved) const {
   saved.dy = dlogits;
   Tensor dx = matmul(dlogits, weight_->value);
-  ch08::f_backward(tp_, dx);  // every tp rank's vocabulary contributes to dL/dx
+  // Every tp rank's vocabulary contributes to dL/dx: summed (sequence parallel: this
+  // rank's rows of the sum).
+  if (sequence_parallel_) return ch08::scatter_rows(tp_, dx);
+  ch08::f_backward(tp_, dx);
   return dx;
 }
 
@@ -207,12 +225,29 @@ std::vector<Piece> pieces_of(const GptShape& s, const MeshShape& mesh, const Coo
   return out;
 }
 
+namespace {
+
+/// Sequence parallelism for a block built by parallel_attention or parallel_mlp: its
+/// column- and row-parallel layers, wherever the block has them.
+void split_sequence(nn::Residual& block) {
+  nn::Sequential& inner = block.inner();
+  for (std::size_t i = 0; i < inner.size(); ++i) {
+    if (auto* column = dynamic_cast<ch08::ColumnParallelLinear*>(inner.layer(i).get()))
+      column->set_sequence_parallel(true);
+    if (auto* row = dynamic_cast<ch08::RowParallelLinear*>(inner.layer(i).get()))
+      row->set_sequence_parallel(true);
+  }
+}
+
+}  // namespace
+
 GptModel::GptModel(Mesh& mesh, const GptShape& shape, Recompute recompute, int chunks,
-                   Memory memory)
+                   bool sequence_parallel, Memory memory)
     : shape_(shape),
       vocab_(shard_range(shape.vocab, mesh.shape().tp, mesh.coords().tp)),
       first_(mesh.coords().pp == 0),
-      last_(mesh.coords().pp == mesh.shape().pp - 1) {
+      last_(mesh.coords().pp == mesh.shape().pp - 1),
+      sequence_parallel_(sequence_parallel && mesh.shape().tp > 1) {
   check_shape(shape, mesh.shape(), chunks);
   const Coords& at = mesh.coords();
   const int p = mesh.shape().pp, per = shape.layers / (p * chunks);
@@ -221,12 +256,20 @@ GptModel::GptModel(Mesh& mesh, const GptShape& shape, Recompute recompute, int c
     chunks_.push_back(std::make_unique<nn::Sequential>());
     nn::Sequential& chunk = *chunks_.back();
     const int k = c * p + at.pp;  // the virtual stage
-    if (k == 0) tied_ = &chunk.add<VocabParallelEmbedding>(store_, tp, shape).wte();
+    if (k == 0) {
+      auto& embedding = chunk.add<VocabParallelEmbedding>(store_, tp, shape);
+      embedding.set_sequence_parallel(sequence_parallel_);
+      tied_ = &embedding.wte();
+    }
     for (int b = k * per; b < (k + 1) * per; ++b) {
       const std::string name = "transformer.h." + std::to_string(b);
       auto attention =
           std::make_shared<nn::Residual>(parallel_attention(store_, tp, name, shape, b));
       auto mlp = std::make_shared<nn::Residual>(parallel_mlp(store_, tp, name, shape, b));
+      if (sequence_parallel_) {
+        split_sequence(*attention);
+        split_sequence(*mlp);
+      }
       if (recompute == Recompute::selective) {  // the attention core, wherever the block has it
         nn::Sequential& inner = attention->inner();
         for (std::size_t i = 0; i < inner.size(); ++i)
@@ -247,6 +290,7 @@ GptModel::GptModel(Mesh& mesh, const GptShape& shape, Recompute recompute, int c
       chunk.add<nn::LayerNorm>(store_, "transformer.ln_f", shape.channels);
       if (!first_) tied_ = &store_.add("lm_head.weight", wte_init(shape, tp.size(), tp.rank()));
       head_ = std::make_unique<TiedHead>(tp, *tied_);
+      head_->set_sequence_parallel(sequence_parallel_);
     }
   }
   store_.allocate(memory);

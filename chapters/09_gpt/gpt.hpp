@@ -12,7 +12,8 @@
 //   tp  attention by heads (parallel.hpp), the MLP column then row (chapter 08), wte and
 //       the LM head by vocabulary rows: each tp rank holds V/tp tokens' embeddings and
 //       logits (a vocabulary-parallel cross-entropy). LayerNorms, wpe and the
-//       row-parallel biases are whole on every tp rank.
+//       row-parallel biases are whole on every tp rank. Optionally sequence parallel:
+//       between those regions each tp rank holds n/t of the n rows (tensor_parallel.hpp).
 //   dp  replicas, each on its own sequences of the batch (chapter 02's sync, or chapter
 //       05's ZeRO-1).
 //
@@ -60,9 +61,14 @@ class VocabParallelEmbedding final : public nn::Layer {
   std::vector<nn::Parameter*> parameters() const override { return {wte_, wpe_}; }
   nn::Parameter& wte() { return *wte_; }
   ShardRange vocab() const { return vocab_; }
+  /// On: the sum over tp is a reduce-scatter, and this rank's n/t rows come out (their
+  /// positions' wpe added); the backward gathers dL/dy's rows for wte, and wpe gets this
+  /// rank's rows' gradient only (the caller sums it over tp).
+  void set_sequence_parallel(bool on) { sequence_parallel_ = on; }
 
  private:
   Communicator& tp_;
+  bool sequence_parallel_ = false;
   std::int64_t context_;
   ShardRange vocab_;
   nn::Parameter* wte_;
@@ -80,10 +86,13 @@ class TiedHead final : public nn::Layer {
   Tensor backward_input(const Tensor& dlogits, nn::Saved& saved) const override;
   void backward_weight(nn::Saved& saved) override;
   std::vector<nn::Parameter*> parameters() const override { return {weight_}; }
+  /// On: x is this rank's n/t rows, gathered first; dL/dx is reduce-scattered back.
+  void set_sequence_parallel(bool on) { sequence_parallel_ = on; }
 
  private:
   Communicator& tp_;
   nn::Parameter* weight_;
+  bool sequence_parallel_ = false;
 };
 
 /// What the blocks keep for their backward: chapter 08's planner's Recompute (Korthikanti
@@ -121,8 +130,12 @@ class GptModel {
  public:
   /// With `chunks` v > 1 (the interleaved schedule), stage s holds the p v virtual
   /// stages k = c p + s, c = 0 .. v - 1, each L / (p v) blocks: chunk c.
+  /// `sequence_parallel` (Korthikanti et al. 2022, §4.2.2): between the tensor-parallel
+  /// regions each tp rank holds n/t of a microbatch's n rows (tensor_parallel.hpp); the
+  /// embedding's output, the blocks' LayerNorms and residual stream, ln_f and the messages
+  /// between pipeline stages are split t ways. Needs t to divide n.
   GptModel(Mesh& mesh, const GptShape& shape, Recompute recompute = Recompute::none, int chunks = 1,
-           Memory memory = Memory::host);
+           bool sequence_parallel = false, Memory memory = Memory::host);
   nn::ParameterStore& store() { return store_; }
   /// Chunk c's layers: the embedding (virtual stage 0), its blocks (each its attention and
   /// its MLP, or under full recompute one nn::Checkpoint of the two), ln_f (the last).
@@ -137,6 +150,10 @@ class GptModel {
   bool first() const { return first_; }
   bool last() const { return last_; }
   ShardRange vocab() const { return vocab_; }
+  /// Sequence parallel on more than one tp rank: activations hold n/t rows, and the
+  /// gradients of the weights every tp rank holds whole (Cut::whole) are each rank's
+  /// rows' part, to be summed over tp.
+  bool sequence_parallel() const { return sequence_parallel_; }
 
  private:
   GptShape shape_;
@@ -147,6 +164,7 @@ class GptModel {
   std::vector<Piece> pieces_;
   ShardRange vocab_;
   bool first_, last_;
+  bool sequence_parallel_ = false;
 };
 
 }  // namespace ch09

@@ -60,7 +60,7 @@ void train(Context& ctx, const Settings& s) {
   // 2. The mesh, its memory counted by the ledger from here.
   memory::Tracker tracker;
   Mesh mesh(ctx.comm(), c.mesh);
-  GptModel model(mesh, c.model, c.recompute, c.chunks);
+  GptModel model(mesh, c.model, c.recompute, c.chunks, c.sequence_parallel);
   Trainer trainer(mesh, model, c, data);
   int first = 0;
   if (!s.load.empty()) first = load_checkpoint(s.load, mesh, model, &trainer.optimizer());
@@ -126,7 +126,7 @@ void generate(Context& ctx, const Settings& s) {
   const TrainConfig& c = s.run;
   const Corpus data = Corpus::load(s.data, c.model.context);
   Mesh mesh(ctx.comm(), c.mesh);
-  GptModel model(mesh, c.model, c.recompute, c.chunks);
+  GptModel model(mesh, c.model, c.recompute, c.chunks, c.sequence_parallel);
   Trainer trainer(mesh, model, c, data);
   if (!s.load.empty()) load_checkpoint(s.load, mesh, model, nullptr);
   const std::string text =
@@ -169,6 +169,8 @@ int main(int argc, char** argv) {
   option("--recompute", s.recompute, "what the blocks recompute in the backward",
          CLI::IsMember({"none", "selective", "full"}));
   option("--zero", c.zero, "1: ZeRO-1 over dp (chapter 05)", CLI::Range(0, 1));
+  cli.add_flag("--sequence-parallel", c.sequence_parallel,
+               "split the rows between the tensor-parallel regions over tp (Korthikanti et al.)");
   option("--log-every", s.log_every, "a row of the loss curve every N steps",
          CLI::Range(1, 100000));
   option("--data", s.data, "the text to learn (default: the chapters' READMEs)", CLI::Validator());

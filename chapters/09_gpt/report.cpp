@@ -130,12 +130,14 @@ void report_bytes(Context& ctx, const TrainConfig& c, const StepResult& last) {
              "a rank sent other than its axis' formula (bytes_per_axis)");
 }
 
-double block_activation_floats(const GptShape& g, int tp, Recompute recompute) {
+double block_activation_floats(const GptShape& g, int tp, Recompute recompute,
+                               bool sequence_parallel) {
   const auto C = static_cast<double>(g.channels), t = static_cast<double>(tp);
-  if (recompute == Recompute::full) return C;
+  const double whole = sequence_parallel ? C / t : C;  // a row every tp rank would hold
+  if (recompute == Recompute::full) return whole;
   const double softmax =
       recompute == Recompute::none ? static_cast<double>(g.heads * g.context) / t : 0;
-  return 4 * C + 12 * C / t + softmax;
+  return 4 * whole + 12 * C / t + softmax;
 }
 
 void report_memory(Context& ctx, const TrainConfig& c, Mesh& mesh, GptModel& model,
@@ -155,7 +157,9 @@ void report_memory(Context& ctx, const TrainConfig& c, Mesh& mesh, GptModel& mod
   const ch04::Schedule sched = ch04::make_schedule(c.schedule, c.mesh.pp, c.microbatches, c.chunks);
   const double in_flight =
       ch04::simulate(sched, ch04::Costs{}).peak_in_flight[static_cast<std::size_t>(at.pp)];
-  const double blocks = 4.0 * block_activation_floats(c.model, c.mesh.tp, c.recompute) *
+  const double blocks = 4.0 *
+                        block_activation_floats(c.model, c.mesh.tp, c.recompute,
+                                                c.sequence_parallel && c.mesh.tp > 1) *
                         static_cast<double>(tokens) * (c.model.layers / c.mesh.pp) * in_flight;
   const auto every =
       gather(ctx, {states.params, used.live(Category::params), states.grads,
@@ -171,7 +175,8 @@ void report_memory(Context& ctx, const TrainConfig& c, Mesh& mesh, GptModel& mod
              "\nmemory per rank, bytes: the model states by chapter 05's formula over the rank's "
              "shard, and the ledger's; the activations of the stage's blocks for the microbatches "
              "the schedule keeps in flight (4C + 12C/t + HT/t floats a token and block; selective "
-             "recompute: 4C + 12C/t; full: C), and the ledger's peak (the logits, the "
+             "recompute: 4C + 12C/t; full: C; sequence parallel: each C over t), and the ledger's "
+             "peak (the logits, the "
              "messages, the loss's softmax and a block's recomputed activations besides)");
   ctx.verify(every[0] == every[1] && every[2] == every[3] && every[4] == every[5],
              "a rank's model states differ from the formula (memory_per_rank)");
@@ -205,7 +210,8 @@ void report_planner(Context& ctx, const TrainConfig& c, const StepResult& last,
                             .microbatch_size = static_cast<int>(
                                 std::max<std::int64_t>(1, c.batch / (c.mesh.dp * c.microbatches))),
                             .zero = c.zero,
-                            .recompute = c.recompute};
+                            .recompute = c.recompute,
+                            .sequence_parallel = c.sequence_parallel && c.mesh.tp > 1};
   const ch08::MemoryEstimate mem = ch08::memory_per_gpu(model, layout, ch05::Precision::fp32);
   const ch08::StepEstimate step = ch08::step_time(model, *ch08::find_cluster("a100-80gb"), layout);
   using memory::Category;
@@ -251,7 +257,7 @@ void run_benchmark(Context& ctx, const TrainConfig& base, const Corpus& data, in
       const std::string name =
           std::to_string(pp) + "x" + std::to_string(c.mesh.dp) + "x" + std::to_string(tp);
       Mesh mesh(ctx.comm(), c.mesh);
-      GptModel model(mesh, c.model, c.recompute, c.chunks);
+      GptModel model(mesh, c.model, c.recompute, c.chunks, c.sequence_parallel);
       Trainer trainer(mesh, model, c, data);
       std::vector<double> loss;
       auto start = std::chrono::steady_clock::now();

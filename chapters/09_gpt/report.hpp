@@ -58,10 +58,13 @@ void report_bytes(shardlab::Context& ctx, const TrainConfig& c, const StepResult
 /// each LayerNorm's input (C) and its normalised output the next Linear keeps (C), c_attn's
 /// output q, k, v (3C/t), the attention weights (H T/t), c_proj's input (C/t), c_fc's
 /// output before and after GELU (4C/t each): 4C + 12C/t + HT/t. Selective recompute
-/// drops the H T/t; full recompute keeps the block's input alone, C. (Korthikanti et al.
-/// 2022's 34 + 5aT/h, 34 and 2 bytes per h count 16-bit values and dropout masks; this
-/// model has neither.)
-double block_activation_floats(const GptShape& g, int tp, Recompute recompute);
+/// drops the H T/t; full recompute keeps the block's input alone, C. Sequence parallel:
+/// the LayerNorms' inputs and outputs are this rank's rows only, so everything is over t:
+/// 16C/t + HT/t, 16C/t, C/t. (Korthikanti et al. 2022's 34 + 5aT/h and, sequence
+/// parallel, 34/t + 5aT/(ht), count 16-bit values and dropout masks; this model has
+/// neither.)
+double block_activation_floats(const GptShape& g, int tp, Recompute recompute,
+                               bool sequence_parallel = false);
 
 /// Model states per rank against chapter 05's formula (its tp x pp shard; ZeRO-1: its
 /// dp shard of Adam's state), and the activations' peak against the blocks' count for

@@ -13,6 +13,13 @@
 //     loss differs at step 1: 5.565, one device 5.552"
 //   ZeRO-1's norm taken on replica 0 only, as if every replica held the same gradients:
 //     "the gradient norm differs at step 1: 2.33, one device 2.77" (1 x 8 x 1)
+//   sequence parallel, the gradients of the weights every tp rank holds not summed over
+//     tp (each rank's rows only): "the gradient norm differs at step 1: 2.63, one device
+//     2.77" (1 x 1 x 8)
+//   sequence parallel, wpe's gradient from every row on every tp rank, then summed: "the
+//     gradient norm differs at step 1: 10.57"
+//   sequence parallel, the row-parallel bias's gradient from the gathered dL/dy (every
+//     row on every rank, then summed): "the gradient norm differs at step 1: 4.07"
 //   c_attn's columns saved in this model's layout instead of [q | k | v]: not here (the
 //     files load, into this program too); ch09.hugging_face_layout's other GPT-2 gives
 //     4.418 where the program said 4.395
@@ -24,6 +31,7 @@
 
 #include "checkpoint.hpp"
 #include "profile.hpp"
+#include "report.hpp"
 #include "shardlab/testing.hpp"
 #include "train.hpp"
 
@@ -72,7 +80,7 @@ Run train(TrainConfig c, int first, int steps, const std::string& load = "",
       c.mesh.ranks(),
       [&](Communicator& world) {
         Mesh mesh(world, c.mesh);
-        GptModel model(mesh, c.model, c.recompute, c.chunks);
+        GptModel model(mesh, c.model, c.recompute, c.chunks, c.sequence_parallel);
         Trainer trainer(mesh, model, c, data);
         if (!load.empty()) CHECK(load_checkpoint(load, mesh, model, &trainer.optimizer()) == first);
         Run mine;
@@ -144,6 +152,67 @@ TEST_CASE("ZeRO-1 clips by the norm of its shards and trains like one device") {
     }
     CHECK(rel(got.validation, want.validation) < 1e-5);
   }
+}
+
+TEST_CASE("sequence parallelism trains like one device, keeping fewer activations") {
+  const Run want = one_device(small({1, 1, 1}), 3);
+  struct Case {
+    MeshShape mesh;
+    Recompute recompute;
+    std::string schedule;
+  };
+  for (const Case& k :
+       {Case{{1, 1, 8}, Recompute::none, "1f1b"}, Case{{2, 2, 2}, Recompute::none, "1f1b"},
+        Case{{2, 1, 4}, Recompute::full, "zb1"}, Case{{1, 2, 4}, Recompute::selective, "gpipe"}}) {
+    const std::string mesh_shape = std::to_string(k.mesh.pp) + "x" + std::to_string(k.mesh.dp) +
+                                   "x" + std::to_string(k.mesh.tp) + " " + k.schedule;
+    CAPTURE(mesh_shape);
+    TrainConfig c = small(k.mesh);
+    c.sequence_parallel = true;
+    c.recompute = k.recompute;
+    c.schedule = k.schedule;
+    const Run got = train(c, 0, 3);
+    REQUIRE(got.loss.size() == 3);
+    for (std::size_t t = 0; t < 3; ++t) {
+      CHECK_MESSAGE(rel(got.loss[t], want.loss[t]) < 1e-5, "the loss differs at step "
+                                                               << t + 1 << ": " << got.loss[t]
+                                                               << ", one device " << want.loss[t]);
+      CHECK_MESSAGE(rel(got.norm[t], want.norm[t]) < 1e-5, "the gradient norm differs at step "
+                                                               << t + 1 << ": " << got.norm[t]
+                                                               << ", one device " << want.norm[t]);
+    }
+    CHECK_MESSAGE(
+        rel(got.validation, want.validation) < 1e-5,
+        "the validation loss differs: " << got.validation << ", one device " << want.validation);
+  }
+  // The ledger's activation peak on a tp rank, a step of 1 x 1 x 4 with and without: the
+  // LayerNorms' rows and what the column-parallel layers keep are split four ways.
+  auto peak = [&](bool split) {
+    TrainConfig c = small({1, 1, 4});
+    c.sequence_parallel = split;
+    const Corpus data = Corpus::load(text_file(), c.model.context);
+    std::uint64_t out = 0;
+    on_ranks(4, [&](Communicator& world) {
+      Mesh mesh(world, c.mesh);
+      GptModel model(mesh, c.model, c.recompute, c.chunks, c.sequence_parallel);
+      Trainer trainer(mesh, model, c, data);
+      memory::Tracker tracker;
+      trainer.step(0);
+      if (world.rank() == 0) out = tracker.usage().peak(memory::Category::activations);
+    });
+    return out;
+  };
+  // What it saves, by the formula: (4C - 4C/t) floats a token and block, for the one
+  // microbatch of 4 x 8 tokens that 1F1B keeps on a single stage, and the 8 blocks.
+  const GptShape g = small({1, 1, 4}).model;
+  const double saved = 4.0 * 32 * g.layers *
+                       (block_activation_floats(g, 4, Recompute::none, false) -
+                        block_activation_floats(g, 4, Recompute::none, true));
+  const auto whole = static_cast<double>(peak(false)), split = static_cast<double>(peak(true));
+  CAPTURE(whole);
+  CAPTURE(split);
+  CAPTURE(saved);
+  CHECK(std::abs((whole - split) - saved) < 0.05 * saved);
 }
 
 TEST_CASE("the interleaved schedule (2 chunks a stage) trains like one device") {

@@ -112,6 +112,10 @@ void check_config(const TrainConfig& c) {
                     ": only the interleaved schedule runs "
                     "several chunks per stage");
   ch04::require_shape(c.schedule, c.mesh.pp, c.microbatches, c.chunks, c.model.layers);
+  require_usage(!c.sequence_parallel || c.model.context % c.mesh.tp == 0,
+                "--sequence-parallel splits each sequence's " + std::to_string(c.model.context) +
+                    " tokens over the tp ranks: --tp " + std::to_string(c.mesh.tp) +
+                    " must divide --context");
   require_usage(c.batch >= static_cast<std::int64_t>(c.mesh.dp) * c.microbatches,
                 "--batch " + std::to_string(c.batch) +
                     " must give every replica's microbatches a sequence: at least dp x m = " +
@@ -185,8 +189,9 @@ StepResult Trainer::step(int step) {
     stage.chunks.push_back(timed.back().get());
   }
   stage.input = [&](int j) { return data_.ids(starts_of(j), 0); };
+  const std::int64_t split = model_.sequence_parallel() ? c_.mesh.tp : 1;  // rows held: n / split
   stage.boundary = [&](int j, int) {
-    return ch04::Boundary{{static_cast<std::int64_t>(starts_of(j).size()) * T, C}};
+    return ch04::Boundary{{static_cast<std::int64_t>(starts_of(j).size()) * T / split, C}};
   };
   stage.loss = [&](const Tensor& out, int j) {
     const auto start = Clock::now();
@@ -209,6 +214,8 @@ StepResult Trainer::step(int step) {
     memory::Scope scope(memory::Category::activations);
     ran = pipeline_.run(schedule_, stage, hooks);
   }
+  // Sequence parallel: a weight every tp rank holds whole has each rank's rows' gradient.
+  if (model_.sequence_parallel()) sum_replicated_gradients();
   // The two copies of wte are one weight: each gets the sum of both gradients.
   if (c_.mesh.pp > 1 && model_.tied()) embedding_group_->allreduce(model_.tied()->grad);
   StepResult result;
@@ -229,6 +236,25 @@ StepResult Trainer::step(int step) {
   const bool counts = model_.last() && at.tp == 0;
   result.loss = mesh_.world().agree(counts ? ran.loss : 0.0, ReduceOp::sum);
   return result;
+}
+
+void Trainer::sum_replicated_gradients() {
+  // One allreduce over tp of them all, packed (Megatron-LM's sequence-parallel gradients).
+  const std::vector<nn::Parameter*> params = model_.store().parameters();
+  std::int64_t n = 0;
+  for (std::size_t i = 0; i < params.size(); ++i)
+    if (model_.pieces()[i].cut == Cut::whole) n += params[i]->grad.size();
+  Tensor packed(Shape{n}, shardlab::DType::f32);
+  for (int way : {0, 1}) {  // pack, then unpack
+    std::int64_t at = 0;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      if (model_.pieces()[i].cut != Cut::whole) continue;
+      Tensor grad = params[i]->grad.flat(), slot = packed.slice(at, grad.size());
+      way == 0 ? slot.copy_from(grad) : grad.copy_from(slot);
+      at += grad.size();
+    }
+    if (way == 0) mesh_.tp().allreduce(packed);
+  }
 }
 
 double Trainer::clip_gradients() {
@@ -261,8 +287,9 @@ Tensor Trainer::forward_only(const Tensor& ids) {
   // the next (on this stage itself when p = 1).
   Communicator& pp = mesh_.pp();
   const int s = pp.rank(), p = pp.size(), last = p * model_.chunks() - 1;
-  const std::int64_t n = ids.size(), C = c_.model.channels;
-  constexpr int kTag = 9000;  // apart from the pipeline runtime's own channels
+  const std::int64_t n = ids.size() / (model_.sequence_parallel() ? c_.mesh.tp : 1),
+                     C = c_.model.channels;  // the rows this rank holds between stages
+  constexpr int kTag = 9000;                 // apart from the pipeline runtime's own channels
   Tensor x = ids;
   for (int k = s; k <= last; k += p) {
     if (k > 0 && p > 1) {
@@ -314,7 +341,10 @@ std::string sample(Trainer& trainer, const std::string& prompt, int count, float
     const Tensor out = trainer.forward_only(ids);
     Tensor next(Shape{1}, shardlab::DType::f32);
     if (model.last()) {
-      const Tensor logits = model.head()->forward(out.slice(len - 1, 1)).out;
+      // The last byte's logits (sequence parallel: the head gathers the rows first).
+      const Tensor logits = model.sequence_parallel()
+                                ? model.head()->forward(out).out.slice(len - 1, 1)
+                                : model.head()->forward(out.slice(len - 1, 1)).out;
       Tensor row(Shape{V}, shardlab::DType::f32);
       mesh.tp().allgatherv(logits.flat(), row, shardlab::shard_counts(V, mesh.shape().tp));
       std::vector<int> order(static_cast<std::size_t>(V));
@@ -377,7 +407,8 @@ std::string describe(const TrainConfig& c, std::string_view backend) {
          std::string(backend) + "), " + c.schedule + ", " + n(c.microbatches) +
          " microbatches; batch " + n(c.batch) + " x " + n(s.context) + " bytes, " +
          (c.zero ? "ZeRO-1" : "Adam") + " lr " + shardlab::format_number(c.adam.lr) +
-         (c.clip > 0 ? ", clip " + shardlab::format_number(c.clip) : "");
+         (c.clip > 0 ? ", clip " + shardlab::format_number(c.clip) : "") +
+         (c.sequence_parallel ? ", sequence parallel" : "");
 }
 
 ch08::AxisBytes formula_bytes(const TrainConfig& c, const Coords& at) {
@@ -391,19 +422,32 @@ ch08::AxisBytes formula_bytes(const TrainConfig& c, const Coords& at) {
   };
   const shardlab::ShardRange mine = shard_range(c.batch, m.dp, at.dp);
   ch08::AxisBytes out;
-  const int per_block = c.recompute == Recompute::full ? 6 : 4;
-  const std::int64_t per_microbatch = per_block * (g.layers / m.pp) + first + last;
+  const bool full = c.recompute == Recompute::full, split = c.sequence_parallel && m.tp > 1;
+  // Per microbatch, the collectives of n x C elements: a block's 4 allreduces (f and g,
+  // forward and backward; full recompute's second forward 2 more), the embedding's and
+  // the head's one each. Sequence parallel, in halves (an all-gather or a reduce-scatter
+  // moves half an allreduce): a block's forward all-gathers twice and reduce-scatters
+  // twice, its backward the same plus the column-parallel inputs' second gathers (2), and
+  // full recompute's forward 4 more; the embedding and the head 2 each.
+  const std::int64_t blocks = g.layers / m.pp;
+  const std::int64_t halves = split ? (full ? 14 : 10) * blocks + 2 * (first + last)
+                                    : 2 * ((full ? 6 : 4) * blocks + first + last);
   for (int j = 0; j < c.microbatches; ++j) {
     const std::int64_t n = shard_range(mine.length, c.microbatches, j).length * g.context;
-    out.tp += static_cast<std::uint64_t>(per_microbatch) * allreduce(n * g.channels, at.tp, m.tp);
+    out.tp += static_cast<std::uint64_t>(halves) * allreduce(n * g.channels, at.tp, m.tp) / 2;
     if (last) out.tp += 3 * allreduce(n, at.tp, m.tp);
     for (int chunk = 0; chunk < c.chunks && m.pp > 1; ++chunk) {  // to other stages only
       const int k = chunk * m.pp + at.pp, last_k = m.pp * c.chunks - 1;
-      out.pp += static_cast<std::uint64_t>(((k > 0) + (k < last_k)) * n * g.channels * 4);
+      out.pp += static_cast<std::uint64_t>(((k > 0) + (k < last_k)) * n * g.channels * 4 /
+                                           (split ? m.tp : 1));
     }
   }
-  std::int64_t params = 0;
-  for (const Piece& p : pieces_of(g, m, at, c.chunks)) params += p.size();
+  std::int64_t params = 0, whole = 0;
+  for (const Piece& p : pieces_of(g, m, at, c.chunks)) {
+    params += p.size();
+    if (p.cut == Cut::whole) whole += p.size();
+  }
+  if (split) out.tp += allreduce(whole, at.tp, m.tp);  // the rows' parts of the whole weights
   out.dp = allreduce(params, at.dp, m.dp);
   if (m.pp > 1 && (first || last))
     out.pp += allreduce(shard_range(g.vocab, m.tp, at.tp).length * g.channels, last, 2);

@@ -69,10 +69,11 @@ struct TrainConfig {
   nn::AdamConfig adam{.lr = 3e-3f};
   float clip = 1.0f;  // max global gradient norm; 0: no clipping
   Recompute recompute = Recompute::none;
+  bool sequence_parallel = false;  // the rows split over tp between its regions (gpt.hpp)
 };
 
 /// UsageError unless `c` can run: check_shape, every replica's microbatch a sequence, a
-/// schedule with one chunk per stage, clipping and ZeRO-1 not together.
+/// schedule with one chunk per stage, tp dividing the context under sequence parallelism.
 void check_config(const TrainConfig& c);
 
 /// What one step did.
@@ -103,6 +104,9 @@ class Trainer {
   /// Forward only through the stages for `ids` (whole sequences, every replica the same
   /// or its own): the last stage's ln_f output (empty elsewhere).
   Tensor forward_only(const Tensor& ids);
+  /// Sequence parallel: the gradients of the weights every tp rank holds whole, summed
+  /// over tp (each rank has its rows' part).
+  void sum_replicated_gradients();
   double clip_gradients();
 
   Mesh& mesh_;
