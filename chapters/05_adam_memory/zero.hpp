@@ -95,6 +95,9 @@ class ZeroOptimizer {
   /// order), to read and scale in place; the next step() updates from it without
   /// reducing again. Other stages refuse it.
   Tensor reduce_now();
+  /// Stage 1: the step that reduce_now() began is not taken (a loss scaler found an inf):
+  /// the reduced range is dropped, and the next step reduces afresh.
+  void skip_step() { reduced_ = false; }
   /// Where this rank's range starts in the flat order (stage 1).
   std::int64_t shard_offset() const;
   /// Stage 1: Adam's m and v of this rank's range (views: what a checkpoint saves), and

@@ -1,6 +1,8 @@
 // Chapter 06's loss scaler for any trainer (see loss_scaler.hpp).
 #include "loss_scaler.hpp"
 
+#include <algorithm>
+
 #include "shardlab/check.hpp"
 
 using namespace shardlab;
@@ -32,6 +34,18 @@ bool LossScaler::unscale_and_check(Communicator& comm, const Tensor& grads, Tens
 
 void LossScaler::update(bool found_inf) {
   if (kind_ == Scaler::dynamic) dynamic_.update(found_inf);
+}
+
+void LossScaler::restore(float scale, int growth_tracker) {
+  require(scale > 0 && growth_tracker >= 0 &&
+              growth_tracker < std::max(1, dynamic_.config().growth_interval),
+          "LossScaler::restore: a positive scale and a growth tracker below the interval");
+  if (kind_ == Scaler::fixed) fixed_ = scale;
+  if (kind_ != Scaler::dynamic) return;
+  ScalerConfig config = dynamic_.config();
+  config.init_scale = scale;
+  dynamic_ = DynamicScaler(config);
+  for (int i = 0; i < growth_tracker; ++i) dynamic_.update(false);
 }
 
 }  // namespace ch06

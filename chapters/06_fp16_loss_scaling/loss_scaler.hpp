@@ -37,6 +37,9 @@ class LossScaler {
   /// stay as they are.
   void update(bool found_inf);
   const DynamicScaler& dynamic() const { return dynamic_; }
+  /// Sets the state to a saved one (a checkpoint's): the scale and, for the dynamic
+  /// scaler, its growth tracker (replayed: that many finite steps from that scale).
+  void restore(float scale, int growth_tracker);
 
  private:
   Scaler kind_;

@@ -57,6 +57,10 @@ void ReplicaOptimizer::restore(const shardlab::Tensor& m, const shardlab::Tensor
   if (adam_) adam_->restore(m, v, steps);
 }
 
+void ReplicaOptimizer::skip() {
+  if (zero_) zero_->skip_step();
+}
+
 void ReplicaOptimizer::update() {
   if (zero_) return zero_->step();
   if (adam_)

@@ -57,6 +57,8 @@ class ReplicaOptimizer {
   Reduced reduced();
   /// The step: Adam or SGD on the whole store, or ZeRO-1's on this rank's shard.
   void update();
+  /// No step this time (a loss scaler found an inf in the gradients): nothing changes.
+  void skip();
   /// Adam's state as this rank keeps it, for a checkpoint: m and v of the store's elements
   /// [offset, offset + m.size()): all of them, the same on every replica; or under ZeRO-1
   /// this rank's range. Undefined tensors under SGD (no state).

@@ -78,18 +78,24 @@ nn::Forward ColumnParallelLinear::forward(const Tensor& x) const {
   return inner_.forward(in);
 }
 
+void ColumnParallelLinear::set_autocast(shardlab::DType type) {
+  inner_.set_autocast({.type = type, .round_output = true, .round_input_grad = false});
+  autocast_ = type;
+}
+
 Tensor ColumnParallelLinear::backward_input(const Tensor& dy, nn::Saved& saved) const {
   if (sequence_parallel_) {
     require(saved.children.size() == 1 && saved.tensors.size() == 1,
             inner_.name() + ": backward without a forward");
     nn::Saved& inner = saved.children[0];
-    inner.tensors = {gather_rows(tp_, saved.tensors[0])};  // the input again, whole
+    // The input again, whole (as the forward's product saw it: rounded under autocast).
+    inner.tensors = {shardlab::round_to(gather_rows(tp_, saved.tensors[0]), autocast_)};
     saved.tensors.clear();
-    return scatter_rows(tp_, inner_.backward_input(dy, inner));
+    return shardlab::round_to(scatter_rows(tp_, inner_.backward_input(dy, inner)), autocast_);
   }
   Tensor dx = inner_.backward_input(dy, saved);
   f_backward(tp_, dx);
-  return dx;
+  return shardlab::round_to(dx, autocast_);
 }
 
 void ColumnParallelLinear::backward_weight(nn::Saved& saved) {
@@ -109,6 +115,11 @@ RowParallelLinear::RowParallelLinear(nn::ParameterStore& store, Communicator& tp
   if (bias) bias_ = &store.add(name + ".bias", shardlab::zeros(Shape{1, out}));
 }
 
+void RowParallelLinear::set_autocast(shardlab::DType type) {
+  inner_.set_autocast({.type = type, .round_output = false, .round_input_grad = true});
+  autocast_ = type;
+}
+
 nn::Forward RowParallelLinear::forward(const Tensor& x) const {
   nn::Forward partial = inner_.forward(x);
   Tensor y = partial.out;
@@ -116,17 +127,19 @@ nn::Forward RowParallelLinear::forward(const Tensor& x) const {
     y = scatter_rows(tp_, y);  // this rank's rows of the sum
   else
     g_forward(tp_, y);
-  if (bias_) add_row(y, bias_->value);
-  nn::Forward f{std::move(y), {}};
+  if (bias_) add_row(y, shardlab::round_to(bias_->value, autocast_));
+  nn::Forward f{shardlab::round_to(y, autocast_), {}};
   f.saved.children.push_back(std::move(partial.saved));
   return f;
 }
 
 Tensor RowParallelLinear::backward_input(const Tensor& dy, nn::Saved& saved) const {
   require(saved.children.size() == 1, inner_.name() + ": backward without a forward");
-  saved.dy = dy;  // the bias's gradient: every row's (sequence parallel: this rank's rows)
-  if (sequence_parallel_) return inner_.backward_input(gather_rows(tp_, dy), saved.children[0]);
-  Tensor d = dy.clone();  // g may not touch the caller's gradient
+  // The bias's gradient: every row's (sequence parallel: this rank's rows).
+  saved.dy = shardlab::round_to(dy, autocast_);
+  if (sequence_parallel_)
+    return inner_.backward_input(gather_rows(tp_, saved.dy), saved.children[0]);
+  Tensor d = saved.dy.clone();  // g may not touch the caller's gradient
   g_backward(tp_, d);
   saved.dy = d;
   return inner_.backward_input(d, saved.children[0]);
@@ -136,7 +149,8 @@ void RowParallelLinear::backward_weight(nn::Saved& saved) {
   require(saved.children.size() == 1 && saved.dy.defined(),
           inner_.name() + ": backward_weight before backward_input");
   inner_.backward_weight(saved.children[0]);
-  if (bias_) axpy(1.0f, shardlab::column_sums(saved.dy), bias_->grad);
+  if (bias_)
+    axpy(1.0f, shardlab::round_to(shardlab::column_sums(saved.dy), autocast_), bias_->grad);
   saved = nn::Saved{};
 }
 

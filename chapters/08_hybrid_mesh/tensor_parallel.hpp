@@ -66,12 +66,16 @@ class ColumnParallelLinear final : public nn::Layer {
   /// On: x is this rank's n/t rows; the forward gathers them (not f), the backward
   /// returns this rank's rows of dL/dx summed over tp (a reduce-scatter).
   void set_sequence_parallel(bool on) { sequence_parallel_ = on; }
+  /// Mixed precision (nn::Autocast, f16 or bf16): the product as the one-device Linear's,
+  /// and dL/dx rounded once after its sum over tp.
+  void set_autocast(shardlab::DType type);
 
  private:
   Communicator& tp_;
   ShardRange columns_;
   nn::Linear inner_;
   bool sequence_parallel_ = false;
+  shardlab::DType autocast_ = shardlab::DType::f32;
 };
 
 class RowParallelLinear final : public nn::Layer {
@@ -99,6 +103,9 @@ class RowParallelLinear final : public nn::Layer {
   /// On: the forward returns this rank's n/t rows of y (a reduce-scatter, not g), and the
   /// backward takes dL/dy of those rows and gathers the rest; db gets those rows' sums.
   void set_sequence_parallel(bool on) { sequence_parallel_ = on; }
+  /// Mixed precision (nn::Autocast, f16 or bf16): y rounded once, after the sum over tp
+  /// and the bias (rounded too); db from the rounded dL/dy.
+  void set_autocast(shardlab::DType type);
 
  private:
   Communicator& tp_;
@@ -106,6 +113,7 @@ class RowParallelLinear final : public nn::Layer {
   nn::Linear inner_;
   nn::Parameter* bias_ = nullptr;
   bool sequence_parallel_ = false;
+  shardlab::DType autocast_ = shardlab::DType::f32;
 };
 
 /// The seeds of block b's two Linears (fc1, fc2) in a model seeded `seed`: the same for

@@ -335,7 +335,8 @@ std::map<std::string, Tensor> read_tensors(const fs::path& d, const std::string&
 }  // namespace
 
 void save_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
-                     const ch08::ReplicaOptimizer* optimizer, int step) {
+                     const ch08::ReplicaOptimizer* optimizer, int step,
+                     const ch06::LossScaler* scaler) {
   Communicator& world = mesh.world();
   Communicator::Uncounted quiet(world);
   const MeshShape& shape = mesh.shape();
@@ -383,8 +384,12 @@ void save_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
       write_json(partial / "optimizer.safetensors.index.json", index);
     }
     write_json(partial / "config.json", config_json(g));
-    write_json(partial / "trainer.json",
-               {{"step", step}, {"adam_steps", state.steps}, {"seed", g.seed}});
+    nlohmann::json trainer = {{"step", step}, {"adam_steps", state.steps}, {"seed", g.seed}};
+    if (scaler && scaler->kind() != ch06::Scaler::none) {
+      trainer["loss_scale"] = scaler->scale();
+      trainer["growth_tracker"] = scaler->dynamic().growth_tracker();
+    }
+    write_json(partial / "trainer.json", trainer);
     fs::remove_all(old);
     if (fs::exists(final_dir)) fs::rename(final_dir, old);
     fs::rename(partial, final_dir);
@@ -394,7 +399,7 @@ void save_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
 }
 
 int load_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
-                    ch08::ReplicaOptimizer* optimizer) {
+                    ch08::ReplicaOptimizer* optimizer, ch06::LossScaler* scaler) {
   const fs::path d = dir;
   const GptShape& g = model.shape();
   require_usage(fs::is_directory(d), "--load " + dir + ": no such folder");
@@ -438,6 +443,16 @@ int load_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
     }
   }
   if (adam) optimizer->restore(m, v, trainer.value("adam_steps", 0));
+  // A scaler's state, where both the checkpoint and this run have one.
+  if (scaler && scaler->kind() != ch06::Scaler::none && trainer.contains("loss_scale")) {
+    const double scale = trainer.value("loss_scale", 0.0);
+    const int tracker = trainer.value("growth_tracker", 0);
+    require_usage(
+        scale > 0 && scale <= 3.4e38 && tracker >= 0 &&
+            tracker < scaler->dynamic().config().growth_interval,
+        "--load " + dir + ": trainer.json's loss_scale or growth_tracker is out of range");
+    scaler->restore(static_cast<float>(scale), tracker);
+  }
   (void)mesh;
   return trainer.value("step", 0);
 }

@@ -13,8 +13,9 @@
 //   DIR/optimizer-0000s-of-0000P.safetensors and optimizer.safetensors.index.json
 //                                          Adam's exp_avg.NAME and exp_avg_sq.NAME, alike
 //   DIR/trainer.json                       the step (which is also the data's position:
-//                                          batches are a function of the seed and the step)
-//                                          and Adam's step count
+//                                          batches are a function of the seed and the step),
+//                                          Adam's step count, and the loss scaler's scale
+//                                          and growth tracker
 //
 // GPT2LMHeadModel.from_pretrained(DIR) loads it and computes the same loss on the same
 // bytes (hf_check.py). A save goes in three moves, every rank taking part:
@@ -46,13 +47,14 @@ void check_save_target(const std::string& dir);
 /// Writes the checkpoint of step `step` (the steps done), after check_save_target. Every
 /// rank calls it.
 void save_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
-                     const ch08::ReplicaOptimizer* optimizer, int step);
+                     const ch08::ReplicaOptimizer* optimizer, int step,
+                     const ch06::LossScaler* scaler = nullptr);
 /// Loads DIR into this rank's model (and Adam's state, when `optimizer` keeps one); returns
 /// the step to
 /// go on from. UsageError (exit 2) for a folder that is not such a checkpoint, a model of
 /// another shape, or a corrupt file. Every rank calls it.
 int load_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
-                    ch08::ReplicaOptimizer* optimizer);
+                    ch08::ReplicaOptimizer* optimizer, ch06::LossScaler* scaler = nullptr);
 
 /// The safetensors format (Hugging Face): an 8-byte little-endian header length, a JSON
 /// header naming each tensor's dtype, shape and byte range, then the data. F32 only.

@@ -129,25 +129,29 @@ void VocabParallelEmbedding::backward_weight(nn::Saved& saved) {
 }
 
 nn::Forward TiedHead::forward(const Tensor& x) const {
-  const Tensor whole = sequence_parallel_ ? ch08::gather_rows(tp_, x) : x;
-  nn::Forward f{matmul(whole, weight_->value, false, true), {}};
+  using shardlab::round_to;
+  const Tensor whole = round_to(sequence_parallel_ ? ch08::gather_rows(tp_, x) : x, autocast_);
+  nn::Forward f{
+      round_to(matmul(whole, round_to(weight_->value, autocast_), false, true), autocast_), {}};
   f.saved.tensors = {whole};
   return f;
 }
 
 Tensor TiedHead::backward_input(const Tensor& dlogits, nn::Saved& saved) const {
-  saved.dy = dlogits;
-  Tensor dx = matmul(dlogits, weight_->value);
+  using shardlab::round_to;
+  saved.dy = round_to(dlogits, autocast_);
+  Tensor dx = matmul(saved.dy, round_to(weight_->value, autocast_));
   // Every tp rank's vocabulary contributes to dL/dx: summed (sequence parallel: this
-  // rank's rows of the sum).
-  if (sequence_parallel_) return ch08::scatter_rows(tp_, dx);
+  // rank's rows of the sum), then rounded once under autocast.
+  if (sequence_parallel_) return round_to(ch08::scatter_rows(tp_, dx), autocast_);
   ch08::f_backward(tp_, dx);
-  return dx;
+  return round_to(dx, autocast_);
 }
 
 void TiedHead::backward_weight(nn::Saved& saved) {
   require(saved.dy.defined(), "lm_head: backward_weight before backward_input");
-  axpy(1.0f, matmul(saved.dy, saved.tensors.at(0), true, false), weight_->grad);
+  axpy(1.0f, shardlab::round_to(matmul(saved.dy, saved.tensors.at(0), true, false), autocast_),
+       weight_->grad);
   saved = nn::Saved{};
 }
 
@@ -227,22 +231,26 @@ std::vector<Piece> pieces_of(const GptShape& s, const MeshShape& mesh, const Coo
 
 namespace {
 
-/// Sequence parallelism for a block built by parallel_attention or parallel_mlp: its
-/// column- and row-parallel layers, wherever the block has them.
-void split_sequence(nn::Residual& block) {
+/// Sequence parallelism and mixed precision for a block built by parallel_attention or
+/// parallel_mlp: its column- and row-parallel layers, wherever the block has them.
+void configure(nn::Residual& block, bool sequence_parallel, shardlab::DType compute) {
   nn::Sequential& inner = block.inner();
   for (std::size_t i = 0; i < inner.size(); ++i) {
-    if (auto* column = dynamic_cast<ch08::ColumnParallelLinear*>(inner.layer(i).get()))
-      column->set_sequence_parallel(true);
-    if (auto* row = dynamic_cast<ch08::RowParallelLinear*>(inner.layer(i).get()))
-      row->set_sequence_parallel(true);
+    if (auto* column = dynamic_cast<ch08::ColumnParallelLinear*>(inner.layer(i).get())) {
+      column->set_sequence_parallel(sequence_parallel);
+      column->set_autocast(compute);
+    }
+    if (auto* row = dynamic_cast<ch08::RowParallelLinear*>(inner.layer(i).get())) {
+      row->set_sequence_parallel(sequence_parallel);
+      row->set_autocast(compute);
+    }
   }
 }
 
 }  // namespace
 
 GptModel::GptModel(Mesh& mesh, const GptShape& shape, Recompute recompute, int chunks,
-                   bool sequence_parallel, Memory memory)
+                   bool sequence_parallel, shardlab::DType compute, Memory memory)
     : shape_(shape),
       vocab_(shard_range(shape.vocab, mesh.shape().tp, mesh.coords().tp)),
       first_(mesh.coords().pp == 0),
@@ -266,10 +274,8 @@ GptModel::GptModel(Mesh& mesh, const GptShape& shape, Recompute recompute, int c
       auto attention =
           std::make_shared<nn::Residual>(parallel_attention(store_, tp, name, shape, b));
       auto mlp = std::make_shared<nn::Residual>(parallel_mlp(store_, tp, name, shape, b));
-      if (sequence_parallel_) {
-        split_sequence(*attention);
-        split_sequence(*mlp);
-      }
+      configure(*attention, sequence_parallel_, compute);
+      configure(*mlp, sequence_parallel_, compute);
       if (recompute == Recompute::selective) {  // the attention core, wherever the block has it
         nn::Sequential& inner = attention->inner();
         for (std::size_t i = 0; i < inner.size(); ++i)
@@ -291,6 +297,7 @@ GptModel::GptModel(Mesh& mesh, const GptShape& shape, Recompute recompute, int c
       if (!first_) tied_ = &store_.add("lm_head.weight", wte_init(shape, tp.size(), tp.rank()));
       head_ = std::make_unique<TiedHead>(tp, *tied_);
       head_->set_sequence_parallel(sequence_parallel_);
+      head_->set_autocast(compute);
     }
   }
   store_.allocate(memory);

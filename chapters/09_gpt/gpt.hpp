@@ -88,11 +88,15 @@ class TiedHead final : public nn::Layer {
   std::vector<nn::Parameter*> parameters() const override { return {weight_}; }
   /// On: x is this rank's n/t rows, gathered first; dL/dx is reduce-scattered back.
   void set_sequence_parallel(bool on) { sequence_parallel_ = on; }
+  /// Mixed precision (nn::Autocast): the logits' product in `type`, dL/dx rounded after
+  /// its sum over tp.
+  void set_autocast(shardlab::DType type) { autocast_ = type; }
 
  private:
   Communicator& tp_;
   nn::Parameter* weight_;
   bool sequence_parallel_ = false;
+  shardlab::DType autocast_ = shardlab::DType::f32;
 };
 
 /// What the blocks keep for their backward: chapter 08's planner's Recompute (Korthikanti
@@ -134,8 +138,12 @@ class GptModel {
   /// regions each tp rank holds n/t of a microbatch's n rows (tensor_parallel.hpp); the
   /// embedding's output, the blocks' LayerNorms and residual stream, ln_f and the messages
   /// between pipeline stages are split t ways. Needs t to divide n.
+  /// `compute` f16 or bf16: mixed precision as torch.autocast (nn::Autocast): the Linears'
+  /// and the head's products in 16 bits on the f32 weights; the embeddings, LayerNorms,
+  /// the attention's core and the loss in f32.
   GptModel(Mesh& mesh, const GptShape& shape, Recompute recompute = Recompute::none, int chunks = 1,
-           bool sequence_parallel = false, Memory memory = Memory::host);
+           bool sequence_parallel = false, shardlab::DType compute = shardlab::DType::f32,
+           Memory memory = Memory::host);
   nn::ParameterStore& store() { return store_; }
   /// Chunk c's layers: the embedding (virtual stage 0), its blocks (each its attention and
   /// its MLP, or under full recompute one nn::Checkpoint of the two), ln_f (the last).

@@ -44,6 +44,7 @@ struct Settings {
   float temperature = 0;
   bool reference = true, benchmark = false;
   std::string data = SHARDLAB_GPT_CORPUS, save, load, prompt, recompute = "none", trace;
+  std::string precision = "fp32", scaler;  // scaler "": dynamic with fp16, else none
 };
 
 void train(Context& ctx, const Settings& s) {
@@ -60,13 +61,20 @@ void train(Context& ctx, const Settings& s) {
   // 2. The mesh, its memory counted by the ledger from here.
   memory::Tracker tracker;
   Mesh mesh(ctx.comm(), c.mesh);
-  GptModel model(mesh, c.model, c.recompute, c.chunks, c.sequence_parallel);
+  GptModel model(mesh, c.model, c.recompute, c.chunks, c.sequence_parallel, c.precision);
   Trainer trainer(mesh, model, c, data);
   int first = 0;
-  if (!s.load.empty()) first = load_checkpoint(s.load, mesh, model, &trainer.optimizer());
+  if (!s.load.empty())
+    first = load_checkpoint(s.load, mesh, model, &trainer.optimizer(), &trainer.scaler());
   // 3. Step by step, the mesh against one device (rank 0 holds the references' curves).
   const bool compare = reference && ctx.rank() == 0;
-  Table curve({"step", "one_device", "mesh", "diff", "order_alone", "grad_norm"});
+  // Under a loss scaler, each row also gives the scale and the steps skipped so far.
+  const bool scaled = c.scaler != ch06::Scaler::none;
+  std::vector<std::string> columns{"step", "one_device",  "mesh",
+                                   "diff", "order_alone", "grad_norm"};
+  if (scaled) columns.insert(columns.end(), {"loss_scale", "skipped"});
+  Table curve(columns);
+  int skipped = 0;
   std::vector<double> losses;
   const auto start = std::chrono::steady_clock::now();
   StepResult last;
@@ -78,11 +86,18 @@ void train(Context& ctx, const Settings& s) {
     const auto i = static_cast<std::size_t>(t - first);
     // Without a reference (--no-reference, --load) its columns stay empty.
     auto ref_cell = [&](auto f) { return compare ? Cell(f()) : Cell(""); };
-    if ((t - first + 1) % s.log_every == 0 || t == first || t == first + s.steps - 1)
-      curve.add({t + 1, ref_cell([&] { return ref.whole.loss[i]; }), last.loss,
-                 ref_cell([&] { return relative(last.loss, ref.whole.loss[i]); }),
-                 ref_cell([&] { return relative(ref.pieces.loss[i], ref.whole.loss[i]); }),
-                 last.grad_norm});
+    skipped += last.skipped;
+    if ((t - first + 1) % s.log_every == 0 || t == first || t == first + s.steps - 1) {
+      std::vector<Cell> row{
+          t + 1,
+          ref_cell([&] { return ref.whole.loss[i]; }),
+          last.loss,
+          ref_cell([&] { return relative(last.loss, ref.whole.loss[i]); }),
+          ref_cell([&] { return relative(ref.pieces.loss[i], ref.whole.loss[i]); }),
+          last.grad_norm};
+      if (scaled) row.insert(row.end(), {Cell(last.loss_scale), Cell(skipped)});
+      curve.add(row);
+    }
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -117,7 +132,7 @@ void train(Context& ctx, const Settings& s) {
   ctx.say("\n" + format_number(tokens / seconds) + " tokens/s on the mesh (" +
           format_number(seconds) + " s for " + std::to_string(s.steps) + " steps)");
   if (!s.save.empty()) {
-    save_checkpoint(s.save, mesh, model, &trainer.optimizer(), first + s.steps);
+    save_checkpoint(s.save, mesh, model, &trainer.optimizer(), first + s.steps, &trainer.scaler());
     ctx.say("saved " + s.save + " (step " + std::to_string(first + s.steps) + ")");
   }
 }
@@ -126,7 +141,7 @@ void generate(Context& ctx, const Settings& s) {
   const TrainConfig& c = s.run;
   const Corpus data = Corpus::load(s.data, c.model.context);
   Mesh mesh(ctx.comm(), c.mesh);
-  GptModel model(mesh, c.model, c.recompute, c.chunks, c.sequence_parallel);
+  GptModel model(mesh, c.model, c.recompute, c.chunks, c.sequence_parallel, c.precision);
   Trainer trainer(mesh, model, c, data);
   if (!s.load.empty()) load_checkpoint(s.load, mesh, model, nullptr);
   const std::string text =
@@ -169,6 +184,14 @@ int main(int argc, char** argv) {
   option("--recompute", s.recompute, "what the blocks recompute in the backward",
          CLI::IsMember({"none", "selective", "full"}));
   option("--zero", c.zero, "1: ZeRO-1 over dp (chapter 05)", CLI::Range(0, 1));
+  option("--precision", s.precision,
+         "fp16 or bf16: the products in 16 bits on f32 weights (torch.autocast)",
+         CLI::IsMember({"fp32", "fp16", "bf16"}));
+  option("--scaler", s.scaler,
+         "the loss scaler (chapter 06): none, static (2^16) or dynamic (default with fp16)",
+         CLI::IsMember({"none", "static", "dynamic"}));
+  option("--init-scale", c.scaler_config.init_scale, "the dynamic scaler's first scale (2^16)",
+         cli::between(1e-30, 1e30));
   cli.add_flag("--sequence-parallel", c.sequence_parallel,
                "split the rows between the tensor-parallel regions over tp (Korthikanti et al.)");
   option("--log-every", s.log_every, "a row of the loss curve every N steps",
@@ -202,6 +225,17 @@ int main(int argc, char** argv) {
   program.validate([&](const Options& o) {
     c.model.seed = o.seed;
     c.recompute = ch08::parse_recompute(s.recompute);
+    c.precision = s.precision == "fp16"   ? DType::f16
+                  : s.precision == "bf16" ? DType::bf16
+                                          : DType::f32;
+    const std::string scaler =
+        !s.scaler.empty() ? s.scaler : (c.precision == DType::f16 ? "dynamic" : "none");
+    c.scaler = scaler == "dynamic"  ? ch06::Scaler::dynamic
+               : scaler == "static" ? ch06::Scaler::fixed
+                                    : ch06::Scaler::none;
+    require_usage(
+        c.scaler == ch06::Scaler::none || c.precision != DType::f32,
+        "--scaler " + scaler + ": a loss scaler is for 16-bit products (add --precision fp16)");
     // Where the run writes is tried before it trains, not after.
     if (program.cli().count("--trace")) check_writable_file(s.trace, "--trace");
     if (cli.count("--save")) {

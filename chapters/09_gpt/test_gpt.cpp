@@ -20,6 +20,12 @@
 //     gradient norm differs at step 1: 10.57"
 //   sequence parallel, the row-parallel bias's gradient from the gathered dL/dy (every
 //     row on every rank, then summed): "the gradient norm differs at step 1: 4.07"
+//   16-bit products left out (the Linears and the head in f32 under --precision): "off
+//     := 0" (fp16's loss equal to fp32's), and the loss scaler never skips
+//   a row-parallel layer's partial sums rounded to 16 bits before their sum over tp: "the
+//     loss differs at step 3: 5.28347, one device 5.28408"
+//   the loss scaler's state not saved (the resumed run starts from 2^16 again): the
+//     resumed scale and loss differ
 //   c_attn's columns saved in this model's layout instead of [q | k | v]: not here (the
 //     files load, into this program too); ch09.hugging_face_layout's other GPT-2 gives
 //     4.418 where the program said 4.395
@@ -66,7 +72,7 @@ TrainConfig small(MeshShape mesh) {
 }
 
 struct Run {
-  std::vector<double> loss, norm;
+  std::vector<double> loss, norm, scale;
   double validation = 0;
 };
 
@@ -80,17 +86,22 @@ Run train(TrainConfig c, int first, int steps, const std::string& load = "",
       c.mesh.ranks(),
       [&](Communicator& world) {
         Mesh mesh(world, c.mesh);
-        GptModel model(mesh, c.model, c.recompute, c.chunks, c.sequence_parallel);
+        GptModel model(mesh, c.model, c.recompute, c.chunks, c.sequence_parallel, c.precision);
         Trainer trainer(mesh, model, c, data);
-        if (!load.empty()) CHECK(load_checkpoint(load, mesh, model, &trainer.optimizer()) == first);
+        if (!load.empty())
+          CHECK(load_checkpoint(load, mesh, model, &trainer.optimizer(), &trainer.scaler()) ==
+                first);
         Run mine;
         for (int t = first; t < first + steps; ++t) {
           const StepResult r = trainer.step(t);
           mine.loss.push_back(r.loss);
           mine.norm.push_back(r.grad_norm);
+          mine.scale.push_back(r.loss_scale);
         }
         mine.validation = trainer.evaluate(data.validation(6));
-        if (!save.empty()) save_checkpoint(save, mesh, model, &trainer.optimizer(), first + steps);
+        if (!save.empty())
+          save_checkpoint(save, mesh, model, &trainer.optimizer(), first + steps,
+                          &trainer.scaler());
         if (world.rank() == 0) out = mine;
       },
       std::chrono::seconds(20));
@@ -194,7 +205,7 @@ TEST_CASE("sequence parallelism trains like one device, keeping fewer activation
     std::uint64_t out = 0;
     on_ranks(4, [&](Communicator& world) {
       Mesh mesh(world, c.mesh);
-      GptModel model(mesh, c.model, c.recompute, c.chunks, c.sequence_parallel);
+      GptModel model(mesh, c.model, c.recompute, c.chunks, c.sequence_parallel, c.precision);
       Trainer trainer(mesh, model, c, data);
       memory::Tracker tracker;
       trainer.step(0);
@@ -213,6 +224,71 @@ TEST_CASE("sequence parallelism trains like one device, keeping fewer activation
   CAPTURE(split);
   CAPTURE(saved);
   CHECK(std::abs((whole - split) - saved) < 0.05 * saved);
+}
+
+TEST_CASE("16-bit products (autocast) train on the mesh like one device with them") {
+  const Run fp32 = one_device(small({1, 1, 1}), 3);
+  for (shardlab::DType type : {shardlab::DType::f16, shardlab::DType::bf16}) {
+    CAPTURE(shardlab::dtype_name(type));
+    TrainConfig c = small({1, 1, 1});
+    c.precision = type;
+    c.scaler = type == shardlab::DType::f16 ? ch06::Scaler::dynamic : ch06::Scaler::none;
+    const Run want = one_device(c, 3);
+    // The products really are 16-bit: the loss moves off fp32's, by about their rounding.
+    const double off = rel(want.loss[2], fp32.loss[2]);
+    CAPTURE(off);
+    CHECK(off > 1e-5);
+    CHECK(off < 3e-2);
+    for (MeshShape m : {MeshShape{2, 2, 2}, MeshShape{1, 2, 4}}) {
+      CAPTURE(m.pp);
+      CAPTURE(m.tp);
+      TrainConfig on = c;
+      on.mesh = m;
+      on.sequence_parallel = m.tp == 4;
+      const Run got = train(on, 0, 3);
+      REQUIRE(got.loss.size() == 3);
+      // Rounding to 16 bits can turn the mesh's last-bit differences in a sum (its order)
+      // into one 16-bit step: 1e-4, where fp32 holds to 1e-5.
+      for (std::size_t t = 0; t < 3; ++t)
+        CHECK_MESSAGE(rel(got.loss[t], want.loss[t]) < 1e-4,
+                      "the loss differs at step " << t + 1 << ": " << got.loss[t] << ", one device "
+                                                  << want.loss[t]);
+      CHECK(rel(got.validation, want.validation) < 1e-4);
+    }
+  }
+}
+
+TEST_CASE("the loss scaler skips a step whose fp16 gradients overflow, on every rank") {
+  // A first scale of 2^40 overflows fp16 (65504) in the backward; GradScaler's rule halves
+  // it each time, and a skipped step leaves the weights as they were.
+  TrainConfig c = small({2, 2, 2});
+  c.precision = shardlab::DType::f16;
+  c.scaler = ch06::Scaler::dynamic;
+  c.scaler_config.init_scale = 0x1p40f;
+  const Corpus data = Corpus::load(text_file(), c.model.context);
+  std::vector<StepResult> steps;
+  double before = 0, after = 0;
+  on_ranks(8, [&](Communicator& world) {
+    Mesh mesh(world, c.mesh);
+    GptModel model(mesh, c.model, c.recompute, c.chunks, false, c.precision);
+    Trainer trainer(mesh, model, c, data);
+    const double b = trainer.evaluate(data.validation(6));
+    std::vector<StepResult> mine;
+    for (int t = 0; t < 3; ++t) mine.push_back(trainer.step(t));
+    const double a = trainer.evaluate(data.validation(6));
+    if (world.rank() == 0) {
+      steps = mine;
+      before = b;
+      after = a;
+    }
+  });
+  REQUIRE(steps.size() == 3);
+  for (int t = 0; t < 3; ++t) {
+    CAPTURE(t);
+    CHECK(steps[static_cast<std::size_t>(t)].skipped);
+    CHECK(steps[static_cast<std::size_t>(t)].loss_scale == std::ldexp(1.0f, 40 - t));
+  }
+  CHECK(after == before);
 }
 
 TEST_CASE("the interleaved schedule (2 chunks a stage) trains like one device") {
@@ -275,6 +351,20 @@ TEST_CASE("a checkpoint resumes on the same mesh bit for bit, and on another to 
       CHECK_MESSAGE(rel(other.loss[t], whole.loss[t + 2]) < 1e-5,
                     "resumed, step " << t + 3 << ": " << other.loss[t] << ", uninterrupted "
                                      << whole.loss[t + 2]);
+  }
+  // The loss scaler's state goes with it: a scale of 2^40 halves on each skipped step,
+  // and the resumed run goes on from 2^38 (not GradScaler's first 2^16).
+  TrainConfig half = small({2, 2, 2});
+  half.precision = shardlab::DType::f16;
+  half.scaler = ch06::Scaler::dynamic;
+  half.scaler_config.init_scale = 0x1p40f;
+  const Run half_whole = train(half, 0, 4);
+  train(half, 0, 2, "", dir);
+  const Run half_resumed = train(half, 2, 2, dir);
+  REQUIRE(half_resumed.loss.size() == 2);
+  for (std::size_t t = 0; t < 2; ++t) {
+    CHECK(half_resumed.scale[t] == half_whole.scale[t + 2]);
+    CHECK(half_resumed.loss[t] == half_whole.loss[t + 2]);
   }
   // ZeRO-1 saves each replica's range of Adam's state and resumes from it, on its own mesh
   // and on one without ZeRO (and back).

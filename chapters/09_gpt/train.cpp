@@ -128,7 +128,8 @@ Trainer::Trainer(Mesh& mesh, GptModel& model, const TrainConfig& c, const Corpus
       c_(c),
       data_(data),
       schedule_(ch04::make_schedule(c.schedule, c.mesh.pp, c.microbatches, c.chunks)),
-      pipeline_(mesh.pp()) {
+      pipeline_(mesh.pp()),
+      scaler_(c.scaler, c.scaler_config) {
   const Coords& at = mesh.coords();
   // The embedding group: the first and the last stage of each (dp, tp) pair share wte.
   const bool ends = at.pp == 0 || at.pp == c.mesh.pp - 1;
@@ -199,7 +200,9 @@ StepResult Trainer::step(int step) {
     nn::Forward logits = head.forward(out);
     const VocabLoss loss = vocab_parallel_cross_entropy(
         mesh_.tp(), logits.out, data_.ids(starts_of(j), 1), model_.vocab(), tokens);
-    Tensor dx = head.backward(vocab_parallel_cross_entropy_backward(loss), logits.saved);
+    Tensor dlogits = vocab_parallel_cross_entropy_backward(loss);
+    if (c_.scaler != ch06::Scaler::none) scale_in_place(dlogits, scaler_.scale());
+    Tensor dx = head.backward(dlogits, logits.saved);
     if (profile_) note("loss", "compute", start);
     return ch04::MicrobatchLoss{loss.value, std::move(dx)};
   };
@@ -220,9 +223,25 @@ StepResult Trainer::step(int step) {
   if (c_.mesh.pp > 1 && model_.tied()) embedding_group_->allreduce(model_.tied()->grad);
   StepResult result;
   replicas_->reduce();
-  // ZeRO-1 without clipping reduces inside its update (chapter 05's zero1_step): no norm.
-  if (c_.zero == 0 || c_.clip > 0) result.grad_norm = clip_gradients();
-  replicas_->update();
+  // The summed gradients: unscaled and checked (every rank agrees to skip a step with an
+  // inf or NaN anywhere), their norm taken and clipped. ZeRO-1 without either reduces
+  // inside its update (chapter 05's zero1_step): no norm then.
+  const bool scaled = c_.scaler != ch06::Scaler::none;
+  result.loss_scale = scaler_.scale();
+  if (c_.zero == 0 || c_.clip > 0 || scaled) {
+    ch08::ReplicaOptimizer::Reduced reduced = replicas_->reduced();
+    if (scaled) {
+      Tensor unscaled(Shape{reduced.grads.size()}, shardlab::DType::f32);
+      result.skipped = scaler_.unscale_and_check(mesh_.world(), reduced.grads, unscaled);
+      reduced.grads.copy_from(unscaled);
+    }
+    if (!result.skipped) result.grad_norm = clip_gradients(reduced);
+  }
+  if (result.skipped)
+    replicas_->skip();
+  else
+    replicas_->update();
+  scaler_.update(result.skipped);
   if (profile_) {
     profile_->step = static_cast<double>(ns(Clock::now()) - origin) * 1e-9;
     for (Communicator* comm : {&mesh_.tp(), &mesh_.dp(), embedding_group_.get()})
@@ -257,11 +276,10 @@ void Trainer::sum_replicated_gradients() {
   }
 }
 
-double Trainer::clip_gradients() {
+double Trainer::clip_gradients(ch08::ReplicaOptimizer::Reduced& reduced) {
   // Each parameter once: one replica's gradients (or, under ZeRO-1, each replica's own
   // range of them), tp rank 0's copy of what every tp rank holds, and not the head's copy
   // of wte (pieces_of says which).
-  ch08::ReplicaOptimizer::Reduced reduced = replicas_->reduced();
   const std::int64_t first = reduced.offset, end = first + reduced.grads.size();
   double squares = 0;
   if (!reduced.every_replica || mesh_.coords().dp == 0) {
@@ -408,7 +426,14 @@ std::string describe(const TrainConfig& c, std::string_view backend) {
          " microbatches; batch " + n(c.batch) + " x " + n(s.context) + " bytes, " +
          (c.zero ? "ZeRO-1" : "Adam") + " lr " + shardlab::format_number(c.adam.lr) +
          (c.clip > 0 ? ", clip " + shardlab::format_number(c.clip) : "") +
-         (c.sequence_parallel ? ", sequence parallel" : "");
+         (c.sequence_parallel ? ", sequence parallel" : "") +
+         (c.precision != shardlab::DType::f32
+              ? ", " + std::string(c.precision == shardlab::DType::f16 ? "fp16" : "bf16") +
+                    " products (autocast)" +
+                    (c.scaler == ch06::Scaler::dynamic ? ", dynamic loss scale"
+                     : c.scaler == ch06::Scaler::fixed ? ", static loss scale"
+                                                       : "")
+              : "");
 }
 
 ch08::AxisBytes formula_bytes(const TrainConfig& c, const Coords& at) {

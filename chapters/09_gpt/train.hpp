@@ -28,6 +28,7 @@
 
 #include "gpt.hpp"
 #include "hybrid.hpp"
+#include "loss_scaler.hpp"
 #include "pipeline.hpp"
 #include "replicas.hpp"
 
@@ -70,6 +71,13 @@ struct TrainConfig {
   float clip = 1.0f;  // max global gradient norm; 0: no clipping
   Recompute recompute = Recompute::none;
   bool sequence_parallel = false;  // the rows split over tp between its regions (gpt.hpp)
+  /// Mixed precision: f16 or bf16 products (torch.autocast, gpt.hpp) on f32 master
+  /// weights, with chapter 06's loss scaler (GradScaler: the loss's gradient times the
+  /// scale, the summed gradients unscaled and checked for inf before clipping, the step
+  /// skipped on every rank when any has one).
+  shardlab::DType precision = shardlab::DType::f32;
+  ch06::Scaler scaler = ch06::Scaler::none;
+  ch06::ScalerConfig scaler_config;  // the dynamic scaler's (GradScaler's defaults)
 };
 
 /// UsageError unless `c` can run: check_shape, every replica's microbatch a sequence, a
@@ -80,6 +88,8 @@ void check_config(const TrainConfig& c);
 struct StepResult {
   double loss = 0;                  // the batch's mean loss (every rank)
   double grad_norm = 0;             // the global norm before clipping (every rank; ZeRO-1: 0)
+  float loss_scale = 1;             // what the loss's gradient was multiplied by
+  bool skipped = false;             // an inf or NaN in the gradients: no update (the scaler)
   ch08::AxisBytes bytes;            // this rank sent, per axis
   std::vector<ch04::Event> events;  // this rank's ops
 };
@@ -99,6 +109,8 @@ class Trainer {
   void profile_next_step(Profile* out) { profile_ = out; }
   /// The data-parallel optimizer, whose state a checkpoint saves and restores.
   ch08::ReplicaOptimizer& optimizer() { return *replicas_; }
+  /// The loss scaler (Scaler::none in fp32 and, by default, bf16), saved alike.
+  ch06::LossScaler& scaler() { return scaler_; }
 
  private:
   /// Forward only through the stages for `ids` (whole sequences, every replica the same
@@ -107,7 +119,8 @@ class Trainer {
   /// Sequence parallel: the gradients of the weights every tp rank holds whole, summed
   /// over tp (each rank has its rows' part).
   void sum_replicated_gradients();
-  double clip_gradients();
+  /// The norm of the summed gradients (each parameter once), and their clipping.
+  double clip_gradients(ch08::ReplicaOptimizer::Reduced& reduced);
 
   Mesh& mesh_;
   GptModel& model_;
@@ -117,6 +130,7 @@ class Trainer {
   ch04::Pipeline pipeline_;
   std::unique_ptr<Communicator> embedding_group_;     // first and last stage (pp > 1)
   std::unique_ptr<ch08::ReplicaOptimizer> replicas_;  // dp: GradSync + Adam, or ZeRO-1
+  ch06::LossScaler scaler_;
   Profile* profile_ = nullptr;
 
   friend std::string sample(Trainer&, const std::string&, int, float, int, std::uint64_t);

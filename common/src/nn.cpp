@@ -138,29 +138,48 @@ Linear::Linear(ParameterStore& store, const std::string& name, std::int64_t in, 
   if (bias) bias_ = &store.add(name + ".bias", zeros(Shape{1, out}));
 }
 
+void Linear::set_autocast(Autocast autocast) {
+  require(autocast.type == DType::f32 ||
+              (is_half(autocast.type) && weight_->value.dtype() == DType::f32),
+          [&] { return name_ + ": autocast runs a 16-bit product on f32 weights"; });
+  autocast_ = autocast;
+}
+
 Forward Linear::forward(const Tensor& x) const {
   require(x.ndim() == 2 && x.cols() == weight_->value.rows(), [&] {
     return name_ + ": x is " + x.describe() + ", expected " +
            std::to_string(weight_->value.rows()) + " columns";
   });
-  Tensor y = matmul(x, weight_->value);
-  if (bias_) add_row(y, bias_->value);
-  Forward f{std::move(y), {}};
-  f.saved.tensors = {x};
+  const DType type = autocast_.type;
+  if (type == DType::f32) {
+    Tensor y = matmul(x, weight_->value);
+    if (bias_) add_row(y, bias_->value);
+    Forward f{std::move(y), {}};
+    f.saved.tensors = {x};
+    return f;
+  }
+  const Tensor x16 = round_to(x, type);
+  Tensor y = matmul(x16, round_to(weight_->value, type));
+  if (bias_) add_row(y, round_to(bias_->value, type));
+  Forward f{autocast_.round_output ? round_to(y, type) : std::move(y), {}};
+  f.saved.tensors = {x16};
   return f;
 }
 
 Tensor Linear::backward_input(const Tensor& dy, Saved& saved) const {
   require_rows(dy, saved.tensors.at(0), weight_->value.cols(), name_ + " backward");
-  saved.dy = dy;
-  return matmul(dy, weight_->value, false, true);  // dy @ W^T
+  const DType type = autocast_.type;
+  saved.dy = round_to(dy, type);
+  Tensor dx = matmul(saved.dy, round_to(weight_->value, type), false, true);  // dy @ W^T
+  return autocast_.round_input_grad ? round_to(dx, type) : dx;
 }
 
 void Linear::backward_weight(Saved& saved) {
   require_w_after_b(saved, name_);
   const Tensor& x = saved.tensors.at(0);
-  accumulate(matmul(x, saved.dy, true, false), weight_->grad);  // x^T @ dy
-  if (bias_) axpy(1.0f, column_sums(saved.dy), bias_->grad);
+  const DType type = autocast_.type;
+  accumulate(round_to(matmul(x, saved.dy, true, false), type), weight_->grad);  // x^T @ dy
+  if (bias_) axpy(1.0f, round_to(column_sums(saved.dy), type), bias_->grad);
   saved = Saved{};
 }
 

@@ -729,6 +729,15 @@ Tensor cast(const Tensor& t, DType type) {
   return out;
 }
 
+Tensor round_to(const Tensor& t, DType type) {
+  if (type == DType::f32) return t;
+  require(t.dtype() == DType::f32 && is_half(type), [&] {
+    return "round_to: " + t.describe() + " to " + std::string(dtype_name(type)) +
+           ": f32 values, rounded to f16 or bf16";
+  });
+  return cast(cast(t, type), DType::f32);
+}
+
 namespace {
 void require_index(const Tensor& index, const char* what) {
   require(index.ndim() == 1 && (index.dtype() == DType::i32 || index.dtype() == DType::i64), [&] {

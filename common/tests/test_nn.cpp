@@ -12,10 +12,15 @@
 //   - sgd_step, Adam (plain, L2, AdamW) against the update written out in double; a shard
 //     of the flat buffer with its own Adam against one Adam over the whole buffer; f16 and
 //     bf16 gradients read as the floats they hold; a 16-bit Linear's dW added in f32
+//   - an autocast Linear (16-bit products on f32 weights) against its arithmetic written
+//     out in double from the rounded operands, y, dx, dW and db
 //   - errors: shape mismatches and misuse throw shardlab::Error
 //
 // Wrong versions this suite was checked against, each planted alone in a copy of nn.cpp
 // (test that failed: excerpt of its message):
+//   (autocast) an autocast Linear's dW added unrounded: "an autocast Linear rounds ...":
+//       "dW(0,0) = -0.000297427 is not a f16 value"; its y left unrounded: "y(0,0) =
+//       -1.94796 is not a f16 value"
 //   (a) Linear's weight gradient transposed, dy^T @ x instead of x^T @ dy: "every layer's
 //       backward matches central differences" / "Linear 4 -> 4 on 4 rows (square)":
 //       "dL/dsquare.weight: 12 of 16 elements differ ..., max abs diff 3.2"; the other
@@ -647,6 +652,78 @@ TEST_SUITE("nn") {
     f32.add("w", zeros(2, 2));
     CHECK(f32.dtype() == DType::f32);
     CHECK_THROWS_AS(f32.allocate(Memory::host, DType::i32), Error);
+  }
+
+  TEST_CASE("an autocast Linear rounds its operands and results to 16 bits, as written out") {
+    // The reference, in double from the rounded operands: y = r(sum_k r(x) r(W) + r(b)),
+    // dx = r(r(dy) r(W)^T), dW = r(r(x)^T r(dy)), db = r(sum of r(dy)); r() rounds to the
+    // type. The layer sums in f32, so each result is the reference's or a 16-bit step off.
+    for (DType type : {DType::f16, DType::bf16}) {
+      CAPTURE(dtype_name(type));
+      ParameterStore store;
+      Linear fc(store, "fc", 7, 5, 77);
+      store.allocate();
+      fc.bias()->value.copy_from(randn(Shape{1, 5}, 78));
+      fc.set_autocast({.type = type});
+      const Tensor x = randn(Shape{4, 7}, 79), dy = scale(randn(Shape{4, 5}, 80), 1e-3f);
+      Forward f = fc.forward(x);
+      const Tensor dx = fc.backward_input(dy, f.saved);
+      fc.backward_weight(f.saved);
+      auto r = [&](double v) {
+        Tensor one(Shape{1}, DType::f32);
+        one[0] = static_cast<float>(v);
+        return round_to(one, type)[0];
+      };
+      auto rv = [&](const Tensor& t) { return round_to(t, type); };
+      const Tensor xr = rv(x), wr = rv(fc.weight().value), br = rv(fc.bias()->value), dyr = rv(dy);
+      auto near = [&](float got, double want, const std::string& what) {
+        const float w = r(want);
+        const float step =
+            std::max(std::abs(w), 1e-30f) * (type == DType::f16 ? 0x1p-10f : 0x1p-7f);
+        CHECK_MESSAGE(r(got) == got,
+                      what << " = " << got << " is not a " << dtype_name(type) << " value");
+        CHECK_MESSAGE(std::abs(got - w) <= step, what << " = " << got << ", want " << w);
+      };
+      for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 5; ++j) {
+          double y = br(0, j);
+          for (int k = 0; k < 7; ++k) y += static_cast<double>(xr(i, k)) * wr(k, j);
+          near(f.out(i, j), y, "y(" + std::to_string(i) + "," + std::to_string(j) + ")");
+        }
+      for (int i = 0; i < 4; ++i)
+        for (int k = 0; k < 7; ++k) {
+          double v = 0;
+          for (int j = 0; j < 5; ++j) v += static_cast<double>(dyr(i, j)) * wr(k, j);
+          near(dx(i, k), v, "dx(" + std::to_string(i) + "," + std::to_string(k) + ")");
+        }
+      for (int k = 0; k < 7; ++k)
+        for (int j = 0; j < 5; ++j) {
+          double v = 0;
+          for (int i = 0; i < 4; ++i) v += static_cast<double>(xr(i, k)) * dyr(i, j);
+          near(fc.weight().grad(k, j), v,
+               "dW(" + std::to_string(k) + "," + std::to_string(j) + ")");
+        }
+      for (int j = 0; j < 5; ++j) {
+        double v = 0;
+        for (int i = 0; i < 4; ++i) v += dyr(i, j);
+        near(fc.bias()->grad(0, j), v, "db(" + std::to_string(j) + ")");
+      }
+      // Not f32's product: the rounding is there.
+      ParameterStore plain_store;
+      Linear plain(plain_store, "fc", 7, 5, 77);
+      plain_store.allocate();
+      plain.bias()->value.copy_from(fc.bias()->value);
+      CHECK_FALSE(plain.forward(x).out.bitwise_equal(f.out));
+    }
+    // round_output / round_input_grad off: the f32 sums of the rounded products.
+    ParameterStore store;
+    Linear fc(store, "fc", 3, 2, 5, false);
+    store.allocate();
+    fc.set_autocast({.type = DType::f16, .round_output = false, .round_input_grad = false});
+    const Tensor x = randn(Shape{2, 3}, 6);
+    Forward f = fc.forward(x);
+    CHECK(f.out.bitwise_equal(
+        matmul(round_to(x, DType::f16), round_to(fc.weight().value, DType::f16))));
   }
 
   TEST_CASE("release_grads and release_values drop the flat buffers and empty every view") {

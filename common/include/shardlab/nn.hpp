@@ -127,6 +127,22 @@ class Layer {
   virtual std::vector<Parameter*> parameters() const { return {}; }
 };
 
+/// Mixed precision as torch.autocast runs a Linear on f32 weights (PyTorch's autocast op
+/// list puts linear and matmul in the 16-bit type; LayerNorm, softmax and the loss stay
+/// f32): `type` f16 or bf16 (f32: off). Forward: x, W and b rounded to `type`, the
+/// products summed in f32 (a product of two 16-bit values is exact in f32), y rounded to
+/// `type` once. Backward: dL/dy rounded to `type`; dL/dx from the rounded operands,
+/// rounded once; dW and db from them, each rounded to `type` once and added into the f32
+/// gradients (autocast's weight cast, whose backward casts back). A tensor-parallel
+/// layer whose y (or dL/dx) is a partial sum rounds it after the sum instead: it turns
+/// round_output (round_input_grad) off. The values are held in f32 tensors: the
+/// arithmetic of 16-bit storage, not its memory.
+struct Autocast {
+  DType type = DType::f32;
+  bool round_output = true;
+  bool round_input_grad = true;
+};
+
 /// y = x @ W + b. Saved: x. W ~ N(0, 1/I) from `seed` (LeCun init), b = 0. In a 16-bit
 /// store (no bias), x and dy are of the store's type and dW is added in f32, rounded once.
 class Linear final : public Layer {
@@ -142,11 +158,14 @@ class Linear final : public Layer {
   std::vector<Parameter*> parameters() const override;
   Parameter& weight() { return *weight_; }
   Parameter* bias() { return bias_; }
+  /// Mixed precision on an f32 store (Autocast above).
+  void set_autocast(Autocast autocast);
 
  private:
   std::string name_;
   Parameter* weight_;
   Parameter* bias_ = nullptr;
+  Autocast autocast_;
 };
 
 /// y = tanh(x); dL/dx = dy * (1 - y^2). Saved: y.

@@ -263,6 +263,10 @@ Tensor gelu(const Tensor& x);
 Tensor gelu_backward(const Tensor& x, const Tensor& dy);
 /// A copy in another element type. To f16 / bf16: round to nearest even (half.hpp).
 Tensor cast(const Tensor& t, DType type);
+/// An f32 tensor's values rounded to `type` (f16 or bf16) and kept in f32: what a 16-bit
+/// tensor would hold, for arithmetic that then runs in f32 (mixed precision's products,
+/// nn::Autocast). `type` f32: `t` itself (of any type), no copy.
+Tensor round_to(const Tensor& t, DType type);
 /// out[i] = src[index[i]]: rows of src (R x C, any type) picked by an i32/i64 index
 /// vector of n entries; out is n x C. An index outside 0..R-1 is an Error.
 Tensor gather_rows(const Tensor& src, const Tensor& index);
