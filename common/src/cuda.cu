@@ -320,6 +320,289 @@ __global__ void divide_kernel(T* acc, std::int64_t n, int ranks) {
   GRID_STRIDE(i, n) { acc[i] = static_cast<T>(acc[i] / ranks); }  // int division for ints
 }
 
+// -- layers ---------------------------------------------------------------------------
+// Kernels that reduce over a row work one block per row: the block's threads share the row's
+// elements (j = threadIdx.x, + blockDim.x, ...), then combine their partial results in shared
+// memory. Every float operation that nn.cpp's host loop does is written as an intrinsic
+// (__fmul_rn, __fadd_rn, ...): nvcc would otherwise fuse a multiply and an add, which the
+// host build (-ffp-contract=off) never does.
+
+/// Rows r = blockIdx.x, + gridDim.x, ...: the same for every thread of a block, so a
+/// __syncthreads inside the loop is reached by all of them.
+#define ROW_STRIDE(r, rows) for (std::int64_t r = blockIdx.x; r < (rows); r += gridDim.x)
+/// This thread's share of a row's elements 0..count-1.
+#define THREAD_STRIDE(j, count) for (std::int64_t j = threadIdx.x; j < (count); j += blockDim.x)
+
+/// The sum of every thread's v (blockDim.x == threads, a power of two), for every thread.
+__device__ double block_sum(double v, double* shared) {
+  shared[threadIdx.x] = v;
+  __syncthreads();
+  for (unsigned stride = blockDim.x / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride)
+      shared[threadIdx.x] = __dadd_rn(shared[threadIdx.x], shared[threadIdx.x + stride]);
+    __syncthreads();
+  }
+  const double total = shared[0];
+  __syncthreads();  // before `shared` is written again
+  return total;
+}
+/// The largest of every thread's v, for every thread.
+__device__ float block_max(float v, float* shared) {
+  shared[threadIdx.x] = v;
+  __syncthreads();
+  for (unsigned stride = blockDim.x / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride)
+      shared[threadIdx.x] = fmaxf(shared[threadIdx.x], shared[threadIdx.x + stride]);
+    __syncthreads();
+  }
+  const float top = shared[0];
+  __syncthreads();
+  return top;
+}
+
+/// One block per row i of x (rows x cols): mean and variance in double, then y.
+__global__ void layernorm_forward_kernel(const float* x, const float* gamma, const float* beta,
+                                         float* y, float* mean, float* rstd, std::int64_t rows,
+                                         std::int64_t cols, float eps) {
+  __shared__ double partial[threads];
+  ROW_STRIDE(i, rows) {
+    const float* row = x + i * cols;
+    double sum = 0.0;
+    THREAD_STRIDE(j, cols) { sum = __dadd_rn(sum, static_cast<double>(row[j])); }
+    const double m = block_sum(sum, partial) / static_cast<double>(cols);
+    double var = 0.0;
+    THREAD_STRIDE(j, cols) {
+      const double d = __dsub_rn(static_cast<double>(row[j]), m);
+      var = __dadd_rn(var, __dmul_rn(d, d));
+    }
+    var = block_sum(var, partial) / static_cast<double>(cols);
+    const auto s = static_cast<float>(1.0 / sqrt(var + static_cast<double>(eps)));
+    const auto mf = static_cast<float>(m);
+    if (threadIdx.x == 0) {
+      mean[i] = mf;
+      rstd[i] = s;
+    }
+    THREAD_STRIDE(j, cols) {
+      y[i * cols + j] =
+          __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(row[j], mf), s), gamma[j]), beta[j]);
+    }
+  }
+}
+
+/// One block per row i: the row's mean(g) and mean(g xhat) in double, then dx.
+__global__ void layernorm_backward_input_kernel(const float* x, const float* mean,
+                                                const float* rstd, const float* gamma,
+                                                const float* dy, float* dx, std::int64_t rows,
+                                                std::int64_t cols) {
+  __shared__ double partial[threads];
+  ROW_STRIDE(i, rows) {
+    const float m = mean[i], s = rstd[i];
+    double sum_g = 0.0, sum_gx = 0.0;
+    THREAD_STRIDE(j, cols) {
+      const float xhat = __fmul_rn(__fsub_rn(x[i * cols + j], m), s);
+      const float g = __fmul_rn(dy[i * cols + j], gamma[j]);
+      sum_g = __dadd_rn(sum_g, static_cast<double>(g));
+      sum_gx = __dadd_rn(sum_gx, __dmul_rn(static_cast<double>(g), static_cast<double>(xhat)));
+    }
+    const auto mean_g = static_cast<float>(block_sum(sum_g, partial) / static_cast<double>(cols));
+    const auto mean_gx = static_cast<float>(block_sum(sum_gx, partial) / static_cast<double>(cols));
+    THREAD_STRIDE(j, cols) {
+      const float xhat = __fmul_rn(__fsub_rn(x[i * cols + j], m), s);
+      const float g = __fmul_rn(dy[i * cols + j], gamma[j]);
+      dx[i * cols + j] = __fmul_rn(s, __fsub_rn(__fsub_rn(g, mean_g), __fmul_rn(xhat, mean_gx)));
+    }
+  }
+}
+
+/// One thread per column j, adding the rows in order (as the host loop does).
+__global__ void layernorm_backward_weight_kernel(const float* x, const float* mean,
+                                                 const float* rstd, const float* dy, float* dgamma,
+                                                 float* dbeta, std::int64_t rows,
+                                                 std::int64_t cols) {
+  GRID_STRIDE(j, cols) {
+    float dg = dgamma[j], db = dbeta[j];
+    for (std::int64_t i = 0; i < rows; ++i) {
+      const float d = dy[i * cols + j];
+      const float xhat = __fmul_rn(__fsub_rn(x[i * cols + j], mean[i]), rstd[i]);
+      dg = __fadd_rn(dg, __fmul_rn(d, xhat));
+      db = __fadd_rn(db, d);
+    }
+    dgamma[j] = dg;
+    dbeta[j] = db;
+  }
+}
+
+/// Attention's row r = (b * H + h) * T + t of the weights (B x H x T x T), as its sequence b,
+/// head h and token t. In x, head h of sequence b starts at x + b T 3C + h 3D, and token s's
+/// q, k, v lie s * 3C further on, D apart.
+struct AttentionRow {
+  std::int64_t b, h, t;
+  __device__ AttentionRow(std::int64_t r, std::int64_t T, std::int64_t H)
+      : b(r / (T * H)), h((r / T) % H), t(r % T) {}
+};
+
+/// One block per (b, h, t): the scores q_t . k_s * scale for s = 0..t written into att's row,
+/// softmax over them in place, then y_t = sum_s att[s] v_s, one thread per channel.
+__global__ void attention_forward_kernel(const float* x, float* y, float* att, std::int64_t B,
+                                         std::int64_t T, std::int64_t H, std::int64_t D,
+                                         float scale) {
+  __shared__ float partial[threads];
+  __shared__ float row_sum;
+  const std::int64_t C = H * D;
+  ROW_STRIDE(r, B * H * T) {
+    const AttentionRow at(r, T, H);
+    const float* head = x + at.b * T * 3 * C + at.h * 3 * D;  // token s's q at head + s * 3C
+    const float* q = head + at.t * 3 * C;
+    float* a = att + r * T;
+    float top = -INFINITY;
+    THREAD_STRIDE(s, at.t + 1) {
+      const float* k = head + s * 3 * C + D;
+      float dot = 0.0f;
+      for (std::int64_t d = 0; d < D; ++d) dot = __fadd_rn(dot, __fmul_rn(q[d], k[d]));
+      a[s] = __fmul_rn(dot, scale);
+      top = fmaxf(top, a[s]);
+    }
+    top = block_max(top, partial);  // also makes every a[s] visible to every thread
+    THREAD_STRIDE(s, at.t + 1) { a[s] = expf(__fsub_rn(a[s], top)); }
+    __syncthreads();
+    if (threadIdx.x == 0) {  // summed in order of s, as the host loop does
+      float sum = 0.0f;
+      for (std::int64_t s = 0; s <= at.t; ++s) sum = __fadd_rn(sum, a[s]);
+      row_sum = sum;
+    }
+    __syncthreads();
+    const float sum = row_sum;
+    THREAD_STRIDE(s, at.t + 1) { a[s] = __fdiv_rn(a[s], sum); }
+    __syncthreads();
+    float* out = y + (at.b * T + at.t) * C + at.h * D;
+    THREAD_STRIDE(d, D) {
+      float acc = 0.0f;
+      for (std::int64_t s = 0; s <= at.t; ++s)
+        acc = __fadd_rn(acc, __fmul_rn(a[s], head[s * 3 * C + 2 * D + d]));
+      out[d] = acc;
+    }
+    __syncthreads();  // before the next row writes row_sum
+  }
+}
+
+/// One block per query (b, h, t): da_s = g_t . v_s, dscore_s = a_s (da_s - sum_s a_s da_s)
+/// * scale (written into dscore's row), then dq_t = sum_s dscore_s k_s, one thread per channel.
+__global__ void attention_backward_query_kernel(const float* x, const float* att, const float* dy,
+                                                float* dscore, float* dx, std::int64_t B,
+                                                std::int64_t T, std::int64_t H, std::int64_t D,
+                                                float scale) {
+  __shared__ float row_weighted;
+  const std::int64_t C = H * D;
+  ROW_STRIDE(r, B * H * T) {
+    const AttentionRow at(r, T, H);
+    const float* head = x + at.b * T * 3 * C + at.h * 3 * D;
+    const float* a = att + r * T;
+    float* ds = dscore + r * T;
+    const float* g = dy + (at.b * T + at.t) * C + at.h * D;
+    THREAD_STRIDE(s, at.t + 1) {
+      const float* v = head + s * 3 * C + 2 * D;
+      float dot = 0.0f;
+      for (std::int64_t d = 0; d < D; ++d) dot = __fadd_rn(dot, __fmul_rn(g[d], v[d]));
+      ds[s] = dot;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {  // sum_s a_s da_s, in order of s
+      float weighted = 0.0f;
+      for (std::int64_t s = 0; s <= at.t; ++s)
+        weighted = __fadd_rn(weighted, __fmul_rn(a[s], ds[s]));
+      row_weighted = weighted;
+    }
+    __syncthreads();
+    const float weighted = row_weighted;
+    THREAD_STRIDE(s, at.t + 1) {
+      ds[s] = __fmul_rn(__fmul_rn(a[s], __fsub_rn(ds[s], weighted)), scale);
+    }
+    __syncthreads();
+    float* dq = dx + (at.b * T + at.t) * 3 * C + at.h * 3 * D;
+    THREAD_STRIDE(d, D) {
+      float acc = 0.0f;
+      for (std::int64_t s = 0; s <= at.t; ++s)
+        acc = __fadd_rn(acc, __fmul_rn(ds[s], head[s * 3 * C + D + d]));
+      dq[d] = acc;
+    }
+    __syncthreads();  // before the next row writes row_weighted
+  }
+}
+
+/// One thread per (b, h, s, d) of the keys and values: dk_s = sum_{t >= s} dscore_ts q_t and
+/// dv_s = sum_{t >= s} a_ts g_t, over t in order (as the host loop adds them).
+__global__ void attention_backward_key_value_kernel(const float* x, const float* att,
+                                                    const float* dy, const float* dscore, float* dx,
+                                                    std::int64_t B, std::int64_t T, std::int64_t H,
+                                                    std::int64_t D) {
+  const std::int64_t C = H * D;
+  GRID_STRIDE(i, B * H * T * D) {
+    const std::int64_t d = i % D;
+    const AttentionRow at(i / D, T, H);  // its t is the key's token s
+    const std::int64_t s = at.t;
+    const float* head = x + at.b * T * 3 * C + at.h * 3 * D;
+    const std::int64_t scores = (at.b * H + at.h) * T * T;  // att[b][h] starts here
+    float dk = 0.0f, dv = 0.0f;
+    for (std::int64_t t = s; t < T; ++t) {
+      const std::int64_t ts = scores + t * T + s;
+      dk = __fadd_rn(dk, __fmul_rn(dscore[ts], head[t * 3 * C + d]));
+      dv = __fadd_rn(dv, __fmul_rn(att[ts], dy[(at.b * T + t) * C + at.h * D + d]));
+    }
+    float* key = dx + (at.b * T + s) * 3 * C + at.h * 3 * D + D;
+    key[d] = dk;
+    key[D + d] = dv;
+  }
+}
+
+/// One block per row i: the softmax of the logits into probs, the sum of exponentials in
+/// double, and the row's loss top + log(sum) - logit[target].
+template <class I>
+__global__ void cross_entropy_kernel(const float* logits, const I* targets, float* probs,
+                                     double* row_loss, std::int64_t rows, std::int64_t cols) {
+  __shared__ float partial_max[threads];
+  __shared__ double partial_sum[threads];
+  ROW_STRIDE(i, rows) {
+    const float* z = logits + i * cols;
+    float* p = probs + i * cols;
+    float top = -INFINITY;
+    THREAD_STRIDE(j, cols) { top = fmaxf(top, z[j]); }
+    top = block_max(top, partial_max);
+    double sum = 0.0;
+    THREAD_STRIDE(j, cols) {
+      p[j] = expf(__fsub_rn(z[j], top));
+      sum = __dadd_rn(sum, static_cast<double>(p[j]));
+    }
+    sum = block_sum(sum, partial_sum);
+    THREAD_STRIDE(j, cols) { p[j] = static_cast<float>(__ddiv_rn(static_cast<double>(p[j]), sum)); }
+    if (threadIdx.x == 0) {
+      const std::int64_t target = targets[i];
+      row_loss[i] = target >= 0 && target < cols
+                        ? __dsub_rn(__dadd_rn(static_cast<double>(top), log(sum)),
+                                    static_cast<double>(z[target]))
+                        : nan("");
+    }
+  }
+}
+
+template <class I>
+__global__ void subtract_one_at_targets_kernel(float* d, const I* targets, std::int64_t rows,
+                                               std::int64_t cols) {
+  GRID_STRIDE(i, rows) {
+    const std::int64_t target = targets[i];
+    if (target >= 0 && target < cols) d[i * cols + target] = __fsub_rn(d[i * cols + target], 1.0f);
+  }
+}
+
+/// Launches kernel<<<one block per row (at most 65535; ROW_STRIDE takes the rest), threads>>>
+/// on the thread's stream, and nothing for rows == 0.
+template <class... Params, class... Args>
+void launch_rows(std::int64_t rows, void (*kernel)(Params...), Args... args) {
+  if (rows <= 0) return;
+  const auto grid = static_cast<unsigned>(std::min<std::int64_t>(rows, 65535));
+  kernel<<<grid, threads, 0, stream()>>>(args...);
+  CUDA_CHECK(cudaGetLastError());
+}
+
 /// A small device flag for kernels that report a bad index.
 class Flag {
  public:
@@ -480,6 +763,53 @@ void adam_step(float* p, const float* g, float* m, float* v, std::int64_t n, flo
                float l2, float keep) {
   launch(n, adam_kernel, p, g, m, v, n, m_weight, v_keep, v_weight, step_size, correction2_sqrt,
          eps, l2, keep);
+}
+
+// -- layers -------------------------------------------------------------------------------
+
+void layernorm_forward(const float* x, const float* gamma, const float* beta, float* y, float* mean,
+                       float* rstd, std::int64_t rows, std::int64_t cols, float eps) {
+  launch_rows(rows, layernorm_forward_kernel, x, gamma, beta, y, mean, rstd, rows, cols, eps);
+}
+void layernorm_backward_input(const float* x, const float* mean, const float* rstd,
+                              const float* gamma, const float* dy, float* dx, std::int64_t rows,
+                              std::int64_t cols) {
+  launch_rows(rows, layernorm_backward_input_kernel, x, mean, rstd, gamma, dy, dx, rows, cols);
+}
+void layernorm_backward_weight(const float* x, const float* mean, const float* rstd,
+                               const float* dy, float* dgamma, float* dbeta, std::int64_t rows,
+                               std::int64_t cols) {
+  launch(cols, layernorm_backward_weight_kernel, x, mean, rstd, dy, dgamma, dbeta, rows, cols);
+}
+void attention_forward(const float* x, float* y, float* att, std::int64_t batch,
+                       std::int64_t sequence, std::int64_t heads, std::int64_t head_size,
+                       float scale) {
+  launch_rows(batch * heads * sequence, attention_forward_kernel, x, y, att, batch, sequence, heads,
+              head_size, scale);
+}
+void attention_backward(const float* x, const float* att, const float* dy, float* dscore, float* dx,
+                        std::int64_t batch, std::int64_t sequence, std::int64_t heads,
+                        std::int64_t head_size, float scale) {
+  // Queries first: the keys' and values' kernel reads the dscore rows it writes (one stream).
+  launch_rows(batch * heads * sequence, attention_backward_query_kernel, x, att, dy, dscore, dx,
+              batch, sequence, heads, head_size, scale);
+  launch(batch * heads * sequence * head_size, attention_backward_key_value_kernel, x, att, dy,
+         static_cast<const float*>(dscore), dx, batch, sequence, heads, head_size);
+}
+void cross_entropy_forward(const float* logits, const void* targets, DType target_type,
+                           float* probs, double* row_loss, std::int64_t rows, std::int64_t cols) {
+  visit_index(target_type, [&](auto z) {
+    using I = decltype(z);
+    launch_rows(rows, cross_entropy_kernel<I>, logits, static_cast<const I*>(targets), probs,
+                row_loss, rows, cols);
+  });
+}
+void cross_entropy_backward(float* d, const void* targets, DType target_type, std::int64_t rows,
+                            std::int64_t cols) {
+  visit_index(target_type, [&](auto z) {
+    using I = decltype(z);
+    launch(rows, subtract_one_at_targets_kernel<I>, d, static_cast<const I*>(targets), rows, cols);
+  });
 }
 
 // -- types and indices ----------------------------------------------------------------------

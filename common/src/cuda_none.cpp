@@ -50,6 +50,31 @@ void adam_step(float*, const float*, float*, float*, std::int64_t, float, float,
                float, float, float, float) {
   no_cuda();
 }
+void layernorm_forward(const float*, const float*, const float*, float*, float*, float*,
+                       std::int64_t, std::int64_t, float) {
+  no_cuda();
+}
+void layernorm_backward_input(const float*, const float*, const float*, const float*, const float*,
+                              float*, std::int64_t, std::int64_t) {
+  no_cuda();
+}
+void layernorm_backward_weight(const float*, const float*, const float*, const float*, float*,
+                               float*, std::int64_t, std::int64_t) {
+  no_cuda();
+}
+void attention_forward(const float*, float*, float*, std::int64_t, std::int64_t, std::int64_t,
+                       std::int64_t, float) {
+  no_cuda();
+}
+void attention_backward(const float*, const float*, const float*, float*, float*, std::int64_t,
+                        std::int64_t, std::int64_t, std::int64_t, float) {
+  no_cuda();
+}
+void cross_entropy_forward(const float*, const void*, DType, float*, double*, std::int64_t,
+                           std::int64_t) {
+  no_cuda();
+}
+void cross_entropy_backward(float*, const void*, DType, std::int64_t, std::int64_t) { no_cuda(); }
 void cast(const void*, DType, void*, DType, std::int64_t) { no_cuda(); }
 double max_abs_diff(const void*, const void*, DType, std::int64_t) { no_cuda(); }
 bool all_finite(const void*, DType, std::int64_t) { no_cuda(); }

@@ -46,6 +46,44 @@ void adam_step(float* p, const float* g, float* m, float* v, std::int64_t n, flo
                float v_keep, float v_weight, float step_size, float correction2_sqrt, float eps,
                float l2, float keep);
 
+// -- layers, f32 (nn.cpp) -------------------------------------------------------------------
+// Each follows nn.cpp's host loop step for step: the same formula, the same float operations
+// in the same order without fused multiply-adds, and the same sums in double. Only a sum
+// taken in parallel (in double) and expf can round differently: a few ulp.
+
+/// LayerNorm over `rows` rows of `cols`: mean and rstd = 1/sqrt(var + eps) of each row (in
+/// double, then rounded), y = (x - mean) * rstd * gamma + beta.
+void layernorm_forward(const float* x, const float* gamma, const float* beta, float* y, float* mean,
+                       float* rstd, std::int64_t rows, std::int64_t cols, float eps);
+/// dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy gamma, xhat = (x - mean) rstd.
+void layernorm_backward_input(const float* x, const float* mean, const float* rstd,
+                              const float* gamma, const float* dy, float* dx, std::int64_t rows,
+                              std::int64_t cols);
+/// dgamma += sum over rows of dy xhat, dbeta += sum over rows of dy, rows added in order.
+void layernorm_backward_weight(const float* x, const float* mean, const float* rstd,
+                               const float* dy, float* dgamma, float* dbeta, std::int64_t rows,
+                               std::int64_t cols);
+/// Causal self-attention (nn.hpp's layout): x is (batch*sequence) x 3C with each head's q, k, v
+/// side by side, C = heads * head_size; y is (batch*sequence) x C; att (batch x heads x
+/// sequence x sequence) gets the softmax weights, row t's entries past t left as they are
+/// (zero). Scores are q . k * scale.
+void attention_forward(const float* x, float* y, float* att, std::int64_t batch,
+                       std::int64_t sequence, std::int64_t heads, std::int64_t head_size,
+                       float scale);
+/// dx (every element written) from dy and the forward's x and att; dscore is scratch the size
+/// of att.
+void attention_backward(const float* x, const float* att, const float* dy, float* dscore, float* dx,
+                        std::int64_t batch, std::int64_t sequence, std::int64_t heads,
+                        std::int64_t head_size, float scale);
+/// Softmax cross-entropy: probs = softmax of each row of logits (rows x cols), and
+/// row_loss[i] = max + log(sum exp(logit - max)) - logit[target[i]] in double. The targets
+/// (i32 or i64) must lie in 0..cols-1 (the caller checks).
+void cross_entropy_forward(const float* logits, const void* targets, DType target_type,
+                           float* probs, double* row_loss, std::int64_t rows, std::int64_t cols);
+/// d[i][target[i]] -= 1 for every row i (the caller then divides by the rows).
+void cross_entropy_backward(float* d, const void* targets, DType target_type, std::int64_t rows,
+                            std::int64_t cols);
+
 // -- types and indices ------------------------------------------------------------------
 /// out = in converted element by element (to f16/bf16: round to nearest even).
 void cast(const void* in, DType from, void* out, DType to, std::int64_t n);

@@ -100,9 +100,13 @@ void require_w_after_b(const Saved& saved, const std::string& who) {
     return who + ": backward_weight needs backward_input first (or was called twice)";
   });
 }
-void require_host(const Tensor& t, const std::string& who) {
-  require(!t.on_device(),
-          [&] { return who + " runs on the host only (got " + t.describe() + ")"; });
+/// A layer's tensors all in one memory: `t` (what it is: `what`) where x is.
+void require_same_memory(const Tensor& t, const Tensor& x, const std::string& who,
+                         const char* what) {
+  require(t.memory() == x.memory(), [&] {
+    return who + ": " + what + " is " + t.describe() + " but x is " + x.describe() +
+           " (a layer runs where its tensors are: all on the host, or all on one GPU)";
+  });
 }
 /// grad += g, element by element, for H = Half or BFloat16: in f32, rounded once.
 template <class H>
@@ -222,12 +226,23 @@ LayerNorm::LayerNorm(ParameterStore& store, const std::string& name, std::int64_
       eps_(eps) {}
 
 Forward LayerNorm::forward(const Tensor& x) const {
-  require_host(x, name_);
   const std::int64_t C = gamma_->value.cols();
   require(x.ndim() == 2 && x.cols() == C, [&] {
     return name_ + ": x is " + x.describe() + ", expected " + std::to_string(C) + " columns";
   });
   const std::int64_t B = x.rows();
+  if (x.on_device()) {  // the same loop, one block of threads per row (cuda.cu)
+    require_same_memory(gamma_->value, x, name_, "gamma");
+    // Every element of these is written by the kernel: no zeros first.
+    Tensor y = empty(Shape{B, C}, DType::f32, Memory::device);
+    Tensor mean = empty(Shape{B}, DType::f32, Memory::device);
+    Tensor rstd = empty(Shape{B}, DType::f32, Memory::device);
+    kernels::layernorm_forward(x.data(), gamma_->value.data(), beta_->value.data(), y.data(),
+                               mean.data(), rstd.data(), B, C, eps_);
+    Forward f{std::move(y), {}};
+    f.saved.tensors = {x, mean, rstd};
+    return f;
+  }
   Tensor y(B, C), mean(B), rstd(B);
   const float* px = x.data();
   const float* g = gamma_->value.data();
@@ -256,8 +271,14 @@ Tensor LayerNorm::backward_input(const Tensor& dy, Saved& saved) const {
   const Tensor& rstd = saved.tensors.at(2);
   const std::int64_t C = gamma_->value.cols(), B = x.rows();
   require_rows(dy, x, C, name_ + " backward");
-  require_host(dy, name_);
+  require_same_memory(dy, x, name_ + " backward", "dy");
   saved.dy = dy;
+  if (x.on_device()) {
+    Tensor dx = empty(Shape{B, C}, DType::f32, Memory::device);
+    kernels::layernorm_backward_input(x.data(), mean.data(), rstd.data(), gamma_->value.data(),
+                                      dy.data(), dx.data(), B, C);
+    return dx;
+  }
   // With xhat = (x - mean) * rstd and g = dy * gamma:
   //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
   Tensor dx(B, C);
@@ -289,6 +310,13 @@ void LayerNorm::backward_weight(Saved& saved) {
   const Tensor& dy = saved.dy;
   float* dgamma = gamma_->grad.data();
   float* dbeta = beta_->grad.data();
+  if (x.on_device()) {
+    require_same_memory(gamma_->grad, x, name_ + " backward", "gamma's gradient");
+    kernels::layernorm_backward_weight(x.data(), mean.data(), rstd.data(), dy.data(), dgamma, dbeta,
+                                       x.rows(), x.cols());
+    saved = Saved{};
+    return;
+  }
   for (std::int64_t i = 0; i < x.rows(); ++i)
     for (std::int64_t j = 0; j < x.cols(); ++j) {
       dgamma[j] += dy(i, j) * ((x(i, j) - mean[i]) * rstd[i]);
@@ -334,7 +362,6 @@ CausalSelfAttention::CausalSelfAttention(std::int64_t heads, std::int64_t sequen
 }
 
 Forward CausalSelfAttention::forward(const Tensor& x) const {
-  require_host(x, "attention");
   const std::int64_t T = sequence_, H = heads_;
   require(x.ndim() == 2 && x.cols() % (3 * H) == 0 && x.rows() % T == 0, [&] {
     return "attention: x is " + x.describe() + "; expected (B*" + std::to_string(T) +
@@ -342,6 +369,14 @@ Forward CausalSelfAttention::forward(const Tensor& x) const {
   });
   const std::int64_t B = x.rows() / T, C = x.cols() / 3, D = C / H;
   const float scale_by = 1.0f / std::sqrt(static_cast<float>(D));
+  if (x.on_device()) {  // the same loops, one block of threads per (b, h, t) (cuda.cu)
+    Tensor y = empty(Shape{B * T, C}, DType::f32, Memory::device);  // every element written
+    Tensor att(Shape{B, H, T, T}, DType::f32, Memory::device);      // zeros past each row's token
+    kernels::attention_forward(x.data(), y.data(), att.data(), B, T, H, D, scale_by);
+    Forward f{std::move(y), {}};
+    f.saved.tensors = {x, att};
+    return f;
+  }
   Tensor y(B * T, C);
   Tensor att(Shape{B, H, T, T}, DType::f32);
   const float* px = x.data();
@@ -385,8 +420,15 @@ Tensor CausalSelfAttention::backward_input(const Tensor& dy, Saved& saved) const
   const std::int64_t T = sequence_, H = heads_;
   const std::int64_t B = x.rows() / T, C = x.cols() / 3, D = C / H;
   require_rows(dy, x, C, "attention backward");
-  require_host(dy, "attention");
+  require_same_memory(dy, x, "attention backward", "dy");
   const float scale_by = 1.0f / std::sqrt(static_cast<float>(D));
+  if (x.on_device()) {  // queries one block per (b, h, t), then keys and values (cuda.cu)
+    Tensor dx = empty(Shape{B * T, 3 * C}, DType::f32, Memory::device);    // every element written
+    Tensor dscore = empty(Shape{B, H, T, T}, DType::f32, Memory::device);  // read where written
+    kernels::attention_backward(x.data(), att.data(), dy.data(), dscore.data(), dx.data(), B, T, H,
+                                D, scale_by);
+    return dx;
+  }
   Tensor dx(B * T, 3 * C);
   const float* px = x.data();
   const float* pa = att.data();
@@ -503,10 +545,34 @@ std::int64_t target_at(const Tensor& targets, std::int64_t i) {
   return targets.dtype() == DType::i32 ? targets.data<std::int32_t>()[i]
                                        : targets.data<std::int64_t>()[i];
 }
+void require_class(std::int64_t i, std::int64_t target, std::int64_t V) {
+  require(target >= 0 && target < V, [&] {
+    return "cross_entropy: target[" + std::to_string(i) + "] = " + std::to_string(target) +
+           " is outside 0.." + std::to_string(V - 1);
+  });
+}
+/// cross_entropy for logits on a GPU: the targets are checked on the host first, then a
+/// block of threads per row computes the softmax and the row's loss (cuda.cu); the rows'
+/// losses are added here, in order, as the host loop adds them.
+Loss cross_entropy_on_device(const Tensor& logits, const Tensor& targets) {
+  const std::int64_t B = logits.rows(), V = logits.cols();
+  const Tensor ids = targets.to(Memory::host);
+  for (std::int64_t i = 0; i < B; ++i) require_class(i, target_at(ids, i), V);
+  Tensor probs = empty(Shape{B, V}, DType::f32, Memory::device);
+  Tensor row_loss = empty(Shape{B}, DType::f64, Memory::device);
+  kernels::cross_entropy_forward(logits.data(), targets.raw(), targets.dtype(), probs.data(),
+                                 row_loss.data<double>(), B, V);
+  const Tensor losses = row_loss.to(Memory::host);
+  double total = 0;
+  for (std::int64_t i = 0; i < B; ++i) total += losses.data<double>()[i];
+  Loss loss;
+  loss.value = B ? total / static_cast<double>(B) : 0.0;
+  loss.saved.tensors = {probs, targets};
+  return loss;
+}
 }  // namespace
 
 Loss cross_entropy(const Tensor& logits, const Tensor& targets) {
-  require_host(logits, "cross_entropy");
   require(logits.ndim() == 2 && logits.dtype() == DType::f32,
           [&] { return "cross_entropy: logits are " + logits.describe(); });
   require(targets.ndim() == 1 && targets.size() == logits.rows() &&
@@ -515,15 +581,17 @@ Loss cross_entropy(const Tensor& logits, const Tensor& targets) {
             return "cross_entropy: targets are " + targets.describe() + ", expected " +
                    std::to_string(logits.rows()) + " class ids (i32 or i64)";
           });
+  require(targets.memory() == logits.memory(), [&] {
+    return "cross_entropy: targets are " + targets.describe() + ", logits " + logits.describe() +
+           " (both on the host, or both on one GPU)";
+  });
+  if (logits.on_device()) return cross_entropy_on_device(logits, targets);
   const std::int64_t B = logits.rows(), V = logits.cols();
   Tensor probs(B, V);
   double total = 0;
   for (std::int64_t i = 0; i < B; ++i) {
     const std::int64_t target = target_at(targets, i);
-    require(target >= 0 && target < V, [&] {
-      return "cross_entropy: target[" + std::to_string(i) + "] = " + std::to_string(target) +
-             " is outside 0.." + std::to_string(V - 1);
-    });
+    require_class(i, target, V);
     float top = -INFINITY;
     for (std::int64_t j = 0; j < V; ++j) top = std::max(top, logits(i, j));
     double sum = 0;
@@ -545,7 +613,10 @@ Tensor cross_entropy_backward(const Saved& saved) {
   Tensor d = saved.tensors.at(0).clone();
   const Tensor& targets = saved.tensors.at(1);
   const std::int64_t B = d.rows();
-  for (std::int64_t i = 0; i < B; ++i) d(i, target_at(targets, i)) -= 1.0f;
+  if (d.on_device())
+    kernels::cross_entropy_backward(d.data(), targets.raw(), targets.dtype(), B, d.cols());
+  else
+    for (std::int64_t i = 0; i < B; ++i) d(i, target_at(targets, i)) -= 1.0f;
   if (B) scale_in_place(d, 1.0f / static_cast<float>(B));
   return d;
 }

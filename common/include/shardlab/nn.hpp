@@ -23,8 +23,9 @@
 //   Embedding     y[i] = W[index[i]]           index is i32/i64 [B], W is V x C
 //   CausalSelfAttention  qkv (B*T x 3C) -> y (B*T x C); each head's q, k, v side by side
 //   cross_entropy        mean over rows of -log softmax(logits)[target]
-// Every backward is checked against finite differences (test_nn.cpp). They run on the
-// host and, where a tensor op has a kernel (Linear, Tanh, Gelu, Embedding), on a GPU.
+// Every backward is checked against finite differences (test_nn.cpp). Every layer and the
+// loss run on the host, or on a GPU when their tensors are in device memory (kernels in
+// cuda.cu that follow the host loops step for step; test_cuda.cpp compares the two).
 #pragma once
 
 #include <cstdint>
@@ -186,7 +187,7 @@ class Gelu final : public Layer {
 
 /// Normalises each row of C channels, then scales by gamma and shifts by beta (both
 /// learned; gamma = 1, beta = 0 at the start). Saved: x, and each row's mean and
-/// 1/sqrt(var + eps). Host only.
+/// 1/sqrt(var + eps). On the host or a GPU (x, the parameters and dy in one memory).
 class LayerNorm final : public Layer {
  public:
   LayerNorm(ParameterStore& store, const std::string& name, std::int64_t channels,
@@ -230,7 +231,7 @@ class Embedding final : public Layer {
 /// tensor parallelism splits heads by splitting columns). y is (B*T) x C, head h in
 /// columns [hD, hD + D). Token t attends to tokens 0..t, with weights
 /// softmax(q k^T / sqrt(D)). No parameters: the projections are Linear layers around it.
-/// Saved: x and the attention weights (B x H x T x T). Host only.
+/// Saved: x and the attention weights (B x H x T x T). On the host or a GPU.
 class CausalSelfAttention final : public Layer {
  public:
   CausalSelfAttention(std::int64_t heads, std::int64_t sequence);
@@ -323,7 +324,7 @@ struct Loss {
 };
 /// Softmax cross-entropy, the mean over the B rows of -log softmax(logits[i])[target[i]];
 /// logits is B x V (f32), targets an i32/i64 vector of B class ids. Saved: the softmax
-/// probabilities and the targets. Host only.
+/// probabilities and the targets. On the host or a GPU (logits and targets in one memory).
 Loss cross_entropy(const Tensor& logits, const Tensor& targets);
 /// dL/dlogits = (softmax - one_hot(target)) / B.
 Tensor cross_entropy_backward(const Saved& saved);
