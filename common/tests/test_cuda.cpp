@@ -1,14 +1,16 @@
 // GPU tests (CTest label `gpu`): every tensor operation on device memory against the same
 // operation on the host, on random data; cuBLAS's matmul against the host matmul; layers
-// and optimizers on the GPU against the host; the threads backend moving and reducing
-// device buffers of every type for ranks that share one GPU; NCCL where there are GPUs
-// for it. Without a CUDA device the program says "skipped: no CUDA device" and exits 77,
-// which CTest reports as skipped — never passed.
+// (LayerNorm, attention and the loss included) and optimizers on the GPU against the host; the
+// threads backend moving and reducing device buffers of every type for ranks that share one GPU;
+// NCCL where there are GPUs for it. Without a CUDA device the program says "skipped: no CUDA
+// device" and exits 77, which CTest reports as skipped — never passed.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #include "comm_cases.hpp"
 #include "shardlab/comm_nccl.hpp"
@@ -177,6 +179,139 @@ TEST_SUITE("cuda") {
       da.step(ds.values(), ds.grads());
     }
     check_close(host(ds.values()), hs.values(), 1e-5f, 1e-5f, "Adam after 5 steps");
+  }
+
+  // The layers below follow the host loops step for step (cuda.cu); only sums taken in
+  // parallel and the GPU's expf round differently, so every element agrees to 1e-5, relative
+  // (1e-5 absolute next to zero).
+  TEST_CASE("LayerNorm on the GPU matches the host: y, mean, rstd, dx, dgamma and dbeta") {
+    cuda::set_device(0);
+    // 300 rows (not a multiple of a block of threads) of 45; 3 rows of 1000 (more channels
+    // than threads in a block).
+    for (auto [rows, C] : {std::array<std::int64_t, 2>{300, 45}, {3, 1000}, {1, 1}}) {
+      CAPTURE(rows);
+      CAPTURE(C);
+      nn::ParameterStore hs, ds;
+      nn::LayerNorm hl(hs, "ln", C), dl(ds, "ln", C);
+      hs.allocate(Memory::host);
+      ds.allocate(Memory::device);
+      // gamma and beta away from 1 and 0, and gradients that already hold something: the
+      // backward adds to them.
+      const Tensor values = randn(Shape{hs.size()}, 21), grads = randn(Shape{hs.size()}, 22);
+      hs.values().copy_from(values);
+      ds.values().copy_from(values);
+      hs.grads().copy_from(grads);
+      ds.grads().copy_from(grads);
+      const Tensor x = add(scale(randn(rows, C, 23), 3.0f), full(rows, C, 0.5f));
+      const Tensor dy = randn(rows, C, 24);
+      nn::Forward hf = hl.forward(x), df = dl.forward(dev(x));
+      check_close(host(df.out), hf.out, 1e-5f, 1e-5f, "LayerNorm y");
+      check_close(host(df.saved.tensors.at(1)), hf.saved.tensors.at(1), 1e-5f, 1e-5f, "mean");
+      check_close(host(df.saved.tensors.at(2)), hf.saved.tensors.at(2), 1e-5f, 1e-5f, "rstd");
+      const Tensor hdx = hl.backward_input(dy, hf.saved);
+      const Tensor ddx = dl.backward_input(dev(dy), df.saved);
+      check_close(host(ddx), hdx, 1e-5f, 1e-5f, "LayerNorm dx");
+      hl.backward_weight(hf.saved);
+      dl.backward_weight(df.saved);
+      check_close(host(ds.grads()), hs.grads(), 1e-5f, 1e-5f, "dgamma and dbeta, added to grads");
+    }
+    // dy in other memory than x is refused, as is x on the GPU with parameters on the host.
+    nn::ParameterStore store;
+    nn::LayerNorm ln(store, "ln", 6);
+    store.allocate(Memory::device);
+    nn::Forward f = ln.forward(dev(randn(4, 6, 25)));
+    CHECK_THROWS_AS((void)ln.backward_input(randn(4, 6, 26), f.saved), Error);
+    nn::ParameterStore host_store;
+    nn::LayerNorm host_ln(host_store, "ln", 6);
+    host_store.allocate(Memory::host);
+    CHECK_THROWS_AS((void)host_ln.forward(dev(randn(4, 6, 25))), Error);
+  }
+
+  TEST_CASE("causal self-attention on the GPU matches the host: y, the weights and dx") {
+    cuda::set_device(0);
+    // B, T, C, H: sizes that are not round; a sequence longer than a block of threads; T = 1.
+    for (auto [B, T, C, H] :
+         {std::array<std::int64_t, 4>{2, 7, 12, 3}, {1, 300, 8, 2}, {3, 1, 6, 2}}) {
+      CAPTURE(B);
+      CAPTURE(T);
+      CAPTURE(C);
+      CAPTURE(H);
+      const nn::CausalSelfAttention attention(H, T);
+      const Tensor x = randn(B * T, 3 * C, 31), dy = randn(B * T, C, 32);
+      nn::Forward hf = attention.forward(x), df = attention.forward(dev(x));
+      check_close(host(df.out), hf.out, 1e-5f, 1e-5f, "attention y");
+      check_close(host(df.saved.tensors.at(1)), hf.saved.tensors.at(1), 1e-5f, 1e-5f,
+                  "attention weights (zero past each token)");
+      const Tensor hdx = attention.backward_input(dy, hf.saved);
+      const Tensor ddx = attention.backward_input(dev(dy), df.saved);
+      check_close(host(ddx), hdx, 1e-5f, 1e-5f, "attention dx (q, k and v of every head)");
+    }
+  }
+
+  TEST_CASE("cross_entropy on the GPU matches the host: the loss, the softmax, the gradient") {
+    cuda::set_device(0);
+    const std::int64_t B = 37, V = 301;
+    const Tensor logits = scale(randn(B, V, 41), 4.0f);
+    std::vector<std::int64_t> ids;
+    std::vector<std::int32_t> ids32;
+    for (std::int64_t i = 0; i < B; ++i) {
+      ids.push_back((i * 113 + 7) % V);
+      ids32.push_back(static_cast<std::int32_t>(ids.back()));
+    }
+    for (const Tensor& targets : {Tensor::from_vector(ids), Tensor::from_vector(ids32)}) {
+      CAPTURE(dtype_name(targets.dtype()));
+      const nn::Loss h = nn::cross_entropy(logits, targets);
+      const nn::Loss d = nn::cross_entropy(dev(logits), dev(targets));
+      CHECK(d.value == doctest::Approx(h.value).epsilon(1e-5));
+      check_close(host(d.saved.tensors.at(0)), h.saved.tensors.at(0), 1e-7f, 1e-5f, "softmax");
+      const Tensor grad = host(nn::cross_entropy_backward(d.saved));
+      check_close(grad, nn::cross_entropy_backward(h.saved), 1e-7f, 1e-5f, "dL/dlogits");
+      // From the same probabilities, the host's gradient bit for bit.
+      nn::Saved same;
+      same.tensors = {host(d.saved.tensors.at(0)), targets};
+      check_equal(grad, nn::cross_entropy_backward(same), "dL/dlogits from the same softmax");
+    }
+    // A class id outside 0..V-1 is refused with the host's message; targets on the host with
+    // logits on the GPU are refused.
+    ids[5] = V;
+    CHECK_THROWS_WITH_AS(nn::cross_entropy(dev(logits), dev(Tensor::from_vector(ids))),
+                         doctest::Contains("target[5] = 301 is outside 0..300"), Error);
+    CHECK_THROWS_AS(nn::cross_entropy(dev(logits), Tensor::from_vector(ids32)), Error);
+    const nn::Loss none =
+        nn::cross_entropy(dev(zeros(0, 5)), dev(Tensor::from_vector(ids).slice(0, 0)));
+    CHECK(none.value == 0.0);
+  }
+
+  TEST_CASE("a small transformer's loss and gradients on the GPU match the host") {
+    cuda::set_device(0);
+    // Tokens -> embedding -> qkv -> attention -> LayerNorm -> logits: 2 sequences of 7.
+    const std::int64_t B = 2, T = 7, C = 12, H = 3, V = 11;
+    auto build = [&](nn::ParameterStore& store, nn::Sequential& model) {
+      model.add<nn::Embedding>(store, "wte", V, C, 51, 1.0f);
+      model.add<nn::Linear>(store, "qkv", C, 3 * C, 52);
+      model.add<nn::CausalSelfAttention>(H, T);
+      model.add<nn::LayerNorm>(store, "ln", C);
+      model.add<nn::Linear>(store, "head", C, V, 53);
+    };
+    nn::ParameterStore hs, ds;
+    nn::Sequential hm, dm;
+    build(hs, hm);
+    build(ds, dm);
+    hs.allocate(Memory::host);
+    ds.allocate(Memory::device);
+    std::vector<std::int64_t> tokens, next;
+    for (std::int64_t i = 0; i < B * T; ++i) {
+      tokens.push_back((i * 5 + 3) % V);
+      next.push_back((i * 7 + 1) % V);
+    }
+    const Tensor x = Tensor::from_vector(tokens), y = Tensor::from_vector(next);
+    nn::Forward hf = hm.forward(x), df = dm.forward(dev(x));
+    check_close(host(df.out), hf.out, 1e-5f, 1e-5f, "logits");
+    const nn::Loss hl = nn::cross_entropy(hf.out, y), dl = nn::cross_entropy(df.out, dev(y));
+    CHECK(dl.value == doctest::Approx(hl.value).epsilon(1e-5));
+    (void)hm.backward(nn::cross_entropy_backward(hl.saved), hf.saved);
+    (void)dm.backward(nn::cross_entropy_backward(dl.saved), df.saved);
+    check_close(host(ds.grads()), hs.grads(), 1e-5f, 1e-5f, "every parameter's gradient");
   }
 
   TEST_CASE("the threads backend reduces and moves device buffers of every type, one GPU") {
