@@ -357,10 +357,10 @@ void save_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
       optimizer ? optimizer->state() : ch08::ReplicaOptimizer::State{};
   const int states = state.m.defined() ? 3 : 1;
   std::map<std::string, Tensor> mine;
-  if (at.dp == 0) mine.emplace("values", model.store().values());
+  if (at.dp == 0) mine.emplace("values", model.store().values().to(Memory::host));
   if (states == 3 && (at.dp == 0 || !state.every_replica)) {
-    mine.emplace("exp_avg", state.m);
-    mine.emplace("exp_avg_sq", state.v);
+    mine.emplace("exp_avg", state.m.to(Memory::host));
+    mine.emplace("exp_avg_sq", state.v.to(Memory::host));
   }
   if (!mine.empty()) write_safetensors(rank_file(partial, world.rank()).string(), mine);
   world.barrier();

@@ -76,16 +76,21 @@ nn::Forward VocabParallelEmbedding::forward(const Tensor& ids) const {
     return "embedding: ids are " + ids.describe() + "; expected i32 of whole sequences of " +
            std::to_string(context_);
   });
-  nn::Forward f{shardlab::zeros(Shape{n, C}), {}};
+  // The rows are picked on the host (the ids are host data; under --device cuda from a
+  // host copy of this rank's wte) and summed where the weights live.
+  const Memory memory = wte_->value.memory();
+  const Tensor wte = wte_->value.to(Memory::host), wpe = wpe_->value.to(Memory::host);
+  Tensor rows = shardlab::zeros(Shape{n, C});
   const std::int32_t* id = ids.data<std::int32_t>();
-  const float* w = wte_->value.data();
-  float* y = f.out.data();
+  const float* w = wte.data();
+  float* y = rows.data();
   for (std::int64_t i = 0; i < n; ++i) {
     const std::int64_t row = id[i] - vocab_.offset;
     if (row >= 0 && row < V) std::copy(w + row * C, w + (row + 1) * C, y + i * C);
   }
   // Each token's row from the one rank that holds it: summed over tp, whole on every rank
   // or (sequence parallel) this rank's rows of the sum.
+  nn::Forward f{rows.to(memory), {}};
   std::int64_t first = 0;
   if (sequence_parallel_) {
     f.out = ch08::scatter_rows(tp_, f.out);
@@ -93,10 +98,13 @@ nn::Forward VocabParallelEmbedding::forward(const Tensor& ids) const {
   } else {
     tp_.allreduce(f.out);
   }
-  y = f.out.data();
-  const float* p = wpe_->value.data();
+  // + wpe[position] of each row this rank holds.
+  Tensor positions(f.out.rows(), C);
+  const float* p = wpe.data();
   for (std::int64_t i = 0; i < f.out.rows(); ++i)
-    for (std::int64_t c = 0; c < C; ++c) y[i * C + c] += p[((first + i) % context_) * C + c];
+    std::copy(p + ((first + i) % context_) * C, p + ((first + i) % context_ + 1) * C,
+              positions.data() + i * C);
+  axpy(1.0f, positions.to(memory), f.out);
   f.saved.tensors = {ids};
   return f;
 }
@@ -112,9 +120,12 @@ void VocabParallelEmbedding::backward_weight(nn::Saved& saved) {
   const Tensor& ids = saved.tensors.at(0);
   const std::int64_t n = ids.size(), C = wpe_->value.cols(), V = vocab_.length;
   const std::int32_t* id = ids.data<std::int32_t>();
-  const float* d = saved.dy.data();
-  float* gw = wte_->grad.data();
-  float* gp = wpe_->grad.data();
+  // On the host (under --device cuda: copies, added back below).
+  const Tensor dy = saved.dy.to(Memory::host);
+  Tensor wte_grad = wte_->grad.to(Memory::host), wpe_grad = wpe_->grad.to(Memory::host);
+  const float* d = dy.data();
+  float* gw = wte_grad.data();
+  float* gp = wpe_grad.data();
   // wpe: every row, or (sequence parallel) this rank's rows only, summed over tp later.
   const std::int64_t mine = sequence_parallel_ ? n / tp_.size() : n,
                      first = sequence_parallel_ ? mine * tp_.rank() : 0;
@@ -124,6 +135,10 @@ void VocabParallelEmbedding::backward_weight(nn::Saved& saved) {
       for (std::int64_t c = 0; c < C; ++c) gw[row * C + c] += d[i * C + c];
     if (i >= first && i < first + mine)
       for (std::int64_t c = 0; c < C; ++c) gp[(i % context_) * C + c] += d[i * C + c];
+  }
+  if (wte_->grad.on_device()) {
+    wte_->grad.copy_from(wte_grad);
+    wpe_->grad.copy_from(wpe_grad);
   }
   saved = nn::Saved{};
 }

@@ -48,7 +48,8 @@ struct Settings {
 };
 
 void train(Context& ctx, const Settings& s) {
-  const TrainConfig& c = s.run;
+  TrainConfig c = s.run;
+  c.memory = ctx.memory();
   const Corpus data = Corpus::load(s.data, c.model.context);
 
   // 1. The references: one device, the whole batch at once (rank 0); and one device again
@@ -61,7 +62,8 @@ void train(Context& ctx, const Settings& s) {
   // 2. The mesh, its memory counted by the ledger from here.
   memory::Tracker tracker;
   Mesh mesh(ctx.comm(), c.mesh);
-  GptModel model(mesh, c.model, c.recompute, c.chunks, c.sequence_parallel, c.precision);
+  GptModel model(mesh, c.model, c.recompute, c.chunks, c.sequence_parallel, c.precision,
+                 c.memory);
   Trainer trainer(mesh, model, c, data);
   int first = 0;
   if (!s.load.empty())
@@ -138,10 +140,12 @@ void train(Context& ctx, const Settings& s) {
 }
 
 void generate(Context& ctx, const Settings& s) {
-  const TrainConfig& c = s.run;
+  TrainConfig c = s.run;
+  c.memory = ctx.memory();
   const Corpus data = Corpus::load(s.data, c.model.context);
   Mesh mesh(ctx.comm(), c.mesh);
-  GptModel model(mesh, c.model, c.recompute, c.chunks, c.sequence_parallel, c.precision);
+  GptModel model(mesh, c.model, c.recompute, c.chunks, c.sequence_parallel, c.precision,
+                 c.memory);
   Trainer trainer(mesh, model, c, data);
   if (!s.load.empty()) load_checkpoint(s.load, mesh, model, nullptr);
   const std::string text =
@@ -249,6 +253,7 @@ int main(int argc, char** argv) {
                   "--benchmark trains fresh models: not with --sample, --save or --load");
   });
   program.writes_csv([&] { return s.benchmark; });
+  program.supports_cuda();
   program.memory_estimate([&](const Options& o) {
     return run_bytes(c, o.backend == "threads" || o.backend == "auto");
   });
@@ -256,7 +261,10 @@ int main(int argc, char** argv) {
   return program.run(argc, argv, [&](Context& ctx) {
     ctx.json()["chapter"] = "09_gpt";
     if (s.sample) return generate(ctx, s);
-    if (s.benchmark) return run_benchmark(ctx, c, Corpus::load(s.data, c.model.context), s.steps);
+    if (s.benchmark) {
+      c.memory = ctx.memory();
+      return run_benchmark(ctx, c, Corpus::load(s.data, c.model.context), s.steps);
+    }
     train(ctx, s);
   });
 }

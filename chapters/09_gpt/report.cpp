@@ -43,7 +43,7 @@ Curve train_one_device(Communicator& self, TrainConfig c, int microbatches, cons
   c.schedule = "1f1b";
   c.chunks = 1;
   Mesh mesh(self, c.mesh);
-  GptModel model(mesh, c.model, c.recompute, 1, false, c.precision);
+  GptModel model(mesh, c.model, c.recompute, 1, false, c.precision, c.memory);
   Trainer trainer(mesh, model, c, data);
   Curve out;
   for (int t = 0; t < steps; ++t) out.loss.push_back(trainer.step(t).loss);
@@ -257,7 +257,8 @@ void run_benchmark(Context& ctx, const TrainConfig& base, const Corpus& data, in
       const std::string name =
           std::to_string(pp) + "x" + std::to_string(c.mesh.dp) + "x" + std::to_string(tp);
       Mesh mesh(ctx.comm(), c.mesh);
-      GptModel model(mesh, c.model, c.recompute, c.chunks, c.sequence_parallel, c.precision);
+      GptModel model(mesh, c.model, c.recompute, c.chunks, c.sequence_parallel, c.precision,
+                 c.memory);
       Trainer trainer(mesh, model, c, data);
       std::vector<double> loss;
       auto start = std::chrono::steady_clock::now();

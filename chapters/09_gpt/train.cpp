@@ -137,7 +137,8 @@ Trainer::Trainer(Mesh& mesh, GptModel& model, const TrainConfig& c, const Corpus
   embedding_group_ =
       mesh.world().split(ends ? at.dp * c.mesh.tp + at.tp : world + mesh.world().rank(), at.pp);
   memory::Scope scope(memory::Category::optimizer);
-  replicas_ = std::make_unique<ch08::ReplicaOptimizer>(mesh.dp(), model.store(), c.zero, c.adam);
+  replicas_ = std::make_unique<ch08::ReplicaOptimizer>(mesh.dp(), model.store(), c.zero, c.adam,
+                                                       false, c.memory);
 }
 
 Trainer::~Trainer() = default;
@@ -189,7 +190,8 @@ StepResult Trainer::step(int step) {
         [&note](const char* pass, Clock::time_point start) { note(pass, "compute", start); }));
     stage.chunks.push_back(timed.back().get());
   }
-  stage.input = [&](int j) { return data_.ids(starts_of(j), 0); };
+  stage.input = [&](int j) { return data_.ids(starts_of(j), 0); };  // host ids
+  stage.memory = c_.memory;
   const std::int64_t split = model_.sequence_parallel() ? c_.mesh.tp : 1;  // rows held: n / split
   stage.boundary = [&](int j, int) {
     return ch04::Boundary{{static_cast<std::int64_t>(starts_of(j).size()) * T / split, C}};
@@ -198,9 +200,10 @@ StepResult Trainer::step(int step) {
     const auto start = Clock::now();
     TiedHead& head = *model_.head();
     nn::Forward logits = head.forward(out);
-    const VocabLoss loss = vocab_parallel_cross_entropy(
-        mesh_.tp(), logits.out, data_.ids(starts_of(j), 1), model_.vocab(), tokens);
-    Tensor dlogits = vocab_parallel_cross_entropy_backward(loss);
+    const VocabLoss loss =
+        vocab_parallel_cross_entropy(mesh_.tp(), logits.out.to(Memory::host),
+                                     data_.ids(starts_of(j), 1), model_.vocab(), tokens);
+    Tensor dlogits = vocab_parallel_cross_entropy_backward(loss).to(c_.memory);
     if (c_.scaler != ch06::Scaler::none) scale_in_place(dlogits, scaler_.scale());
     Tensor dx = head.backward(dlogits, logits.saved);
     if (profile_) note("loss", "compute", start);
@@ -231,7 +234,7 @@ StepResult Trainer::step(int step) {
   if (c_.zero == 0 || c_.clip > 0 || scaled) {
     ch08::ReplicaOptimizer::Reduced reduced = replicas_->reduced();
     if (scaled) {
-      Tensor unscaled(Shape{reduced.grads.size()}, shardlab::DType::f32);
+      Tensor unscaled(Shape{reduced.grads.size()}, shardlab::DType::f32, reduced.grads.memory());
       result.skipped = scaler_.unscale_and_check(mesh_.world(), reduced.grads, unscaled);
       reduced.grads.copy_from(unscaled);
     }
@@ -263,7 +266,7 @@ void Trainer::sum_replicated_gradients() {
   std::int64_t n = 0;
   for (std::size_t i = 0; i < params.size(); ++i)
     if (model_.pieces()[i].cut == Cut::whole) n += params[i]->grad.size();
-  Tensor packed(Shape{n}, shardlab::DType::f32);
+  Tensor packed(Shape{n}, shardlab::DType::f32, c_.memory);
   for (int way : {0, 1}) {  // pack, then unpack
     std::int64_t at = 0;
     for (std::size_t i = 0; i < params.size(); ++i) {
@@ -281,6 +284,7 @@ double Trainer::clip_gradients(ch08::ReplicaOptimizer::Reduced& reduced) {
   // range of them), tp rank 0's copy of what every tp rank holds, and not the head's copy
   // of wte (pieces_of says which).
   const std::int64_t first = reduced.offset, end = first + reduced.grads.size();
+  const Tensor grads = reduced.grads.to(Memory::host);  // a copy under --device cuda
   double squares = 0;
   if (!reduced.every_replica || mesh_.coords().dp == 0) {
     const std::vector<nn::Parameter*> params = model_.store().parameters();
@@ -288,7 +292,7 @@ double Trainer::clip_gradients(ch08::ReplicaOptimizer::Reduced& reduced) {
       const std::int64_t from = std::max(first, params[i]->offset),
                          to = std::min(end, params[i]->offset + params[i]->value.size());
       if (!model_.pieces()[i].counted || from >= to) continue;
-      for (float g : reduced.grads.slice(from - first, to - from).span())
+      for (float g : grads.slice(from - first, to - from).span())
         squares += static_cast<double>(g) * g;
     }
   }
@@ -311,7 +315,7 @@ Tensor Trainer::forward_only(const Tensor& ids) {
   Tensor x = ids;
   for (int k = s; k <= last; k += p) {
     if (k > 0 && p > 1) {
-      x = Tensor(n, C);
+      x = Tensor(Shape{n, C}, shardlab::DType::f32, c_.memory);
       pp.recv(x, (k - 1) % p, kTag + k);
     }
     x = model_.chunk(k / p).forward(x).out;
@@ -330,7 +334,7 @@ double Trainer::evaluate(const std::vector<std::int64_t>& starts) {
   if (!part.empty()) {
     const Tensor out = forward_only(data_.ids(part, 0));
     if (model_.last()) {
-      const Tensor logits = model_.head()->forward(out).out;
+      const Tensor logits = model_.head()->forward(out).out.to(Memory::host);
       loss = vocab_parallel_cross_entropy(
                  mesh_.tp(), logits, data_.ids(part, 1), model_.vocab(),
                  static_cast<double>(starts.size() * static_cast<std::size_t>(c_.model.context)))
@@ -364,7 +368,8 @@ std::string sample(Trainer& trainer, const std::string& prompt, int count, float
                                 ? model.head()->forward(out).out.slice(len - 1, 1)
                                 : model.head()->forward(out.slice(len - 1, 1)).out;
       Tensor row(Shape{V}, shardlab::DType::f32);
-      mesh.tp().allgatherv(logits.flat(), row, shardlab::shard_counts(V, mesh.shape().tp));
+      mesh.tp().allgatherv(logits.to(Memory::host).flat(), row,
+                           shardlab::shard_counts(V, mesh.shape().tp));
       std::vector<int> order(static_cast<std::size_t>(V));
       std::iota(order.begin(), order.end(), 0);
       std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return row[a] > row[b]; });

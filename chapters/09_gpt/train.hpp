@@ -78,6 +78,9 @@ struct TrainConfig {
   shardlab::DType precision = shardlab::DType::f32;
   ch06::Scaler scaler = ch06::Scaler::none;
   ch06::ScalerConfig scaler_config;  // the dynamic scaler's (GradScaler's defaults)
+  /// Where the mesh's tensors live: Memory::device under --device cuda (each rank's GPU;
+  /// the embedding's row picking, the loss and the norm run on host copies).
+  Memory memory = Memory::host;
 };
 
 /// UsageError unless `c` can run: check_shape, every replica's microbatch a sequence, a
