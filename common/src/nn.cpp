@@ -247,6 +247,9 @@ Forward LayerNorm::forward(const Tensor& x) const {
   const float* px = x.data();
   const float* g = gamma_->value.data();
   const float* b = beta_->value.data();
+  float* py = y.data();
+  float* pm = mean.data();
+  float* ps = rstd.data();
   for (std::int64_t i = 0; i < B; ++i) {
     const float* row = px + i * C;
     double sum = 0;
@@ -256,9 +259,9 @@ Forward LayerNorm::forward(const Tensor& x) const {
     for (std::int64_t j = 0; j < C; ++j) var += (row[j] - m) * (row[j] - m);
     var /= static_cast<double>(C);
     const auto s = static_cast<float>(1.0 / std::sqrt(var + eps_));
-    mean[i] = static_cast<float>(m);
-    rstd[i] = s;
-    for (std::int64_t j = 0; j < C; ++j) y(i, j) = (row[j] - mean[i]) * s * g[j] + b[j];
+    pm[i] = static_cast<float>(m);
+    ps[i] = s;
+    for (std::int64_t j = 0; j < C; ++j) py[i * C + j] = (row[j] - pm[i]) * s * g[j] + b[j];
   }
   Forward f{std::move(y), {}};
   f.saved.tensors = {x, mean, rstd};
@@ -283,20 +286,24 @@ Tensor LayerNorm::backward_input(const Tensor& dy, Saved& saved) const {
   //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
   Tensor dx(B, C);
   const float* gamma = gamma_->value.data();
+  const float *px = x.data(), *pm = mean.data(), *ps = rstd.data(), *pdy = dy.data();
+  float* pdx = dx.data();
   for (std::int64_t i = 0; i < B; ++i) {
+    const float *xi = px + i * C, *dyi = pdy + i * C;
     double mean_g = 0, mean_gx = 0;
     for (std::int64_t j = 0; j < C; ++j) {
-      const float xhat = (x(i, j) - mean[i]) * rstd[i];
-      const float g = dy(i, j) * gamma[j];
+      const float xhat = (xi[j] - pm[i]) * ps[i];
+      const float g = dyi[j] * gamma[j];
       mean_g += g;
       mean_gx += static_cast<double>(g) * xhat;
     }
     mean_g /= static_cast<double>(C);
     mean_gx /= static_cast<double>(C);
     for (std::int64_t j = 0; j < C; ++j) {
-      const float xhat = (x(i, j) - mean[i]) * rstd[i];
-      const float g = dy(i, j) * gamma[j];
-      dx(i, j) = rstd[i] * (g - static_cast<float>(mean_g) - xhat * static_cast<float>(mean_gx));
+      const float xhat = (xi[j] - pm[i]) * ps[i];
+      const float g = dyi[j] * gamma[j];
+      pdx[i * C + j] =
+          ps[i] * (g - static_cast<float>(mean_g) - xhat * static_cast<float>(mean_gx));
     }
   }
   return dx;
@@ -317,10 +324,12 @@ void LayerNorm::backward_weight(Saved& saved) {
     saved = Saved{};
     return;
   }
-  for (std::int64_t i = 0; i < x.rows(); ++i)
-    for (std::int64_t j = 0; j < x.cols(); ++j) {
-      dgamma[j] += dy(i, j) * ((x(i, j) - mean[i]) * rstd[i]);
-      dbeta[j] += dy(i, j);
+  const std::int64_t B = x.rows(), C = x.cols();
+  const float *px = x.data(), *pm = mean.data(), *ps = rstd.data(), *pdy = dy.data();
+  for (std::int64_t i = 0; i < B; ++i)
+    for (std::int64_t j = 0; j < C; ++j) {
+      dgamma[j] += pdy[i * C + j] * ((px[i * C + j] - pm[i]) * ps[i]);
+      dbeta[j] += pdy[i * C + j];
     }
   saved = Saved{};
 }
