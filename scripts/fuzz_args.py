@@ -174,9 +174,6 @@ CHAPTERS = {
         "--plan": None,
         "--search": None,
         "--sequence-parallel": None,
-        "--precision": ["fp32", "fp16", "bf16", "fp8", ""],
-        "--scaler": ["none", "static", "dynamic", "some", ""],
-        "--init-scale": ["65536", "1e12", "0", "-1", "nan", "x"],
         "--model": ["gpt3-175b", "1.7b", "1t", "22b", "custom", "gpt5", ""],
         "--layers": ["1", "96", "100000", "0", "100001", "x"],
         "--hidden": ["16", "8", "32", "15", "0", "4097", "12288", "1000001", "x"],
@@ -224,6 +221,9 @@ CHAPTERS = {
         "--recompute": ["none", "selective", "full", "some", ""],
         "--trace": ["out/t.json", "/proc/t.json", "/dev/full", ""],
         "--sequence-parallel": None,
+        "--precision": ["fp32", "fp16", "bf16", "fp8", ""],
+        "--scaler": ["none", "static", "dynamic", "some", ""],
+        "--init-scale": ["65536", "1e12", "0", "-1", "nan", "x"],
     },
 }
 

@@ -62,8 +62,7 @@ void train(Context& ctx, const Settings& s) {
   // 2. The mesh, its memory counted by the ledger from here.
   memory::Tracker tracker;
   Mesh mesh(ctx.comm(), c.mesh);
-  GptModel model(mesh, c.model, c.recompute, c.chunks, c.sequence_parallel, c.precision,
-                 c.memory);
+  GptModel model(mesh, c.model, c.recompute, c.chunks, c.sequence_parallel, c.precision, c.memory);
   Trainer trainer(mesh, model, c, data);
   int first = 0;
   if (!s.load.empty())
@@ -144,8 +143,7 @@ void generate(Context& ctx, const Settings& s) {
   c.memory = ctx.memory();
   const Corpus data = Corpus::load(s.data, c.model.context);
   Mesh mesh(ctx.comm(), c.mesh);
-  GptModel model(mesh, c.model, c.recompute, c.chunks, c.sequence_parallel, c.precision,
-                 c.memory);
+  GptModel model(mesh, c.model, c.recompute, c.chunks, c.sequence_parallel, c.precision, c.memory);
   Trainer trainer(mesh, model, c, data);
   if (!s.load.empty()) load_checkpoint(s.load, mesh, model, nullptr);
   const std::string text =

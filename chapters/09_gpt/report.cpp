@@ -258,7 +258,7 @@ void run_benchmark(Context& ctx, const TrainConfig& base, const Corpus& data, in
           std::to_string(pp) + "x" + std::to_string(c.mesh.dp) + "x" + std::to_string(tp);
       Mesh mesh(ctx.comm(), c.mesh);
       GptModel model(mesh, c.model, c.recompute, c.chunks, c.sequence_parallel, c.precision,
-                 c.memory);
+                     c.memory);
       Trainer trainer(mesh, model, c, data);
       std::vector<double> loss;
       auto start = std::chrono::steady_clock::now();

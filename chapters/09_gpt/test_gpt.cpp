@@ -116,6 +116,24 @@ Run one_device(TrainConfig c, int steps) {
 
 double rel(double a, double b) { return std::abs(a - b) / std::max(1.0, std::abs(b)); }
 
+/// Every step's loss (and, with `norms`, gradient norm) and the validation loss of `got`
+/// within `tolerance` of `want`'s, relative.
+void check_same_training(const Run& got, const Run& want, double tolerance, bool norms = true) {
+  REQUIRE(got.loss.size() == want.loss.size());
+  for (std::size_t t = 0; t < got.loss.size(); ++t) {
+    CHECK_MESSAGE(rel(got.loss[t], want.loss[t]) < tolerance,
+                  "the loss differs at step " << t + 1 << ": " << got.loss[t] << ", one device "
+                                              << want.loss[t]);
+    if (norms)
+      CHECK_MESSAGE(rel(got.norm[t], want.norm[t]) < tolerance,
+                    "the gradient norm differs at step " << t + 1 << ": " << got.norm[t]
+                                                         << ", one device " << want.norm[t]);
+  }
+  CHECK_MESSAGE(
+      rel(got.validation, want.validation) < tolerance,
+      "the validation loss differs: " << got.validation << ", one device " << want.validation);
+}
+
 }  // namespace
 
 TEST_CASE("every factorisation of 8 ranks trains like one device") {
@@ -129,18 +147,7 @@ TEST_CASE("every factorisation of 8 ranks trains like one device") {
         std::to_string(m.pp) + "x" + std::to_string(m.dp) + "x" + std::to_string(m.tp);
     CAPTURE(mesh_shape);
     const Run got = train(small(m), 0, 3);
-    REQUIRE(got.loss.size() == 3);
-    for (std::size_t t = 0; t < 3; ++t) {
-      CHECK_MESSAGE(rel(got.loss[t], want.loss[t]) < 1e-5, "the loss differs at step "
-                                                               << t + 1 << ": " << got.loss[t]
-                                                               << ", one device " << want.loss[t]);
-      CHECK_MESSAGE(rel(got.norm[t], want.norm[t]) < 1e-5, "the gradient norm differs at step "
-                                                               << t + 1 << ": " << got.norm[t]
-                                                               << ", one device " << want.norm[t]);
-    }
-    CHECK_MESSAGE(
-        rel(got.validation, want.validation) < 1e-5,
-        "the validation loss differs: " << got.validation << ", one device " << want.validation);
+    check_same_training(got, want, 1e-5);
   }
 }
 
@@ -152,16 +159,7 @@ TEST_CASE("ZeRO-1 clips by the norm of its shards and trains like one device") {
     TrainConfig c = small(m);
     c.zero = 1;
     const Run got = train(c, 0, 3);
-    REQUIRE(got.loss.size() == 3);
-    for (std::size_t t = 0; t < 3; ++t) {
-      CHECK_MESSAGE(rel(got.norm[t], want.norm[t]) < 1e-5, "the gradient norm differs at step "
-                                                               << t + 1 << ": " << got.norm[t]
-                                                               << ", one device " << want.norm[t]);
-      CHECK_MESSAGE(rel(got.loss[t], want.loss[t]) < 1e-5, "the loss differs at step "
-                                                               << t + 1 << ": " << got.loss[t]
-                                                               << ", one device " << want.loss[t]);
-    }
-    CHECK(rel(got.validation, want.validation) < 1e-5);
+    check_same_training(got, want, 1e-5);
   }
 }
 
@@ -183,18 +181,7 @@ TEST_CASE("sequence parallelism trains like one device, keeping fewer activation
     c.recompute = k.recompute;
     c.schedule = k.schedule;
     const Run got = train(c, 0, 3);
-    REQUIRE(got.loss.size() == 3);
-    for (std::size_t t = 0; t < 3; ++t) {
-      CHECK_MESSAGE(rel(got.loss[t], want.loss[t]) < 1e-5, "the loss differs at step "
-                                                               << t + 1 << ": " << got.loss[t]
-                                                               << ", one device " << want.loss[t]);
-      CHECK_MESSAGE(rel(got.norm[t], want.norm[t]) < 1e-5, "the gradient norm differs at step "
-                                                               << t + 1 << ": " << got.norm[t]
-                                                               << ", one device " << want.norm[t]);
-    }
-    CHECK_MESSAGE(
-        rel(got.validation, want.validation) < 1e-5,
-        "the validation loss differs: " << got.validation << ", one device " << want.validation);
+    check_same_training(got, want, 1e-5);
   }
   // The ledger's activation peak on a tp rank, a step of 1 x 1 x 4 with and without: the
   // LayerNorms' rows and what the column-parallel layers keep are split four ways.
@@ -246,14 +233,9 @@ TEST_CASE("16-bit products (autocast) train on the mesh like one device with the
       on.mesh = m;
       on.sequence_parallel = m.tp == 4;
       const Run got = train(on, 0, 3);
-      REQUIRE(got.loss.size() == 3);
       // Rounding to 16 bits can turn the mesh's last-bit differences in a sum (its order)
       // into one 16-bit step: 1e-4, where fp32 holds to 1e-5.
-      for (std::size_t t = 0; t < 3; ++t)
-        CHECK_MESSAGE(rel(got.loss[t], want.loss[t]) < 1e-4,
-                      "the loss differs at step " << t + 1 << ": " << got.loss[t] << ", one device "
-                                                  << want.loss[t]);
-      CHECK(rel(got.validation, want.validation) < 1e-4);
+      check_same_training(got, want, 1e-4, false);
     }
   }
 }

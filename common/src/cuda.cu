@@ -333,32 +333,33 @@ __global__ void divide_kernel(T* acc, std::int64_t n, int ranks) {
 /// This thread's share of a row's elements 0..count-1.
 #define THREAD_STRIDE(j, count) for (std::int64_t j = threadIdx.x; j < (count); j += blockDim.x)
 
-/// The sum of every thread's v (blockDim.x == threads, a power of two), for every thread.
-__device__ double block_sum(double v, double* shared) {
+/// op over every thread's v (blockDim.x == threads, a power of two), for every thread: a
+/// tree in shared memory, the same tree whatever the data.
+template <class T, class Op>
+__device__ T block_reduce(T v, T* shared, Op op) {
   shared[threadIdx.x] = v;
   __syncthreads();
   for (unsigned stride = blockDim.x / 2; stride > 0; stride /= 2) {
     if (threadIdx.x < stride)
-      shared[threadIdx.x] = __dadd_rn(shared[threadIdx.x], shared[threadIdx.x + stride]);
+      shared[threadIdx.x] = op(shared[threadIdx.x], shared[threadIdx.x + stride]);
     __syncthreads();
   }
-  const double total = shared[0];
+  const T total = shared[0];
   __syncthreads();  // before `shared` is written again
   return total;
 }
-/// The largest of every thread's v, for every thread.
-__device__ float block_max(float v, float* shared) {
-  shared[threadIdx.x] = v;
-  __syncthreads();
-  for (unsigned stride = blockDim.x / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride)
-      shared[threadIdx.x] = fmaxf(shared[threadIdx.x], shared[threadIdx.x + stride]);
-    __syncthreads();
-  }
-  const float top = shared[0];
-  __syncthreads();
-  return top;
+struct AddDouble {
+  __device__ double operator()(double a, double b) const { return __dadd_rn(a, b); }
+};
+struct MaxFloat {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+/// The sum of every thread's v, for every thread.
+__device__ double block_sum(double v, double* shared) {
+  return block_reduce(v, shared, AddDouble{});
 }
+/// The largest of every thread's v, for every thread.
+__device__ float block_max(float v, float* shared) { return block_reduce(v, shared, MaxFloat{}); }
 
 /// One block per row i of x (rows x cols): mean and variance in double, then y.
 __global__ void layernorm_forward_kernel(const float* x, const float* gamma, const float* beta,

@@ -38,6 +38,18 @@ int gpus() {
 constexpr float kernel_rtol = 4e-7f, kernel_atol = 1e-7f;
 Tensor dev(const Tensor& t) { return t.to(Memory::device); }
 Tensor host(const Tensor& t) { return t.to(Memory::host); }
+/// The same model twice, built by `build` into a store of its own: on the host and on GPU 0.
+struct Twins {
+  nn::ParameterStore hs, ds;
+  nn::Sequential hm, dm;
+  template <class Build>
+  explicit Twins(Build build) {
+    build(hs, hm);
+    build(ds, dm);
+    hs.allocate(Memory::host);
+    ds.allocate(Memory::device);
+  }
+};
 }  // namespace
 
 TEST_SUITE("cuda") {
@@ -161,12 +173,9 @@ TEST_SUITE("cuda") {
       model.add<nn::Gelu>();
       model.add<nn::Linear>(store, "l2", 9, 4, 6);
     };
-    nn::ParameterStore hs, ds;
-    nn::Sequential hm, dm;
-    build(hs, hm);
-    build(ds, dm);
-    hs.allocate(Memory::host);
-    ds.allocate(Memory::device);
+    Twins twins(build);
+    nn::ParameterStore &hs = twins.hs, &ds = twins.ds;
+    nn::Sequential &hm = twins.hm, &dm = twins.dm;
     const Tensor x = randn(33, 17, 13), dy = randn(33, 4, 14);
     nn::Forward hf = hm.forward(x), df = dm.forward(dev(x));
     check_close(host(df.out), hf.out, 1e-5f, 1e-5f, "forward");
@@ -293,12 +302,9 @@ TEST_SUITE("cuda") {
       model.add<nn::LayerNorm>(store, "ln", C);
       model.add<nn::Linear>(store, "head", C, V, 53);
     };
-    nn::ParameterStore hs, ds;
-    nn::Sequential hm, dm;
-    build(hs, hm);
-    build(ds, dm);
-    hs.allocate(Memory::host);
-    ds.allocate(Memory::device);
+    Twins twins(build);
+    nn::ParameterStore &hs = twins.hs, &ds = twins.ds;
+    nn::Sequential &hm = twins.hm, &dm = twins.dm;
     std::vector<std::int64_t> tokens, next;
     for (std::int64_t i = 0; i < B * T; ++i) {
       tokens.push_back((i * 5 + 3) % V);
