@@ -30,7 +30,78 @@ std::vector<Span> outer(const std::vector<Span>& spans) {
   return out;
 }
 
+std::int64_t ns(StepRecorder::Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
+/// A chunk as the pipeline runs it, each pass recorded: F, B and W.
+class Timed final : public nn::Layer {
+ public:
+  Timed(nn::Layer& inner, StepRecorder& recorder) : inner_(inner), recorder_(recorder) {}
+  std::string name() const override { return inner_.name(); }
+  nn::Forward forward(const Tensor& x) const override {
+    const auto start = StepRecorder::Clock::now();
+    nn::Forward f = inner_.forward(x);
+    recorder_.note("F", "compute", start);
+    return f;
+  }
+  Tensor backward_input(const Tensor& dy, nn::Saved& saved) const override {
+    const auto start = StepRecorder::Clock::now();
+    Tensor dx = inner_.backward_input(dy, saved);
+    recorder_.note("B", "compute", start);
+    return dx;
+  }
+  void backward_weight(nn::Saved& saved) override {
+    const auto start = StepRecorder::Clock::now();
+    inner_.backward_weight(saved);
+    recorder_.note("W", "compute", start);
+  }
+
+ private:
+  nn::Layer& inner_;
+  StepRecorder& recorder_;
+};
+
 }  // namespace
+
+StepRecorder::StepRecorder(Profile* profile, Communicator& world,
+                           std::vector<std::pair<Communicator*, const char*>> axes)
+    : profile_(profile), axes_(std::move(axes)) {
+  // Every rank takes part in the agreement, recording or not: they all call it or none.
+  if (!profile_) return;
+  origin_ = world.agree(ns(Clock::now()), shardlab::ReduceOp::min);
+  profile_->spans.clear();
+  for (auto [comm, axis] : axes_)
+    comm->time_calls([this, axis](shardlab::Op op, Clock::time_point start, Clock::time_point) {
+      note(std::string(axis) + " " +
+               (op == shardlab::Op::count_ ? "wait" : std::string(shardlab::op_name(op))),
+           axis, start);
+    });
+}
+
+StepRecorder::~StepRecorder() {
+  if (profile_)
+    for (auto [comm, axis] : axes_) comm->time_calls({});
+}
+
+nn::Layer* StepRecorder::wrap(nn::Layer& chunk) {
+  if (!profile_) return &chunk;
+  timed_.push_back(std::make_unique<Timed>(chunk, *this));
+  return timed_.back().get();
+}
+
+void StepRecorder::note(std::string name, const char* axis, Clock::time_point start) {
+  if (!profile_) return;
+  profile_->spans.push_back({std::move(name), axis, static_cast<double>(ns(start) - origin_) * 1e-9,
+                             static_cast<double>(ns(Clock::now()) - origin_) * 1e-9});
+}
+
+void StepRecorder::finish() {
+  if (!profile_) return;
+  profile_->step = static_cast<double>(ns(Clock::now()) - origin_) * 1e-9;
+  for (auto [comm, axis] : axes_) comm->time_calls({});
+  profile_ = nullptr;
+}
 
 double Profile::tp() const { return total(spans, "tp"); }
 double Profile::dp() const { return total(spans, "dp"); }

@@ -13,7 +13,9 @@
 #pragma once
 
 #include <chrono>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "shardlab/launch.hpp"
@@ -35,6 +37,33 @@ struct Profile {
   /// Seconds per share: compute (less the tp calls inside it), tp, dp, pp (the embedding
   /// group), wait (the rest).
   double compute() const, tp() const, dp() const, pp() const, wait() const;
+};
+
+/// Records one step into a Profile, or nothing when given none. From construction (a start
+/// every rank of `world` agrees on) to finish(): every blocking call of the given
+/// communicators, named by their axis; each pass of the chunks wrap() returns; and each
+/// span note() is given. Every rank of `world` constructs it, with or without a profile.
+class StepRecorder {
+ public:
+  using Clock = std::chrono::steady_clock;
+  StepRecorder(Profile* profile, Communicator& world,
+               std::vector<std::pair<Communicator*, const char*>> axes);
+  ~StepRecorder();
+  StepRecorder(const StepRecorder&) = delete;
+  StepRecorder& operator=(const StepRecorder&) = delete;
+  bool on() const { return profile_ != nullptr; }
+  /// `chunk`, or (recording) a layer that runs it and records its F, B and W passes.
+  nn::Layer* wrap(nn::Layer& chunk);
+  /// A span from `start` to now (recording; nothing otherwise).
+  void note(std::string name, const char* axis, Clock::time_point start);
+  /// The step's end: its length, and the communicators' timers off.
+  void finish();
+
+ private:
+  Profile* profile_;
+  std::vector<std::pair<Communicator*, const char*>> axes_;
+  std::int64_t origin_ = 0;  // ns, the earliest rank's start
+  std::vector<std::unique_ptr<nn::Layer>> timed_;
 };
 
 /// Chrome trace events (chrome://tracing, ui.perfetto.dev) of every rank's profile, one

@@ -28,35 +28,6 @@ namespace {
 /// One draw of shardlab::splitmix64 from the state `x` (a hash of it).
 std::uint64_t mix(std::uint64_t x) { return shardlab::splitmix64(x); }
 
-/// A chunk as the pipeline runs it, each pass timed for a profile: F, B and W.
-class Timed final : public nn::Layer {
- public:
-  using Note = std::function<void(const char*, std::chrono::steady_clock::time_point)>;
-  Timed(nn::Layer& inner, Note note) : inner_(inner), note_(std::move(note)) {}
-  std::string name() const override { return inner_.name(); }
-  nn::Forward forward(const Tensor& x) const override {
-    const auto start = std::chrono::steady_clock::now();
-    nn::Forward f = inner_.forward(x);
-    note_("F", start);
-    return f;
-  }
-  Tensor backward_input(const Tensor& dy, nn::Saved& saved) const override {
-    const auto start = std::chrono::steady_clock::now();
-    Tensor dx = inner_.backward_input(dy, saved);
-    note_("B", start);
-    return dx;
-  }
-  void backward_weight(nn::Saved& saved) override {
-    const auto start = std::chrono::steady_clock::now();
-    inner_.backward_weight(saved);
-    note_("W", start);
-  }
-
- private:
-  nn::Layer& inner_;
-  Note note_;
-};
-
 std::uint64_t sent_since(Communicator& comm, const CommStats& before) {
   return comm.stats().since(before).total().bytes_sent;
 }
@@ -155,41 +126,12 @@ StepResult Trainer::step(int step) {
   };
   const double tokens = static_cast<double>(c_.batch * T);
 
-  // A profile (profile_next_step): every span in seconds from the step's common start.
-  using Clock = std::chrono::steady_clock;
-  const auto ns = [](Clock::time_point t) {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
-  };
-  const std::int64_t origin = profile_ ? mesh_.world().agree(ns(Clock::now()), ReduceOp::min) : 0;
-  auto note = [&](std::string name, const char* axis, Clock::time_point start) {
-    profile_->spans.push_back({std::move(name), axis,
-                               static_cast<double>(ns(start) - origin) * 1e-9,
-                               static_cast<double>(ns(Clock::now()) - origin) * 1e-9});
-  };
-  std::vector<std::unique_ptr<Timed>> timed;
-  if (profile_) {
-    profile_->spans.clear();
-    for (auto [comm, axis] : {std::pair<Communicator*, const char*>{&mesh_.tp(), "tp"},
-                              {&mesh_.dp(), "dp"},
-                              {embedding_group_.get(), "pp"}})
-      comm->time_calls([&note, axis](shardlab::Op op, Clock::time_point start, Clock::time_point) {
-        note(std::string(axis) + " " +
-                 (op == shardlab::Op::count_ ? "wait" : std::string(shardlab::op_name(op))),
-             axis, start);
-      });
-  }
-
+  // A profile (profile_next_step), or nothing: every span from the step's common start.
+  StepRecorder recorder(profile_, mesh_.world(),
+                        {{&mesh_.tp(), "tp"}, {&mesh_.dp(), "dp"}, {embedding_group_.get(), "pp"}});
+  profile_ = nullptr;
   ch04::Stage stage;
-  for (int c = 0; c < model_.chunks(); ++c) {
-    if (!profile_) {
-      stage.chunks.push_back(&model_.chunk(c));
-      continue;
-    }
-    timed.push_back(std::make_unique<Timed>(
-        model_.chunk(c),
-        [&note](const char* pass, Clock::time_point start) { note(pass, "compute", start); }));
-    stage.chunks.push_back(timed.back().get());
-  }
+  for (int c = 0; c < model_.chunks(); ++c) stage.chunks.push_back(recorder.wrap(model_.chunk(c)));
   stage.input = [&](int j) { return data_.ids(starts_of(j), 0); };  // host ids
   stage.memory = c_.memory;
   const std::int64_t split = model_.sequence_parallel() ? c_.mesh.tp : 1;  // rows held: n / split
@@ -197,7 +139,7 @@ StepResult Trainer::step(int step) {
     return ch04::Boundary{{static_cast<std::int64_t>(starts_of(j).size()) * T / split, C}};
   };
   stage.loss = [&](const Tensor& out, int j) {
-    const auto start = Clock::now();
+    const auto start = StepRecorder::Clock::now();
     TiedHead& head = *model_.head();
     nn::Forward logits = head.forward(out);
     const VocabLoss loss =
@@ -206,7 +148,7 @@ StepResult Trainer::step(int step) {
     Tensor dlogits = vocab_parallel_cross_entropy_backward(loss).to(c_.memory);
     if (c_.scaler != ch06::Scaler::none) scale_in_place(dlogits, scaler_.scale());
     Tensor dx = head.backward(dlogits, logits.saved);
-    if (profile_) note("loss", "compute", start);
+    recorder.note("loss", "compute", start);
     return ch04::MicrobatchLoss{loss.value, std::move(dx)};
   };
   ch04::Hooks hooks;
@@ -245,12 +187,7 @@ StepResult Trainer::step(int step) {
   else
     replicas_->update();
   scaler_.update(result.skipped);
-  if (profile_) {
-    profile_->step = static_cast<double>(ns(Clock::now()) - origin) * 1e-9;
-    for (Communicator* comm : {&mesh_.tp(), &mesh_.dp(), embedding_group_.get()})
-      comm->time_calls({});
-    profile_ = nullptr;
-  }
+  recorder.finish();
   result.bytes = {sent_since(mesh_.tp(), tp0), sent_since(mesh_.dp(), dp0),
                   ran.bytes_sent + sent_since(*embedding_group_, emb0)};
   result.events = std::move(ran.events);
