@@ -206,15 +206,15 @@ constexpr float gelu_c = 0.7978845608028654f, gelu_a = 0.044715f;
 __global__ void gelu_kernel(const float* x, float* y, std::int64_t n) {
   GRID_STRIDE(i, n) {
     const float v = x[i];
-    y[i] = 0.5f * v * (1.0f + tanhf(gelu_c * (v + gelu_a * v * v * v)));
+    y[i] = v / (1.0f + expf(-2.0f * (gelu_c * (v + gelu_a * v * v * v))));  // x sigmoid(2u)
   }
 }
 __global__ void gelu_backward_kernel(const float* x, const float* dy, float* dx, std::int64_t n) {
   GRID_STRIDE(i, n) {
     const float v = x[i];
-    const float t = tanhf(gelu_c * (v + gelu_a * v * v * v));
+    const float s = 1.0f / (1.0f + expf(-2.0f * (gelu_c * (v + gelu_a * v * v * v))));
     const float du = gelu_c * (1.0f + 3.0f * gelu_a * v * v);
-    dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+    dx[i] = dy[i] * (s + 2.0f * v * s * (1.0f - s) * du);
   }
 }
 __global__ void adam_kernel(float* p, const float* g, float* m, float* v, std::int64_t n,

@@ -690,18 +690,20 @@ Tensor tanh_backward(const Tensor& y, const Tensor& dy) {
 }
 
 Tensor gelu(const Tensor& x) {
+  // 0.5 x (1 + tanh(u)) = x sigmoid(2u): one exp, and no 1 + tanh to round.
   return unary(x, "gelu", kernels::gelu_forward, [](float v) {
-    return 0.5f * v * (1.0f + std::tanh(gelu_c * (v + gelu_a * v * v * v)));
+    return v / (1.0f + std::exp(-2.0f * (gelu_c * (v + gelu_a * v * v * v))));
   });
 }
 
 Tensor gelu_backward(const Tensor& x, const Tensor& dy) {
   // d/dx of 0.5 x (1 + tanh(u)), u = c (x + a x^3): 0.5 (1 + tanh u) + 0.5 x sech^2(u) u'.
+  // With s = sigmoid(2u) = (1 + tanh u) / 2: s + 2 x s (1 - s) u'.
   return gradient(x, dy, "gelu_backward", kernels::gelu_backward, [](float v, float d) {
     const float u = gelu_c * (v + gelu_a * v * v * v);
-    const float t = std::tanh(u);
+    const float s = 1.0f / (1.0f + std::exp(-2.0f * u));
     const float du = gelu_c * (1.0f + 3.0f * gelu_a * v * v);
-    return d * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+    return d * (s + 2.0f * v * s * (1.0f - s) * du);
   });
 }
 

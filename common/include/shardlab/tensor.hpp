@@ -257,8 +257,10 @@ Tensor column_sums(const Tensor& x);
 /// too: computed in f32 and rounded once to the input's type.
 Tensor tanh(const Tensor& x);
 Tensor tanh_backward(const Tensor& y, const Tensor& dy);
-/// GELU, tanh approximation (GPT-2): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), and
-/// its derivative times dy.
+/// GELU, tanh approximation (GPT-2): 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3),
+/// and its derivative times dy; computed as x sigmoid(2u) = x / (1 + exp(-2u)), the same
+/// function with one exp and no 1 + tanh(u) to round (within a few ulp of the tanh form,
+/// and 1.4x the GPT's one-device speed: glibc's tanhf costs several expf).
 Tensor gelu(const Tensor& x);
 Tensor gelu_backward(const Tensor& x, const Tensor& dy);
 /// A copy in another element type. To f16 / bf16: round to nearest even (half.hpp).
