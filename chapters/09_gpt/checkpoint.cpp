@@ -204,15 +204,21 @@ void check_save_target(const std::string& dir) {
 
 namespace {
 
-/// The pipeline stage whose file holds each whole tensor: the first stage with a piece of it
-/// (wte's is stage 0, where the embedding is; the last stage's head holds a copy).
-std::map<std::string, int> stage_of_tensors(const GptShape& g, const MeshShape& shape, int chunks) {
-  std::map<std::string, int> out;
+/// Each whole tensor of the model: the pipeline stage whose file holds it (the first stage
+/// with a piece of it: wte's is stage 0, where the embedding is; the last stage's head
+/// holds a copy), and its elements.
+struct WholeTensor {
+  int stage = 0;
+  std::int64_t elements = 0;
+};
+std::map<std::string, WholeTensor> whole_tensors(const GptShape& g, const MeshShape& shape,
+                                                 int chunks) {
+  std::map<std::string, WholeTensor> out;
   for (int r = 0; r < shape.ranks(); ++r) {
     const Coords q = ch08::coords_of(shape, r);
     for (const Piece& p : pieces_of(g, shape, q, chunks)) {
-      const auto [it, fresh] = out.try_emplace(p.name, q.pp);
-      if (!fresh) it->second = std::min(it->second, q.pp);
+      const auto [it, fresh] = out.try_emplace(p.name, WholeTensor{q.pp, p.whole.numel()});
+      if (!fresh) it->second.stage = std::min(it->second.stage, q.pp);
     }
   }
   return out;
@@ -242,7 +248,7 @@ std::int64_t pieces_size(const std::vector<Piece>& pieces) {
 /// `sharded`: each replica wrote its own range of m and v (ZeRO-1), not replica 0 all of it.
 void assemble_stage(const fs::path& partial, const MeshShape& shape, const GptShape& g, int chunks,
                     int s, int states, bool sharded) {
-  const std::map<std::string, int> owner = stage_of_tensors(g, shape, chunks);
+  const std::map<std::string, WholeTensor> owner = whole_tensors(g, shape, chunks);
   std::map<int, std::map<std::string, Tensor>> files;  // rank -> its file, read once
   auto file = [&](int r) -> std::map<std::string, Tensor>& {
     auto it = files.find(r);
@@ -273,7 +279,7 @@ void assemble_stage(const fs::path& partial, const MeshShape& shape, const GptSh
       }
       const float* at = flat.data();
       for (const Piece& p : pieces) {
-        if (owner.at(p.name) == s && (p.counted || p.cut != Cut::whole)) {
+        if (owner.at(p.name).stage == s && (p.counted || p.cut != Cut::whole)) {
           auto w = whole[k].try_emplace(p.name, Tensor(p.whole[0], p.whole[1])).first;
           place(p, at, w->second);
           kind.try_emplace(p.name, p);
@@ -292,17 +298,17 @@ void assemble_stage(const fs::path& partial, const MeshShape& shape, const GptSh
     write_safetensors((partial / stage_file("optimizer", s, shape.pp)).string(), out[1]);
 }
 
-/// Hugging Face's index of a sharded checkpoint: which file holds each tensor.
+/// Hugging Face's index of a sharded checkpoint: which file holds each tensor, under each
+/// of `prefixes` (Adam's exp_avg. and exp_avg_sq.; "" for the model), and the bytes of all.
 nlohmann::json index_json(const GptShape& g, const MeshShape& shape, int chunks,
-                          const std::string& stem, const std::string& prefix) {
+                          const std::string& stem, const std::vector<std::string>& prefixes) {
   nlohmann::json map = nlohmann::json::object();
   std::uint64_t bytes = 0;
-  std::set<std::string> seen;
-  for (int r = 0; r < shape.ranks(); ++r)
-    for (const Piece& p : pieces_of(g, shape, ch08::coords_of(shape, r), chunks))
-      if (seen.insert(p.name).second) bytes += 4 * static_cast<std::uint64_t>(p.whole.numel());
-  for (const auto& [name, s] : stage_of_tensors(g, shape, chunks))
-    map[prefix + name] = stage_file(stem, s, shape.pp);
+  for (const auto& [name, t] : whole_tensors(g, shape, chunks))
+    for (const std::string& prefix : prefixes) {
+      map[prefix + name] = stage_file(stem, t.stage, shape.pp);
+      bytes += 4 * static_cast<std::uint64_t>(t.elements);
+    }
   return {{"metadata", {{"total_size", bytes}}}, {"weight_map", map}};
 }
 
@@ -375,14 +381,10 @@ void save_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
     const GptShape& g = model.shape();
     fs::remove_all(partial / "ranks");
     write_json(partial / "model.safetensors.index.json",
-               index_json(g, shape, model.chunks(), "model", ""));
-    if (states == 3) {
-      nlohmann::json index = index_json(g, shape, model.chunks(), "optimizer", "exp_avg.");
-      const nlohmann::json sq = index_json(g, shape, model.chunks(), "optimizer", "exp_avg_sq.");
-      index["weight_map"].update(sq["weight_map"]);
-      index["metadata"]["total_size"] = 2 * index["metadata"]["total_size"].get<std::uint64_t>();
-      write_json(partial / "optimizer.safetensors.index.json", index);
-    }
+               index_json(g, shape, model.chunks(), "model", {""}));
+    if (states == 3)
+      write_json(partial / "optimizer.safetensors.index.json",
+                 index_json(g, shape, model.chunks(), "optimizer", {"exp_avg.", "exp_avg_sq."}));
     write_json(partial / "config.json", config_json(g));
     nlohmann::json trainer = {{"step", step}, {"adam_steps", state.steps}, {"seed", g.seed}};
     if (scaler && scaler->kind() != ch06::Scaler::none) {
