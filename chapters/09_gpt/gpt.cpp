@@ -77,34 +77,28 @@ nn::Forward VocabParallelEmbedding::forward(const Tensor& ids) const {
            std::to_string(context_);
   });
   // The rows are picked on the host (the ids are host data; under --device cuda from a
-  // host copy of this rank's wte) and summed where the weights live.
+  // host copy of this rank's wte) and summed where the weights live. tp rank 0 adds each
+  // row's wpe[position] before the sum: every other rank's part of a row is its token's
+  // row or zeros, so the sum is token + position, rounded once, on any number of ranks.
   const Memory memory = wte_->value.memory();
   const Tensor wte = wte_->value.to(Memory::host), wpe = wpe_->value.to(Memory::host);
   Tensor rows = shardlab::zeros(Shape{n, C});
   const std::int32_t* id = ids.data<std::int32_t>();
-  const float* w = wte.data();
+  const float *w = wte.data(), *p = wpe.data();
   float* y = rows.data();
   for (std::int64_t i = 0; i < n; ++i) {
     const std::int64_t row = id[i] - vocab_.offset;
     if (row >= 0 && row < V) std::copy(w + row * C, w + (row + 1) * C, y + i * C);
+    if (tp_.rank() == 0)
+      for (std::int64_t c = 0; c < C; ++c) y[i * C + c] += p[(i % context_) * C + c];
   }
   // Each token's row from the one rank that holds it: summed over tp, whole on every rank
   // or (sequence parallel) this rank's rows of the sum.
   nn::Forward f{rows.to(memory), {}};
-  std::int64_t first = 0;
-  if (sequence_parallel_) {
+  if (sequence_parallel_)
     f.out = ch08::scatter_rows(tp_, f.out);
-    first = f.out.rows() * tp_.rank();
-  } else {
+  else
     tp_.allreduce(f.out);
-  }
-  // + wpe[position] of each row this rank holds.
-  Tensor positions(f.out.rows(), C);
-  const float* p = wpe.data();
-  for (std::int64_t i = 0; i < f.out.rows(); ++i)
-    std::copy(p + ((first + i) % context_) * C, p + ((first + i) % context_ + 1) * C,
-              positions.data() + i * C);
-  axpy(1.0f, positions.to(memory), f.out);
   f.saved.tensors = {ids};
   return f;
 }
@@ -264,13 +258,13 @@ void configure(nn::Residual& block, bool sequence_parallel, shardlab::DType comp
 
 }  // namespace
 
-GptModel::GptModel(Mesh& mesh, const GptShape& shape, Recompute recompute, int chunks,
-                   bool sequence_parallel, shardlab::DType compute, Memory memory)
+GptModel::GptModel(Mesh& mesh, const GptShape& shape, const ModelOptions& options)
     : shape_(shape),
       vocab_(shard_range(shape.vocab, mesh.shape().tp, mesh.coords().tp)),
       first_(mesh.coords().pp == 0),
       last_(mesh.coords().pp == mesh.shape().pp - 1),
-      sequence_parallel_(sequence_parallel && mesh.shape().tp > 1) {
+      sequence_parallel_(options.sequence_parallel && mesh.shape().tp > 1) {
+  const auto [recompute, chunks, sequence_parallel, compute, memory] = options;
   check_shape(shape, mesh.shape(), chunks);
   const Coords& at = mesh.coords();
   const int p = mesh.shape().pp, per = shape.layers / (p * chunks);

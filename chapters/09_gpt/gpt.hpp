@@ -129,21 +129,30 @@ std::vector<Piece> pieces_of(const GptShape& shape, const MeshShape& mesh, const
 /// divides H; pp x chunks divides L.
 void check_shape(const GptShape& shape, const MeshShape& mesh, int chunks = 1);
 
+/// How a model is built besides its shape; the defaults: plain fp32 on the host.
+struct ModelOptions {
+  /// What the blocks recompute in the backward.
+  Recompute recompute = Recompute::none;
+  /// v > 1 (the interleaved schedule): stage s holds the p v virtual stages k = c p + s,
+  /// c = 0 .. v - 1, each L / (p v) blocks: chunk c.
+  int chunks = 1;
+  /// Korthikanti et al. 2022, §4.2.2: between the tensor-parallel regions each tp rank
+  /// holds n/t of a microbatch's n rows (tensor_parallel.hpp); the embedding's output, the
+  /// blocks' LayerNorms and residual stream, ln_f and the messages between pipeline stages
+  /// are split t ways. Needs t to divide n.
+  bool sequence_parallel = false;
+  /// f16 or bf16: mixed precision as torch.autocast (nn::Autocast): the Linears' and the
+  /// head's products in 16 bits on the f32 weights; the embeddings, LayerNorms, the
+  /// attention's core and the loss in f32.
+  shardlab::DType compute = shardlab::DType::f32;
+  /// Where the parameters (and so the activations) live.
+  Memory memory = Memory::host;
+};
+
 /// This rank's part of the model.
 class GptModel {
  public:
-  /// With `chunks` v > 1 (the interleaved schedule), stage s holds the p v virtual
-  /// stages k = c p + s, c = 0 .. v - 1, each L / (p v) blocks: chunk c.
-  /// `sequence_parallel` (Korthikanti et al. 2022, §4.2.2): between the tensor-parallel
-  /// regions each tp rank holds n/t of a microbatch's n rows (tensor_parallel.hpp); the
-  /// embedding's output, the blocks' LayerNorms and residual stream, ln_f and the messages
-  /// between pipeline stages are split t ways. Needs t to divide n.
-  /// `compute` f16 or bf16: mixed precision as torch.autocast (nn::Autocast): the Linears'
-  /// and the head's products in 16 bits on the f32 weights; the embeddings, LayerNorms,
-  /// the attention's core and the loss in f32.
-  GptModel(Mesh& mesh, const GptShape& shape, Recompute recompute = Recompute::none, int chunks = 1,
-           bool sequence_parallel = false, shardlab::DType compute = shardlab::DType::f32,
-           Memory memory = Memory::host);
+  GptModel(Mesh& mesh, const GptShape& shape, const ModelOptions& options = {});
   nn::ParameterStore& store() { return store_; }
   /// Chunk c's layers: the embedding (virtual stage 0), its blocks (each its attention and
   /// its MLP, or under full recompute one nn::Checkpoint of the two), ln_f (the last).

@@ -48,8 +48,7 @@ struct Settings {
 };
 
 void train(Context& ctx, const Settings& s) {
-  TrainConfig c = s.run;
-  c.memory = ctx.memory();
+  const TrainConfig& c = s.run;
   const Corpus data = Corpus::load(s.data, c.model.context);
 
   // 1. The references: one device, the whole batch at once (rank 0); and one device again
@@ -62,20 +61,13 @@ void train(Context& ctx, const Settings& s) {
   // 2. The mesh, its memory counted by the ledger from here.
   memory::Tracker tracker;
   Mesh mesh(ctx.comm(), c.mesh);
-  GptModel model(mesh, c.model, c.recompute, c.chunks, c.sequence_parallel, c.precision, c.memory);
+  GptModel model(mesh, c.model, c.model_options());
   Trainer trainer(mesh, model, c, data);
   int first = 0;
   if (!s.load.empty())
     first = load_checkpoint(s.load, mesh, model, &trainer.optimizer(), &trainer.scaler());
   // 3. Step by step, the mesh against one device (rank 0 holds the references' curves).
-  const bool compare = reference && ctx.rank() == 0;
-  // Under a loss scaler, each row also gives the scale and the steps skipped so far.
-  const bool scaled = c.scaler != ch06::Scaler::none;
-  std::vector<std::string> columns{"step", "one_device",  "mesh",
-                                   "diff", "order_alone", "grad_norm"};
-  if (scaled) columns.insert(columns.end(), {"loss_scale", "skipped"});
-  Table curve(columns);
-  int skipped = 0;
+  CurveTable curve(c, reference && ctx.rank() == 0 ? &ref : nullptr);
   std::vector<double> losses;
   const auto start = std::chrono::steady_clock::now();
   StepResult last;
@@ -84,25 +76,12 @@ void train(Context& ctx, const Settings& s) {
     if (t == first + s.steps - 1) trainer.profile_next_step(&profile);  // the last step's
     last = trainer.step(t);
     losses.push_back(last.loss);
-    const auto i = static_cast<std::size_t>(t - first);
-    // Without a reference (--no-reference, --load) its columns stay empty.
-    auto ref_cell = [&](auto f) { return compare ? Cell(f()) : Cell(""); };
-    skipped += last.skipped;
-    if ((t - first + 1) % s.log_every == 0 || t == first || t == first + s.steps - 1) {
-      std::vector<Cell> row{
-          t + 1,
-          ref_cell([&] { return ref.whole.loss[i]; }),
-          last.loss,
-          ref_cell([&] { return relative(last.loss, ref.whole.loss[i]); }),
-          ref_cell([&] { return relative(ref.pieces.loss[i], ref.whole.loss[i]); }),
-          last.grad_norm};
-      if (scaled) row.insert(row.end(), {Cell(last.loss_scale), Cell(skipped)});
-      curve.add(row);
-    }
+    curve.add(static_cast<std::size_t>(t - first), t + 1, last,
+              (t - first + 1) % s.log_every == 0 || t == first || t == first + s.steps - 1);
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  ctx.report(curve, "loss_curve",
+  ctx.report(curve.table(), "loss_curve",
              "Chapter 09 - " + describe(c, ctx.comm().backend()) +
                  "\n\nthe training loss (the batch's mean, nats per byte) on one device and "
                  "on the mesh, their relative difference, and one device's own with the "
@@ -139,11 +118,10 @@ void train(Context& ctx, const Settings& s) {
 }
 
 void generate(Context& ctx, const Settings& s) {
-  TrainConfig c = s.run;
-  c.memory = ctx.memory();
+  const TrainConfig& c = s.run;
   const Corpus data = Corpus::load(s.data, c.model.context);
   Mesh mesh(ctx.comm(), c.mesh);
-  GptModel model(mesh, c.model, c.recompute, c.chunks, c.sequence_parallel, c.precision, c.memory);
+  GptModel model(mesh, c.model, c.model_options());
   Trainer trainer(mesh, model, c, data);
   if (!s.load.empty()) load_checkpoint(s.load, mesh, model, nullptr);
   const std::string text =
@@ -226,18 +204,9 @@ int main(int argc, char** argv) {
   });
   program.validate([&](const Options& o) {
     c.model.seed = o.seed;
+    c.memory = o.memory();
     c.recompute = ch08::parse_recompute(s.recompute);
-    c.precision = s.precision == "fp16"   ? DType::f16
-                  : s.precision == "bf16" ? DType::bf16
-                                          : DType::f32;
-    const std::string scaler =
-        !s.scaler.empty() ? s.scaler : (c.precision == DType::f16 ? "dynamic" : "none");
-    c.scaler = scaler == "dynamic"  ? ch06::Scaler::dynamic
-               : scaler == "static" ? ch06::Scaler::fixed
-                                    : ch06::Scaler::none;
-    require_usage(
-        c.scaler == ch06::Scaler::none || c.precision != DType::f32,
-        "--scaler " + scaler + ": a loss scaler is for 16-bit products (add --precision fp16)");
+    set_precision(c, s.precision, s.scaler);
     // Where the run writes is tried before it trains, not after.
     if (program.cli().count("--trace")) check_writable_file(s.trace, "--trace");
     if (cli.count("--save")) {
@@ -259,10 +228,7 @@ int main(int argc, char** argv) {
   return program.run(argc, argv, [&](Context& ctx) {
     ctx.json()["chapter"] = "09_gpt";
     if (s.sample) return generate(ctx, s);
-    if (s.benchmark) {
-      c.memory = ctx.memory();
-      return run_benchmark(ctx, c, Corpus::load(s.data, c.model.context), s.steps);
-    }
+    if (s.benchmark) return run_benchmark(ctx, c, Corpus::load(s.data, c.model.context), s.steps);
     train(ctx, s);
   });
 }

@@ -43,7 +43,7 @@ Curve train_one_device(Communicator& self, TrainConfig c, int microbatches, cons
   c.schedule = "1f1b";
   c.chunks = 1;
   Mesh mesh(self, c.mesh);
-  GptModel model(mesh, c.model, c.recompute, 1, false, c.precision, c.memory);
+  GptModel model(mesh, c.model, c.model_options());
   Trainer trainer(mesh, model, c, data);
   Curve out;
   for (int t = 0; t < steps; ++t) out.loss.push_back(trainer.step(t).loss);
@@ -80,6 +80,32 @@ References train_references(Context& ctx, const TrainConfig& c, const Corpus& da
   }
   ctx.comm().barrier();
   return ref;
+}
+
+namespace {
+std::vector<std::string> curve_columns(bool scaled) {
+  std::vector<std::string> out{"step", "one_device", "mesh", "diff", "order_alone", "grad_norm"};
+  if (scaled) out.insert(out.end(), {"loss_scale", "skipped"});
+  return out;
+}
+}  // namespace
+
+CurveTable::CurveTable(const TrainConfig& c, const References* ref)
+    : ref_(ref), scaled_(c.scaler != ch06::Scaler::none), table_(curve_columns(scaled_)) {}
+
+void CurveTable::add(std::size_t index, int step, const StepResult& result, bool shown) {
+  skipped_ += result.skipped;
+  if (!shown) return;
+  auto ref_cell = [&](auto f) { return ref_ ? shardlab::Cell(f()) : shardlab::Cell(""); };
+  std::vector<shardlab::Cell> row{
+      step,
+      ref_cell([&] { return ref_->whole.loss[index]; }),
+      result.loss,
+      ref_cell([&] { return relative(result.loss, ref_->whole.loss[index]); }),
+      ref_cell([&] { return relative(ref_->pieces.loss[index], ref_->whole.loss[index]); }),
+      result.grad_norm};
+  if (scaled_) row.insert(row.end(), {shardlab::Cell(result.loss_scale), shardlab::Cell(skipped_)});
+  table_.add(row);
 }
 
 void compare_with_one_device(Context& ctx, const References& ref, const std::vector<double>& mesh,
@@ -257,8 +283,7 @@ void run_benchmark(Context& ctx, const TrainConfig& base, const Corpus& data, in
       const std::string name =
           std::to_string(pp) + "x" + std::to_string(c.mesh.dp) + "x" + std::to_string(tp);
       Mesh mesh(ctx.comm(), c.mesh);
-      GptModel model(mesh, c.model, c.recompute, c.chunks, c.sequence_parallel, c.precision,
-                     c.memory);
+      GptModel model(mesh, c.model, c.model_options());
       Trainer trainer(mesh, model, c, data);
       std::vector<double> loss;
       auto start = std::chrono::steady_clock::now();

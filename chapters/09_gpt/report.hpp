@@ -34,6 +34,24 @@ struct References {
 References train_references(shardlab::Context& ctx, const TrainConfig& c, const Corpus& data,
                             int steps);
 
+/// The loss curve's table: each row a step's loss on the mesh next to the references'
+/// (empty cells without them: --no-reference, --load), their relative differences, the
+/// gradient norm and, under a loss scaler, the scale and the steps skipped so far.
+class CurveTable {
+ public:
+  /// `ref`: the references' curves (rank 0's), or nullptr.
+  CurveTable(const TrainConfig& c, const References* ref);
+  /// Step `index` of the run (its number as printed: `step`); a row when `shown`.
+  void add(std::size_t index, int step, const StepResult& result, bool shown);
+  shardlab::Table& table() { return table_; }
+
+ private:
+  const References* ref_;
+  bool scaled_;
+  int skipped_ = 0;
+  shardlab::Table table_;
+};
+
 /// How close is equal? The mesh adds the same products in another order (tp's partial
 /// sums, the microbatches' and replicas' gradient sums), so at first its loss differs from
 /// one device's in the last bits (1e-9 to 1e-8 over the default run's first 20 steps).

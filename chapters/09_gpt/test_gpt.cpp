@@ -86,7 +86,7 @@ Run train(TrainConfig c, int first, int steps, const std::string& load = "",
       c.mesh.ranks(),
       [&](Communicator& world) {
         Mesh mesh(world, c.mesh);
-        GptModel model(mesh, c.model, c.recompute, c.chunks, c.sequence_parallel, c.precision);
+        GptModel model(mesh, c.model, c.model_options());
         Trainer trainer(mesh, model, c, data);
         if (!load.empty())
           CHECK(load_checkpoint(load, mesh, model, &trainer.optimizer(), &trainer.scaler()) ==
@@ -115,6 +115,16 @@ Run one_device(TrainConfig c, int steps) {
 }
 
 double rel(double a, double b) { return std::abs(a - b) / std::max(1.0, std::abs(b)); }
+
+/// A run resumed at step 2 of `whole` for two steps: each loss within 1e-5 of the
+/// uninterrupted run's.
+void check_resumed(const Run& resumed, const Run& whole, const char* what) {
+  REQUIRE(resumed.loss.size() == 2);
+  for (std::size_t t = 0; t < 2; ++t)
+    CHECK_MESSAGE(rel(resumed.loss[t], whole.loss[t + 2]) < 1e-5,
+                  what << ", step " << t + 3 << ": " << resumed.loss[t] << ", uninterrupted "
+                       << whole.loss[t + 2]);
+}
 
 /// Every step's loss (and, with `norms`, gradient norm) and the validation loss of `got`
 /// within `tolerance` of `want`'s, relative.
@@ -192,7 +202,7 @@ TEST_CASE("sequence parallelism trains like one device, keeping fewer activation
     std::uint64_t out = 0;
     on_ranks(4, [&](Communicator& world) {
       Mesh mesh(world, c.mesh);
-      GptModel model(mesh, c.model, c.recompute, c.chunks, c.sequence_parallel, c.precision);
+      GptModel model(mesh, c.model, c.model_options());
       Trainer trainer(mesh, model, c, data);
       memory::Tracker tracker;
       trainer.step(0);
@@ -252,7 +262,7 @@ TEST_CASE("the loss scaler skips a step whose fp16 gradients overflow, on every 
   double before = 0, after = 0;
   on_ranks(8, [&](Communicator& world) {
     Mesh mesh(world, c.mesh);
-    GptModel model(mesh, c.model, c.recompute, c.chunks, false, c.precision);
+    GptModel model(mesh, c.model, c.model_options());
     Trainer trainer(mesh, model, c, data);
     const double b = trainer.evaluate(data.validation(6));
     std::vector<StepResult> mine;
@@ -327,12 +337,7 @@ TEST_CASE("a checkpoint resumes on the same mesh bit for bit, and on another to 
     CAPTURE(mesh_shape);
     TrainConfig c = small(m);
     if (m.ranks() == 1) c.microbatches = 1;
-    const Run other = train(c, 2, 2, dir);
-    REQUIRE(other.loss.size() == 2);
-    for (std::size_t t = 0; t < 2; ++t)
-      CHECK_MESSAGE(rel(other.loss[t], whole.loss[t + 2]) < 1e-5,
-                    "resumed, step " << t + 3 << ": " << other.loss[t] << ", uninterrupted "
-                                     << whole.loss[t + 2]);
+    check_resumed(train(c, 2, 2, dir), whole, "resumed");
   }
   // The loss scaler's state goes with it: a scale of 2^40 halves on each skipped step,
   // and the resumed run goes on from 2^38 (not GradScaler's first 2^16).
@@ -358,12 +363,7 @@ TEST_CASE("a checkpoint resumes on the same mesh bit for bit, and on another to 
     CAPTURE(sharded);
     TrainConfig c = small({1, 4, 2});
     c.zero = sharded ? 1 : 0;
-    const Run other = train(c, 2, 2, dir);
-    REQUIRE(other.loss.size() == 2);
-    for (std::size_t t = 0; t < 2; ++t)
-      CHECK_MESSAGE(rel(other.loss[t], zero_whole.loss[t + 2]) < 1e-5,
-                    "ZeRO-1 resumed, step " << t + 3 << ": " << other.loss[t] << ", uninterrupted "
-                                            << zero_whole.loss[t + 2]);
+    check_resumed(train(c, 2, 2, dir), zero_whole, "ZeRO-1 resumed");
   }
   fs::remove_all(dir);
 }

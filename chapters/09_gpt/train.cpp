@@ -76,6 +76,27 @@ Tensor Corpus::ids(const std::vector<std::int64_t>& starts, int shift) const {
   return out;
 }
 
+namespace {
+/// --precision's names of the element types.
+const char* precision_name(shardlab::DType type) {
+  return type == shardlab::DType::f16 ? "fp16" : type == shardlab::DType::bf16 ? "bf16" : "fp32";
+}
+}  // namespace
+
+void set_precision(TrainConfig& c, const std::string& precision, const std::string& scaler) {
+  c.precision = shardlab::DType::f32;
+  for (shardlab::DType type : {shardlab::DType::f16, shardlab::DType::bf16})
+    if (precision == precision_name(type)) c.precision = type;
+  const std::string kind =
+      !scaler.empty() ? scaler : (c.precision == shardlab::DType::f16 ? "dynamic" : "none");
+  c.scaler = kind == "dynamic"  ? ch06::Scaler::dynamic
+             : kind == "static" ? ch06::Scaler::fixed
+                                : ch06::Scaler::none;
+  require_usage(
+      c.scaler == ch06::Scaler::none || c.precision != shardlab::DType::f32,
+      "--scaler " + kind + ": a loss scaler is for 16-bit products (add --precision fp16)");
+}
+
 void check_config(const TrainConfig& c) {
   check_shape(c.model, c.mesh, c.chunks);
   require_usage(c.chunks == 1 || c.schedule == "interleaved",
@@ -370,8 +391,7 @@ std::string describe(const TrainConfig& c, std::string_view backend) {
          (c.clip > 0 ? ", clip " + shardlab::format_number(c.clip) : "") +
          (c.sequence_parallel ? ", sequence parallel" : "") +
          (c.precision != shardlab::DType::f32
-              ? ", " + std::string(c.precision == shardlab::DType::f16 ? "fp16" : "bf16") +
-                    " products (autocast)" +
+              ? ", " + std::string(precision_name(c.precision)) + " products (autocast)" +
                     (c.scaler == ch06::Scaler::dynamic ? ", dynamic loss scale"
                      : c.scaler == ch06::Scaler::fixed ? ", static loss scale"
                                                        : "")

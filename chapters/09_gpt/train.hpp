@@ -81,7 +81,15 @@ struct TrainConfig {
   /// Where the mesh's tensors live: Memory::device under --device cuda (each rank's GPU;
   /// the embedding's row picking, the loss and the norm run on host copies).
   Memory memory = Memory::host;
+  /// What GptModel needs of it besides the shape.
+  ModelOptions model_options() const {
+    return {recompute, chunks, sequence_parallel, precision, memory};
+  }
 };
+
+/// --precision (fp32, fp16 or bf16) and --scaler (none, static or dynamic; "": dynamic
+/// with fp16, none otherwise) into `c`. UsageError for a scaler on fp32 products.
+void set_precision(TrainConfig& c, const std::string& precision, const std::string& scaler);
 
 /// UsageError unless `c` can run: check_shape, every replica's microbatch a sequence, a
 /// schedule with one chunk per stage, tp dividing the context under sequence parallelism.

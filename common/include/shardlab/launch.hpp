@@ -53,6 +53,8 @@ struct Options {
   bool quiet = false;               // --quiet: no human-readable text
   double timeout_s = 60;            // --timeout: how long a blocking call may wait
   double memory_limit_gib = 0;      // --memory-limit: 0 = what the machine can give now
+  /// Where a rank's tensors live: Memory::device under --device cuda (or --backend nccl).
+  Memory memory() const { return device == "cuda" ? Memory::device : Memory::host; }
 };
 
 /// What a rank's body gets: its communicator, the options, and the job's outputs.
@@ -70,7 +72,7 @@ class Context {
   /// True under --device cuda (this rank's thread is then on GPU rank % device count).
   bool on_gpu() const { return options_.device == "cuda"; }
   /// Where this rank's tensors live: Memory::device under --device cuda.
-  Memory memory() const { return on_gpu() ? Memory::device : Memory::host; }
+  Memory memory() const { return options_.memory(); }
 
   /// Human text from rank 0 (the job's voice): stdout, or stderr under --json,
   /// nothing under --quiet. Other ranks' calls are ignored.
