@@ -22,6 +22,7 @@ namespace ch01 {
 using shardlab::Communicator;
 using shardlab::Tensor;
 
+// [exercise]
 /// Joins row shards: `mine` is rank r's rows (shard r of `total_rows` rows, all with the
 /// same number of columns); every rank returns all total_rows rows, in rank order.
 Tensor gather_rows(Communicator& comm, const Tensor& mine, std::int64_t total_rows);
@@ -44,5 +45,6 @@ Tensor column_parallel_matmul(Communicator& comm, const Tensor& x, const Tensor&
 /// partials over ranks (allreduce) is out. Equal to x @ w up to the order of the sum
 /// over k, so within rounding, not bitwise.
 Tensor row_parallel_matmul(Communicator& comm, const Tensor& x, const Tensor& w);
+// [exercise]
 
 }  // namespace ch01

@@ -16,19 +16,26 @@ namespace ch01 {
 
 /// The matmul's dimensions.
 struct Dims {
-  std::int64_t M, K, N;
+  std::int64_t M;  ///< Rows of x and of out.
+  std::int64_t K;  ///< Columns of x, rows of w: the inner dimension summed over.
+  std::int64_t N;  ///< Columns of w and of out.
 };
 
+/// One way to split the matmul across P ranks: what it cuts, the function that computes it
+/// and what assembling out costs.
 struct Strategy {
-  std::string key;         // data_parallel, column_parallel, row_parallel
-  std::string title;       // "Data parallel", ...
-  std::string splits;      // what is cut, in words
-  std::string collective;  // what assembles out, in words
+  std::string key;         ///< data_parallel, column_parallel, row_parallel
+  std::string title;       ///< "Data parallel", ...
+  std::string splits;      ///< what is cut, in words
+  std::string collective;  ///< what assembles out, in words
+  /// The strategy's matmul: every rank calls it with the whole x and w and gets the whole out.
   Tensor (*run)(Communicator&, const Tensor&, const Tensor&);
-  int x_split, w_split, out_split;  // the dim each tensor is cut along; -1: whole on every rank
-  bool bitwise;                     // each element summed over k in the reference's order, so exact
-  std::uint64_t copies;             // elements received, summed over ranks: copies * (P-1) * M * N
-  std::string formula;              // the same, as the reader writes it: "(P-1)*M*N"
+  int x_split;    ///< the dim x is cut along; -1: whole on every rank
+  int w_split;    ///< the dim w is cut along; -1: whole on every rank
+  int out_split;  ///< the dim out is cut along before assembly; -1: a partial sum of all of out
+  bool bitwise;   ///< each element summed over k in the reference's order, so exact
+  std::uint64_t copies;  ///< elements received, summed over ranks: copies * (P-1) * M * N
+  std::string formula;   ///< the same, as the reader writes it: "(P-1)*M*N"
 
   /// Elements all P ranks receive together to assemble out: copies * (P-1) * M * N (an
   /// allgather delivers every element to the P-1 ranks that lack it; the bandwidth-

@@ -41,6 +41,7 @@ using shardlab::nn::Parameter;
 /// An allreduce (sum, in place, blocking) over `comm`: the communicator's own by default;
 /// chapter 03's ring, or any other, can be plugged in instead.
 using AllreduceFn = std::function<void(Communicator& comm, Tensor& data)>;
+/// The default AllreduceFn: the communicator's own allreduce (sum, in place, blocking).
 inline void native_allreduce(Communicator& comm, Tensor& data) {
   comm.allreduce(data, shardlab::ReduceOp::sum);
 }
@@ -48,6 +49,7 @@ inline void native_allreduce(Communicator& comm, Tensor& data) {
 // ---------------------------------------------------------------------------
 // The building blocks (the exercise)
 
+// [exercise]
 /// Replaces every parameter's gradient with its weighted average over ranks (above):
 /// scale it by local_batch / global_batch, then one allreduce(comm, grad) (sum) per
 /// gradient tensor, in params order.
@@ -58,9 +60,9 @@ void allreduce_gradients(Communicator& comm, std::span<Parameter* const> params,
 /// A bucket: gradients that travel together in one allreduce, a contiguous range of the
 /// flat gradient buffer.
 struct Bucket {
-  std::vector<std::size_t> params;  // indices into params, in the order they were added
-  std::int64_t offset = 0;          // where the range starts in the flat buffer (elements)
-  std::int64_t elements = 0;        // its length: the sum of the parameters' sizes
+  std::vector<std::size_t> params;  ///< indices into params, in the order they were added
+  std::int64_t offset = 0;          ///< where the range starts in the flat buffer (elements)
+  std::int64_t elements = 0;        ///< its length: the sum of the parameters' sizes
 };
 
 /// Groups `params` into buckets of at most `bucket_bytes` bytes (float32), walking them
@@ -76,6 +78,7 @@ std::vector<Bucket> plan_buckets(std::span<Parameter* const> params, std::int64_
 [[nodiscard]] Request start_bucket_allreduce(Communicator& comm, Tensor& flat_grads,
                                              const Bucket& bucket, std::int64_t local_batch,
                                              std::int64_t global_batch);
+// [exercise]
 
 // ---------------------------------------------------------------------------
 // GradSync: data-parallel gradient sync for any trainer
@@ -85,14 +88,23 @@ std::vector<Bucket> plan_buckets(std::span<Parameter* const> params, std::int64_
 /// bucketed: one per bucket, each waited for at once, at finish();
 /// overlap: each bucket's allreduce starts as soon as backward has finished all of its
 /// gradients (ready()), and runs while backward goes on; finish() waits for them.
-enum class Sync { none, allreduce, bucketed, overlap };
+enum class Sync {
+  none,       ///< no sync: each replica keeps its own gradient
+  allreduce,  ///< one blocking allreduce per gradient tensor, at finish()
+  bucketed,   ///< one blocking allreduce per bucket, at finish()
+  overlap     ///< each bucket's allreduce started as soon as its gradients are ready
+};
 /// "none", "allreduce", "bucketed", "overlap" -> Sync; UsageError for any other name.
 Sync parse_sync(std::string_view name);
+/// The name parse_sync reads: "none", "allreduce", "bucketed" or "overlap".
 std::string_view sync_name(Sync sync);
 
+/// How a GradSync averages the gradients.
 struct GradSyncConfig {
-  Sync mode = Sync::allreduce;
-  std::int64_t bucket_bytes = 25 << 20;  // bucketed, overlap (PyTorch DDP's 25 MiB)
+  Sync mode = Sync::allreduce;  ///< when and in what pieces the gradients are allreduced
+  /// Bucket capacity in bytes (float32 gradients), for bucketed and overlap (PyTorch DDP's
+  /// 25 MiB).
+  std::int64_t bucket_bytes = 25 << 20;
   /// Runs instead of the communicator's allreduce when set: once per tensor (allreduce)
   /// or per bucket (bucketed; overlap too, where a blocking one runs when its bucket is
   /// ready: correct, but nothing then overlaps).
@@ -113,6 +125,9 @@ struct GradSyncConfig {
 /// finish() once per synced step: the collectives they start must match.
 class GradSync {
  public:
+  /// Syncs the gradients of `store`, which must already be allocated (shardlab::Error if not),
+  /// over the ranks of `comm`; plans the buckets for bucketed and overlap. Weights default
+  /// to 1 / P until set_batch(). Both references must outlive the GradSync.
   GradSync(Communicator& comm, shardlab::nn::ParameterStore& store, GradSyncConfig config = {});
   GradSync(const GradSync&) = delete;
   GradSync& operator=(const GradSync&) = delete;
@@ -122,18 +137,23 @@ class GradSync {
   /// Off: ready() and finish() communicate nothing; the gradients keep accumulating
   /// locally (DDP's no_sync(): every micro-batch but the last, or a pipeline's).
   void set_enabled(bool enabled) { enabled_ = enabled; }
+  /// Whether ready() and finish() communicate (see set_enabled).
   bool enabled() const { return enabled_; }
 
   /// Backward has finished these gradients (index into store.parameters(); a parameter;
   /// every parameter of a layer). In overlap mode, starts every bucket, in plan order,
   /// whose gradients are all ready. Nothing in the other modes, or when disabled.
+  /// shardlab::Error if `param` is not an index into store.parameters().
   void ready(std::size_t param);
+  /// The same for one parameter; shardlab::Error if it is not a parameter of this store.
   void ready(const Parameter& param);
+  /// The same for every parameter of `layer`; shardlab::Error if one is not in this store.
   void ready(const shardlab::nn::Layer& layer);
   /// Syncs what is left and waits: afterwards the flat gradients hold the weighted average
   /// on every rank. Disabled: nothing (the ready marks are dropped).
   void finish();
 
+  /// The sync mode it was configured with.
   Sync mode() const { return config_.mode; }
   /// The bucket plan (bucketed and overlap; empty for the other modes).
   const std::vector<Bucket>& buckets() const { return buckets_; }
@@ -162,7 +182,9 @@ class GradSync {
 /// it was before once it ends.
 class NoSync {
  public:
+  /// Turns `sync` off until this object is destroyed.
   explicit NoSync(GradSync& sync) : sync_(sync), was_(sync.enabled()) { sync.set_enabled(false); }
+  /// Puts `sync` back as it was when this object was made.
   ~NoSync() { sync_.set_enabled(was_); }
   NoSync(const NoSync&) = delete;
   NoSync& operator=(const NoSync&) = delete;

@@ -14,20 +14,22 @@
 
 namespace ch02 {
 
+/// One training run: the model's shape, the batch, the steps and how gradients are synced.
 struct Config {
-  std::int64_t in = 16;      // I: input features
-  std::int64_t hidden = 64;  // H: hidden units
-  std::int64_t batch = 64;   // B: global batch, split across ranks
-  int steps = 20;
-  int accum_steps = 1;  // k: micro-batches per step; one sync per step
-  float lr = 0.05f;
-  Sync sync = Sync::allreduce;
-  double bucket_kb = 1.0;  // bucket capacity for bucketed and overlap
-  std::uint64_t seed = 0;
-  shardlab::Memory memory = shardlab::Memory::host;  // where the model and batch live
+  std::int64_t in = 16;         ///< I: input features
+  std::int64_t hidden = 64;     ///< H: hidden units
+  std::int64_t batch = 64;      ///< B: global batch, split across ranks
+  int steps = 20;               ///< training steps (SGD updates)
+  int accum_steps = 1;          ///< k: micro-batches per step; one sync per step
+  float lr = 0.05f;             ///< SGD learning rate
+  Sync sync = Sync::allreduce;  ///< how the gradients are synced (--sync)
+  double bucket_kb = 1.0;       ///< bucket capacity in KiB, for bucketed and overlap
+  std::uint64_t seed = 0;       ///< seeds the model's initial weights and the teacher's data
+  shardlab::Memory memory = shardlab::Memory::host;  ///< where the model and batch live
 
   /// The toy model's shape: x (I) -> Linear(I, H) -> tanh -> Linear(H, 1).
   shardlab::toy::MlpConfig model() const { return {.widths = {in, hidden, 1}, .seed = seed}; }
+  /// bucket_kb in bytes (rounded down), as GradSyncConfig::bucket_bytes takes it.
   std::int64_t bucket_bytes() const { return static_cast<std::int64_t>(bucket_kb * 1024.0); }
 };
 
@@ -35,21 +37,25 @@ struct Config {
 /// b1, W2, b2, all in one flat buffer (and their gradients in another) in cfg.memory: on
 /// a GPU, forward, backward, the gradient sync and the update all run there.
 struct Model {
+  /// Builds cfg.model()'s layers and allocates their store in cfg.memory.
   explicit Model(const Config& cfg);
   Model(const Model&) = delete;  // the layers point into this model's own store
   Model& operator=(const Model&) = delete;
-  shardlab::nn::ParameterStore store;
-  shardlab::nn::Sequential layers;
+  shardlab::nn::ParameterStore store;  ///< the parameters and gradients, two flat buffers
+  shardlab::nn::Sequential layers;     ///< Linear, tanh, Linear, pointing into `store`
 };
 
+/// What a training run recorded.
 struct Trace {
-  std::vector<double> losses;  // global mean loss before each step's update
+  std::vector<double> losses;  ///< global mean loss before each step's update
   // This rank's totals: making the batch, computing (forward, backward, update), and
   // waiting on communication; they add up to the step time.
-  double batch_s = 0, compute_s = 0, comm_wait_s = 0;
-  double step_s = 0;
-  shardlab::OpStats allreduce;  // this rank's allreduce traffic, all steps
-  std::size_t buckets = 0;
+  double batch_s = 0;           ///< this rank's total time making its batches, in seconds
+  double compute_s = 0;         ///< total forward, backward and update time, in seconds
+  double comm_wait_s = 0;       ///< total time waiting on the gradient sync, in seconds
+  double step_s = 0;            ///< total step time, in seconds; the three above add up to it
+  shardlab::OpStats allreduce;  ///< this rank's allreduce traffic, all steps
+  std::size_t buckets = 0;      ///< buckets in the sync's plan (0 unless bucketed or overlap)
 };
 
 /// Trains `model` on this rank's share of every batch. `after_step(step)` runs on every

@@ -57,6 +57,7 @@ class Workspace {
   std::vector<float> buffer_;
 };
 
+// [exercise]
 /// Ring reduce-scatter, N-1 steps. At step s = 0..N-2, rank r sends chunk (r - s) mod N
 /// to the right and receives chunk (r - s - 1) mod N from the left, adding it into its
 /// own copy (the incoming chunk lands in `scratch` first). Afterwards chunk
@@ -68,7 +69,9 @@ void ring_reduce_scatter(Communicator& comm, std::span<float> data, Workspace& s
 /// (r + 1 - s) mod N to the right and receives chunk (r - s) mod N from the left into
 /// `data`. Afterwards every chunk holds the sum on every rank.
 void ring_allgather(Communicator& comm, std::span<float> data);
+// [exercise]
 
+// [ring_allreduce]
 /// The ring allreduce (sum, in place, blocking): ring_reduce_scatter, then ring_allgather.
 ///   ring_allreduce(comm, data, scratch)   a span, with scratch the caller keeps
 ///   ring_allreduce(comm, tensor)          a float32 host tensor (a view too: a bucket of
@@ -78,10 +81,15 @@ void ring_allgather(Communicator& comm, std::span<float> data);
 /// It is an object rather than two overloaded functions because a std::function cannot
 /// choose between overloads; called, it reads as one.
 struct RingAllreduce {
+  /// Allreduces `data` in place, with `scratch` (one chunk) the caller keeps between calls.
   void operator()(Communicator& comm, std::span<float> data, Workspace& scratch) const;
+  /// Allreduces a float32 host tensor in place, with scratch kept per thread; throws
+  /// shardlab::Error for another dtype or device memory.
   void operator()(Communicator& comm, shardlab::Tensor& data) const;
 };
+/// The ring allreduce, callable as a function (see RingAllreduce).
 inline constexpr RingAllreduce ring_allreduce{};
+// [ring_allreduce]
 
 /// The same ring with every chunk cut into segments of `segment` elements and
 /// non-blocking sends and receives, so that adding one segment overlaps the transfer

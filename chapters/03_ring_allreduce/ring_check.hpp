@@ -23,10 +23,12 @@ namespace ch03::check {
 
 using ch03::wrap;
 
+/// Chunk c of a buffer of `count` elements over `ranks`: shard_range(count, ranks, c).
 inline shardlab::ShardRange chunk_range(std::size_t count, int ranks, int c) {
   return shardlab::shard_range(static_cast<std::int64_t>(count), ranks, c);
 }
 
+/// The chunk that element i of a buffer of `count` elements over `ranks` falls in.
 inline int chunk_of(std::size_t i, std::size_t count, int ranks) {
   for (int c = 0; c < ranks; ++c) {
     const auto r = chunk_range(count, ranks, c);
@@ -35,6 +37,7 @@ inline int chunk_of(std::size_t i, std::size_t count, int ranks) {
   return ranks - 1;
 }
 
+/// Rank `rank`'s test input: 2^rank + 1024 * c in every element of chunk c (see the top).
 inline std::vector<float> tagged_input(std::size_t count, int rank, int ranks) {
   std::vector<float> v(count);
   for (std::size_t i = 0; i < count; ++i)
@@ -42,10 +45,12 @@ inline std::vector<float> tagged_input(std::size_t count, int rank, int ranks) {
   return v;
 }
 
+/// A tagged value read back: the ranks summed into it and the chunk it belongs to.
 struct Decoded {
-  unsigned mask = 0;  // which ranks' contributions the value holds
-  int chunk = -1;     // which chunk the data came from
+  unsigned mask = 0;  ///< which ranks' contributions the value holds: bit q for rank q
+  int chunk = -1;     ///< which chunk the data came from; -1 when mask is 0
 };
+/// Reads a tagged value (a sum of tagged_input values) back into its ranks and chunk.
 inline Decoded decode(float value) {
   const auto v = static_cast<long>(value);
   Decoded d;
@@ -72,15 +77,18 @@ inline std::string chunk_lengths(std::size_t count, int ranks) {
 
 /// One message as a rank posted it, with what a send carried at that moment.
 struct Posted {
-  int peer = 0, tag = 0;
-  const float* buffer = nullptr;
-  std::size_t elements = 0;
-  std::vector<float> contents;  // sends only
+  int peer = 0;                   ///< the rank sent to, or received from
+  int tag = 0;                    ///< the message's tag
+  const float* buffer = nullptr;  ///< where in the rank's memory the message starts
+  std::size_t elements = 0;       ///< the message's length, in floats
+  std::vector<float> contents;    ///< what a send carried when posted; empty for receives
 };
 
 /// Records the sends and receives of one rank, step by step (the k-th send is step k).
 struct StepLog {
-  std::vector<Posted> sends, recvs;
+  std::vector<Posted> sends;  ///< the rank's sends, in the order posted
+  std::vector<Posted> recvs;  ///< the rank's receives, in the order posted
+  /// Starts logging every message `comm` posts (replacing any trace hook it had).
   void attach(shardlab::Communicator& comm) {
     comm.trace_messages([this](const shardlab::MessageEvent& e) {
       Posted p{e.peer, e.tag, static_cast<const float*>(e.buffer), e.bytes / sizeof(float), {}};
@@ -176,11 +184,15 @@ std::string steps_error(const StepLog& log, std::span<const float> data, int ran
   return "";
 }
 
+/// The reduce-scatter's step rule, in words, for error messages.
 inline constexpr const char* reduce_scatter_rule =
     "step s sends chunk (r - s) mod N and receives chunk (r - s - 1) mod N";
+/// The all-gather's step rule, in words, for error messages.
 inline constexpr const char* allgather_rule =
     "step s sends chunk (r + 1 - s) mod N and receives chunk (r - s) mod N";
 
+/// steps_error for ring_reduce_scatter: step s sends chunk (r - s) mod N and receives
+/// chunk (r - s - 1) mod N.
 inline std::string reduce_scatter_steps_error(const StepLog& log, std::span<const float> data,
                                               int rank, int ranks, bool complete = true) {
   return steps_error(
@@ -188,6 +200,8 @@ inline std::string reduce_scatter_steps_error(const StepLog& log, std::span<cons
       [&](int s) { return wrap(rank - s - 1, ranks); }, reduce_scatter_rule, complete);
 }
 
+/// steps_error for ring_allgather: step s sends chunk (r + 1 - s) mod N and receives chunk
+/// (r - s) mod N.
 inline std::string allgather_steps_error(const StepLog& log, std::span<const float> data, int rank,
                                          int ranks, bool complete = true) {
   return steps_error(
@@ -224,6 +238,7 @@ void run_logged(shardlab::Communicator& comm, std::span<float> data, StepLog& lo
   }
 }
 
+/// "{0, 2, 3}": the ranks whose bits are set in `mask`.
 inline std::string ranks_in(unsigned mask) {
   std::string s;
   for (int q = 0; q < 32; ++q)

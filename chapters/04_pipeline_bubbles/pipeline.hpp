@@ -46,15 +46,15 @@ namespace nn = shardlab::nn;
 /// The shape and element type of the activation that enters a chunk (its gradient, coming
 /// back, has the same).
 struct Boundary {
-  Shape shape;
-  DType dtype = DType::f32;
+  Shape shape;               ///< the activation's shape
+  DType dtype = DType::f32;  ///< its element type
 };
 
 /// What the loss gives for one microbatch: its share of the step's loss (the runtime adds
 /// the shares up, and scales nothing), and dL/dout.
 struct MicrobatchLoss {
-  double value = 0;
-  Tensor grad;
+  double value = 0;  ///< this microbatch's share of the step's loss
+  Tensor grad;       ///< dL/dout: the gradient of that share with respect to the output
 };
 
 /// One rank's share of a pipelined model, as the runtime sees it. Callbacks are called
@@ -90,16 +90,19 @@ struct Hooks {
 
 /// What one rank saw.
 struct StageRun {
-  std::vector<Event> events;     // its ops, in order; times in seconds from the common start
-  double loss = 0;               // the loss's shares of the microbatches whose loss it took
-  std::uint64_t bytes_sent = 0;  // activations and their gradients sent to other stages
+  std::vector<Event> events;     ///< its ops, in order; times in seconds from the common start
+  double loss = 0;               ///< the loss's shares of the microbatches whose loss it took
+  std::uint64_t bytes_sent = 0;  ///< activations and their gradients sent to other stages
 };
 
 /// The runtime over one communicator. Construct it on every rank (it makes two channels,
 /// one for activations, one for gradients, so that each keeps its own order).
 class Pipeline {
  public:
+  /// Splits the two channels off `comm` (collective: every rank of it at once), which must
+  /// outlive the Pipeline; stage s is rank s of `comm`.
   explicit Pipeline(Communicator& comm);
+  /// Frees the two channels.
   ~Pipeline();
   Pipeline(const Pipeline&) = delete;
   Pipeline& operator=(const Pipeline&) = delete;
@@ -113,6 +116,7 @@ class Pipeline {
   /// in the communicator's timeout. Errors name the stage, the op and the schedule.
   StageRun run(const Schedule& s, const Stage& stage, const Hooks& hooks = {});
 
+  /// The communicator the stages are the ranks of (not one of the two channels).
   Communicator& comm() { return comm_; }
 
  private:
@@ -126,10 +130,11 @@ class Pipeline {
 /// shared machine one run can lose a core for a while. `reset` runs before each run (zero
 /// the gradients). Every stage's events come back on every rank.
 struct Timed {
-  StageRun run;               // this rank's, of the fastest run
-  std::vector<Event> events;  // every stage's, of the fastest run
-  Timeline timeline;          // of those events
+  StageRun run;               ///< this rank's, of the fastest run
+  std::vector<Event> events;  ///< every stage's, of the fastest run
+  Timeline timeline;          ///< of those events
 };
+/// Times schedule `s` on this rank's `stage` as Timed says; every rank calls it.
 Timed time_schedule(Pipeline& pipeline, const Schedule& s, const Stage& stage,
                     const std::function<void()>& reset, int rounds = 3);
 

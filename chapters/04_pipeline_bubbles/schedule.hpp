@@ -22,22 +22,29 @@
 
 namespace ch04 {
 
-enum class Kind { forward, backward, weight };
+/// What an op computes.
+enum class Kind {
+  forward,   ///< F: the forward of a microbatch through a chunk
+  backward,  ///< B: the input gradient (and the weight gradient when there are no W ops)
+  weight     ///< W: the weight gradient, split off B
+};
 
+/// One operation of a stage: F, B or W of microbatch j through chunk c.
 struct Op {
-  Kind kind;
-  int microbatch;  // j, 0 <= j < microbatches
-  int chunk = 0;   // c, 0 <= c < chunks
+  Kind kind;       ///< F, B or W
+  int microbatch;  ///< j, 0 <= j < microbatches
+  int chunk = 0;   ///< c, 0 <= c < chunks
+  /// Equal when kind, microbatch and chunk all are.
   bool operator==(const Op&) const = default;
 };
 
 /// One list of ops per stage, in the order that stage runs them.
 struct Schedule {
-  std::string name;
-  int stages = 1;                    // p
-  int microbatches = 1;              // m: how many pieces the batch is cut into
-  int chunks = 1;                    // v: model chunks per stage
-  std::vector<std::vector<Op>> ops;  // ops[s]: stage s
+  std::string name;                  ///< naive, gpipe, 1f1b, interleaved or zb1
+  int stages = 1;                    ///< p
+  int microbatches = 1;              ///< m: how many pieces the batch is cut into
+  int chunks = 1;                    ///< v: model chunks per stage
+  std::vector<std::vector<Op>> ops;  ///< ops[s]: stage s
   /// True when backwards are split into B and W ops (every B has its W).
   bool split_backward() const;
 };
@@ -55,10 +62,12 @@ Schedule naive(int stages);
 /// GPipe (Huang et al. 2019): every forward, then every backward, on every stage.
 Schedule gpipe(int stages, int microbatches);
 
+// [exercise]
 /// 1F1B, also called PipeDream-Flush (Narayanan et al. 2021, Megatron-LM's default): each
 /// stage starts a microbatch's backward as soon as it can, so that stage s never holds
 /// more than p - s microbatches' activations, with GPipe's bubble. THE EXERCISE.
 Schedule one_f_one_b(int stages, int microbatches);
+// [exercise]
 
 /// Interleaved 1F1B (Narayanan et al. 2021 §2.2.2, Megatron-LM): v chunks per stage,
 /// microbatches taken p at a time through each chunk in turn; m must be a multiple of p.
@@ -104,9 +113,9 @@ std::vector<std::string> schedules_to_show(const std::string& choice, int stages
 /// The textbook case: t_b = 2 t_f and W = 0 (the backward does twice the forward's
 /// matmuls); zero-bubble papers take t_f = t_b = t_w.
 struct Costs {
-  double forward = 1;
-  double backward = 2;
-  double weight = 0;
+  double forward = 1;   ///< t_f: F
+  double backward = 2;  ///< t_b: B (with W's time added when the backward is not split)
+  double weight = 0;    ///< t_w: W
 };
 
 /// "t_f = 1, t_b = 2 (B and W as one op)": the costs as schedule `s` runs them.
@@ -124,9 +133,9 @@ double bubble_fraction_formula(int stages, int microbatches);
 ///   zb1           (p - 1) / (3 m)      with t_f = t_b = t_w and m >= p; p held everywhere
 ///                                      (Zero Bubble §2.1)
 struct Formula {
-  std::string text;          // "(p-1)/m"; "" when no formula applies
-  double over_ideal = -1;    // -1: none
-  std::vector<double> peak;  // per stage; empty: none
+  std::string text;          ///< "(p-1)/m"; "" when no formula applies
+  double over_ideal = -1;    ///< the bubble over the ideal time; -1: none
+  std::vector<double> peak;  ///< microbatches in flight, per stage; empty: none
 };
 /// `batch_microbatches`: the m of the run; the naive schedule's one op carries all m, and
 /// its stages hold them all (its own microbatches is 1).

@@ -12,15 +12,19 @@
 
 namespace ch04 {
 
+/// The chapter program's flags, as add_flags fills them.
 struct Settings {
-  std::string schedule = "all";
-  int microbatches = 8;
-  int chunks = 2;  // interleaved only
-  int stages = 0;  // 0: 4 in simulation, the number of ranks on ranks
+  std::string schedule = "all";  ///< --schedule: naive, gpipe, 1f1b, interleaved, zb1 or all
+  int microbatches = 8;          ///< --microbatches: m, the pieces the batch is cut into
+  int chunks = 2;                ///< --chunks: v, model chunks per stage; interleaved only
+  /// --stages: p; 0: 4 in simulation, the number of ranks on ranks.
+  int stages = 0;
+  /// The simulation's op times: --fwd-cost, --bwd-cost, --wgrad-cost.
   Costs costs;
-  bool simulate = false, benchmark = false;
-  std::string trace;
-  ModelConfig model{8, 256, 128, 0};
+  bool simulate = false;   ///< --simulate: on paper only, with `costs`
+  bool benchmark = false;  ///< --benchmark: on ranks, sweep the microbatches and write CSV
+  std::string trace;       ///< --trace: where to write the Chrome trace JSON; "": none
+  ModelConfig model{8, 256, 128, 0};  ///< --layers, --width, --batch and the run's --seed
 };
 
 /// Adds the chapter's flags to `program`, filling `settings`; and its checks: on ranks one

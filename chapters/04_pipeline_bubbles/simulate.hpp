@@ -14,18 +14,21 @@ namespace ch04 {
 
 /// One op as it ran: on which stage, from when to when.
 struct Event {
-  int stage = 0;
-  Op op{Kind::forward, 0, 0};
-  double start = 0, end = 0;
+  int stage = 0;               ///< the stage (rank) that ran it
+  Op op{Kind::forward, 0, 0};  ///< the op
+  double start = 0;            ///< when it started: simulated time units, or seconds when measured
+  double end = 0;              ///< when it ended, in the same units
 };
 
+/// A schedule's run, simulated or measured: its ops' times and what they add up to.
 struct Timeline {
-  std::vector<Event> events;           // every op, stage by stage, in the order each ran
-  double makespan = 0;                 // from the first op's start to the last op's end
-  std::vector<double> busy;            // per stage: the time spent in ops
-  std::vector<double> peak_in_flight;  // per stage: most microbatches held at once
-                                       // (a chunk's activations count 1/v)
-  std::string deadlock;                // "" or which stage waits for what, for ever
+  std::vector<Event> events;  ///< every op, stage by stage, in the order each ran
+  double makespan = 0;        ///< from the first op's start to the last op's end
+  std::vector<double> busy;   ///< per stage: the time spent in ops
+  /// Per stage: most microbatches held at once (a chunk's activations count 1/v).
+  std::vector<double> peak_in_flight;
+  std::string deadlock;  ///< "" or which stage waits for what, for ever
+  /// p: the number of stages (the length of `busy`).
   int stages() const { return static_cast<int>(busy.size()); }
   /// Idle time over total time p * makespan.
   double bubble_fraction() const;

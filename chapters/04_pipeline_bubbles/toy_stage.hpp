@@ -12,11 +12,12 @@
 
 namespace ch04 {
 
+/// The toy model's shape and the batch it runs on.
 struct ModelConfig {
-  int layers = 8;
-  int width = 64;
-  int batch = 32;
-  std::uint64_t seed = 0;
+  int layers = 8;          ///< blocks of the model (--layers)
+  int width = 64;          ///< width of every block (--width)
+  int batch = 32;          ///< rows of the batch (--batch)
+  std::uint64_t seed = 0;  ///< seeds the weights and the batch
 };
 
 /// The model as a toy::mlp: every width `width`, a tanh after every block (the last
@@ -26,15 +27,21 @@ shardlab::toy::MlpConfig mlp_config(const ModelConfig& cfg);
 
 /// The input x and target y of the whole batch (host, random from the seed).
 using Batch = shardlab::toy::Batch;
+/// The run's batch: x and y both cfg.batch x cfg.width, normal random numbers from cfg.seed.
 Batch make_batch(const ModelConfig& cfg);
 
 /// One rank's share of the model: chunk c holds virtual stage k = c p + s, which is blocks
 /// shard_range(layers, p v, k).
 class ToyStage {
  public:
+  /// Builds stage `stage` of `stages`, `chunks` chunks of it (the blocks above), with its
+  /// parameters and gradients allocated in `memory`.
   ToyStage(const ModelConfig& cfg, int stage, int stages, int chunks, Memory memory);
+  /// Chunk c's blocks: virtual stage c p + s.
   nn::Sequential& chunk(int c) { return chunks_[static_cast<std::size_t>(c)]; }
+  /// v: the number of chunks this stage holds.
   int chunks() const { return static_cast<int>(chunks_.size()); }
+  /// The parameters and gradients of all of this stage's chunks.
   nn::ParameterStore& store() { return store_; }
   /// What the runtime sees, for a step on `batch` (which must outlive it) cut into
   /// `microbatches` pieces of rows (shard_range): microbatch j's rows of x go in, and its
@@ -51,10 +58,12 @@ class ToyStage {
 /// The single-device reference: the whole model on the whole batch, one forward and one
 /// backward; its store holds the gradients.
 struct Reference {
-  nn::ParameterStore store;
-  nn::Sequential model;
-  double loss = 0;
+  nn::ParameterStore store;  ///< the whole model's parameters and gradients
+  nn::Sequential model;      ///< every block of the model, pointing into `store`
+  double loss = 0;           ///< the loss of the whole batch
 };
+/// Builds the whole model into `out` (host memory) and runs one forward and one backward of
+/// `batch` through it.
 void run_reference(const ModelConfig& cfg, const Batch& batch, Reference& out);
 
 /// The largest |g - g_ref| over this rank's parameters (NaN if any is NaN), matching
@@ -65,12 +74,15 @@ double max_gradient_diff(ToyStage& model, Reference& ref);
 /// builds its stage in `memory`), timed (time_schedule: the fastest of three runs), and
 /// simulated with the op costs it measured. Every rank calls it.
 struct Measured {
-  Schedule schedule;
-  Timeline measured, simulated;  // naive: peaks in microbatches of the run's m
-  double grad_diff = 0;          // this rank's largest |g - g_ref| (max_gradient_diff)
-  double loss = 0;               // the loss, over all stages
-  std::uint64_t bytes = 0;       // sent by all stages together
+  Schedule schedule;   ///< the schedule that ran
+  Timeline measured;   ///< the fastest run's timeline; naive: peaks in microbatches of the run's m
+  Timeline simulated;  ///< its simulation with the measured op times; naive: peaks as above
+  double grad_diff = 0;     ///< this rank's largest |g - g_ref| (max_gradient_diff)
+  double loss = 0;          ///< the loss, over all stages
+  std::uint64_t bytes = 0;  ///< sent by all stages together
 };
+/// Runs, times and simulates schedule `s` as Measured says; `batch_microbatches` is the m
+/// of the run (naive: what its one op carries).
 Measured measure(Pipeline& pipeline, const Schedule& s, const ModelConfig& cfg, const Batch& batch,
                  Reference& ref, Memory memory, int batch_microbatches);
 

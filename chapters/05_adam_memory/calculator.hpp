@@ -18,8 +18,11 @@ namespace ch05 {
 
 /// Bytes per device of one stage's model states, by kind.
 struct StageMemory {
-  int stage = 0;
-  double params = 0, grads = 0, optimizer = 0;  // optimizer: K Psi / (Nd or 1), master included
+  int stage = 0;         ///< the ZeRO stage, 0-3
+  double params = 0;     ///< the weights: 2 Psi (fp32: 4 Psi), / Nd at stage 3
+  double grads = 0;      ///< the gradients: 2 Psi (fp32: 4 Psi), / Nd from stage 2
+  double optimizer = 0;  ///< optimizer states: K Psi / (Nd or 1), master included
+  /// All three together: the bytes per device of the model states.
   double total() const { return params + grads + optimizer; }
 };
 
@@ -50,11 +53,13 @@ shardlab::Table paper_table();
 
 /// A model the reader knows, by name.
 struct Preset {
-  std::string name;
-  double params;
-  std::string source;
+  std::string name;    ///< what --preset calls it: "gpt2-1.5b", "llama-7b", ...
+  double params;       ///< Psi: its parameters
+  std::string source;  ///< where the parameter count comes from (paper, table)
 };
+/// Every model --preset can name.
 const std::vector<Preset>& presets();
+/// The presets' names, in presets() order.
 std::vector<std::string> preset_names();
 /// The preset called `name`, or nullptr.
 const Preset* find_preset(const std::string& name);

@@ -21,18 +21,25 @@
 
 namespace ch05 {
 
-enum class Precision { fp32, mixed };
+/// How the model trains: its weights' and gradients' type and what the optimizer keeps.
+enum class Precision {
+  fp32,  ///< f32 weights and gradients; Adam's m and v
+  mixed  ///< f16 weights and gradients; an fp32 master copy, m and v
+};
 /// "fp32" or "mixed".
 std::string precision_name(Precision p);
 /// The weights' and gradients' type: f32, or f16 in mixed precision.
 shardlab::DType weight_type(Precision p);
 
+/// The toy model's shape and its data.
 struct ModelConfig {
-  int blocks = 4;  // L
-  int width = 64;  // d
-  int batch = 16;  // B: rows per rank
-  std::uint64_t seed = 0;
+  int blocks = 4;          ///< L
+  int width = 64;          ///< d
+  int batch = 16;          ///< B: rows per rank
+  std::uint64_t seed = 0;  ///< seeds the initial weights and the teacher's data
+  /// 8 d^2: one block's parameters (Linear(d, 4d) and Linear(4d, d), no biases).
   std::int64_t block_params() const { return 8LL * width * width; }
+  /// P = Psi = 8 L d^2: the model's parameters.
   std::int64_t params() const { return block_params() * blocks; }
   /// toy.hpp's shape of it: widths d, 4d, d, 4d, ..., d (2 L Linears), tanh after each.
   shardlab::toy::MlpConfig mlp() const;
@@ -40,24 +47,27 @@ struct ModelConfig {
   std::vector<std::int64_t> groups() const;
 };
 
+/// How one training run keeps its states.
 struct RunConfig {
-  ZeroConfig zero{.stage = 0, .adam = {.lr = 1e-2f}};
-  Precision precision = Precision::mixed;
-  bool checkpoint = false;  // keep each block's input only, recompute the rest in backward
-  int steps = 3;
-  bool keep_grads = false;  // stage 0: keep a copy of step 1's summed gradients (counted)
+  ZeroConfig zero{.stage = 0, .adam = {.lr = 1e-2f}};  ///< the ZeRO stage and the optimizer
+  Precision precision = Precision::mixed;              ///< fp32 or mixed precision
+  bool checkpoint = false;  ///< keep each block's input only, recompute the rest in backward
+  int steps = 3;            ///< training steps
+  bool keep_grads = false;  ///< stage 0: keep a copy of step 1's summed gradients (counted)
 };
 
+/// What one rank measured in a training run.
 struct RunResult {
-  shardlab::Tensor weights;       // every parameter after training, f32 (the optimizer's copy)
-  StateBytes states;              // measured: live bytes of the model states at the end
-  shardlab::memory::Usage usage;  // this rank's ledger over the whole run
-  std::uint64_t activations_after_forward = 0;  // live activation bytes after a forward
-  shardlab::CommStats comm;                     // this rank's counters over the steps
-  std::vector<double> losses;                   // per step, over every rank's rows
+  shardlab::Tensor weights;       ///< every parameter after training, f32 (the optimizer's copy)
+  StateBytes states;              ///< measured: live bytes of the model states at the end
+  shardlab::memory::Usage usage;  ///< this rank's ledger over the whole run
+  std::uint64_t activations_after_forward = 0;  ///< live activation bytes after a forward
+  shardlab::CommStats comm;                     ///< this rank's counters over the steps
+  std::vector<double> losses;                   ///< per step, over every rank's rows
+  /// The fastest step, in seconds: each rank's fastest, the slowest of those over ranks.
   double fastest_step_s = 0;
-  std::int64_t shard = 0;        // S_r
-  shardlab::Tensor first_grads;  // with keep_grads: the summed gradients of step 1, f32
+  std::int64_t shard = 0;        ///< S_r
+  shardlab::Tensor first_grads;  ///< with keep_grads: the summed gradients of step 1, f32
 };
 
 /// Trains on this rank (every rank calls it, with the same configs): x ~ N(0, 1), y =
@@ -79,16 +89,19 @@ std::uint64_t formula_activations(const ModelConfig& model, const RunConfig& run
 
 /// One training run measured next to what the formulas say: main's rows.
 struct Measured {
-  RunResult run;
-  StateBytes formula;
-  double paper = 0;  // ZeRO's formula with Psi / Nd (calculator.hpp); 0 for SGD
-  std::uint64_t comm_bytes = 0, comm_formula = 0;  // received per step, by this rank
-  int blocks = 0, rank = 0;
+  RunResult run;                   ///< what the run measured
+  StateBytes formula;              ///< the model states the exact formula gives (formula_states)
+  double paper = 0;                ///< ZeRO's formula with Psi / Nd (calculator.hpp); 0 for SGD
+  std::uint64_t comm_bytes = 0;    ///< bytes received per step by this rank, measured
+  std::uint64_t comm_formula = 0;  ///< the same by the formula (formula_comm_bytes)
+  int blocks = 0;                  ///< L, the model's blocks
+  int rank = 0;                    ///< this rank
   /// "" when every category's bytes equal the formula's, the traffic too (when
   /// `traffic_measured`: threads), and the exact formula is within what uneven shards
   /// explain (16 bytes a block) of the paper's; else what differs, with the numbers.
   std::string differences(bool traffic_measured) const;
 };
+/// Trains as `run` says (train) and fills in what the formulas say; every rank calls it.
 Measured measure(shardlab::Communicator& comm, const ModelConfig& model, const RunConfig& run,
                  shardlab::Memory memory);
 
@@ -96,10 +109,14 @@ Measured measure(shardlab::Communicator& comm, const ModelConfig& model, const R
 /// bytes by category, measured and formula, for Nd = 1, 2, 4, ... up to the ranks of `comm`
 /// (each Nd a sub-communicator): the rows of 05_adam_memory_time.csv and 05_adam_memory.csv.
 struct BenchmarkTables {
+  /// Per stage (3 with and without prefetch) and Nd: the fastest step (ms) and its ratio to
+  /// stage 0's.
   shardlab::Table time{{"stage", "prefetch", "dp", "step_ms", "vs_plain_dp", "params", "precision",
                         "backend", "machine"}};
+  /// Per stage and Nd: this rank's bytes of each model-state category, measured and formula.
   shardlab::Table bytes{{"source", "stage", "dp", "category", "bytes", "params", "precision"}};
 };
+/// Runs the benchmark above on every rank of `comm` (all call it) and returns its rows.
 BenchmarkTables benchmark(shardlab::Communicator& comm, const ModelConfig& model, RunConfig run,
                           shardlab::Memory memory);
 

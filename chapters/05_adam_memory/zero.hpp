@@ -43,20 +43,29 @@
 
 namespace ch05 {
 
+/// Which ZeRO stage a ZeroOptimizer runs, and its optimizer.
 struct ZeroConfig {
-  int stage = 1;  // 0 = plain data parallelism, 1, 2, 3
-  shardlab::nn::AdamConfig adam{};
-  bool sgd = false;      // stage 0, fp32 only: plain SGD (lr = adam.lr), no optimizer state
-  bool prefetch = true;  // stage 3: gather the next group while this one runs
+  int stage = 1;                    ///< 0 = plain data parallelism, 1, 2, 3
+  shardlab::nn::AdamConfig adam{};  ///< Adam's settings (its lr is SGD's too)
+  bool sgd = false;      ///< stage 0, fp32 only: plain SGD (lr = adam.lr), no optimizer state
+  bool prefetch = true;  ///< stage 3: gather the next group while this one runs
 };
 
 /// The model states ZeRO counts (§3.1), in bytes, on one rank.
 struct StateBytes {
-  std::uint64_t params = 0, grads = 0, master = 0, optimizer = 0;
+  std::uint64_t params = 0;     ///< the weights, in the store's type
+  std::uint64_t grads = 0;      ///< the gradients, in the store's type
+  std::uint64_t master = 0;     ///< the fp32 master copy (mixed precision only)
+  std::uint64_t optimizer = 0;  ///< Adam's m and v, f32 (none with SGD)
+  /// All four together.
   std::uint64_t total() const { return params + grads + master + optimizer; }
+  /// Equal when every category is.
   friend bool operator==(const StateBytes&, const StateBytes&) = default;
 };
 
+/// ZeRO stages 0-3 with Adam (or SGD) over one ParameterStore and the ranks of a
+/// data-parallel communicator; see the top of this file for what each stage keeps and how
+/// a training step calls it.
 class ZeroOptimizer {
  public:
   /// Takes over `store` (allocated; f32 or f16) for the ranks of `dp`: every rank passes
@@ -67,6 +76,7 @@ class ZeroOptimizer {
   /// store's parameters then point at what gather() and prepare_gradients() hold.
   ZeroOptimizer(shardlab::Communicator& dp, shardlab::nn::ParameterStore& store, ZeroConfig config,
                 std::vector<std::vector<shardlab::nn::Parameter*>> groups = {});
+  /// Waits for a stage-3 prefetch still in flight (a step an error left half done).
   ~ZeroOptimizer();
   ZeroOptimizer(const ZeroOptimizer&) = delete;
   ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
@@ -75,6 +85,8 @@ class ZeroOptimizer {
   /// n_g (the ledger's comm); its parameters point there until release(g). Other stages:
   /// nothing (the values are whole).
   void gather(int g);
+  /// Stage 3: frees group g's gathered values; its parameters point at nothing until the
+  /// next gather(g). Other stages: nothing.
   void release(int g);
   /// Group g's gradients, zero, ready for its backward to add into: stages 0 and 1 zero
   /// the group's range of the store's gradients; stages 2 and 3 point the group's
@@ -105,14 +117,19 @@ class ZeroOptimizer {
   /// rank takes its range) after `steps` steps. The values are the store's, restored by
   /// their owner first (the master copy, in mixed precision, is taken from them).
   const Shard& shard() const;
+  /// Sets Adam's state and step count (see shard()); shardlab::Error unless stage 1 with
+  /// `m` and `v` of the whole store.
   void restore(const Tensor& m, const Tensor& v, int steps);
 
   /// Every parameter's fp32 weights as the optimizer updates them (the master copy; the
   /// values in fp32), gathered on every rank (the traffic is not counted). Every rank
   /// calls it.
   Tensor weights();
+  /// The ZeRO stage it runs: 0-3.
   int stage() const { return config_.stage; }
+  /// Optimizer steps taken: step() calls, counted from restore()'s `steps` after a restore.
   int steps() const { return steps_; }
+  /// G: the number of groups.
   std::size_t group_count() const { return groups_.size(); }
   /// S_r: the elements this rank updates.
   std::int64_t shard_elements() const { return shard_size_; }

@@ -17,17 +17,19 @@ using shardlab::Communicator;
 using shardlab::Tensor;
 using shardlab::nn::AdamConfig;
 
+// [exercise]
 /// What rank r keeps of ZeRO stage 1's optimizer for one flat parameter buffer: the state
 /// of its own range only. All tensors are `range.length` long.
 struct Shard {
-  shardlab::ShardRange range;  // shard_range(P, N, r)
+  shardlab::ShardRange range;  ///< shard_range(P, N, r)
   /// The weights the optimizer updates, f32: in mixed precision the fp32 master copy of
   /// the range; in fp32 training a view of the range of the parameters themselves.
   Tensor master;
-  Tensor m, v;   // Adam's state, f32
-  Tensor grad;   // the gradients' type: where this rank's reduced gradient arrives
-  Tensor send;   // the parameters' type: the updated range, sent by the all-gather
-  int step = 0;  // Adam steps taken
+  Tensor m;      ///< Adam's first moment, f32
+  Tensor v;      ///< Adam's second moment, f32
+  Tensor grad;   ///< the gradients' type: where this rank's reduced gradient arrives
+  Tensor send;   ///< the parameters' type: the updated range, sent by the all-gather
+  int step = 0;  ///< Adam steps taken
 };
 
 /// Allocates rank r's Shard for a flat buffer of `params` (f32 or f16) and grads of type
@@ -43,5 +45,6 @@ Shard make_shard(Communicator& comm, Tensor& params, shardlab::DType grad_type);
 /// exchange 2 (N-1)/N P elements each, as plain data parallelism does with its allreduce.
 void zero1_step(Communicator& comm, Tensor& params, const Tensor& grads, Shard& shard,
                 const AdamConfig& config);
+// [exercise]
 
 }  // namespace ch05

@@ -18,13 +18,21 @@
 
 namespace ch06 {
 
-enum class Scaler { none, fixed, dynamic };  // --scaler none | static | dynamic
+/// Which loss scaling a LossScaler applies (--scaler none | static | dynamic).
+enum class Scaler {
+  none,    ///< no scaling: the scale is 1 and nothing is checked
+  fixed,   ///< --scaler static: one scale for every step
+  dynamic  ///< GradScaler's: backs off on inf or NaN, grows after enough finite steps
+};
 
+/// GradScaler's three steps around a backward (scale, unscale and check, update) for any
+/// trainer, with no scaling, a fixed scale or the dynamic one (see the top of this file).
 class LossScaler {
  public:
   /// `fixed_scale` is Scaler::fixed's scale; `dynamic` DynamicScaler's settings.
   explicit LossScaler(Scaler kind = Scaler::dynamic, ScalerConfig dynamic = {},
                       float fixed_scale = 65536.0f);
+  /// Which scaling it applies.
   Scaler kind() const { return kind_; }
   /// What this step's loss (or its gradient) is multiplied by: 1 with Scaler::none.
   float scale() const;
@@ -36,6 +44,7 @@ class LossScaler {
   /// After the step (skipped or not): the dynamic scale backs off or grows; the others
   /// stay as they are.
   void update(bool found_inf);
+  /// The dynamic scaler's state (its scale and growth tracker; kept, unused, by the others).
   const DynamicScaler& dynamic() const { return dynamic_; }
   /// Sets the state to a saved one (a checkpoint's): the scale and, for the dynamic
   /// scaler, its growth tracker (replayed: that many finite steps from that scale).

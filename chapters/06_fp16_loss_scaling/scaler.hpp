@@ -25,22 +25,25 @@ using shardlab::Tensor;
 /// would be 1 ulp off now and then). GradScaler has no lowest scale: backing off can take
 /// the scale below 1 (DeepSpeed's loss scaler floors it at min_loss_scale; not here).
 struct ScalerConfig {
-  float init_scale = 65536.0f;
-  double growth_factor = 2.0;
-  double backoff_factor = 0.5;
-  int growth_interval = 2000;
+  float init_scale = 65536.0f;  ///< the scale of the first step
+  double growth_factor = 2.0;   ///< what the scale is multiplied by when it grows
+  double backoff_factor = 0.5;  ///< what the scale is multiplied by after a non-finite step
+  int growth_interval = 2000;   ///< finite steps in a row after which the scale grows
 };
 
+// [exercise]
 /// The dynamic loss scale and its growth tracker (the finite steps since the scale last
 /// changed), as GradScaler keeps them.
 class DynamicScaler {
  public:
+  /// Starts at config.init_scale with the growth tracker at 0.
   explicit DynamicScaler(const ScalerConfig& config = {})
       : config_(config), scale_(config.init_scale) {}
   /// The scale to multiply this step's loss by.
   float scale() const { return scale_; }
   /// Finite steps in a row since the last change of the scale.
   int growth_tracker() const { return growth_tracker_; }
+  /// The settings it was made with.
   const ScalerConfig& config() const { return config_; }
   /// After a step: `found_inf` says whether its gradients held an inf or NaN (on any
   /// rank). Backs off, or counts the step and grows the scale when the interval is full.
@@ -60,5 +63,6 @@ class DynamicScaler {
 /// (every rank calls it: the ranks agree, as FSDP's ShardedGradScaler makes them; under
 /// DDP the allreduced gradients agree already).
 bool unscale_and_check(Communicator& comm, const Tensor& grads, Tensor& out, float loss_scale);
+// [exercise]
 
 }  // namespace ch06

@@ -22,37 +22,45 @@
 
 namespace ch06 {
 
+/// The model's shape and its data (see the top of this file).
 struct ModelConfig {
-  int in = 32, hidden = 64, out = 16;
-  int rows = 128;  // R: the batch, all ranks together (rank r gets shard_range(R, N, r))
-  double target_scale = 1e-4;
-  std::uint64_t seed = 0;
+  int in = 32;      ///< I: input features
+  int hidden = 64;  ///< H: hidden units
+  int out = 16;     ///< O: outputs
+  int rows = 128;   ///< R: the batch, all ranks together (rank r gets shard_range(R, N, r))
+  double target_scale = 1e-4;  ///< s: the targets' scale, y = s tanh(x T); W2 starts that small
+  std::uint64_t seed = 0;      ///< seeds the initial weights and the teacher's data
+  /// I H + H O: the parameters of W1 and W2.
   std::int64_t params() const { return std::int64_t{in} * hidden + std::int64_t{hidden} * out; }
 };
 
+/// How one training run computes and scales.
 struct RunConfig {
-  bool fp16 = true;  // false: everything in fp32 (the reference run)
-  Scaler scaler = Scaler::dynamic;
-  float static_scale = 65536.0f;  // Scaler::fixed
-  ScalerConfig dynamic;           // Scaler::dynamic
-  std::set<int> inject_overflow;  // steps (1-based) whose gradients are made non-finite
-  int steps = 300;
-  float lr = 3e-5f;  // small: the weights are the size of the targets
+  bool fp16 = true;                 ///< false: everything in fp32 (the reference run)
+  Scaler scaler = Scaler::dynamic;  ///< the loss scaling of an fp16 run (none in fp32)
+  float static_scale = 65536.0f;    ///< the scale of Scaler::fixed
+  ScalerConfig dynamic;             ///< the settings of Scaler::dynamic
+  /// Steps (1-based) whose gradients are made non-finite (on the last rank only).
+  std::set<int> inject_overflow;
+  int steps = 300;   ///< training steps
+  float lr = 3e-5f;  ///< Adam's learning rate; small: the weights are the size of the targets
 };
 
+/// What one rank recorded in a training run.
 struct RunResult {
-  std::vector<double> losses;  // per step, the mean over every rank's outputs
-  std::vector<double> scales;  // the scale each step's loss was multiplied by
-  std::vector<int> skipped;    // steps skipped for non-finite gradients
+  std::vector<double> losses;  ///< per step, the mean over every rank's outputs
+  std::vector<double> scales;  ///< the scale each step's loss was multiplied by
+  std::vector<int> skipped;    ///< steps (1-based) skipped for non-finite gradients
   /// Every step's skip decision was the same on every rank (checked as it ran).
   bool skips_agreed = true;
-  Tensor weights;                         // the fp32 master weights at the end (W1 then W2)
-  std::uint64_t grad_bytes_per_step = 0;  // this rank's gradient allreduce, bytes received
+  Tensor weights;                         ///< the fp32 master weights at the end (W1 then W2)
+  std::uint64_t grad_bytes_per_step = 0;  ///< this rank's gradient allreduce, bytes received
+  /// True when grad_bytes_per_step is the backend's model of the traffic, not a measurement.
   bool grad_traffic_modeled = false;
   /// Step 1's gradients before any rounding to fp16 (fp32 run only): dL/dout, dL/dh,
   /// dL/d(xW1), dL/dW1, dL/dW2, every element, for the underflow histogram.
   std::vector<float> first_gradients;
-  double first_zero_weight_grads = 0;  // fraction of step 1's weight gradients that are 0
+  double first_zero_weight_grads = 0;  ///< fraction of step 1's weight gradients that are 0
   /// "" when the loss ended finite and below 100x step 1's; else how it diverged.
   std::string divergence() const;
 };

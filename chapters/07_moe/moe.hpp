@@ -44,15 +44,16 @@ namespace ch07 {
 using shardlab::Communicator;
 using shardlab::Memory;
 
+/// The layer's sizes, its routing's settings and its seed (the same on every rank).
 struct MoeConfig {
-  int tokens = 64;  // T, all ranks together
-  int hidden = 16;  // d
-  int ffn = 32;     // h
-  int experts = 8;  // E
-  int k = 2;
-  double capacity_factor = 1.0;
-  double aux_alpha = 0.01;
-  std::uint64_t seed = 0;
+  int tokens = 64;               ///< T, all ranks together
+  int hidden = 16;               ///< d, the width of a token
+  int ffn = 32;                  ///< h, the hidden width of an expert
+  int experts = 8;               ///< E
+  int k = 2;                     ///< experts per token (1: Switch, 2: GShard)
+  double capacity_factor = 1.0;  ///< C = ceil(k T_r / E x this) (expert_capacity)
+  double aux_alpha = 0.01;       ///< alpha, the weight of the load-balancing (aux) loss; 0: none
+  std::uint64_t seed = 0;        ///< every initial weight and every batch derives from it
   /// C of rank `rank` of `ranks`: from its shard_range(T, N, rank) tokens.
   int capacity(int rank, int ranks) const {
     return expert_capacity(static_cast<int>(shardlab::shard_range(tokens, ranks, rank).length), k,
@@ -68,9 +69,10 @@ double layer_run_bytes(const MoeConfig& config, int ranks);
 
 /// The router and the experts `first` .. `first + count - 1` (f32, on the host).
 struct Weights {
-  Tensor router;               // d x E
-  int first = 0;               // the first expert held
-  std::vector<Tensor> w1, w2;  // per expert held: d x h, h x d
+  Tensor router;           ///< Wr, d x E
+  int first = 0;           ///< the first expert held
+  std::vector<Tensor> w1;  ///< per expert held: W1, d x h
+  std::vector<Tensor> w2;  ///< per expert held: W2, h x d
 };
 /// The same weights on every rank, in the reference and in MoeLayer: the router from
 /// seed * 7919 + 1, expert e's W1 and W2 from its own two seeds (nn::Linear's init).
@@ -80,12 +82,16 @@ Weights make_weights(const MoeConfig& config, int first, int count);
 /// aux loss. routing_stats gives one rank's (its routing, the probabilities of its tokens,
 /// T_r x E; its aux loss weighted by T_r / T); combined() adds every rank's up.
 struct RoutingStats {
-  std::vector<int> wanted, kept;
-  int dropped = 0;         // choices dropped, in all
-  int passed_through = 0;  // tokens none of whose choices was kept
-  double aux_loss = 0;
+  std::vector<int> wanted;  ///< per expert: the choices for it, before capacity
+  std::vector<int> kept;    ///< per expert: the choices for it that got a slot
+  int dropped = 0;          ///< choices dropped, in all
+  int passed_through = 0;   ///< tokens none of whose choices was kept
+  double aux_loss = 0;      ///< the load-balancing loss, alpha E sum_i f_i P_i
+  /// Adds `other`'s counts and aux loss to these (an empty one takes `other`'s size).
   RoutingStats& operator+=(const RoutingStats& other);
 };
+/// One rank's stats: from its routing and the router's probabilities of its tokens
+/// (`probs`, T_r x E); the aux loss weighted by T_r / T.
 RoutingStats routing_stats(const MoeConfig& config, const Routing& routing, const Tensor& probs);
 /// The sum of every rank's stats, on every rank (uncounted: bookkeeping).
 RoutingStats combined(Communicator& comm, const RoutingStats& mine);
@@ -93,21 +99,26 @@ RoutingStats combined(Communicator& comm, const RoutingStats& mine);
 // ---------------------------------------------------------------------------
 // The layer on one device: the reference
 
+/// One run of the layer, by moe_reference or moe_parallel: the outputs, the routing, its
+/// stats and, when a dL/dy was given, the gradients.
 struct Result {
-  Tensor y;                       // the outputs of the tokens given (host, f32)
-  std::vector<Routing> routings;  // rank q's routing of its tokens (moe_parallel: this rank's)
-  RoutingStats stats;             // of the whole layer, every rank's tokens
-  // Gradients (when a dL/dy was given): of the tokens given, the router (summed over all
-  // tokens), the experts held.
-  Tensor dx, drouter;
-  std::vector<Tensor> dw1, dw2;
-  // The reference's own (moe_reference): the experts' outputs, a row per kept choice, by
-  // expert, then source rank, then slot; and dL/dlogits of every token (when a dL/dy was
-  // given).
-  Tensor outs, dlogits;
-  // Communication of this rank (moe_parallel): all-to-all bytes received, forward and
-  // backward together.
+  Tensor y;                       ///< the outputs of the tokens given (host, f32)
+  std::vector<Routing> routings;  ///< rank q's routing of its tokens (moe_parallel: this rank's)
+  RoutingStats stats;             ///< of the whole layer, every rank's tokens
+  Tensor dx;                      ///< dL/dx of the tokens given (when a dL/dy was given)
+  Tensor drouter;                 ///< dL/dWr, summed over all tokens
+  std::vector<Tensor> dw1;        ///< dL/dW1 of each expert held
+  std::vector<Tensor> dw2;        ///< dL/dW2 of each expert held
+  /// moe_reference only: the experts' outputs, a row per kept choice, by expert, then
+  /// source rank, then slot.
+  Tensor outs;
+  /// moe_reference only: dL/dlogits of every token (when a dL/dy was given).
+  Tensor dlogits;
+  /// moe_parallel only: the all-to-all bytes this rank received, forward and backward
+  /// together.
   std::uint64_t alltoall_received = 0;
+  /// Whether the backend modeled the all-to-all's bytes instead of measuring them (MPI's
+  /// and NCCL's collectives; shardlab/comm.hpp).
   bool traffic_modeled = false;
 };
 
@@ -128,8 +139,13 @@ Result moe_reference(const MoeConfig& config, const Weights& all, const Tensor& 
 /// e x the largest column sum of |B|; the softmax, the gates' renormalisation, tanh' and
 /// the router's backward by their derivatives). README, "On a GPU", writes the chain out.
 struct Tolerance {
-  double y = 0, dx = 0, drouter = 0, dw = 0;
+  double y = 0;        ///< of the outputs y
+  double dx = 0;       ///< of dL/dx
+  double drouter = 0;  ///< of the router's gradient dL/dWr
+  double dw = 0;       ///< of the experts' dL/dW1 and dL/dW2
 };
+/// The Tolerance of the layer run on `x` and `dy` from the weights `all` (every expert)
+/// against `ref`, moe_reference's Result for the same; `gpu`: the layer ran on a GPU.
 Tolerance tolerance(const MoeConfig& config, const Weights& all, const Tensor& x, const Tensor& dy,
                     const Result& ref, bool gpu);
 
@@ -166,20 +182,27 @@ class MoeLayer final : public shardlab::nn::Layer {
   MoeLayer(shardlab::nn::ParameterStore& store, Communicator& comm, const MoeConfig& config,
            const Weights& init, const std::string& name = "moe");
 
+  /// The name given at construction ("moe" by default).
   std::string name() const override { return name_; }
   shardlab::nn::Forward forward(const Tensor& x) const override;
   /// dL/dx, and (kept in `saved` for backward_weight) every expert's own B.
   Tensor backward_input(const Tensor& dy, shardlab::nn::Saved& saved) const override;
   /// Adds the experts' dL/dW1, dL/dW2 and the router's dL/dWr (allreduced) into the grads.
   void backward_weight(shardlab::nn::Saved& saved) override;
+  /// The router, then each local expert's W1 and W2.
   std::vector<shardlab::nn::Parameter*> parameters() const override;
 
+  /// The configuration the layer was built with.
   const MoeConfig& config() const { return config_; }
+  /// The first expert this rank holds: rank E/N.
   int first_expert() const { return first_; }
+  /// How many experts this rank holds: E/N.
   int experts_here() const { return static_cast<int>(experts_.size()); }
+  /// The router's weights Wr (d x E), the same on every rank.
   shardlab::nn::Parameter& router() { return *router_; }
-  /// Local expert l's weights (expert first_expert() + l).
+  /// Local expert l's W1, d x h (expert first_expert() + l).
   shardlab::nn::Parameter& w1(int l);
+  /// Local expert l's W2, h x d (expert first_expert() + l).
   shardlab::nn::Parameter& w2(int l);
   /// The current weights, copied to the host.
   Weights weights() const;
@@ -187,6 +210,8 @@ class MoeLayer final : public shardlab::nn::Layer {
   /// What a forward routed on this rank, read from its Saved (before backward_weight
   /// drops it); combined() makes the stats the whole layer's.
   Routing routing(const shardlab::nn::Saved& saved) const;
+  /// routing_stats of that routing and the probabilities saved with it: this rank's part
+  /// of the layer's stats.
   RoutingStats stats(const shardlab::nn::Saved& saved) const;
 
  private:
@@ -242,22 +267,27 @@ std::vector<shardlab::bench::Case> alltoall_cases(Communicator& comm, Memory mem
 /// The task of the training: batch `step` is T tokens x ~ N(0, 1) shifted along one
 /// direction u (1.5 sqrt(d) u), with targets x + 0.5 tanh(x A) (A from the seed).
 struct Batch {
-  Tensor x, target;  // T x d each, every rank's tokens
+  Tensor x;       ///< the tokens, T x d (every rank's)
+  Tensor target;  ///< their targets, T x d
 };
+/// Batch `step`: a function of the config's seed and the step alone, the same on every rank.
 Batch leaning_batch(const MoeConfig& config, std::uint64_t step);
 
+/// How train() trains.
 struct TrainSettings {
-  int steps = 100;
-  float lr = 1e-2f;  // Adam's
-  Memory memory = Memory::host;
+  int steps = 100;               ///< steps, each on a fresh batch
+  float lr = 1e-2f;              ///< Adam's learning rate
+  Memory memory = Memory::host;  ///< where the parameters, Adam's state and the activations live
 };
 /// Per step, over every rank's tokens: tokens kept per expert, the aux loss, the dropped
 /// fraction of the choices, and the task's loss (mean squared error / 2); then the
 /// trained weights of this rank.
 struct TrainRun {
-  std::vector<std::vector<int>> kept;
-  std::vector<double> aux_loss, dropped_fraction, loss;
-  Weights weights;
+  std::vector<std::vector<int>> kept;    ///< per step: the tokens kept per expert
+  std::vector<double> aux_loss;          ///< per step: the aux loss
+  std::vector<double> dropped_fraction;  ///< per step: the fraction of the k T choices dropped
+  std::vector<double> loss;              ///< per step: the task's loss, before the update
+  Weights weights;                       ///< this rank's weights after the last step
 };
 /// Trains a MoeLayer (router and experts, one Adam over the store's flat buffers) on
 /// leaning_batch(config, 1), (config, 2), ..., from a router whose first choice for these

@@ -25,11 +25,16 @@ using shardlab::Tensor;
 /// Every choice of the tokens routed: their experts, gates and slots. Vectors of T k
 /// entries (T: the tokens given to route(), this rank's).
 struct Routing {
-  int tokens = 0, experts = 0, k = 1, capacity = 0;
-  std::vector<int> expert;  // the expert of choice (t, j)
-  std::vector<float>
-      gate;  // its weight in the output: p / (sum of t's k chosen p) for k > 1, p for k = 1
-  std::vector<int> slot;  // its row in the expert's buffer from this rank, 0..C-1, or -1: dropped
+  int tokens = 0;           ///< T, the tokens routed
+  int experts = 0;          ///< E
+  int k = 1;                ///< choices per token
+  int capacity = 0;         ///< C, the slots of each expert's buffer for these tokens
+  std::vector<int> expert;  ///< the expert of choice (t, j)
+  /// Its weight in the output: p / (sum of t's k chosen p) for k > 1, p for k = 1.
+  std::vector<float> gate;
+  /// Its row in the expert's buffer from this rank, 0..C-1, or -1: dropped.
+  std::vector<int> slot;
+  /// The index of choice (t, j) in expert, gate and slot: t k + j.
   int at(int t, int j) const { return t * k + j; }
 };
 
@@ -39,6 +44,7 @@ struct Routing {
 /// default) instead of 1.
 int expert_capacity(int tokens, int k, int experts, double capacity_factor);
 
+// [exercise]
 /// Top-k routing with capacity, for the router probabilities of T tokens (T x E, f32, each
 /// row sums to 1):
 ///   - token t's choices are its k largest probabilities, best first (a tie goes to the
@@ -62,9 +68,12 @@ Routing route(const Tensor& probs, int k, int capacity);
 /// The combine sends the experts' outputs back the same way: the rows come back in
 /// send_order.
 struct Dispatch {
-  std::vector<std::size_t> per_expert, send_counts;
-  std::vector<int> send_order;
+  std::vector<std::size_t> per_expert;   ///< per expert: its kept choices (E entries)
+  std::vector<std::size_t> send_counts;  ///< per rank: the rows sent to it (N entries)
+  std::vector<int> send_order;           ///< the kept choices t k + j, in the order they are sent
 };
+/// The Dispatch of this rank's routing `mine` over `ranks` ranks. Error unless `ranks`
+/// divides E.
 Dispatch plan_dispatch(const Routing& mine, int ranks);
 
 /// Where the rows this rank receives go, from the counts the other ranks sent it:
@@ -75,9 +84,12 @@ Dispatch plan_dispatch(const Routing& mine, int ranks);
 ///   expert_rows[l]  local expert l's rows in the receive buffer, in the order it runs
 ///                   them: by source rank, then slot (the one-device reference's order)
 struct Arrivals {
-  std::vector<std::size_t> recv_counts;
-  std::vector<std::vector<int>> expert_rows;
+  std::vector<std::size_t> recv_counts;       ///< per rank: the rows from it
+  std::vector<std::vector<int>> expert_rows;  ///< per local expert: its rows, in its order
 };
+/// The Arrivals of the `counts` this rank received from `ranks` ranks (N blocks of E/N).
+/// Error unless `ranks` divides their number.
 Arrivals plan_arrivals(const std::vector<std::size_t>& counts, int ranks);
+// [exercise]
 
 }  // namespace ch07

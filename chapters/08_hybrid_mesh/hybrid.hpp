@@ -31,24 +31,27 @@ namespace ch08 {
 
 using shardlab::Memory;
 
+/// One training run: the mesh, the blocks' sizes, the batch, the schedule and the optimizer.
 struct HybridConfig {
-  MeshShape mesh;
-  int blocks = 4;            // L: pp must divide it
-  std::int64_t hidden = 16;  // h: tp must divide it
-  std::int64_t ffn = 64;     // f: the blocks' inner width
-  std::int64_t batch = 32;   // B, all replicas together
-  int microbatches = 4;      // m, per replica: B_r rows cut into m
-  int steps = 4;
-  std::string schedule = "1f1b";  // any of chapter 04's with one chunk per stage
-  int zero = 0;                   // 0: GradSync + Adam; 1: ZeRO-1 over dp
-  nn::AdamConfig adam{.lr = 1e-2f};
-  bool sgd = false;  // plain SGD at adam.lr instead of Adam (not with ZeRO-1)
-  std::uint64_t seed = 0;
+  MeshShape mesh;                    ///< pp x dp x tp
+  int blocks = 4;                    ///< L: pp must divide it
+  std::int64_t hidden = 16;          ///< h: tp must divide it
+  std::int64_t ffn = 64;             ///< f: the blocks' inner width
+  std::int64_t batch = 32;           ///< B, all replicas together
+  int microbatches = 4;              ///< m, per replica: B_r rows cut into m
+  int steps = 4;                     ///< training steps, each on a fresh batch
+  std::string schedule = "1f1b";     ///< any of chapter 04's with one chunk per stage
+  int zero = 0;                      ///< 0: GradSync + Adam; 1: ZeRO-1 over dp
+  nn::AdamConfig adam{.lr = 1e-2f};  ///< Adam's settings (adam.lr is SGD's rate too)
+  bool sgd = false;                  ///< plain SGD at adam.lr instead of Adam (not with ZeRO-1)
+  std::uint64_t seed = 0;            ///< the initial weights and the task's batches derive from it
 };
 
 /// Bytes this rank sent in one training step, by axis.
 struct AxisBytes {
-  std::uint64_t tp = 0, dp = 0, pp = 0;
+  std::uint64_t tp = 0;  ///< over the tp communicator
+  std::uint64_t dp = 0;  ///< over the dp communicator
+  std::uint64_t pp = 0;  ///< over the pp communicator (the pipeline's messages)
 };
 
 /// The larger of a and b, NaN when either is: a difference that is NaN must not vanish in
@@ -78,11 +81,16 @@ AxisBytes formula_bytes(const HybridConfig& c, const Coords& at);
 /// This rank's model: its stage's blocks, each cut over tp.
 class HybridModel {
  public:
+  /// The blocks of this rank's stage, cut over tp, from the same weights as the one-device
+  /// model's; the store allocated in `memory`.
   HybridModel(Mesh& mesh, const HybridConfig& c, Memory memory);
+  /// The store that holds this rank's parameters and gradients.
   nn::ParameterStore& store() { return store_; }
+  /// The stage's blocks, in order: what the pipeline runs on this rank.
   nn::Sequential& chunk() { return chunk_; }
   /// The blocks this rank's stage holds: [first, first + count).
   int first_block() const { return first_; }
+  /// How many blocks this rank's stage holds: L/pp.
   int block_count() const { return static_cast<int>(chunk_.size()); }
   /// The largest |difference| between this rank's weights and the matching slices of the
   /// one-device model's (`reference`: L mlp_blocks, as train_reference builds them).
@@ -94,12 +102,13 @@ class HybridModel {
   int first_ = 0;
 };
 
+/// What train_hybrid measured.
 struct HybridRun {
-  std::vector<double> loss;           // per step, the global batch's (on every rank)
-  AxisBytes bytes;                    // sent by this rank in the last step
-  std::vector<ch04::Event> events;    // every stage's ops in the last step
-  std::uint64_t optimizer_bytes = 0;  // the optimizer's state (and master copy), as allocated
-  std::int64_t parameters = 0;        // elements this rank holds
+  std::vector<double> loss;           ///< per step, the global batch's (on every rank)
+  AxisBytes bytes;                    ///< sent by this rank in the last step
+  std::vector<ch04::Event> events;    ///< every stage's ops in the last step
+  std::uint64_t optimizer_bytes = 0;  ///< the optimizer's state (and master copy), as allocated
+  std::int64_t parameters = 0;        ///< elements this rank holds
 };
 
 /// Trains c.steps steps on the mesh. Every rank of the mesh calls it.
@@ -111,10 +120,12 @@ HybridRun train_hybrid(Mesh& mesh, HybridModel& model, const HybridConfig& c, Me
 /// far the two drift apart is how much the order of the additions alone moves this
 /// training: the yardstick the mesh is held to (main.cpp).
 struct Reference {
-  nn::ParameterStore store;
-  nn::Sequential model;
-  std::vector<double> loss;
+  nn::ParameterStore store;  ///< the parameters of the L blocks
+  nn::Sequential model;      ///< the L unsplit blocks (mlp_block)
+  std::vector<double> loss;  ///< per step, the global batch's
 };
+/// Builds the L blocks into `out` (empty; on the host) and trains them c.steps steps on the
+/// mesh's batches, with Adam (SGD under c.sgd); `in_pieces` as above.
 void train_reference(const HybridConfig& c, Reference& out, bool in_pieces = false);
 
 }  // namespace ch08

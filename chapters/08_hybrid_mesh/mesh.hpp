@@ -29,29 +29,46 @@ namespace ch08 {
 using shardlab::Communicator;
 using shardlab::Tensor;
 
-enum class Axis { pp, dp, tp };
+/// One of the mesh's three axes.
+enum class Axis {
+  pp,  ///< pipeline parallel: the stages
+  dp,  ///< data parallel: the replicas
+  tp   ///< tensor parallel: the shards of each layer
+};
+/// The three axes, in the grid's order, slowest first.
 inline constexpr Axis kAxes[] = {Axis::pp, Axis::dp, Axis::tp};
+/// "pp", "dp" or "tp".
 std::string_view axis_name(Axis axis);
 
 /// The mesh's size along each axis; ranks = pp * dp * tp.
 struct MeshShape {
-  int pp = 1, dp = 1, tp = 1;
+  int pp = 1;  ///< pipeline stages
+  int dp = 1;  ///< data-parallel replicas
+  int tp = 1;  ///< tensor-parallel shards
+  /// The ranks of the mesh: pp * dp * tp.
   int ranks() const { return pp * dp * tp; }
+  /// The mesh's size along `axis`.
   int size(Axis axis) const { return axis == Axis::pp ? pp : axis == Axis::dp ? dp : tp; }
+  /// Equal when every axis's size is.
   bool operator==(const MeshShape&) const = default;
 };
 
 /// A rank's place on the mesh: its pipeline stage, its data-parallel replica, and its
 /// tensor-parallel shard.
 struct Coords {
-  int pp = 0, dp = 0, tp = 0;
+  int pp = 0;  ///< the pipeline stage, 0 .. pp-1
+  int dp = 0;  ///< the data-parallel replica, 0 .. dp-1
+  int tp = 0;  ///< the tensor-parallel shard, 0 .. tp-1
+  /// The coordinate along `axis`.
   int at(Axis axis) const { return axis == Axis::pp ? pp : axis == Axis::dp ? dp : tp; }
+  /// Equal when every coordinate is.
   bool operator==(const Coords&) const = default;
 };
 
 // ---------------------------------------------------------------------------
 // The exercise
 
+// [exercise]
 /// The coordinates of `rank` (0 <= rank < shape.ranks()): tp fastest, then dp, then pp.
 Coords coords_of(const MeshShape& shape, int rank);
 /// The rank at `coords`: the inverse of coords_of.
@@ -65,12 +82,16 @@ std::vector<std::vector<int>> groups(const MeshShape& shape, Axis axis);
 /// rank: nothing to do. Backward: each tp rank's dL/dx is the part its shard of the
 /// weights contributes; the whole gradient is their sum, in place on every rank.
 void f_forward(Communicator& tp, Tensor& x);
+/// f's backward: dx, this rank's part of dL/dx, becomes the sum over the tp ranks (an
+/// allreduce).
 void f_backward(Communicator& tp, Tensor& dx);
 /// g after a row-parallel layer. Forward: each tp rank holds a partial sum of y; the
 /// output is their sum, in place on every rank. Backward: dL/dy is the same on every tp
 /// rank, and every partial sum had weight 1 in y: nothing to do.
 void g_forward(Communicator& tp, Tensor& y);
+/// g's backward: dy is already the same on every tp rank; it is left as it is.
 void g_backward(Communicator& tp, Tensor& dy);
+// [exercise]
 
 // ---------------------------------------------------------------------------
 // The mesh on real ranks
@@ -81,13 +102,22 @@ void g_backward(Communicator& tp, Tensor& dy);
 /// world.size()).
 class Mesh {
  public:
+  /// Splits `world` into this rank's group along each axis (world.split, three times: every
+  /// rank of `world` calls it). UsageError unless shape.ranks() is world.size().
   Mesh(Communicator& world, MeshShape shape);
+  /// The mesh's size along each axis.
   const MeshShape& shape() const { return shape_; }
+  /// This rank's coordinates: coords_of(shape(), world().rank()).
   const Coords& coords() const { return coords_; }
+  /// The communicator of this rank's group along `axis`; its rank there is coords().at(axis).
   Communicator& axis(Axis axis);
+  /// The pipeline group: this rank and the other stages of its replica and tp shard.
   Communicator& pp() { return axis(Axis::pp); }
+  /// The data-parallel group: this rank's counterparts in the other replicas.
   Communicator& dp() { return axis(Axis::dp); }
+  /// The tensor-parallel group: the ranks that share this rank's layers.
   Communicator& tp() { return axis(Axis::tp); }
+  /// The communicator the mesh was made from, every rank.
   Communicator& world() { return world_; }
 
  private:

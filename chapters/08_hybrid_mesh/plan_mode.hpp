@@ -33,22 +33,31 @@ namespace ch08 {
 
 /// Every flag of the mode. 0 means "not given": the preset's value (or the cluster's).
 struct PlanSettings {
-  std::string model = "gpt3-175b";                            // a preset, or "custom"
-  int layers = 0, hidden = 0, heads = 0, seq = 0, vocab = 0;  // custom, or to change a preset
-  std::string cluster = "a100-80gb";
-  double gpus = 0;             // 0: the preset's run, or dp x tp x pp
-  double tokens = 0;           // T; 0: the preset's (300B; 1t: 450B)
-  double batch = 0;            // B, sequences a step; 0: the preset's, or dp x m x b
-  int microbatch_size = 1;     // b
-  double achieved_tflops = 0;  // X; 0: the preset's run on A100s, else the cluster's
-  double gpu_memory_gb = 0;    // 0: the cluster's
-  int gpus_per_node = 0;       // 0: the cluster's
-  int zero = 0;
-  std::string recompute = "full";  // as Narayanan's runs (eq. 4's 8 T P / (n X))
-  bool sequence_parallel = false;
-  bool search = false;
-  int dp = 0, tp = 0, pp = 0, microbatches = 0;  // the program's own flags; 0 = not given
-  bool csv = false;  // with search: also write 08_hybrid_mesh_search.csv (the caller says)
+  std::string model = "gpt3-175b";    ///< a preset, or "custom"
+  int layers = 0;                     ///< l: custom, or to change a preset
+  int hidden = 0;                     ///< h: custom, or to change a preset
+  int heads = 0;                      ///< a: custom, or to change a preset
+  int seq = 0;                        ///< s: custom, or to change a preset
+  int vocab = 0;                      ///< V: custom, or to change a preset
+  std::string cluster = "a100-80gb";  ///< a preset (cluster_presets)
+  double gpus = 0;                    ///< 0: the preset's run, or dp x tp x pp
+  double tokens = 0;                  ///< T; 0: the preset's (300B; 1t: 450B)
+  double batch = 0;                   ///< B, sequences a step; 0: the preset's, or dp x m x b
+  int microbatch_size = 1;            ///< b
+  double achieved_tflops = 0;         ///< X; 0: the preset's run on A100s, else the cluster's
+  double gpu_memory_gb = 0;           ///< 0: the cluster's
+  int gpus_per_node = 0;              ///< 0: the cluster's
+  int zero = 0;                       ///< ZeRO stage over dp, 0-3
+  /// none, selective or full (parse_recompute); full as Narayanan's runs (eq. 4's
+  /// 8 T P / (n X)).
+  std::string recompute = "full";
+  bool sequence_parallel = false;  ///< Korthikanti §4.2.2's sequence parallelism
+  bool search = false;             ///< rank every (dp, tp, pp, m) of the GPUs (search)
+  int dp = 0;                      ///< --dp, the program's own flag; 0 = not given
+  int tp = 0;                      ///< --tp, the program's own flag; 0 = not given
+  int pp = 0;                      ///< --pp, the program's own flag; 0 = not given
+  int microbatches = 0;            ///< --microbatches (m), the program's own flag; 0 = not given
+  bool csv = false;  ///< with search: also write 08_hybrid_mesh_search.csv (the caller says)
 };
 
 /// Registers the mode's flags (all but --plan, --dp, --tp, --pp and --microbatches).
@@ -58,13 +67,13 @@ std::vector<std::string> plan_flags();
 
 /// The settings made concrete: presets looked up, defaults filled in, every size checked.
 struct ResolvedPlan {
-  ModelSpec model;
-  ClusterSpec cluster;
-  Layout layout;
-  std::int64_t gpus = 0;
-  double tokens = 0;
-  bool layout_given = false;          // --dp, --tp or --pp given
-  std::vector<Candidate> candidates;  // with --search, fastest first
+  ModelSpec model;        ///< the preset (or the custom model) with the flags' changes
+  ClusterSpec cluster;    ///< the preset with the flags' changes
+  Layout layout;          ///< what is planned: the flags', the preset run's or the search's pick
+  std::int64_t gpus = 0;  ///< n
+  double tokens = 0;      ///< T
+  bool layout_given = false;          ///< --dp, --tp or --pp given
+  std::vector<Candidate> candidates;  ///< with --search, fastest first
 };
 /// UsageError (one line) on bad input: non-positive sizes, tp not dividing the heads or the
 /// hidden size, pp not dividing the layers, dp x tp x pp != gpus, absurd GPU counts, a batch

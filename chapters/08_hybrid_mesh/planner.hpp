@@ -32,18 +32,24 @@ inline constexpr std::int64_t kMaxGpus = std::int64_t{1} << 24;
 
 /// A run a paper reports for a model: the layout, batch and speed it trained with.
 struct ReferenceRun {
-  int gpus = 0, tp = 1, pp = 1;  // gpus = 0: none known
-  std::int64_t batch = 0;        // B, sequences
-  double achieved_tflops = 0;    // X on A100s, FLOP/s / 1e12
-  double tokens = 300e9;         // T
+  int gpus = 0;                ///< n, the GPUs it ran on; 0: no run known
+  int tp = 1;                  ///< t, its tensor-parallel degree
+  int pp = 1;                  ///< p, its pipeline-parallel degree
+  std::int64_t batch = 0;      ///< B, sequences
+  double achieved_tflops = 0;  ///< X on A100s, FLOP/s / 1e12
+  double tokens = 300e9;       ///< T, the training tokens
 };
 
 /// A GPT-style transformer: l layers of width h with a heads, s tokens of context, V words.
 struct ModelSpec {
-  std::string name;
-  int layers = 0, hidden = 0, heads = 0, seq = 2048, vocab = 51200;  // l, h, a, s, V
-  std::string source;
-  ReferenceRun run;
+  std::string name;    ///< the preset's name (find_model), or "custom"
+  int layers = 0;      ///< l
+  int hidden = 0;      ///< h
+  int heads = 0;       ///< a
+  int seq = 2048;      ///< s, tokens of context
+  int vocab = 51200;   ///< V
+  std::string source;  ///< where the shape comes from (paper and table)
+  ReferenceRun run;    ///< the run the source reports
 };
 
 /// The presets: `gpt3-175b` (Brown et al. 2020), every row of Narayanan et al. Table 1 by its
@@ -55,18 +61,19 @@ const ModelSpec* find_model(const std::string& name);
 
 /// A cluster of nodes of GPUs: memory, speed and the two links a GPU's traffic can take.
 struct ClusterSpec {
-  std::string name;
-  double gpu_memory_bytes = 0;
-  double peak_tflops = 0;      // dense bf16/fp16, FLOP/s / 1e12
-  double achieved_tflops = 0;  // X, what a large run gets end to end
-  int gpus_per_node = 8;
-  double nvlink_GBps = 0;   // inside a node, per GPU, one direction
-  double network_GBps = 0;  // between nodes, per GPU, one direction
-  std::string source;
+  std::string name;             ///< the preset's name (find_cluster)
+  double gpu_memory_bytes = 0;  ///< each GPU's memory, bytes
+  double peak_tflops = 0;       ///< dense bf16/fp16, FLOP/s / 1e12
+  double achieved_tflops = 0;   ///< X, what a large run gets end to end
+  int gpus_per_node = 8;        ///< GPUs per node, joined by NVLink
+  double nvlink_GBps = 0;       ///< inside a node, per GPU, one direction
+  double network_GBps = 0;      ///< between nodes, per GPU, one direction
+  std::string source;           ///< where the numbers come from (datasheets, papers)
 };
 
 /// `a100-80gb` (DGX A100) and `h100-80gb` (DGX H100).
 const std::vector<ClusterSpec>& cluster_presets();
+/// The preset called `name`, or nullptr.
 const ClusterSpec* find_cluster(const std::string& name);
 
 // ---------------------------------------------------------------------------
@@ -83,6 +90,7 @@ double flops_per_iteration(const ModelSpec& model, double batch);
 /// recomputation, 6 T P / (n X) without.
 double training_seconds(double params, double tokens, double gpus, double flops_per_gpu,
                         bool recomputation);
+/// training_seconds in days of 86400 seconds.
 double training_days(double params, double tokens, double gpus, double flops_per_gpu,
                      bool recomputation);
 
@@ -92,20 +100,29 @@ double training_days(double params, double tokens, double gpus, double flops_per
 /// What the backward needs that the forward does not keep: nothing (none), the attention's
 /// softmax, its dropout and the QK^T it came from (selective, Korthikanti §5), or everything
 /// but each layer's input (full).
-enum class Recompute { none, selective, full };
+enum class Recompute {
+  none,       ///< every activation kept
+  selective,  ///< the attention's softmax region recomputed (Korthikanti §5)
+  full        ///< each layer's input kept alone, the layer recomputed
+};
+/// "none", "selective" or "full": parse_recompute's inverse.
 std::string recompute_name(Recompute r);
 /// "none", "selective", "full"; UsageError otherwise.
 Recompute parse_recompute(const std::string& name);
 
 /// A (dp, tp, pp) mesh with its microbatches: B = d m b sequences a step.
 struct Layout {
-  int dp = 1, tp = 1, pp = 1;
-  int microbatches = 1;     // m, through each pipeline per step
-  int microbatch_size = 1;  // b, sequences
-  int zero = 0;             // ZeRO stage over dp, 0-3
-  Recompute recompute = Recompute::full;
-  bool sequence_parallel = false;  // Korthikanti §4.2.2: LayerNorm and dropout split over t
+  int dp = 1;                             ///< d, data-parallel replicas
+  int tp = 1;                             ///< t, tensor-parallel degree
+  int pp = 1;                             ///< p, pipeline stages
+  int microbatches = 1;                   ///< m, through each pipeline per step
+  int microbatch_size = 1;                ///< b, sequences
+  int zero = 0;                           ///< ZeRO stage over dp, 0-3
+  Recompute recompute = Recompute::full;  ///< what the backward recomputes
+  bool sequence_parallel = false;  ///< Korthikanti §4.2.2: LayerNorm and dropout split over t
+  /// n = d t p, the GPUs of the layout.
   std::int64_t gpus() const { return std::int64_t{dp} * tp * pp; }
+  /// B = d m b, sequences a step.
   std::int64_t batch() const { return std::int64_t{dp} * microbatches * microbatch_size; }
 };
 
@@ -141,9 +158,14 @@ double stage_parameters(const ModelSpec& model, int tp, int pp);
 /// microbatches of its l/p layers (Korthikanti §4.2: l layers' worth when m >= p). The
 /// activation formula is for 16-bit training whatever `precision` says of the states.
 struct MemoryEstimate {
-  double params = 0, grads = 0, optimizer = 0, activations = 0;  // optimizer: master, m, v
+  double params = 0;       ///< the parameters
+  double grads = 0;        ///< their gradients
+  double optimizer = 0;    ///< the optimizer's state: master, m, v
+  double activations = 0;  ///< the activations kept for the backward
+  /// The four together.
   double total() const { return params + grads + optimizer + activations; }
 };
+/// The MemoryEstimate of `layout` for `model`, the model states in `precision`.
 MemoryEstimate memory_per_gpu(const ModelSpec& model, const Layout& layout,
                               ch05::Precision precision = ch05::Precision::mixed);
 
@@ -157,17 +179,20 @@ double ring_allreduce_bytes(double bytes, double n);
 /// then dp, then pp: rank = (pp_i d + dp_i) t + tp_i) on nodes of `gpus_per_node` (node =
 /// rank / gpus_per_node). An axis crosses nodes when any of its groups does.
 struct NodeCrossings {
-  bool tp = false, dp = false, pp = false;
+  bool tp = false;  ///< some tp group spans more than one node
+  bool dp = false;  ///< some dp group spans more than one node
+  bool pp = false;  ///< some pp group spans more than one node
 };
+/// The NodeCrossings of `layout` on nodes of `gpus_per_node` GPUs.
 NodeCrossings crosses_nodes(const Layout& layout, int gpus_per_node);
 
 /// One axis's traffic in a step, per GPU, and its time on the link it takes.
 struct AxisCost {
-  int size = 1;
-  double bytes = 0;  // sent by one GPU per step
-  bool crosses_nodes = false;
-  double link_GBps = 0;  // NVLink inside a node, the network across
-  double seconds = 0;    // bytes / link
+  int size = 1;                ///< the axis's degree (d, t or p)
+  double bytes = 0;            ///< sent by one GPU per step
+  bool crosses_nodes = false;  ///< some group of the axis leaves its node
+  double link_GBps = 0;        ///< NVLink inside a node, the network across
+  double seconds = 0;          ///< bytes / link
 };
 
 /// Per GPU and step (16-bit values on the wire: 2 bytes):
@@ -187,14 +212,21 @@ struct AxisCost {
 /// measure it end to end, bubble and communication included, so with their X the step time
 /// counts those twice. It ranks layouts; eq. 4 estimates the days.
 struct StepEstimate {
-  double flops = 0;  // per step, all GPUs, recomputation included
-  double compute_s = 0, bubble_fraction = 0, bubble_s = 0;
-  AxisCost tp, dp, pp;
+  double flops = 0;            ///< per step, all GPUs, recomputation included
+  double compute_s = 0;        ///< F / (n X), seconds
+  double bubble_fraction = 0;  ///< the 1F1B bubble over the compute time, (p - 1)/m
+  double bubble_s = 0;         ///< the bubble, seconds
+  AxisCost tp;                 ///< the tensor-parallel allreduces
+  AxisCost dp;                 ///< the gradients' allreduce (or ZeRO's collectives)
+  AxisCost pp;                 ///< the activations and gradients between stages
+  /// Every axis's seconds, added up (none overlapped).
   double communication_s() const { return tp.seconds + dp.seconds + pp.seconds; }
+  /// The step: compute, bubble and communication, seconds.
   double total_s() const { return compute_s + bubble_s + communication_s(); }
 };
 /// The FLOPs of one step of `batch` sequences as the layout's recomputation makes them.
 double step_flops(const ModelSpec& model, double batch, Recompute recompute);
+/// The StepEstimate of one step of `layout` for `model` on `cluster`.
 StepEstimate step_time(const ModelSpec& model, const ClusterSpec& cluster, const Layout& layout);
 
 // ---------------------------------------------------------------------------
@@ -202,18 +234,20 @@ StepEstimate step_time(const ModelSpec& model, const ClusterSpec& cluster, const
 
 /// What the search holds fixed.
 struct SearchSpec {
-  std::int64_t gpus = 0, batch = 0;
-  int microbatch_size = 1, zero = 0;
-  Recompute recompute = Recompute::full;
-  bool sequence_parallel = false;
+  std::int64_t gpus = 0;                  ///< n, the GPUs to lay out
+  std::int64_t batch = 0;                 ///< B, sequences a step
+  int microbatch_size = 1;                ///< b, sequences
+  int zero = 0;                           ///< ZeRO stage over dp, 0-3
+  Recompute recompute = Recompute::full;  ///< what the backward recomputes
+  bool sequence_parallel = false;         ///< Korthikanti §4.2.2's sequence parallelism
 };
 /// One layout the search found, with its estimates.
 struct Candidate {
-  Layout layout;
-  StepEstimate step;
-  MemoryEstimate memory;
-  bool fits = false;  // memory.total() <= the GPU's memory
-  NodeCrossings crossings;
+  Layout layout;            ///< the layout (the spec's b, ZeRO, recompute and sequence parallelism)
+  StepEstimate step;        ///< step_time of the layout
+  MemoryEstimate memory;    ///< memory_per_gpu of the layout
+  bool fits = false;        ///< memory.total() <= the GPU's memory
+  NodeCrossings crossings;  ///< which axes' groups leave a node
 };
 /// Every (d, t, p, m) with d t p = gpus, t dividing a and h, p dividing l and B = d m b
 /// (t may cross nodes: crossings.tp says so), fastest first; the layouts that do not fit the

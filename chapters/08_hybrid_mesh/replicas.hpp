@@ -27,6 +27,10 @@ class ZeroOptimizer;
 
 namespace ch08 {
 
+/// Data parallelism over the dp axis for a pipelined trainer: chapter 02's GradSync (one
+/// bucket) with Adam or SGD, or chapter 05's ZeRO-1. A step: store.zero_grad(),
+/// accumulate(hooks), the pipeline's run with those hooks, reduce(), reduced() (to clip),
+/// update().
 class ReplicaOptimizer {
  public:
   /// `zero` 0 (GradSync) or 1 (ZeRO-1); `sgd`: plain SGD at adam.lr instead of Adam (not
@@ -50,10 +54,11 @@ class ReplicaOptimizer {
   /// ZeRO-1 this rank's range of them, reduced by this call (DeepSpeed's order: reduce,
   /// norm, scale, update) instead of inside update().
   struct Reduced {
-    shardlab::Tensor grads;
-    std::int64_t offset = 0;    // grads[0] is element `offset` of the store's flat order
-    bool every_replica = true;  // the replicas hold the same (count one of them)
+    shardlab::Tensor grads;     ///< the summed gradients: the store's, or ZeRO-1's range
+    std::int64_t offset = 0;    ///< grads[0] is element `offset` of the store's flat order
+    bool every_replica = true;  ///< the replicas hold the same (count one of them)
   };
+  /// This rank's Reduced gradients; after reduce() and before update().
   Reduced reduced();
   /// The step: Adam or SGD on the whole store, or ZeRO-1's on this rank's shard.
   void update();
@@ -63,11 +68,13 @@ class ReplicaOptimizer {
   /// [offset, offset + m.size()): all of them, the same on every replica; or under ZeRO-1
   /// this rank's range. Undefined tensors under SGD (no state).
   struct State {
-    shardlab::Tensor m, v;
-    std::int64_t offset = 0;
-    int steps = 0;
-    bool every_replica = true;
+    shardlab::Tensor m;         ///< Adam's first moments
+    shardlab::Tensor v;         ///< Adam's second moments
+    std::int64_t offset = 0;    ///< m[0] is element `offset` of the store's flat order
+    int steps = 0;              ///< the steps Adam has taken
+    bool every_replica = true;  ///< the replicas hold the same (save one of them)
   };
+  /// Adam's State as this rank keeps it now.
   State state() const;
   /// Sets Adam's state from a saved one: m and v of the whole store, after `steps` steps
   /// (ZeRO-1 keeps its range of them). Nothing under SGD.

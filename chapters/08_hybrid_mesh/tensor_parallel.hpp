@@ -44,24 +44,33 @@ using shardlab::ShardRange;
 /// into n; scatter_rows sums each rank's n-row partial and returns this rank's n/t rows of
 /// the sum (a reduce-scatter). Each is the other's backward.
 Tensor gather_rows(Communicator& tp, const Tensor& mine);
+/// The reduce-scatter: this rank's n/t rows of the sum over tp of the ranks' n-row
+/// `partial`s. Error unless t divides n.
 Tensor scatter_rows(Communicator& tp, const Tensor& partial);
 
+/// Megatron-LM's column-parallel Linear on the tp ranks: rank i holds the columns O_i of W
+/// and b, and its output is the output's columns O_i, nothing summed.
 class ColumnParallelLinear final : public nn::Layer {
  public:
+  /// This rank's columns of the `in` x `out` one-device nn::Linear named `name` with
+  /// `seed`, its parameters in `store`. Error when the cut leaves this rank no column.
   ColumnParallelLinear(nn::ParameterStore& store, Communicator& tp, const std::string& name,
                        std::int64_t in, std::int64_t out, std::uint64_t seed, bool bias = true);
+  /// `name`, as given.
   std::string name() const override { return inner_.name(); }
   /// y_i = f(x) W[:, O_i] + b[O_i]. Saved: the inner Linear's.
   nn::Forward forward(const Tensor& x) const override;
   /// dL/dx = f's backward of dy_i W[:, O_i]^T: summed over the tp ranks.
   Tensor backward_input(const Tensor& dy, nn::Saved& saved) const override;
   void backward_weight(nn::Saved& saved) override;
+  /// This rank's W[:, O_i] and, with a bias, b[O_i].
   std::vector<nn::Parameter*> parameters() const override { return inner_.parameters(); }
   /// The columns O_i of the whole layer this rank holds.
   ShardRange columns() const { return columns_; }
   /// This rank's columns of a tensor shaped like the whole layer's weight or bias (its
   /// initial value, a one-device layer's, their gradients): a copy.
   Tensor own(const Tensor& whole) const;
+  /// The Linear of this rank's columns (in x O_i) that does the product.
   nn::Linear& local() { return inner_; }
   /// On: x is this rank's n/t rows; the forward gathers them (not f), the backward
   /// returns this rank's rows of dL/dx summed over tp (a reduce-scatter).
@@ -78,13 +87,19 @@ class ColumnParallelLinear final : public nn::Layer {
   shardlab::DType autocast_ = shardlab::DType::f32;
 };
 
+/// Megatron-LM's row-parallel Linear on the tp ranks: rank i holds the rows I_i of W and
+/// takes the input's columns I_i; g adds up the partial sums, then the whole bias is added
+/// once.
 class RowParallelLinear final : public nn::Layer {
  public:
-  /// `init_scale` multiplies the initial weights (GPT-2's 1/sqrt(residual layers) for a
-  /// block's output projection).
+  /// This rank's rows of the `in` x `out` one-device nn::Linear named `name` with `seed`
+  /// (the bias, name.bias, whole), its parameters in `store`. `init_scale` multiplies the
+  /// initial weights (GPT-2's 1/sqrt(residual layers) for a block's output projection).
+  /// Error when the cut leaves this rank no row.
   RowParallelLinear(nn::ParameterStore& store, Communicator& tp, const std::string& name,
                     std::int64_t in, std::int64_t out, std::uint64_t seed, bool bias = true,
                     float init_scale = 1.0f);
+  /// `name`, as given.
   std::string name() const override { return inner_.name(); }
   /// y = g(x_i W[I_i, :]) + b; x_i is the input's columns I_i (a column-parallel layer's
   /// output). Saved: the inner Linear's (children[0]) and dy for the bias.
@@ -93,12 +108,15 @@ class RowParallelLinear final : public nn::Layer {
   Tensor backward_input(const Tensor& dy, nn::Saved& saved) const override;
   /// dW[I_i, :] += x_i^T dy; db += the column sums of dy (the same on every tp rank).
   void backward_weight(nn::Saved& saved) override;
+  /// This rank's W[I_i, :], then the bias (whole on every tp rank), if any.
   std::vector<nn::Parameter*> parameters() const override;
   /// The rows I_i of the whole layer this rank holds.
   ShardRange rows() const { return rows_; }
   /// This rank's rows of a tensor shaped like the whole layer's weight: a view.
   Tensor own(const Tensor& whole) const { return whole.slice(rows_.offset, rows_.length); }
+  /// The Linear of this rank's rows (I_i x out, no bias) that does the product.
   nn::Linear& local() { return inner_; }
+  /// The bias, whole on every tp rank; nullptr without one.
   nn::Parameter* bias() { return bias_; }
   /// On: the forward returns this rank's n/t rows of y (a reduce-scatter, not g), and the
   /// backward takes dL/dy of those rows and gathers the rest; db gets those rows' sums.

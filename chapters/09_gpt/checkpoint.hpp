@@ -50,9 +50,8 @@ void save_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
                      const ch08::ReplicaOptimizer* optimizer, int step,
                      const ch06::LossScaler* scaler = nullptr);
 /// Loads DIR into this rank's model (and Adam's state, when `optimizer` keeps one); returns
-/// the step to
-/// go on from. UsageError (exit 2) for a folder that is not such a checkpoint, a model of
-/// another shape, or a corrupt file. Every rank calls it.
+/// the step to go on from. UsageError (exit 2) for a folder that is not such a checkpoint, a
+/// model of another shape, or a corrupt file. Every rank calls it.
 int load_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
                     ch08::ReplicaOptimizer* optimizer, ch06::LossScaler* scaler = nullptr);
 
@@ -65,6 +64,7 @@ std::map<std::string, Tensor> read_safetensors(const std::string& path);
 /// c_attn's columns (weight C x 3C or bias 1 x 3C) from this model's layout (each head's q,
 /// k, v side by side) to GPT-2's ([q of every head | k | v]), and back.
 Tensor qkv_to_hf(const Tensor& ours, std::int64_t heads);
+/// qkv_to_hf's inverse: GPT-2's columns [q | k | v] back to this model's layout.
 Tensor qkv_from_hf(const Tensor& hf, std::int64_t heads);
 
 }  // namespace ch09

@@ -53,13 +53,19 @@ nn::Residual parallel_mlp(nn::ParameterStore& store, Communicator& tp, const std
 /// and into wpe.
 class VocabParallelEmbedding final : public nn::Layer {
  public:
+  /// This rank's rows of wte and the whole wpe, as transformer.wte.weight and
+  /// transformer.wpe.weight in `store`: N(0, 0.02^2) from param_seed(shape, -1, 0) and (-1, 1).
   VocabParallelEmbedding(nn::ParameterStore& store, Communicator& tp, const GptShape& shape);
+  /// "embedding".
   std::string name() const override { return "embedding"; }
   nn::Forward forward(const Tensor& ids) const override;
   Tensor backward_input(const Tensor& dy, nn::Saved& saved) const override;
   void backward_weight(nn::Saved& saved) override;
+  /// wte (this rank's rows), then wpe.
   std::vector<nn::Parameter*> parameters() const override { return {wte_, wpe_}; }
+  /// This rank's rows of wte, V_i x C: the weight the LM head is tied to.
   nn::Parameter& wte() { return *wte_; }
+  /// The tokens whose rows of wte this rank holds: shard_range(V, t, i).
   ShardRange vocab() const { return vocab_; }
   /// On: the sum over tp is a reduce-scatter, and this rank's n/t rows come out (their
   /// positions' wpe added); the backward gathers dL/dy's rows for wte, and wpe gets this
@@ -80,11 +86,14 @@ class VocabParallelEmbedding final : public nn::Layer {
 /// `weight` is the embedding's wte (pp 1) or the last stage's copy of it.
 class TiedHead final : public nn::Layer {
  public:
+  /// The head over `tp` with `weight`, V_i x C (not owned).
   TiedHead(Communicator& tp, nn::Parameter& weight) : tp_(tp), weight_(&weight) {}
+  /// "lm_head".
   std::string name() const override { return "lm_head"; }
   nn::Forward forward(const Tensor& x) const override;
   Tensor backward_input(const Tensor& dlogits, nn::Saved& saved) const override;
   void backward_weight(nn::Saved& saved) override;
+  /// The tied weight, the one parameter the head adds its gradient to.
   std::vector<nn::Parameter*> parameters() const override { return {weight_}; }
   /// On: x is this rank's n/t rows, gathered first; dL/dx is reduce-scattered back.
   void set_sequence_parallel(bool on) { sequence_parallel_ = on; }
@@ -107,17 +116,21 @@ class TiedHead final : public nn::Layer {
 using ch08::Recompute;
 
 /// How a rank's parameter is cut from the whole model's tensor.
-enum class Cut { whole, rows, columns };
+enum class Cut {
+  whole,   ///< the whole tensor, on every rank that holds it
+  rows,    ///< a range of its rows (dimension 0)
+  columns  ///< a range of its columns (dimension 1)
+};
 
 /// One parameter of a rank, as a piece of the whole model's tensor.
 struct Piece {
-  std::string name;  // Hugging Face's name of the whole tensor
-  Shape whole;       // its shape in this model's layout ([in, out], biases 1 x n)
-  Cut cut = Cut::whole;
-  ShardRange part;            // the rows or columns this rank holds (Cut::whole: all)
-  bool qkv = false;           // c_attn: columns per head (q, k, v side by side), not HF's [q|k|v]
-  bool counted = true;        // in the gradient norm: false for a copy another rank counts
-  std::int64_t size() const;  // elements this rank holds
+  std::string name;           ///< Hugging Face's name of the whole tensor
+  Shape whole;                ///< its shape in this model's layout ([in, out], biases 1 x n)
+  Cut cut = Cut::whole;       ///< how this rank's parameter is cut from it
+  ShardRange part;            ///< the rows or columns this rank holds (Cut::whole: all)
+  bool qkv = false;           ///< c_attn: columns per head (q, k, v side by side), not HF's [q|k|v]
+  bool counted = true;        ///< in the gradient norm: false for a copy another rank counts
+  std::int64_t size() const;  ///< elements this rank holds
 };
 
 /// Every parameter rank `at` of `mesh` holds, in the order of its store, with `chunks`
@@ -152,20 +165,29 @@ struct ModelOptions {
 /// This rank's part of the model.
 class GptModel {
  public:
+  /// This rank's part of the model of `shape` on `mesh`, built as `options` says, its store
+  /// allocated in options.memory. UsageError unless check_shape passes.
   GptModel(Mesh& mesh, const GptShape& shape, const ModelOptions& options = {});
+  /// This rank's parameters and gradients, in the order of pieces().
   nn::ParameterStore& store() { return store_; }
   /// Chunk c's layers: the embedding (virtual stage 0), its blocks (each its attention and
   /// its MLP, or under full recompute one nn::Checkpoint of the two), ln_f (the last).
   nn::Sequential& chunk(int c = 0) { return *chunks_.at(static_cast<std::size_t>(c)); }
+  /// The model chunks this rank holds: options.chunks.
   int chunks() const { return static_cast<int>(chunks_.size()); }
   /// The LM head (last stage only; nullptr elsewhere).
   TiedHead* head() { return head_.get(); }
   /// wte or its copy: the parameter the embedding group sums (nullptr on middle stages).
   nn::Parameter* tied() { return tied_; }
+  /// What each parameter of the store is of the whole model: pieces_of() for this rank.
   const std::vector<Piece>& pieces() const { return pieces_; }
+  /// The whole model's shape.
   const GptShape& shape() const { return shape_; }
+  /// Whether this rank is on the first pipeline stage (the embeddings).
   bool first() const { return first_; }
+  /// Whether this rank is on the last pipeline stage (ln_f, the LM head and the loss).
   bool last() const { return last_; }
+  /// The tokens whose wte rows and logits this rank holds: shard_range(V, t, i).
   ShardRange vocab() const { return vocab_; }
   /// Sequence parallel on more than one tp rank: activations hold n/t rows, and the
   /// gradients of the weights every tp rank holds whole (Cut::whole) are each rank's

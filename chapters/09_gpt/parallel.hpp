@@ -34,12 +34,12 @@ using shardlab::Tensor;
 
 /// The model's shape: GPT-2's architecture at a size two cores train in minutes.
 struct GptShape {
-  int layers = 4;               // L blocks
-  std::int64_t channels = 128;  // C
-  std::int64_t heads = 4;       // H
-  std::int64_t context = 64;    // T: tokens per sequence, and the learned positions
-  std::int64_t vocab = 256;     // V: bytes
-  std::uint64_t seed = 0;       // every initial weight derives from it
+  int layers = 4;               ///< L blocks
+  std::int64_t channels = 128;  ///< C, the width of the residual stream
+  std::int64_t heads = 4;       ///< H attention heads, of D = C / H channels each
+  std::int64_t context = 64;    ///< T: tokens per sequence, and the learned positions
+  std::int64_t vocab = 256;     ///< V: bytes
+  std::uint64_t seed = 0;       ///< every initial weight derives from it
 };
 
 /// The seed of block b's parameter `which` (0 c_attn, 1 attention's c_proj, 2 c_fc, 3 the
@@ -61,6 +61,7 @@ nn::Residual attention_block(nn::ParameterStore& store, const std::string& name,
 // ---------------------------------------------------------------------------
 // The exercise
 
+// [exercise]
 /// The same block on the tp ranks of `tp`, rank i holding heads [i H/t, (i + 1) H/t):
 /// ln_1 whole on every rank; c_attn column-parallel (chapter 08's ColumnParallelLinear,
 /// whose contiguous columns are whole heads in this layout); the attention over this
@@ -73,11 +74,11 @@ nn::Residual parallel_attention(nn::ParameterStore& store, Communicator& tp,
 
 /// What the vocabulary-parallel cross-entropy keeps for its backward.
 struct VocabLoss {
-  double value = 0;    // sum over the rows of -log softmax(row)[target], / denominator
-  Tensor probs;        // n x V_i: this rank's columns of each row's softmax over all V
-  Tensor targets;      // i32 [n]: the target of each row (a token of the whole vocabulary)
-  ShardRange vocab;    // the columns this rank holds: tokens [offset, offset + length)
-  double denominator;  // what the sum was divided by
+  double value = 0;    ///< sum over the rows of -log softmax(row)[target], / denominator
+  Tensor probs;        ///< n x V_i: this rank's columns of each row's softmax over all V
+  Tensor targets;      ///< i32 [n]: the target of each row (a token of the whole vocabulary)
+  ShardRange vocab;    ///< the columns this rank holds: tokens [offset, offset + length)
+  double denominator;  ///< what the sum was divided by
 };
 
 /// The cross-entropy of logits split by columns over the tp ranks: `logits` is n x V_i,
@@ -92,5 +93,6 @@ VocabLoss vocab_parallel_cross_entropy(Communicator& tp, const Tensor& logits,
 /// dL/dlogits for this rank's columns: (softmax - one_hot(target)) / denominator, n x V_i.
 /// No communication: every rank has what it needs.
 Tensor vocab_parallel_cross_entropy_backward(const VocabLoss& saved);
+// [exercise]
 
 }  // namespace ch09

@@ -25,18 +25,26 @@ namespace ch09 {
 
 /// One interval of a rank's step, in seconds from the step's start (the earliest rank's).
 struct Span {
-  std::string name;  // "F", "B", "W", "loss", "tp allreduce", "dp wait", ...
-  std::string axis;  // "compute", "tp", "dp", "pp"
-  double start = 0, end = 0;
+  std::string name;  ///< "F", "B", "W", "loss", "tp allreduce", "dp wait", ...
+  std::string axis;  ///< "compute", "tp", "dp", "pp"
+  double start = 0;  ///< seconds from the step's start
+  double end = 0;    ///< seconds from the step's start
 };
 
 /// What a rank's step was made of.
 struct Profile {
-  std::vector<Span> spans;  // in the order they ended
-  double step = 0;          // seconds, from the common start to this rank's end
-  /// Seconds per share: compute (less the tp calls inside it), tp, dp, pp (the embedding
-  /// group), wait (the rest).
-  double compute() const, tp() const, dp() const, pp() const, wait() const;
+  std::vector<Span> spans;  ///< in the order they ended
+  double step = 0;          ///< seconds, from the common start to this rank's end
+  /// Seconds of compute, less the tp calls inside it.
+  double compute() const;
+  /// Seconds in blocking calls on the tp communicator.
+  double tp() const;
+  /// Seconds in blocking calls on the dp communicator.
+  double dp() const;
+  /// Seconds in blocking calls on the embedding group's communicator (the pp share).
+  double pp() const;
+  /// Seconds of the rest of the step (waiting), never below 0.
+  double wait() const;
 };
 
 /// Records one step into a Profile, or nothing when given none. From construction (a start
@@ -45,12 +53,17 @@ struct Profile {
 /// span note() is given. Every rank of `world` constructs it, with or without a profile.
 class StepRecorder {
  public:
+  /// The clock of the spans.
   using Clock = std::chrono::steady_clock;
+  /// Starts the step into `profile` (nullptr: records nothing), at the earliest rank's
+  /// start on `world`, timing every blocking call of each communicator of `axes`, named by
+  /// its axis ("tp", "dp", "pp").
   StepRecorder(Profile* profile, Communicator& world,
                std::vector<std::pair<Communicator*, const char*>> axes);
   ~StepRecorder();
   StepRecorder(const StepRecorder&) = delete;
   StepRecorder& operator=(const StepRecorder&) = delete;
+  /// Whether it is recording: given a profile, and not yet finished.
   bool on() const { return profile_ != nullptr; }
   /// `chunk`, or (recording) a layer that runs it and records its F, B and W passes.
   nn::Layer* wrap(nn::Layer& chunk);

@@ -20,14 +20,15 @@ double relative(double a, double b);
 
 /// One device's training: the loss of each step and the validation loss at the end.
 struct Curve {
-  std::vector<double> loss;
-  double validation = 0;
+  std::vector<double> loss;  ///< per step, the batch's mean loss
+  double validation = 0;     ///< the validation loss after the last step
 };
 /// The same model trained on one device (a 1 x 1 x 1 mesh): the whole batch at once, and
 /// the batch in the mesh's pieces (dp x m microbatches, their gradients accumulated). Only
 /// the order of the additions differs between the two.
 struct References {
-  Curve whole, pieces;
+  Curve whole;   ///< the whole batch at once
+  Curve pieces;  ///< the batch in the mesh's pieces
 };
 /// Trains both on the job's ranks 0 and 1 at once (rank 0 alone: one after the other),
 /// while the others wait (each step may take --timeout); rank 0 gets both curves.
@@ -43,6 +44,7 @@ class CurveTable {
   CurveTable(const TrainConfig& c, const References* ref);
   /// Step `index` of the run (its number as printed: `step`); a row when `shown`.
   void add(std::size_t index, int step, const StepResult& result, bool shown);
+  /// The rows added so far, to report.
   shardlab::Table& table() { return table_; }
 
  private:
@@ -52,6 +54,12 @@ class CurveTable {
   shardlab::Table table_;
 };
 
+/// The least tolerance: the mesh's loss never needs to be closer than this to one device's
+/// (relative).
+inline constexpr double kTolerance = 1e-4;
+/// The mesh is held to this many times the relative difference the order of additions
+/// alone makes on one device.
+inline constexpr double kOrder = 4;
 /// How close is equal? The mesh adds the same products in another order (tp's partial
 /// sums, the microbatches' and replicas' gradient sums), so at first its loss differs from
 /// one device's in the last bits (1e-9 to 1e-8 over the default run's first 20 steps).
@@ -64,7 +72,6 @@ class CurveTable {
 /// short run is held to kTolerance (a wrong cut gives 2e-3 at step 1); a long one is held
 /// to the chaos the order alone causes. A table and the checks, on every rank (rank 0's
 /// curves).
-inline constexpr double kTolerance = 1e-4, kOrder = 4;
 void compare_with_one_device(shardlab::Context& ctx, const References& ref,
                              const std::vector<double>& mesh, double validation);
 

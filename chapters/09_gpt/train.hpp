@@ -41,7 +41,9 @@ class Corpus {
  public:
   /// UsageError when `path` cannot be read or holds less than 4 sequences of each part.
   static Corpus load(const std::string& path, std::int64_t context);
+  /// The text's length, bytes.
   std::int64_t size() const { return static_cast<std::int64_t>(bytes_.size()); }
+  /// The training text's length, bytes: the first 90 %; the rest is the validation text.
   std::int64_t train_size() const { return split_; }
   /// Where step `step`'s B sequences start in the training text (T + 1 bytes each): a
   /// function of the seed and the step alone, so every rank, mesh and resumed run draws
@@ -52,6 +54,7 @@ class Corpus {
   /// The bytes [start + shift, start + shift + T) of each sequence, as i32 ids: shift 0
   /// the inputs, shift 1 the targets.
   Tensor ids(const std::vector<std::int64_t>& starts, int shift) const;
+  /// T, the bytes of a sequence: load()'s `context`.
   std::int64_t context() const { return context_; }
 
  private:
@@ -59,25 +62,27 @@ class Corpus {
   std::int64_t split_ = 0, context_ = 0;
 };
 
+/// A training run: the model, the mesh, the batch, the schedule, the optimizer and the
+/// precision.
 struct TrainConfig {
-  GptShape model;
-  MeshShape mesh;
-  std::int64_t batch = 16;  // B sequences per step, all replicas together
-  int microbatches = 2;     // m per replica
-  std::string schedule = "1f1b";
-  int chunks = 1;  // v: model chunks per stage (the interleaved schedule)
-  int zero = 0;    // 0: GradSync + Adam; 1: ZeRO-1 over dp
-  nn::AdamConfig adam{.lr = 3e-3f};
-  float clip = 1.0f;  // max global gradient norm; 0: no clipping
-  Recompute recompute = Recompute::none;
-  bool sequence_parallel = false;  // the rows split over tp between its regions (gpt.hpp)
+  GptShape model;                         ///< the model's shape
+  MeshShape mesh;                         ///< pp x dp x tp
+  std::int64_t batch = 16;                ///< B sequences per step, all replicas together
+  int microbatches = 2;                   ///< m per replica
+  std::string schedule = "1f1b";          ///< chapter 04's pipeline schedule, by name
+  int chunks = 1;                         ///< v: model chunks per stage (the interleaved schedule)
+  int zero = 0;                           ///< 0: GradSync + Adam; 1: ZeRO-1 over dp
+  nn::AdamConfig adam{.lr = 3e-3f};       ///< Adam's settings
+  float clip = 1.0f;                      ///< max global gradient norm; 0: no clipping
+  Recompute recompute = Recompute::none;  ///< what the blocks recompute in the backward
+  bool sequence_parallel = false;         ///< the rows split over tp between its regions (gpt.hpp)
   /// Mixed precision: f16 or bf16 products (torch.autocast, gpt.hpp) on f32 master
   /// weights, with chapter 06's loss scaler (GradScaler: the loss's gradient times the
   /// scale, the summed gradients unscaled and checked for inf before clipping, the step
   /// skipped on every rank when any has one).
   shardlab::DType precision = shardlab::DType::f32;
-  ch06::Scaler scaler = ch06::Scaler::none;
-  ch06::ScalerConfig scaler_config;  // the dynamic scaler's (GradScaler's defaults)
+  ch06::Scaler scaler = ch06::Scaler::none;  ///< the loss scaler: none, static or dynamic
+  ch06::ScalerConfig scaler_config;          ///< the dynamic scaler's (GradScaler's defaults)
   /// Where the mesh's tensors live: Memory::device under --device cuda (each rank's GPU;
   /// the embedding's row picking, the loss and the norm run on host copies).
   Memory memory = Memory::host;
@@ -97,16 +102,21 @@ void check_config(const TrainConfig& c);
 
 /// What one step did.
 struct StepResult {
-  double loss = 0;                  // the batch's mean loss (every rank)
-  double grad_norm = 0;             // the global norm before clipping (every rank; ZeRO-1: 0)
-  float loss_scale = 1;             // what the loss's gradient was multiplied by
-  bool skipped = false;             // an inf or NaN in the gradients: no update (the scaler)
-  ch08::AxisBytes bytes;            // this rank sent, per axis
-  std::vector<ch04::Event> events;  // this rank's ops
+  double loss = 0;                  ///< the batch's mean loss (every rank)
+  double grad_norm = 0;             ///< the global norm before clipping (every rank; ZeRO-1: 0)
+  float loss_scale = 1;             ///< what the loss's gradient was multiplied by
+  bool skipped = false;             ///< an inf or NaN in the gradients: no update (the scaler)
+  ch08::AxisBytes bytes;            ///< this rank sent, per axis
+  std::vector<ch04::Event> events;  ///< this rank's ops
 };
 
+/// One rank's part of the training: the steps of the whole mesh, the validation loss, and
+/// what a checkpoint saves besides the model.
 class Trainer {
  public:
+  /// A trainer of `model` on `mesh` as `c` says, on `data` (the three kept by reference:
+  /// they must outlive it). Every rank of the mesh constructs it: it splits the world into
+  /// the embedding groups.
   Trainer(Mesh& mesh, GptModel& model, const TrainConfig& c, const Corpus& data);
   ~Trainer();
   Trainer(const Trainer&) = delete;

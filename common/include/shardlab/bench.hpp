@@ -32,7 +32,7 @@ namespace shardlab::bench {
 
 /// One operation to time, as nccl-tests describes a collective.
 struct Case {
-  std::string name;
+  std::string name;  ///< The row label in the table, and what rows_of and mean look it up by.
   /// Before a size is timed: allocate and fill what `run` needs for `count` elements (or
   /// an n x n x n problem, for throughput).
   std::function<void(std::int64_t count)> prepare;
@@ -44,16 +44,25 @@ struct Case {
   double bus_factor = 1.0;
 };
 
-enum class Measure { bandwidth, throughput };
+/// What a benchmark reports.
+enum class Measure {
+  bandwidth,  ///< Communication: algbw and busbw in GB/s; a size is a count of elements.
+  throughput  ///< Computation: TFLOP/s and their fraction of a peak; a size is n (n x n x n).
+};
 
+/// How to time a set of cases, and where the results go.
 struct Config {
-  std::string title;  // the table's first line
-  Measure measure = Measure::bandwidth;
-  std::string type = "float", redop = "sum";       // the table's columns (bandwidth)
-  std::size_t element_bytes = 4;                   // S = count x this (bandwidth)
-  std::function<double(std::int64_t size)> flops;  // throughput: flops of one iteration
-  double peak_tflops = 0;                          // throughput: 0 when not known
-  int iterations = 20, warmup = 5, rounds = 3;
+  std::string title;                               ///< The table's first line.
+  Measure measure = Measure::bandwidth;            ///< Which columns the rows have.
+  std::string type = "float";                      ///< The table's type column (bandwidth).
+  std::string redop = "sum";                       ///< The table's redop column (bandwidth).
+  std::size_t element_bytes = 4;                   ///< S = count x this (bandwidth).
+  std::function<double(std::int64_t size)> flops;  ///< Throughput: flops of one iteration.
+  double peak_tflops = 0;                          ///< Throughput: 0 when not known.
+
+  int iterations = 20;  ///< Timed iterations in a round (at least 1).
+  int warmup = 5;       ///< Untimed iterations before a case's first round (0 or more).
+  int rounds = 3;       ///< Rounds per case and size (at least 1); a case keeps its best.
   /// Called after the timed iterations on every rank (a GPU's stream: the work must be
   /// done before the clock stops).
   std::function<void()> synchronize;
@@ -61,18 +70,21 @@ struct Config {
   /// GPU's own time for the work, for a computation (not a collective, whose time includes
   /// waiting for the other ranks).
   bool device_clock = false;
-  std::string csv_name;  // CSV_DIR/csv_name.csv; empty: no CSV
-  std::string json_key;  // ctx.json()[json_key] gets the rows (the CSV's columns); empty: none
+  std::string csv_name;  ///< CSV_DIR/csv_name.csv; empty: no CSV.
+  std::string json_key;  ///< ctx.json()[json_key] gets the rows (the CSV's columns); empty: none.
 };
 
+/// One case at one size: a line of the table, and a row of the CSV and the JSON.
 struct Row {
-  std::string name;
-  std::int64_t count = 0;
-  std::uint64_t bytes = 0;
-  double time_us = 0;
-  double algbw_GBps = 0, busbw_GBps = 0;  // bandwidth
-  double tflops = 0, fraction = 0;        // throughput
-  std::uint64_t wrong = 0;
+  std::string name;         ///< The case's name.
+  std::int64_t count = 0;   ///< The size: elements (bandwidth), or n (throughput).
+  std::uint64_t bytes = 0;  ///< S = count x Config::element_bytes.
+  double time_us = 0;       ///< One iteration, in microseconds: the best round's, slowest rank's.
+  double algbw_GBps = 0;    ///< Bandwidth: S / time, in GB/s.
+  double busbw_GBps = 0;    ///< Bandwidth: algbw x the case's bus factor, in GB/s.
+  double tflops = 0;        ///< Throughput: flops(size) / time, in TFLOP/s (0 without flops).
+  double fraction = 0;      ///< Throughput: tflops / peak_tflops (0 when the peak is not known).
+  std::uint64_t wrong = 0;  ///< Wrong elements, summed over ranks (0 without a check).
 };
 
 /// Times every case at every size (see the top), prints the table, saves the CSV and the

@@ -25,7 +25,11 @@ CLI::Validator between(double lo, double hi);
 /// out of range), "1e3" too.
 CLI::Validator whole(long long lo, long long hi);
 
-enum class Units { decimal, binary };
+/// What the suffixes of a quantity (K, M, ...) mean.
+enum class Units {
+  decimal,  ///< K = 1e3, M = 1e6, B = G = 1e9, T = 1e12.
+  binary    ///< Bytes: K = 2^10, M = 2^20, G = 2^30, T = 2^40.
+};
 
 /// "7.5B" -> 7.5e9 (decimal), "64M" -> 67108864 (binary), "2^16" -> 65536, "1e-3" ->
 /// 0.001: a finite number, or std::invalid_argument saying in one line what is wrong

@@ -63,6 +63,7 @@ namespace shardlab {
 // Reductions
 
 // ReduceOp (sum, avg, max, min) is in dtype.hpp, beside the types it reduces.
+/// The name of `op`: "sum", "avg", "max" or "min" (what parse_reduce_op reads).
 std::string_view reduce_op_name(ReduceOp op);
 /// "sum" -> ReduceOp::sum; throws UsageError for an unknown name.
 ReduceOp parse_reduce_op(std::string_view name);
@@ -77,42 +78,52 @@ concept HostRange = std::ranges::contiguous_range<R> && std::ranges::sized_range
 
 /// What a call reads: a tensor, a host range, or raw memory (pointer, count, type, memory).
 struct ConstBuffer {
-  const void* data = nullptr;
-  std::size_t count = 0;  // elements
-  DType type = DType::f32;
-  Memory memory = Memory::host;
+  const void* data = nullptr;    ///< The first element, in host or device memory.
+  std::size_t count = 0;         ///< Elements, not bytes.
+  DType type = DType::f32;       ///< The type of every element.
+  Memory memory = Memory::host;  ///< Where `data` lives: host or device memory.
 
+  /// Raw memory: `n` elements of type `t` at `p`, in memory `m`.
   ConstBuffer(const void* p, std::size_t n, DType t, Memory m)
       : data(p), count(n), type(t), memory(m) {}
+  /// All the elements of a tensor (or of a view of one), in its type and memory.
   ConstBuffer(const Tensor& t)  // NOLINT(google-explicit-constructor): tensors pass as buffers
       : ConstBuffer(t.raw(), static_cast<std::size_t>(t.size()), t.dtype(), t.memory()) {}
+  /// All the elements of a host range; the type is its element type's.
   template <HostRange R>
   ConstBuffer(const R& r)  // NOLINT(google-explicit-constructor)
       : ConstBuffer(std::ranges::data(r), static_cast<std::size_t>(std::ranges::size(r)),
                     dtype_of<std::ranges::range_value_t<R>>(), Memory::host) {}
+  /// The buffer's size in bytes: count times the element size.
   std::size_t bytes() const { return count * dtype_size(type); }
 };
 
 /// What a call writes: a tensor (or a view of one), a host range of non-const elements,
 /// or raw memory.
 struct MutableBuffer {
-  void* data = nullptr;
-  std::size_t count = 0;
-  DType type = DType::f32;
-  Memory memory = Memory::host;
+  void* data = nullptr;          ///< The first element, in host or device memory.
+  std::size_t count = 0;         ///< Elements, not bytes.
+  DType type = DType::f32;       ///< The type of every element.
+  Memory memory = Memory::host;  ///< Where `data` lives: host or device memory.
 
+  /// Raw memory: `n` elements of type `t` at `p`, in memory `m`.
   MutableBuffer(void* p, std::size_t n, DType t, Memory m)
       : data(p), count(n), type(t), memory(m) {}
+  /// All the elements of a tensor, in its type and memory.
   MutableBuffer(Tensor& t)  // NOLINT(google-explicit-constructor)
       : MutableBuffer(t.raw(), static_cast<std::size_t>(t.size()), t.dtype(), t.memory()) {}
+  /// A temporary view, like `t.slice(...)`: the call writes into the memory it views.
   MutableBuffer(Tensor&& t)  // NOLINT(google-explicit-constructor): a view, like t.slice(...)
       : MutableBuffer(t.raw(), static_cast<std::size_t>(t.size()), t.dtype(), t.memory()) {}
+  /// All the elements of a host range of non-const elements; the type is its element type's.
   template <HostRange R>
   requires(!std::is_const_v<std::remove_reference_t<std::ranges::range_reference_t<R>>>)
       MutableBuffer(R&& r)  // NOLINT(google-explicit-constructor)
       : MutableBuffer(std::ranges::data(r), static_cast<std::size_t>(std::ranges::size(r)),
                       dtype_of<std::ranges::range_value_t<R>>(), Memory::host) {}
+  /// The same memory, to be read.
   operator ConstBuffer() const { return {data, count, type, memory}; }  // NOLINT
+  /// The buffer's size in bytes: count times the element size.
   std::size_t bytes() const { return count * dtype_size(type); }
 };
 
@@ -122,39 +133,48 @@ struct MutableBuffer {
 /// The operations a communicator counts, one row each (allgatherv counts as allgather,
 /// gatherv as gather, alltoallv as alltoall).
 enum class Op : std::uint8_t {
-  send,
-  recv,
-  sendrecv,
-  allreduce,
-  reduce,
-  broadcast,
-  reduce_scatter,
-  allgather,
-  gather,
-  alltoall,
-  barrier,
-  count_
+  send,            ///< send and isend.
+  recv,            ///< recv and irecv.
+  sendrecv,        ///< sendrecv.
+  allreduce,       ///< allreduce and iallreduce.
+  reduce,          ///< reduce.
+  broadcast,       ///< broadcast.
+  reduce_scatter,  ///< reduce_scatter and ireduce_scatter.
+  allgather,       ///< allgather, allgatherv, iallgather and iallgatherv.
+  gather,          ///< gatherv.
+  alltoall,        ///< alltoall and alltoallv.
+  barrier,         ///< barrier.
+  count_           ///< Not an operation: their number (and, to time_calls, a wait for a request).
 };
+/// The number of operations in Op: the rows of CommStats.
 inline constexpr std::size_t op_count = static_cast<std::size_t>(Op::count_);
+/// The name of `op` as reports print it: "send", "reduce_scatter", ...
 std::string_view op_name(Op op);
 
+/// The counters of one operation on one rank.
 struct OpStats {
-  std::uint64_t calls = 0;
-  std::uint64_t bytes_sent = 0;      // bytes of this rank's data that went to other ranks
-  std::uint64_t bytes_received = 0;  // bytes this rank took in from other ranks
+  std::uint64_t calls = 0;           ///< Calls made (a non-blocking one counts when it starts).
+  std::uint64_t bytes_sent = 0;      ///< Bytes of this rank's data that went to other ranks.
+  std::uint64_t bytes_received = 0;  ///< Bytes this rank took in from other ranks.
+  /// Adds `o`'s counters to these, field by field.
   OpStats& operator+=(const OpStats& o);
+  /// These counters minus `o`'s, field by field (`o` an earlier snapshot of them).
   OpStats operator-(const OpStats& o) const;
 };
 
 /// Per-operation counters of one rank (see the top: measured, or `modeled`).
 struct CommStats {
-  std::array<OpStats, op_count> ops{};
-  std::array<bool, op_count> modeled{};
+  std::array<OpStats, op_count> ops{};   ///< One row per operation, indexed by Op.
+  std::array<bool, op_count> modeled{};  ///< Per operation: its bytes are modeled, not measured.
+  /// The counters of `op`.
   const OpStats& operator[](Op op) const { return ops[static_cast<std::size_t>(op)]; }
+  /// The counters of `op`, to update.
   OpStats& operator[](Op op) { return ops[static_cast<std::size_t>(op)]; }
+  /// True when `op`'s bytes are the traffic model's (collective_traffic), not measured.
   bool is_modeled(Op op) const { return modeled[static_cast<std::size_t>(op)]; }
   /// True when any operation with traffic in these counters was modeled.
   bool any_modeled() const;
+  /// The sum of every operation's counters.
   OpStats total() const;
   /// Counters accumulated since `earlier` (a snapshot taken with Communicator::stats()).
   CommStats since(const CommStats& earlier) const;
@@ -164,8 +184,8 @@ struct CommStats {
 
 /// Bytes a rank sends to and receives from other ranks in one call.
 struct Traffic {
-  std::uint64_t sent = 0;
-  std::uint64_t received = 0;
+  std::uint64_t sent = 0;      ///< Bytes this rank sends to other ranks.
+  std::uint64_t received = 0;  ///< Bytes this rank receives from other ranks.
 };
 
 // ---------------------------------------------------------------------------
@@ -175,6 +195,7 @@ struct Traffic {
 /// rank's error. what() names rank, peer, tag and operation. Exit code 1.
 struct CommError : Error {
   using Error::Error;
+  /// An error with message `what` and report_order `order`.
   CommError(const std::string& what, int order) : Error(what), report_order(order) {}
   /// When several processes fail at once (ranks timing out on one stopped rank), the MPI
   /// backend lets one speak for the job (mpi::fail), the lowest order first: 0 at once
@@ -191,11 +212,11 @@ struct CommAborted : CommError {
 
 /// One point-to-point transfer as a trace hook sees it (Communicator::trace_messages).
 struct MessageEvent {
-  Op op;     // Op::send or Op::recv (a sendrecv gives one of each)
-  int peer;  // destination or source
-  int tag;
-  const void* buffer;  // the caller's buffer: where in its data the message starts
-  std::size_t bytes;
+  Op op;               ///< Op::send or Op::recv (a sendrecv gives one of each).
+  int peer;            ///< The destination (send) or the source (recv) rank.
+  int tag;             ///< The tag the call was posted with.
+  const void* buffer;  ///< The caller's buffer: where in its data the message starts.
+  std::size_t bytes;   ///< The message's size in bytes.
 };
 
 // ---------------------------------------------------------------------------
@@ -208,13 +229,19 @@ struct MessageEvent {
 /// waited for where it cannot (a collective other ranks may be reading).
 class Request {
  public:
+  /// A backend's state of one pending request; each backend derives its own.
   struct Impl {
     virtual ~Impl() = default;
   };
   Request() = default;
+  /// A pending request with a backend's state (what a backend's isend_impl, ... return).
   explicit Request(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  /// True until the request is waited for or reset; a default-constructed one is not.
   bool pending() const { return impl_ != nullptr; }
+  /// The backend's state; null when not pending.
   Impl* impl() { return impl_.get(); }
+  /// Destroys the backend's state (withdrawn or waited for, as when the request is
+  /// destroyed unwaited); the request is then no longer pending.
   void reset() { impl_.reset(); }
 
  private:
@@ -224,13 +251,17 @@ class Request {
 // ---------------------------------------------------------------------------
 // The interface
 
+/// One rank's end of a group of ranks that talk to each other: point-to-point calls,
+/// collectives and their counters. A backend (threads, mpi, nccl) derives from it.
 class Communicator {
  public:
   virtual ~Communicator() = default;
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
+  /// This rank's number in the communicator, 0..size()-1.
   int rank() const { return rank_; }
+  /// The number of ranks in the communicator.
   int size() const { return size_; }
   /// "threads", "mpi" or "nccl".
   virtual std::string_view backend() const = 0;
@@ -245,11 +276,17 @@ class Communicator {
   // Blocking send may wait until the receiver posts its recv (as MPI allows for large
   // messages), so two ranks that both send first deadlock: use sendrecv or isend.
 
+  /// Sends `buf` to rank `peer` and waits until the send completes (which may be when
+  /// `peer` posts the matching recv).
   void send(ConstBuffer buf, int peer, int tag = 0);
+  /// Receives rank `peer`'s next message to this rank into `buf`, which must be the
+  /// message's size; the message's tag must be `tag`.
   void recv(MutableBuffer buf, int peer, int tag = 0);
   /// Sends `out` to `dest` and receives `in` from `source` at once (no deadlock in a ring).
   void sendrecv(ConstBuffer out, int dest, MutableBuffer in, int source, int tag = 0);
+  /// Starts send(buf, peer, tag) and returns at once; wait() completes it.
   [[nodiscard]] Request isend(ConstBuffer buf, int peer, int tag = 0);
+  /// Starts recv(buf, peer, tag) and returns at once; wait() completes it.
   [[nodiscard]] Request irecv(MutableBuffer buf, int peer, int tag = 0);
   /// Blocks until `request` completes (with the timeout); it is then no longer pending.
   void wait(Request& request);
@@ -291,10 +328,14 @@ class Communicator {
   // belong to the collective until wait() returns. A blocking collective started while
   // some are pending runs after them.
 
+  /// Starts allreduce(buf, op); wait() completes it.
   [[nodiscard]] Request iallreduce(MutableBuffer buf, ReduceOp op = ReduceOp::sum);
+  /// Starts reduce_scatter(in, out, op); wait() completes it.
   [[nodiscard]] Request ireduce_scatter(ConstBuffer in, MutableBuffer out,
                                         ReduceOp op = ReduceOp::sum);
+  /// Starts allgather(in, out); wait() completes it.
   [[nodiscard]] Request iallgather(ConstBuffer in, MutableBuffer out);
+  /// Starts allgatherv(in, out, counts); wait() completes it.
   [[nodiscard]] Request iallgatherv(ConstBuffer in, MutableBuffer out,
                                     std::span<const std::size_t> counts);
 
@@ -305,12 +346,14 @@ class Communicator {
   // -- counters ------------------------------------------------------------------
   /// A snapshot of this rank's counters; subtract snapshots with CommStats::since.
   const CommStats& stats() const { return stats_; }
+  /// Sets this rank's counters back to zero, and marks no operation modeled.
   void reset_stats() { stats_ = CommStats{}; }
   /// While alive, a blocking call on `comm` may wait up to `timeout` (when that is longer
   /// than its own) before it fails: for ranks that wait while one of them computes alone
   /// for a known while (chapter 09's one-device reference on rank 0).
   class Patience {
    public:
+    /// Raises `comm`'s timeout to `timeout`, if longer, until this object is destroyed.
     Patience(Communicator& comm, std::chrono::milliseconds timeout)
         : comm_(comm), was_(comm.timeout_) {
       comm.timeout_ = std::max(timeout, was_);
@@ -328,6 +371,7 @@ class Communicator {
   /// printing per-rank lines, agreeing on the exit code).
   class Uncounted {
    public:
+    /// Stops counting calls on `comm` until this object is destroyed.
     explicit Uncounted(Communicator& comm) : comm_(comm), was_(comm.counting_) {
       comm.counting_ = false;
     }
@@ -345,6 +389,7 @@ class Communicator {
   /// loops, whose calls were checked once before.
   class Unchecked {
    public:
+    /// Stops the same-call check on `comm` until this object is destroyed.
     explicit Unchecked(Communicator& comm) : comm_(comm), was_(comm.checking_) {
       comm.checking_ = false;
     }
@@ -362,12 +407,14 @@ class Communicator {
   /// An empty function stops tracing.
   void trace_messages(std::function<void(const MessageEvent&)> hook) { trace_ = std::move(hook); }
 
+  /// What time_calls calls: `hook(op, start, end)`, with one blocking call's operation
+  /// and the steady clock's times at its start and end.
+  using CallHook = std::function<void(Op, std::chrono::steady_clock::time_point,
+                                      std::chrono::steady_clock::time_point)>;
   /// Calls `hook(op, start, end)` when each blocking call on this communicator returns (a
   /// blocking collective, as `op`; a wait for a request, as Op::count_; send and recv are
   /// a post and a wait), with the steady clock's times: where a rank spent its time
   /// communicating, for a trace (chapter 09's --trace). An empty function stops it.
-  using CallHook = std::function<void(Op, std::chrono::steady_clock::time_point,
-                                      std::chrono::steady_clock::time_point)>;
   void time_calls(CallHook hook) { call_hook_ = std::move(hook); }
 
   // -- bookkeeping (uncounted) ---------------------------------------------------
@@ -399,31 +446,37 @@ class Communicator {
 
   /// One collective call, as every backend sees it. Counts are in elements.
   struct Collective {
-    Op op = Op::barrier;
-    ReduceOp reduce = ReduceOp::sum;
-    int root = 0;
-    const void* in = nullptr;
-    void* out = nullptr;
+    Op op = Op::barrier;              ///< Which collective (allgatherv as allgather, ...).
+    ReduceOp reduce = ReduceOp::sum;  ///< The reduction: allreduce, reduce, reduce_scatter.
+    int root = 0;                     ///< The root rank: reduce, broadcast, gather.
+    const void* in = nullptr;         ///< What this rank contributes (== out when in place).
+    void* out = nullptr;              ///< Where this rank's result goes.
     /// allreduce, reduce, broadcast: the buffer's length; reduce_scatter: the input's
     /// length S; alltoall: the block.
     std::size_t count = 0;
-    DType type = DType::f32;
-    Memory memory = Memory::host;
+    DType type = DType::f32;       ///< The element type of `in` and `out`.
+    Memory memory = Memory::host;  ///< Where `in` and `out` live: host or device memory.
     /// allgather(v), gather(v): every rank's count; alltoallv: what this rank sends to each.
     std::vector<std::size_t> counts;
     /// alltoallv: what this rank receives from each.
     std::vector<std::size_t> recv_counts;
-    bool vector = false;  // alltoallv (counts given) rather than alltoall
+    bool vector = false;  ///< alltoallv (counts given) rather than alltoall.
     /// "allreduce(8 x f32, sum)": what error messages show.
     std::string describe() const;
   };
 
  protected:
+  /// For backends: this rank's number, the number of ranks, and how long a blocking call
+  /// may wait.
   Communicator(int rank, int size, std::chrono::milliseconds timeout)
       : rank_(rank), size_(size), timeout_(timeout) {}
 
   // What a backend implements.
+  /// Starts sending `bytes` bytes at `buf` (in memory `mem`) to `peer`; wait_impl completes
+  /// it. The arguments are checked and the call counted already.
   virtual Request isend_impl(const void* buf, std::size_t bytes, Memory mem, int peer, int tag) = 0;
+  /// Starts receiving `bytes` bytes from `peer` into `buf` (in memory `mem`); wait_impl
+  /// completes it. The arguments are checked and the call counted already.
   virtual Request irecv_impl(void* buf, std::size_t bytes, Memory mem, int peer, int tag) = 0;
   /// Completes a request of this backend (point-to-point or collective).
   virtual void wait_impl(Request::Impl& request) = 0;
@@ -431,11 +484,13 @@ class Communicator {
   virtual void run_collective(const Collective& c) = 0;
   /// Starts one collective; wait() completes it.
   virtual Request start_collective(Collective c) = 0;
+  /// What split does, once it has checked that `color` is non-negative.
   virtual std::unique_ptr<Communicator> split_impl(int color, int key) = 0;
 
   /// Adds bytes to the counters of `op` (nothing while Uncounted is alive). Backends call
   /// it from their collectives; the point-to-point calls count for themselves.
   void count_traffic(Op op, std::uint64_t bytes_sent, std::uint64_t bytes_received);
+  /// count_traffic(op, t.sent, t.received).
   void count_traffic(Op op, Traffic t) { count_traffic(op, t.sent, t.received); }
   /// Adds bytes whatever Uncounted says: for a non-blocking collective that was counted
   /// when it started and whose traffic is known when it ends.
@@ -445,17 +500,22 @@ class Communicator {
   }
   /// Counts the modeled traffic of `c` (collective_traffic) and marks its op modeled.
   void count_modeled(const Collective& c);
+  /// Marks `op`'s counters modeled (nothing while Uncounted is alive).
   void mark_modeled(Op op) {
     if (counting_) stats_.modeled[static_cast<std::size_t>(op)] = true;
   }
+  /// False while an Uncounted is alive on this communicator.
   bool counting() const { return counting_; }
+  /// False while an Unchecked is alive: the backend then skips the same-call check.
   bool checking() const { return checking_; }
   /// When the wait in progress gives up: now + timeout for one wait, and one deadline for
   /// all the requests of a wait_all (so it cannot wait a multiple of the timeout).
   std::chrono::steady_clock::time_point wait_deadline() const {
     return wait_all_deadline_ ? *wait_all_deadline_ : std::chrono::steady_clock::now() + timeout_;
   }
+  /// Throws Error naming the call `what` unless `peer` is a rank, 0..size()-1.
   void check_peer(int peer, std::string_view what) const;
+  /// Throws Error naming the call `what` unless `root` is a rank, 0..size()-1.
   void check_root(int root, std::string_view what) const;
 
  private:

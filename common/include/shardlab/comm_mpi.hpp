@@ -33,8 +33,9 @@ void finalize();
 /// claims. What mpirun adds (its MPI_ABORT and exit-status banners) is mpirun's own:
 /// `mpirun -q` leaves only this line.
 [[noreturn]] void fail(const std::string& line, int code, int order = 0);
-/// This process's rank and the job's size in MPI_COMM_WORLD.
+/// This process's rank in MPI_COMM_WORLD.
 int world_rank();
+/// The job's size (number of processes) in MPI_COMM_WORLD.
 int world_size();
 /// A communicator over MPI_COMM_WORLD.
 std::unique_ptr<Communicator> world(std::chrono::milliseconds timeout);

@@ -30,6 +30,8 @@
 
 namespace shardlab {
 
+/// A job whose ranks are threads of this process: the ranks' shared mailboxes and slots,
+/// and the job's abort state. run_ranks builds one per run.
 class ThreadWorld {
  public:
   /// A world of `ranks` ranks whose blocking calls give up after `timeout`.
@@ -38,6 +40,7 @@ class ThreadWorld {
   ThreadWorld(const ThreadWorld&) = delete;
   ThreadWorld& operator=(const ThreadWorld&) = delete;
 
+  /// The number of ranks.
   int size() const;
   /// The world communicator of `rank`: call once per rank, use it on that rank's thread.
   std::unique_ptr<Communicator> communicator(int rank);

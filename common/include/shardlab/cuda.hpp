@@ -44,10 +44,12 @@ void synchronize();
 /// spent between start() and stop(), not the host's launch loop. stop() waits for it.
 class EventTimer {
  public:
+  /// Creates the two events (UsageError in a build without CUDA).
   EventTimer();
   ~EventTimer();
   EventTimer(const EventTimer&) = delete;
   EventTimer& operator=(const EventTimer&) = delete;
+  /// Records the start event on the calling thread's stream.
   void start();
   /// Seconds since start(), on the GPU.
   double stop();

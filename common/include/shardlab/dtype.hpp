@@ -17,20 +17,36 @@ namespace shardlab {
 
 /// An fp16 value as its bits: 1 sign, 5 exponent, 10 mantissa bits (half.hpp converts).
 struct Half {
-  std::uint16_t bits = 0;
+  std::uint16_t bits = 0;  ///< The bit pattern.
+  /// Equal bit patterns (so +0 and -0 differ, and a NaN equals itself).
   friend constexpr bool operator==(Half a, Half b) { return a.bits == b.bits; }
 };
 /// A bfloat16 value as its bits: 1 sign, 8 exponent, 7 mantissa bits (half.hpp converts).
 struct BFloat16 {
-  std::uint16_t bits = 0;
+  std::uint16_t bits = 0;  ///< The bit pattern.
+  /// Equal bit patterns (so +0 and -0 differ, and a NaN equals itself).
   friend constexpr bool operator==(BFloat16 a, BFloat16 b) { return a.bits == b.bits; }
 };
 
-enum class DType : std::uint8_t { f32, f64, f16, bf16, i32, i64, u8 };
+/// The element type of a tensor or a message.
+enum class DType : std::uint8_t {
+  f32,   ///< IEEE float (float).
+  f64,   ///< IEEE double (double).
+  f16,   ///< IEEE binary16 (Half).
+  bf16,  ///< bfloat16 (BFloat16).
+  i32,   ///< std::int32_t.
+  i64,   ///< std::int64_t.
+  u8     ///< std::uint8_t.
+};
 
 /// sum, avg (sum / N), max, min: what allreduce, reduce and reduce_scatter combine with.
 /// max and min of floating values propagate NaN on every backend's host path.
-enum class ReduceOp : std::uint8_t { sum, avg, max, min };
+enum class ReduceOp : std::uint8_t {
+  sum,  ///< The sum.
+  avg,  ///< The sum divided by the number of ranks N.
+  max,  ///< The largest value.
+  min   ///< The smallest value.
+};
 
 /// f16 or bf16: the 16-bit floating types, computed in f32 and rounded.
 constexpr bool is_half(DType t) { return t == DType::f16 || t == DType::bf16; }
@@ -61,6 +77,8 @@ constexpr bool is_floating(DType t) {
   return t == DType::f32 || t == DType::f64 || t == DType::f16 || t == DType::bf16;
 }
 
+/// The DType of the C++ element type T (const and volatile ignored); any type that is not
+/// an Element does not compile.
 template <class T>
 constexpr DType dtype_of() {
   using U = std::remove_cv_t<T>;
@@ -114,7 +132,11 @@ decltype(auto) visit_dtype(DType type, F&& f) {
 }
 
 /// Where memory lives: host RAM, or the memory of a CUDA device.
-enum class Memory : std::uint8_t { host, device };
+enum class Memory : std::uint8_t {
+  host,   ///< Ordinary RAM.
+  device  ///< A CUDA GPU's memory (cudaMalloc).
+};
+/// "host" or "device".
 constexpr std::string_view memory_name(Memory m) { return m == Memory::host ? "host" : "device"; }
 
 }  // namespace shardlab

@@ -17,20 +17,28 @@
 
 namespace shardlab {
 
+/// `f` rounded to the nearest fp16 (ties to even), as its bit pattern.
 std::uint16_t float_to_half_bits(float f);
+/// The fp16 pattern `h` as a float (exact).
 float half_bits_to_float(std::uint16_t h);
+/// `f` rounded to the nearest bf16 (ties to even), as its bit pattern.
 std::uint16_t float_to_bf16_bits(float f);
+/// The bf16 pattern `b` as a float (exact).
 float bf16_bits_to_float(std::uint16_t b);
 
 /// True when the fp16 / bf16 pattern is a finite number; false for +-inf and NaN (the
 /// exponent bits all set).
 inline bool half_is_finite(std::uint16_t h) { return (h & 0x7c00) != 0x7c00; }
+/// The same for a bf16 pattern.
 inline bool bf16_is_finite(std::uint16_t b) { return (b & 0x7f80) != 0x7f80; }
 
 // The same on the typed values (dtype.hpp), for loops over tensors of any element type:
 // to_float(x) for every Element, from_float<T>(f) rounding as above for the 16-bit types.
+/// `h` as a float (exact).
 inline float to_float(Half h) { return half_bits_to_float(h.bits); }
+/// `b` as a float (exact).
 inline float to_float(BFloat16 b) { return bf16_bits_to_float(b.bits); }
+/// `x` of any Element type as a double (exact but for i64 beyond 2^53).
 template <class T>
 inline double to_double(T x) {
   if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
@@ -38,6 +46,7 @@ inline double to_double(T x) {
   else
     return static_cast<double>(x);
 }
+/// `f` as a T: rounded to nearest even for Half and BFloat16, a static_cast otherwise.
 template <class T>
 inline T from_float(float f) {
   if constexpr (std::is_same_v<T, Half>)

@@ -44,15 +44,15 @@ namespace shardlab {
 
 /// The common flags, after parsing.
 struct Options {
-  int ranks = 2;  // --ranks (threads backend); under mpirun, the processes it started
-  std::string backend = "auto";     // --backend auto|threads|mpi|nccl
-  std::string device = "cpu";       // --device cpu|cuda: cuda puts rank r on GPU r % count
-  std::uint64_t seed = 0;           // --seed: every random tensor derives from it
-  bool json = false;                // --json: one JSON object on stdout, text on stderr
-  std::string csv_dir = "results";  // --csv-dir: where benchmark CSV files go
-  bool quiet = false;               // --quiet: no human-readable text
-  double timeout_s = 60;            // --timeout: how long a blocking call may wait
-  double memory_limit_gib = 0;      // --memory-limit: 0 = what the machine can give now
+  int ranks = 2;  ///< --ranks (threads backend); under mpirun, the processes it started.
+  std::string backend = "auto";     ///< --backend auto|threads|mpi|nccl.
+  std::string device = "cpu";       ///< --device cpu|cuda: cuda puts rank r on GPU r % count.
+  std::uint64_t seed = 0;           ///< --seed: every random tensor derives from it.
+  bool json = false;                ///< --json: one JSON object on stdout, text on stderr.
+  std::string csv_dir = "results";  ///< --csv-dir: where benchmark CSV files go.
+  bool quiet = false;               ///< --quiet: no human-readable text.
+  double timeout_s = 60;            ///< --timeout: how long a blocking call may wait (seconds).
+  double memory_limit_gib = 0;      ///< --memory-limit (GiB): 0 = what the machine can give now.
   /// Where a rank's tensors live: Memory::device under --device cuda (or --backend nccl).
   Memory memory() const { return device == "cuda" ? Memory::device : Memory::host; }
 };
@@ -60,14 +60,19 @@ struct Options {
 /// What a rank's body gets: its communicator, the options, and the job's outputs.
 class Context {
  public:
+  /// The context of the rank of `comm`; `comm` and `options` must outlive it.
   Context(Communicator& comm, const Options& options);
   ~Context();
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
 
+  /// This rank's world communicator.
   Communicator& comm() { return comm_; }
+  /// This rank's number, 0..size()-1.
   int rank() const { return comm_.rank(); }
+  /// The number of ranks in the job.
   int size() const { return comm_.size(); }
+  /// The common flags.
   const Options& options() const { return options_; }
   /// True under --device cuda (this rank's thread is then on GPU rank % device count).
   bool on_gpu() const { return options_.device == "cuda"; }
@@ -96,6 +101,7 @@ class Context {
   /// Replicas that must be identical (data-parallel weights): the largest difference of
   /// `mine` from rank 0's copy, over every rank (uncounted), must be 0. Returns it.
   double verify_replicas(const std::string& what, const Tensor& mine);
+  /// False once a check recorded on this rank has failed.
   bool ok() const { return ok_; }
   /// Prints the failed checks of every rank, each distinct one once (every rank calls it;
   /// run() does, after the body).
@@ -127,10 +133,15 @@ class Context {
   std::vector<CsvWritten> csv_written_;
 };
 
+/// What a program runs on every rank, given that rank's Context.
 using Body = std::function<void(Context&)>;
 
+/// A chapter program: its flags, what it needs of the ranks and of memory, and run(),
+/// which starts the ranks and turns what happened into the exit code (see the top).
 class Program {
  public:
+  /// `name` names the program in --version and starts its error lines
+  /// ("ch01_matmul_split"); `description` heads --help.
   Program(std::string name, std::string description);
   ~Program();
   Program(const Program&) = delete;
@@ -165,6 +176,7 @@ class Program {
   void writes_csv(std::function<bool()> when) { writes_csv_ = std::move(when); }
   /// Parses argv, runs `body` on every rank, returns the exit code (see the top).
   int run(int argc, char** argv, const Body& body);
+  /// The common flags: the defaults until run() has parsed argv.
   const Options& options() const { return options_; }
 
  private:

@@ -25,16 +25,18 @@
 
 namespace shardlab::memory {
 
+/// What an allocation is for: the rows of a ledger.
 enum class Category : std::uint8_t {
-  params,       // the weights a forward reads (fp16 or fp32)
-  grads,        // their gradients
-  optimizer,    // Adam's m and v (fp32)
-  master,       // fp32 master weights of mixed precision
-  activations,  // what the forward keeps for the backward, and its temporaries
-  comm,         // buffers a collective sends from or gathers into
-  other,        // everything not in a Scope
-  count_
+  params,       ///< The weights a forward reads (fp16 or fp32).
+  grads,        ///< Their gradients.
+  optimizer,    ///< Adam's m and v (fp32).
+  master,       ///< fp32 master weights of mixed precision.
+  activations,  ///< What the forward keeps for the backward, and its temporaries.
+  comm,         ///< Buffers a collective sends from or gathers into.
+  other,        ///< Everything not in a Scope.
+  count_        ///< Not a category: the number of them.
 };
+/// The number of categories: the length of Usage's arrays.
 inline constexpr std::size_t category_count = static_cast<std::size_t>(Category::count_);
 /// "params", "grads", "optimizer", "master", "activations", "comm", "other".
 std::string_view category_name(Category c);
@@ -42,11 +44,15 @@ std::string_view category_name(Category c);
 /// A snapshot of a ledger: bytes live now and the most ever live at once, per category
 /// and in total (the total's peak is the peak of the sum, not the sum of the peaks).
 struct Usage {
+  /// Bytes live now, by Category.
   std::array<std::uint64_t, category_count> live_bytes{};
+  /// The most bytes live at once, by Category.
   std::array<std::uint64_t, category_count> peak_bytes{};
-  std::uint64_t live_total = 0;
-  std::uint64_t peak_total = 0;
+  std::uint64_t live_total = 0;  ///< Bytes live now, all categories.
+  std::uint64_t peak_total = 0;  ///< The most bytes live at once, all categories together.
+  /// Bytes of category `c` live now.
   std::uint64_t live(Category c) const { return live_bytes[static_cast<std::size_t>(c)]; }
+  /// The most bytes of category `c` live at once.
   std::uint64_t peak(Category c) const { return peak_bytes[static_cast<std::size_t>(c)]; }
 };
 
@@ -54,6 +60,7 @@ struct Usage {
 /// nest; the innermost wins).
 class Scope {
  public:
+  /// Charges this thread's allocations to `category` until the Scope is destroyed.
   explicit Scope(Category category);
   ~Scope();
   Scope(const Scope&) = delete;
@@ -72,10 +79,13 @@ class Ledger;  // live and peak counters, shared by the allocations charged to t
 /// scopes: one made on the stack ends before the one around it (an error otherwise).
 class Tracker {
  public:
+  /// Starts counting this thread's allocations.
   Tracker();
   ~Tracker();
   Tracker(const Tracker&) = delete;
   Tracker& operator=(const Tracker&) = delete;
+  /// What it has counted: the allocations made since it started that are still alive,
+  /// and the peaks.
   Usage usage() const;
   /// Peaks start again from what is live now.
   void reset_peaks();
@@ -91,6 +101,7 @@ Usage usage();
 /// holds one): charged when made, released when destroyed.
 class Charge {
  public:
+  /// Charges `bytes` to this thread's current category, in every ledger counting now.
   explicit Charge(std::size_t bytes);
   ~Charge();
   Charge(const Charge&) = delete;

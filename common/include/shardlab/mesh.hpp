@@ -21,24 +21,31 @@
 
 namespace shardlab {
 
+/// The ranks of a job as an N-D grid with named axes, and this rank's communicator along
+/// each axis (see the top of the file for the layout).
 class DeviceMesh {
  public:
   /// Every rank of `world` calls it. The product of `shape` must be world.size(), and
   /// there is one distinct name per axis (Error otherwise).
   DeviceMesh(Communicator& world, std::vector<int> shape, std::vector<std::string> names);
 
+  /// The number of axes.
   int ndim() const { return static_cast<int>(shape_.size()); }
+  /// The length of each axis, outermost first.
   const std::vector<int>& shape() const { return shape_; }
+  /// The name of each axis, in the order of shape().
   const std::vector<std::string>& names() const { return names_; }
-  /// The index of the axis called `name`.
+  /// The index of the axis called `name` (Error when there is none).
   int axis_index(std::string_view name) const;
+  /// The length of `axis`: the number of ranks in this rank's communicator along it.
   int size(std::string_view axis) const {
     return shape_[static_cast<std::size_t>(axis_index(axis))];
   }
-  /// This rank's coordinate along `axis`, and all of them.
+  /// This rank's coordinate along `axis`.
   int coord(std::string_view axis) const {
     return coords_[static_cast<std::size_t>(axis_index(axis))];
   }
+  /// This rank's coordinates, one per axis.
   const std::vector<int>& coords() const { return coords_; }
   /// The world rank at `coords` (row-major, last axis innermost).
   int rank_at(const std::vector<int>& coords) const;

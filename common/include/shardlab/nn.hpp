@@ -44,10 +44,10 @@ namespace shardlab::nn {
 /// A trainable tensor and its gradient: views into the store's flat buffers once the
 /// store is allocated (standalone tensors before).
 struct Parameter {
-  std::string name;
-  Tensor value;
-  Tensor grad;
-  std::int64_t offset = 0;  // where it starts in the flat buffers (elements)
+  std::string name;  ///< The layer's name and the parameter's: "l1.weight", "ln.gamma".
+  Tensor value;      ///< The value; a view into the store's values() once allocated.
+  Tensor grad;       ///< The gradient backward_weight adds into; a view into the store's grads().
+  std::int64_t offset = 0;  ///< Where it starts in the flat buffers (elements).
 };
 
 /// All parameters in one flat buffer, all gradients in another.
@@ -65,6 +65,7 @@ class ParameterStore {
   /// them). The memory ledger counts the values as params and the gradients as grads
   /// (memory.hpp). Call once, after every add.
   void allocate(Memory memory = Memory::host, DType type = DType::f32);
+  /// True once allocate() has run.
   bool allocated() const { return done_; }
   /// The type of the flat buffers: f32 until allocate() says otherwise.
   DType dtype() const { return dtype_; }
@@ -72,6 +73,7 @@ class ParameterStore {
   /// The flat buffers (1-D, size() elements each): for an optimizer, a bucket, a shard.
   /// Undefined once released (below).
   Tensor& values() { return values_; }
+  /// The flat gradient buffer (as values(): 1-D, size() elements; undefined once released).
   Tensor& grads() { return grads_; }
   /// For an owner that keeps the gradients its own way (ZeRO stages 2 and 3, chapter 05:
   /// each rank a shard of them): the flat gradient buffer is dropped, and every
@@ -102,19 +104,24 @@ class ParameterStore {
 
 /// What one forward call keeps for its backward. Each layer says what it puts here.
 struct Saved {
-  std::vector<Tensor> tensors;  // inputs, activations
-  Tensor dy;                    // kept by backward_input for backward_weight
-  std::vector<Saved> children;  // a Sequential's: one per layer
+  std::vector<Tensor> tensors;  ///< Inputs, activations.
+  Tensor dy;                    ///< Kept by backward_input for backward_weight.
+  std::vector<Saved> children;  ///< A Sequential's: one per layer (Residual, Checkpoint: one).
 };
 
+/// What a layer's forward returns: the output, and what its backward needs.
 struct Forward {
-  Tensor out;
-  Saved saved;
+  Tensor out;   ///< y = f(x).
+  Saved saved;  ///< What backward_input and backward_weight need from this call.
 };
 
+/// A layer: forward, and backward in two halves (B: backward_input, W: backward_weight).
+/// It keeps no state between calls: what a backward needs travels in Saved.
 class Layer {
  public:
   virtual ~Layer() = default;
+  /// For messages: a layer with parameters gives its own name (its parameters' prefix),
+  /// the others their kind ("tanh").
   virtual std::string name() const = 0;
   /// y = f(x), and what backward needs.
   virtual Forward forward(const Tensor& x) const = 0;
@@ -125,6 +132,7 @@ class Layer {
   virtual void backward_weight(Saved& saved);
   /// B then W.
   Tensor backward(const Tensor& dy, Saved& saved);
+  /// The layer's parameters (views into its store): none unless a layer says otherwise.
   virtual std::vector<Parameter*> parameters() const { return {}; }
 };
 
@@ -139,15 +147,17 @@ class Layer {
 /// round_output (round_input_grad) off. The values are held in f32 tensors: the
 /// arithmetic of 16-bit storage, not its memory.
 struct Autocast {
-  DType type = DType::f32;
-  bool round_output = true;
-  bool round_input_grad = true;
+  DType type = DType::f32;       ///< f16 or bf16: the type operands are rounded to; f32: off.
+  bool round_output = true;      ///< Round y to `type` (off where y is a partial sum).
+  bool round_input_grad = true;  ///< Round dL/dx to `type` (off where it is a partial sum).
 };
 
 /// y = x @ W + b. Saved: x. W ~ N(0, 1/I) from `seed` (LeCun init), b = 0. In a 16-bit
 /// store (no bias), x and dy are of the store's type and dW is added in f32, rounded once.
 class Linear final : public Layer {
  public:
+  /// Adds its parameters to `store`: `<name>.weight` (in x out) and, with `bias`,
+  /// `<name>.bias` (1 x out).
   Linear(ParameterStore& store, const std::string& name, std::int64_t in, std::int64_t out,
          std::uint64_t seed, bool bias = true);
   std::string name() const override { return name_; }
@@ -157,7 +167,9 @@ class Linear final : public Layer {
   /// dL/dW += x^T @ dy, dL/db += the column sums of dy.
   void backward_weight(Saved& saved) override;
   std::vector<Parameter*> parameters() const override;
+  /// W, in x out.
   Parameter& weight() { return *weight_; }
+  /// b, 1 x out; null for a Linear without bias.
   Parameter* bias() { return bias_; }
   /// Mixed precision on an f32 store (Autocast above).
   void set_autocast(Autocast autocast);
@@ -190,6 +202,8 @@ class Gelu final : public Layer {
 /// 1/sqrt(var + eps). On the host or a GPU (x, the parameters and dy in one memory).
 class LayerNorm final : public Layer {
  public:
+  /// Adds `<name>.gamma` (ones) and `<name>.beta` (zeros), 1 x `channels` each, to `store`;
+  /// `eps` is added to the variance.
   LayerNorm(ParameterStore& store, const std::string& name, std::int64_t channels,
             float eps = 1e-5f);
   std::string name() const override { return name_; }
@@ -210,6 +224,7 @@ class LayerNorm final : public Layer {
 /// tensor. W ~ N(0, 1) * `scale` from `seed`.
 class Embedding final : public Layer {
  public:
+  /// Adds `<name>.weight` (vocab x channels) to `store`.
   Embedding(ParameterStore& store, const std::string& name, std::int64_t vocab,
             std::int64_t channels, std::uint64_t seed, float scale = 0.02f);
   std::string name() const override { return name_; }
@@ -234,6 +249,7 @@ class Embedding final : public Layer {
 /// Saved: x and the attention weights (B x H x T x T). On the host or a GPU.
 class CausalSelfAttention final : public Layer {
  public:
+  /// H = `heads`, T = `sequence`; throws Error unless both are at least 1.
   CausalSelfAttention(std::int64_t heads, std::int64_t sequence);
   std::string name() const override { return "attention"; }
   Forward forward(const Tensor& x) const override;
@@ -255,11 +271,15 @@ class Sequential final : public Layer {
     layers_.push_back(std::move(layer));
     return ref;
   }
+  /// Adds an existing layer at the end (shared, not copied).
   void add(std::shared_ptr<Layer> layer) { layers_.push_back(std::move(layer)); }
+  /// The number of layers.
   std::size_t size() const { return layers_.size(); }
+  /// Layer i (unchecked).
   Layer& operator[](std::size_t i) { return *layers_[i]; }
-  /// Layer i itself, to wrap it; and layer i replaced (by a Checkpoint of it, say).
+  /// Layer i itself, to wrap it (std::out_of_range past the end).
   std::shared_ptr<Layer> layer(std::size_t i) const { return layers_.at(i); }
+  /// Layer i replaced (by a Checkpoint of it, say; std::out_of_range past the end).
   void set(std::size_t i, std::shared_ptr<Layer> layer) { layers_.at(i) = std::move(layer); }
   /// Layers [begin, end) as a Sequential of their own, sharing them (a pipeline stage).
   Sequential slice(std::size_t begin, std::size_t end) const;
@@ -281,6 +301,7 @@ class Sequential final : public Layer {
 /// MLP, a Megatron block). Saved: one child, the inner block's.
 class Residual final : public Layer {
  public:
+  /// Around `inner` (a Sequential is a handle: its layers are shared, not copied).
   explicit Residual(Sequential inner) : inner_(std::move(inner)) {}
   std::string name() const override { return "residual"; }
   Forward forward(const Tensor& x) const override;
@@ -288,6 +309,7 @@ class Residual final : public Layer {
   Tensor backward_input(const Tensor& dy, Saved& saved) const override;
   void backward_weight(Saved& saved) override;
   std::vector<Parameter*> parameters() const override { return inner_.parameters(); }
+  /// The inner block.
   Sequential& inner() { return inner_; }
 
  private:
@@ -303,12 +325,14 @@ class Residual final : public Layer {
 /// backward_input) one child, inner's.
 class Checkpoint final : public Layer {
  public:
+  /// Around `inner` (shared).
   explicit Checkpoint(std::shared_ptr<Layer> inner) : inner_(std::move(inner)) {}
   std::string name() const override { return "checkpoint(" + inner_->name() + ")"; }
   Forward forward(const Tensor& x) const override;
   Tensor backward_input(const Tensor& dy, Saved& saved) const override;
   void backward_weight(Saved& saved) override;
   std::vector<Parameter*> parameters() const override { return inner_->parameters(); }
+  /// The layer it recomputes.
   Layer& inner() { return *inner_; }
 
  private:
@@ -318,9 +342,10 @@ class Checkpoint final : public Layer {
 // ---------------------------------------------------------------------------
 // Losses
 
+/// What a loss function returns: its value, and what its backward needs.
 struct Loss {
-  double value = 0;  // the mean over rows
-  Saved saved;
+  double value = 0;  ///< The mean over rows.
+  Saved saved;       ///< What the backward needs (cross_entropy_backward).
 };
 /// Softmax cross-entropy, the mean over the B rows of -log softmax(logits[i])[target[i]];
 /// logits is B x V (f32), targets an i32/i64 vector of B class ids. Saved: the softmax
@@ -341,12 +366,13 @@ Tensor mse_backward(const Tensor& pred, const Tensor& target, double denominator
 /// params -= lr * grads.
 void sgd_step(Tensor& params, const Tensor& grads, float lr);
 
+/// Adam's hyperparameters, with PyTorch's defaults (Adam describes the update).
 struct AdamConfig {
-  float lr = 1e-3f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  float weight_decay = 0.0f;
+  float lr = 1e-3f;           ///< Learning rate.
+  float beta1 = 0.9f;         ///< Decay rate of the first moment m.
+  float beta2 = 0.999f;       ///< Decay rate of the second moment v.
+  float eps = 1e-8f;          ///< Added to the denominator, sqrt(v / (1 - beta2^t)).
+  float weight_decay = 0.0f;  ///< 0: none; see `decoupled` for how it applies.
   /// false: Adam with L2 (weight decay added to the gradient, PyTorch's Adam);
   /// true: AdamW (decoupled: params *= 1 - lr * weight_decay first, PyTorch's AdamW).
   bool decoupled = false;
@@ -375,14 +401,21 @@ void adam_update(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, int 
 /// per parameter (chapter 05's "4x the parameters" with params and grads).
 class Adam {
  public:
+  /// The state for `size` parameters: m and v, f32 zeros in `memory`.
   Adam(std::int64_t size, AdamConfig config, Memory memory = Memory::host);
+  /// Step t = steps() + 1 over `params` (f32, `size` elements) with `grads` (as
+  /// adam_update takes them); throws Error before counting a step for a bad call.
   void step(Tensor& params, const Tensor& grads);
+  /// The number of steps taken: 0 before the first, t after step t.
   int steps() const { return t_; }
   /// Sets the state to a saved one (a checkpoint's): m and v (f32, the optimizer's size)
   /// after `steps` steps.
   void restore(const Tensor& m, const Tensor& v, int steps);
+  /// The first moment m (1-D f32, `size` elements).
   const Tensor& m() const { return m_; }
+  /// The second moment v (1-D f32, `size` elements).
   const Tensor& v() const { return v_; }
+  /// The hyperparameters.
   const AdamConfig& config() const { return config_; }
 
  private:

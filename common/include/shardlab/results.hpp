@@ -31,20 +31,35 @@ void check_writable_file(const std::filesystem::path& file, const std::string& f
 /// One value of a Table: a number, a whole number, a word or a flag.
 class Cell {
  public:
-  enum class Kind { number, integer, text, flag };
+  /// What a cell holds.
+  enum class Kind {
+    number,   ///< A floating-point number (a double).
+    integer,  ///< A whole number (an int64).
+    text,     ///< A string.
+    flag      ///< A bool: "true" or "false".
+  };
+  /// A text cell.
   Cell(const char* text) : kind_(Kind::text), text_(text) {}
+  /// A text cell.
   Cell(std::string text) : kind_(Kind::text), text_(std::move(text)) {}
+  /// A flag cell.
   Cell(bool flag) : kind_(Kind::flag), integer_(flag) {}
+  /// An integer cell, from any integral type but bool.
   template <class T>
   requires(std::is_integral_v<T> && !std::is_same_v<T, bool>) Cell(T value)
       : kind_(Kind::integer), integer_(static_cast<std::int64_t>(value)) {}
+  /// A number cell, from any floating-point type.
   template <class T>
   requires std::is_floating_point_v<T> Cell(T value)
       : kind_(Kind::number), number_(static_cast<double>(value)) {}
 
+  /// What the cell holds.
   Kind kind() const { return kind_; }
+  /// The value as a double: a number's, an integer's, a flag's 0 or 1; 0 for text.
   double number() const { return kind_ == Kind::number ? number_ : static_cast<double>(integer_); }
+  /// An integer's value, a flag's 0 or 1; 0 for a number or text.
   std::int64_t integer() const { return integer_; }
+  /// A text cell's string; empty for the other kinds.
   const std::string& text() const { return text_; }
   /// As a table shows it: numbers with `digits` significant digits.
   std::string str(int digits = 6) const;
@@ -66,11 +81,15 @@ class Cell {
 ///   ctx.save_csv(t, "05_adam");  // benchmark modes: CSV_DIR/05_adam.csv
 class Table {
  public:
+  /// An empty table with these column names, in order.
   explicit Table(std::vector<std::string> columns);
-  /// Adds a row; it must have one cell per column.
+  /// Adds a row; it must have one cell per column (std::logic_error if not).
   Table& add(std::vector<Cell> row);
+  /// The number of rows added.
   std::size_t rows() const { return rows_.size(); }
+  /// The column names, in order.
   const std::vector<std::string>& columns() const { return columns_; }
+  /// The cell at `row` and `column` (std::out_of_range past the end).
   const Cell& at(std::size_t row, std::size_t column) const { return rows_.at(row).at(column); }
 
   /// Aligned columns under a header line, each line starting with `indent`; numbers with

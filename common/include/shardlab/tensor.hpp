@@ -31,9 +31,11 @@ namespace shardlab {
 /// Uneven sizes: the first size % P shards get one element more (PyTorch's
 /// tensor_split and Megatron's divide do the same).
 struct ShardRange {
-  std::int64_t offset = 0;
-  std::int64_t length = 0;
+  std::int64_t offset = 0;  ///< The shard's first index along the dimension.
+  std::int64_t length = 0;  ///< The number of indices it has.
 };
+/// Shard `part` of `parts` of a dimension of length `size`, as ShardRange says. Throws
+/// Error unless parts >= 1, 0 <= part < parts and size >= 0.
 ShardRange shard_range(std::int64_t size, int parts, int part);
 /// The lengths of all P shards of `size`, each times `unit`: the counts an allgatherv of
 /// row shards takes (unit = elements per row).
@@ -42,14 +44,18 @@ std::vector<std::size_t> shard_counts(std::int64_t size, int parts, std::int64_t
 /// A shape of 1 to 4 dimensions: Shape{4, 5} is 4 rows of 5.
 class Shape {
  public:
-  Shape() = default;  // [0]
+  Shape() = default;  ///< One dimension of length 0: [0].
+  /// The lengths, outermost first; throws Error unless there are 1 to 4, none negative.
   Shape(std::initializer_list<std::int64_t> dims);
+  /// The number of dimensions, 1 to 4.
   int ndim() const { return ndim_; }
+  /// The length of dimension `d` (unchecked: 1 for ndim() <= d < 4).
   std::int64_t operator[](int d) const { return dims_[static_cast<std::size_t>(d)]; }
   /// The number of elements: the product of the dimensions.
   std::int64_t numel() const;
   /// "4x5", or "[8]" for one dimension.
   std::string str() const;
+  /// The same number of dimensions, and the same lengths.
   friend bool operator==(const Shape& a, const Shape& b) {
     return a.ndim_ == b.ndim_ && a.dims_ == b.dims_;
   }
@@ -61,6 +67,9 @@ class Shape {
 
 struct Storage;  // one allocation: host memory or cudaMalloc'd device memory
 
+/// A typed view of host or device memory: an element type, a row-major shape and an
+/// offset into a shared allocation; always contiguous. A handle: copying a Tensor shares
+/// its data (clone() copies the data).
 class Tensor {
  public:
   /// An empty 1-D f32 tensor on the host.
@@ -79,24 +88,34 @@ class Tensor {
   template <Element T>
   static Tensor from_vector(const std::vector<T>& values);
 
+  /// The element type.
   DType dtype() const { return dtype_; }
+  /// Where the elements are: host or device memory (host for a default-constructed one).
   Memory memory() const;
+  /// True when the elements are in device memory.
   bool on_device() const { return memory() == Memory::device; }
   /// The CUDA device the memory is on, or -1 on the host.
   int device() const;
+  /// The shape.
   const Shape& shape() const { return shape_; }
+  /// The number of dimensions, 1 to 4.
   int ndim() const { return shape_.ndim(); }
   /// Length of dimension d.
   std::int64_t dim(int d) const;
+  /// Length of dimension 0: a matrix's rows.
   std::int64_t rows() const { return dim(0); }
+  /// Length of dimension 1: a matrix's columns (throws Error for a 1-D tensor).
   std::int64_t cols() const { return dim(1); }
   /// Number of elements.
   std::int64_t size() const { return shape_.numel(); }
+  /// True when it has no elements.
   bool empty() const { return size() == 0; }
   /// False for a default-constructed Tensor (no memory at all), true for any other,
   /// zero-sized ones included.
   bool defined() const { return storage_ != nullptr; }
+  /// The size of the elements in bytes: size() times the element size.
   std::size_t bytes() const { return static_cast<std::size_t>(size()) * dtype_size(dtype_); }
+  /// The shape as Shape::str() writes it: "4x5", "[8]".
   std::string shape_string() const { return shape_.str(); }
   /// "f32 4x5 on host": for error messages.
   std::string describe() const;
@@ -104,6 +123,7 @@ class Tensor {
   // -- data ---------------------------------------------------------------------
   /// The first element's address (host or device memory), untyped.
   void* raw();
+  /// The first element's address, read-only.
   const void* raw() const;
   /// Typed pointer to the first element; T must be the element type.
   template <Element T>
@@ -111,6 +131,7 @@ class Tensor {
     check_type(dtype_of<T>(), "data");
     return static_cast<T*>(raw());
   }
+  /// Typed read-only pointer to the first element; T must be the element type.
   template <Element T>
   const T* data() const {
     check_type(dtype_of<T>(), "data");
@@ -118,6 +139,7 @@ class Tensor {
   }
   /// f32 shortcuts (the common case).
   float* data() { return data<float>(); }
+  /// f32 shortcut, read-only.
   const float* data() const { return data<float>(); }
   /// The elements as a span: host memory only (checked), T the element type.
   template <Element T>
@@ -125,22 +147,33 @@ class Tensor {
     check_host("span");
     return {data<T>(), static_cast<std::size_t>(size())};
   }
+  /// The elements as a read-only span: host memory only (checked), T the element type.
   template <Element T>
   std::span<const T> span() const {
     check_host("span");
     return {data<T>(), static_cast<std::size_t>(size())};
   }
+  /// The elements of an f32 tensor as a span (host memory only, checked).
   std::span<float> span() { return span<float>(); }
+  /// The elements of an f32 tensor as a read-only span (host memory only, checked).
   std::span<const float> span() const { return span<float>(); }
 
   // Element access and iteration, for f32 tensors on the host (checked).
+  /// Element i, counted row-major over all dimensions (the index is not checked).
   float& operator[](std::int64_t i) { return host_f32()[i]; }
+  /// Element i's value, counted row-major over all dimensions (the index is not checked).
   float operator[](std::int64_t i) const { return host_f32()[i]; }
+  /// Element (r, c) of a matrix (the indices are not checked).
   float& operator()(std::int64_t r, std::int64_t c) { return host_f32()[r * cols() + c]; }
+  /// Element (r, c)'s value of a matrix (the indices are not checked).
   float operator()(std::int64_t r, std::int64_t c) const { return host_f32()[r * cols() + c]; }
+  /// The first element, for range-for.
   float* begin() { return host_f32(); }
+  /// One past the last element.
   float* end() { return host_f32() + size(); }
+  /// The first element, read-only, for range-for.
   const float* begin() const { return host_f32(); }
+  /// One past the last element, read-only.
   const float* end() const { return host_f32() + size(); }
 
   // -- views: share the memory, never copy -----------------------------------------
@@ -169,6 +202,7 @@ class Tensor {
 
   /// Same type, same shape and the same bits in every element (host or device).
   bool bitwise_equal(const Tensor& other) const;
+  /// True when the shapes are equal (types and memory are not compared).
   bool same_shape(const Tensor& other) const { return shape_ == other.shape_; }
 
  private:
@@ -186,11 +220,15 @@ class Tensor {
 // ---------------------------------------------------------------------------
 // Construction
 
-/// Zeros; `empty` leaves the memory uninitialised (for buffers about to be overwritten).
+/// Zeros of any shape and type, on the host or on this thread's GPU.
 Tensor zeros(Shape shape, DType type = DType::f32, Memory memory = Memory::host);
+/// A rows x cols f32 tensor of zeros on the host.
 Tensor zeros(std::int64_t rows, std::int64_t cols);
+/// As zeros, but leaves the memory uninitialised (for buffers about to be overwritten).
 Tensor empty(Shape shape, DType type = DType::f32, Memory memory = Memory::host);
+/// `value` (converted to `type`) in every element, on the host.
 Tensor full(Shape shape, float value, DType type = DType::f32);
+/// A rows x cols f32 tensor of `value` on the host.
 Tensor full(std::int64_t rows, std::int64_t cols, float value);
 /// 1-D tensor 0, 1, ..., n-1.
 Tensor arange(std::int64_t n, DType type = DType::f32);
@@ -200,6 +238,7 @@ std::uint64_t splitmix64(std::uint64_t& state);
 /// Standard normal f32 values from `seed`. The generator (SplitMix64 + Box-Muller) is
 /// written out, so every rank, backend and platform draws the same.
 Tensor randn(Shape shape, std::uint64_t seed);
+/// randn(Shape{rows, cols}, seed).
 Tensor randn(std::int64_t rows, std::int64_t cols, std::uint64_t seed);
 
 // ---------------------------------------------------------------------------
@@ -234,16 +273,20 @@ void matmul_into(Tensor& out, const Tensor& a, const Tensor& b, bool transpose_a
 /// it. f32 host tensors only; not counted in multiply_adds().
 Tensor matmul_reference(const Tensor& a, const Tensor& b, bool transpose_a = false,
                         bool transpose_b = false);
+/// The same into `out` (M x N, f32, host), overwriting it.
 void matmul_reference_into(Tensor& out, const Tensor& a, const Tensor& b, bool transpose_a = false,
                            bool transpose_b = false);
 /// The multiply-adds (M x K x N per matmul) the calling thread's matmuls have done so far.
 /// Each rank's thread counts its own: a test reads it to see that every rank did its
 /// share of the work, and no more.
 std::uint64_t multiply_adds();
+/// Element by element: a + b (f32; the same shape and memory).
 Tensor add(const Tensor& a, const Tensor& b);
+/// Element by element: a - b (f32; the same shape and memory).
 Tensor sub(const Tensor& a, const Tensor& b);
 /// Element by element: a * b.
 Tensor mul(const Tensor& a, const Tensor& b);
+/// A copy of `a` (f32) times `s`.
 Tensor scale(const Tensor& a, float s);
 /// y += alpha * x, in place.
 void axpy(float alpha, const Tensor& x, Tensor& y);
@@ -256,12 +299,14 @@ Tensor column_sums(const Tensor& x);
 /// tanh(x), and dL/dx = dy * (1 - y^2) from y = tanh(x). These four take f16 and bf16
 /// too: computed in f32 and rounded once to the input's type.
 Tensor tanh(const Tensor& x);
+/// dL/dx = dy * (1 - y^2), from y = tanh(x) and dL/dy = dy.
 Tensor tanh_backward(const Tensor& y, const Tensor& dy);
 /// GELU, tanh approximation (GPT-2): 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3),
 /// and its derivative times dy; computed as x sigmoid(2u) = x / (1 + exp(-2u)), the same
 /// function with one exp and no 1 + tanh(u) to round (within a few ulp of the tanh form,
 /// and 1.4x the GPT's one-device speed: glibc's tanhf costs several expf).
 Tensor gelu(const Tensor& x);
+/// dL/dx = gelu'(x) * dy, from the input x and dL/dy = dy.
 Tensor gelu_backward(const Tensor& x, const Tensor& dy);
 /// A copy in another element type. To f16 / bf16: round to nearest even (half.hpp).
 Tensor cast(const Tensor& t, DType type);
@@ -297,19 +342,21 @@ float matmul_reorder_bound(const Tensor& a, const Tensor& b);
 
 /// How to show shards when printing: split along `dim` into `parts` coloured pieces.
 struct ShardView {
-  int parts = 1;
-  int dim = 0;
+  int parts = 1;  ///< The number of shards (1 or less: none).
+  int dim = 0;    ///< 0: shards of rows; otherwise of columns (a 1-D tensor's elements).
 };
+/// How format() prints a tensor.
 struct PrintOptions {
-  ShardView shards{};
-  int decimals = 3;
-  bool color = false;  // ANSI colours, one per shard; use_color() decides for a stream
+  ShardView shards{};  ///< The shards to show.
+  int decimals = 3;    ///< Digits after the point (none for integer types).
+  bool color = false;  ///< ANSI colours, one per shard; use_color() decides for a stream.
 };
 /// True when `fd` is a terminal and NO_COLOR is unset.
 bool use_color(int fd);
 /// Prints `name` (shape) and the values of a 1-D or 2-D tensor, one row per line, shards
 /// in colour or, without colour, separated by '|' (columns) or a dashed line (rows).
 std::string format(const Tensor& t, const std::string& name, const PrintOptions& options = {});
+/// Writes format(t, "tensor").
 std::ostream& operator<<(std::ostream& os, const Tensor& t);
 
 // ---------------------------------------------------------------------------

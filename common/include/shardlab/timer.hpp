@@ -9,9 +9,11 @@
 
 namespace shardlab {
 
+/// Wall-clock seconds since a start, on the steady clock.
 class Stopwatch {
  public:
-  using Clock = std::chrono::steady_clock;
+  using Clock = std::chrono::steady_clock;  ///< The clock it reads.
+  /// Starts now.
   Stopwatch() : start_(Clock::now()) {}
   /// Seconds since the start (or the last lap / restart).
   double seconds() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
@@ -26,7 +28,9 @@ class Stopwatch {
     start_ = now;
     return s;
   }
+  /// Starts again from now.
   void restart() { start_ = Clock::now(); }
+  /// When it started (or the last lap / restart).
   Clock::time_point started() const { return start_; }
 
  private:

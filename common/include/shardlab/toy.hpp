@@ -22,12 +22,14 @@
 
 namespace shardlab::toy {
 
+/// The shape of a toy MLP, and where its weights come from.
 struct MlpConfig {
-  std::vector<std::int64_t> widths;  // widths[0] inputs ... widths.back() outputs
-  bool bias = true;                  // each Linear adds a bias (0 at the start)
-  bool tanh_last = false;            // a tanh after the last Linear too
-  std::uint64_t seed = 0;
-  std::string prefix = "layer";  // parameter names: layer0.weight, layer0.bias, ...
+  std::vector<std::int64_t> widths;  ///< widths[0] inputs ... widths.back() outputs.
+  bool bias = true;                  ///< Each Linear adds a bias (0 at the start).
+  bool tanh_last = false;            ///< A tanh after the last Linear too.
+  std::uint64_t seed = 0;            ///< Layer l's weights come from layer_seed(seed, l).
+  std::string prefix = "layer";      ///< Parameter names: layer0.weight, layer0.bias, ...
+  /// The number of Linear layers: widths.size() - 1.
   int layers() const { return static_cast<int>(widths.size()) - 1; }
 };
 
@@ -42,8 +44,10 @@ inline std::uint64_t layer_seed(std::uint64_t seed, int layer) {
 nn::Sequential mlp(nn::ParameterStore& store, const MlpConfig& config, int first = 0,
                    int last = -1);
 
+/// One batch of the teacher's data (host, f32).
 struct Batch {
-  Tensor x, y;  // host, f32
+  Tensor x;  ///< The inputs, rows x widths[0].
+  Tensor y;  ///< The targets, teacher(x): rows x widths.back().
 };
 
 /// The data: x ~ N(0, 1), y = scale * teacher(x) for a fixed random network of `shape`'s
@@ -51,10 +55,14 @@ struct Batch {
 /// step's batch afresh, identically on every rank.
 class Teacher {
  public:
+  /// A network of `shape`'s widths, bias and tanh_last (its seed and prefix are not used),
+  /// with weights from `seed`, whose outputs are multiplied by `scale`.
   explicit Teacher(MlpConfig shape, std::uint64_t seed, double scale = 1.0);
+  /// Step `step`'s batch of `rows` rows, drawn from `seed` and `step` alone.
   Batch batch(std::int64_t rows, int step) const;
   /// y for a given x (host, f32).
   Tensor operator()(const Tensor& x) const;
+  /// The number of input features: widths[0].
   std::int64_t inputs() const { return config_.widths.front(); }
 
  private:
