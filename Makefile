@@ -13,8 +13,9 @@ help:
 	@echo "make check          your progress over all chapters"
 	@echo "make check CH=09 USE_SOLUTIONS=04   the reference for chapters you skip"
 	@echo "make run            run every chapter program (threads backend)"
-	@echo "make plots          plot every benchmark CSV in RESULTS (default results/)"
-	@echo "make docs           Doxygen over common/ and the chapter texts"
+	@echo "make plots          every chapter's benchmark, small, drawn into build/PRESET/plots"
+	@echo "make plots RESULTS=results   draw the CSVs already in RESULTS instead"
+	@echo "make docs           the site: chapters, guides, API, gallery (build/PRESET/docs/html)"
 	@echo "make format | tidy  clang-format / clang-tidy over the sources"
 	@echo "make setup          install what is missing, build, run every chapter"
 	@echo "PRESET=debug make test   the same under AddressSanitizer and UBSan"
@@ -33,12 +34,16 @@ check:
 run: build
 	scripts/run_chapters.sh build/$(PRESET)/bin
 
-RESULTS ?= results
-plots:
-	@for script in notebooks/plot_*.py; do \
-	  csv=$(RESULTS)/$$(basename $$script .py | sed 's/^plot_//').csv; \
-	  if [ -f $$csv ]; then .venv/bin/python $$script $(RESULTS); else echo "skip $$script: no $$csv"; fi; \
-	done
+# Every chapter's figures in one folder with a page showing them all (index.html), and the
+# site's gallery page. RESULTS=dir draws the CSVs already there (a larger run of your own);
+# FIGURES=docs/images also refreshes the README's small copies.
+RESULTS ?=
+FIGURES ?=
+PLOTS = build/$(PRESET)/plots
+plots: build
+	@test -x .venv/bin/python || { echo "make plots: no .venv: run scripts/setup.sh first"; exit 2; }
+	.venv/bin/python notebooks/gallery.py --bin build/$(PRESET)/bin --out $(PLOTS) \
+	  $(if $(RESULTS),--from $(RESULTS)) $(if $(FIGURES),--readme-figures $(FIGURES))
 
 docs: build
 	cmake --build --preset $(PRESET) --target docs

@@ -31,7 +31,8 @@ def gantt(csv_dir: Path) -> Path:
     ev = ev[ev["source"] == "measured"]
     names = [n for n in ORDER if n in set(ev["schedule"])]
     p = int(ev["stages"].iloc[0])
-    fig, axes = plt.subplots(len(names), 1, figsize=(10, 1.0 + 0.45 * p * len(names)), squeeze=False)
+    fig, axes = plt.subplots(len(names), 1, figsize=(10, 1.0 + (0.6 + 0.3 * p) * len(names)),
+                             squeeze=False)
     for ax, name in zip(axes[:, 0], names):
         rows = ev[ev["schedule"] == name]
         for _, e in rows.iterrows():
@@ -48,10 +49,12 @@ def gantt(csv_dir: Path) -> Path:
         ax.invert_yaxis()
         ax.set_xlabel("ms")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
-    axes[0, 0].legend(handles, ["forward", "backward (B)", "weight gradient (W)"], fontsize=8,
-                      loc="upper right")
     fig.suptitle(f"measured pipeline timelines, {p} stages; {_title(ev)}", fontsize=10)
-    return save(fig, csv_dir / "04_pipeline_bubbles_gantt.png")
+    fig.tight_layout(rect=(0, 0, 1, 0.97 - 0.2 / len(names)))
+    fig.legend(handles, ["forward", "backward (B)", "weight gradient (W)"], fontsize=8,
+               loc="upper center", ncol=3, frameon=False,
+               bbox_to_anchor=(0.5, 0.985 - 0.12 / len(names)))
+    return save(fig, csv_dir / "04_pipeline_bubbles_gantt.png", layout=False)
 
 
 def bubble(csv_dir: Path) -> Path:
