@@ -25,8 +25,10 @@ Trace train(Communicator& comm, const Config& cfg, Model& model,
             const std::function<void(int)>& after_step) {
   const int P = comm.size(), r = comm.rank();
   const std::int64_t local_batch = shard_range(cfg.batch, P, r).length;
+  // [grad_sync]
   GradSync sync(comm, model.store, {.mode = cfg.sync, .bucket_bytes = cfg.bucket_bytes()});
   sync.set_batch(local_batch, cfg.batch);
+  // [grad_sync]
   const toy::Teacher teacher(cfg.model(), cfg.seed);
 
   Trace trace;
@@ -41,6 +43,7 @@ Trace train(Communicator& comm, const Config& cfg, Model& model,
     model.store.zero_grad();
     double squared = 0;
 
+    // [accumulate]
     // Forward and backward over k micro-batches; gradients add up to my rows' mean. Only
     // the last one syncs (DDP's no_sync() for the others); in overlap mode its backward
     // starts each bucket's allreduce as soon as the bucket's gradients are final.
@@ -58,6 +61,7 @@ Trace train(Communicator& comm, const Config& cfg, Model& model,
 
     Stopwatch wait;
     sync.finish();  // the weighted average, on every rank
+    // [accumulate]
     trace.comm_wait_s += wait.seconds();
 
     Stopwatch update;

@@ -53,6 +53,7 @@ namespace {
 
 /// One training step on this rank's rows, every block through the optimizer's calls
 /// (zero.hpp); returns its squared error.
+// [zero_step]
 double step(ZeroOptimizer& opt, std::vector<nn::Sequential>& blocks, const Tensor& x,
             const Tensor& y, const RunConfig& run, double rows, std::uint64_t* after_forward) {
   const DType type = weight_type(run.precision);
@@ -104,6 +105,7 @@ double step(ZeroOptimizer& opt, std::vector<nn::Sequential>& blocks, const Tenso
   opt.step();
   return sse;
 }
+// [zero_step]
 
 }  // namespace
 

@@ -96,6 +96,7 @@ TEST_SUITE("ch07") {
       CAPTURE(N);
       const OneDevice ref = one_device(c, x, dy, N);
       on_ranks(N, [&](Communicator& comm) {
+        // [moe_in_a_model]
         nn::ParameterStore store;
         nn::Sequential model;
         nn::Linear& in = model.add<nn::Linear>(store, "in", in_features, c.hidden, 51);
@@ -107,6 +108,7 @@ TEST_SUITE("ch07") {
         nn::Forward f = model.forward(x.slice(mine.offset, mine.length));
         check_equal(f.out, ref.y.slice(mine.offset, mine.length), "outputs");
         const Tensor dx = model.backward(dy.slice(mine.offset, mine.length), f.saved);
+        // [moe_in_a_model]
         check_equal(dx, ref.dx.slice(mine.offset, mine.length), "dL/dx");
         check_close(moe.router().grad, ref.moe.drouter, 1e-6f, 1e-5f, "dL/dWrouter");
         for (int l = 0; l < moe.experts_here(); ++l) {

@@ -158,6 +158,7 @@ HybridRun train_hybrid(Mesh& mesh, HybridModel& model, const HybridConfig& c, Me
     const Tensor y = batch.y.slice(mine.offset, mine.length);
     auto rows_of = [&](int j) { return shard_range(mine.length, c.microbatches, j); };
 
+    // [pipeline_step]
     ch04::Stage stage;
     stage.chunks = {&model.chunk()};
     stage.memory = memory;
@@ -179,6 +180,7 @@ HybridRun train_hybrid(Mesh& mesh, HybridModel& model, const HybridConfig& c, Me
       ran = pipeline.run(schedule, stage, hooks);
     }
     opt->reduce();
+    // [pipeline_step]
     opt->update();
     run.bytes = {sent_since(mesh.tp(), tp0), sent_since(mesh.dp(), dp0), ran.bytes_sent};
     if (step == c.steps - 1)

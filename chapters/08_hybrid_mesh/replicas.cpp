@@ -28,11 +28,13 @@ ReplicaOptimizer::ReplicaOptimizer(shardlab::Communicator& dp, nn::ParameterStor
 
 ReplicaOptimizer::~ReplicaOptimizer() = default;
 
+// [no_sync_hook]
 void ReplicaOptimizer::accumulate(ch04::Hooks& hooks) {
   if (!sync_) return;
   sync_->set_enabled(false);  // the microbatches accumulate; the last backward syncs
   hooks.before_last_backward = [this] { sync_->set_enabled(true); };
 }
+// [no_sync_hook]
 
 void ReplicaOptimizer::reduce() {
   if (sync_) sync_->finish();

@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""Code in the chapter texts comes from the real sources, never pasted by hand.
+
+A text marks each C++ block with the source region it shows; the region is the lines
+between two `// [name]` lines in the source (plain comments: Doxygen finds them for
+\\snippet and does not take them for documentation):
+
+    <!-- snippet: chapters/03_ring_allreduce/ring_allreduce.hpp ring_steps -->
+    ```cpp
+    void ring_reduce_scatter(Communicator& comm, std::span<float> data, Workspace& scratch);
+    ```
+
+    snippets.py --check [ROOT]      every C++ block of every text is marked, and equals its
+                                    region (dedented); exit 1 naming each one that is not
+    snippets.py --filter FILE.md    FILE with each marked block replaced by Doxygen's
+                                    \\snippet of its region (Doxygen's FILTER_PATTERNS), so
+                                    the site shows the source itself
+    snippets.py --update [ROOT]     paste each marked block's region again (after the
+                                    source changed)
+    snippets.py --self-test         the checker on texts with planted faults
+
+On GitHub a text shows its block; the check keeps that block equal to the source.
+"""
+import re
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+MARK = re.compile(r"^<!-- snippet: (\S+) (\S+) -->\s*$")
+FENCE = re.compile(r"^```(\w*)\s*$")
+CODE_LANGS = {"cpp", "c++", "cc", "hpp"}
+TEXTS = ["README.md", "chapters/*/README.md", "docs/*.md"]
+
+
+def region(root, path, name):
+    """The lines between the two `// [name]` markers of root/path, dedented; None if the
+    file or the pair of markers is missing."""
+    try:
+        lines = (Path(root) / path).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    marks = [i for i, line in enumerate(lines) if line.strip() == f"// [{name}]"]
+    if len(marks) != 2:
+        return None
+    return textwrap.dedent("\n".join(lines[marks[0] + 1:marks[1]])).strip("\n")
+
+
+def blocks(text):
+    """Every fenced block: (line of its fence, language, its code, the marker or None, the
+    line of the marker)."""
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        fence = FENCE.match(lines[i])
+        if not fence:
+            i += 1
+            continue
+        end = i + 1
+        while end < len(lines) and not FENCE.match(lines[end]):
+            end += 1
+        mark = MARK.match(lines[i - 1]) if i > 0 else None
+        yield i, fence.group(1).lower(), "\n".join(lines[i + 1:end]), mark, end
+        i = end + 1
+
+
+def check(root):
+    """Problems, one line each: unmarked C++ blocks, missing regions, blocks that differ."""
+    root = Path(root)
+    problems = []
+    for pattern in TEXTS:
+        for text_path in sorted(root.glob(pattern)):
+            rel = text_path.relative_to(root)
+            for line, lang, code, mark, _ in blocks(text_path.read_text(encoding="utf-8")):
+                where = f"{rel}:{line + 1}"
+                if mark is None:
+                    if lang in CODE_LANGS:
+                        problems.append(f"{where}: a C++ block with no '<!-- snippet: FILE "
+                                        "REGION -->' above it: show a region of a real source")
+                    continue
+                source, name = mark.group(1), mark.group(2)
+                want = region(root, source, name)
+                if want is None:
+                    problems.append(f"{where}: no region '// [{name}]' ... '// [{name}]' in "
+                                    f"{source}")
+                elif textwrap.dedent(code).strip("\n") != want:
+                    problems.append(f"{where}: the block differs from {source} [{name}]; "
+                                    "run scripts/snippets.py --update")
+    return problems
+
+
+def update(root):
+    """Rewrites each marked block of every text with its region; returns the texts changed."""
+    root = Path(root)
+    changed = []
+    for pattern in TEXTS:
+        for text_path in sorted(root.glob(pattern)):
+            lines = text_path.read_text(encoding="utf-8").split("\n")
+            for line, _, code, mark, end in reversed(list(blocks("\n".join(lines)))):
+                want = mark and region(root, mark.group(1), mark.group(2))
+                if want is not None and want and textwrap.dedent(code).strip("\n") != want:
+                    lines[line + 1:end] = want.split("\n")
+            text = "\n".join(lines)
+            if text != text_path.read_text(encoding="utf-8"):
+                text_path.write_text(text, encoding="utf-8")
+                changed.append(str(text_path.relative_to(root)))
+    return changed
+
+
+def doxygen_filter(path):
+    """The text with each marked block replaced by a \\snippet of its region, padded with
+    blank lines so that Doxygen's warnings keep their line numbers."""
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    out = list(lines)
+    for line, _, _, mark, end in blocks("\n".join(lines)):
+        if mark is None:
+            continue
+        out[line - 1] = f"\\snippet {mark.group(1)} {mark.group(2)}"
+        for i in range(line, end + 1):
+            out[i] = ""
+    return "\n".join(out) + "\n"
+
+
+def self_test():
+    """Plants each fault the checker must find, and a text it must pass."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / "docs/pages").mkdir(parents=True)
+        (root / "src.hpp").write_text("int a;\n  // [decl]\n  int f(int x);\n  // [decl]\n")
+        good = "<!-- snippet: src.hpp decl -->\n```cpp\nint f(int x);\n```\n\n```sh\nls\n```\n"
+        cases = {
+            "good": (good, []),
+            "unmarked": ("```cpp\nint f(int x);\n```\n", ["with no"]),
+            "differs": ("<!-- snippet: src.hpp decl -->\n```cpp\nint f(int y);\n```\n",
+                        ["differs"]),
+            "no region": ("<!-- snippet: src.hpp other -->\n```cpp\nint f(int x);\n```\n",
+                          ["no region"]),
+            "no file": ("<!-- snippet: nope.hpp decl -->\n```cpp\nint f(int x);\n```\n",
+                        ["no region"]),
+        }
+        failed = 0
+        for name, (text, want) in cases.items():
+            (root / "docs/t.md").write_text(text)
+            got = check(root)
+            ok = len(got) == len(want) and all(w in g for w, g in zip(want, got))
+            print(f"{'ok' if ok else 'FAILED'}: {name}: {got or 'no problems'}")
+            failed += not ok
+        (root / "docs/t.md").write_text(good)
+        filtered = doxygen_filter(root / "docs/t.md").splitlines()
+        ok = filtered[0] == "\\snippet src.hpp decl" and len(filtered) == len(good.splitlines())
+        print(f"{'ok' if ok else 'FAILED'}: the filter: {filtered[:2]}")
+        return 1 if failed or not ok else 0
+
+
+def main(argv):
+    if len(argv) >= 2 and argv[1] == "--filter" and len(argv) == 3:
+        sys.stdout.write(doxygen_filter(argv[2]))
+        return 0
+    if len(argv) >= 2 and argv[1] == "--self-test":
+        return self_test()
+    if len(argv) in (2, 3) and argv[1] == "--update":
+        root = Path(argv[2]) if len(argv) == 3 else Path(__file__).resolve().parent.parent
+        for text in update(root):
+            print("updated", text)
+        return 0
+    if len(argv) in (2, 3) and argv[1] == "--check":
+        root = Path(argv[2]) if len(argv) == 3 else Path(__file__).resolve().parent.parent
+        problems = check(root)
+        for p in problems:
+            print(p, file=sys.stderr)
+        print(f"snippets: {len(problems)} problem(s)" if problems else "snippets: every C++ "
+              "block of the texts equals its source region")
+        return 1 if problems else 0
+    print("usage: snippets.py --check [ROOT] | --update [ROOT] | --filter FILE.md | --self-test", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
