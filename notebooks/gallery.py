@@ -3,8 +3,8 @@
 Runs each chapter's benchmark or series at a small size, draws its figures with the
 chapter's plot script (plot_NN_*.py, the same code the notebooks call), checks that each
 is a real picture, and writes OUT/index.html: every figure with a one-line caption saying
-what to look at. It also writes OUT/gallery.md, the same page for the documentation site
-(`make docs` after `make plots` shows the figures there).
+what to look at. It also writes OUT/figures.md, the same figures for the documentation
+site's gallery page (docs/gallery.md: `make docs` after `make plots` shows them there).
 
     .venv/bin/python notebooks/gallery.py --bin build/default/bin --out build/default/plots
     .venv/bin/python notebooks/gallery.py --from results --out results   # CSVs you made
@@ -218,13 +218,10 @@ def index_html(drawn, skipped):
     return "\n".join(parts)
 
 
-def gallery_md(drawn, skipped):
-    """The same page for the documentation site (Doxygen markdown)."""
-    lines = ["# Every figure {#gallery}", "",
-             "Each chapter's benchmark or series at a small size, drawn by `make plots` on "
-             "the machine that built this site. Under each figure: what to look at. The "
-             "chapter pages explain them; the notebooks in `notebooks/` draw them from "
-             "larger runs.", ""]
+def figures_md(drawn, skipped):
+    """The figures as Doxygen markdown, for the site's gallery page (docs/gallery.md, whose
+    marker line scripts/snippets.py replaces with this)."""
+    lines = []
     for chapter in drawn:
         lines += [f"## Chapter {chapter.number}: {chapter.title} {{#gallery_ch{chapter.number}}}",
                   "", f"From @ref ch{chapter.number}.", ""]
@@ -280,7 +277,7 @@ def main():
         except (OSError, ValueError):
             skipped.append(chapter)
     (out / "index.html").write_text(index_html(drawn, skipped), encoding="utf-8")
-    (out / "gallery.md").write_text(gallery_md(drawn, skipped), encoding="utf-8")
+    (out / "figures.md").write_text(figures_md(drawn, skipped), encoding="utf-8")
     print(f"gallery: {out / 'index.html'}")
     if args.readme_figures:
         target = Path(args.readme_figures)

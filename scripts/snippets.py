@@ -12,9 +12,13 @@ between two `// [name]` lines in the source (plain comments: Doxygen finds them 
 
     snippets.py --check [ROOT]      every C++ block of every text is marked, and equals its
                                     region (dedented); exit 1 naming each one that is not
-    snippets.py --filter FILE.md    FILE with each marked block replaced by Doxygen's
+    snippets.py --filter [--figures FIGURES.md] FILE.md
+                                    FILE with each marked block replaced by Doxygen's
                                     \\snippet of its region (Doxygen's FILTER_PATTERNS), so
-                                    the site shows the source itself
+                                    the site shows the source itself; and a line
+                                    `<!-- figures: ... -->` replaced by FIGURES.md (the
+                                    gallery make plots drew) or, before it exists, by a
+                                    line saying how to draw them
     snippets.py --update [ROOT]     paste each marked block's region again (after the
                                     source changed)
     snippets.py --self-test         the checker on texts with planted faults
@@ -29,6 +33,7 @@ import textwrap
 from pathlib import Path
 
 MARK = re.compile(r"^<!-- snippet: (\S+) (\S+) -->\s*$")
+FIGURES = re.compile(r"^<!-- figures:.*-->\s*$")
 FENCE = re.compile(r"^```(\w*)\s*$")
 CODE_LANGS = {"cpp", "c++", "cc", "hpp"}
 TEXTS = ["README.md", "chapters/*/README.md", "docs/*.md"]
@@ -108,9 +113,10 @@ def update(root):
     return changed
 
 
-def doxygen_filter(path):
+def doxygen_filter(path, figures=None):
     """The text with each marked block replaced by a \\snippet of its region, padded with
-    blank lines so that Doxygen's warnings keep their line numbers."""
+    blank lines so that Doxygen's warnings keep their line numbers; and its figures marker
+    (the gallery page's) replaced by the figures page make plots wrote, if any."""
     lines = Path(path).read_text(encoding="utf-8").splitlines()
     out = list(lines)
     for line, _, _, mark, end in blocks("\n".join(lines)):
@@ -119,6 +125,11 @@ def doxygen_filter(path):
         out[line - 1] = f"\\snippet {mark.group(1)} {mark.group(2)}"
         for i in range(line, end + 1):
             out[i] = ""
+    for i, text in enumerate(out):
+        if FIGURES.match(text):
+            drawn = figures and Path(figures).is_file()
+            out[i] = (Path(figures).read_text(encoding="utf-8") if drawn else
+                      "No figures yet on this site: `make plots`, then `make docs`.")
     return "\n".join(out) + "\n"
 
 
@@ -150,12 +161,23 @@ def self_test():
         filtered = doxygen_filter(root / "docs/t.md").splitlines()
         ok = filtered[0] == "\\snippet src.hpp decl" and len(filtered) == len(good.splitlines())
         print(f"{'ok' if ok else 'FAILED'}: the filter: {filtered[:2]}")
-        return 1 if failed or not ok else 0
+        page = root / "docs/gallery.md"
+        page.write_text("# Every figure\n\n<!-- figures: here -->\n")
+        (root / "figures.md").write_text("## Chapter 01\n")
+        drawn = doxygen_filter(page, figures=root / "figures.md")
+        none = doxygen_filter(page, figures=root / "missing.md")
+        ok_figures = "## Chapter 01" in drawn and "make plots" in none and "<!--" not in none
+        print(f"{'ok' if ok_figures else 'FAILED'}: the figures marker: {drawn.splitlines()[2]!r}, "
+              f"{none.splitlines()[2]!r}")
+        return 1 if failed or not ok or not ok_figures else 0
 
 
 def main(argv):
-    if len(argv) >= 2 and argv[1] == "--filter" and len(argv) == 3:
+    if len(argv) == 3 and argv[1] == "--filter":
         sys.stdout.write(doxygen_filter(argv[2]))
+        return 0
+    if len(argv) == 5 and argv[1] == "--filter" and argv[2] == "--figures":
+        sys.stdout.write(doxygen_filter(argv[4], figures=argv[3]))
         return 0
     if len(argv) >= 2 and argv[1] == "--self-test":
         return self_test()
@@ -172,7 +194,8 @@ def main(argv):
         print(f"snippets: {len(problems)} problem(s)" if problems else "snippets: every C++ "
               "block of the texts equals its source region")
         return 1 if problems else 0
-    print("usage: snippets.py --check [ROOT] | --update [ROOT] | --filter FILE.md | --self-test", file=sys.stderr)
+    print("usage: snippets.py --check [ROOT] | --update [ROOT] | "
+          "--filter [--figures FIGURES.md] FILE.md | --self-test", file=sys.stderr)
     return 2
 
 
