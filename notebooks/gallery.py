@@ -16,7 +16,6 @@ page. --readme-figures DIR also writes small copies of the README's figures into
 import argparse
 import html
 import importlib
-import os
 import shutil
 import subprocess
 import sys
@@ -177,7 +176,8 @@ def run_chapter(chapter, bin_dir, out):
 
 
 def draw_chapter(chapter, out):
-    """Draws the chapter's figures with its plot script and checks each."""
+    """Draws the chapter's figures with its plot script and checks each (a bad one ends the
+    run)."""
     module = importlib.import_module(f"plot_{chapter.slug}")
     written = module.plot(out)
     written = {Path(p).name for p in (written if isinstance(written, list) else [written])}
@@ -252,6 +252,7 @@ def main():
     if args.only and not chapters:
         print(f"gallery: no chapter {', '.join(args.only)} (01 to 09)", file=sys.stderr)
         return 2
+    fresh = []  # drawn and checked now
     for chapter in chapters:
         if source:
             missing = [c for c in chapter.csvs if not (source / c).exists()]
@@ -265,11 +266,15 @@ def main():
         else:
             how = f"ran in {run_chapter(chapter, args.bin, out):.1f} s"
         draw_chapter(chapter, out)
+        fresh.append(chapter)
         print(f"chapter {chapter.number}: {len(chapter.figures)} figures ({how})")
     # The pages show every chapter whose figures are in OUT (drawn now or by an earlier
-    # run: --only redraws one chapter and keeps the others).
+    # run: --only redraws one chapter and keeps the others, checked here).
     drawn, skipped = [], []
     for chapter in CHAPTERS:
+        if chapter in fresh:
+            drawn.append(chapter)
+            continue
         try:
             for figure in chapter.figures:
                 check_png(out / figure.png)
@@ -290,5 +295,4 @@ def main():
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("MPLBACKEND", "Agg")
     sys.exit(main())

@@ -26,7 +26,6 @@ between two `// [name]` lines in the source (plain comments: Doxygen finds them 
 On GitHub a text shows its block; the check keeps that block equal to the source.
 """
 import re
-import subprocess
 import sys
 import tempfile
 import textwrap
@@ -53,8 +52,8 @@ def region(root, path, name):
 
 
 def blocks(text):
-    """Every fenced block: (line of its fence, language, its code, the marker or None, the
-    line of the marker)."""
+    """Every fenced block: (line of its opening fence, language, its code, the marker above
+    it or None, line of its closing fence)."""
     lines = text.splitlines()
     i = 0
     while i < len(lines):
@@ -70,28 +69,39 @@ def blocks(text):
         i = end + 1
 
 
+def texts(root):
+    """Every text under `root` whose C++ blocks are checked: (path, its contents)."""
+    for pattern in TEXTS:
+        for text_path in sorted(root.glob(pattern)):
+            yield text_path, text_path.read_text(encoding="utf-8")
+
+
+def shown(code):
+    """A block's code as it is compared with its region: dedented, no blank ends."""
+    return textwrap.dedent(code).strip("\n")
+
+
 def check(root):
     """Problems, one line each: unmarked C++ blocks, missing regions, blocks that differ."""
     root = Path(root)
     problems = []
-    for pattern in TEXTS:
-        for text_path in sorted(root.glob(pattern)):
-            rel = text_path.relative_to(root)
-            for line, lang, code, mark, _ in blocks(text_path.read_text(encoding="utf-8")):
-                where = f"{rel}:{line + 1}"
-                if mark is None:
-                    if lang in CODE_LANGS:
-                        problems.append(f"{where}: a C++ block with no '<!-- snippet: FILE "
-                                        "REGION -->' above it: show a region of a real source")
-                    continue
-                source, name = mark.group(1), mark.group(2)
-                want = region(root, source, name)
-                if want is None:
-                    problems.append(f"{where}: no region '// [{name}]' ... '// [{name}]' in "
-                                    f"{source}")
-                elif textwrap.dedent(code).strip("\n") != want:
-                    problems.append(f"{where}: the block differs from {source} [{name}]; "
-                                    "run scripts/snippets.py --update")
+    for text_path, text in texts(root):
+        rel = text_path.relative_to(root)
+        for line, lang, code, mark, _ in blocks(text):
+            where = f"{rel}:{line + 1}"
+            if mark is None:
+                if lang in CODE_LANGS:
+                    problems.append(f"{where}: a C++ block with no '<!-- snippet: FILE "
+                                    "REGION -->' above it: show a region of a real source")
+                continue
+            source, name = mark.group(1), mark.group(2)
+            want = region(root, source, name)
+            if want is None:
+                problems.append(f"{where}: no region '// [{name}]' ... '// [{name}]' in "
+                                f"{source}")
+            elif shown(code) != want:
+                problems.append(f"{where}: the block differs from {source} [{name}]; "
+                                "run scripts/snippets.py --update")
     return problems
 
 
@@ -99,17 +109,15 @@ def update(root):
     """Rewrites each marked block of every text with its region; returns the texts changed."""
     root = Path(root)
     changed = []
-    for pattern in TEXTS:
-        for text_path in sorted(root.glob(pattern)):
-            lines = text_path.read_text(encoding="utf-8").split("\n")
-            for line, _, code, mark, end in reversed(list(blocks("\n".join(lines)))):
-                want = mark and region(root, mark.group(1), mark.group(2))
-                if want is not None and want and textwrap.dedent(code).strip("\n") != want:
-                    lines[line + 1:end] = want.split("\n")
-            text = "\n".join(lines)
-            if text != text_path.read_text(encoding="utf-8"):
-                text_path.write_text(text, encoding="utf-8")
-                changed.append(str(text_path.relative_to(root)))
+    for text_path, text in texts(root):
+        lines = text.split("\n")
+        for line, _, code, mark, end in reversed(list(blocks(text))):
+            want = mark and region(root, mark.group(1), mark.group(2))
+            if want and shown(code) != want:
+                lines[line + 1:end] = want.split("\n")
+        if "\n".join(lines) != text:
+            text_path.write_text("\n".join(lines), encoding="utf-8")
+            changed.append(str(text_path.relative_to(root)))
     return changed
 
 
