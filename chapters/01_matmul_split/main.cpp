@@ -28,8 +28,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "gemm_bench.hpp"    // defines: the GEMM benchmark (--benchmark)
 #include "matmul_split.hpp"  // defines: the three strategies (the exercise)
-#include "shardlab/bench.hpp"
 #include "shardlab/cli.hpp"
 #include "shardlab/cuda.hpp"
 #include "shardlab/launch.hpp"
@@ -37,71 +37,6 @@
 #include "strategies.hpp"  // defines: their table (what each cuts, communicates, costs)
 
 using namespace shardlab;
-
-namespace {
-
-// ---------------------------------------------------------------------------
-// GEMM benchmark: how close one device's matmul gets to its peak.
-
-void gemm_benchmark(Context& ctx, double peak) {
-  const bool gpu = ctx.on_gpu();
-  std::string what = "cpu: the reference loop vs the blocked kernel, one core";
-  if (gpu) {
-    const int device = cuda::device_for_rank(0);
-    what = "cuda: cuBLAS SGEMM on " + cuda::describe_device(device);
-    if (peak == 0) peak = cuda::peak_fp32_tflops(device);
-    // Validate against the CPU reference before timing anything.
-    const Tensor a = randn(256, 256, 1), b = randn(256, 256, 2);
-    const Tensor got = matmul(a.to(Memory::device), b.to(Memory::device)).to(Memory::host);
-    const float bound = matmul_reorder_bound(a, b);
-    const double diff =
-        ctx.verify_close("cuBLAS 256^3", max_abs_diff(got, matmul(a, b)), bound, "the CPU matmul");
-    ctx.say("validated: cuBLAS vs CPU on 256^3, max abs diff " + format_number(diff, 3) +
-            " (bound " + format_number(bound, 3) + ")");
-  }
-  // Every rank times its own device; the table shows the slowest. The output is allocated
-  // once per size, so only the GEMM is timed.
-  Tensor a, b, out;
-  bench::Case gemm;
-  gemm.name = gpu ? "cublas_sgemm" : "cpu_blocked";
-  gemm.prepare = [&](std::int64_t n) {
-    a = randn(n, n, 3).to(ctx.memory()), b = randn(n, n, 4).to(ctx.memory());
-    out = empty(Shape{n, n}, DType::f32, ctx.memory());
-  };
-  gemm.run = [&] { matmul_into(out, a, b); };
-  bench::Case reference = gemm;  // the same operands through the reference loop
-  reference.name = "cpu_reference", reference.run = [&] { matmul_reference_into(out, a, b); };
-  bench::Config config;
-  config.title = "GEMM benchmark (" + what + "), FP32, n x n x n";
-  config.measure = bench::Measure::throughput;
-  config.flops = [](std::int64_t n) { return 2.0 * double(n) * double(n) * double(n); };
-  config.peak_tflops = peak;
-  config.iterations = 5, config.warmup = 1;
-  config.csv_name = "01_matmul_split", config.json_key = "gemm";
-  if (gpu) {  // the GPU's own time for the GEMMs (CUDA events), not the launch loop's
-    config.synchronize = [] { cuda::synchronize(); };
-    config.device_clock = true;
-  }
-  ctx.say("");
-  const std::vector<bench::Row> rows =
-      gpu ? bench::run(ctx, config, {gemm}, {1024, 2048, 4096, 8192})
-          : bench::run(ctx, config, {reference, gemm}, {256, 512, 1024});
-  if (!gpu) {  // the clear loop and the kernel that gives its bits, side by side
-    const std::vector<bench::Row> loop = bench::rows_of(rows, reference.name),
-                                  kernel = bench::rows_of(rows, gemm.name);
-    Table speed({"n", "reference_gflops", "blocked_gflops", "speedup"});
-    for (std::size_t i = 0; i < loop.size() && i < kernel.size(); ++i)
-      speed.add({loop[i].count, loop[i].tflops * 1e3, kernel[i].tflops * 1e3,
-                 loop[i].tflops > 0 ? kernel[i].tflops / loop[i].tflops : 0.0});
-    ctx.report(speed, "gemm_gflops",
-               "\nHost GEMM on one core, GFLOP/s: the reference loop and the blocked kernel");
-  }
-  if (peak == 0) ctx.say("  (peak not known for this device: give it with --peak-tflops)");
-  ctx.json()["gemm_device"] = what;
-  ctx.json()["peak_tflops"] = peak;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   Program program("ch01_matmul_split",
@@ -228,6 +163,6 @@ int main(int argc, char** argv) {
         "  Only the sum is the gradient: a replica that stepped with its own would drift away\n"
         "  from the others. Chapter 02 computes that sum every step.");
 
-    if (bench) gemm_benchmark(ctx, peak);
+    if (bench) ch01::gemm_benchmark(ctx, peak);
   });
 }

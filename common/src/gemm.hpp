@@ -1,10 +1,10 @@
 // gemm: the host f32 matrix product behind matmul (tensor.cpp), on raw row-major arrays.
 //
-// Every function here computes c = op(a) @ op(b), c M x N, with the same result bit for
-// bit: c(i, j) starts at +0.0f and adds a(i, k) * b(k, j) (the product rounded to f32,
-// then the sum rounded: no fused multiply-add) for k = 0, 1, ..., K-1 in that order. So an
-// element does not depend on M, N, on which rows or columns a shard holds, or on which
-// operand is transposed, and a row or column shard's matmul equals those elements of the
+// Every kernel here computes c = op(a) @ op(b), c M x N, with the same result bit for bit:
+// c(i, j) starts at +0.0f and takes `sum = fma(a(i, k), b(k, j), sum)` (the product and the
+// sum rounded once, together) for k = 0, 1, ..., K-1 in that order. So an element does not
+// depend on M, N, on which rows or columns a shard holds, on which operand is transposed,
+// or on which kernel ran, and a row or column shard's matmul equals those elements of the
 // whole one bit for bit. NaN and inf propagate as in that loop (0 * inf is NaN).
 //
 // Layouts: a is M x K (K x M when transpose_a), b is K x N (N x K when transpose_b), c is
@@ -15,28 +15,53 @@
 
 namespace shardlab::gemm {
 
-/// The blocked kernel's shape: tiles of c of 6 x 16 in registers; for each block of 2048
-/// columns and 384 values of k, op(b) is packed (16-column panels of 24 KiB stay in L1),
-/// and for each block of 96 rows, op(a) (144 KiB, in L2). Tests probe these edges.
-inline constexpr std::int64_t blocked_tile_rows = 6, blocked_tile_cols = 16;
-inline constexpr std::int64_t blocked_k_block = 384, blocked_row_block = 96,
-                              blocked_col_block = 2048;
+/// The kernels. `reference` is the definition: plain loops (vectorised across columns by
+/// the compiler where the CPU has FMA). `avx2` and `avx512` are blocked: packed panels and
+/// a register-tiled micro-kernel of fused multiply-adds, for x86-64 CPUs with AVX2 + FMA
+/// and with AVX-512F. The build stays portable: each is chosen at run time.
+enum class Kernel { reference, avx2, avx512 };
 
-/// The definition: plain loops, no blocking. Slow (about 10 GFLOP/s on one core).
+/// "reference", "avx2", "avx512": the names SHARDLAB_GEMM takes.
+const char* kernel_name(Kernel kernel);
+
+/// True when this CPU can run `kernel` (the reference runs everywhere).
+bool kernel_available(Kernel kernel);
+
+/// The kernel matmul uses: the one SHARDLAB_GEMM names, else the fastest this CPU has
+/// (avx512, then avx2, then the reference). Read once; throws UsageError naming the
+/// variable when it names no kernel or one this CPU cannot run.
+Kernel kernel_in_use();
+
+/// A blocked kernel's blocking: its register tile of c (tile_rows x tile_cols), and the cache
+/// blocks it packs (k_block values of k, row_block rows of op(a), col_block columns of
+/// op(b)). The tests probe these edges. The reference's is all zeros.
+struct Blocking {
+  std::int64_t tile_rows = 0;
+  std::int64_t tile_cols = 0;
+  std::int64_t k_block = 0;
+  std::int64_t row_block = 0;
+  std::int64_t col_block = 0;
+};
+Blocking kernel_blocking(Kernel kernel);
+
+/// The definition: plain loops, no blocking.
 void host_matmul_reference_f32(const float* a, const float* b, float* c, std::int64_t M,
                                std::int64_t N, std::int64_t K, bool transpose_a, bool transpose_b);
 
-/// True when this CPU runs the blocked kernel (x86-64 with AVX2, checked at run time).
-bool host_matmul_blocked_available();
+/// The same result through `kernel`, which must be available. One thread; reentrant (the
+/// packing buffers are the calling thread's own).
+void host_matmul_kernel_f32(Kernel kernel, const float* a, const float* b, float* c, std::int64_t M,
+                            std::int64_t N, std::int64_t K, bool transpose_a, bool transpose_b);
 
-/// The same result, cache- and register-blocked (packed panels, a 6 x 16 AVX2 micro-kernel
-/// doing separate multiplies and adds). Needs host_matmul_blocked_available(). One thread;
-/// reentrant (the packing buffers are the calling thread's own).
-void host_matmul_blocked_f32(const float* a, const float* b, float* c, std::int64_t M,
-                             std::int64_t N, std::int64_t K, bool transpose_a, bool transpose_b);
-
-/// The blocked kernel where the CPU has it, else the reference.
+/// The same result through kernel_in_use().
 void host_matmul_fast_f32(const float* a, const float* b, float* c, std::int64_t M, std::int64_t N,
                           std::int64_t K, bool transpose_a, bool transpose_b);
+
+/// For the tests: the avx512 kernel's tile and blocks, run with AVX2 registers (four per
+/// tile row instead of two of AVX-512's), so that its shape's edges are checked on a CPU
+/// without AVX-512. Needs kernel_available(Kernel::avx2).
+void host_matmul_avx512_shape_on_avx2_f32(const float* a, const float* b, float* c, std::int64_t M,
+                                          std::int64_t N, std::int64_t K, bool transpose_a,
+                                          bool transpose_b);
 
 }  // namespace shardlab::gemm

@@ -389,6 +389,7 @@ int Program::run(int argc, char** argv, const Body& body) {
     }
     if (world_size_) world_size_(options_, options_.ranks);
     if (validate_) validate_(options_);
+    host_matmul_kernel();  // SHARDLAB_GEMM, if set, names a kernel this CPU runs
     if (memory_estimate_) check_memory();
     if (writes_csv_ && writes_csv_()) check_writable_folder(options_.csv_dir);
   } catch (const CLI::CallForHelp& e) {

@@ -3,12 +3,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <type_traits>
+#include <vector>
 
+#include "gemm.hpp"
 #include "kernels.hpp"
 #include "shardlab/check.hpp"
 #include "shardlab/half.hpp"
 #include "shardlab/memory.hpp"
+#include "vector_math.hpp"
 
 namespace shardlab::nn {
 
@@ -365,6 +369,45 @@ void Embedding::backward_weight(Saved& saved) {
 // ---------------------------------------------------------------------------
 // Causal self-attention
 
+namespace {
+/// One head's T x D blocks, dense for the GEMMs, reused across sequences and heads.
+struct HeadBuffers {
+  std::int64_t T, D;
+  std::vector<float> storage;
+  float *q, *k, *v, *out, *dq, *dk, *dv, *scores;
+  HeadBuffers(std::int64_t tokens, std::int64_t dim)
+      : T(tokens), D(dim), storage(static_cast<std::size_t>(7 * tokens * dim + tokens * tokens)) {
+    float* p = storage.data();
+    for (float** block : {&q, &k, &v, &out, &dq, &dk, &dv}) *block = p, p += T * D;
+    scores = p;
+  }
+  /// Copies T rows of D values, `stride` apart, from `from` (+ D, + 2D, ... for each next block).
+  void take(const float* from, std::int64_t stride, std::initializer_list<float*> blocks) const {
+    std::int64_t offset = 0;
+    for (float* block : blocks) {
+      for (std::int64_t t = 0; t < T; ++t)
+        std::copy_n(from + t * stride + offset, D, block + t * D);
+      offset += D;
+    }
+  }
+  /// Copies a T x D block into T rows `stride` apart at `to`.
+  void give(const float* block, float* to, std::int64_t stride) const {
+    for (std::int64_t t = 0; t < T; ++t) std::copy_n(block + t * D, D, to + t * stride);
+  }
+};
+
+/// a[0..n) = softmax(scores[0..n) x scale): the maximum subtracted first, e^ by vector_math,
+/// summed in order.
+void softmax_prefix(const float* scores, std::int64_t n, float scale, float* a) {
+  float top = -INFINITY;
+  for (std::int64_t s = 0; s < n; ++s) a[s] = scores[s] * scale, top = std::max(top, a[s]);
+  vmath::exp(a, top, a, n);
+  float sum = 0;
+  for (std::int64_t s = 0; s < n; ++s) sum += a[s];
+  for (std::int64_t s = 0; s < n; ++s) a[s] /= sum;
+}
+}  // namespace
+
 CausalSelfAttention::CausalSelfAttention(std::int64_t heads, std::int64_t sequence)
     : heads_(heads), sequence_(sequence) {
   require(heads >= 1 && sequence >= 1, "attention: needs at least one head and one token");
@@ -386,38 +429,23 @@ Forward CausalSelfAttention::forward(const Tensor& x) const {
     f.saved.tensors = {x, att};
     return f;
   }
-  Tensor y(B * T, C);
-  Tensor att(Shape{B, H, T, T}, DType::f32);
-  const float* px = x.data();
+  // Per sequence and head: the scores S = Q K^T and the output A V are GEMMs (gemm.cpp,
+  // on this head's queries, keys and values copied out of x), the softmax a loop over
+  // each row's tokens 0..t. Zeros past t in A add nothing to A V.
+  Tensor y = empty(Shape{B * T, C});
+  Tensor att(Shape{B, H, T, T}, DType::f32);  // zeros past each row's token
+  HeadBuffers w(T, D);
   float* pa = att.data();
-  std::vector<float> row(static_cast<std::size_t>(T));
   for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t h = 0; h < H; ++h)
-      for (std::int64_t t = 0; t < T; ++t) {
-        const float* q = px + (b * T + t) * 3 * C + h * 3 * D;
-        // Scores against tokens 0..t, then a softmax over them (max subtracted first).
-        float top = -INFINITY;
-        for (std::int64_t s = 0; s <= t; ++s) {
-          const float* k = px + (b * T + s) * 3 * C + h * 3 * D + D;
-          float dot = 0;
-          for (std::int64_t d = 0; d < D; ++d) dot += q[d] * k[d];
-          row[static_cast<std::size_t>(s)] = dot * scale_by;
-          top = std::max(top, row[static_cast<std::size_t>(s)]);
-        }
-        float sum = 0;
-        for (std::int64_t s = 0; s <= t; ++s) {
-          row[static_cast<std::size_t>(s)] = std::exp(row[static_cast<std::size_t>(s)] - top);
-          sum += row[static_cast<std::size_t>(s)];
-        }
-        float* a = pa + ((b * H + h) * T + t) * T;
-        for (std::int64_t s = 0; s <= t; ++s) a[s] = row[static_cast<std::size_t>(s)] / sum;
-        // y = the weighted sum of the values.
-        float* out = y.data() + (b * T + t) * C + h * D;
-        for (std::int64_t s = 0; s <= t; ++s) {
-          const float* v = px + (b * T + s) * 3 * C + h * 3 * D + 2 * D;
-          for (std::int64_t d = 0; d < D; ++d) out[d] += a[s] * v[d];
-        }
-      }
+    for (std::int64_t h = 0; h < H; ++h) {
+      w.take(x.data() + b * T * 3 * C + h * 3 * D, 3 * C, {w.q, w.k, w.v});
+      gemm::host_matmul_fast_f32(w.q, w.k, w.scores, T, T, D, false, true);  // Q K^T
+      float* a = pa + (b * H + h) * T * T;
+      for (std::int64_t t = 0; t < T; ++t)
+        softmax_prefix(w.scores + t * T, t + 1, scale_by, a + t * T);
+      gemm::host_matmul_fast_f32(a, w.v, w.out, T, D, T, false, false);  // A V
+      w.give(w.out, y.data() + b * T * C + h * D, C);
+    }
   Forward f{std::move(y), {}};
   f.saved.tensors = {x, att};
   return f;
@@ -438,40 +466,31 @@ Tensor CausalSelfAttention::backward_input(const Tensor& dy, Saved& saved) const
                                 D, scale_by);
     return dx;
   }
-  Tensor dx(B * T, 3 * C);
-  const float* px = x.data();
-  const float* pa = att.data();
-  float* pdx = dx.data();
-  std::vector<float> datt(static_cast<std::size_t>(T));
+  // Per sequence and head, as the forward: dA = dY V^T, dV = A^T dY, the softmax's
+  // gradient dS row by row, then dQ = dS K and dK = dS^T Q, all GEMMs.
+  Tensor dx = empty(Shape{B * T, 3 * C});  // every element written: each head's q, k, v
+  HeadBuffers w(T, D);
   for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t h = 0; h < H; ++h)
+    for (std::int64_t h = 0; h < H; ++h) {
+      w.take(x.data() + b * T * 3 * C + h * 3 * D, 3 * C, {w.q, w.k, w.v});
+      w.take(dy.data() + b * T * C + h * D, C, {w.out});  // dY
+      const float* a = att.data() + (b * H + h) * T * T;
+      gemm::host_matmul_fast_f32(w.out, w.v, w.scores, T, T, D, false, true);  // dA = dY V^T
+      gemm::host_matmul_fast_f32(a, w.out, w.dv, T, D, T, true, false);        // dV = A^T dY
+      // Through the softmax: dS[s] = a[s] (dA[s] - sum_s' a[s'] dA[s']) / sqrt(D), s <= t.
       for (std::int64_t t = 0; t < T; ++t) {
-        const float* a = pa + ((b * H + h) * T + t) * T;
-        const float* g = dy.data() + (b * T + t) * C + h * D;
-        const std::int64_t qrow = (b * T + t) * 3 * C + h * 3 * D;
-        // Through y = sum_s a[s] v[s]: dv[s] += a[s] g, da[s] = g . v[s].
-        float weighted = 0;  // sum_s a[s] da[s]
-        for (std::int64_t s = 0; s <= t; ++s) {
-          const std::int64_t srow = (b * T + s) * 3 * C + h * 3 * D;
-          float dot = 0;
-          for (std::int64_t d = 0; d < D; ++d) {
-            dot += g[d] * px[srow + 2 * D + d];
-            pdx[srow + 2 * D + d] += a[s] * g[d];
-          }
-          datt[static_cast<std::size_t>(s)] = dot;
-          weighted += a[s] * dot;
-        }
-        // Through the softmax: dscore[s] = a[s] (da[s] - sum a da); then the scores
-        // q . k[s] / sqrt(D): dq += dscore[s] k[s] / sqrt(D), dk[s] += dscore[s] q / sqrt(D).
-        for (std::int64_t s = 0; s <= t; ++s) {
-          const float dscore = a[s] * (datt[static_cast<std::size_t>(s)] - weighted) * scale_by;
-          const std::int64_t srow = (b * T + s) * 3 * C + h * 3 * D;
-          for (std::int64_t d = 0; d < D; ++d) {
-            pdx[qrow + d] += dscore * px[srow + D + d];
-            pdx[srow + D + d] += dscore * px[qrow + d];
-          }
-        }
+        const float* at = a + t * T;
+        float* row = w.scores + t * T;
+        float weighted = 0;
+        for (std::int64_t s = 0; s <= t; ++s) weighted += at[s] * row[s];
+        for (std::int64_t s = 0; s <= t; ++s) row[s] = at[s] * (row[s] - weighted) * scale_by;
+        std::fill(row + t + 1, row + T, 0.0f);
       }
+      gemm::host_matmul_fast_f32(w.scores, w.k, w.dq, T, D, T, false, false);  // dQ = dS K
+      gemm::host_matmul_fast_f32(w.scores, w.q, w.dk, T, D, T, true, false);   // dK = dS^T Q
+      float* to = dx.data() + b * T * 3 * C + h * 3 * D;
+      w.give(w.dq, to, 3 * C), w.give(w.dk, to + D, 3 * C), w.give(w.dv, to + 2 * D, 3 * C);
+    }
   return dx;
 }
 

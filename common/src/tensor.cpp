@@ -9,17 +9,22 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <iomanip>
 #include <new>
 #include <numbers>
 #include <ostream>
 #include <sstream>
+#include <type_traits>
 
 #include "gemm.hpp"
 #include "kernels.hpp"
 #include "shardlab/check.hpp"
 #include "shardlab/half.hpp"
 #include "shardlab/memory.hpp"
+#include "vector_math.hpp"
 
 namespace shardlab {
 
@@ -115,6 +120,21 @@ Shape with_dim(const Shape& shape, int d, std::int64_t n) {
 // ---------------------------------------------------------------------------
 // Storage: one allocation, freed when the last tensor viewing it goes.
 
+/// A training step frees and allocates the same large tensors every step. By default glibc
+/// maps each allocation of 128 KiB or more afresh and unmaps it when freed, so every step
+/// pays page faults and the kernel's zeroing of those pages. Raising the mapping threshold
+/// (to its maximum, 32 MiB) and the trim threshold keeps freed memory in the heap, where
+/// the next step's tensors of the same sizes find it.
+namespace {
+bool keep_freed_memory() {
+#if defined(__GLIBC__)
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
+#endif
+  return true;
+}
+}  // namespace
+
 struct Storage {
   void* ptr = nullptr;
   std::size_t bytes = 0;
@@ -130,6 +150,8 @@ struct Storage {
     }
     // 64-byte aligned (a cache line; what vector loads like), and exactly n bytes long, so
     // that AddressSanitizer (the learner build) sees a write one element past the end.
+    static const bool heap_kept = keep_freed_memory();
+    (void)heap_kept;
     ptr = ::operator new (std::max<std::size_t>(n, 1), std::align_val_t{64}, std::nothrow);
     if (!ptr)
       throw Error("cannot allocate " + std::to_string(n) + " bytes of host memory for a tensor");
@@ -535,9 +557,6 @@ Tensor binary(kernels::Binary op, const Tensor& a, const Tensor& b, const char* 
   return host_zip(a, b, [](float x, float y) { return x * y; });
 }
 
-// GELU, tanh approximation: the constant sqrt(2/pi) and the cubic's coefficient.
-constexpr float gelu_c = 0.7978845608028654f;
-constexpr float gelu_a = 0.044715f;
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b) {
@@ -653,14 +672,23 @@ Tensor column_sums(const Tensor& x) {
 }
 
 namespace {
-/// y = f(x) element by element: `kernel` on a device, `host` on the host.
+/// y = f(x) element by element: `kernel` on a device, `host` on the host (f(x) of one
+/// element, or a loop over the array: vector_math's).
 template <class Host>
 Tensor unary(const Tensor& x, const char* what, void (*kernel)(const float*, float*, std::int64_t),
              Host&& host) {
   if (is_half(x.dtype()))  // f16, bf16: in f32, rounded once
     return cast(unary(cast(x, DType::f32), what, kernel, host), x.dtype());
   require_f32(x, what);
-  if (!x.on_device()) return host_map(x, host);
+  if constexpr (std::is_invocable_v<Host, const float*, float*, std::int64_t>) {
+    if (!x.on_device()) {
+      Tensor y = empty(x.shape());
+      host(x.data(), y.data(), x.size());
+      return y;
+    }
+  } else {
+    if (!x.on_device()) return host_map(x, host);
+  }
   Tensor y = empty(x.shape(), DType::f32, Memory::device);
   kernel(x.data(), y.data(), x.size());
   return y;
@@ -673,7 +701,15 @@ Tensor gradient(const Tensor& a, const Tensor& dy, const char* what,
     return cast(gradient(cast(a, DType::f32), cast(dy, DType::f32), what, kernel, host), a.dtype());
   require_f32(a, what);
   require_like(a, dy, what);
-  if (!a.on_device()) return host_zip(a, dy, host);
+  if constexpr (std::is_invocable_v<Host, const float*, const float*, float*, std::int64_t>) {
+    if (!a.on_device()) {
+      Tensor dx = empty(a.shape());
+      host(a.data(), dy.data(), dx.data(), a.size());
+      return dx;
+    }
+  } else {
+    if (!a.on_device()) return host_zip(a, dy, host);
+  }
   Tensor dx = empty(a.shape(), DType::f32, Memory::device);
   kernel(a.data(), dy.data(), dx.data(), a.size());
   return dx;
@@ -690,21 +726,16 @@ Tensor tanh_backward(const Tensor& y, const Tensor& dy) {
 }
 
 Tensor gelu(const Tensor& x) {
-  // 0.5 x (1 + tanh(u)) = x sigmoid(2u): one exp, and no 1 + tanh to round.
-  return unary(x, "gelu", kernels::gelu_forward, [](float v) {
-    return v / (1.0f + std::exp(-2.0f * (gelu_c * (v + gelu_a * v * v * v))));
-  });
+  // 0.5 x (1 + tanh(u)) = x sigmoid(2u): one exp, and no 1 + tanh to round (vector_math).
+  return unary(x, "gelu", kernels::gelu_forward,
+               [](const float* in, float* out, std::int64_t n) { vmath::gelu(in, out, n); });
 }
 
 Tensor gelu_backward(const Tensor& x, const Tensor& dy) {
-  // d/dx of 0.5 x (1 + tanh(u)), u = c (x + a x^3): 0.5 (1 + tanh u) + 0.5 x sech^2(u) u'.
-  // With s = sigmoid(2u) = (1 + tanh u) / 2: s + 2 x s (1 - s) u'.
-  return gradient(x, dy, "gelu_backward", kernels::gelu_backward, [](float v, float d) {
-    const float u = gelu_c * (v + gelu_a * v * v * v);
-    const float s = 1.0f / (1.0f + std::exp(-2.0f * u));
-    const float du = gelu_c * (1.0f + 3.0f * gelu_a * v * v);
-    return d * (s + 2.0f * v * s * (1.0f - s) * du);
-  });
+  return gradient(x, dy, "gelu_backward", kernels::gelu_backward,
+                  [](const float* in, const float* d, float* out, std::int64_t n) {
+                    vmath::gelu_backward(in, d, out, n);
+                  });
 }
 
 Tensor cast(const Tensor& t, DType type) {

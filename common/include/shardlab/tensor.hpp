@@ -267,15 +267,20 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a = false, bool t
 /// loops that reuse one output (a benchmark).
 void matmul_into(Tensor& out, const Tensor& a, const Tensor& b, bool transpose_a = false,
                  bool transpose_b = false);
-/// The definition of the host f32 matmul: plain loops summing each out(i, j) over k = 0..K-1
-/// in order, products and sums rounded separately (no FMA). Host matmul gives these bits
-/// (it runs a blocked kernel, gemm.cpp); tests and the chapter 01 benchmark compare with
-/// it. f32 host tensors only; not counted in multiply_adds().
+/// The definition of the host f32 matmul: plain loops taking each out(i, j) from +0 through
+/// one fused multiply-add per k, `sum = fma(a(i, k), b(k, j), sum)`, k = 0..K-1 in order.
+/// Host matmul gives these bits (it runs a blocked kernel, gemm.cpp); tests and the
+/// chapter 01 benchmark compare with it. f32 host tensors only; not counted in
+/// multiply_adds().
 Tensor matmul_reference(const Tensor& a, const Tensor& b, bool transpose_a = false,
                         bool transpose_b = false);
 /// The same into `out` (M x N, f32, host), overwriting it.
 void matmul_reference_into(Tensor& out, const Tensor& a, const Tensor& b, bool transpose_a = false,
                            bool transpose_b = false);
+/// The host matmul's kernel: "avx512", "avx2" or "reference" (the fastest this CPU runs,
+/// or the one the environment variable SHARDLAB_GEMM names; UsageError if it names none
+/// this CPU runs).
+const char* host_matmul_kernel();
 /// The multiply-adds (M x K x N per matmul) the calling thread's matmuls have done so far.
 /// Each rank's thread counts its own: a test reads it to see that every rank did its
 /// share of the work, and no more.
