@@ -74,7 +74,18 @@ if [[ "$mode" == run ]]; then
 fi
 
 say "test suite"
-ctest --preset "$preset"
+# The ten slowest tests, from the run's JUnit report, printed whether the run passed or not.
+junit="$PWD/build/default/ctest-junit.xml"
+status=0
+ctest --preset "$preset" --output-junit "$junit" || status=$?
+python3 - "$junit" <<'PY' || true
+import sys, xml.etree.ElementTree as ET
+cases = [(float(c.get("time", 0)), c.get("name")) for c in ET.parse(sys.argv[1]).iter("testcase")]
+print("\nthe ten slowest tests (seconds; the suite runs two at a time):")
+for seconds, name in sorted(cases, reverse=True)[:10]:
+    print(f"  {seconds:7.1f}  {name}")
+PY
+((status == 0)) || exit "$status"
 # Every exercise test already fails on its stub in the suite (ctest -L exercise). CI also
 # builds the learner preset, as a learner's `make check` does, under the sanitizers.
 if [[ "$preset" != ci ]]; then

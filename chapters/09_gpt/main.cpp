@@ -107,10 +107,7 @@ void train(Context& ctx, const Settings& s) {
   report_profile(ctx, c.mesh, profile);
   if (!s.trace.empty()) write_profile_trace(ctx, c.mesh, profile, s.trace);
 
-  const double tokens = static_cast<double>(c.batch * c.model.context) * s.steps;
-  ctx.json()["tokens_per_second"] = tokens / seconds;
-  ctx.say("\n" + format_number(tokens / seconds) + " tokens/s on the mesh (" +
-          format_number(seconds) + " s for " + std::to_string(s.steps) + " steps)");
+  report_throughput(ctx, c, s.steps, seconds);
   if (!s.save.empty()) {
     save_checkpoint(s.save, mesh, model, &trainer.optimizer(), first + s.steps, &trainer.scaler());
     ctx.say("saved " + s.save + " (step " + std::to_string(first + s.steps) + ")");

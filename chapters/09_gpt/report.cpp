@@ -5,7 +5,11 @@
 #include <bit>
 #include <chrono>
 #include <cmath>
+#include <nlohmann/json.hpp>
+#include <thread>
 
+#include "shardlab/bench.hpp"
+#include "shardlab/cuda.hpp"
 #include "shardlab/format.hpp"
 #include "timeline.hpp"
 #include "zero.hpp"
@@ -306,6 +310,37 @@ void run_benchmark(Context& ctx, const TrainConfig& base, const Corpus& data, in
                  describe(base, ctx.comm().backend()));
   ctx.save_csv(rate, "09_gpt_throughput");
   ctx.save_csv(curve, "09_gpt_loss");
+}
+
+void report_throughput(Context& ctx, const TrainConfig& c, int steps, double seconds) {
+  const GptShape& g = c.model;
+  const double tokens = static_cast<double>(c.batch * g.context) * steps;
+  const double rate = tokens / seconds;
+  ctx.json()["tokens_per_second"] = rate;
+  ctx.say("\n" + shardlab::format_number(rate) + " tokens/s on the mesh (" +
+          shardlab::format_number(seconds) + " s for " + std::to_string(steps) + " steps)");
+  // PaLM's model FLOPs: 6 per parameter and token (2 forward, 4 backward) for the products,
+  // and 12 L H Q T for attention's two products (Q = C / H), recomputation not counted.
+  const double N = static_cast<double>(parameter_count(g) - g.context * g.channels);
+  const double per_token = 6.0 * N + 12.0 * g.layers * double(g.channels) * double(g.context);
+  double peak = 0, devices = ctx.size();
+  std::string of;
+  if (ctx.on_gpu()) {
+    peak = shardlab::cuda::peak_fp32_tflops(shardlab::cuda::device_for_rank(0)) * 1e3;
+    of = "GPU FP32 peak";
+  } else {
+    devices = std::min<double>(ctx.size(), std::max(1u, std::thread::hardware_concurrency()));
+    peak = shardlab::bench::host_gemm_peak_gflops();
+    of = "one core's measured GEMM peak";
+  }
+  const double mfu = peak > 0 ? rate * per_token / (peak * 1e9 * devices) : 0;
+  ctx.json()["model_flops_per_token"] = per_token;
+  ctx.json()["peak_gflops_per_device"] = peak;
+  ctx.json()["mfu"] = mfu;
+  ctx.say("model FLOPs utilisation " + shardlab::format_number(100 * mfu, 3) +
+          " %: " + shardlab::format_number(per_token / 1e6, 4) +
+          " MFLOP a token (6N + 12LHQT) x tokens/s over " + shardlab::format_number(devices) +
+          " x " + shardlab::format_number(peak, 3) + " GFLOP/s (" + of + ")");
 }
 
 }  // namespace ch09

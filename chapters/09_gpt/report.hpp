@@ -113,6 +113,13 @@ double report_bubble(shardlab::Context& ctx, const TrainConfig& c, Mesh& mesh,
 void report_planner(shardlab::Context& ctx, const TrainConfig& c, const StepResult& last,
                     const shardlab::memory::Usage& used, double measured_bubble);
 
+/// Tokens per second over the run's steps, and the model FLOPs utilisation (PaLM's MFU,
+/// Chowdhery et al. 2022, appendix B): (6 N + 12 L H Q T) FLOPs a token, N the parameters
+/// that take part in a product (all but the learned positions; the tied wte once, as the
+/// head), over the peak of the cores the ranks run on (one core's measured GEMM peak, or
+/// the GPU's FP32 peak, times their number).
+void report_throughput(shardlab::Context& ctx, const TrainConfig& c, int steps, double seconds);
+
 /// --benchmark: every mesh shape of the ranks that can run `c`'s model, `steps` steps each
 /// (the first not timed), one after another: tokens per second and the loss curve, as
 /// tables and as CSV files (09_gpt_throughput.csv, 09_gpt_loss.csv) for the notebook.

@@ -10,6 +10,7 @@
 #include "shardlab/check.hpp"
 #include "shardlab/cuda.hpp"
 #include "shardlab/results.hpp"
+#include "shardlab/tensor.hpp"
 #include "shardlab/timer.hpp"
 
 namespace shardlab::bench {
@@ -194,6 +195,27 @@ double mean_ratio(const std::vector<Row>& rows, const std::string& a, const std:
     sum += bw ? x[i].busbw_GBps / y[i].busbw_GBps : x[i].tflops / y[i].tflops;
   }
   return sum / static_cast<double>(x.size());
+}
+
+}  // namespace shardlab::bench
+
+namespace shardlab::bench {
+
+double host_gemm_peak_gflops() {
+  static const double peak = [] {
+    const std::int64_t n = 512;
+    const Tensor a = randn(n, n, 1), b = randn(n, n, 2);
+    Tensor out = empty(Shape{n, n});
+    matmul_into(out, a, b);  // warm: the packing buffers, the caches
+    double best = 1e30;
+    for (int run = 0; run < 8; ++run) {
+      Stopwatch watch;
+      matmul_into(out, a, b);
+      best = std::min(best, watch.seconds());
+    }
+    return 2.0 * double(n) * double(n) * double(n) / best * 1e-9;
+  }();
+  return peak;
 }
 
 }  // namespace shardlab::bench

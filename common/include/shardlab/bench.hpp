@@ -106,4 +106,9 @@ double mean(const std::vector<Row>& rows, const std::string& name);
 /// Mean over sizes of `a`'s busbw divided by `b`'s (bandwidth), or of their TFLOP/s.
 double mean_ratio(const std::vector<Row>& rows, const std::string& a, const std::string& b);
 
+/// One core's measured FP32 peak, GFLOP/s: the host matmul (its fastest kernel) on
+/// 512 x 512 x 512, the best of eight runs: what MFU divides by on a CPU, whose clock under
+/// turbo and sharing no table gives. Measured once per process (about 30 ms).
+double host_gemm_peak_gflops();
+
 }  // namespace shardlab::bench
