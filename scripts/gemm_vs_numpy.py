@@ -114,7 +114,7 @@ def main():
     for (m, n, k, form), mine, numpy_value, ratio in rows:
         shape = f"{m} x {n} x {k}"
         if args.markdown:
-            print(f"| {shape} | {form} | {mine:.1f} | {numpy_value:.1f} | {ratio:.2f} |")
+            print(f"| {shape} | `{form}` | {mine:.1f} | {numpy_value:.1f} | {ratio:.2f} |")
         else:
             print(f"{shape:>16}  {form:<7} {mine:9.1f} {numpy_value:9.1f} {ratio:6.2f}")
     worst = min(rows, key=lambda r: r[3])
