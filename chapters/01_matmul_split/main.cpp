@@ -31,7 +31,6 @@
 #include "gemm_bench.hpp"    // defines: the GEMM benchmark (--benchmark)
 #include "matmul_split.hpp"  // defines: the three strategies (the exercise)
 #include "shardlab/cli.hpp"
-#include "shardlab/cuda.hpp"
 #include "shardlab/launch.hpp"
 #include "shardlab/results.hpp"
 #include "strategies.hpp"  // defines: their table (what each cuts, communicates, costs)

@@ -197,10 +197,6 @@ double mean_ratio(const std::vector<Row>& rows, const std::string& a, const std:
   return sum / static_cast<double>(x.size());
 }
 
-}  // namespace shardlab::bench
-
-namespace shardlab::bench {
-
 double host_gemm_peak_gflops() {
   static const double peak = [] {
     const std::int64_t n = 512;

@@ -680,14 +680,14 @@ Tensor unary(const Tensor& x, const char* what, void (*kernel)(const float*, flo
   if (is_half(x.dtype()))  // f16, bf16: in f32, rounded once
     return cast(unary(cast(x, DType::f32), what, kernel, host), x.dtype());
   require_f32(x, what);
-  if constexpr (std::is_invocable_v<Host, const float*, float*, std::int64_t>) {
-    if (!x.on_device()) {
+  if (!x.on_device()) {
+    if constexpr (std::is_invocable_v<Host, const float*, float*, std::int64_t>) {
       Tensor y = empty(x.shape());
       host(x.data(), y.data(), x.size());
       return y;
+    } else {
+      return host_map(x, host);
     }
-  } else {
-    if (!x.on_device()) return host_map(x, host);
   }
   Tensor y = empty(x.shape(), DType::f32, Memory::device);
   kernel(x.data(), y.data(), x.size());
@@ -701,14 +701,14 @@ Tensor gradient(const Tensor& a, const Tensor& dy, const char* what,
     return cast(gradient(cast(a, DType::f32), cast(dy, DType::f32), what, kernel, host), a.dtype());
   require_f32(a, what);
   require_like(a, dy, what);
-  if constexpr (std::is_invocable_v<Host, const float*, const float*, float*, std::int64_t>) {
-    if (!a.on_device()) {
+  if (!a.on_device()) {
+    if constexpr (std::is_invocable_v<Host, const float*, const float*, float*, std::int64_t>) {
       Tensor dx = empty(a.shape());
       host(a.data(), dy.data(), dx.data(), a.size());
       return dx;
+    } else {
+      return host_zip(a, dy, host);
     }
-  } else {
-    if (!a.on_device()) return host_zip(a, dy, host);
   }
   Tensor dx = empty(a.shape(), DType::f32, Memory::device);
   kernel(a.data(), dy.data(), dx.data(), a.size());
@@ -727,15 +727,11 @@ Tensor tanh_backward(const Tensor& y, const Tensor& dy) {
 
 Tensor gelu(const Tensor& x) {
   // 0.5 x (1 + tanh(u)) = x sigmoid(2u): one exp, and no 1 + tanh to round (vector_math).
-  return unary(x, "gelu", kernels::gelu_forward,
-               [](const float* in, float* out, std::int64_t n) { vmath::gelu(in, out, n); });
+  return unary(x, "gelu", kernels::gelu_forward, vmath::gelu);
 }
 
 Tensor gelu_backward(const Tensor& x, const Tensor& dy) {
-  return gradient(x, dy, "gelu_backward", kernels::gelu_backward,
-                  [](const float* in, const float* d, float* out, std::int64_t n) {
-                    vmath::gelu_backward(in, d, out, n);
-                  });
+  return gradient(x, dy, "gelu_backward", kernels::gelu_backward, vmath::gelu_backward);
 }
 
 Tensor cast(const Tensor& t, DType type) {
