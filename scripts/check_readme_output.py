@@ -13,13 +13,14 @@ the block's opening fence:
 A ```console block carries its own commands: each line "$ CMD" runs CMD, and the lines
 after it, up to the next "$ " line, are what it must print.
 
-The commands run one after the other (with build/default/bin/ replaced by --bin), and
-the block's lines must appear in what they print (standard output and standard error,
-joined), in order and next to each other, trailing spaces aside. A line "..." (indented
-or not) stands for any number of lines, so a README can show the deterministic parts of
-an output and leave out the rest: timings never belong in a checked line. Every marked
-block of every README given is checked; the first difference of each is printed with its
-file and line. Exit 0 when all agree, 1 when one does not, 2 on bad usage.
+The commands run one after the other (with build/default/bin/ replaced by --bin; once
+for all of a block's ranges), and the block's lines must appear in what they print
+(standard output and standard error, joined), in order and next to each other, trailing
+spaces aside. A line "..." (indented or not) stands for any number of lines, so a README
+can show the deterministic parts of an output and leave out the rest: timings never
+belong in a checked line. Every marked block of every README given is checked; the first
+difference of each is printed with its file and line. Exit 0 when all agree, 1 when
+one does not, 2 on bad usage.
 
     scripts/check_readme_output.py --bin build/default/bin chapters/*/README.md
     scripts/check_readme_output.py --self-test      the matcher against known cases
@@ -35,7 +36,8 @@ MARK = re.compile(r"^<!--\s*checked(\s+exactly)?(?:\s+lines\s+([\d,-]+))?(?::\s*
 
 
 def blocks(path: Path):
-    """(line numbers, commands, expected lines) of every piece of every checked block."""
+    """(mark's line, line numbers, commands, expected lines) of every piece of every
+    checked block."""
     lines = path.read_text(encoding="utf-8").split("\n")
     last_sh = None  # the commands of the latest ```sh block
     i = 0
@@ -85,7 +87,7 @@ def blocks(path: Path):
                 if not exact:  # a part of the output: anything may come before and after
                     texts = ["..."] + texts + ["..."]
                     numbers = [numbers[0] if numbers else i + 2] + numbers + [numbers[-1] if numbers else i + 2]
-                yield numbers, cmds, texts
+                yield i + 1, numbers, cmds, texts
             i = j + 1
             continue
         i += 1
@@ -142,17 +144,20 @@ def main():
         print(f"check_readme_output: error: --bin {args.bin} is not a folder", file=sys.stderr)
         return 2
     checked = failed = skipped = 0
+    printed = {}  # (README, mark's line): what its commands printed, run once for all its ranges
     for readme in map(Path, args.readmes):
-        for numbers, cmds, expected in blocks(readme):
+        for mark, numbers, cmds, expected in blocks(readme):
             if any(w in cmd.split() for cmd in cmds for w in args.without):
                 skipped += 1
                 continue
-            out = []
-            for cmd in cmds:
-                run = subprocess.run(cmd.replace("build/default/bin/", f"{bin_dir}/"), shell=True,
-                                     capture_output=True, text=True, timeout=300)
-                out += (run.stdout + run.stderr).rstrip("\n").split("\n")
-            actual = [l.rstrip() for l in out]
+            if (readme, mark, tuple(cmds)) not in printed:
+                out = []
+                for cmd in cmds:
+                    run = subprocess.run(cmd.replace("build/default/bin/", f"{bin_dir}/"),
+                                         shell=True, capture_output=True, text=True, timeout=300)
+                    out += (run.stdout + run.stderr).rstrip("\n").split("\n")
+                printed[(readme, mark, tuple(cmds))] = [l.rstrip() for l in out]
+            actual = printed[(readme, mark, tuple(cmds))]
             checked += 1
             at = matches(expected, actual)
             if at is None:
