@@ -74,7 +74,10 @@ void train(Context& ctx, const Settings& s) {
   Profile profile;
   for (int t = first; t < first + s.steps; ++t) {
     if (t == first + s.steps - 1) trainer.profile_next_step(&profile);  // the last step's
+    const std::uint64_t storages = host_storage_allocations();
     last = trainer.step(t);
+    // From the second step on, every tensor's storage is one the step before freed.
+    ctx.json()["last_step_allocations"] = host_storage_allocations() - storages;
     losses.push_back(last.loss);
     curve.add(static_cast<std::size_t>(t - first), t + 1, last,
               (t - first + 1) % s.log_every == 0 || t == first || t == first + s.steps - 1);

@@ -5,7 +5,8 @@
 // (views share memory); shard along dim 1 taking the wrong column offset (split/concat
 // round trip); gather_rows reading row i instead of row index[i], scatter_add_rows
 // overwriting instead of adding (gather and scatter-add); max_abs_diff dropping NaN
-// (NaN never compares equal).
+// (NaN never compares equal); a freed block handed back without zeroing it, no cache at
+// all, a cache that keeps blocks past its capacity.
 #include <doctest/doctest.h>
 #include <unistd.h>
 
@@ -244,6 +245,39 @@ TEST_SUITE("tensor") {
     CHECK(format(Tensor::from_vector<std::int32_t>({7, 8}), "ids").find("ids ([2], i32)") !=
           std::string::npos);
   }
+}
+
+TEST_CASE("freed host storage is taken back by the next tensor of its size, zeroed again") {
+  // Under AddressSanitizer there is no cache: every storage comes from the system.
+#if defined(__SANITIZE_ADDRESS__)
+  const std::uint64_t no_cache = 1;
+#else
+  const std::uint64_t no_cache = 0;
+#endif
+  const std::uint64_t before = host_storage_allocations();
+  const float* first = nullptr;
+  {
+    Tensor t(77777);  // a size no other test makes, so no block of it is cached yet
+    t.fill(7.0f);
+    first = t.data();
+  }
+  CHECK(host_storage_allocations() == before + 1);
+  Tensor again(77777);  // the same size: the block just freed
+  CHECK_MESSAGE(host_storage_allocations() == before + 1 + no_cache,
+                "a tensor of a freed block's size went to the system allocator");
+  if (!no_cache) CHECK(again.data() == first);
+  std::int64_t nonzero = 0;
+  for (std::int64_t i = 0; i < again.shape().numel(); ++i) nonzero += again.data()[i] != 0.0f;
+  CHECK_MESSAGE(nonzero == 0, nonzero << " elements of a reused block were not zeroed");
+  Tensor other(77778);  // another size takes a block of its own
+  CHECK_MESSAGE(host_storage_allocations() == before + 2 + no_cache,
+                "a tensor was given a block of another size");
+  // A block larger than the cache's capacity (64 MiB) goes back to the system.
+  const std::int64_t huge = (std::int64_t{64} << 20) / 4 + 1;
+  { Tensor big(huge); }
+  { Tensor big(huge); }
+  CHECK_MESSAGE(host_storage_allocations() == before + 4 + no_cache,
+                "a block past the cache's capacity was kept");
 }
 
 TEST_CASE("tanh, gelu and their backward take f16 and bf16: computed in f32, rounded once") {

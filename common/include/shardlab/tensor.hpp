@@ -281,6 +281,10 @@ void matmul_reference_into(Tensor& out, const Tensor& a, const Tensor& b, bool t
 /// or the one the environment variable SHARDLAB_GEMM names; UsageError if it names none
 /// this CPU runs).
 const char* host_matmul_kernel();
+/// Host tensor storages the calling thread has taken from the system allocator rather than
+/// from its cache of freed blocks (tensor.cpp): a training step in its steady state takes
+/// none. Under AddressSanitizer there is no cache, and every storage counts.
+std::uint64_t host_storage_allocations();
 /// The multiply-adds (M x K x N per matmul) the calling thread's matmuls have done so far.
 /// Each rank's thread counts its own: a test reads it to see that every rank did its
 /// share of the work, and no more.
