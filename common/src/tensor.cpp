@@ -139,9 +139,10 @@ bool keep_freed_memory() {
 /// Freed host storage, kept by its size for the next tensor of the same size: a training
 /// step frees and allocates the same tensors every step, and taking them back from here
 /// costs no call into malloc and no page faults on fresh pages (a zeroed tensor is still
-/// zeroed) — what PyTorch's caching allocator does for CUDA memory. One cache per thread (each rank its own, no lock); a
-/// block freed on another thread joins that thread's cache. It holds at most `capacity`
-/// bytes; a failed allocation empties it and tries again. Not under AddressSanitizer (the
+/// zeroed) — what PyTorch's caching allocator does for CUDA memory. One cache per thread
+/// (each rank its own, no lock); a block freed on another thread joins that thread's
+/// cache. It holds at most `capacity` bytes; a failed allocation empties it and tries
+/// again. Not under AddressSanitizer (the
 /// learner build), which must see every free to catch a use after it.
 class HostBlockCache {
  public:
