@@ -1,18 +1,23 @@
 // Chapter 09's checkpoints (checkpoint.hpp).
 #include "checkpoint.hpp"
 
+#include <fcntl.h>
+
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "shardlab/check.hpp"
+#include "shardlab/results.hpp"
 
 namespace ch09 {
 
 namespace fs = std::filesystem;
+using shardlab::read_file;
 using shardlab::require_usage;
 
 namespace {
@@ -135,9 +140,7 @@ void write_safetensors(const std::string& path, const std::map<std::string, Tens
 }
 
 std::map<std::string, Tensor> read_safetensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  require_usage(in.good(), path + ": cannot read it");
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string bytes = read_file(path, path);
   auto bad = [&](const std::string& why) {
     return path + " is not a safetensors file of float32 tensors: " + why;
   };
@@ -318,9 +321,9 @@ std::map<std::string, Tensor> read_tensors(const fs::path& d, const std::string&
   const fs::path index = d / (stem + ".safetensors.index.json");
   if (!fs::exists(index)) return read_safetensors((d / (stem + ".safetensors")).string());
   nlohmann::json j;
-  std::ifstream in(index);
+  const std::string text = read_file(index, index.string());
   try {
-    j = nlohmann::json::parse(in);
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception&) {
     require_usage(false, index.string() + " is not JSON");
   }
@@ -392,10 +395,18 @@ void save_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
       trainer["growth_tracker"] = scaler->dynamic().growth_tracker();
     }
     write_json(partial / "trainer.json", trainer);
-    fs::remove_all(old);
-    if (fs::exists(final_dir)) fs::rename(final_dir, old);
-    fs::rename(partial, final_dir);
-    fs::remove_all(old);
+    // The new folder and the old swap names in one step (renameat2's RENAME_EXCHANGE), so
+    // a save killed at any moment leaves DIR a whole checkpoint, the old one or the new.
+    // Where the filesystem cannot swap, the old one moves aside to DIR.old first.
+    if (fs::exists(final_dir) &&
+        ::renameat2(AT_FDCWD, partial.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
+      fs::remove_all(partial);  // the old checkpoint, now
+    } else {
+      fs::remove_all(old);
+      if (fs::exists(final_dir)) fs::rename(final_dir, old);
+      fs::rename(partial, final_dir);
+      fs::remove_all(old);
+    }
   }
   world.barrier();
 }
@@ -408,15 +419,27 @@ int load_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
   nlohmann::json config, trainer;
   for (auto [file, into] :
        {std::pair{"config.json", &config}, std::pair{"trainer.json", &trainer}}) {
-    std::ifstream in(d / file);
-    require_usage(in.good(),
+    require_usage(fs::exists(d / file),
                   "--load " + dir + ": no " + file + " (not a checkpoint of this chapter)");
+    const std::string text = read_file(d / file, "--load " + dir + ": " + file);
     try {
-      *into = nlohmann::json::parse(in);
+      *into = nlohmann::json::parse(text);
     } catch (const nlohmann::json::exception&) {
       require_usage(false, "--load " + dir + ": " + file + " is not JSON");
     }
   }
+  for (auto [file, j] : {std::pair{"config.json", &config}, std::pair{"trainer.json", &trainer}})
+    require_usage(j->is_object(), "--load " + dir + ": " + file + " is not a JSON object");
+  // trainer.json's counts: absent (0), or whole numbers from 0 to 2^31 - 1.
+  auto whole_number = [&](const nlohmann::json& j, const char* key) {
+    if (!j.contains(key)) return 0;
+    const nlohmann::json& x = j[key];
+    require_usage(x.is_number_integer() && x.get<std::int64_t>() >= 0 &&
+                      x.get<std::int64_t>() <= std::numeric_limits<int>::max(),
+                  "--load " + dir + ": trainer.json's " + key + " is " + x.dump() +
+                      ", not a whole number from 0");
+    return static_cast<int>(x.get<std::int64_t>());
+  };
   const nlohmann::json want = config_json(g);
   for (const char* key : {"n_layer", "n_embd", "n_head", "n_positions", "vocab_size"})
     require_usage(config.value(key, nlohmann::json()) == want[key],
@@ -432,10 +455,18 @@ int load_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
   Tensor m(shardlab::Shape{P}, shardlab::DType::f32), v(shardlab::Shape{P}, shardlab::DType::f32);
   for (std::size_t i = 0; i < params.size(); ++i) {
     const Piece& p = model.pieces()[i];
+    // Hugging Face's shape of the tensor: a bias (1 x n here) is a vector there.
+    const shardlab::Shape want_shape =
+        p.whole.ndim() == 2 && p.whole[0] == 1 ? shardlab::Shape{p.whole[1]} : p.whole;
     auto take = [&](const std::map<std::string, Tensor>& from, const std::string& name) {
       const auto it = from.find(name);
-      require_usage(it != from.end() && it->second.size() == p.whole.numel(),
-                    "--load " + dir + ": " + (it == from.end() ? "no " : "a wrong-sized ") + name);
+      require_usage(it != from.end(), "--load " + dir + ": no " + name);
+      require_usage(it->second.shape() == want_shape, "--load " + dir + ": " + name + " is " +
+                                                          it->second.shape().str() +
+                                                          ", this model's is " + want_shape.str() +
+                                                          " (transposed, or another model)");
+      require_usage(shardlab::all_finite(it->second),
+                    "--load " + dir + ": " + name + " holds NaN or infinite values");
       return piece_of(p, it->second, g.heads);
     };
     params[i]->value.copy_from(take(tensors, p.name).reshape(params[i]->value.shape()));
@@ -444,11 +475,13 @@ int load_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
       v.slice(params[i]->offset, p.size()).copy_from(take(state, "exp_avg_sq." + p.name).flat());
     }
   }
-  if (adam) optimizer->restore(m, v, trainer.value("adam_steps", 0));
+  if (adam) optimizer->restore(m, v, whole_number(trainer, "adam_steps"));
   // A scaler's state, where both the checkpoint and this run have one.
   if (scaler && scaler->kind() != ch06::Scaler::none && trainer.contains("loss_scale")) {
-    const double scale = trainer.value("loss_scale", 0.0);
-    const int tracker = trainer.value("growth_tracker", 0);
+    require_usage(trainer["loss_scale"].is_number(),
+                  "--load " + dir + ": trainer.json's loss_scale is not a number");
+    const double scale = trainer["loss_scale"].get<double>();
+    const int tracker = whole_number(trainer, "growth_tracker");
     require_usage(
         scale > 0 && scale <= 3.4e38 && tracker >= 0 &&
             tracker < scaler->dynamic().config().growth_interval,
@@ -456,7 +489,7 @@ int load_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
     scaler->restore(static_cast<float>(scale), tracker);
   }
   (void)mesh;
-  return trainer.value("step", 0);
+  return whole_number(trainer, "step");
 }
 
 }  // namespace ch09

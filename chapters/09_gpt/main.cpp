@@ -111,7 +111,11 @@ void train(Context& ctx, const Settings& s) {
   if (!s.trace.empty()) write_profile_trace(ctx, c.mesh, profile, s.trace);
 
   report_throughput(ctx, c, s.steps, seconds);
-  if (!s.save.empty()) {
+  // A run that failed a check (diverged, or off one device's curve) leaves the folder as
+  // it was: a bad model does not replace a good one.
+  if (!s.save.empty() && !ctx.comm().all_true(ctx.ok())) {
+    ctx.say("not saved: the run failed its checks, so " + s.save + " is left as it was");
+  } else if (!s.save.empty()) {
     save_checkpoint(s.save, mesh, model, &trainer.optimizer(), first + s.steps, &trainer.scaler());
     ctx.say("saved " + s.save + " (step " + std::to_string(first + s.steps) + ")");
   }
@@ -124,9 +128,13 @@ void generate(Context& ctx, const Settings& s) {
   GptModel model(mesh, c.model, c.model_options());
   Trainer trainer(mesh, model, c, data);
   if (!s.load.empty()) load_checkpoint(s.load, mesh, model, nullptr);
-  const std::string text =
-      sample(trainer, s.prompt, s.sample, s.temperature, s.top_k, c.model.seed);
-  ctx.json()["sample"] = text;
+  const std::string text = sample(trainer, s.prompt, s.sample, s.temperature, s.top_k, c.model.seed,
+                                  sample_progress(s.sample, ctx.rank() == 0 && ctx.talking()));
+  // JSON strings are UTF-8: the text with U+FFFD for each byte that is not, and the bytes
+  // themselves, exactly, as numbers.
+  ctx.json()["sample"] = nlohmann::json::parse(
+      nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  ctx.json()["sample_bytes"] = std::vector<unsigned char>(text.begin(), text.end());
   ctx.say(s.prompt + text);
 }
 
@@ -215,6 +223,12 @@ int main(int argc, char** argv) {
       check_writable_folder(dir.has_parent_path() ? dir.parent_path() : ".", "--save");
     }
     if (s.sample) s.reference = false;
+    // Flags that would do nothing are refused, not ignored.
+    for (const char* flag : {"--prompt", "--temperature", "--top-k"})
+      require_usage(s.sample || !cli.count(flag), std::string(flag) + " is for --sample N");
+    for (const char* flag : {"--save", "--trace", "--steps", "--log-every"})
+      require_usage(!s.sample || !cli.count(flag),
+                    std::string(flag) + " is for training, not with --sample");
     if (s.benchmark && !program.cli().count("--steps")) s.steps = 6;
     require_usage(!(s.benchmark && (s.sample || !s.save.empty() || !s.load.empty())),
                   "--benchmark trains fresh models: not with --sample, --save or --load");

@@ -4,15 +4,16 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <functional>
-#include <iterator>
 #include <numeric>
 
 #include "profile.hpp"
 #include "shardlab/check.hpp"
 #include "shardlab/format.hpp"
 #include "shardlab/memory.hpp"
+#include "shardlab/results.hpp"
 
 namespace ch09 {
 
@@ -35,10 +36,9 @@ std::uint64_t sent_since(Communicator& comm, const CommStats& before) {
 }  // namespace
 
 Corpus Corpus::load(const std::string& path, std::int64_t context) {
-  std::ifstream in(path, std::ios::binary);
-  require_usage(in.good(), "--data " + path + ": cannot read it");
+  const std::string text = shardlab::read_file(path, "--data " + path);
   Corpus c;
-  c.bytes_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  c.bytes_.assign(text.begin(), text.end());
   c.context_ = context;
   c.split_ = c.size() * 9 / 10;
   require_usage(c.size() - c.split_ >= 4 * (context + 1),
@@ -303,7 +303,7 @@ double Trainer::evaluate(const std::vector<std::int64_t>& starts) {
 }
 
 std::string sample(Trainer& trainer, const std::string& prompt, int count, float temperature,
-                   int top_k, std::uint64_t seed) {
+                   int top_k, std::uint64_t seed, const std::function<void(int)>& progress) {
   Mesh& mesh = trainer.mesh_;
   GptModel& model = trainer.model_;
   const std::int64_t T = model.shape().context, V = model.shape().vocab;
@@ -350,8 +350,22 @@ std::string sample(Trainer& trainer, const std::string& prompt, int count, float
     }
     mesh.world().broadcast(next, root);
     text.push_back(static_cast<char>(static_cast<int>(next[0])));
+    if (progress) progress(i + 1);
   }
   return text.substr(prompt.empty() ? 1 : prompt.size());
+}
+
+std::function<void(int)> sample_progress(int total, bool speak) {
+  if (!speak) return {};
+  const auto start = std::chrono::steady_clock::now();
+  return [=, last = start](int done) mutable {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last < std::chrono::seconds(5)) return;
+    last = now;
+    const double rate = done / std::chrono::duration<double>(now - start).count();
+    std::fprintf(stderr, "sampling: %d of %d bytes, %.0f bytes/s, %.0f s to go\n", done, total,
+                 rate, (total - done) / rate);
+  };
 }
 
 double run_bytes(const TrainConfig& c, bool threads) {

@@ -64,6 +64,20 @@ void write_file_atomic(const std::filesystem::path& path, const std::string& con
   }
 }
 
+std::string read_file(const std::filesystem::path& path, const std::string& what) {
+  std::error_code error;
+  const auto status = std::filesystem::status(path, error);
+  if (!std::filesystem::exists(status)) throw UsageError(what + ": no such file");
+  if (!std::filesystem::is_regular_file(status))
+    throw UsageError(what + ": not a regular file (a folder, a device or a pipe)");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw UsageError(what + ": cannot read it (" + reason() + ")");
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw UsageError(what + ": cannot read it (" + reason() + ")");
+  return std::move(text).str();
+}
+
 void check_writable_folder(const std::filesystem::path& folder, const std::string& flag) {
   if (folder.empty()) throw UsageError(flag + " is empty: name a folder (. for this one)");
   std::error_code error;

@@ -28,6 +28,12 @@ void check_writable_folder(const std::filesystem::path& folder,
 /// than a regular file where it already is, in a folder where a file can be written.
 void check_writable_file(const std::filesystem::path& file, const std::string& flag);
 
+/// The whole of the regular file at `path`, which a flag or a checkpoint names (`what`,
+/// e.g. "--data corpus.txt"): UsageError naming `what` if it is missing, unreadable, or
+/// not a regular file. A pipe or a device is refused before it is opened, where reading
+/// it would wait for a writer, or never end.
+std::string read_file(const std::filesystem::path& path, const std::string& what);
+
 /// One value of a Table: a number, a whole number, a word or a flag.
 class Cell {
  public:
