@@ -427,9 +427,8 @@ int load_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
     } catch (const nlohmann::json::exception&) {
       require_usage(false, "--load " + dir + ": " + file + " is not JSON");
     }
+    require_usage(into->is_object(), "--load " + dir + ": " + file + " is not a JSON object");
   }
-  for (auto [file, j] : {std::pair{"config.json", &config}, std::pair{"trainer.json", &trainer}})
-    require_usage(j->is_object(), "--load " + dir + ": " + file + " is not a JSON object");
   // trainer.json's counts: absent (0), or whole numbers from 0 to 2^31 - 1.
   auto whole_number = [&](const nlohmann::json& j, const char* key) {
     if (!j.contains(key)) return 0;
