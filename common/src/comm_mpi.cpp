@@ -15,6 +15,7 @@ bool available() { return false; }
 void init(int*, char***, std::chrono::milliseconds, const std::string&) { missing(); }
 void finalize() {}
 void abort(int code) { std::exit(code); }
+void end_job(int code) { std::exit(code); }
 void fail(const std::string& line, int code, int) {
   std::fprintf(stderr, "%s\n", line.c_str());
   std::exit(code);
@@ -26,6 +27,7 @@ std::unique_ptr<Communicator> world(std::chrono::milliseconds) { missing(); }
 
 #else
 
+#include <dlfcn.h>
 #include <mpi.h>
 
 #include <algorithm>
@@ -872,11 +874,37 @@ void finalize() {
   initialized = false;
 }
 
+namespace {
+/// Open MPI 4 prints ten lines of its own when a process calls MPI_Abort ("MPI_ABORT was
+/// invoked on rank ... NOTE: invoking MPI_ABORT causes Open MPI to kill all MPI
+/// processes"), after the program's one line that says why. Its MCA parameter
+/// orte_execute_quiet silences them, but it is read at MPI_Init, where it would also hide
+/// Open MPI's warnings from runs that go on (a network it cannot use); so it is set only
+/// here, as the job ends, in the variable that holds it. Another MPI, or Open MPI 5 (no
+/// ORTE), has no such variable: nothing changes there.
+void silence_launcher() {
+  if (void* quiet = dlsym(RTLD_DEFAULT, "orte_execute_quiet")) *static_cast<bool*>(quiet) = true;
+}
+}  // namespace
+
 void abort(int code) {
   std::fflush(stdout);
   std::fflush(stderr);
+  silence_launcher();
   MPI_Abort(MPI_COMM_WORLD, code);
   std::exit(code);
+}
+
+void end_job(int code) {
+  int started = 0, finished = 0;
+  MPI_Initialized(&started);
+  MPI_Finalized(&finished);
+  if (finished) std::exit(code);
+  // A process that exits non-zero, before MPI_Init or after MPI_Finalize, gets mpirun's
+  // "Primary job terminated normally, but 1 process returned a non-zero exit code" banner;
+  // an abort, silenced, gets none and gives mpirun the same exit code.
+  if (!started) MPI_Init(nullptr, nullptr);
+  abort(code);
 }
 
 namespace {

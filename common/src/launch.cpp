@@ -98,10 +98,14 @@ int launched_processes() {
   return 0;
 }
 
-/// Under mpirun the first process to exit non-zero ends the job, possibly before the one
-/// that speaks has written its line: the quiet ones leave a moment later.
+/// A usage error found before MPI starts. Under mpirun the first process to end the job
+/// may do so before the one that speaks has written its line: the quiet ones leave a
+/// moment later, and every one ends the job through MPI (mpi::end_job), so that mpirun
+/// adds no banner to the line.
 int let_rank_0_speak(bool speaks, int code) {
+  if (!started_by_mpirun()) return code;
   if (!speaks) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  if (mpi::available()) mpi::end_job(code);
   return code;
 }
 }  // namespace
@@ -508,6 +512,7 @@ int Program::run_mpi(const Body& body) {
     if (rank == 0)
       std::fprintf(stderr, "%s: error: --ranks %d, but mpirun started %d processes\n",
                    name_.c_str(), options_.ranks, mpi::world_size());
+    let_rank_0_speak(rank == 0, 2);
     mpi::finalize();
     return 2;
   }
@@ -515,6 +520,11 @@ int Program::run_mpi(const Body& body) {
   try {
     auto comm = mpi::world(std::chrono::milliseconds(static_cast<long>(options_.timeout_s * 1000)));
     code = run_rank(*comm, options_, body);
+    // Every rank agreed on the code; rank 0 has written the results before the barrier.
+    if (code != 0) {
+      comm->barrier();
+      mpi::end_job(code);
+    }
   } catch (...) {
     const Outcome f = classify(std::current_exception());
     int order = 0;

@@ -23,15 +23,21 @@ void init(int* argc, char*** argv, std::chrono::milliseconds timeout,
           const std::string& program = "");
 /// MPI_Finalize, if init ran.
 void finalize();
-/// Ends every process of the job with `code` (MPI_Abort).
+/// Ends every process of the job with `code` (MPI_Abort), without the launcher's banner
+/// (see fail).
 [[noreturn]] void abort(int code);
+/// Ends the job with `code` from a process that has said why (or lets another say it),
+/// whether MPI has started or not: where a process would return a non-zero code, mpirun
+/// adds ten lines of its own about it, and about one that exits before MPI_Init.
+[[noreturn]] void end_job(int code);
 /// This process failed: `line` is printed on stderr by one process of the job only, and
 /// the job ends with `code`. When several processes fail at about the same time (a
 /// mistake every rank makes, ranks timing out on one stopped rank), the first to claim
 /// the job's one report speaks (an atomic on rank 0's memory), and the others end
 /// silently with it; a lower `order` (CommError::report_order) waits less before it
-/// claims. What mpirun adds (its MPI_ABORT and exit-status banners) is mpirun's own:
-/// `mpirun -q` leaves only this line.
+/// claims. Open MPI 4's mpirun would follow it with its MPI_ABORT banner; it is silenced
+/// for this abort only (not with `mpirun -q`, which also hides mpirun's own errors), so
+/// the job's output ends with this one line.
 [[noreturn]] void fail(const std::string& line, int code, int order = 0);
 /// This process's rank in MPI_COMM_WORLD.
 int world_rank();
