@@ -90,9 +90,9 @@ Trace train_single_device(const Config& cfg, Model& model) {
   return trace;
 }
 
-int diverged_at(const std::vector<double>& losses) {
+int diverged_at(const std::vector<double>& losses, double factor) {
   for (std::size_t s = 0; s < losses.size(); ++s)
-    if (!std::isfinite(losses[s]) || losses[s] > 100.0 * losses.front())
+    if (!std::isfinite(losses[s]) || losses[s] > factor * losses.front())
       return static_cast<int>(s) + 1;
   return 0;
 }
@@ -105,17 +105,22 @@ std::string describe(const Config& cfg) {
          " steps";
 }
 
-std::string divergence_failure(const Trace& reference, const Trace& trace, float lr) {
+std::string divergence(const std::vector<double>& losses, double factor) {
   using shardlab::format_number;
-  const std::vector<double>& ref = reference.losses;
-  if (const int at = diverged_at(ref); at > 0)
-    return "training diverged at step " + std::to_string(at) + " (loss " +
-           format_number(ref[static_cast<std::size_t>(at - 1)], 4) + ", from " +
-           format_number(ref.front(), 4) + " at step 1): lower --lr (" + format_number(lr) +
+  const int at = diverged_at(losses, factor);
+  if (at == 0) return "";
+  return "diverged at step " + std::to_string(at) + " (loss " +
+         format_number(losses[static_cast<std::size_t>(at - 1)], 4) + ", from " +
+         format_number(losses.front(), 4) + " at step 1)";
+}
+
+std::string divergence_failure(const Trace& reference, const Trace& trace, float lr) {
+  if (const std::string why = divergence(reference.losses); !why.empty())
+    return "training " + why + ": lower --lr (" + shardlab::format_number(lr) +
            " is too large for this model)";
   if (const int own = diverged_at(trace.losses); own > 0)
     return "the distributed run diverged at step " + std::to_string(own) + " (loss " +
-           format_number(trace.losses[static_cast<std::size_t>(own - 1)], 4) +
+           shardlab::format_number(trace.losses[static_cast<std::size_t>(own - 1)], 4) +
            ") while the single-device run trained";
   return "";
 }

@@ -70,9 +70,13 @@ Trace train_single_device(const Config& cfg, Model& model);
 /// "MLP 16 -> 64 -> 1, global batch 64 (1 micro-batch per rank), 20 steps".
 std::string describe(const Config& cfg);
 
-/// The first step (from 1) whose loss is not finite or has grown past 100 times the first
-/// step's: training blew up. 0 when it did not.
-int diverged_at(const std::vector<double>& losses);
+/// The first step (from 1) whose loss is not finite or has grown past `factor` times the
+/// first step's: training blew up. 0 when it did not. Every step counts, not only the last:
+/// a run that went up 10^6 times and came back down did not train, it was thrown about.
+int diverged_at(const std::vector<double>& losses, double factor = 100);
+/// "" when diverged_at(losses, factor) is 0; else "diverged at step N (loss L, from F at
+/// step 1)".
+std::string divergence(const std::vector<double>& losses, double factor = 100);
 
 /// Why the comparison of `trace` (distributed) with `reference` (single device) means
 /// nothing, or "": the reference blew up ("training diverged at step N (loss L, ...):

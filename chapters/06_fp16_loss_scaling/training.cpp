@@ -14,6 +14,7 @@
 #include "shardlab/nn.hpp"
 #include "shardlab/results.hpp"
 #include "shardlab/toy.hpp"
+#include "trainer.hpp"
 
 using namespace shardlab;
 
@@ -249,11 +250,10 @@ std::set<int> parse_steps(const std::string& text, int steps, const std::string&
 
 std::string RunResult::divergence() const {
   // A hundredfold: Adam's first steps may raise the loss a few times over; a run that
-  // diverges grows it by 10^5 and more.
-  if (losses.empty() || (std::isfinite(losses.back()) && losses.back() <= 100 * losses.front()))
-    return "";
-  return "diverged: its loss went from " + shardlab::format_number(losses.front()) + " to " +
-         shardlab::format_number(losses.back()) + " (lower --lr or --target-scale)";
+  // diverges grows it by 10^5 and more, at some step if not at the last (at --lr 1 the
+  // loss rises 10^6 times and falls back below its start by step 300).
+  const std::string why = ch02::divergence(losses, 100);
+  return why.empty() ? "" : why + ": lower --lr or --target-scale";
 }
 
 }  // namespace ch06

@@ -61,7 +61,8 @@ struct RunResult {
   /// dL/d(xW1), dL/dW1, dL/dW2, every element, for the underflow histogram.
   std::vector<float> first_gradients;
   double first_zero_weight_grads = 0;  ///< fraction of step 1's weight gradients that are 0
-  /// "" when the loss ended finite and below 100x step 1's; else how it diverged.
+  /// "" when the loss stayed finite and below 100x step 1's at every step (chapter 02's
+  /// diverged_at); else how it diverged.
   std::string divergence() const;
 };
 
