@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "shardlab/check.hpp"
+#include "shardlab/format.hpp"
 
 using namespace shardlab;
 
@@ -46,6 +47,15 @@ void LossScaler::restore(float scale, int growth_tracker) {
   config.init_scale = scale;
   dynamic_ = DynamicScaler(config);
   for (int i = 0; i < growth_tracker; ++i) dynamic_.update(false);
+}
+
+std::string no_step_taken(Scaler kind, int skipped, int steps, double first_scale) {
+  if (skipped < steps) return "";
+  return "every one of the " + std::to_string(steps) +
+         " steps was skipped (non-finite gradients from a loss scale of " +
+         shardlab::format_number(first_scale) + " on): the weights never moved; " +
+         (kind == Scaler::dynamic ? "start lower (--init-scale) or train longer"
+                                  : "use a lower --scale");
 }
 
 }  // namespace ch06

@@ -14,6 +14,8 @@
 // (scaler.hpp).
 #pragma once
 
+#include <string>
+
 #include "scaler.hpp"
 
 namespace ch06 {
@@ -55,5 +57,11 @@ class LossScaler {
   DynamicScaler dynamic_;
   float fixed_;
 };
+
+/// "" when a run took at least one of its `steps` steps; else why it did not train: every
+/// step skipped from a loss scale of `first_scale` on (a fixed scale that overflows the
+/// gradients every time, a dynamic one that has not backed off enough yet). A run that
+/// never updated its weights is dead, never "ok".
+std::string no_step_taken(Scaler kind, int skipped, int steps, double first_scale);
 
 }  // namespace ch06

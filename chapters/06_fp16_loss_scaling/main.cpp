@@ -110,11 +110,10 @@ void three_runs(Context& ctx, const Settings& s) {
   ctx.report(losses, "losses",
              "\nLoss, relative to the first step's " + format_number(first, 3) + ":");
   // 3. The scale over time, the skipped steps, the bytes of the gradients' allreduce.
-  std::string changes = format_number(c.scales.front()), skipped = c.skipped.empty() ? "none" : "";
+  std::string changes = format_number(c.scales.front());
   for (std::size_t t = 1; t < c.scales.size(); ++t)
     if (c.scales[t] != c.scales[t - 1])
       changes += ", step " + std::to_string(t + 1) + ": " + format_number(c.scales[t]);
-  for (int k : c.skipped) skipped += (skipped.empty() ? "" : ", ") + std::to_string(k);
   ctx.json()["scale_history"] = c.scales;
   ctx.json()["skipped_steps"] = c.skipped;
   ctx.json()["grad_bytes_per_step"] = {{"fp32", a.grad_bytes_per_step},
@@ -124,32 +123,15 @@ void three_runs(Context& ctx, const Settings& s) {
       "  fp16 without scaling ends at " + format_number(b.losses.back() / a.losses.back(), 3) +
       "x the fp32 loss; with scaling at " + format_number(c.losses.back() / a.losses.back(), 3) +
       "x\nLoss scale (" + s.scaler + "): " + changes + "\nSkipped steps (non-finite " +
-      "gradients): " + skipped + "\nGradient allreduce per step, bytes each rank received: " +
+      "gradients): " + format_steps(c.skipped) +
+      "\nGradient allreduce per step, bytes each rank received: " +
       std::to_string(a.grad_bytes_per_step) + " in fp32, " + std::to_string(c.grad_bytes_per_step) +
       " in fp16 (" + (c.grad_traffic_modeled ? "modeled" : "measured") + ")");
 
   // Checks: what must hold whatever the flags.
-  ctx.verify(2 * c.grad_bytes_per_step == a.grad_bytes_per_step,
-             "the fp16 gradients' allreduce moved " + std::to_string(c.grad_bytes_per_step) +
-                 " bytes, not half of fp32's " + std::to_string(a.grad_bytes_per_step));
-  ctx.verify(c.skips_agreed, "some ranks skipped a step that others took: the replicas went apart");
-  ctx.verify(a.divergence().empty(), "the fp32 run " + a.divergence());  // never "ok"
-  if (s.run.scaler != Scaler::none)
-    ctx.verify(c.divergence().empty(), "the fp16 run " + c.divergence());
-  // GradScaler has no lowest scale, and neither has this one: backing off often enough
-  // takes it to 0, where every gradient unscales to NaN and every later step is skipped.
-  // That is a dead run, never "ok".
-  if (const auto zero = std::find(c.scales.begin(), c.scales.end(), 0.0f); zero != c.scales.end())
-    ctx.verify(false, "the loss scale backed off to 0 at step " +
-                          std::to_string(zero - c.scales.begin() + 1) +
-                          ": every step after it is skipped (no scale is left to grow)");
+  for (const std::string& failure : failed_checks(s.run, a, c)) ctx.verify(false, failure);
   for (const RunResult* r : {&a, &b, &c})
     ctx.verify_replicas("the weights after training", r->weights);
-  if (s.run.scaler != Scaler::none)
-    for (int k : s.run.inject_overflow)
-      ctx.verify(
-          std::count(c.skipped.begin(), c.skipped.end(), k) == 1,
-          "step " + std::to_string(k) + " had its gradients made non-finite but was not skipped");
 
   if (!s.csv) return;
   ctx.save_csv(histogram, "06_fp16_loss_scaling_histogram");

@@ -8,10 +8,18 @@
 //   the gradients allreduced in fp32 in the fp16 runs
 //     -> "CHECK( 2 * c.grad_bytes_per_step == a.grad_bytes_per_step ): 24576 == 12288";
 //   underflow counted as |g| < 2^-24 (the smallest subnormal is kept, half of it is not)
-//     -> "underflow_fraction(g, 1.0f) == Approx(0.4)": 0.6.
+//     -> "underflow_fraction(g, 1.0f) == Approx(0.4)": 0.6;
+//   divergence judged by the last step's loss alone (--lr 1 goes up 8e9 times and comes back)
+//     -> "the run that rose 10^6 times and came back": no failure reported;
+//   a dead run counted as "skipped.size() > steps" (never true)
+//     -> "every step skipped, fixed scale": no failure reported;
+//   format_steps with a range for two in a row, or the last run dropped
+//     -> "1-2" for {1, 2}; "1-4, 8-9" for {1, 2, 3, 4, 8, 9}.
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "shardlab/testing.hpp"
 #include "training.hpp"
@@ -53,5 +61,71 @@ TEST_SUITE("ch06") {
       CHECK(a.grad_bytes_per_step ==
             4u * static_cast<std::uint64_t>(model.params()));  // 2 (N-1)/N P x 4, N = 2
     });
+  }
+
+  TEST_CASE("format_steps writes three or more steps in a row as a range") {
+    CHECK(ch06::format_steps({}) == "none");
+    CHECK(ch06::format_steps({7}) == "7");
+    CHECK(ch06::format_steps({1, 2}) == "1, 2");
+    CHECK(ch06::format_steps({1, 2, 3, 4, 8, 9}) == "1-4, 8, 9");
+    CHECK(ch06::format_steps({1, 2, 3, 5, 6, 7, 10}) == "1-3, 5-7, 10");
+  }
+
+  TEST_CASE("failed_checks: a run thrown about or never updated is a failure, never ok") {
+    ch06::RunConfig run;
+    run.steps = 4;
+    ch06::RunResult fp32, scaled;
+    fp32.losses = scaled.losses = {1.0, 0.5, 0.25, 0.125};
+    fp32.scales = {1, 1, 1, 1};
+    scaled.scales = {65536, 65536, 65536, 65536};
+    fp32.grad_bytes_per_step = 8;
+    scaled.grad_bytes_per_step = 4;
+    CHECK(ch06::failed_checks(run, fp32, scaled).empty());
+    auto only = [&](const ch06::RunResult& a, const ch06::RunResult& c, const std::string& part) {
+      const std::vector<std::string> failures = ch06::failed_checks(run, a, c);
+      REQUIRE_MESSAGE(failures.size() == 1, "expected one failure naming \"" << part << "\"");
+      CHECK_MESSAGE(failures[0].find(part) != std::string::npos, failures[0]);
+    };
+    SUBCASE("the run that rose 10^6 times and came back") {
+      ch06::RunResult thrown = fp32;
+      thrown.losses = {1.0, 1e6, 0.5, 0.1};
+      only(thrown, scaled, "the fp32 run diverged at step 2 (loss 1e+06, from 1 at step 1)");
+    }
+    SUBCASE("a NaN at the last step") {
+      ch06::RunResult nan = scaled;
+      nan.losses.back() = std::nan("");
+      only(fp32, nan, "the fp16 run diverged at step 4");
+    }
+    SUBCASE("every step skipped, fixed scale") {
+      run.scaler = ch06::Scaler::fixed;
+      ch06::RunResult dead = scaled;
+      dead.skipped = {1, 2, 3, 4};
+      only(fp32, dead, "every one of the 4 steps was skipped");
+      only(fp32, dead, "use a lower --scale");
+      dead.skipped = {1, 2, 3};  // one step taken: a run, if a poor one
+      CHECK(ch06::failed_checks(run, fp32, dead).empty());
+    }
+    SUBCASE("every step skipped, dynamic scale") {
+      ch06::RunResult dead = scaled;
+      dead.skipped = {1, 2, 3, 4};
+      only(fp32, dead, "start lower (--init-scale) or train longer");
+    }
+    SUBCASE("the scale backed off to 0: one message, not two") {
+      ch06::RunResult zero = scaled;
+      zero.scales = {2, 1, 0, 0};
+      zero.skipped = {1, 2, 3, 4};
+      only(fp32, zero, "the loss scale backed off to 0 at step 3");
+    }
+    SUBCASE("an injected overflow not skipped") {
+      run.inject_overflow = {2};
+      only(fp32, scaled, "step 2 had its gradients made non-finite but was not skipped");
+    }
+    SUBCASE("without a scaler, only fp32's checks and the bytes") {
+      run.scaler = ch06::Scaler::none;
+      ch06::RunResult dead = scaled;
+      dead.skipped = {1, 2, 3, 4};
+      dead.losses = {1.0, 1e9, 1e9, 1e9};
+      CHECK(ch06::failed_checks(run, fp32, dead).empty());
+    }
   }
 }

@@ -248,6 +248,52 @@ std::set<int> parse_steps(const std::string& text, int steps, const std::string&
   return out;
 }
 
+std::string format_steps(const std::vector<int>& steps) {
+  std::string out;
+  for (std::size_t i = 0; i < steps.size();) {
+    std::size_t j = i;  // steps[i..j] consecutive
+    while (j + 1 < steps.size() && steps[j + 1] == steps[j] + 1) ++j;
+    if (!out.empty()) out += ", ";
+    if (j >= i + 2) {
+      out += std::to_string(steps[i]) + "-" + std::to_string(steps[j]);
+      i = j + 1;
+    } else {
+      out += std::to_string(steps[i++]);
+    }
+  }
+  return out.empty() ? "none" : out;
+}
+
+std::vector<std::string> failed_checks(const RunConfig& run, const RunResult& a,
+                                       const RunResult& c) {
+  std::vector<std::string> out;
+  auto check = [&](bool ok, const std::string& what) {
+    if (!ok) out.push_back(what);
+  };
+  check(2 * c.grad_bytes_per_step == a.grad_bytes_per_step,
+        "the fp16 gradients' allreduce moved " + std::to_string(c.grad_bytes_per_step) +
+            " bytes, not half of fp32's " + std::to_string(a.grad_bytes_per_step));
+  check(c.skips_agreed, "some ranks skipped a step that others took: the replicas went apart");
+  check(a.divergence().empty(), "the fp32 run " + a.divergence());  // never "ok"
+  if (run.scaler == Scaler::none) return out;
+  check(c.divergence().empty(), "the fp16 run " + c.divergence());
+  // GradScaler has no lowest scale, and neither has this one: backing off often enough
+  // takes it to 0, where every gradient unscales to NaN and every later step is skipped.
+  // That is a dead run, never "ok"; so is one whose every step was skipped.
+  if (const auto zero = std::find(c.scales.begin(), c.scales.end(), 0.0f); zero != c.scales.end())
+    out.push_back("the loss scale backed off to 0 at step " +
+                  std::to_string(zero - c.scales.begin() + 1) +
+                  ": every step after it is skipped (no scale is left to grow)");
+  else if (const std::string dead = no_step_taken(run.scaler, static_cast<int>(c.skipped.size()),
+                                                  run.steps, c.scales.front());
+           !dead.empty())
+    out.push_back("the fp16 run: " + dead);
+  for (int k : run.inject_overflow)
+    check(std::count(c.skipped.begin(), c.skipped.end(), k) == 1,
+          "step " + std::to_string(k) + " had its gradients made non-finite but was not skipped");
+  return out;
+}
+
 std::string RunResult::divergence() const {
   // A hundredfold: Adam's first steps may raise the loss a few times over; a run that
   // diverges grows it by 10^5 and more, at some step if not at the last (at --lr 1 the

@@ -91,5 +91,15 @@ shardlab::Table to_half_table(double value);
 
 /// "30,31" -> {30, 31}: step numbers from 1 to `steps`; UsageError (naming `flag`) else.
 std::set<int> parse_steps(const std::string& text, int steps, const std::string& flag);
+/// {1, 2, 3, 4, 8, 9} -> "1-4, 8, 9" (three or more in a row as a range); "none" when empty.
+std::string format_steps(const std::vector<int>& steps);
+
+/// What must hold of the fp32 run `fp32` and the scaled fp16 run `scaled` (both trained with
+/// `run`'s steps, `scaled` with its scaler), whatever the flags: the failures' messages,
+/// none when all hold. fp16's gradient allreduce moves half fp32's bytes; every rank made
+/// the same skip decisions; neither run diverged (chapter 02's rule); the scale never
+/// reached 0 and some step was taken; every injected overflow was skipped.
+std::vector<std::string> failed_checks(const RunConfig& run, const RunResult& fp32,
+                                       const RunResult& scaled);
 
 }  // namespace ch06

@@ -100,6 +100,7 @@ void train(Context& ctx, const Settings& s) {
   ctx.verify(std::isfinite(last.loss) && last.loss < std::log(256.0) + 1,
              "the training diverged: the last step's loss is " + format_number(last.loss) +
                  " (guessing uniformly gives 5.55; try a lower --lr)");
+  ctx.verify(curve.dead_run().empty(), curve.dead_run());
 
   // 4. What the last step sent per axis, what each rank holds, how long the stages
   // waited: each next to its prediction (report.hpp).

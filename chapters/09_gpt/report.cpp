@@ -95,9 +95,13 @@ std::vector<std::string> curve_columns(bool scaled) {
 }  // namespace
 
 CurveTable::CurveTable(const TrainConfig& c, const References* ref)
-    : ref_(ref), scaled_(c.scaler != ch06::Scaler::none), table_(curve_columns(scaled_)) {}
+    : ref_(ref),
+      scaler_(c.scaler),
+      scaled_(c.scaler != ch06::Scaler::none),
+      table_(curve_columns(scaled_)) {}
 
 void CurveTable::add(std::size_t index, int step, const StepResult& result, bool shown) {
+  if (steps_++ == 0) first_scale_ = result.loss_scale;
   skipped_ += result.skipped;
   if (!shown) return;
   auto ref_cell = [&](auto f) { return ref_ ? shardlab::Cell(f()) : shardlab::Cell(""); };
@@ -110,6 +114,10 @@ void CurveTable::add(std::size_t index, int step, const StepResult& result, bool
       result.grad_norm};
   if (scaled_) row.insert(row.end(), {shardlab::Cell(result.loss_scale), shardlab::Cell(skipped_)});
   table_.add(row);
+}
+
+std::string CurveTable::dead_run() const {
+  return scaled_ ? ch06::no_step_taken(scaler_, skipped_, steps_, first_scale_) : "";
 }
 
 void compare_with_one_device(Context& ctx, const References& ref, const std::vector<double>& mesh,

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "shardlab/launch.hpp"
@@ -46,11 +47,16 @@ class CurveTable {
   void add(std::size_t index, int step, const StepResult& result, bool shown);
   /// The rows added so far, to report.
   shardlab::Table& table() { return table_; }
+  /// "" unless the loss scaler skipped every step added: then why the run did not train
+  /// (chapter 06's no_step_taken).
+  std::string dead_run() const;
 
  private:
   const References* ref_;
+  ch06::Scaler scaler_;
   bool scaled_;
-  int skipped_ = 0;
+  int skipped_ = 0, steps_ = 0;
+  double first_scale_ = 0;
   shardlab::Table table_;
 };
 
