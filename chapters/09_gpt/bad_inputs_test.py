@@ -8,7 +8,8 @@ The wrong versions this catches (each seen failing): reading trainer.json with
 json::value() (a string step or a list gives nlohmann's type_error from every rank, exit 1);
 comparing only a tensor's element count (a transposed [512, 128] c_fc loads); no finiteness
 check (a NaN weight trains and samples); opening --data or config.json without looking at
-what it is (a pipe waits for a writer forever, /dev/zero reads forever).
+what it is (a pipe waits for a writer forever, /dev/zero reads forever); a default --data
+baked in at build time (a program copied away without its text still read the source tree's).
 """
 import json
 import os
@@ -23,9 +24,9 @@ os.makedirs(scratch, exist_ok=True)
 failures = []
 
 
-def run(name, args, expect):
+def run(name, args, expect, binary=program):
     try:
-        done = subprocess.run([program, "--ranks", "1", "--tp", "1", "--pp", "1", *args],
+        done = subprocess.run([binary, "--ranks", "1", "--tp", "1", "--pp", "1", *args],
                               capture_output=True, text=True, timeout=60)
     except subprocess.TimeoutExpired:
         failures.append(f"{name}: no answer after 60 s (a hang)")
@@ -110,7 +111,22 @@ os.mkfifo(fifo)
 run("--data a pipe", ["--steps", "1", "--data", fifo], r"--data .*: not a regular file")
 run("--data a device", ["--steps", "1", "--data", "/dev/zero"], r"--data .*: not a regular file")
 
+# The default --data is the text beside the program, wherever the program is: copied away
+# alone, it names the file it lacks; copied with ch09_gpt.txt, it trains.
+moved = os.path.join(scratch, "moved")
+shutil.rmtree(moved, ignore_errors=True)
+os.makedirs(moved)
+alone = shutil.copy2(program, moved)
+text = os.path.join(moved, "ch09_gpt.txt")
+run("program moved without its text", ["--steps", "1", "--no-reference"],
+    re.escape(f"--data {text}") + ": ", alone)
+shutil.copy2(os.path.join(os.path.dirname(program), "ch09_gpt.txt"), text)
+done = subprocess.run([alone, "--ranks", "1", "--tp", "1", "--pp", "1", "--steps", "1",
+                       "--no-reference", "--quiet"], capture_output=True, text=True, timeout=60)
+if done.returncode != 0:
+    failures.append(f"program moved with its text: exit {done.returncode}, {done.stderr!r}")
+
 for failure in failures:
     print("FAILED", failure)
-print(f"{len(failures)} of 11 bad inputs mishandled")
+print(f"{len(failures)} of 13 cases mishandled")
 sys.exit(1 if failures else 0)

@@ -43,7 +43,8 @@ struct Settings {
   int steps = 200, log_every = 20, sample = 0, top_k = 0;
   float temperature = 0;
   bool reference = true, benchmark = false;
-  std::string data = SHARDLAB_GPT_CORPUS, save, load, prompt, recompute = "none", trace;
+  std::string data = beside_program("ch09_gpt.txt").string(), save, load, prompt,
+              recompute = "none", trace;
   std::string precision = "fp32", scaler;  // scaler "": dynamic with fp16, else none
 };
 
@@ -185,7 +186,7 @@ int main(int argc, char** argv) {
                "split the rows between the tensor-parallel regions over tp (Korthikanti et al.)");
   option("--log-every", s.log_every, "a row of the loss curve every N steps",
          CLI::Range(1, 100000));
-  option("--data", s.data, "the text to learn (default: the chapters' READMEs)", CLI::Validator());
+  option("--data", s.data, "the text to learn (the chapters' READMEs)", CLI::Validator());
   option("--trace", s.trace, "write a Chrome trace of the last step, every rank, here",
          CLI::Validator());
   option("--save", s.save, "write a checkpoint (Hugging Face's GPT-2 layout) here",

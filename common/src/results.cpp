@@ -2,6 +2,11 @@
 #include "shardlab/results.hpp"
 
 #include <fcntl.h>
+#ifdef __APPLE__
+#include <mach-o/dyld.h>
+
+#include <cstdint>
+#endif
 #include <unistd.h>
 
 #include <algorithm>
@@ -62,6 +67,20 @@ void write_file_atomic(const std::filesystem::path& path, const std::string& con
     ::unlink(tmp.c_str());
     throw Error("cannot write " + path.string() + ": " + failed);
   }
+}
+
+std::filesystem::path beside_program(const std::string& name) {
+  std::error_code error;
+#ifdef __APPLE__
+  char buffer[4096];
+  std::uint32_t size = sizeof buffer;
+  const std::filesystem::path self =
+      _NSGetExecutablePath(buffer, &size) == 0 ? std::filesystem::canonical(buffer, error) : "";
+#else
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
+#endif
+  if (error || self.empty()) return name;
+  return self.parent_path() / name;
 }
 
 std::string read_file(const std::filesystem::path& path, const std::string& what) {

@@ -34,6 +34,12 @@ void check_writable_file(const std::filesystem::path& file, const std::string& f
 /// it would wait for a writer, or never end.
 std::string read_file(const std::filesystem::path& path, const std::string& what);
 
+/// The file `name` in the running program's own folder, where the build puts what a
+/// program ships with (ch09_gpt.txt beside ch09_gpt): found from the program's path, so a
+/// build folder or a program moved with its files still finds them; `name` alone (the
+/// working folder) where the program's path cannot be read.
+std::filesystem::path beside_program(const std::string& name);
+
 /// One value of a Table: a number, a whole number, a word or a flag.
 class Cell {
  public:
