@@ -6,7 +6,8 @@ one line on stderr naming what is wrong, with exit code 2, within seconds.
 CHECKPOINT is a good one (ch09.save's); each case copies it to SCRATCH and breaks one thing.
 The wrong versions this catches (each seen failing): reading trainer.json with
 json::value() (a string step or a list gives nlohmann's type_error from every rank, exit 1);
-comparing only a tensor's element count (a transposed [512, 128] c_fc loads); no finiteness
+comparing only a tensor's element count (a transposed [512, 128] c_fc loads); only its
+shape (a transposed square c_proj loads; trainer.json's checksums catch it); no finiteness
 check (a NaN weight trains and samples); opening --data or config.json without looking at
 what it is (a pipe waits for a writer forever, /dev/zero reads forever); a default --data
 baked in at build time (a program copied away without its text still read the source tree's).
@@ -86,6 +87,31 @@ def transpose(header):
 edit_header(where, transpose)
 run("transposed matrix", load + [where], r"c_fc\.weight is 512x128, this model.s is 128x512")
 
+# A square matrix transposed keeps its shape: trainer.json's checksums catch it, and a
+# value changed by a bit.
+where = copy("transposed_square")
+path = os.path.join(where, shards(where)[0])
+data = bytearray(open(path, "rb").read())
+n = struct.unpack("<Q", data[:8])[0]
+entry = json.loads(data[8:8 + n])["transformer.h.0.attn.c_proj.weight"]
+rows, cols = entry["shape"]
+assert rows == cols, "c_proj is square"
+start = 8 + n + entry["data_offsets"][0]
+values = struct.unpack(f"<{rows * cols}f", data[start:start + 4 * rows * cols])
+flipped = [values[c * cols + r] for r in range(rows) for c in range(cols)]
+data[start:start + 4 * rows * cols] = struct.pack(f"<{rows * cols}f", *flipped)
+open(path, "wb").write(data)
+run("square matrix transposed", load + [where],
+    r"c_proj\.weight is not the tensor saved with it \(its FNV-1a differs")
+where = copy("one_bit")
+path = os.path.join(where, shards(where)[0])
+data = bytearray(open(path, "rb").read())
+data[start] ^= 1
+open(path, "wb").write(data)
+run("one bit changed", load + [where], r"c_proj\.weight is not the tensor saved with it")
+run("checksums not an object", load + [edit_trainer("sums", lambda s: {**s, "model_fnv1a64": 3})],
+    r"trainer\.json's model_fnv1a64 is not a JSON object")
+
 where = copy("nan")
 path = os.path.join(where, shards(where)[0])
 data = bytearray(open(path, "rb").read())
@@ -93,6 +119,12 @@ n = struct.unpack("<Q", data[:8])[0]
 start = json.loads(data[8:8 + n])["transformer.h.0.attn.c_proj.weight"]["data_offsets"][0]
 data[8 + n + start:8 + n + start + 4] = struct.pack("<f", float("nan"))
 open(path, "wb").write(data)
+# (without trainer.json's checksums, as a checkpoint written elsewhere: the finiteness check)
+with open(os.path.join(where, "trainer.json")) as f:
+    state = json.load(f)
+state.pop("model_fnv1a64")
+with open(os.path.join(where, "trainer.json"), "w") as f:
+    json.dump(state, f)
 run("NaN weight", load + [where], r"c_proj\.weight holds NaN or infinite values")
 run("NaN weight, sampling", ["--sample", "5", "--load", where], r"holds NaN or infinite values")
 
@@ -128,5 +160,5 @@ if done.returncode != 0:
 
 for failure in failures:
     print("FAILED", failure)
-print(f"{len(failures)} of 13 cases mishandled")
+print(f"{len(failures)} of 16 cases mishandled")
 sys.exit(1 if failures else 0)

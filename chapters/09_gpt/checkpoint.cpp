@@ -341,6 +341,21 @@ std::map<std::string, Tensor> read_tensors(const fs::path& d, const std::string&
   return out;
 }
 
+// Each tensor's FNV-1a of its bytes, kept in trainer.json: a load checks that the values
+// are the ones saved, which a shape cannot tell for a square matrix transposed.
+constexpr const char* kChecksums = "model_fnv1a64";
+
+nlohmann::json checksums(const std::map<std::string, Tensor>& tensors) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [name, t] : tensors) {
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx",
+                  static_cast<unsigned long long>(shardlab::fnv1a64(t.raw(), t.bytes())));
+    out[name] = hex;
+  }
+  return out;
+}
+
 }  // namespace
 
 void save_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
@@ -390,6 +405,7 @@ void save_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
                  index_json(g, shape, model.chunks(), "optimizer", {"exp_avg.", "exp_avg_sq."}));
     write_json(partial / "config.json", config_json(g));
     nlohmann::json trainer = {{"step", step}, {"adam_steps", state.steps}, {"seed", g.seed}};
+    trainer[kChecksums] = checksums(read_tensors(partial, "model"));
     if (scaler && scaler->kind() != ch06::Scaler::none) {
       trainer["loss_scale"] = scaler->scale();
       trainer["growth_tracker"] = scaler->dynamic().growth_tracker();
@@ -446,6 +462,19 @@ int load_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
                       config.value(key, nlohmann::json()).dump() + ", this model's " +
                       want[key].dump() + " (give the same --layers --channels --heads --context)");
   const auto tensors = read_tensors(d, "model");
+  // The values must be the ones saved, where trainer.json says what they were (a
+  // checkpoint written elsewhere, without it, loads as it is).
+  if (trainer.contains(kChecksums)) {
+    const nlohmann::json& saved = trainer[kChecksums];
+    require_usage(saved.is_object(),
+                  "--load " + dir + ": trainer.json's " + kChecksums + " is not a JSON object");
+    const nlohmann::json now = checksums(tensors);
+    for (const auto& [name, sum] : saved.items())  // a missing one: "no NAME" below
+      require_usage(!now.contains(name) || now[name] == sum,
+                    "--load " + dir + ": " + name + " is not the tensor saved with it (" +
+                        "its FNV-1a differs from trainer.json's: transposed, or changed; " +
+                        "remove " + kChecksums + " from trainer.json to load it anyway)");
+  }
   const bool adam = optimizer && optimizer->state().m.defined();
   std::map<std::string, Tensor> state;
   if (adam) state = read_tensors(d, "optimizer");

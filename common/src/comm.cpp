@@ -10,6 +10,7 @@
 #include <numeric>
 
 #include "shardlab/check.hpp"
+#include "shardlab/results.hpp"
 #include "shardlab/tensor.hpp"
 
 namespace shardlab {
@@ -452,8 +453,7 @@ bool one_machine(Communicator& comm) {
   }
   char host[256] = {};
   if (gethostname(host, sizeof host - 1) == 0) id += host;
-  std::uint64_t hash = 1469598103934665603ULL;
-  for (const char ch : id) hash = (hash ^ static_cast<unsigned char>(ch)) * 1099511628211ULL;
+  const std::uint64_t hash = fnv1a64(id.data(), id.size());
   const std::vector<std::int64_t> all = comm.gather_values(static_cast<std::int64_t>(hash));
   return std::all_of(all.begin(), all.end(), [&](std::int64_t h) { return h == all[0]; });
 }

@@ -69,6 +69,12 @@ void write_file_atomic(const std::filesystem::path& path, const std::string& con
   }
 }
 
+std::uint64_t fnv1a64(const void* bytes, std::size_t n, std::uint64_t hash) {
+  const auto* p = static_cast<const unsigned char*>(bytes);
+  for (std::size_t i = 0; i < n; ++i) hash = (hash ^ p[i]) * 1099511628211ULL;
+  return hash;
+}
+
 std::filesystem::path beside_program(const std::string& name) {
   std::error_code error;
 #ifdef __APPLE__

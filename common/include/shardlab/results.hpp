@@ -34,6 +34,11 @@ void check_writable_file(const std::filesystem::path& file, const std::string& f
 /// it would wait for a writer, or never end.
 std::string read_file(const std::filesystem::path& path, const std::string& what);
 
+/// FNV-1a, 64 bits, of `n` bytes (continuing from `hash`): a fingerprint that any change
+/// of the bytes or of their order changes (a checkpoint's tensors, a machine's name).
+std::uint64_t fnv1a64(const void* bytes, std::size_t n,
+                      std::uint64_t hash = 14695981039346656037ULL);
+
 /// The file `name` in the running program's own folder, where the build puts what a
 /// program ships with (ch09_gpt.txt beside ch09_gpt): found from the program's path, so a
 /// build folder or a program moved with its files still finds them; `name` alone (the
