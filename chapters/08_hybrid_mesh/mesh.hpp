@@ -1,5 +1,5 @@
-// Chapter 08 API: the hybrid mesh. N = pp x dp x tp ranks as a 3-D grid, and Megatron-LM's
-// two conjugate operators that make a tensor-parallel block.
+// Chapter 08 API: the hybrid mesh. N = pp x dp x tp ranks as a 3-D grid, and the
+// communicators of its groups.
 //
 // The grid's order is Megatron-LM's: tp fastest, then dp, then pp,
 //     rank = (pp_i * dp + dp_i) * tp + tp_i,
@@ -8,14 +8,8 @@
 // dp 2) has the tp groups [0, 1], [2, 3], ..., the dp groups [0, 2], [1, 3], [4, 6], ...,
 // and the pp groups [0, 4, 8, 12], [1, 5, 9, 13], [2, 6, 10, 14], [3, 7, 11, 15].
 //
-// f and g (Shoeybi et al. 2019, "Megatron-LM", Figure 3): a column-parallel layer needs
-// the whole input on every tp rank and a row-parallel layer leaves a partial sum on each,
-// so a block is wrapped as
-//     x -> f -> column-parallel -> GELU -> row-parallel -> g -> y
-//     f: forward the identity;         backward an allreduce of dL/dx over tp
-//     g: forward an allreduce over tp; backward the identity
-// The learner writes the mesh arithmetic and f and g in exercises/08_hybrid_mesh/mesh.cpp;
-// the reference is solutions/08_hybrid_mesh/mesh.cpp.
+// The learner writes the mesh arithmetic in exercises/08_hybrid_mesh/mesh.cpp (and f and
+// g, tensor_parallel.hpp, in mappings.cpp); the reference is solutions/08_hybrid_mesh/.
 #pragma once
 
 #include <string_view>
@@ -77,20 +71,6 @@ int rank_of(const MeshShape& shape, const Coords& coords);
 /// that coordinate (so rank i of the group is at coordinate i). The groups are listed in
 /// the order of their first rank. Every rank is in exactly one group per axis.
 std::vector<std::vector<int>> groups(const MeshShape& shape, Axis axis);
-
-/// f before a column-parallel layer. Forward: x is the whole input, already on every tp
-/// rank: nothing to do. Backward: each tp rank's dL/dx is the part its shard of the
-/// weights contributes; the whole gradient is their sum, in place on every rank.
-void f_forward(Communicator& tp, Tensor& x);
-/// f's backward: dx, this rank's part of dL/dx, becomes the sum over the tp ranks (an
-/// allreduce).
-void f_backward(Communicator& tp, Tensor& dx);
-/// g after a row-parallel layer. Forward: each tp rank holds a partial sum of y; the
-/// output is their sum, in place on every rank. Backward: dL/dy is the same on every tp
-/// rank, and every partial sum had weight 1 in y: nothing to do.
-void g_forward(Communicator& tp, Tensor& y);
-/// g's backward: dy is already the same on every tp rank; it is left as it is.
-void g_backward(Communicator& tp, Tensor& dy);
 // [exercise]
 
 // ---------------------------------------------------------------------------

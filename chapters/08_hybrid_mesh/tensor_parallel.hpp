@@ -4,13 +4,14 @@
 //
 // A Linear y = x W + b with W of I x O, on t tensor-parallel ranks:
 //   column-parallel  rank i holds the columns O_i of W and of b (shard_range(O, t, i)):
-//                    y_i = f(x) W[:, O_i] + b[O_i], the output's columns O_i, nothing summed
+//                    y_i = f(x) W[:, O_i] + b[O_i], the output's columns O_i
 //   row-parallel     rank i holds the rows I_i of W and takes the input's columns I_i:
-//                    y = g(x_i W[I_i, :]) + b, the partial sums added up by g; the bias is
-//                    whole on every rank and added once, after the sum (Megatron-LM's
-//                    skip_bias_add / reduce-then-add)
-// so column -> elementwise -> row needs one allreduce forward (g) and one backward (f),
-// each of the activation's B x h elements: 2 allreduces per block and step.
+//                    y = g(x_i W[I_i, :]) + b; the bias is whole on every rank and added
+//                    once, after g (Megatron-LM's skip_bias_add / reduce-then-add)
+// f and g are the two ends of a tensor-parallel region (Megatron-LM's
+// tensor_parallel/mappings.py), declared below and written in the exercise: column ->
+// elementwise -> row needs nothing in between, and, done right, costs 2 allreduces of the
+// activation's B x h elements per block and step.
 //
 // The weights are those of the one-device nn::Linear with the same seed, cut: a
 // tensor-parallel block on any number of ranks starts from the same model.
@@ -18,12 +19,10 @@
 // Sequence parallelism (Korthikanti et al. 2022, §4.2.2; Megatron-LM's sequence_parallel):
 // between the blocks' tensor-parallel regions each tp rank keeps n/t of the n rows (the
 // tokens) instead of all n, so the LayerNorms, the residual adds and what they keep for
-// the backward are split t ways too. The conjugates change with it: a column-parallel
-// layer all-gathers its input's rows (forward) and reduce-scatters dL/dx (backward) in
-// place of f; a row-parallel layer reduce-scatters its partial sums (forward) and
-// all-gathers dL/dy (backward) in place of g. An all-gather and a reduce-scatter move what
-// one allreduce moves. The column-parallel layer keeps only its n/t rows of the input and
-// gathers them again in the backward (as Megatron-LM does), and a weight every tp rank
+// the backward are split t ways too. f and g give way to all-gathers and reduce-scatters
+// of rows (gather_rows, scatter_rows; chapter 09's README draws where each goes), which
+// move what one allreduce moves. The column-parallel layer keeps only its n/t rows of the
+// input and gathers them again in the backward (as Megatron-LM does), and a weight every tp rank
 // holds whole (a LayerNorm's, the row-parallel bias) gets from each rank the gradient of
 // its rows only: the caller sums those over tp.
 #pragma once
@@ -38,6 +37,28 @@ namespace ch08 {
 
 namespace nn = shardlab::nn;
 using shardlab::ShardRange;
+
+// ---------------------------------------------------------------------------
+// The exercise, part 2: f and g
+
+// [exercise]
+/// f, where the block's input enters a column-parallel layer. Forward: `x` is the input as
+/// this tp rank has it; on return it is what this rank's columns of W multiply.
+void f_forward(Communicator& tp, Tensor& x);
+/// f's backward: `dx` is the gradient this rank's columns of W give the input; on return it
+/// is the block's whole dL/dx, the same on every tp rank.
+void f_backward(Communicator& tp, Tensor& dx);
+/// g, where a row-parallel layer's output leaves. Forward: `y` is what this rank's rows of
+/// W made of its columns of the input; on return it is the block's y (before the bias),
+/// the same on every tp rank.
+void g_forward(Communicator& tp, Tensor& y);
+/// g's backward: `dy` is dL/dy as this tp rank has it; on return it is what this rank's
+/// rows of W need for their gradients and for dL/dx of this rank's columns.
+void g_backward(Communicator& tp, Tensor& dy);
+// [exercise]
+
+// ---------------------------------------------------------------------------
+// The layers
 
 /// Sequence parallelism's two moves over the rows of a 2-D tensor, rank i holding rows
 /// shard_range(n, t, i) of n (t must divide n): gather_rows all-gathers the ranks' n/t rows

@@ -62,13 +62,11 @@ nn::Residual attention_block(nn::ParameterStore& store, const std::string& name,
 // The exercise
 
 // [exercise]
-/// The same block on the tp ranks of `tp`, rank i holding heads [i H/t, (i + 1) H/t):
-/// ln_1 whole on every rank; c_attn column-parallel (chapter 08's ColumnParallelLinear,
-/// whose contiguous columns are whole heads in this layout); the attention over this
-/// rank's heads only; c_proj row-parallel (RowParallelLinear: the rows that read this
-/// rank's heads, the bias added once after the sum). The same names and seeds as
-/// attention_block, so that on any t it starts from the same weights and computes the
-/// same y and gradients. UsageError unless t divides H.
+/// The same block on the tp ranks of `tp`, rank i computing heads [i H/t, (i + 1) H/t)
+/// and holding only the parameters those heads need (whole, or its part of them). The
+/// same names and seeds as attention_block, so that on any t it starts from the same
+/// weights and every rank returns the same y and the same gradients of x as the block on
+/// one device. UsageError unless t divides H.
 nn::Residual parallel_attention(nn::ParameterStore& store, Communicator& tp,
                                 const std::string& name, const GptShape& shape, int block);
 
@@ -85,9 +83,9 @@ struct VocabLoss {
 /// this rank's columns `vocab` of the n x V logits; `targets` is i32 [n] (ids of the
 /// whole vocabulary). Every tp rank returns the same value,
 ///   sum over rows of (log sum_v exp(logit_v) - logit_target) / denominator,
-/// computed stably (the maximum over all V subtracted first) with three allreduces of n
-/// numbers over `tp` (the maximum, the sum of the exponentials, the target's logit), and
-/// this rank's columns of the softmax for the backward. No rank holds a whole row.
+/// computed stably (no exponential of a number above 0, whatever the logits), and this
+/// rank's columns of the softmax for the backward. No rank ever holds a whole row: what
+/// the tp ranks exchange is a few numbers per row, never logits.
 VocabLoss vocab_parallel_cross_entropy(Communicator& tp, const Tensor& logits,
                                        const Tensor& targets, ShardRange vocab, double denominator);
 /// dL/dlogits for this rank's columns: (softmax - one_hot(target)) / denominator, n x V_i.

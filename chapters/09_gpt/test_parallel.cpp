@@ -2,7 +2,7 @@
 // cross-entropy (parallel.hpp), against one device, on tp 1, 2, 3 and 4 ranks.
 //
 // References are computed independently of the code under test: the one-device block
-// from the library's layers (blocks.cpp's attention_block), the cross-entropy in double
+// from the library's layers (gpt.cpp's attention_block), the cross-entropy in double
 // from its definition, over every element.
 //
 // Wrong versions this test was checked against, and what each gives:

@@ -183,8 +183,8 @@ std::int64_t parameter_count(const GptShape& shape);
 /// of S, as shardlab::collective_traffic counts it exactly), per microbatch of n tokens:
 ///   tp  allreduces of n x C: 4 per block (attention's and the MLP's g forward and f
 ///       backward; 2 more under full recompute, whose second forward sums again), 1 for
-///       the embedding (first stage), 1 for the head's dL/dx (last stage); and 3 of n
-///       numbers for the cross-entropy (last stage)
+///       the embedding (first stage), 1 for the head's dL/dx (last stage); and the
+///       cross-entropy's allreduces of n numbers (last stage)
 ///   dp  one allreduce of the rank's parameters per step
 ///   pp  n x C activations to the next stage and their gradients to the one before, and
 ///       the allreduce of wte's gradient between the first and the last stage (pp > 1)

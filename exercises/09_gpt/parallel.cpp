@@ -9,7 +9,7 @@
 //   x + c_proj(attention(c_attn(ln_1(x))))
 // Which of its pieces does every tp rank hold whole, which are cut, and along what? How
 // many heads does each rank's nn::CausalSelfAttention see? Use the names and seeds that
-// attention_block (blocks.cpp) uses, so that every mesh starts from the same weights.
+// attention_block (parallel.hpp; gpt.cpp) uses, so that every mesh starts from the same weights.
 //
 // Part 2, vocab_parallel_cross_entropy. Each rank holds the columns `vocab` of every
 // row's logits. For each row you need log(sum over ALL V of exp(logit)) and the target's

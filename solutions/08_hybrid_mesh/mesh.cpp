@@ -1,4 +1,4 @@
-// Chapter 08 reference: the mesh arithmetic and Megatron-LM's f and g (mesh.hpp).
+// Chapter 08 reference, part 1: the mesh arithmetic (mesh.hpp).
 #include "mesh.hpp"
 
 namespace ch08 {
@@ -27,10 +27,5 @@ std::vector<std::vector<int>> groups(const MeshShape& shape, Axis axis) {
   }
   return out;
 }
-
-void f_forward(Communicator&, Tensor&) {}
-void f_backward(Communicator& tp, Tensor& dx) { tp.allreduce(dx); }
-void g_forward(Communicator& tp, Tensor& y) { tp.allreduce(y); }
-void g_backward(Communicator&, Tensor&) {}
 
 }  // namespace ch08
