@@ -196,6 +196,12 @@ StageRun Pipeline::run(const Schedule& s, const Stage& stage, const Hooks& hooks
   return run;
 }
 
+std::string bubble_caption() {
+  return "the pipeline's bubble (idle / busy time): measured, chapter 04's simulation with the "
+         "measured op times, and the schedule's formula (for gpipe, 1f1b and interleaved "
+         "whatever t_b / t_f; zb1's at t_f = t_b = t_w)";
+}
+
 shardlab::Table bubble_table(const Schedule& s, const std::vector<Event>& events) {
   const bool split = s.split_backward();
   const Timeline measured = timeline_of(events, s.stages, s.chunks, split);

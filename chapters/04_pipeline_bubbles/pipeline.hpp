@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "schedule.hpp"
@@ -140,10 +141,16 @@ Timed time_schedule(Pipeline& pipeline, const Schedule& s, const Stage& stage,
 
 /// A run's bubble (idle over busy time, from every stage's `events` of schedule `s`) next
 /// to this chapter's simulation of `s` fed the measured op times, and the schedule's
-/// formula at t_b = 2 t_f (t_f = t_b = t_w when the backward is split): one row, columns
-/// schedule, measured_bubble_over_ideal, simulated, formula, formula_text. For trainers
-/// that run the pipeline (chapters 08 and 09).
+/// formula (formula_for with the textbook costs): one row, columns schedule,
+/// measured_bubble_over_ideal, simulated, formula, formula_text. For trainers that run the
+/// pipeline (chapters 08 and 09), which print it under bubble_caption().
 shardlab::Table bubble_table(const Schedule& s, const std::vector<Event>& events);
+
+/// What bubble_table's columns are, in one line. Idle over busy time does not depend on
+/// the backward's cost against the forward for GPipe, 1F1B and the interleaved schedule
+/// (each stage idles p - 1 forward-and-backward slots, or (p - 1)/v of them); zb1's
+/// (p - 1)/(3m) needs t_f = t_b = t_w.
+std::string bubble_caption();
 
 /// Every op's time measured on the ranks, as the costs of a simulation: each op takes
 /// exactly as long as it took. What the simulation then leaves out is what happened

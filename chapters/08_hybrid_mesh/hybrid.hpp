@@ -4,9 +4,10 @@
 //       schedule (1F1B by default) over m microbatches, activations sent stage to stage;
 //   tp  each block's weights cut Megatron's way (tensor_parallel.hpp): 2 allreduces of the
 //       microbatch's activation per block, one forward (g) and one backward (f);
-//   dp  replicas of the whole, each on its own rows of the batch; chapter 02's GradSync
-//       averages the gradients once per step, after the last microbatch (switched on
-//       before the pipeline's last backward); or chapter 05's ZeRO-1 over the dp ranks.
+//   dp  replicas of the whole, each on its own rows of the batch, its loss already its
+//       share of the global batch's mean; chapter 02's GradSync sums the gradients once
+//       per step, after the last microbatch (switched on before the pipeline's last
+//       backward); or chapter 05's ZeRO-1 over the dp ranks.
 // Every rank also trains the same model on one device (train_reference), from the same
 // weights, on the same batches: the loss curves and the final weights must agree.
 //

@@ -1,5 +1,5 @@
 // Chapter 08 — the hybrid mesh: data x tensor x pipeline parallel training for real, and
-// GPT-3's layout planned on paper.
+// GPT-3 175B and NVIDIA's 1T model planned on paper.
 //
 // The course (so-large-lm's distributed-training chapter §6 "混合并行"; CS336 lecture 7
 // §5): data parallelism across hosts, tensor parallelism inside a host (NVLink), pipeline
@@ -127,9 +127,7 @@ void train(Context& ctx, const Settings& s) {
   // 5. The bubble of the last step, next to chapter 04's simulation of the same schedule.
   ctx.report(
       ch04::bubble_table(ch04::make_schedule(c.schedule, c.mesh.pp, c.microbatches, 1), run.events),
-      "bubble",
-      "\nthe pipeline's bubble (idle / busy time): measured, chapter 04's simulation "
-      "with the measured op times, the formula at t_b = 2 t_f");
+      "bubble", "\n" + ch04::bubble_caption());
 
   // 6. Memory per rank: the model states chapter 05's formula predicts, and the ledger's.
   const ch05::ZeroConfig zc{.stage = c.zero, .adam = c.adam, .sgd = c.sgd};

@@ -135,9 +135,9 @@ void add_plan_options(CLI::App& cli, PlanSettings& s) {
                  "global batch B (the run: 32 rows; --plan: sequences, the preset's)")
       ->transform(sc::quantity())
       ->check(sc::between(1, INT_MAX));
-  cli.add_option("--microbatch-size", s.microbatch_size, "plan: microbatch size b")
-      ->check(sc::between(1, 1 << 20))
-      ->capture_default_str();
+  cli.add_option("--microbatch-size", s.microbatch_size,
+                 "plan: microbatch size b (default: the preset's run's, else 1)")
+      ->check(sc::between(1, 1 << 20));
   cli.add_option("--achieved-tflops", s.achieved_tflops,
                  "plan: X, TFLOP/s a GPU (default: the preset's run on A100s, else the cluster's)")
       ->check(sc::between(1e-3, 1e6));
@@ -190,8 +190,7 @@ ResolvedPlan resolve_plan(const PlanSettings& s) {
                                     {"--pp", s.pp},
                                     {"--microbatches", s.microbatches},
                                     {"--microbatch-size", s.microbatch_size}})
-    require_usage(value >= 0 && (value != 0 || flag != std::string("--microbatch-size")),
-                  std::string(flag) + " " + str(value) + ": it must be at least 1");
+    require_usage(value >= 0, std::string(flag) + " " + str(value) + ": it must be at least 1");
   p.layout_given = s.dp != 0 || s.tp != 0 || s.pp != 0;
   const int tp = s.tp != 0 ? s.tp : run.gpus != 0 ? run.tp : 1;
   const int pp = s.pp != 0 ? s.pp : run.gpus != 0 ? run.pp : 1;
@@ -208,7 +207,9 @@ ResolvedPlan resolve_plan(const PlanSettings& s) {
   p.tokens = s.tokens != 0 ? s.tokens : run.tokens;
   require_usage(std::isfinite(p.tokens) && p.tokens > 0,
                 "--tokens " + num(p.tokens) + ": a positive number");
-  const int b = s.microbatch_size;
+  const int b = s.microbatch_size != 0 ? s.microbatch_size
+                : run.gpus != 0        ? run.microbatch_size
+                                       : 1;
   const std::int64_t given_batch =
       s.batch != 0 ? whole("--batch", s.batch, 1, INT_MAX, "a number of sequences") : 0;
   Layout& L = p.layout;
@@ -322,14 +323,14 @@ Table step_table(const ResolvedPlan& p, const StepEstimate& st) {
              "), X = " + num(p.cluster.achieved_tflops) + " TFLOP/s"});
   t.add({"bubble", L.pp, "-", 0.0, 0.0, st.bubble_s,
          "(p - 1)/m = " + num(st.bubble_fraction, 3) + " of compute (1F1B)"});
-  const std::string tp_count = L.recompute == Recompute::full ? "6" : "4";
   const auto axis = [&](const char* name, const AxisCost& a, const std::string& formula) {
     t.add({name, a.size, group_words(a), a.size > 1 ? a.link_GBps : 0.0, a.bytes, a.seconds,
            a.size > 1 ? formula : std::string("-")});
   };
   axis("tp", st.tp,
-       tp_count + " allreduces of b s h x " + str(p.model.layers / L.pp) + " layers x " +
-           str(L.microbatches) + " microbatches, 2(t-1)/t each");
+       str(tp_allreduces_per_layer(L)) + " allreduces of b s h x " + str(p.model.layers / L.pp) +
+           " layers x " + str(L.microbatches) + " microbatches, 2(t-1)/t each" +
+           (L.sequence_parallel ? " (sp: the backward's 2 all-gathers are the 5th)" : ""));
   axis("dp", st.dp,
        std::string(L.zero == 3 ? "3" : "2") + "(d-1)/d x " +
            num(stage_parameters(p.model, L.tp, L.pp)) + " gradients (ZeRO " + str(L.zero) + ")");
@@ -365,7 +366,7 @@ Table seeds_table() {
       {"so-large-lm ch. 8, sec. 6", "GPT-3", "1t", "64 pp x 6 dp x 8 tp",
        "NVIDIA's 1T model (Narayanan et al. 2021, Table 1's last row), not GPT-3"},
       {"CS336 lecture 7, sec. 5.1", "GPT-3 175B", "gpt3-175b", "8 dp x 8 tp x 16 pp",
-       "GPT-3 175B; Narayanan et al. §5.1's 1024-GPU estimate"},
+       "GPT-3 175B as the notes lay it out (no layout was published); days: an estimate"},
   };
   Table t({"seed", "says", "mesh", "gpus", "is", "params", "memory_gb", "fits", "training_days"});
   for (const Seed& s : seeds) {

@@ -43,7 +43,7 @@ struct PlanSettings {
   double gpus = 0;                    ///< 0: the preset's run, or dp x tp x pp
   double tokens = 0;                  ///< T; 0: the preset's (300B; 1t: 450B)
   double batch = 0;                   ///< B, sequences a step; 0: the preset's, or dp x m x b
-  int microbatch_size = 1;            ///< b
+  int microbatch_size = 0;            ///< b; 0: the preset's run's (22b: 4), else 1
   double achieved_tflops = 0;         ///< X; 0: the preset's run on A100s, else the cluster's
   double gpu_memory_gb = 0;           ///< 0: the cluster's
   int gpus_per_node = 0;              ///< 0: the cluster's

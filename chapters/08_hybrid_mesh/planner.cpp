@@ -41,7 +41,8 @@ const std::vector<ModelSpec>& model_presets() {
     std::vector<ModelSpec> v;
     // GPT-3's shape (Brown et al. 2020, Table 2.1) with Narayanan's vocabulary; the run is
     // Narayanan §5.1's estimate (1024 A100s at 140 TFLOP/s, B = 1536, 300B tokens: 34 days),
-    // laid out as CS336 lecture 7 §5.1 gives it: dp 8 x tp 8 (a DGX node) x pp 16.
+    // laid out as CS336 lecture 7 §5.1's example: dp 8 x tp 8 (a DGX node) x pp 16. No
+    // layout of GPT-3's own training was published.
     v.push_back({.name = "gpt3-175b",
                  .layers = 96,
                  .hidden = 12288,
@@ -68,13 +69,15 @@ const std::vector<ModelSpec>& model_presets() {
     v.push_back(table_1_row("1t", 160, 25600, 128, 8, 64, 3072, 3072, 163));
     v.back().source = "NVIDIA's 1T model: Narayanan et al. 2021, Table 1's last row (1008.0B)";
     v.back().run.tokens = 450e9;
-    // Korthikanti et al. 2022, Table 3's smallest (8 GPUs, tp 8, B = 4, b = 4).
-    v.push_back({.name = "22b",
-                 .layers = 48,
-                 .hidden = 6144,
-                 .heads = 64,
-                 .source = "Korthikanti et al. 2022, Table 3",
-                 .run = {.gpus = 8, .tp = 8, .pp = 1, .batch = 4, .tokens = 300e9}});
+    // Korthikanti et al. 2022, Table 3's smallest (8 GPUs, tp 8, B = 4, b = 4: one
+    // microbatch of 4 sequences).
+    v.push_back(
+        {.name = "22b",
+         .layers = 48,
+         .hidden = 6144,
+         .heads = 64,
+         .source = "Korthikanti et al. 2022, Table 3",
+         .run = {.gpus = 8, .tp = 8, .pp = 1, .batch = 4, .microbatch_size = 4, .tokens = 300e9}});
     return v;
   }();
   return all;
@@ -265,6 +268,13 @@ double step_flops(const ModelSpec& m, double B, Recompute r) {
   return layers + output + (r == Recompute::selective ? 4 * B * s * s * h * l : 0.0);
 }
 
+int tp_allreduces_per_layer(const Layout& L) {
+  // Sequence parallelism's backward all-gathers the input of QKV's and fc1's
+  // column-parallel products again (Megatron-LM keeps the rank's n/t rows): two
+  // all-gathers, one allreduce's worth.
+  return (L.recompute == Recompute::full ? 6 : 4) + (L.sequence_parallel ? 1 : 0);
+}
+
 StepEstimate step_time(const ModelSpec& m, const ClusterSpec& c, const Layout& L) {
   StepEstimate e;
   const double n = double(L.gpus()), X = c.achieved_tflops * 1e12;
@@ -282,7 +292,7 @@ StepEstimate step_time(const ModelSpec& m, const ClusterSpec& c, const Layout& L
     a.seconds = a.bytes / (a.link_GBps * 1e9);
     return a;
   };
-  const int allreduces = L.recompute == Recompute::full ? 6 : 4;  // per layer and microbatch
+  const int allreduces = tp_allreduces_per_layer(L);
   e.tp = cost(L.tp, layers * m_ * allreduces * ring_allreduce_bytes(bsh_bytes, L.tp), crossing.tp);
   e.dp = cost(L.dp, 2.0 * ch05::zero_comm_elements(stage_parameters(m, L.tp, L.pp), L.dp, L.zero),
               crossing.dp);

@@ -36,6 +36,7 @@ struct ReferenceRun {
   int tp = 1;                  ///< t, its tensor-parallel degree
   int pp = 1;                  ///< p, its pipeline-parallel degree
   std::int64_t batch = 0;      ///< B, sequences
+  int microbatch_size = 1;     ///< b, sequences a microbatch
   double achieved_tflops = 0;  ///< X on A100s, FLOP/s / 1e12
   double tokens = 300e9;       ///< T, the training tokens
 };
@@ -195,10 +196,16 @@ struct AxisCost {
   double seconds = 0;          ///< bytes / link
 };
 
+/// Allreduces' worth of b s h values tp sends per layer and microbatch: 4 (2 forward, 2
+/// backward), 6 with full recomputation, + 1 with sequence parallelism (step_time).
+int tp_allreduces_per_layer(const Layout& L);
+
 /// Per GPU and step (16-bit values on the wire: 2 bytes):
 ///   tp  per layer of the stage and per microbatch, 4 allreduces of b s h values (2 forward,
 ///       2 backward; 6 with full recomputation's second forward), each 2 (t-1)/t of them
-///       sent; sequence parallelism sends as much as all-gathers and reduce-scatters
+///       sent; sequence parallelism sends as much as all-gathers and reduce-scatters, and
+///       one allreduce's worth more: the backward gathers the input of the two
+///       column-parallel products again (tp_allreduces_per_layer)
 ///   dp  the gradient allreduce of the stage's parameters, once per step: 2 (d-1)/d of them
 ///       for ZeRO 0-2 (1-2 as a reduce-scatter and an all-gather), 3 (d-1)/d for ZeRO 3
 ///       (ZeRO §7; chapter 05's zero_comm_elements)

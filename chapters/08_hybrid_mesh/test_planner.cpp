@@ -51,6 +51,10 @@
 //     -> "selective, sp no, t 2" (5376 == 2816)
 //   check_layout not checking that pp divides the layers
 //     -> "pp 5 on 96 layers (no exception thrown)"
+//   sequence parallelism's tp counted as plain tp's (no backward re-gather)
+//     -> "tp bytes with sequence parallelism" (8192 == 10240)
+//   the 22b preset planned with b = 1 (four microbatches instead of Table 3's one of 4)
+//     -> "22b plans b = 1, m = 4"
 #include <doctest/doctest.h>
 
 #include <CLI/CLI.hpp>
@@ -277,7 +281,10 @@ TEST_SUITE("ch08 planner") {
     L.zero = 0;
     L.sequence_parallel = true;
     st = step_time(m, c, L);
-    CHECK((st.tp.bytes == 8192 && st.pp.bytes == 512));  // as much tp; pp / t
+    // tp: the forward's all-gathers and reduce-scatters move what its allreduces did, the
+    // backward gathers the two column-parallel inputs again: 5 allreduces' worth, 10240.
+    CHECK_MESSAGE(st.tp.bytes == 10240, "tp bytes with sequence parallelism");
+    CHECK_MESSAGE(st.pp.bytes == 512, "pp bytes with sequence parallelism: / t");
     // An inner stage of 4 (1 layer each, on 16 GPUs) sends both ways: 2 x 4 x 256.
     L = {.dp = 2, .tp = 2, .pp = 4, .microbatches = 4, .recompute = Recompute::none};
     st = step_time(m, c, L);
@@ -368,6 +375,16 @@ TEST_SUITE("ch08 planner") {
     CHECK(one_t.gpus == 3072);
     CHECK((one_t.layout.dp == 6 && one_t.layout.tp == 8 && one_t.layout.pp == 64));
     CHECK((one_t.cluster.achieved_tflops == 163 && one_t.tokens == 450e9));
+    s.model = "22b";  // Table 3's one microbatch of b = 4, not four of 1
+    const ResolvedPlan k22 = resolve_plan(s);
+    CHECK_MESSAGE(
+        (k22.layout.microbatch_size == 4 && k22.layout.microbatches == 1 &&
+         k22.layout.batch() == 4),
+        "22b plans b = " << k22.layout.microbatch_size << ", m = " << k22.layout.microbatches);
+    s.microbatch_size = 2;  // a flag still wins
+    CHECK(resolve_plan(s).layout.microbatches == 2);
+    s.microbatch_size = 0;
+    s.model = "1t";
     s.cluster = "h100-80gb";  // the run's X was on A100s: the cluster's own
     CHECK(resolve_plan(s).cluster.achieved_tflops == 400);
     s = {};
@@ -481,8 +498,8 @@ TEST_SUITE("ch08 planner") {
     s.gpu_memory_gb = -1;
     refused(s, "negative memory");
     s = {};
-    s.microbatch_size = 0;
-    refused(s, "b = 0");
+    s.microbatch_size = -1;
+    refused(s, "b = -1");
     s = {};
     s.search = true;
     s.gpus = 1009;  // prime: no dp divides the batch, no tp the heads, no pp the layers

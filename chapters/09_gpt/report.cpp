@@ -225,9 +225,7 @@ double report_bubble(Context& ctx, const TrainConfig& c, Mesh& mesh,
   const Table bubble =
       ch04::bubble_table(ch04::make_schedule(c.schedule, c.mesh.pp, c.microbatches, c.chunks),
                          ch04::gather_events(mesh.pp(), mine));
-  ctx.report(bubble, "bubble",
-             "\nthe last step's pipeline bubble (idle / busy time): measured, chapter 04's "
-             "simulation with the measured op times, the formula at t_b = 2 t_f");
+  ctx.report(bubble, "bubble", "\n" + ch04::bubble_caption());
   return bubble.at(0, 1).number();
 }
 
