@@ -853,6 +853,16 @@ Tensor MoeLayer::backward_input(const Tensor& dy_in, nn::Saved& saved) const {
   return input_grad(dy, r, 0, p.send_row, dins, dlogits, router_->value).to(memory);
 }
 
+double MoeLayer::expert_grad_diff(const Result& reference) {
+  double diff = 0;
+  for (int l = 0; l < experts_here(); ++l) {
+    const auto e = static_cast<std::size_t>(first_ + l);
+    diff = std::max({diff, max_abs_diff(w1(l).grad.to(Memory::host), reference.dw1[e]),
+                     max_abs_diff(w2(l).grad.to(Memory::host), reference.dw2[e])});
+  }
+  return diff;
+}
+
 void MoeLayer::backward_weight(nn::Saved& saved) {
   require(
       saved.tensors.size() == forward_saved + 1 && saved.dy.defined() &&

@@ -206,6 +206,9 @@ class MoeLayer final : public shardlab::nn::Layer {
   shardlab::nn::Parameter& w2(int l);
   /// The current weights, copied to the host.
   Weights weights() const;
+  /// The largest difference of this rank's experts' dL/dW1 and dL/dW2 from those of the
+  /// same experts in `reference` (which holds every expert's: moe_reference).
+  double expert_grad_diff(const Result& reference);
 
   /// What a forward routed on this rank, read from its Saved (before backward_weight
   /// drops it); combined() makes the stats the whole layer's.

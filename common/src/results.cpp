@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -73,6 +74,11 @@ std::uint64_t fnv1a64(const void* bytes, std::size_t n, std::uint64_t hash) {
   const auto* p = static_cast<const unsigned char*>(bytes);
   for (std::size_t i = 0; i < n; ++i) hash = (hash ^ p[i]) * 1099511628211ULL;
   return hash;
+}
+
+std::string bar(double n, double most, int width) {
+  const double cells = most > 0 ? std::ceil(width * n / most) : 0.0;
+  return std::string(static_cast<std::size_t>(std::clamp(cells, 0.0, double(width))), '#');
 }
 
 std::filesystem::path beside_program(const std::string& name) {

@@ -39,6 +39,9 @@ std::string read_file(const std::filesystem::path& path, const std::string& what
 std::uint64_t fnv1a64(const void* bytes, std::size_t n,
                       std::uint64_t hash = 14695981039346656037ULL);
 
+/// A table cell's bar: `n` of `most` as up to `width` '#', rounded up (any n > 0 shows).
+std::string bar(double n, double most, int width = 32);
+
 /// The file `name` in the running program's own folder, where the build puts what a
 /// program ships with (ch09_gpt.txt beside ch09_gpt): found from the program's path, so a
 /// build folder or a program moved with its files still finds them; `name` alone (the
