@@ -1,0 +1,387 @@
+// Chapter 07's MoE layer as an nn layer over the ranks: rank q holds E/N experts and T/N
+// tokens, which travel to their experts' ranks in an all-to-all and back in another,
+// forward and backward (moe.hpp's MoeLayer).
+#include <algorithm>
+#include <cmath>
+#include <memory>
+
+#include "combine.hpp"
+#include "moe.hpp"
+#include "shardlab/check.hpp"
+
+using namespace shardlab;
+
+namespace ch07 {
+
+namespace {
+using Index = std::size_t;
+Index at(int i) { return static_cast<Index>(i); }
+}  // namespace
+
+namespace {
+
+// The layer's Saved tensors, by position (children: one Saved per local expert).
+enum SavedAt : Index {
+  saved_x,                       // this rank's tokens, in the layer's memory
+  saved_probs,                   // its tokens' router probabilities, T_r x E (host)
+  saved_expert,                  // its routing, T_r k each (host): i32
+  saved_gate,                    //   f32
+  saved_slot,                    //   i32
+  saved_send_order,              // the dispatch plan (host): i32
+  saved_per_expert,              //   i64, rows to each expert
+  saved_send_counts,             //   i64, rows to each rank
+  saved_received,                //   i64, the counts the exchange brought (N x E/N)
+  saved_returned,                // the experts' outputs back at this rank, in send order
+  forward_saved,                 // how many the forward keeps;
+  saved_dlogits = forward_saved  // backward_input adds dL/dlogits of this rank's tokens
+};
+
+template <class T, class From>
+Tensor as_tensor(const std::vector<From>& v) {
+  return Tensor::from_vector(std::vector<T>(v.begin(), v.end()));
+}
+template <class To, class T>
+std::vector<To> as_vector(const Tensor& t) {
+  const std::span<const T> s = t.span<T>();
+  return std::vector<To>(s.begin(), s.end());
+}
+
+Routing routing_of(const MoeConfig& c, const nn::Saved& s, int capacity) {
+  Routing r{0,
+            c.experts,
+            c.k,
+            capacity,
+            as_vector<int, std::int32_t>(s.tensors.at(saved_expert)),
+            as_vector<float, float>(s.tensors.at(saved_gate)),
+            as_vector<int, std::int32_t>(s.tensors.at(saved_slot))};
+  r.tokens = static_cast<int>(r.expert.size()) / c.k;
+  return r;
+}
+Dispatch plan_of(const nn::Saved& s) {
+  return Dispatch{as_vector<std::size_t, std::int64_t>(s.tensors.at(saved_per_expert)),
+                  as_vector<std::size_t, std::int64_t>(s.tensors.at(saved_send_counts)),
+                  as_vector<int, std::int32_t>(s.tensors.at(saved_send_order))};
+}
+
+/// Where every row is on this rank: each of its choices' row in the send buffer (send
+/// order; -1 dropped), the token of each row sent (a row of this rank's x), each local
+/// expert's rows in the receive buffer (plan_arrivals), and the counts x d.
+struct Places {
+  std::vector<int> send_row, send_tokens;
+  std::vector<Tensor> expert_rows;
+  std::vector<std::size_t> send_elems, recv_elems;
+};
+/// Checks of the two plans (the exercise's), so that a wrong one is named
+/// here and not found later as a bad row index inside gather_rows.
+void check_plans(const Routing& r, const Dispatch& plan, const Arrivals& arrivals,
+                 const std::vector<std::int64_t>& received, int rank, int ranks) {
+  const std::string who = "rank " + std::to_string(rank) + ": ";
+  const auto E = static_cast<std::size_t>(r.experts), per = E / static_cast<std::size_t>(ranks);
+  require(plan.per_expert.size() == E && plan.send_counts.size() == static_cast<std::size_t>(ranks),
+          [&] {
+            return who + "plan_dispatch gave " + std::to_string(plan.per_expert.size()) +
+                   " counts per expert and " + std::to_string(plan.send_counts.size()) +
+                   " per rank, for " + std::to_string(E) + " experts on " + std::to_string(ranks) +
+                   " ranks";
+          });
+  std::vector<int> seen(at(r.tokens * r.k), 0);
+  for (int c : plan.send_order) {
+    require(c >= 0 && c < r.tokens * r.k && r.slot[at(c)] >= 0 && seen[at(c)]++ == 0, [&] {
+      return who + "plan_dispatch sends choice " + std::to_string(c) +
+             (c < 0 || c >= r.tokens * r.k ? ", which does not exist"
+              : r.slot[at(c)] < 0          ? ", which was dropped"
+                                           : " twice");
+    });
+  }
+  std::size_t kept = 0, by_expert = 0, by_rank = 0;
+  for (std::size_t c = 0; c < seen.size(); ++c) kept += r.slot[c] >= 0;
+  for (std::size_t e = 0; e < E; ++e) by_expert += plan.per_expert[e];
+  for (std::size_t q = 0; q < static_cast<std::size_t>(ranks); ++q) {
+    std::size_t experts = 0;
+    for (std::size_t l = 0; l < per; ++l) experts += plan.per_expert[q * per + l];
+    require(plan.send_counts[q] == experts, [&] {
+      return who + "plan_dispatch sends " + std::to_string(plan.send_counts[q]) + " rows to rank " +
+             std::to_string(q) + ", but counts " + std::to_string(experts) + " for its experts";
+    });
+    by_rank += plan.send_counts[q];
+  }
+  require(plan.send_order.size() == kept && by_expert == kept && by_rank == kept, [&] {
+    return who + "plan_dispatch sends " + std::to_string(plan.send_order.size()) +
+           " choices and counts " + std::to_string(by_expert) + ", but the routing kept " +
+           std::to_string(kept);
+  });
+  std::size_t coming = 0;
+  for (std::int64_t n : received) coming += static_cast<std::size_t>(n);
+  std::size_t told = 0;
+  for (std::size_t n : arrivals.recv_counts) told += n;
+  require(arrivals.recv_counts.size() == static_cast<std::size_t>(ranks) && told == coming &&
+              arrivals.expert_rows.size() == per,
+          [&] {
+            return who + "plan_arrivals expects " + std::to_string(told) + " rows from " +
+                   std::to_string(arrivals.recv_counts.size()) + " ranks for " +
+                   std::to_string(arrivals.expert_rows.size()) + " experts; the counts say " +
+                   std::to_string(coming) + " rows from " + std::to_string(ranks) + " ranks for " +
+                   std::to_string(per);
+          });
+  std::vector<int> used(coming, 0);
+  for (std::size_t l = 0; l < per; ++l)
+    for (int row : arrivals.expert_rows[l])
+      require(row >= 0 && static_cast<std::size_t>(row) < coming && used[at(row)]++ == 0, [&] {
+        return who + "plan_arrivals gives local expert " + std::to_string(l) + " row " +
+               std::to_string(row) +
+               (row < 0 || static_cast<std::size_t>(row) >= coming
+                    ? " of a receive buffer of " + std::to_string(coming)
+                    : ", which another expert takes too");
+      });
+}
+
+Places places_of(const MoeConfig& c, const Routing& r, const Dispatch& plan,
+                 const Arrivals& arrivals, Memory memory) {
+  Places p;
+  p.send_row.assign(at(r.tokens * c.k), -1);
+  for (std::size_t i = 0; i < plan.send_order.size(); ++i) {
+    p.send_row[at(plan.send_order[i])] = static_cast<int>(i);
+    p.send_tokens.push_back(plan.send_order[i] / c.k);
+  }
+  for (const std::vector<int>& rows : arrivals.expert_rows)
+    p.expert_rows.push_back(index_of(rows, memory));
+  for (auto n : plan.send_counts) p.send_elems.push_back(n * static_cast<std::size_t>(c.hidden));
+  for (auto n : arrivals.recv_counts)
+    p.recv_elems.push_back(n * static_cast<std::size_t>(c.hidden));
+  return p;
+}
+
+}  // namespace
+
+MoeLayer::MoeLayer(nn::ParameterStore& store, Communicator& comm, const MoeConfig& config,
+                   const std::string& name)
+    : MoeLayer(store, comm, config,
+               make_weights(config, comm.rank() * (config.experts / comm.size()),
+                            config.experts / comm.size()),
+               name) {}
+
+MoeLayer::MoeLayer(nn::ParameterStore& store, Communicator& comm, const MoeConfig& config,
+                   const Weights& init, const std::string& name)
+    : comm_(comm), config_(config), name_(name) {
+  const int N = comm.size(), per = config.experts / N;
+  first_ = comm.rank() * per;
+  require(config.experts % N == 0 && static_cast<int>(init.w1.size()) == per &&
+              init.w2.size() == init.w1.size() && init.first == first_ && init.router.ndim() == 2 &&
+              init.router.rows() == config.hidden && init.router.cols() == config.experts,
+          [&] {
+            return name + ": " + std::to_string(config.experts) + " experts over " +
+                   std::to_string(N) + " ranks; rank " + std::to_string(comm.rank()) +
+                   " was given " + std::to_string(init.w1.size()) + " from expert " +
+                   std::to_string(init.first) + " and a router " + init.router.describe();
+          });
+  const std::int64_t d = config.hidden, h = config.ffn;
+  router_ = &store.add(name + ".router", init.router.clone());
+  for (int l = 0; l < per; ++l) {
+    // Expert e: Linear d -> h, tanh, Linear h -> d, no biases; the weights of `init`.
+    const int e = first_ + l;
+    const std::string prefix = name + ".expert" + std::to_string(e);
+    auto net = std::make_shared<nn::Sequential>();
+    net->add<nn::Linear>(store, prefix + ".w1", d, h, expert_seed(config, e), false)
+        .weight()
+        .value.copy_from(init.w1[at(l)]);
+    net->add<nn::Tanh>();
+    net->add<nn::Linear>(store, prefix + ".w2", h, d, expert_seed(config, e) + 1, false)
+        .weight()
+        .value.copy_from(init.w2[at(l)]);
+    experts_.push_back(std::move(net));
+  }
+}
+
+nn::Parameter& MoeLayer::w1(int l) {
+  return dynamic_cast<nn::Linear&>((*experts_.at(at(l)))[0]).weight();
+}
+nn::Parameter& MoeLayer::w2(int l) {
+  return dynamic_cast<nn::Linear&>((*experts_.at(at(l)))[2]).weight();
+}
+
+std::vector<nn::Parameter*> MoeLayer::parameters() const {
+  std::vector<nn::Parameter*> out = {router_};
+  for (const auto& net : experts_)
+    for (nn::Parameter* p : net->parameters()) out.push_back(p);
+  return out;
+}
+
+Weights MoeLayer::weights() const {
+  Weights w;
+  w.first = first_;
+  w.router = router_->value.to(Memory::host).clone();
+  for (const auto& net : experts_) {
+    const auto params = net->parameters();  // W1, W2
+    w.w1.push_back(params.at(0)->value.to(Memory::host).clone());
+    w.w2.push_back(params.at(1)->value.to(Memory::host).clone());
+  }
+  return w;
+}
+
+Routing MoeLayer::routing(const nn::Saved& saved) const {
+  require(saved.tensors.size() >= forward_saved,
+          [&] { return name_ + ": the routing of a Saved that is not this layer's forward's"; });
+  return routing_of(config_, saved, config_.capacity(comm_.rank(), comm_.size()));
+}
+
+RoutingStats MoeLayer::stats(const nn::Saved& saved) const {
+  return routing_stats(config_, routing(saved), saved.tensors.at(saved_probs));
+}
+
+nn::Forward MoeLayer::forward(const Tensor& x_in) const {
+  const MoeConfig& c = config_;
+  const int N = comm_.size(), rank = comm_.rank();
+  const ShardRange tokens = shard_range(c.tokens, N, rank);
+  require(x_in.ndim() == 2 && x_in.rows() == tokens.length && x_in.cols() == c.hidden, [&] {
+    return name_ + ": rank " + std::to_string(rank) + " has x " + x_in.describe() +
+           "; shard_range gives it " + std::to_string(tokens.length) + " of the " +
+           std::to_string(c.tokens) + " tokens, " + std::to_string(c.hidden) + " wide";
+  });
+  const Memory memory = router_->value.memory();
+  const Tensor x = x_in.to(memory);
+  const std::int64_t d = c.hidden;
+  // 1. Route this rank's tokens, with a capacity from their number.
+  const Tensor probs = router_probs(x, router_->value);
+  const Routing r = route(probs, c.k, c.capacity(rank, N));
+  const Dispatch plan = plan_dispatch(r, N);
+  // 2. The exchange of counts: rank q learns how many rows each of its experts gets from
+  // this rank (E/N counts each way between every pair).
+  const std::vector<std::int64_t> per_expert(plan.per_expert.begin(), plan.per_expert.end());
+  std::vector<std::int64_t> received(per_expert.size());
+  comm_.alltoall(per_expert, received);
+  const Arrivals arrivals =
+      plan_arrivals(std::vector<std::size_t>(received.begin(), received.end()), N);
+  check_plans(r, plan, arrivals, received, rank, N);
+  const Places p = places_of(c, r, plan, arrivals, memory);
+  const auto n_send = static_cast<std::int64_t>(plan.send_order.size());
+  std::int64_t n_recv = 0;
+  for (std::size_t n : arrivals.recv_counts) n_recv += static_cast<std::int64_t>(n);
+  // 3. Dispatch: this rank's token rows, in send order, to their experts' ranks.
+  const Tensor send = gather_rows(x, index_of(p.send_tokens, memory));
+  Tensor recv(Shape{n_recv, d}, DType::f32, memory);
+  comm_.alltoallv(send, p.send_elems, recv, p.recv_elems);
+  // 4. Each local expert runs its rows: by source rank, then slot (as on one device).
+  nn::Forward f;
+  Tensor outs(Shape{n_recv, d}, DType::f32, memory);
+  for (std::size_t l = 0; l < experts_.size(); ++l) {
+    nn::Forward e = experts_[l]->forward(gather_rows(recv, p.expert_rows[l]));
+    if (e.out.rows()) scatter_add_rows(outs, p.expert_rows[l], e.out);
+    f.saved.children.push_back(std::move(e.saved));
+  }
+  // 5. Combine: the outputs go back the way they came; y = x + gate x output.
+  Tensor back(Shape{n_send, d}, DType::f32, memory);
+  comm_.alltoallv(outs, p.recv_elems, back, p.send_elems);
+  f.out = combine(x, r, 0, p.send_row, back).to(memory);
+  f.saved.tensors = {x,
+                     probs,
+                     as_tensor<std::int32_t>(r.expert),
+                     as_tensor<float>(r.gate),
+                     as_tensor<std::int32_t>(r.slot),
+                     as_tensor<std::int32_t>(plan.send_order),
+                     as_tensor<std::int64_t>(plan.per_expert),
+                     as_tensor<std::int64_t>(plan.send_counts),
+                     as_tensor<std::int64_t>(received),
+                     back};
+  return f;
+}
+
+Tensor MoeLayer::backward_input(const Tensor& dy_in, nn::Saved& saved) const {
+  const MoeConfig& c = config_;
+  const int N = comm_.size(), per = experts_here();
+  require(saved.tensors.size() == forward_saved && saved.children.size() == at(per), [&] {
+    return name_ + " backward: a Saved from this layer's forward (" +
+           std::to_string(saved.tensors.size()) + " tensors), before any backward_input";
+  });
+  const Tensor& x = saved.tensors[saved_x];
+  require(dy_in.same_shape(x),
+          [&] { return name_ + " backward: dy is " + dy_in.describe() + ", x " + x.describe(); });
+  const Memory memory = router_->value.memory();
+  const Routing r = routing(saved);
+  const Dispatch plan = plan_of(saved);
+  const Arrivals arrivals =
+      plan_arrivals(as_vector<std::size_t, std::int64_t>(saved.tensors[saved_received]), N);
+  const Places p = places_of(c, r, plan, arrivals, memory);
+  const auto n_send = static_cast<std::int64_t>(plan.send_order.size());
+  std::int64_t n_recv = 0;
+  for (std::size_t n : arrivals.recv_counts) n_recv += static_cast<std::int64_t>(n);
+  const std::int64_t d = c.hidden;
+  // A rank may hold no tokens (T < N): it still joins every all-to-all.
+  // 1. gate x dy to the experts, the way the tokens went.
+  const Tensor dy = dy_in.to(Memory::host);
+  const std::vector<float> dgate = gate_grads(dy, r, 0, p.send_row, saved.tensors[saved_returned]);
+  Tensor scaled(n_send, d);
+  for (std::int64_t i = 0; i < n_send; ++i) {
+    const float g = r.gate[at(plan.send_order[at(static_cast<int>(i))])];
+    const std::int64_t t = p.send_tokens[at(static_cast<int>(i))];
+    for (std::int64_t e = 0; e < d; ++e) scaled(i, e) = g * dy(t, e);
+  }
+  Tensor grads(Shape{n_recv, d}, DType::f32, memory);
+  comm_.alltoallv(scaled.to(memory), p.send_elems, grads, p.recv_elems);
+  // 2. Each local expert's B; their dL/dx rows go back.
+  Tensor dins_recv(Shape{n_recv, d}, DType::f32, memory);
+  for (int l = 0; l < per; ++l) {
+    const Tensor dxe = experts_[at(l)]->backward_input(gather_rows(grads, p.expert_rows[at(l)]),
+                                                       saved.children[at(l)]);
+    if (dxe.rows()) scatter_add_rows(dins_recv, p.expert_rows[at(l)], dxe);
+  }
+  Tensor dins(Shape{n_send, d}, DType::f32, memory);
+  comm_.alltoallv(dins_recv, p.recv_elems, dins, p.send_elems);
+  // 3. Through the router (gates and this rank's aux loss), and the residual.
+  const Tensor dlogits =
+      router_grad(c, r, 0, saved.tensors[saved_probs], dgate, first_choice_fractions(r));
+  saved.dy = dy_in;
+  saved.tensors.push_back(dlogits);
+  return input_grad(dy, r, 0, p.send_row, dins, dlogits, router_->value).to(memory);
+}
+
+double MoeLayer::expert_grad_diff(const Result& reference) {
+  double diff = 0;
+  for (int l = 0; l < experts_here(); ++l) {
+    const auto e = static_cast<std::size_t>(first_ + l);
+    diff = std::max({diff, max_abs_diff(w1(l).grad.to(Memory::host), reference.dw1[e]),
+                     max_abs_diff(w2(l).grad.to(Memory::host), reference.dw2[e])});
+  }
+  return diff;
+}
+
+void MoeLayer::backward_weight(nn::Saved& saved) {
+  require(
+      saved.tensors.size() == forward_saved + 1 && saved.dy.defined() &&
+          saved.children.size() == experts_.size(),
+      [&] { return name_ + ": backward_weight needs backward_input first (or was called twice)"; });
+  for (std::size_t l = 0; l < experts_.size(); ++l) experts_[l]->backward_weight(saved.children[l]);
+  // The router is every rank's: its gradient is the sum over every rank's tokens.
+  Tensor drouter =
+      matmul(saved.tensors[saved_x].to(Memory::host), saved.tensors[saved_dlogits], true, false);
+  comm_.allreduce(drouter, ReduceOp::sum);
+  axpy(1.0f, drouter.to(router_->grad.memory()), router_->grad);
+  saved = nn::Saved{};
+}
+
+Result moe_parallel(Communicator& comm, const MoeConfig& config, const Weights& mine,
+                    const Tensor& x, const Tensor& dy, Memory memory) {
+  nn::ParameterStore store;
+  MoeLayer layer(store, comm, config, mine);
+  store.allocate(memory);
+  const CommStats before = comm.stats();
+  nn::Forward f = layer.forward(x);
+  Result out;
+  out.y = f.out.to(Memory::host);
+  out.routings = {layer.routing(f.saved)};
+  out.stats = combined(comm, layer.stats(f.saved));
+  if (dy.defined()) {
+    out.dx = layer.backward(dy, f.saved).to(Memory::host);
+    auto host = [](const nn::Parameter& p) { return p.grad.to(Memory::host).clone(); };
+    out.drouter = host(layer.router());
+    for (int l = 0; l < layer.experts_here(); ++l) {
+      out.dw1.push_back(host(layer.w1(l)));
+      out.dw2.push_back(host(layer.w2(l)));
+    }
+  }
+  const CommStats moved = comm.stats().since(before);
+  out.alltoall_received = moved[Op::alltoall].bytes_received;
+  out.traffic_modeled = moved.is_modeled(Op::alltoall);
+  return out;
+}
+
+}  // namespace ch07
