@@ -1,5 +1,5 @@
 // Chapter 04: the pipeline runtime. A schedule (schedule.hpp) run on real ranks, over any
-// model: rank s of a communicator (the world, or the "pp" axis of a DeviceMesh) is stage s.
+// model: rank s of a communicator (the world, or the pp group of a mesh) is stage s.
 // It holds its chunks of the model, runs its list of ops in order, receives the
 // activations (forward) and their gradients (backward) it needs from its neighbours, sends
 // on what it computes, and times every op.
