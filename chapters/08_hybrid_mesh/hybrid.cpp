@@ -29,6 +29,11 @@ float residual_scale(const HybridConfig& c) {
   return 1.0f / std::sqrt(static_cast<float>(c.blocks));
 }
 
+/// Block b of the model, the same on one device and on the mesh.
+MlpSpec block_spec(const HybridConfig& c, int b) {
+  return mlp_spec("block" + std::to_string(b), c.hidden, c.ffn, c.seed, b, residual_scale(c));
+}
+
 std::uint64_t sent_since(Communicator& comm, const CommStats& before) {
   return comm.stats().since(before).total().bytes_sent;
 }
@@ -103,9 +108,7 @@ HybridModel::HybridModel(Mesh& mesh, const HybridConfig& c, Memory memory) {
   const int per_stage = c.blocks / c.mesh.pp;
   first_ = mesh.coords().pp * per_stage;
   for (int b = first_; b < first_ + per_stage; ++b)
-    chunk_.add(std::make_shared<nn::Residual>(parallel_mlp(store_, mesh.tp(),
-                                                           "block" + std::to_string(b), c.hidden,
-                                                           c.ffn, c.seed, b, residual_scale(c))));
+    chunk_.add(std::make_shared<nn::Residual>(parallel_mlp(store_, mesh.tp(), block_spec(c, b))));
   store_.allocate(memory);
 }
 
@@ -194,8 +197,7 @@ HybridRun train_hybrid(Mesh& mesh, HybridModel& model, const HybridConfig& c, Me
 
 void train_reference(const HybridConfig& c, Reference& out, bool in_pieces) {
   for (int b = 0; b < c.blocks; ++b)
-    out.model.add(std::make_shared<nn::Residual>(mlp_block(
-        out.store, "block" + std::to_string(b), c.hidden, c.ffn, c.seed, b, residual_scale(c))));
+    out.model.add(std::make_shared<nn::Residual>(mlp_block(out.store, block_spec(c, b))));
   out.store.allocate();
   nn::Adam adam(out.store.size(), c.adam);
   const shardlab::toy::Teacher teacher = teacher_of(c);

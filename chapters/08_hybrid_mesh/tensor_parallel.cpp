@@ -49,57 +49,84 @@ Tensor scatter_rows(Communicator& tp, const Tensor& partial) {
   return mine;
 }
 
+namespace {
+
+// f and g as TpRegion's edges: on a copy, since the learner's f and g work in place.
+Tensor f_edge(Communicator& tp, const Tensor& x) {
+  Tensor t = x.clone();
+  f_forward(tp, t);
+  return t;
+}
+Tensor f_edge_backward(Communicator& tp, const Tensor& dx) {
+  Tensor t = dx.clone();
+  f_backward(tp, t);
+  return t;
+}
+Tensor g_edge(Communicator& tp, const Tensor& y) {
+  Tensor t = y.clone();
+  g_forward(tp, t);
+  return t;
+}
+Tensor g_edge_backward(Communicator& tp, const Tensor& dy) {
+  Tensor t = dy.clone();
+  g_backward(tp, t);
+  return t;
+}
+
+}  // namespace
+
+TpRegion::TpRegion(Communicator& tp, bool sequence_parallel)
+    : tp_(tp),
+      split_rows_(sequence_parallel && tp.size() > 1),
+      enter_(split_rows_ ? Edge{gather_rows, scatter_rows} : Edge{f_edge, f_edge_backward}),
+      leave_(split_rows_ ? Edge{scatter_rows, gather_rows} : Edge{g_edge, g_edge_backward}) {}
+
+Tensor TpRegion::enter_again(const Tensor& kept) const {
+  return split_rows_ ? gather_rows(tp_, kept) : kept;
+}
+
+ShardRange TpRegion::rows(std::int64_t n) const {
+  return split_rows_ ? ShardRange{n / tp_.size() * tp_.rank(), n / tp_.size()} : ShardRange{0, n};
+}
+
 ColumnParallelLinear::ColumnParallelLinear(nn::ParameterStore& store, Communicator& tp,
                                            const std::string& name, std::int64_t in,
-                                           std::int64_t out, std::uint64_t seed, bool bias)
-    : tp_(tp),
+                                           std::int64_t out, std::uint64_t seed, bool bias,
+                                           const TpOptions& options)
+    : region_(tp, options.sequence_parallel),
       columns_(my_part(out, tp, name, "columns")),
-      inner_(store, name, in, columns_.length, seed, bias) {
+      inner_(store, name, in, columns_.length, seed, bias),
+      compute_(options.compute) {
   inner_.weight().value = own(whole_weight(name, in, out, seed));
+  inner_.set_autocast({.type = compute_, .round_output = true, .round_input_grad = false});
 }
 
 Tensor ColumnParallelLinear::own(const Tensor& whole) const {
-  return shard(whole, tp_.size(), 1, tp_.rank());
+  Communicator& tp = region_.comm();
+  return shard(whole, tp.size(), 1, tp.rank());
 }
 
 nn::Forward ColumnParallelLinear::forward(const Tensor& x) const {
-  if (sequence_parallel_) {
-    // The whole input for the product, but only this rank's rows kept for the backward.
-    nn::Forward f = inner_.forward(gather_rows(tp_, x));
-    nn::Saved inner = std::move(f.saved);
-    inner.tensors.clear();  // the gathered input: gathered again in the backward
-    f.saved = nn::Saved{};
-    f.saved.tensors = {x};
-    f.saved.children.push_back(std::move(inner));
-    return f;
-  }
-  Tensor in = x.clone();  // f may not touch the caller's activation
-  f_forward(tp_, in);
-  return inner_.forward(in);
-}
-
-void ColumnParallelLinear::set_autocast(shardlab::DType type) {
-  inner_.set_autocast({.type = type, .round_output = true, .round_input_grad = false});
-  autocast_ = type;
+  nn::Forward f = inner_.forward(region_.enter(x));
+  nn::Saved inner = std::move(f.saved);
+  f.saved = nn::Saved{};
+  f.saved.tensors = {region_.keep(x, inner.tensors.at(0))};
+  inner.tensors.clear();
+  f.saved.children.push_back(std::move(inner));
+  return f;
 }
 
 Tensor ColumnParallelLinear::backward_input(const Tensor& dy, nn::Saved& saved) const {
-  if (sequence_parallel_) {
-    require(saved.children.size() == 1 && saved.tensors.size() == 1,
-            inner_.name() + ": backward without a forward");
-    nn::Saved& inner = saved.children[0];
-    // The input again, whole (as the forward's product saw it: rounded under autocast).
-    inner.tensors = {shardlab::round_to(gather_rows(tp_, saved.tensors[0]), autocast_)};
-    saved.tensors.clear();
-    return shardlab::round_to(scatter_rows(tp_, inner_.backward_input(dy, inner)), autocast_);
-  }
-  Tensor dx = inner_.backward_input(dy, saved);
-  f_backward(tp_, dx);
-  return shardlab::round_to(dx, autocast_);
+  require(saved.children.size() == 1 && saved.tensors.size() == 1,
+          inner_.name() + ": backward without a forward");
+  nn::Saved& inner = saved.children[0];
+  // The input again, as the forward's product saw it (rounded under autocast).
+  inner.tensors = {shardlab::round_to(region_.enter_again(saved.tensors[0]), compute_)};
+  saved.tensors.clear();
+  return shardlab::round_to(region_.enter_backward(inner_.backward_input(dy, inner)), compute_);
 }
 
 void ColumnParallelLinear::backward_weight(nn::Saved& saved) {
-  if (!sequence_parallel_) return inner_.backward_weight(saved);
   require(saved.children.size() == 1, inner_.name() + ": backward_weight before backward_input");
   inner_.backward_weight(saved.children[0]);
   saved = nn::Saved{};
@@ -107,41 +134,31 @@ void ColumnParallelLinear::backward_weight(nn::Saved& saved) {
 
 RowParallelLinear::RowParallelLinear(nn::ParameterStore& store, Communicator& tp,
                                      const std::string& name, std::int64_t in, std::int64_t out,
-                                     std::uint64_t seed, bool bias, float init_scale)
-    : tp_(tp),
+                                     std::uint64_t seed, bool bias, float init_scale,
+                                     const TpOptions& options)
+    : region_(tp, options.sequence_parallel),
       rows_(my_part(in, tp, name, "rows")),
-      inner_(store, name, rows_.length, out, seed, false) {
+      inner_(store, name, rows_.length, out, seed, false),
+      compute_(options.compute) {
   inner_.weight().value = scale(own(whole_weight(name, in, out, seed)), init_scale);
+  inner_.set_autocast({.type = compute_, .round_output = false, .round_input_grad = true});
   if (bias) bias_ = &store.add(name + ".bias", shardlab::zeros(Shape{1, out}));
-}
-
-void RowParallelLinear::set_autocast(shardlab::DType type) {
-  inner_.set_autocast({.type = type, .round_output = false, .round_input_grad = true});
-  autocast_ = type;
 }
 
 nn::Forward RowParallelLinear::forward(const Tensor& x) const {
   nn::Forward partial = inner_.forward(x);
-  Tensor y = partial.out;
-  if (sequence_parallel_)
-    y = scatter_rows(tp_, y);  // this rank's rows of the sum
-  else
-    g_forward(tp_, y);
-  if (bias_) add_row(y, shardlab::round_to(bias_->value, autocast_));
-  nn::Forward f{shardlab::round_to(y, autocast_), {}};
+  Tensor y = region_.leave(partial.out);
+  if (bias_) add_row(y, shardlab::round_to(bias_->value, compute_));
+  nn::Forward f{shardlab::round_to(y, compute_), {}};
   f.saved.children.push_back(std::move(partial.saved));
   return f;
 }
 
 Tensor RowParallelLinear::backward_input(const Tensor& dy, nn::Saved& saved) const {
   require(saved.children.size() == 1, inner_.name() + ": backward without a forward");
-  // The bias's gradient: every row's (sequence parallel: this rank's rows).
-  saved.dy = shardlab::round_to(dy, autocast_);
-  if (sequence_parallel_)
-    return inner_.backward_input(gather_rows(tp_, saved.dy), saved.children[0]);
-  Tensor d = saved.dy.clone();  // g may not touch the caller's gradient
-  g_backward(tp_, d);
-  saved.dy = d;
+  const Tensor d = region_.leave_backward(shardlab::round_to(dy, compute_));
+  const ShardRange mine = region_.rows(d.rows());
+  saved.dy = d.slice(mine.offset, mine.length);  // the bias's gradient: this rank's rows'
   return inner_.backward_input(d, saved.children[0]);
 }
 
@@ -149,8 +166,7 @@ void RowParallelLinear::backward_weight(nn::Saved& saved) {
   require(saved.children.size() == 1 && saved.dy.defined(),
           inner_.name() + ": backward_weight before backward_input");
   inner_.backward_weight(saved.children[0]);
-  if (bias_)
-    axpy(1.0f, shardlab::round_to(shardlab::column_sums(saved.dy), autocast_), bias_->grad);
+  if (bias_) axpy(1.0f, shardlab::round_to(shardlab::column_sums(saved.dy), compute_), bias_->grad);
   saved = nn::Saved{};
 }
 
@@ -165,25 +181,37 @@ std::uint64_t fc_seed(std::uint64_t seed, int block, int which) {
          static_cast<std::uint64_t>(which);
 }
 
-nn::Residual parallel_mlp(nn::ParameterStore& store, Communicator& tp, const std::string& name,
-                          std::int64_t hidden, std::int64_t ffn, std::uint64_t seed, int block,
-                          float out_scale) {
+MlpSpec mlp_spec(const std::string& name, std::int64_t hidden, std::int64_t ffn, std::uint64_t seed,
+                 int block, float out_scale) {
+  return {.hidden = hidden,
+          .ffn = ffn,
+          .norm = {},
+          .fc1 = name + ".fc1",
+          .fc2 = name + ".fc2",
+          .seed1 = fc_seed(seed, block, 1),
+          .seed2 = fc_seed(seed, block, 2),
+          .out_scale = out_scale};
+}
+
+nn::Residual parallel_mlp(nn::ParameterStore& store, Communicator& tp, const MlpSpec& spec,
+                          const TpOptions& options) {
   nn::Sequential inner;
-  inner.add<ColumnParallelLinear>(store, tp, name + ".fc1", hidden, ffn, fc_seed(seed, block, 1));
+  if (!spec.norm.empty()) inner.add<nn::LayerNorm>(store, spec.norm, spec.hidden);
+  inner.add<ColumnParallelLinear>(store, tp, spec.fc1, spec.hidden, spec.ffn, spec.seed1, true,
+                                  options);
   inner.add<nn::Gelu>();
-  inner.add<RowParallelLinear>(store, tp, name + ".fc2", ffn, hidden, fc_seed(seed, block, 2), true,
-                               out_scale);
+  inner.add<RowParallelLinear>(store, tp, spec.fc2, spec.ffn, spec.hidden, spec.seed2, true,
+                               spec.out_scale, options);
   return nn::Residual(std::move(inner));
 }
 
-nn::Residual mlp_block(nn::ParameterStore& store, const std::string& name, std::int64_t hidden,
-                       std::int64_t ffn, std::uint64_t seed, int block, float out_scale) {
+nn::Residual mlp_block(nn::ParameterStore& store, const MlpSpec& spec) {
   nn::Sequential inner;
-  inner.add<nn::Linear>(store, name + ".fc1", hidden, ffn, fc_seed(seed, block, 1));
+  if (!spec.norm.empty()) inner.add<nn::LayerNorm>(store, spec.norm, spec.hidden);
+  inner.add<nn::Linear>(store, spec.fc1, spec.hidden, spec.ffn, spec.seed1);
   inner.add<nn::Gelu>();
-  nn::Linear& fc2 =
-      inner.add<nn::Linear>(store, name + ".fc2", ffn, hidden, fc_seed(seed, block, 2));
-  fc2.weight().value = scale(fc2.weight().value, out_scale);
+  nn::Linear& fc2 = inner.add<nn::Linear>(store, spec.fc2, spec.ffn, spec.hidden, spec.seed2);
+  fc2.weight().value = scale(fc2.weight().value, spec.out_scale);
   return nn::Residual(std::move(inner));
 }
 

@@ -69,19 +69,68 @@ Tensor gather_rows(Communicator& tp, const Tensor& mine);
 /// `partial`s. Error unless t divides n.
 Tensor scatter_rows(Communicator& tp, const Tensor& partial);
 
+/// How a tensor-parallel layer is built besides its shape.
+struct TpOptions {
+  /// Sequence parallelism: between the regions each tp rank holds n/t of the n rows; the
+  /// regions are entered by gather_rows and left by scatter_rows instead of f and g.
+  bool sequence_parallel = false;
+  /// Mixed precision (nn::Autocast, f16 or bf16): the products in 16 bits on the f32
+  /// weights, each result rounded once, after its sum over tp.
+  shardlab::DType compute = shardlab::DType::f32;
+};
+
+/// The two edges of a tensor-parallel region on the tp ranks, chosen once: f and g, or
+/// (TpOptions::sequence_parallel, on more than one rank) gather_rows and scatter_rows.
+/// Every method returns a new tensor and leaves its argument as it was.
+class TpRegion {
+ public:
+  TpRegion(Communicator& tp, bool sequence_parallel);
+  /// Into a column-parallel product: f(x), or the whole n rows gathered from n/t.
+  Tensor enter(const Tensor& x) const { return enter_.forward(tp_, x); }
+  /// enter's backward: f's (dL/dx summed over tp), or this rank's rows of the sum.
+  Tensor enter_backward(const Tensor& dx) const { return enter_.backward(tp_, dx); }
+  /// Out of a row-parallel product: g(y) (the sum over tp), or this rank's rows of it.
+  Tensor leave(const Tensor& y) const { return leave_.forward(tp_, y); }
+  /// leave's backward: g's, or dL/dy of every row gathered from the ranks' n/t.
+  Tensor leave_backward(const Tensor& dy) const { return leave_.backward(tp_, dy); }
+  /// What a column-parallel layer keeps for its backward, of the input it was given (x)
+  /// and what its product read (`entered`): that, for f (x whole, as given); under
+  /// sequence parallelism x, this rank's n/t rows, as Megatron-LM keeps them.
+  Tensor keep(const Tensor& x, const Tensor& entered) const { return split_rows_ ? x : entered; }
+  /// What the product read, again, from what keep kept: itself, or gathered again.
+  Tensor enter_again(const Tensor& kept) const;
+  /// The rows of a microbatch of n that this rank holds outside the regions: all n, or
+  /// shard_range(n, t, i).
+  ShardRange rows(std::int64_t n) const;
+  /// The tp communicator.
+  Communicator& comm() const { return tp_; }
+
+ private:
+  struct Edge {
+    Tensor (*forward)(Communicator&, const Tensor&);
+    Tensor (*backward)(Communicator&, const Tensor&);
+  };
+  Communicator& tp_;
+  bool split_rows_;
+  Edge enter_, leave_;
+};
+
 /// Megatron-LM's column-parallel Linear on the tp ranks: rank i holds the columns O_i of W
-/// and b, and its output is the output's columns O_i, nothing summed.
+/// and b, and its output is the output's columns O_i, nothing summed. It enters its region
+/// (TpRegion::enter) and keeps what TpRegion::keep says for the backward.
 class ColumnParallelLinear final : public nn::Layer {
  public:
   /// This rank's columns of the `in` x `out` one-device nn::Linear named `name` with
   /// `seed`, its parameters in `store`. Error when the cut leaves this rank no column.
   ColumnParallelLinear(nn::ParameterStore& store, Communicator& tp, const std::string& name,
-                       std::int64_t in, std::int64_t out, std::uint64_t seed, bool bias = true);
+                       std::int64_t in, std::int64_t out, std::uint64_t seed, bool bias = true,
+                       const TpOptions& options = {});
   /// `name`, as given.
   std::string name() const override { return inner_.name(); }
-  /// y_i = f(x) W[:, O_i] + b[O_i]. Saved: the inner Linear's.
+  /// y_i = enter(x) W[:, O_i] + b[O_i]. Saved: what TpRegion::keep keeps, and the inner
+  /// Linear's but its input (children[0]).
   nn::Forward forward(const Tensor& x) const override;
-  /// dL/dx = f's backward of dy_i W[:, O_i]^T: summed over the tp ranks.
+  /// dL/dx = enter's backward of dy_i W[:, O_i]^T: summed over the tp ranks.
   Tensor backward_input(const Tensor& dy, nn::Saved& saved) const override;
   void backward_weight(nn::Saved& saved) override;
   /// This rank's W[:, O_i] and, with a bias, b[O_i].
@@ -93,24 +142,17 @@ class ColumnParallelLinear final : public nn::Layer {
   Tensor own(const Tensor& whole) const;
   /// The Linear of this rank's columns (in x O_i) that does the product.
   nn::Linear& local() { return inner_; }
-  /// On: x is this rank's n/t rows; the forward gathers them (not f), the backward
-  /// returns this rank's rows of dL/dx summed over tp (a reduce-scatter).
-  void set_sequence_parallel(bool on) { sequence_parallel_ = on; }
-  /// Mixed precision (nn::Autocast, f16 or bf16): the product as the one-device Linear's,
-  /// and dL/dx rounded once after its sum over tp.
-  void set_autocast(shardlab::DType type);
 
  private:
-  Communicator& tp_;
+  TpRegion region_;
   ShardRange columns_;
   nn::Linear inner_;
-  bool sequence_parallel_ = false;
-  shardlab::DType autocast_ = shardlab::DType::f32;
+  shardlab::DType compute_;
 };
 
 /// Megatron-LM's row-parallel Linear on the tp ranks: rank i holds the rows I_i of W and
-/// takes the input's columns I_i; g adds up the partial sums, then the whole bias is added
-/// once.
+/// takes the input's columns I_i; leaving the region (TpRegion::leave) adds up the partial
+/// sums, then the whole bias is added once.
 class RowParallelLinear final : public nn::Layer {
  public:
   /// This rank's rows of the `in` x `out` one-device nn::Linear named `name` with `seed`
@@ -119,15 +161,16 @@ class RowParallelLinear final : public nn::Layer {
   /// Error when the cut leaves this rank no row.
   RowParallelLinear(nn::ParameterStore& store, Communicator& tp, const std::string& name,
                     std::int64_t in, std::int64_t out, std::uint64_t seed, bool bias = true,
-                    float init_scale = 1.0f);
+                    float init_scale = 1.0f, const TpOptions& options = {});
   /// `name`, as given.
   std::string name() const override { return inner_.name(); }
-  /// y = g(x_i W[I_i, :]) + b; x_i is the input's columns I_i (a column-parallel layer's
-  /// output). Saved: the inner Linear's (children[0]) and dy for the bias.
+  /// y = leave(x_i W[I_i, :]) + b; x_i is the input's columns I_i (a column-parallel
+  /// layer's output). Saved: the inner Linear's (children[0]) and dy for the bias.
   nn::Forward forward(const Tensor& x) const override;
-  /// dL/dx_i = g's backward of dy, times W[I_i, :]^T.
+  /// dL/dx_i = leave's backward of dy, times W[I_i, :]^T.
   Tensor backward_input(const Tensor& dy, nn::Saved& saved) const override;
-  /// dW[I_i, :] += x_i^T dy; db += the column sums of dy (the same on every tp rank).
+  /// dW[I_i, :] += x_i^T dy; db += the column sums of dy: of every row, the same on every
+  /// tp rank, or (sequence parallel) of this rank's rows, for the caller to sum over tp.
   void backward_weight(nn::Saved& saved) override;
   /// This rank's W[I_i, :], then the bias (whole on every tp rank), if any.
   std::vector<nn::Parameter*> parameters() const override;
@@ -139,35 +182,40 @@ class RowParallelLinear final : public nn::Layer {
   nn::Linear& local() { return inner_; }
   /// The bias, whole on every tp rank; nullptr without one.
   nn::Parameter* bias() { return bias_; }
-  /// On: the forward returns this rank's n/t rows of y (a reduce-scatter, not g), and the
-  /// backward takes dL/dy of those rows and gathers the rest; db gets those rows' sums.
-  void set_sequence_parallel(bool on) { sequence_parallel_ = on; }
-  /// Mixed precision (nn::Autocast, f16 or bf16): y rounded once, after the sum over tp
-  /// and the bias (rounded too); db from the rounded dL/dy.
-  void set_autocast(shardlab::DType type);
 
  private:
-  Communicator& tp_;
+  TpRegion region_;
   ShardRange rows_;
   nn::Linear inner_;
   nn::Parameter* bias_ = nullptr;
-  bool sequence_parallel_ = false;
-  shardlab::DType autocast_ = shardlab::DType::f32;
+  shardlab::DType compute_;
+};
+
+/// An MLP block x + fc2(gelu(fc1(norm(x)))): its widths, its layers' names and seeds.
+struct MlpSpec {
+  std::int64_t hidden = 0;  ///< the block's width
+  std::int64_t ffn = 0;     ///< fc1's output width (4 hidden in GPT)
+  std::string norm;         ///< the LayerNorm before fc1 (GPT's ln_2); empty: none
+  std::string fc1, fc2;     ///< the two Linears' names
+  std::uint64_t seed1 = 0;  ///< fc1's seed
+  std::uint64_t seed2 = 0;  ///< fc2's seed
+  float out_scale = 1.0f;   ///< times fc2's initial weights (GPT-2's 1/sqrt(residual layers))
 };
 
 /// The seeds of block b's two Linears (fc1, fc2) in a model seeded `seed`: the same for
 /// the one-device block and its tensor-parallel shards.
 std::uint64_t fc_seed(std::uint64_t seed, int block, int which);
+/// Chapter 08's block b: no norm, Linears name.fc1 and name.fc2 seeded fc_seed(seed, b, 1)
+/// and (.., 2). In a stack of L blocks an out_scale of 1/sqrt(L) keeps the residual
+/// stream's size from growing with depth.
+MlpSpec mlp_spec(const std::string& name, std::int64_t hidden, std::int64_t ffn, std::uint64_t seed,
+                 int block, float out_scale = 1.0f);
 
-/// Megatron-LM's MLP block on the tp ranks: x + g(row(gelu(column(f(x))))), hidden width
-/// h, inner width `ffn` (4h in GPT), parameters named name.fc1, name.fc2. fc2's initial
-/// weights are scaled by `out_scale`: in a stack of L blocks GPT-2's 1/sqrt(L) keeps the
-/// residual stream's size from growing with depth.
-nn::Residual parallel_mlp(nn::ParameterStore& store, Communicator& tp, const std::string& name,
-                          std::int64_t hidden, std::int64_t ffn, std::uint64_t seed, int block,
-                          float out_scale = 1.0f);
-/// The same block on one device: x + fc2(gelu(fc1(x))), the same weights uncut.
-nn::Residual mlp_block(nn::ParameterStore& store, const std::string& name, std::int64_t hidden,
-                       std::int64_t ffn, std::uint64_t seed, int block, float out_scale = 1.0f);
+/// Megatron-LM's MLP block on the tp ranks: x + leave(row(gelu(column(enter(norm(x)))))),
+/// fc1 column-parallel, fc2 row-parallel, the norm whole on every rank.
+nn::Residual parallel_mlp(nn::ParameterStore& store, Communicator& tp, const MlpSpec& spec,
+                          const TpOptions& options = {});
+/// The same block on one device: the same weights uncut.
+nn::Residual mlp_block(nn::ParameterStore& store, const MlpSpec& spec);
 
 }  // namespace ch08

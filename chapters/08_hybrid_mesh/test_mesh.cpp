@@ -174,7 +174,7 @@ TEST_SUITE("ch08 mesh") {
       CAPTURE(c.ffn);
       const Tensor x = randn(7, c.hidden, 21), dy = randn(7, c.hidden, 22);
       nn::ParameterStore ref_store;
-      nn::Residual ref = mlp_block(ref_store, "b", c.hidden, c.ffn, 5, 0);
+      nn::Residual ref = mlp_block(ref_store, mlp_spec("b", c.hidden, c.ffn, 5, 0));
       ref_store.allocate();
       nn::Forward rf = ref.forward(x);
       const Tensor ref_dx = ref.backward(dy, rf.saved);
@@ -182,7 +182,7 @@ TEST_SUITE("ch08 mesh") {
       auto& fc2 = dynamic_cast<nn::Linear&>(ref.inner()[2]);
       on_ranks(c.tp, [&](Communicator& tp) {
         nn::ParameterStore store;
-        nn::Residual block = parallel_mlp(store, tp, "b", c.hidden, c.ffn, 5, 0);
+        nn::Residual block = parallel_mlp(store, tp, mlp_spec("b", c.hidden, c.ffn, 5, 0));
         store.allocate();
         nn::Forward f = block.forward(x);
         const Tensor dx = block.backward(dy, f.saved);

@@ -34,17 +34,22 @@ nn::Residual attention_block(nn::ParameterStore& store, const std::string& name,
   return nn::Residual(std::move(inner));
 }
 
-nn::Residual parallel_mlp(nn::ParameterStore& store, Communicator& tp, const std::string& name,
-                          const GptShape& shape, int block) {
-  const std::int64_t C = shape.channels;
-  nn::Sequential inner;
-  inner.add<nn::LayerNorm>(store, name + ".ln_2", C);
-  inner.add<ch08::ColumnParallelLinear>(store, tp, name + ".mlp.c_fc", C, 4 * C,
-                                        param_seed(shape, block, 2));
-  inner.add<nn::Gelu>();
-  inner.add<ch08::RowParallelLinear>(store, tp, name + ".mlp.c_proj", 4 * C, C,
-                                     param_seed(shape, block, 3), true, residual_scale(shape));
-  return nn::Residual(std::move(inner));
+std::shared_ptr<nn::Layer> attention_core(std::int64_t heads, const GptShape& shape,
+                                          const BlockOptions& options) {
+  auto core = std::make_shared<nn::CausalSelfAttention>(heads, shape.context);
+  if (!options.recompute_core) return core;
+  return std::make_shared<nn::Checkpoint>(core);
+}
+
+ch08::MlpSpec mlp_spec(const std::string& name, const GptShape& shape, int block) {
+  return {.hidden = shape.channels,
+          .ffn = 4 * shape.channels,
+          .norm = name + ".ln_2",
+          .fc1 = name + ".mlp.c_fc",
+          .fc2 = name + ".mlp.c_proj",
+          .seed1 = param_seed(shape, block, 2),
+          .seed2 = param_seed(shape, block, 3),
+          .out_scale = residual_scale(shape)};
 }
 
 namespace {
@@ -60,8 +65,8 @@ Tensor wte_init(const GptShape& shape, int parts, int part) {
 }  // namespace
 
 VocabParallelEmbedding::VocabParallelEmbedding(nn::ParameterStore& store, Communicator& tp,
-                                               const GptShape& shape)
-    : tp_(tp),
+                                               const GptShape& shape, bool sequence_parallel)
+    : region_(tp, sequence_parallel),
       context_(shape.context),
       vocab_(shard_range(shape.vocab, tp.size(), tp.rank())),
       wte_(&store.add("transformer.wte.weight", wte_init(shape, tp.size(), tp.rank()))),
@@ -89,23 +94,19 @@ nn::Forward VocabParallelEmbedding::forward(const Tensor& ids) const {
   for (std::int64_t i = 0; i < n; ++i) {
     const std::int64_t row = id[i] - vocab_.offset;
     if (row >= 0 && row < V) std::copy(w + row * C, w + (row + 1) * C, y + i * C);
-    if (tp_.rank() == 0)
+    if (region_.comm().rank() == 0)
       for (std::int64_t c = 0; c < C; ++c) y[i * C + c] += p[(i % context_) * C + c];
   }
   // Each token's row from the one rank that holds it: summed over tp, whole on every rank
   // or (sequence parallel) this rank's rows of the sum.
-  nn::Forward f{rows.to(memory), {}};
-  if (sequence_parallel_)
-    f.out = ch08::scatter_rows(tp_, f.out);
-  else
-    tp_.allreduce(f.out);
+  nn::Forward f{region_.leave(rows.to(memory)), {}};
   f.saved.tensors = {ids};
   return f;
 }
 
 Tensor VocabParallelEmbedding::backward_input(const Tensor& dy, nn::Saved& saved) const {
   // wte's rows here may be read by any row of the microbatch: every row's gradient.
-  saved.dy = sequence_parallel_ ? ch08::gather_rows(tp_, dy) : dy;
+  saved.dy = region_.leave_backward(dy);
   return Tensor();  // token ids have no gradient
 }
 
@@ -121,13 +122,12 @@ void VocabParallelEmbedding::backward_weight(nn::Saved& saved) {
   float* gw = wte_grad.data();
   float* gp = wpe_grad.data();
   // wpe: every row, or (sequence parallel) this rank's rows only, summed over tp later.
-  const std::int64_t mine = sequence_parallel_ ? n / tp_.size() : n,
-                     first = sequence_parallel_ ? mine * tp_.rank() : 0;
+  const ShardRange mine = region_.rows(n);
   for (std::int64_t i = 0; i < n; ++i) {
     const std::int64_t row = id[i] - vocab_.offset;
     if (row >= 0 && row < V)
       for (std::int64_t c = 0; c < C; ++c) gw[row * C + c] += d[i * C + c];
-    if (i >= first && i < first + mine)
+    if (i >= mine.offset && i < mine.offset + mine.length)
       for (std::int64_t c = 0; c < C; ++c) gp[(i % context_) * C + c] += d[i * C + c];
   }
   if (wte_->grad.on_device()) {
@@ -139,27 +139,25 @@ void VocabParallelEmbedding::backward_weight(nn::Saved& saved) {
 
 nn::Forward TiedHead::forward(const Tensor& x) const {
   using shardlab::round_to;
-  const Tensor whole = round_to(sequence_parallel_ ? ch08::gather_rows(tp_, x) : x, autocast_);
-  nn::Forward f{
-      round_to(matmul(whole, round_to(weight_->value, autocast_), false, true), autocast_), {}};
+  const Tensor whole = round_to(region_.enter(x), compute_);
+  nn::Forward f{round_to(matmul(whole, round_to(weight_->value, compute_), false, true), compute_),
+                {}};
   f.saved.tensors = {whole};
   return f;
 }
 
 Tensor TiedHead::backward_input(const Tensor& dlogits, nn::Saved& saved) const {
   using shardlab::round_to;
-  saved.dy = round_to(dlogits, autocast_);
-  Tensor dx = matmul(saved.dy, round_to(weight_->value, autocast_));
+  saved.dy = round_to(dlogits, compute_);
   // Every tp rank's vocabulary contributes to dL/dx: summed (sequence parallel: this
   // rank's rows of the sum), then rounded once under autocast.
-  if (sequence_parallel_) return round_to(ch08::scatter_rows(tp_, dx), autocast_);
-  ch08::f_backward(tp_, dx);
-  return round_to(dx, autocast_);
+  const Tensor dx = matmul(saved.dy, round_to(weight_->value, compute_));
+  return round_to(region_.enter_backward(dx), compute_);
 }
 
 void TiedHead::backward_weight(nn::Saved& saved) {
   require(saved.dy.defined(), "lm_head: backward_weight before backward_input");
-  axpy(1.0f, shardlab::round_to(matmul(saved.dy, saved.tensors.at(0), true, false), autocast_),
+  axpy(1.0f, shardlab::round_to(matmul(saved.dy, saved.tensors.at(0), true, false), compute_),
        weight_->grad);
   saved = nn::Saved{};
 }
@@ -238,26 +236,6 @@ std::vector<Piece> pieces_of(const GptShape& s, const MeshShape& mesh, const Coo
   return out;
 }
 
-namespace {
-
-/// Sequence parallelism and mixed precision for a block built by parallel_attention or
-/// parallel_mlp: its column- and row-parallel layers, wherever the block has them.
-void configure(nn::Residual& block, bool sequence_parallel, shardlab::DType compute) {
-  nn::Sequential& inner = block.inner();
-  for (std::size_t i = 0; i < inner.size(); ++i) {
-    if (auto* column = dynamic_cast<ch08::ColumnParallelLinear*>(inner.layer(i).get())) {
-      column->set_sequence_parallel(sequence_parallel);
-      column->set_autocast(compute);
-    }
-    if (auto* row = dynamic_cast<ch08::RowParallelLinear*>(inner.layer(i).get())) {
-      row->set_sequence_parallel(sequence_parallel);
-      row->set_autocast(compute);
-    }
-  }
-}
-
-}  // namespace
-
 GptModel::GptModel(Mesh& mesh, const GptShape& shape, const ModelOptions& options)
     : shape_(shape),
       vocab_(shard_range(shape.vocab, mesh.shape().tp, mesh.coords().tp)),
@@ -269,28 +247,22 @@ GptModel::GptModel(Mesh& mesh, const GptShape& shape, const ModelOptions& option
   const Coords& at = mesh.coords();
   const int p = mesh.shape().pp, per = shape.layers / (p * chunks);
   Communicator& tp = mesh.tp();
+  const BlockOptions blocks{.tp = {.sequence_parallel = sequence_parallel_, .compute = compute},
+                            .recompute_core = recompute == Recompute::selective};
   for (int c = 0; c < chunks; ++c) {
     chunks_.push_back(std::make_unique<nn::Sequential>());
     nn::Sequential& chunk = *chunks_.back();
     const int k = c * p + at.pp;  // the virtual stage
     if (k == 0) {
-      auto& embedding = chunk.add<VocabParallelEmbedding>(store_, tp, shape);
-      embedding.set_sequence_parallel(sequence_parallel_);
+      auto& embedding = chunk.add<VocabParallelEmbedding>(store_, tp, shape, sequence_parallel_);
       tied_ = &embedding.wte();
     }
     for (int b = k * per; b < (k + 1) * per; ++b) {
       const std::string name = "transformer.h." + std::to_string(b);
       auto attention =
-          std::make_shared<nn::Residual>(parallel_attention(store_, tp, name, shape, b));
-      auto mlp = std::make_shared<nn::Residual>(parallel_mlp(store_, tp, name, shape, b));
-      configure(*attention, sequence_parallel_, compute);
-      configure(*mlp, sequence_parallel_, compute);
-      if (recompute == Recompute::selective) {  // the attention core, wherever the block has it
-        nn::Sequential& inner = attention->inner();
-        for (std::size_t i = 0; i < inner.size(); ++i)
-          if (dynamic_cast<nn::CausalSelfAttention*>(inner.layer(i).get()))
-            inner.set(i, std::make_shared<nn::Checkpoint>(inner.layer(i)));
-      }
+          std::make_shared<nn::Residual>(parallel_attention(store_, tp, name, shape, b, blocks));
+      auto mlp = std::make_shared<nn::Residual>(
+          ch08::parallel_mlp(store_, tp, mlp_spec(name, shape, b), blocks.tp));
       if (recompute == Recompute::full) {
         auto both = std::make_shared<nn::Sequential>();
         both->add(attention);
@@ -304,9 +276,7 @@ GptModel::GptModel(Mesh& mesh, const GptShape& shape, const ModelOptions& option
     if (k == p * chunks - 1) {
       chunk.add<nn::LayerNorm>(store_, "transformer.ln_f", shape.channels);
       if (!first_) tied_ = &store_.add("lm_head.weight", wte_init(shape, tp.size(), tp.rank()));
-      head_ = std::make_unique<TiedHead>(tp, *tied_);
-      head_->set_sequence_parallel(sequence_parallel_);
-      head_->set_autocast(compute);
+      head_ = std::make_unique<TiedHead>(tp, *tied_, blocks.tp);
     }
   }
   store_.allocate(memory);

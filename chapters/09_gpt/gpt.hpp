@@ -39,11 +39,11 @@ using ch08::MeshShape;
 using shardlab::Memory;
 using shardlab::Shape;
 
-/// The MLP of block b on the tp ranks (tp 1: one device), named name.ln_2, name.mlp.c_fc,
-/// name.mlp.c_proj: x + c_proj(gelu(c_fc(ln_2(x)))), c_fc C x 4C column-parallel, c_proj
-/// 4C x C row-parallel (its initial weights times residual_scale).
-nn::Residual parallel_mlp(nn::ParameterStore& store, Communicator& tp, const std::string& name,
-                          const GptShape& shape, int block);
+/// The MLP of block b, named name.ln_2, name.mlp.c_fc, name.mlp.c_proj:
+/// x + c_proj(gelu(c_fc(ln_2(x)))), c_fc C x 4C, c_proj 4C x C (its initial weights times
+/// residual_scale), seeded param_seed(b, 2) and (b, 3). Chapter 08's parallel_mlp builds it
+/// on the tp ranks (tp 1: one device), c_fc column- and c_proj row-parallel.
+ch08::MlpSpec mlp_spec(const std::string& name, const GptShape& shape, int block);
 
 /// wte[id] + wpe[position] with wte cut by vocabulary rows over tp (Megatron-LM's
 /// VocabParallelEmbedding): rank i holds the rows of tokens `vocab()`; each token's row
@@ -55,7 +55,11 @@ class VocabParallelEmbedding final : public nn::Layer {
  public:
   /// This rank's rows of wte and the whole wpe, as transformer.wte.weight and
   /// transformer.wpe.weight in `store`: N(0, 0.02^2) from param_seed(shape, -1, 0) and (-1, 1).
-  VocabParallelEmbedding(nn::ParameterStore& store, Communicator& tp, const GptShape& shape);
+  /// Sequence parallel: the sum over tp is a reduce-scatter, and this rank's n/t rows come
+  /// out (their positions' wpe added); the backward gathers dL/dy's rows for wte, and wpe
+  /// gets this rank's rows' gradient only (the caller sums it over tp).
+  VocabParallelEmbedding(nn::ParameterStore& store, Communicator& tp, const GptShape& shape,
+                         bool sequence_parallel = false);
   /// "embedding".
   std::string name() const override { return "embedding"; }
   nn::Forward forward(const Tensor& ids) const override;
@@ -67,27 +71,25 @@ class VocabParallelEmbedding final : public nn::Layer {
   nn::Parameter& wte() { return *wte_; }
   /// The tokens whose rows of wte this rank holds: shard_range(V, t, i).
   ShardRange vocab() const { return vocab_; }
-  /// On: the sum over tp is a reduce-scatter, and this rank's n/t rows come out (their
-  /// positions' wpe added); the backward gathers dL/dy's rows for wte, and wpe gets this
-  /// rank's rows' gradient only (the caller sums it over tp).
-  void set_sequence_parallel(bool on) { sequence_parallel_ = on; }
 
  private:
-  Communicator& tp_;
-  bool sequence_parallel_ = false;
+  ch08::TpRegion region_;  // left as a row-parallel layer is: g, or a reduce-scatter
   std::int64_t context_;
   ShardRange vocab_;
   nn::Parameter* wte_;
   nn::Parameter* wpe_;
 };
 
-/// The LM head tied to wte: logits_i = x wte_i^T, this rank's V_i columns of the logits
-/// (f before it: x is whole on every tp rank, dL/dx summed over tp in the backward).
-/// `weight` is the embedding's wte (pp 1) or the last stage's copy of it.
+/// The LM head tied to wte: logits_i = x wte_i^T, this rank's V_i columns of the logits,
+/// entered as a column-parallel layer is (f, or under sequence parallelism the rows
+/// gathered; dL/dx summed over tp in the backward). `weight` is the embedding's wte (pp 1)
+/// or the last stage's copy of it.
 class TiedHead final : public nn::Layer {
  public:
-  /// The head over `tp` with `weight`, V_i x C (not owned).
-  TiedHead(Communicator& tp, nn::Parameter& weight) : tp_(tp), weight_(&weight) {}
+  /// The head over `tp` with `weight`, V_i x C (not owned). Mixed precision
+  /// (options.compute): the logits' product in 16 bits, dL/dx rounded after its sum over tp.
+  TiedHead(Communicator& tp, nn::Parameter& weight, const ch08::TpOptions& options = {})
+      : region_(tp, options.sequence_parallel), weight_(&weight), compute_(options.compute) {}
   /// "lm_head".
   std::string name() const override { return "lm_head"; }
   nn::Forward forward(const Tensor& x) const override;
@@ -95,17 +97,11 @@ class TiedHead final : public nn::Layer {
   void backward_weight(nn::Saved& saved) override;
   /// The tied weight, the one parameter the head adds its gradient to.
   std::vector<nn::Parameter*> parameters() const override { return {weight_}; }
-  /// On: x is this rank's n/t rows, gathered first; dL/dx is reduce-scattered back.
-  void set_sequence_parallel(bool on) { sequence_parallel_ = on; }
-  /// Mixed precision (nn::Autocast): the logits' product in `type`, dL/dx rounded after
-  /// its sum over tp.
-  void set_autocast(shardlab::DType type) { autocast_ = type; }
 
  private:
-  Communicator& tp_;
+  ch08::TpRegion region_;
   nn::Parameter* weight_;
-  bool sequence_parallel_ = false;
-  shardlab::DType autocast_ = shardlab::DType::f32;
+  shardlab::DType compute_;
 };
 
 /// What the blocks keep for their backward: chapter 08's planner's Recompute (Korthikanti

@@ -19,11 +19,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "shardlab/comm.hpp"
 #include "shardlab/nn.hpp"
 #include "shardlab/tensor.hpp"
+#include "tensor_parallel.hpp"
 
 namespace ch09 {
 
@@ -49,6 +51,20 @@ std::uint64_t param_seed(const GptShape& shape, int block, int which);
 /// GPT-2's scaling of a residual branch's output projection: 1 / sqrt(2 L).
 float residual_scale(const GptShape& shape);
 
+/// How a block is built besides its shape.
+struct BlockOptions {
+  /// Its column- and row-parallel layers': sequence parallelism, mixed precision (chapter
+  /// 08's tensor_parallel.hpp).
+  ch08::TpOptions tp;
+  /// Selective recomputation: the attention's core keeps nothing for the backward but its
+  /// input, and runs again there (an nn::Checkpoint).
+  bool recompute_core = false;
+};
+/// The attention's core over `heads` heads of shape.context tokens: an
+/// nn::CausalSelfAttention, inside an nn::Checkpoint when options.recompute_core.
+std::shared_ptr<nn::Layer> attention_core(std::int64_t heads, const GptShape& shape,
+                                          const BlockOptions& options = {});
+
 /// Block b's attention on one device, parameters named name.ln_1, name.attn.c_attn,
 /// name.attn.c_proj:
 ///   x + c_proj(attention(c_attn(ln_1(x))))
@@ -66,9 +82,11 @@ nn::Residual attention_block(nn::ParameterStore& store, const std::string& name,
 /// and holding only the parameters those heads need (whole, or its part of them). The
 /// same names and seeds as attention_block, so that on any t it starts from the same
 /// weights and every rank returns the same y and the same gradients of x as the block on
-/// one device. UsageError unless t divides H.
+/// one device. Its tensor-parallel layers are built with options.tp, its core with
+/// attention_core. UsageError unless t divides H.
 nn::Residual parallel_attention(nn::ParameterStore& store, Communicator& tp,
-                                const std::string& name, const GptShape& shape, int block);
+                                const std::string& name, const GptShape& shape, int block,
+                                const BlockOptions& options = {});
 
 /// What the vocabulary-parallel cross-entropy keeps for its backward.
 struct VocabLoss {

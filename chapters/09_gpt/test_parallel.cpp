@@ -12,6 +12,9 @@
 //     v): "h.1.attn.c_proj: x is f32 24x16 on host, expected 8 columns" on tp 2
 //   c_proj without residual_scale, or another seed: "y on tp 1: 384 of 384 elements
 //     differ" (tp 1 already)
+//   the Linears built without options.tp (sequence parallelism ignored): "y under sequence
+//     parallelism (options.tp: this rank's n/t rows) on tp 2, rank 0: 256 of 256 elements
+//     differ"
 //   softmax over the rank's own columns only: "the loss differs on tp 2, rank 0: -3.36,
 //     want 1.58"
 //   each rank's own maximum, not the agreed one: "the loss differs on tp 2, rank 1: 1.76"
@@ -105,6 +108,44 @@ TEST_CASE("parallel_attention equals one device's block, forward and backward, o
                     name + "'s initial value on tp " + std::to_string(t));
         check_close(got.grads.at(name).reshape(mine.shape()), mine, 1e-5f, 1e-4f,
                     name + "'s gradient on tp " + std::to_string(t));
+      }
+    });
+  }
+}
+
+TEST_CASE("parallel_attention with sequence parallelism: each rank its n/t rows in and out") {
+  // options.tp.sequence_parallel: x, y and dL/dx are this rank's rows of the whole; ln_1's
+  // parameters and c_proj's bias are whole on every rank, their gradients each rank's
+  // rows' part (summed over tp here, as the trainer does).
+  const GptShape s = tiny();
+  const std::int64_t n = 4 * s.context;
+  const Tensor x = randn(n, s.channels, 21), dy = randn(n, s.channels, 22);
+  nn::ParameterStore one;
+  nn::Residual whole = attention_block(one, "h.0", s, 0);
+  one.allocate();
+  const BlockRun want = run_block(whole, one, x, dy);
+  BlockOptions options;
+  options.tp.sequence_parallel = true;
+  for (int t : {2, 4}) {
+    CAPTURE(t);
+    on_ranks(t, [&](Communicator& tp) {
+      const std::string on = " on tp " + std::to_string(t) + ", rank " + std::to_string(tp.rank());
+      nn::ParameterStore store;
+      nn::Residual block = parallel_attention(store, tp, "h.0", s, 0, options);
+      store.allocate();
+      const BlockRun got =
+          run_block(block, store, shard(x, t, 0, tp.rank()), shard(dy, t, 0, tp.rank()));
+      check_close(got.y, shard(want.y, t, 0, tp.rank()), 1e-5f, 1e-5f,
+                  "y under sequence parallelism (options.tp: this rank's n/t rows)" + on);
+      check_close(got.dx, shard(want.dx, t, 0, tp.rank()), 1e-5f, 1e-5f,
+                  "dL/dx under sequence parallelism (options.tp: this rank's n/t rows)" + on);
+      for (const auto& [name, g] : want.grads) {
+        REQUIRE_MESSAGE(got.grads.count(name), "no parameter named " << name);
+        Tensor mine = got.grads.at(name).clone();
+        const Tensor share_of = share(name, g, t, tp.rank());
+        if (share_of.size() == g.size()) tp.allreduce(mine, ReduceOp::sum);
+        check_close(mine.reshape(share_of.shape()), share_of, 1e-5f, 1e-4f,
+                    name + "'s gradient" + on);
       }
     });
   }

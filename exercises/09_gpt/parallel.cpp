@@ -8,8 +8,9 @@
 // RowParallelLinear, with f and g inside them. The attention block is
 //   x + c_proj(attention(c_attn(ln_1(x))))
 // Which of its pieces does every tp rank hold whole, which are cut, and along what? How
-// many heads does each rank's nn::CausalSelfAttention see? Use the names and seeds that
-// attention_block (parallel.hpp; gpt.cpp) uses, so that every mesh starts from the same weights.
+// many heads does each rank's attention core (attention_core) see? Use the names and seeds
+// that attention_block (parallel.hpp; gpt.cpp) uses, so that every mesh starts from the same
+// weights, and build the tensor-parallel layers with options.tp.
 //
 // Part 2, vocab_parallel_cross_entropy. Each rank holds the columns `vocab` of every
 // row's logits. For each row you need log(sum over ALL V of exp(logit)) and the target's
@@ -26,8 +27,9 @@ namespace ch09 {
 
 // TODO(ch09): parallel_attention
 nn::Residual parallel_attention(nn::ParameterStore& store, Communicator& tp,
-                                const std::string& name, const GptShape& shape, int block) {
-  (void)store, (void)tp, (void)name, (void)shape, (void)block;
+                                const std::string& name, const GptShape& shape, int block,
+                                const BlockOptions& options) {
+  (void)store, (void)tp, (void)name, (void)shape, (void)block, (void)options;
   SHARDLAB_TODO("ch09: parallel_attention");
 }
 

@@ -15,7 +15,8 @@ using shardlab::require;
 using shardlab::Shape;
 
 nn::Residual parallel_attention(nn::ParameterStore& store, Communicator& tp,
-                                const std::string& name, const GptShape& shape, int block) {
+                                const std::string& name, const GptShape& shape, int block,
+                                const BlockOptions& options) {
   const int t = tp.size();
   shardlab::require_usage(shape.heads % t == 0, "--tp " + std::to_string(t) + " must divide the " +
                                                     std::to_string(shape.heads) + " heads");
@@ -25,12 +26,13 @@ nn::Residual parallel_attention(nn::ParameterStore& store, Communicator& tp,
   // 3C columns, each head's q, k, v side by side: rank i's 3C/t contiguous columns are
   // whole heads, and the bias is cut with them.
   inner.add<ch08::ColumnParallelLinear>(store, tp, name + ".attn.c_attn", C, 3 * C,
-                                        param_seed(shape, block, 0));
-  inner.add<nn::CausalSelfAttention>(shape.heads / t, shape.context);
+                                        param_seed(shape, block, 0), true, options.tp);
+  inner.add(attention_core(shape.heads / t, shape, options));
   // The rows of c_proj that read this rank's heads; the partial sums added by g, then
   // the bias once.
   inner.add<ch08::RowParallelLinear>(store, tp, name + ".attn.c_proj", C, C,
-                                     param_seed(shape, block, 1), true, residual_scale(shape));
+                                     param_seed(shape, block, 1), true, residual_scale(shape),
+                                     options.tp);
   return nn::Residual(std::move(inner));
 }
 
