@@ -127,9 +127,9 @@ CHAPTERS = [
                     "rank: the backend's against the pairwise exchange built on send and "
                     "receive.")]),
     Chapter("08", "08_hybrid_mesh", "the hybrid mesh",
-            [["ch08_hybrid_mesh", "--layout", "--pp", "4", "--dp", "2", "--tp", "2",
+            [["ch08_layout", "--pp", "4", "--dp", "2", "--tp", "2",
               "--gpus-per-node", "8", "--csv", "--csv-dir", "{out}"],
-             ["ch08_hybrid_mesh", "--plan", "--search", "--csv", "--csv-dir", "{out}"]],
+             ["ch08_plan", "--search", "--csv", "--csv-dir", "{out}"]],
             ["08_hybrid_mesh_layout.csv", "08_hybrid_mesh_search.csv"],
             [Figure("08_hybrid_mesh_mesh.png",
                     "pp × dp × tp = 4 × 2 × 2 on nodes of 8, one panel per axis, a group per "

@@ -2,8 +2,8 @@
 outlined; and the planner's search, every (dp, tp, pp, m) as step time against memory per
 GPU, with the GPU's memory drawn as a line.
 
-Reads the CSVs written by `ch08_hybrid_mesh --layout --pp P --dp D --tp T --csv --csv-dir DIR`
-and `ch08_hybrid_mesh --plan --search --csv --csv-dir DIR`, and saves
+Reads the CSVs written by `ch08_layout --pp P --dp D --tp T --csv --csv-dir DIR`
+and `ch08_plan --search --csv --csv-dir DIR`, and saves
 DIR/08_hybrid_mesh_mesh.png and DIR/08_hybrid_mesh_search.png.
 
     .venv/bin/python notebooks/plot_08_hybrid_mesh.py results
@@ -26,7 +26,7 @@ from plotting import save  # noqa: E402
 GROUP_COLORS = ListedColormap(plt.get_cmap("tab20").colors)
 FITS = {True: "#4c9bd6", False: "#d9534f"}
 MAX_STAGES_SHOWN = 8
-DEFAULT_GPU_MEMORY_GB = 80.0  # the planner's default cluster, a100-80gb (--plan --json)
+DEFAULT_GPU_MEMORY_GB = 80.0  # the planner's default cluster, a100-80gb (ch08_plan --json)
 
 
 def mesh_sizes(df):

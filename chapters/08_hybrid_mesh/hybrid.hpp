@@ -24,6 +24,7 @@
 
 #include "mesh.hpp"
 #include "pipeline.hpp"
+#include "shardlab/launch.hpp"
 #include "shardlab/memory.hpp"
 #include "shardlab/nn.hpp"
 #include "tensor_parallel.hpp"
@@ -128,5 +129,32 @@ struct Reference {
 /// Builds the L blocks into `out` (empty; on the host) and trains them c.steps steps on the
 /// mesh's batches, with Adam (SGD under c.sgd); `in_pieces` as above.
 void train_reference(const HybridConfig& c, Reference& out, bool in_pieces = false);
+
+// ---------------------------------------------------------------------------
+// What the program prints (main.cpp), each measurement next to its prediction
+
+/// How close is equal? The mesh adds the same products in another order (tp's partial
+/// sums, dp's and the microbatches' gradient sums), so it differs from one device in the
+/// last bits, and training carries that on (Adam's first step moves a weight by lr x the
+/// sign of its gradient: a gradient that is zero but for rounding can go either way). The
+/// mesh must stay within kOrder times what reordering the additions on one device does,
+/// and never needs to be closer than kTolerance (relative to the largest value).
+inline constexpr double kTolerance = 1e-5;
+/// How many times what the order of the additions alone does the mesh may differ by.
+inline constexpr double kOrder = 10;
+
+/// The loss curve of the mesh next to one device's (`ref`), the loss and the final weights
+/// held to kOrder x what `pieces` (one device, the batch in the mesh's pieces) differs by
+/// (mesh_checks.hpp), a verdict that a diverged reference proves nothing, and one that
+/// the dp replicas' weights are identical.
+void compare_with_one_device(shardlab::Context& ctx, const HybridConfig& c, Reference& ref,
+                             Reference& pieces, Mesh& mesh, HybridModel& model,
+                             const HybridRun& run);
+
+/// Every rank's model states against chapter 05's formula over its tp x pp shard (and dp
+/// shard under ZeRO-1), the ledger's measure of them (`used`) and its activations' peak;
+/// a verdict that the states are equal.
+void report_memory(shardlab::Context& ctx, const HybridConfig& c, const Coords& at,
+                   const HybridRun& run, const shardlab::memory::Usage& used);
 
 }  // namespace ch08

@@ -84,6 +84,7 @@ struct TpOptions {
 /// Every method returns a new tensor and leaves its argument as it was.
 class TpRegion {
  public:
+  /// The region on `tp`: split rows when `sequence_parallel` and tp has more than one rank.
   TpRegion(Communicator& tp, bool sequence_parallel);
   /// Into a column-parallel product: f(x), or the whole n rows gathered from n/t.
   Tensor enter(const Tensor& x) const { return enter_.forward(tp_, x); }
@@ -196,7 +197,8 @@ struct MlpSpec {
   std::int64_t hidden = 0;  ///< the block's width
   std::int64_t ffn = 0;     ///< fc1's output width (4 hidden in GPT)
   std::string norm;         ///< the LayerNorm before fc1 (GPT's ln_2); empty: none
-  std::string fc1, fc2;     ///< the two Linears' names
+  std::string fc1;          ///< the first Linear's name (column-parallel)
+  std::string fc2;          ///< the second Linear's name (row-parallel)
   std::uint64_t seed1 = 0;  ///< fc1's seed
   std::uint64_t seed2 = 0;  ///< fc2's seed
   float out_scale = 1.0f;   ///< times fc2's initial weights (GPT-2's 1/sqrt(residual layers))

@@ -65,7 +65,7 @@
 #include <string>
 #include <vector>
 
-#include "plan_mode.hpp"
+#include "plan_report.hpp"
 #include "planner.hpp"
 #include "shardlab/check.hpp"
 #include "shardlab/comm_threads.hpp"
@@ -415,11 +415,17 @@ TEST_SUITE("ch08 planner") {
       add_plan_options(other, t);
       CHECK_THROWS_AS(other.parse(std::vector<std::string>{bad, "--gpus"}), CLI::ParseError);
     }
-    std::set<std::string> registered;
-    for (const CLI::Option* o : app.get_options()) registered.insert(o->get_name());
-    for (const std::string& flag : plan_flags()) CHECK_MESSAGE(registered.count(flag), flag);
-    for (const char* theirs : {"--dp", "--tp", "--pp", "--microbatches", "--plan", "--json"})
-      CHECK_MESSAGE(!registered.count(theirs), std::string(theirs) << " is the program's");
+    // The layout is the planner's own too: a layout given is the one planned.
+    PlanSettings l;
+    CLI::App layout;
+    add_plan_options(layout, l);
+    layout.parse(
+        std::vector<std::string>{"8", "--microbatches", "16", "--pp", "8", "--tp", "8", "--dp"});
+    CHECK(l.dp == 8);
+    CHECK(l.tp == 8);
+    CHECK(l.pp == 16);
+    CHECK(l.microbatches == 8);
+    CHECK(resolve_plan(l).layout.tp == 8);
   }
 
   TEST_CASE("bad input is a UsageError of one line") {

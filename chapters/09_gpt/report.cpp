@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "mesh_checks.hpp"
 #include "shardlab/bench.hpp"
 #include "shardlab/cuda.hpp"
 #include "shardlab/format.hpp"
@@ -122,7 +123,7 @@ std::string CurveTable::dead_run() const {
 
 void compare_with_one_device(Context& ctx, const References& ref, const std::vector<double>& mesh,
                              double validation) {
-  double worst = 0, order = 0, vdiff = 0;
+  double worst = 0, order = 0, vdiff = 0, vorder = 0;  // rank 0's: it holds both curves
   auto most = [](double& m, double d) {
     m = std::isnan(d) || std::isnan(m) ? NAN : std::max(m, d);
   };
@@ -131,41 +132,28 @@ void compare_with_one_device(Context& ctx, const References& ref, const std::vec
       most(worst, relative(mesh[t], ref.whole.loss[t]));
       most(order, relative(ref.pieces.loss[t], ref.whole.loss[t]));
     }
-    most(order, relative(ref.pieces.validation, ref.whole.validation));
     vdiff = relative(validation, ref.whole.validation);
+    vorder = relative(ref.pieces.validation, ref.whole.validation);
   }
-  order = ctx.comm().agree(order, shardlab::ReduceOp::max);
-  const double tolerance = std::max(kTolerance, kOrder * order);
-  Table vs({"what", "one_device", "mesh", "diff", "order_alone", "tolerance"});
-  vs.add({"training loss, worst step", "", "", worst, order, tolerance});
-  vs.add({"validation loss", ref.whole.validation, validation, vdiff,
-          relative(ref.pieces.validation, ref.whole.validation), tolerance});
-  ctx.report(vs, "vs_single_device",
-             "\nthe mesh against one device, relative; order alone: one device with the batch "
-             "in the mesh's pieces (its worst, step or validation, x " +
-                 shardlab::format_number(kOrder) + " is the tolerance; at least " +
-                 shardlab::format_number(kTolerance) + ")");
-  ctx.verify_close("the training loss", worst, tolerance);
-  ctx.verify_close("the validation loss", vdiff, tolerance);
+  ch08::report_vs_one_device(
+      ctx,
+      {{.what = "the training loss, worst step", .diff = worst, .order_alone = order},
+       {.what = "the validation loss",
+        .diff = vdiff,
+        .order_alone = vorder,
+        .one_device = ref.whole.validation,
+        .mesh = validation}},
+      {.least = kTolerance, .times = kOrder, .worst_of_all = true},
+      "\nthe mesh against one device, relative; order alone: one device with the batch in the "
+      "mesh's pieces (the worst, step or validation, x " +
+          shardlab::format_number(kOrder) + " is the tolerance; at least " +
+          shardlab::format_number(kTolerance) + ")");
 }
 
 void report_bytes(Context& ctx, const TrainConfig& c, const StepResult& last) {
-  const Coords at = ch08::coords_of(c.mesh, ctx.rank());
-  const ch08::AxisBytes want = formula_bytes(c, at);
-  const auto every =
-      gather(ctx, {last.bytes.tp, want.tp, last.bytes.dp, want.dp, last.bytes.pp, want.pp});
-  Table bytes({"rank", "pp", "dp", "tp", "tp_bytes", "tp_formula", "dp_bytes", "dp_formula",
-               "pp_bytes", "pp_formula"});
-  for (int r = 0; r < ctx.size(); ++r) {
-    const Coords q = ch08::coords_of(c.mesh, r);
-    const auto i = static_cast<std::size_t>(r);
-    bytes.add({r, q.pp, q.dp, q.tp, every[0][i], every[1][i], every[2][i], every[3][i], every[4][i],
-               every[5][i]});
-  }
-  ctx.report(bytes, "bytes_per_axis",
-             "\nbytes each rank sent in the last step, per axis, and the formulas (train.hpp)");
-  ctx.verify(every[0] == every[1] && every[2] == every[3] && every[4] == every[5],
-             "a rank sent other than its axis' formula (bytes_per_axis)");
+  ch08::report_axis_bytes(
+      ctx, c.mesh, last.bytes, formula_bytes(c, ch08::coords_of(c.mesh, ctx.rank())),
+      "\nbytes each rank sent in the last step, per axis, and the formulas (train.hpp)");
 }
 
 double block_activation_floats(const GptShape& g, int tp, Recompute recompute,

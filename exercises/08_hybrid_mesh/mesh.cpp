@@ -1,7 +1,7 @@
 // Chapter 08 exercise, part 1: the mesh's arithmetic (part 2, f and g: mappings.cpp).
 // Read chapters/08_hybrid_mesh/README.md first (its picture shows the 2 x 2 x 2 mesh);
 // check your work with `make check CH=08`, and see your mesh with
-// `build/learner/bin/ch08_hybrid_mesh --layout --dp 2 --tp 2 --pp 4`.
+// `build/learner/bin/ch08_layout --dp 2 --tp 2 --pp 4`.
 //
 // Part 1, the mesh. N = pp x dp x tp ranks, in Megatron-LM's order: tp fastest, then dp,
 // then pp. On a (pp, dp, tp) = (2, 2, 2) mesh rank 5 is at pp 1, dp 0, tp 1. The tests

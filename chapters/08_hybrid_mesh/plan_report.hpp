@@ -1,14 +1,15 @@
-// Chapter 08's --plan mode: planner.hpp's arithmetic for a model on a cluster, printed as
-// tables (and the same rows under --json), with no ranks doing any work.
+// Chapter 08's planner on paper (the program ch08_plan, plan_main.cpp): planner.hpp's
+// arithmetic for a model on a cluster, printed as tables (and the same rows under --json),
+// with no ranks doing any work.
 //
-//   --plan                          GPT-3 175B on 1024 A100s as dp 8 x tp 8 x pp 16 (CS336
+//   ch08_plan                       GPT-3 175B on 1024 A100s as dp 8 x tp 8 x pp 16 (CS336
 //                                   lecture 7 §5.1): memory, step time, 34 days (eq. 4)
-//   --plan --model 1t               NVIDIA's 1T model on 3072 GPUs, 64 x 6 x 8: 84 days
-//   --plan --search                 every (dp, tp, pp, m) of the GPUs, fastest first; the plan
+//   ch08_plan --model 1t            NVIDIA's 1T model on 3072 GPUs, 64 x 6 x 8: 84 days
+//   ch08_plan --search              every (dp, tp, pp, m) of the GPUs, fastest first; the plan
 //                                   printed is the fastest that fits (or --dp --tp --pp's)
-//   --plan --model custom --layers 32 --hidden 4096 --heads 32 --gpus 64 --batch 512
+//   ch08_plan --model custom --layers 32 --hidden 4096 --heads 32 --gpus 64 --batch 512
 //
-// Every --plan ends with the seeds' two layouts side by side (both as their papers ran them
+// Every plan ends with the seeds' two layouts side by side (both as their papers ran them
 // on A100s, whatever the other flags say): so-large-lm §6's 64 stages x 6 DGX hosts x 8 GPUs
 // = 3072, which it calls GPT-3's and which is NVIDIA's 1T model (Narayanan et al. 2021, Table
 // 1), and CS336 lecture 7 §5.1's 8 x 8 x 16 = 1024 for GPT-3 175B.
@@ -53,17 +54,15 @@ struct PlanSettings {
   std::string recompute = "full";
   bool sequence_parallel = false;  ///< Korthikanti §4.2.2's sequence parallelism
   bool search = false;             ///< rank every (dp, tp, pp, m) of the GPUs (search)
-  int dp = 0;                      ///< --dp, the program's own flag; 0 = not given
-  int tp = 0;                      ///< --tp, the program's own flag; 0 = not given
-  int pp = 0;                      ///< --pp, the program's own flag; 0 = not given
-  int microbatches = 0;            ///< --microbatches (m), the program's own flag; 0 = not given
-  bool csv = false;  ///< with search: also write 08_hybrid_mesh_search.csv (the caller says)
+  int dp = 0;                      ///< the layout's, or 0: the preset run's (or the search's)
+  int tp = 0;                      ///< the layout's, or 0
+  int pp = 0;                      ///< the layout's, or 0
+  int microbatches = 0;            ///< m, or 0: the preset run's (or B / (dp b))
+  bool csv = false;                ///< with search: also write 08_hybrid_mesh_search.csv
 };
 
-/// Registers the mode's flags (all but --plan, --dp, --tp, --pp and --microbatches).
+/// Registers every flag of the planner (plan_main.cpp's program).
 void add_plan_options(CLI::App& cli, PlanSettings& settings);
-/// The flags add_plan_options registers, for a caller that refuses them outside --plan.
-std::vector<std::string> plan_flags();
 
 /// The settings made concrete: presets looked up, defaults filled in, every size checked.
 struct ResolvedPlan {

@@ -1,4 +1,5 @@
-#include "plan_mode.hpp"
+// Chapter 08's planner on paper: its flags and its tables (plan_report.hpp).
+#include "plan_report.hpp"
 
 #include <CLI/CLI.hpp>
 #include <climits>
@@ -108,73 +109,58 @@ void add_plan_options(CLI::App& cli, PlanSettings& s) {
   namespace sc = shardlab::cli;
   std::vector<std::string> models = model_names();
   models.push_back("custom");
-  cli.add_option("--model", s.model, "plan: a model (" + joined(models) + ")")
+  cli.add_option("--model", s.model, "a model (" + joined(models) + ")")
       ->check(CLI::IsMember(models))
       ->capture_default_str();
-  cli.add_option("--layers", s.layers, "plan: layers l (custom, or to change the preset's)")
+  cli.add_option("--layers", s.layers, "layers l (custom, or to change the preset's)")
       ->check(sc::between(1, 1e5));
-  cli.add_option("--hidden", s.hidden, "hidden size h (the run: 16; --plan: the model's)")
+  cli.add_option("--hidden", s.hidden, "hidden size h (default: the model's)")
       ->check(sc::between(1, 1e6));
-  cli.add_option("--heads", s.heads, "plan: attention heads a")->check(sc::between(1, 1e5));
-  cli.add_option("--seq", s.seq, "plan: sequence length s (preset: 2048)")
+  cli.add_option("--heads", s.heads, "attention heads a")->check(sc::between(1, 1e5));
+  cli.add_option("--seq", s.seq, "sequence length s (preset: 2048)")
       ->transform(sc::quantity())
       ->check(sc::between(1, 1 << 27));
-  cli.add_option("--vocab", s.vocab, "plan: vocabulary V (preset: 51200)")
+  cli.add_option("--vocab", s.vocab, "vocabulary V (preset: 51200)")
       ->transform(sc::quantity())
       ->check(sc::between(1, 1e8));
-  cli.add_option("--cluster", s.cluster, "plan: the GPUs (" + joined(cluster_names()) + ")")
+  cli.add_option("--cluster", s.cluster, "the GPUs (" + joined(cluster_names()) + ")")
       ->check(CLI::IsMember(cluster_names()))
       ->capture_default_str();
-  cli.add_option("--gpus", s.gpus, "plan: GPUs n (1024, 3K, 2^12; default: the preset's run)")
+  cli.add_option("--gpus", s.gpus, "GPUs n (1024, 3K, 2^12; default: the preset's run)")
       ->transform(sc::quantity())
       ->check(sc::between(1, double(kMaxGpus)));
-  cli.add_option("--tokens", s.tokens, "plan: training tokens T (300B; default: the preset's)")
+  cli.add_option("--tokens", s.tokens, "training tokens T (300B; default: the preset's)")
       ->transform(sc::quantity())
       ->check(sc::between(1, 1e16));
-  cli.add_option("--batch", s.batch,
-                 "global batch B (the run: 32 rows; --plan: sequences, the preset's)")
+  cli.add_option("--batch", s.batch, "global batch B in sequences (default: the preset's)")
       ->transform(sc::quantity())
       ->check(sc::between(1, INT_MAX));
   cli.add_option("--microbatch-size", s.microbatch_size,
-                 "plan: microbatch size b (default: the preset's run's, else 1)")
+                 "microbatch size b (default: the preset's run's, else 1)")
       ->check(sc::between(1, 1 << 20));
   cli.add_option("--achieved-tflops", s.achieved_tflops,
-                 "plan: X, TFLOP/s a GPU (default: the preset's run on A100s, else the cluster's)")
+                 "X, TFLOP/s a GPU (default: the preset's run on A100s, else the cluster's)")
       ->check(sc::between(1e-3, 1e6));
-  cli.add_option("--gpu-memory-gb", s.gpu_memory_gb, "plan: GB (1e9 bytes) a GPU (default: 80)")
+  cli.add_option("--gpu-memory-gb", s.gpu_memory_gb, "GB (1e9 bytes) a GPU (default: 80)")
       ->check(sc::between(1e-3, 1e6));
-  cli.add_option("--gpus-per-node", s.gpus_per_node, "GPUs a node (--layout, --plan; default: 8)")
+  cli.add_option("--gpus-per-node", s.gpus_per_node, "GPUs a node (default: the cluster's, 8)")
       ->check(sc::between(1, 1 << 20));
-  cli.add_option("--zero", s.zero, "ZeRO stage over dp (the run: 0 or 1; --plan: 0-3)")
+  cli.add_option("--zero", s.zero, "ZeRO stage over dp, 0-3")
       ->check(sc::between(0, 3))
       ->capture_default_str();
-  cli.add_option("--recompute", s.recompute, "plan: activation recomputation")
+  cli.add_option("--recompute", s.recompute, "activation recomputation")
       ->check(CLI::IsMember({"none", "selective", "full"}))
       ->capture_default_str();
   cli.add_flag("--sequence-parallel", s.sequence_parallel,
-               "plan: split LayerNorm and dropout over tp too (Korthikanti et al. 2022)");
-  cli.add_flag("--search", s.search, "plan: rank every (dp, tp, pp, m) of the GPUs");
-}
-
-std::vector<std::string> plan_flags() {
-  return {"--model",
-          "--layers",
-          "--hidden",
-          "--heads",
-          "--seq",
-          "--vocab",
-          "--cluster",
-          "--gpus",
-          "--tokens",
-          "--batch",
-          "--microbatch-size",
-          "--achieved-tflops",
-          "--gpu-memory-gb",
-          "--gpus-per-node",
-          "--zero",
-          "--recompute",
-          "--sequence-parallel",
-          "--search"};
+               "split LayerNorm and dropout over tp too (Korthikanti et al. 2022)");
+  cli.add_option("--dp", s.dp, "data-parallel replicas (default: the preset's run's)")
+      ->check(sc::between(1, 1 << 20));
+  cli.add_option("--tp", s.tp, "tensor-parallel GPUs per layer")->check(sc::between(1, 1 << 20));
+  cli.add_option("--pp", s.pp, "pipeline stages")->check(sc::between(1, 1 << 20));
+  cli.add_option("--microbatches", s.microbatches, "microbatches m a step and replica")
+      ->check(sc::between(1, 1 << 20));
+  cli.add_flag("--search", s.search, "rank every (dp, tp, pp, m) of the GPUs");
+  cli.add_flag("--csv", s.csv, "with --search: also write the ranking as CSV");
 }
 
 // ---------------------------------------------------------------------------

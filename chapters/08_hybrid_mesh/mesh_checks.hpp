@@ -1,0 +1,44 @@
+// The two checks every mesh run prints (chapters 08 and 09): the mesh against one device,
+// held to what the order of the additions alone does there; and the bytes each rank sent
+// on each axis against the axis' formula.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "hybrid.hpp"
+#include "shardlab/launch.hpp"
+
+namespace ch08 {
+
+/// One quantity of a run, on the mesh against one device.
+struct Agreement {
+  std::string what;                       ///< for the table and the verdict: "the final weights"
+  double diff = 0;                        ///< the mesh's against one device's, relative
+  double order_alone = 0;                 ///< one device's against itself, the batch in pieces
+  std::optional<double> one_device = {};  ///< one device's value, when one number says it
+  std::optional<double> mesh = {};        ///< the mesh's value, when one number says it
+};
+
+/// How close is equal: within `times` x what the order alone does, never closer than
+/// `least`; `worst_of_all`: every row held to the worst row's order alone.
+struct Tolerance {
+  double least;               ///< the closest a quantity is ever held to
+  double times;               ///< how many times the order alone's difference is allowed
+  bool worst_of_all = false;  ///< every row held to the worst row's order alone
+};
+
+/// The table "vs_single_device" (what, one_device, mesh, diff, order_alone, tolerance)
+/// under `caption`, and each row's verdict (Context::verify_close). Every rank calls it with
+/// its own rows: the differences and orders alone are the worst over the ranks, the values
+/// rank 0's.
+void report_vs_one_device(shardlab::Context& ctx, const std::vector<Agreement>& rows,
+                          const Tolerance& tolerance, const std::string& caption);
+
+/// The table "bytes_per_axis": every rank's bytes sent per axis and by formula (each rank
+/// gives its own), under `caption`; a verdict that they are equal.
+void report_axis_bytes(shardlab::Context& ctx, const MeshShape& mesh, const AxisBytes& sent,
+                       const AxisBytes& formula, const std::string& caption);
+
+}  // namespace ch08
