@@ -19,8 +19,8 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
-#include "hybrid.hpp"
 #include "mesh_checks.hpp"
+#include "mlp_stack.hpp"
 #include "shardlab/cli.hpp"
 #include "trainer.hpp"
 #include "zero.hpp"
@@ -55,7 +55,7 @@ void train(Context& ctx, const Settings& s) {
   // 3. The comparison: the loss of every step, then every weight, and the replicas.
   compare_with_one_device(ctx, c, ref, pieces, mesh, model, run);
 
-  // 4. Bytes per axis in the last step, next to each axis' formula (hybrid.hpp).
+  // 4. Bytes per axis in the last step, next to each axis' formula (mlp_stack.hpp).
   report_axis_bytes(ctx, c.mesh, run.bytes, formula_bytes(c, at),
                     "\nbytes each rank sent in one step, per axis; formulas: tp 2 L/pp allreduces "
                     "of b x h per microbatch, dp one allreduce of the rank's parameters, pp b x h "

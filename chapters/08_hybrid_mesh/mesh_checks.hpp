@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "hybrid.hpp"
+#include "mlp_stack.hpp"
 #include "shardlab/launch.hpp"
 
 namespace ch08 {

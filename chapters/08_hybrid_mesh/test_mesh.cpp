@@ -24,8 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "hybrid.hpp"
 #include "mesh.hpp"
+#include "mlp_stack.hpp"
 #include "shardlab/testing.hpp"
 #include "tensor_parallel.hpp"
 

@@ -1,4 +1,4 @@
-// Chapter 09's model (gpt.hpp), and the blocks parallel.hpp declares for it.
+// Chapter 09's model (gpt.hpp), and the blocks attention_and_loss.hpp declares for it.
 #include "gpt.hpp"
 
 #include <cmath>

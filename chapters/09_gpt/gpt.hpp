@@ -9,7 +9,7 @@
 //       stage ln_f and the LM head. The head is tied to wte: with pp > 1 the last stage
 //       keeps its own copy of wte, and the two copies' gradients are summed over the
 //       "embedding group" (first and last stage) every step, so they stay one weight.
-//   tp  attention by heads (parallel.hpp), the MLP column then row (chapter 08), wte and
+//   tp  attention by heads (attention_and_loss.hpp), the MLP column then row (chapter 08), wte and
 //       the LM head by vocabulary rows: each tp rank holds V/tp tokens' embeddings and
 //       logits (a vocabulary-parallel cross-entropy). LayerNorms, wpe and the
 //       row-parallel biases are whole on every tp rank. Optionally sequence parallel:
@@ -26,8 +26,8 @@
 #include <string>
 #include <vector>
 
+#include "attention_and_loss.hpp"
 #include "mesh.hpp"
-#include "parallel.hpp"
 #include "planner.hpp"
 #include "shardlab/memory.hpp"
 

@@ -26,8 +26,10 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint.hpp"
+#include "measurements.hpp"
 #include "profile.hpp"
-#include "report.hpp"
+#include "references.hpp"
+#include "sample.hpp"
 #include "shardlab/cli.hpp"
 #include "shardlab/launch.hpp"
 #include "train.hpp"
@@ -104,7 +106,7 @@ void train(Context& ctx, const Settings& s) {
   ctx.verify(curve.dead_run().empty(), curve.dead_run());
 
   // 4. What the last step sent per axis, what each rank holds, how long the stages
-  // waited: each next to its prediction (report.hpp).
+  // waited: each next to its prediction (measurements.hpp).
   report_bytes(ctx, c, last);
   report_memory(ctx, c, mesh, model, tracker.usage());
   const double bubble = report_bubble(ctx, c, mesh, last.events);

@@ -40,8 +40,10 @@
 #include <fstream>
 
 #include "checkpoint.hpp"
+#include "measurements.hpp"
 #include "profile.hpp"
-#include "report.hpp"
+#include "references.hpp"
+#include "sample.hpp"
 #include "shardlab/testing.hpp"
 #include "train.hpp"
 

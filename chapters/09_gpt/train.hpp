@@ -1,5 +1,5 @@
-// Chapter 09's training: the data, one step of the whole mesh, the validation loss, and
-// text sampled from the model.
+// Chapter 09's training: one step of the whole mesh, and the validation loss (the data:
+// corpus.hpp; text sampled from the model: sample.hpp).
 //
 // A step, on every rank (chapter 08's hybrid training, with a language model's ends):
 //   1. the global batch: B sequences of T + 1 bytes at places a seeded generator picks
@@ -7,7 +7,8 @@
 //      them into m microbatches;
 //   2. chapter 04's pipeline runs the schedule: stage 0 embeds the bytes, each stage its
 //      blocks, the last stage ln_f, the tied LM head and the vocabulary-parallel
-//      cross-entropy (parallel.hpp), each microbatch's loss its share of the batch's mean;
+//      cross-entropy (attention_and_loss.hpp), each microbatch's loss its share of the batch's
+//      mean;
 //   3. the two copies of wte (first and last stage) add up their gradients (pp > 1);
 //      chapter 02's sync sums the replicas' gradients (or chapter 05's ZeRO-1 does, in
 //      its step);
@@ -27,41 +28,16 @@
 #include <string>
 #include <vector>
 
+#include "corpus.hpp"
 #include "gpt.hpp"
-#include "hybrid.hpp"
 #include "loss_scaler.hpp"
+#include "mlp_stack.hpp"
 #include "pipeline.hpp"
-#include "replicas.hpp"
+#include "replica_optimizer.hpp"
 
 namespace ch09 {
 
 struct Profile;  // profile.hpp
-
-/// The text the model learns: bytes, the first 90 % for training, the rest for validation.
-class Corpus {
- public:
-  /// UsageError when `path` cannot be read or holds less than 4 sequences of each part.
-  static Corpus load(const std::string& path, std::int64_t context);
-  /// The text's length, bytes.
-  std::int64_t size() const { return static_cast<std::int64_t>(bytes_.size()); }
-  /// The training text's length, bytes: the first 90 %; the rest is the validation text.
-  std::int64_t train_size() const { return split_; }
-  /// Where step `step`'s B sequences start in the training text (T + 1 bytes each): a
-  /// function of the seed and the step alone, so every rank, mesh and resumed run draws
-  /// the same.
-  std::vector<std::int64_t> batch(int step, std::int64_t sequences, std::uint64_t seed) const;
-  /// Up to `count` sequences of the validation text, back to back from its start.
-  std::vector<std::int64_t> validation(std::int64_t count) const;
-  /// The bytes [start + shift, start + shift + T) of each sequence, as i32 ids: shift 0
-  /// the inputs, shift 1 the targets.
-  Tensor ids(const std::vector<std::int64_t>& starts, int shift) const;
-  /// T, the bytes of a sequence: load()'s `context`.
-  std::int64_t context() const { return context_; }
-
- private:
-  std::vector<std::uint8_t> bytes_;
-  std::int64_t split_ = 0, context_ = 0;
-};
 
 /// A training run: the model, the mesh, the batch, the schedule, the optimizer and the
 /// precision.
@@ -158,16 +134,6 @@ class Trainer {
   friend std::string sample(Trainer&, const std::string&, int, float, int, std::uint64_t,
                             const std::function<void(int)>&);
 };
-
-/// `count` bytes generated after `prompt` (its last T bytes are the window): greedy
-/// (temperature 0), or drawn from softmax(logits / temperature) over the top_k most
-/// likely bytes (0: all), seeded. Every rank calls it; every rank gets the text.
-/// `progress`, if given, is called with the bytes done after each one.
-std::string sample(Trainer& trainer, const std::string& prompt, int count, float temperature,
-                   int top_k, std::uint64_t seed, const std::function<void(int)>& progress = {});
-/// sample()'s progress for a run of `total` bytes: every 5 s, "sampling: N of M bytes,
-/// R bytes/s, S s to go" on stderr (the text itself goes to stdout); silent unless `speak`.
-std::function<void(int)> sample_progress(int total, bool speak);
 
 }  // namespace ch09
 

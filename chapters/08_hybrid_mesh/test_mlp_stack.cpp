@@ -1,4 +1,4 @@
-// Chapter 08's 3-D training (hybrid.hpp), against the solution: every factorisation of 8
+// Chapter 08's 3-D training (mlp_stack.hpp), against the solution: every factorisation of 8
 // ranks trains like one device, the bytes per axis are the formulas', ZeRO-1 over dp gives
 // plain data parallelism's weights, and the tensor-parallel blocks run on chapter 04's
 // runtime under every one-chunk schedule.
@@ -15,7 +15,7 @@
 
 #include <string>
 
-#include "hybrid.hpp"
+#include "mlp_stack.hpp"
 #include "shardlab/testing.hpp"
 
 using namespace shardlab;

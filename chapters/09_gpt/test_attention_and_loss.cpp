@@ -1,5 +1,5 @@
 // Chapter 09's exercise tests: tensor-parallel attention and the vocabulary-parallel
-// cross-entropy (parallel.hpp), against one device, on tp 1, 2, 3 and 4 ranks.
+// cross-entropy (attention_and_loss.hpp), against one device, on tp 1, 2, 3 and 4 ranks.
 //
 // References are computed independently of the code under test: the one-device block
 // from the library's layers (gpt.cpp's attention_block), the cross-entropy in double
@@ -30,7 +30,7 @@
 #include <cmath>
 #include <map>
 
-#include "parallel.hpp"
+#include "attention_and_loss.hpp"
 #include "shardlab/testing.hpp"
 
 using namespace shardlab;

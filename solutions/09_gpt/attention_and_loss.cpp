@@ -1,6 +1,6 @@
 // Chapter 09 solution: tensor-parallel attention and the vocabulary-parallel cross-entropy
-// (parallel.hpp).
-#include "parallel.hpp"
+// (attention_and_loss.hpp).
+#include "attention_and_loss.hpp"
 
 #include <cmath>
 #include <string>

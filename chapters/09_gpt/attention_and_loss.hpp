@@ -15,7 +15,8 @@
 // Names: C channels, H heads of D = C / H, T tokens per sequence, V the vocabulary, t tp
 // ranks, n rows (tokens) of a microbatch.
 // The learner writes parallel_attention and the cross-entropy in
-// exercises/09_gpt/parallel.cpp; the reference is solutions/09_gpt/parallel.cpp.
+// exercises/09_gpt/attention_and_loss.cpp; the reference is
+// solutions/09_gpt/attention_and_loss.cpp.
 #pragma once
 
 #include <cstdint>

@@ -9,8 +9,8 @@
 //   x + c_proj(attention(c_attn(ln_1(x))))
 // Which of its pieces does every tp rank hold whole, which are cut, and along what? How
 // many heads does each rank's attention core (attention_core) see? Use the names and seeds
-// that attention_block (parallel.hpp; gpt.cpp) uses, so that every mesh starts from the same
-// weights, and build the tensor-parallel layers with options.tp.
+// that attention_block (attention_and_loss.hpp; gpt.cpp) uses, so that every mesh starts from the
+// same weights, and build the tensor-parallel layers with options.tp.
 //
 // Part 2, vocab_parallel_cross_entropy. Each rank holds the columns `vocab` of every
 // row's logits. For each row you need log(sum over ALL V of exp(logit)) and the target's
@@ -19,7 +19,7 @@
 // an f32 tensor of n numbers.
 //
 // Stuck? The chapter README's Exercise section has hints, one at a time.
-#include "parallel.hpp"
+#include "attention_and_loss.hpp"
 
 #include "shardlab/check.hpp"
 

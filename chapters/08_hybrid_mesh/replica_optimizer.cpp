@@ -1,5 +1,5 @@
-// Data parallelism for the pipelined trainers (replicas.hpp).
-#include "replicas.hpp"
+// Data parallelism for the pipelined trainers (replica_optimizer.hpp).
+#include "replica_optimizer.hpp"
 
 #include <algorithm>
 

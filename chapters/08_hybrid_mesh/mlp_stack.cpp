@@ -1,12 +1,12 @@
-// Chapter 08's 3-D training (hybrid.hpp).
-#include "hybrid.hpp"
+// Chapter 08's 3-D training (mlp_stack.hpp).
+#include "mlp_stack.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "mesh_checks.hpp"
-#include "replicas.hpp"
+#include "replica_optimizer.hpp"
 #include "shardlab/check.hpp"
 #include "shardlab/toy.hpp"
 #include "timeline.hpp"

@@ -1,0 +1,81 @@
+// Chapter 09's text generation (sample.hpp).
+#include "sample.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <vector>
+
+namespace ch09 {
+
+using shardlab::Shape;
+
+std::string sample(Trainer& trainer, const std::string& prompt, int count, float temperature,
+                   int top_k, std::uint64_t seed, const std::function<void(int)>& progress) {
+  Mesh& mesh = trainer.mesh_;
+  GptModel& model = trainer.model_;
+  const std::int64_t T = model.shape().context, V = model.shape().vocab;
+  std::string text = prompt.empty() ? std::string("\n") : prompt;
+  const int root = ch08::rank_of(mesh.shape(), {mesh.shape().pp - 1, 0, 0});
+  for (int i = 0; i < count; ++i) {
+    // The window: the last T bytes, padded at the end (causal attention: what follows
+    // the last byte does not change its logits).
+    const auto len = std::min<std::int64_t>(static_cast<std::int64_t>(text.size()), T);
+    Tensor ids(Shape{T}, shardlab::DType::i32);
+    ids.zero();
+    for (std::int64_t t = 0; t < len; ++t)
+      ids.data<std::int32_t>()[t] =
+          static_cast<unsigned char>(text[text.size() - static_cast<std::size_t>(len - t)]);
+    const Tensor out = trainer.forward_only(ids);
+    Tensor next(Shape{1}, shardlab::DType::f32);
+    if (model.last()) {
+      // The last byte's logits (sequence parallel: the head gathers the rows first).
+      const Tensor logits = model.sequence_parallel()
+                                ? model.head()->forward(out).out.slice(len - 1, 1)
+                                : model.head()->forward(out.slice(len - 1, 1)).out;
+      Tensor row(Shape{V}, shardlab::DType::f32);
+      mesh.tp().allgatherv(logits.to(Memory::host).flat(), row,
+                           shardlab::shard_counts(V, mesh.shape().tp));
+      std::vector<int> order(static_cast<std::size_t>(V));
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return row[a] > row[b]; });
+      int pick = order[0];
+      if (temperature > 0) {
+        const std::size_t k =
+            top_k > 0 ? std::min<std::size_t>(static_cast<std::size_t>(top_k), order.size())
+                      : order.size();
+        std::vector<double> w(k);
+        for (std::size_t q = 0; q < k; ++q)
+          w[q] = std::exp((row[order[q]] - row[order[0]]) / static_cast<double>(temperature));
+        std::uint64_t state = seed * 0x9E3779B97F4A7C15ULL + static_cast<std::uint64_t>(i);
+        double u = static_cast<double>(shardlab::splitmix64(state) >> 11) * 0x1.0p-53 *
+                   std::accumulate(w.begin(), w.end(), 0.0);
+        std::size_t q = 0;
+        while (q + 1 < k && u >= w[q]) u -= w[q++];
+        pick = order[q];
+      }
+      next[0] = static_cast<float>(pick);
+    }
+    mesh.world().broadcast(next, root);
+    text.push_back(static_cast<char>(static_cast<int>(next[0])));
+    if (progress) progress(i + 1);
+  }
+  return text.substr(prompt.empty() ? 1 : prompt.size());
+}
+
+std::function<void(int)> sample_progress(int total, bool speak) {
+  if (!speak) return {};
+  const auto start = std::chrono::steady_clock::now();
+  return [=, last = start](int done) mutable {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last < std::chrono::seconds(5)) return;
+    last = now;
+    const double rate = done / std::chrono::duration<double>(now - start).count();
+    std::fprintf(stderr, "sampling: %d of %d bytes, %.0f bytes/s, %.0f s to go\n", done, total,
+                 rate, (total - done) / rate);
+  };
+}
+
+}  // namespace ch09
