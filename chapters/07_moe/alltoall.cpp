@@ -11,11 +11,6 @@ using namespace shardlab;
 
 namespace ch07 {
 
-namespace {
-using Index = std::size_t;
-Index at(int i) { return static_cast<Index>(i); }
-}  // namespace
-
 std::uint64_t formula_alltoall_bytes(const std::vector<Routing>& routings, int rank, int ranks,
                                      int hidden) {
   const int per = routings.front().experts / ranks;

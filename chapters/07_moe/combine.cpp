@@ -9,11 +9,6 @@ using namespace shardlab;
 
 namespace ch07 {
 
-namespace {
-using Index = std::size_t;
-Index at(int i) { return static_cast<Index>(i); }
-}  // namespace
-
 std::uint64_t expert_seed(const MoeConfig& c, int e) {
   return c.seed * 7919 + 100 + 2 * static_cast<std::uint64_t>(e);
 }

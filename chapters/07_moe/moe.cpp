@@ -40,12 +40,7 @@ double layer_run_bytes(const MoeConfig& c, int ranks) {
   return ranks * weights + run * (1 + 0.35 * (ranks - 1)) + 32.0 * (1 << 20);
 }
 
-namespace {
-
-using Index = std::size_t;
-Index at(int i) { return static_cast<Index>(i); }
-
-}  // namespace
+namespace {}  // namespace
 
 Weights make_weights(const MoeConfig& c, int first, int count) {
   const std::int64_t d = c.hidden, h = c.ffn;

@@ -14,11 +14,6 @@ using namespace shardlab;
 namespace ch07 {
 
 namespace {
-using Index = std::size_t;
-Index at(int i) { return static_cast<Index>(i); }
-}  // namespace
-
-namespace {
 
 // The layer's Saved tensors, by position (children: one Saved per local expert).
 enum SavedAt : Index {

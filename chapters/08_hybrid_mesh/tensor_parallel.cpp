@@ -52,24 +52,10 @@ Tensor scatter_rows(Communicator& tp, const Tensor& partial) {
 namespace {
 
 // f and g as TpRegion's edges: on a copy, since the learner's f and g work in place.
-Tensor f_edge(Communicator& tp, const Tensor& x) {
+template <void (*op)(Communicator&, Tensor&)>
+Tensor on_copy(Communicator& tp, const Tensor& x) {
   Tensor t = x.clone();
-  f_forward(tp, t);
-  return t;
-}
-Tensor f_edge_backward(Communicator& tp, const Tensor& dx) {
-  Tensor t = dx.clone();
-  f_backward(tp, t);
-  return t;
-}
-Tensor g_edge(Communicator& tp, const Tensor& y) {
-  Tensor t = y.clone();
-  g_forward(tp, t);
-  return t;
-}
-Tensor g_edge_backward(Communicator& tp, const Tensor& dy) {
-  Tensor t = dy.clone();
-  g_backward(tp, t);
+  op(tp, t);
   return t;
 }
 
@@ -78,8 +64,10 @@ Tensor g_edge_backward(Communicator& tp, const Tensor& dy) {
 TpRegion::TpRegion(Communicator& tp, bool sequence_parallel)
     : tp_(tp),
       split_rows_(sequence_parallel && tp.size() > 1),
-      enter_(split_rows_ ? Edge{gather_rows, scatter_rows} : Edge{f_edge, f_edge_backward}),
-      leave_(split_rows_ ? Edge{scatter_rows, gather_rows} : Edge{g_edge, g_edge_backward}) {}
+      enter_(split_rows_ ? Edge{gather_rows, scatter_rows}
+                         : Edge{on_copy<f_forward>, on_copy<f_backward>}),
+      leave_(split_rows_ ? Edge{scatter_rows, gather_rows}
+                         : Edge{on_copy<g_forward>, on_copy<g_backward>}) {}
 
 Tensor TpRegion::enter_again(const Tensor& kept) const {
   return split_rows_ ? gather_rows(tp_, kept) : kept;

@@ -2,7 +2,6 @@
 #include "measurements.hpp"
 
 #include <algorithm>
-#include <bit>
 #include <chrono>
 #include <cmath>
 #include <nlohmann/json.hpp>

@@ -3,17 +3,10 @@
 
 #include <algorithm>
 #include <bit>
-#include <chrono>
 #include <cmath>
-#include <nlohmann/json.hpp>
-#include <thread>
 
 #include "mesh_checks.hpp"
-#include "shardlab/bench.hpp"
-#include "shardlab/cuda.hpp"
 #include "shardlab/format.hpp"
-#include "timeline.hpp"
-#include "zero.hpp"
 
 namespace ch09 {
 
@@ -21,7 +14,6 @@ using shardlab::Communicator;
 using shardlab::Context;
 using shardlab::Table;
 using shardlab::Tensor;
-namespace memory = shardlab::memory;
 
 double relative(double a, double b) { return std::abs(a - b) / std::max(1.0, std::abs(b)); }
 

@@ -68,6 +68,21 @@ BlockRun run_block(nn::Layer& block, nn::ParameterStore& store, const Tensor& x,
   return out;
 }
 
+/// One device's attention block b on n random rows (seeded): the input, dL/dy and what
+/// the block gives.
+struct OneDevice {
+  Tensor x, dy;
+  BlockRun want;
+};
+OneDevice one_device(const GptShape& s, std::int64_t n, int block, std::uint64_t seed) {
+  OneDevice out{randn(n, s.channels, seed), randn(n, s.channels, seed + 1), {}};
+  nn::ParameterStore one;
+  nn::Residual whole = attention_block(one, "h." + std::to_string(block), s, block);
+  one.allocate();
+  out.want = run_block(whole, one, out.x, out.dy);
+  return out;
+}
+
 /// Rank r's share of a whole tensor of the block, as the names say it is cut.
 Tensor share(const std::string& name, const Tensor& whole, int t, int r) {
   if (name.find("c_attn") != std::string::npos) return shard(whole, t, 1, r);
@@ -79,12 +94,7 @@ Tensor share(const std::string& name, const Tensor& whole, int t, int r) {
 
 TEST_CASE("parallel_attention equals one device's block, forward and backward, on tp 1, 2, 4") {
   const GptShape s = tiny();
-  const std::int64_t n = 3 * s.context;
-  const Tensor x = randn(n, s.channels, 11), dy = randn(n, s.channels, 12);
-  nn::ParameterStore one;
-  nn::Residual whole = attention_block(one, "h.1", s, 1);
-  one.allocate();
-  const BlockRun want = run_block(whole, one, x, dy);
+  const auto [x, dy, want] = one_device(s, 3 * s.context, 1, 11);
   for (int t : {1, 2, 4}) {
     CAPTURE(t);
     on_ranks(t, [&](Communicator& tp) {
@@ -118,12 +128,7 @@ TEST_CASE("parallel_attention with sequence parallelism: each rank its n/t rows 
   // parameters and c_proj's bias are whole on every rank, their gradients each rank's
   // rows' part (summed over tp here, as the trainer does).
   const GptShape s = tiny();
-  const std::int64_t n = 4 * s.context;
-  const Tensor x = randn(n, s.channels, 21), dy = randn(n, s.channels, 22);
-  nn::ParameterStore one;
-  nn::Residual whole = attention_block(one, "h.0", s, 0);
-  one.allocate();
-  const BlockRun want = run_block(whole, one, x, dy);
+  const auto [x, dy, want] = one_device(s, 4 * s.context, 0, 21);
   BlockOptions options;
   options.tp.sequence_parallel = true;
   for (int t : {2, 4}) {
