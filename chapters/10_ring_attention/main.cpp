@@ -1,0 +1,190 @@
+// Chapter 10 — long context: causal attention over a sequence split into cp chunks, the
+// keys and values passed around a ring of ranks (ring_attention.hpp).
+//
+// The course (CS336 lecture 7 leaves sequences longer than one device holds to context
+// parallelism; Liu et al. 2023's ring attention, Megatron-LM's `--context-parallel-size`):
+// attention is the one layer that mixes tokens, so cutting the sequence means each rank's
+// queries must meet every other rank's keys. They travel around a ring, one block a step,
+// while the rank computes with the block it holds, and the online softmax folds each
+// block's result into a running one. Every rank also computes the whole attention on one
+// device, and the two must agree.
+//
+// Run:
+//   build/default/bin/ch10_ring_attention                     4 ranks, zigzag
+//   build/default/bin/ch10_ring_attention --split plain       the naive split's imbalance
+//   build/default/bin/ch10_ring_attention --ranks 8 --seq 256
+//   mpirun -np 4 build/default/bin/ch10_ring_attention
+//
+// Expected: the output and dL/dq, dL/dk, dL/dv equal one device's to rounding; each
+// rank's bytes equal the formula; zigzag gives every rank the same work, plain the last
+// rank about 2cp - 1 times the first's (6.8x at cp 4, T 96); what a rank keeps for the backward is
+// 1/cp of one device's.
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "ring_attention.hpp"
+#include "shardlab/cli.hpp"
+#include "shardlab/launch.hpp"
+#include "shardlab/memory.hpp"
+
+using namespace shardlab;
+using namespace ch10;
+
+namespace {
+
+struct Settings {
+  std::int64_t seq = 96, heads = 4, head_dim = 16;
+  std::string split = "zigzag";
+};
+
+std::vector<float> random(std::size_t n, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> out(n);
+  for (float& x : out) x = dist(gen);
+  return out;
+}
+
+std::vector<float> rows(const std::vector<float>& whole, const std::vector<std::int64_t>& pos,
+                        std::int64_t C) {
+  std::vector<float> out;
+  for (std::int64_t p : pos)
+    out.insert(out.end(), whole.begin() + p * C, whole.begin() + (p + 1) * C);
+  return out;
+}
+
+double max_rel_diff(const std::vector<float>& got, const std::vector<float>& want) {
+  double worst = 0, largest = 1;
+  for (float w : want) largest = std::max(largest, double(std::abs(w)));
+  for (std::size_t e = 0; e < got.size(); ++e) {
+    const double d = std::abs(double(got[e]) - want[e]);
+    worst = d != d || worst != worst ? NAN : std::max(worst, d);
+  }
+  return worst / largest;
+}
+
+void run(Context& ctx, const Settings& s) {
+  const Split split = s.split == "zigzag" ? Split::zigzag : Split::plain;
+  const std::int64_t T = s.seq, H = s.heads, D = s.head_dim, C = H * D;
+  const int cp = ctx.size(), r = ctx.rank();
+  const auto q = random(static_cast<std::size_t>(T * C), 1),
+             k = random(static_cast<std::size_t>(T * C), 2),
+             v = random(static_cast<std::size_t>(T * C), 3),
+             dout = random(static_cast<std::size_t>(T * C), 4);
+  // 1. One device: the whole sequence on a ring of one.
+  auto self = ctx.comm().split(r, 0);
+  RingSaved whole_saved;
+  const std::vector<float> whole_out =
+      ring_attention(*self, q, k, v, T, Split::plain, H, D, &whole_saved);
+  const RingGrads whole = ring_attention_backward(*self, whole_saved, dout, T, Split::plain, H, D);
+
+  // 2. The ring: this rank's rows.
+  const std::vector<std::int64_t> pos = rank_positions(T, cp, r, split);
+  RingSaved saved;
+  std::int64_t work = 0;
+  memory::Tracker tracker;  // what the forward keeps for the backward: the ledger's count
+  const auto start = ctx.comm().stats().total().bytes_sent;
+  const std::vector<float> out = ring_attention(ctx.comm(), rows(q, pos, C), rows(k, pos, C),
+                                                rows(v, pos, C), T, split, H, D, &saved, &work);
+  const auto forward = ctx.comm().stats().total().bytes_sent - start;
+  const std::uint64_t kept = tracker.usage().live(memory::Category::activations);
+  const RingGrads g =
+      ring_attention_backward(ctx.comm(), saved, rows(dout, pos, C), T, split, H, D);
+  const auto backward = ctx.comm().stats().total().bytes_sent - start - forward;
+
+  // 3. Against one device, every element.
+  Table vs({"what", "max_rel_diff", "tolerance"});
+  constexpr double kTolerance = 1e-5;
+  auto compare = [&](const std::string& what, const std::vector<float>& got,
+                     const std::vector<float>& want) {
+    vs.add({what, ctx.verify_close(what, max_rel_diff(got, rows(want, pos, C)), kTolerance),
+            kTolerance});
+  };
+  compare("the attention's output", out, whole_out);
+  compare("dL/dq", g.dq, whole.dq);
+  compare("dL/dk", g.dk, whole.dk);
+  compare("dL/dv", g.dv, whole.dv);
+  ctx.report(vs, "vs_single_device",
+             "Chapter 10 - ring attention, cp " + std::to_string(cp) + " (" + s.split + "), T " +
+                 std::to_string(T) + ", " + std::to_string(H) + " heads of " + std::to_string(D) +
+                 "\n\nthe ring against one device, relative to the largest value");
+
+  // 4. Per rank: bytes against the formula, the work, what it keeps for the backward.
+  const std::uint64_t block = pos.size() * static_cast<std::uint64_t>(C) * sizeof(float);
+  const std::uint64_t kept_whole = whole_saved.bytes();
+  std::vector<std::vector<std::int64_t>> every;
+  for (std::uint64_t x :
+       {std::uint64_t(forward), ring_forward_bytes(cp, block), std::uint64_t(backward),
+        ring_backward_bytes(cp, block), std::uint64_t(work), kept})
+    every.push_back(ctx.comm().gather_values(static_cast<std::int64_t>(x)));
+  Table ranks({"rank", "chunks", "forward_bytes", "forward_formula", "backward_bytes",
+               "backward_formula", "scores", "kept_bytes", "kept_formula"});
+  for (int q_rank = 0; q_rank < cp; ++q_rank) {
+    const auto i = static_cast<std::size_t>(q_rank);
+    std::string chunks;
+    if (split == Split::zigzag)
+      for (int c : zigzag_chunks(cp, q_rank))
+        chunks += (chunks.empty() ? "" : " ") + std::to_string(c);
+    else
+      chunks = std::to_string(q_rank);
+    ranks.add({q_rank, chunks, every[0][i], every[1][i], every[2][i], every[3][i], every[4][i],
+               every[5][i],
+               static_cast<std::int64_t>(kept_whole / static_cast<std::uint64_t>(cp))});
+  }
+  ctx.report(ranks, "per_rank",
+             "\nper rank: bytes sent (forward: k and v passed on cp - 1 times; backward: k, v "
+             "and their gradients cp - 1 times, the gradients once more home), the score "
+             "entries it computed (the causal work), and the bytes it keeps for the backward "
+             "(q, k, v, out, log-sum-exp of its rows: one device's over cp)");
+  ctx.verify(every[0] == every[1] && every[2] == every[3],
+             "a rank sent other than the formula (per_rank)");
+  ctx.verify(every[5][static_cast<std::size_t>(r)] ==
+                 static_cast<std::int64_t>(kept_whole / static_cast<std::uint64_t>(cp)),
+             "a rank keeps other than 1/cp of one device's activations (per_rank)");
+  const auto [lo, hi] = std::minmax_element(every[4].begin(), every[4].end());
+  ctx.json()["work_imbalance"] = double(*hi) / double(*lo);
+  ctx.say("\nthe busiest rank computes " + format_number(double(*hi) / double(*lo), 3) +
+          "x the scores of the least busy" +
+          (split == Split::zigzag ? " (zigzag: every rank one early and one late chunk)"
+                                  : " (plain: the last rank's queries see every key)"));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Program program("ch10_ring_attention",
+                  "Chapter 10: ring attention over a sequence split into cp chunks, equal to one "
+                  "device");
+  program.default_ranks(4);
+  Settings s;
+  auto& cli = program.cli();
+  cli.add_option("--seq", s.seq, "sequence length T (2 cp must divide it under zigzag)")
+      ->check(CLI::Range(1, 1 << 14))
+      ->capture_default_str();
+  cli.add_option("--heads", s.heads, "attention heads")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  cli.add_option("--head-dim", s.head_dim, "width of a head")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  cli.add_option("--split", s.split, "how the sequence is cut: zigzag or plain")
+      ->check(CLI::IsMember({"zigzag", "plain"}))
+      ->capture_default_str();
+  program.world_size([&](const Options&, int ranks) {
+    const std::int64_t chunks = s.split == "zigzag" ? 2 * ranks : ranks;
+    require_usage(s.seq % chunks == 0, "--seq " + std::to_string(s.seq) + " must cut into " +
+                                           std::to_string(chunks) + " equal chunks (" +
+                                           std::to_string(ranks) + " ranks, " + s.split + ")");
+  });
+  program.memory_estimate([&](const Options& o) {
+    // q, k, v, dout and their one-device results (whole sequence) on every rank.
+    return (o.backend == "threads" || o.backend == "auto" ? o.ranks : 1) * 16.0 *
+           static_cast<double>(s.seq * s.heads * s.head_dim) * 4;
+  });
+  return program.run(argc, argv, [&](Context& ctx) {
+    ctx.json()["chapter"] = "10_ring_attention";
+    run(ctx, s);
+  });
+}

@@ -1,0 +1,236 @@
+// Chapter 10: ring attention, forward and backward (ring_attention.hpp).
+#include "ring_attention.hpp"
+
+#include <cmath>
+
+#include "shardlab/check.hpp"
+#include "shardlab/memory.hpp"
+
+namespace ch10 {
+
+using shardlab::require_usage;
+
+Partial Partial::empty(std::int64_t rows, std::int64_t heads, std::int64_t head_dim) {
+  Partial p{rows, heads, head_dim, {}, {}, {}};
+  p.out.assign(static_cast<std::size_t>(rows * heads * head_dim), 0.0f);
+  p.max.assign(static_cast<std::size_t>(rows * heads), -INFINITY);
+  p.sum.assign(static_cast<std::size_t>(rows * heads), 0.0f);
+  return p;
+}
+
+std::vector<std::int64_t> positions(std::int64_t T, int chunk_count,
+                                    const std::vector<int>& chunks) {
+  const std::int64_t size = T / chunk_count;
+  std::vector<std::int64_t> out;
+  for (int c : chunks)
+    for (std::int64_t t = 0; t < size; ++t) out.push_back(c * size + t);
+  return out;
+}
+
+std::vector<std::int64_t> rank_positions(std::int64_t T, int cp, int rank, Split split) {
+  const int chunks = split == Split::zigzag ? 2 * cp : cp;
+  require_usage(T % chunks == 0, "the sequence of " + std::to_string(T) + " tokens must cut into " +
+                                     std::to_string(chunks) + " equal chunks");
+  return split == Split::zigzag ? positions(T, chunks, zigzag_chunks(cp, rank))
+                                : positions(T, chunks, {rank});
+}
+
+namespace {
+
+std::size_t at(std::int64_t i) { return static_cast<std::size_t>(i); }
+
+shardlab::Tensor tensor_of(const std::vector<float>& v) {
+  shardlab::Tensor t(shardlab::Shape{static_cast<std::int64_t>(v.size())}, shardlab::DType::f32);
+  std::copy(v.begin(), v.end(), t.data());
+  return t;
+}
+
+}  // namespace
+
+Partial attend(const std::vector<float>& q, const std::vector<float>& k,
+               const std::vector<float>& v, const std::vector<std::int64_t>& query_pos,
+               const std::vector<std::int64_t>& key_pos, std::int64_t heads, std::int64_t head_dim,
+               std::int64_t* work) {
+  const auto n = static_cast<std::int64_t>(query_pos.size());
+  const auto m = static_cast<std::int64_t>(key_pos.size());
+  const std::int64_t H = heads, D = head_dim, C = H * D;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  Partial p = Partial::empty(n, H, D);
+  std::vector<float> s(at(m));
+  for (std::int64_t i = 0; i < n; ++i)
+    for (std::int64_t h = 0; h < H; ++h) {
+      const std::size_t r = at(i * H + h);
+      float top = -INFINITY;
+      for (std::int64_t j = 0; j < m; ++j) {
+        if (key_pos[at(j)] > query_pos[at(i)]) continue;
+        float dot = 0;
+        for (std::int64_t d = 0; d < D; ++d)
+          dot += q[at(i * C + h * D + d)] * k[at(j * C + h * D + d)];
+        s[at(j)] = dot * scale;
+        top = std::max(top, s[at(j)]);
+        if (work) ++*work;
+      }
+      if (top == -INFINITY) continue;  // every key lies after this query
+      p.max[r] = top;
+      float sum = 0;
+      for (std::int64_t j = 0; j < m; ++j) {
+        if (key_pos[at(j)] > query_pos[at(i)]) continue;
+        const float e = std::exp(s[at(j)] - top);
+        sum += e;
+        for (std::int64_t d = 0; d < D; ++d)
+          p.out[at(r * at(D) + at(d))] += e * v[at(j * C + h * D + d)];
+      }
+      p.sum[r] = sum;
+    }
+  return p;
+}
+
+namespace {
+
+constexpr int kTag = 10'000;
+
+/// The rank whose block this rank holds at step s of the ring: r - s mod cp.
+int source(int rank, int step, int cp) { return ((rank - step) % cp + cp) % cp; }
+
+/// Sends `out` to the next rank and receives the previous rank's into `in`, started now
+/// and finished by the caller's wait: the transfer runs while the block is computed.
+struct Pass {
+  shardlab::Request send, recv;
+};
+Pass start_pass(Communicator& cp, const std::vector<float>& out, std::vector<float>& in, int tag) {
+  const int next = (cp.rank() + 1) % cp.size(), previous = (cp.rank() + cp.size() - 1) % cp.size();
+  in.resize(out.size());
+  Pass p;
+  p.recv = cp.irecv(in, previous, tag);
+  p.send = cp.isend(out, next, tag);
+  return p;
+}
+void finish(Communicator& cp, Pass& p) {
+  cp.wait(p.send);
+  cp.wait(p.recv);
+}
+
+}  // namespace
+
+std::vector<float> ring_attention(Communicator& cp, const std::vector<float>& q,
+                                  const std::vector<float>& k, const std::vector<float>& v,
+                                  std::int64_t T, Split split, std::int64_t heads,
+                                  std::int64_t head_dim, RingSaved* saved, std::int64_t* work) {
+  const int P = cp.size(), r = cp.rank();
+  const std::vector<std::int64_t> mine = rank_positions(T, P, r, split);
+  const auto n = static_cast<std::int64_t>(mine.size());
+  const std::int64_t C = heads * head_dim;
+  shardlab::require(q.size() == at(n * C) && k.size() == q.size() && v.size() == q.size(),
+                    "ring_attention: q, k and v must be the rank's rows x heads x head_dim");
+  // The block in hand, k and v side by side, and the one arriving.
+  std::vector<float> held(k), arriving;
+  held.insert(held.end(), v.begin(), v.end());
+  Partial acc = Partial::empty(n, heads, head_dim);
+  for (int step = 0; step < P; ++step) {
+    Pass pass;
+    const bool more = step + 1 < P;
+    if (more) pass = start_pass(cp, held, arriving, kTag + step);
+    const std::vector<float> hk(held.begin(), held.begin() + n * C),
+        hv(held.begin() + n * C, held.end());
+    merge(acc, attend(q, hk, hv, mine, rank_positions(T, P, source(r, step, P), split), heads,
+                      head_dim, work));
+    if (more) {
+      finish(cp, pass);
+      held.swap(arriving);
+    }
+  }
+  std::vector<float> out(acc.out.size());
+  std::vector<float> lse(acc.max.size());
+  for (std::int64_t i = 0; i < n * heads; ++i) {
+    const float l = acc.sum[at(i)];
+    lse[at(i)] = acc.max[at(i)] + std::log(l);
+    for (std::int64_t d = 0; d < head_dim; ++d)
+      out[at(i * head_dim + d)] = acc.out[at(i * head_dim + d)] / l;
+  }
+  if (saved) {
+    shardlab::memory::Scope kept(shardlab::memory::Category::activations);
+    *saved = {tensor_of(q), tensor_of(k), tensor_of(v), tensor_of(out), tensor_of(lse), mine};
+  }
+  return out;
+}
+
+RingGrads ring_attention_backward(Communicator& cp, const RingSaved& saved,
+                                  const std::vector<float>& dout, std::int64_t T, Split split,
+                                  std::int64_t heads, std::int64_t head_dim) {
+  const int P = cp.size(), r = cp.rank();
+  const auto n = static_cast<std::int64_t>(saved.pos.size());
+  const std::int64_t H = heads, D = head_dim, C = H * D;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const float *q = saved.q.data(), *o = saved.out.data(), *lse = saved.lse.data();
+  // delta = rowsum(dout * out) per row and head: the softmax's backward needs it.
+  std::vector<float> delta(at(n * H), 0.0f);
+  for (std::int64_t i = 0; i < n * H; ++i)
+    for (std::int64_t d = 0; d < D; ++d) delta[at(i)] += dout[at(i * D + d)] * o[i * D + d];
+  RingGrads g;
+  g.dq.assign(at(n * C), 0.0f);
+  // What travels: k and v side by side, passed on while this rank computes with them;
+  // then the gradients of them gathered so far, once the rank has added its part.
+  std::vector<float> kv(saved.k.data(), saved.k.data() + n * C), kv_next;
+  kv.insert(kv.end(), saved.v.data(), saved.v.data() + n * C);
+  std::vector<float> grads(at(2 * n * C), 0.0f), grads_next;
+  for (int step = 0; step < P; ++step) {
+    Pass pass;
+    const bool more = step + 1 < P;
+    if (more) pass = start_pass(cp, kv, kv_next, kTag + 100 + 2 * step);
+    const std::vector<std::int64_t> keys = rank_positions(T, P, source(r, step, P), split);
+    const float* k = kv.data();
+    const float* v = k + n * C;
+    float* dk = grads.data();
+    float* dv = dk + n * C;
+    for (std::int64_t i = 0; i < n; ++i)
+      for (std::int64_t h = 0; h < H; ++h) {
+        const std::size_t row = at(i * H + h);
+        for (std::int64_t j = 0; j < n; ++j) {
+          if (keys[at(j)] > saved.pos[at(i)]) continue;
+          float s = 0, dp = 0;
+          for (std::int64_t d = 0; d < D; ++d) {
+            s += q[i * C + h * D + d] * k[j * C + h * D + d];
+            dp += dout[at(i * C + h * D + d)] * v[j * C + h * D + d];
+          }
+          const float p = std::exp(s * scale - lse[row]);
+          const float ds = p * (dp - delta[row]) * scale;
+          for (std::int64_t d = 0; d < D; ++d) {
+            dv[j * C + h * D + d] += p * dout[at(i * C + h * D + d)];
+            g.dq[at(i * C + h * D + d)] += ds * k[j * C + h * D + d];
+            dk[j * C + h * D + d] += ds * q[i * C + h * D + d];
+          }
+        }
+      }
+    if (more) {
+      finish(cp, pass);
+      kv.swap(kv_next);
+    }
+    // The gradients go on with the block: after the last step, home to the rank whose
+    // keys they are (the next one).
+    if (P > 1) {
+      Pass home = start_pass(cp, grads, grads_next, kTag + 101 + 2 * step);
+      finish(cp, home);
+      grads.swap(grads_next);
+    }
+  }
+  g.dk.assign(grads.begin(), grads.begin() + n * C);
+  g.dv.assign(grads.begin() + n * C, grads.end());
+  return g;
+}
+
+std::uint64_t RingSaved::bytes() const {
+  std::uint64_t total = 0;
+  for (const shardlab::Tensor* t : {&q, &k, &v, &out, &lse})
+    total += static_cast<std::uint64_t>(t->size()) * sizeof(float);
+  return total;
+}
+
+std::uint64_t ring_forward_bytes(int cp, std::uint64_t block_bytes) {
+  return static_cast<std::uint64_t>(cp - 1) * 2 * block_bytes;
+}
+
+std::uint64_t ring_backward_bytes(int cp, std::uint64_t block_bytes) {
+  return cp == 1 ? 0 : static_cast<std::uint64_t>(cp - 1) * 4 * block_bytes + 2 * block_bytes;
+}
+
+}  // namespace ch10

@@ -1,0 +1,107 @@
+// Chapter 10 API: causal attention over a sequence split into cp chunks, the keys and
+// values passed around a ring of the cp ranks (Liu et al. 2023, "Ring Attention with
+// Blockwise Transformers"; Megatron-LM's context parallelism).
+//
+// Each rank keeps the queries of its own rows. In cp steps, it meets every rank's keys and
+// values once: it computes its queries against the block it holds, merges the result into
+// what it has (the online softmax: a running maximum and denominator per row and head, as
+// FlashAttention does), and passes the block on to the next rank while it computes.
+//
+// Causal attention does more work for late tokens than for early ones. Cut the sequence
+// into 2 cp chunks and give rank i chunks i and 2 cp - 1 - i (the "zigzag" of Megatron-LM
+// and picotron): every rank gets one early and one late chunk, the same work.
+//
+// The learner writes merge() and zigzag_chunks() in exercises/10_ring_attention/
+// online_softmax.cpp; the reference is solutions/10_ring_attention/.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "shardlab/comm.hpp"
+#include "shardlab/tensor.hpp"
+
+namespace ch10 {
+
+using shardlab::Communicator;
+
+/// Attention for some query rows over some of the keys, not yet normalised: per row and
+/// head, the largest score seen (max), the sum of exp(score - max) (sum), and the sum of
+/// exp(score - max) v over those keys (out). A row that has seen no key: max -inf, sum 0,
+/// out 0. The attention itself is out / sum.
+struct Partial {
+  std::int64_t rows = 0, heads = 0, head_dim = 0;
+  std::vector<float> out;  ///< rows x heads x head_dim
+  std::vector<float> max;  ///< rows x heads
+  std::vector<float> sum;  ///< rows x heads
+  /// A partial that has seen nothing.
+  static Partial empty(std::int64_t rows, std::int64_t heads, std::int64_t head_dim);
+};
+
+// [exercise]
+/// Folds `other` (the same rows, other keys) into `into`: afterwards `into` is what one
+/// pass over both sets of keys would have given, to rounding.
+void merge(Partial& into, const Partial& other);
+
+/// The chunks of a sequence cut into 2 cp equal chunks that `rank` of cp holds under the
+/// zigzag assignment, in increasing order: every rank the same amount of causal work.
+std::vector<int> zigzag_chunks(int cp, int rank);
+// [exercise]
+
+/// The sequence's positions (0 .. T-1) of the rows a rank holds when the T tokens are cut
+/// into `chunk_count` equal chunks and it holds `chunks` of them, in that order.
+std::vector<std::int64_t> positions(std::int64_t T, int chunk_count,
+                                    const std::vector<int>& chunks);
+
+/// How the sequence is split over the ring: zigzag (2 cp chunks, zigzag_chunks) or plain
+/// (cp chunks, rank i the i-th).
+enum class Split { zigzag, plain };
+
+/// The positions rank `rank` of cp holds under `split` (T must split evenly).
+std::vector<std::int64_t> rank_positions(std::int64_t T, int cp, int rank, Split split);
+
+/// q against the keys k and values v (all rows x heads x head_dim, row-major), causal by
+/// the positions: row i sees key j when key_pos[j] <= query_pos[i]; scores scaled by
+/// 1/sqrt(head_dim). `work`, if given, is increased by the score entries computed (the
+/// pairs not masked).
+Partial attend(const std::vector<float>& q, const std::vector<float>& k,
+               const std::vector<float>& v, const std::vector<std::int64_t>& query_pos,
+               const std::vector<std::int64_t>& key_pos, std::int64_t heads, std::int64_t head_dim,
+               std::int64_t* work = nullptr);
+
+/// What the forward keeps for the backward, as tensors the memory ledger counts (under
+/// Category::activations): the rank's q, k, v, the output and the log-sum-exp of each
+/// row and head; and the rows' positions.
+struct RingSaved {
+  shardlab::Tensor q, k, v, out, lse;
+  std::vector<std::int64_t> pos;
+  /// The bytes of the tensors.
+  std::uint64_t bytes() const;
+};
+
+/// The forward on every rank of `cp` (the ring): this rank's rows' q, k, v at positions
+/// `pos` (split as `split` says). Returns the rank's rows of the attention (rows x heads x
+/// head_dim); `saved` for the backward; `work`: the score entries this rank computed.
+std::vector<float> ring_attention(Communicator& cp, const std::vector<float>& q,
+                                  const std::vector<float>& k, const std::vector<float>& v,
+                                  std::int64_t T, Split split, std::int64_t heads,
+                                  std::int64_t head_dim, RingSaved* saved = nullptr,
+                                  std::int64_t* work = nullptr);
+
+/// The gradients of this rank's q, k and v from dL/d out of its rows.
+struct RingGrads {
+  std::vector<float> dq, dk, dv;
+};
+/// The backward, on every rank of the ring: the keys and values travel again, with the
+/// gradients of them accumulated on the way, which end where they started.
+RingGrads ring_attention_backward(Communicator& cp, const RingSaved& saved,
+                                  const std::vector<float>& dout, std::int64_t T, Split split,
+                                  std::int64_t heads, std::int64_t head_dim);
+
+/// Bytes a rank sends: the forward passes its k and v block on cp - 1 times; the
+/// backward passes k, v and their gradients cp - 1 times, and the gradients once more
+/// home. `block_bytes`: one of k or v of a rank's rows.
+std::uint64_t ring_forward_bytes(int cp, std::uint64_t block_bytes);
+std::uint64_t ring_backward_bytes(int cp, std::uint64_t block_bytes);
+
+}  // namespace ch10

@@ -1,0 +1,145 @@
+// Chapter 10's ring attention against one device, forward and backward, every element,
+// on cp 1 to 4 ranks, zigzag and plain; the bytes each rank sends against the formula.
+//
+// The reference is causal attention over the whole sequence in double, its gradients by
+// the textbook formulas (dP = dO V^T, dS = P (dP - rowsum(dO O)) / sqrt(D)), computed
+// here, not by the code under test.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <random>
+
+#include "ring_attention.hpp"
+#include "shardlab/testing.hpp"
+
+using namespace ch10;
+using shardlab::Communicator;
+using shardlab::testing::on_ranks;
+
+namespace {
+
+constexpr std::int64_t T = 24, H = 2, D = 4, C = H * D;
+
+std::vector<float> random(std::size_t n, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> out(n);
+  for (float& x : out) x = dist(gen);
+  return out;
+}
+
+struct Whole {
+  std::vector<double> out, dq, dk, dv;
+};
+
+Whole one_device(const std::vector<float>& q, const std::vector<float>& k,
+                 const std::vector<float>& v, const std::vector<float>& dout) {
+  Whole w;
+  w.out.assign(T * C, 0);
+  w.dq.assign(T * C, 0);
+  w.dk.assign(T * C, 0);
+  w.dv.assign(T * C, 0);
+  const double scale = 1 / std::sqrt(double(D));
+  for (std::int64_t h = 0; h < H; ++h)
+    for (std::int64_t i = 0; i < T; ++i) {
+      std::vector<double> p(static_cast<std::size_t>(i + 1));
+      double top = -INFINITY, sum = 0;
+      for (std::int64_t j = 0; j <= i; ++j) {
+        double s = 0;
+        for (std::int64_t d = 0; d < D; ++d)
+          s += double(q[i * C + h * D + d]) * k[j * C + h * D + d];
+        top = std::max(top, p[j] = s * scale);
+      }
+      for (double& x : p) sum += x = std::exp(x - top);
+      for (double& x : p) x /= sum;
+      for (std::int64_t j = 0; j <= i; ++j)
+        for (std::int64_t d = 0; d < D; ++d)
+          w.out[i * C + h * D + d] += p[j] * v[j * C + h * D + d];
+      double delta = 0;
+      for (std::int64_t d = 0; d < D; ++d)
+        delta += dout[i * C + h * D + d] * w.out[i * C + h * D + d];
+      for (std::int64_t j = 0; j <= i; ++j) {
+        double dp = 0;
+        for (std::int64_t d = 0; d < D; ++d)
+          dp += double(dout[i * C + h * D + d]) * v[j * C + h * D + d];
+        const double ds = p[j] * (dp - delta) * scale;
+        for (std::int64_t d = 0; d < D; ++d) {
+          w.dv[j * C + h * D + d] += p[j] * dout[i * C + h * D + d];
+          w.dq[i * C + h * D + d] += ds * k[j * C + h * D + d];
+          w.dk[j * C + h * D + d] += ds * q[i * C + h * D + d];
+        }
+      }
+    }
+  return w;
+}
+
+/// The rows of `whole` at `pos`.
+template <class T_>
+std::vector<T_> rows(const std::vector<T_>& whole, const std::vector<std::int64_t>& pos) {
+  std::vector<T_> out;
+  for (std::int64_t p : pos)
+    out.insert(out.end(), whole.begin() + p * C, whole.begin() + (p + 1) * C);
+  return out;
+}
+
+void check(const std::vector<float>& got, const std::vector<double>& want,
+           const std::string& what) {
+  REQUIRE(got.size() == want.size());
+  int wrong = 0;
+  double worst = 0;
+  for (std::size_t e = 0; e < got.size(); ++e) {
+    const double diff = std::abs(got[e] - want[e]);
+    worst = std::max(worst, diff);
+    if (!(diff <= 1e-5 * (1 + std::abs(want[e])))) ++wrong;
+  }
+  CHECK_MESSAGE(wrong == 0, what << ": " << wrong << " of " << got.size()
+                                 << " elements differ from one device's, by up to " << worst);
+}
+
+}  // namespace
+
+TEST_CASE("ring attention equals one device's causal attention, forward and backward") {
+  const auto q = random(T * C, 1), k = random(T * C, 2), v = random(T * C, 3),
+             dout = random(T * C, 4);
+  const Whole want = one_device(q, k, v, dout);
+  for (Split split : {Split::zigzag, Split::plain})
+    for (int cp : {1, 2, 3, 4}) {
+      const std::string name =
+          std::string(split == Split::zigzag ? "zigzag" : "plain") + " cp " + std::to_string(cp);
+      on_ranks(cp, [&](Communicator& ring) {
+        const auto pos = rank_positions(T, cp, ring.rank(), split);
+        const std::string on = name + ", rank " + std::to_string(ring.rank());
+        RingSaved saved;
+        const auto before = ring.stats().total().bytes_sent;
+        const std::vector<float> out =
+            ring_attention(ring, rows(q, pos), rows(k, pos), rows(v, pos), T, split, H, D, &saved);
+        const auto forward = ring.stats().total().bytes_sent - before;
+        check(out, rows(want.out, pos), "out on " + on);
+        const RingGrads g = ring_attention_backward(ring, saved, rows(dout, pos), T, split, H, D);
+        const auto backward = ring.stats().total().bytes_sent - before - forward;
+        check(g.dq, rows(want.dq, pos), "dL/dq on " + on);
+        check(g.dk, rows(want.dk, pos), "dL/dk on " + on);
+        check(g.dv, rows(want.dv, pos), "dL/dv on " + on);
+        const std::uint64_t block = pos.size() * C * sizeof(float);
+        CHECK_MESSAGE(forward == ring_forward_bytes(cp, block), "forward bytes on " << on);
+        CHECK_MESSAGE(backward == ring_backward_bytes(cp, block), "backward bytes on " << on);
+      });
+    }
+}
+
+TEST_CASE("the zigzag balances the causal work; the plain split does not") {
+  for (int cp : {2, 4}) {
+    std::vector<std::int64_t> zig(static_cast<std::size_t>(cp)), plain(zig.size());
+    on_ranks(cp, [&](Communicator& ring) {
+      const auto q = random(static_cast<std::size_t>(T / cp * C), 7);
+      for (Split split : {Split::zigzag, Split::plain}) {
+        std::int64_t work = 0;
+        ring_attention(ring, q, q, q, T, split, H, D, nullptr, &work);
+        (split == Split::zigzag ? zig : plain)[static_cast<std::size_t>(ring.rank())] = work;
+      }
+    });
+    CAPTURE(cp);
+    for (int r = 1; r < cp; ++r) CHECK(zig[static_cast<std::size_t>(r)] == zig[0]);
+    CHECK(plain.back() > 2 * plain.front());
+  }
+}
