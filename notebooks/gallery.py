@@ -148,6 +148,16 @@ CHAPTERS = [
              Figure("09_gpt_throughput.png",
                     "Tokens per second of each mesh shape, ranks as threads on this "
                     "machine: ratios within one run, not a forecast for GPUs.")]),
+    Chapter("10", "10_ring_attention", "ring attention",
+            [["ch10_ring_attention", "--ranks", "4", "--seq", "512", "--benchmark",
+              "--csv-dir", "{out}"]],
+            ["10_ring_attention.csv"],
+            [Figure("10_ring_attention_work.png",
+                    "The score entries each rank of a ring of 4 computes: the plain split's "
+                    "last rank about seven times its first's, the zigzag's all equal."),
+             Figure("10_ring_attention_time.png",
+                    "Forward and backward of the slowest rank against the ring's size: the "
+                    "ring runs at that rank's pace (threads on this machine).")]),
 ]
 
 # The README's figures (small copies, committed as docs/images/readme_NAME: the site

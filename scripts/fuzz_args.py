@@ -245,6 +245,13 @@ CHAPTERS = {
         "--scaler": ["none", "static", "dynamic", "some", ""],
         "--init-scale": ["65536", "1e12", "0", "-1", "nan", "x"],
     },
+    "ch10": {
+        "--seq": ["96", "8", "16", "30", "0", "4096", "4097", "x"],
+        "--heads": ["1", "4", "64", "0", "65", "x"],
+        "--head-dim": ["1", "16", "256", "0", "257", "x"],
+        "--split": ["zigzag", "plain", "striped", ""],
+        "--benchmark": None,
+    },
 }
 
 # Pairs whose product is what matters: drawn together, so that a large value meets
@@ -264,6 +271,8 @@ PAIRS = {
     # --dp x --pp (x --tp) ranks: 2^21 (refused), 2^16 (a layout of a few seconds), small.
     "ch08_layout": [("--dp", "--pp", [("1024", "1024"), ("256", "128"), ("64", "16"),
                                       ("2", "2"), ("1", "1")])],
+    # T^2 x heads x head-dim: 4096^2 x 4 x 256 products is refused before the ranks start.
+    "ch10": [("--seq", "--head-dim", [("4096", "256"), ("16", "256"), ("4096", "1")])],
     "ch08_plan": [("--gpus", "--tokens", [("16777216", "1e16"), ("1", "1"), ("3072", "450B")])],
 }
 

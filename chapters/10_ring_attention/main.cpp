@@ -13,6 +13,7 @@
 //   build/default/bin/ch10_ring_attention                     4 ranks, zigzag
 //   build/default/bin/ch10_ring_attention --split plain       the naive split's imbalance
 //   build/default/bin/ch10_ring_attention --ranks 8 --seq 256
+//   build/default/bin/ch10_ring_attention --ranks 4 --seq 512 --benchmark --csv-dir results
 //   mpirun -np 4 build/default/bin/ch10_ring_attention
 //
 // Expected: the output and dL/dq, dL/dk, dL/dv equal one device's to rounding; each
@@ -28,6 +29,7 @@
 #include "shardlab/cli.hpp"
 #include "shardlab/launch.hpp"
 #include "shardlab/memory.hpp"
+#include "shardlab/timer.hpp"
 
 using namespace shardlab;
 using namespace ch10;
@@ -37,6 +39,7 @@ namespace {
 struct Settings {
   std::int64_t seq = 96, heads = 4, head_dim = 16;
   std::string split = "zigzag";
+  bool benchmark = false;
 };
 
 std::vector<float> random(std::size_t n, unsigned seed) {
@@ -151,6 +154,48 @@ void run(Context& ctx, const Settings& s) {
                                   : " (plain: the last rank's queries see every key)"));
 }
 
+/// --benchmark: on rings of 1, 2, 4, ... of the ranks (the first cp), both splits, the
+/// forward and backward timed (the median of 5 after one untimed) on every rank, with the
+/// scores it computed: 10_ring_attention.csv.
+void benchmark(Context& ctx, const Settings& s) {
+  const std::int64_t T = s.seq, H = s.heads, D = s.head_dim, C = H * D;
+  const auto q = random(static_cast<std::size_t>(T * C), 1);
+  Table table({"split", "cp", "rank", "scores", "seconds"});
+  for (int cp = 1; cp <= ctx.size(); cp *= 2) {
+    if (T % (2 * cp) != 0) break;
+    auto ring = ctx.comm().split(ctx.rank() < cp ? 0 : 1, ctx.rank());
+    for (Split split : {Split::zigzag, Split::plain}) {
+      std::vector<double> times;
+      std::int64_t work = 0;
+      if (ctx.rank() < cp) {
+        const auto mine = rows(q, rank_positions(T, cp, ring->rank(), split), C);
+        for (int i = 0; i < 6; ++i) {
+          RingSaved saved;
+          std::int64_t w = 0;
+          Stopwatch timer;
+          ring_attention(*ring, mine, mine, mine, T, split, H, D, &saved, &w);
+          ring_attention_backward(*ring, saved, mine, T, split, H, D);
+          if (i > 0) times.push_back(timer.seconds());
+          work = w;
+        }
+        std::sort(times.begin(), times.end());
+      }
+      const double seconds = times.empty() ? 0 : times[times.size() / 2];
+      const auto all_work = ctx.comm().gather_values(work);
+      const auto all_seconds = ctx.comm().gather_values(seconds);
+      for (int r = 0; r < cp; ++r)
+        table.add({split == Split::zigzag ? "zigzag" : "plain", cp, r,
+                   all_work[static_cast<std::size_t>(r)],
+                   all_seconds[static_cast<std::size_t>(r)]});
+    }
+  }
+  ctx.report(table, "benchmark",
+             "Chapter 10 - ring attention, T " + std::to_string(T) +
+                 ": each rank's scores and its forward and backward time (median of 5), "
+                 "rings of 1, 2, 4, ... ranks, zigzag and plain");
+  ctx.save_csv(table, "10_ring_attention");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -161,7 +206,7 @@ int main(int argc, char** argv) {
   Settings s;
   auto& cli = program.cli();
   cli.add_option("--seq", s.seq, "sequence length T (2 cp must divide it under zigzag)")
-      ->check(CLI::Range(1, 1 << 14))
+      ->check(CLI::Range(1, 4096))
       ->capture_default_str();
   cli.add_option("--heads", s.heads, "attention heads")
       ->check(CLI::Range(1, 64))
@@ -172,7 +217,16 @@ int main(int argc, char** argv) {
   cli.add_option("--split", s.split, "how the sequence is cut: zigzag or plain")
       ->check(CLI::IsMember({"zigzag", "plain"}))
       ->capture_default_str();
+  cli.add_flag("--benchmark", s.benchmark,
+               "time rings of 1, 2, 4, ... ranks, both splits (CSV for the notebook)");
+  program.writes_csv([&] { return s.benchmark; });
   program.world_size([&](const Options&, int ranks) {
+    // The scores, each computed in full on the host, several times over (one device, the
+    // ring, their backwards): a bound of seconds, not minutes.
+    const auto products = static_cast<double>(s.seq * s.seq * s.heads * s.head_dim);
+    require_usage(products <= 0x1p31,
+                  "--seq, --heads and --head-dim ask for T^2 H D = " + format_number(products) +
+                      " products a pass, more than 2^31: make them smaller");
     const std::int64_t chunks = s.split == "zigzag" ? 2 * ranks : ranks;
     require_usage(s.seq % chunks == 0, "--seq " + std::to_string(s.seq) + " must cut into " +
                                            std::to_string(chunks) + " equal chunks (" +
@@ -185,6 +239,7 @@ int main(int argc, char** argv) {
   });
   return program.run(argc, argv, [&](Context& ctx) {
     ctx.json()["chapter"] = "10_ring_attention";
+    if (s.benchmark) return benchmark(ctx, s);
     run(ctx, s);
   });
 }

@@ -8,8 +8,8 @@
 // FlashAttention does), and passes the block on to the next rank while it computes.
 //
 // Causal attention does more work for late tokens than for early ones. Cut the sequence
-// into 2 cp chunks and give rank i chunks i and 2 cp - 1 - i (the "zigzag" of Megatron-LM
-// and picotron): every rank gets one early and one late chunk, the same work.
+// into 2 cp chunks and give rank i chunks i and 2 cp - 1 - i (Megatron-LM's load-balanced
+// split, the "zigzag"): every rank gets one early and one late chunk, the same work.
 //
 // The learner writes merge() and zigzag_chunks() in exercises/10_ring_attention/
 // online_softmax.cpp; the reference is solutions/10_ring_attention/.
@@ -30,10 +30,12 @@ using shardlab::Communicator;
 /// exp(score - max) v over those keys (out). A row that has seen no key: max -inf, sum 0,
 /// out 0. The attention itself is out / sum.
 struct Partial {
-  std::int64_t rows = 0, heads = 0, head_dim = 0;
-  std::vector<float> out;  ///< rows x heads x head_dim
-  std::vector<float> max;  ///< rows x heads
-  std::vector<float> sum;  ///< rows x heads
+  std::int64_t rows = 0;      ///< query rows
+  std::int64_t heads = 0;     ///< attention heads
+  std::int64_t head_dim = 0;  ///< a head's width
+  std::vector<float> out;     ///< rows x heads x head_dim
+  std::vector<float> max;     ///< rows x heads
+  std::vector<float> sum;     ///< rows x heads
   /// A partial that has seen nothing.
   static Partial empty(std::int64_t rows, std::int64_t heads, std::int64_t head_dim);
 };
@@ -73,8 +75,12 @@ Partial attend(const std::vector<float>& q, const std::vector<float>& k,
 /// Category::activations): the rank's q, k, v, the output and the log-sum-exp of each
 /// row and head; and the rows' positions.
 struct RingSaved {
-  shardlab::Tensor q, k, v, out, lse;
-  std::vector<std::int64_t> pos;
+  shardlab::Tensor q;             ///< the rank's queries, rows x heads x head_dim
+  shardlab::Tensor k;             ///< its keys
+  shardlab::Tensor v;             ///< its values
+  shardlab::Tensor out;           ///< the attention of its rows
+  shardlab::Tensor lse;           ///< max + log(sum) of each row and head
+  std::vector<std::int64_t> pos;  ///< the rows' positions in the sequence
   /// The bytes of the tensors.
   std::uint64_t bytes() const;
 };
@@ -90,7 +96,9 @@ std::vector<float> ring_attention(Communicator& cp, const std::vector<float>& q,
 
 /// The gradients of this rank's q, k and v from dL/d out of its rows.
 struct RingGrads {
-  std::vector<float> dq, dk, dv;
+  std::vector<float> dq;  ///< dL/dq of the rank's rows
+  std::vector<float> dk;  ///< dL/dk of its keys, summed over every rank's queries
+  std::vector<float> dv;  ///< dL/dv of its values, the same
 };
 /// The backward, on every rank of the ring: the keys and values travel again, with the
 /// gradients of them accumulated on the way, which end where they started.
@@ -102,6 +110,7 @@ RingGrads ring_attention_backward(Communicator& cp, const RingSaved& saved,
 /// backward passes k, v and their gradients cp - 1 times, and the gradients once more
 /// home. `block_bytes`: one of k or v of a rank's rows.
 std::uint64_t ring_forward_bytes(int cp, std::uint64_t block_bytes);
+/// The backward's bytes (ring_forward_bytes says what travels).
 std::uint64_t ring_backward_bytes(int cp, std::uint64_t block_bytes);
 
 }  // namespace ch10
