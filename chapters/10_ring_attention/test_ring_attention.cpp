@@ -1,15 +1,25 @@
 // Chapter 10's ring attention against one device, forward and backward, every element,
-// on cp 1 to 4 ranks, zigzag and plain; the bytes each rank sends against the formula.
+// on cp 1 to 4 ranks, zigzag and plain; the bytes each rank sends and the activations it
+// keeps (the memory ledger's count) against their formulas.
 //
 // The reference is causal attention over the whole sequence in double, its gradients by
 // the textbook formulas (dP = dO V^T, dS = P (dP - rowsum(dO O)) / sqrt(D)), computed
 // here, not by the code under test.
+//
+// Wrong versions this test was checked against, and what each gives:
+//   the ring turned the wrong way (the block held at step s taken as rank r + s's): "out
+//     on zigzag cp 3, rank 1: 64 of 64 elements differ from one device's, by up to 1.48"
+//   the gradients of k and v not sent home after the last step: "dL/dk on zigzag cp 2,
+//     rank 0: 96 of 96 elements differ"
+//   the backward's mask one off (a query not seeing its own key): "dL/dq on zigzag cp 1,
+//     rank 0: 182 of 192 elements differ"
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <random>
 
 #include "ring_attention.hpp"
+#include "shardlab/memory.hpp"
 #include "shardlab/testing.hpp"
 
 using namespace ch10;
@@ -111,9 +121,15 @@ TEST_CASE("ring attention equals one device's causal attention, forward and back
         const std::string on = name + ", rank " + std::to_string(ring.rank());
         RingSaved saved;
         const auto before = ring.stats().total().bytes_sent;
+        shardlab::memory::Tracker tracker;
         const std::vector<float> out =
             ring_attention(ring, rows(q, pos), rows(k, pos), rows(v, pos), T, split, H, D, &saved);
         const auto forward = ring.stats().total().bytes_sent - before;
+        // What it keeps for the backward, by the ledger: q, k, v and out of its T/cp rows
+        // (C floats each) and a log-sum-exp a row and head: 1/cp of one device's.
+        CHECK_MESSAGE(tracker.usage().live(shardlab::memory::Category::activations) ==
+                          (4 * C + H) * (T / cp) * sizeof(float),
+                      "activations kept on " << on);
         check(out, rows(want.out, pos), "out on " + on);
         const RingGrads g = ring_attention_backward(ring, saved, rows(dout, pos), T, split, H, D);
         const auto backward = ring.stats().total().bytes_sent - before - forward;
