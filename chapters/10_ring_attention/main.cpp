@@ -1,9 +1,10 @@
 // Chapter 10 — long context: causal attention over a sequence split into cp chunks, the
 // keys and values passed around a ring of ranks (ring_attention.hpp).
 //
-// The course (CS336 lecture 7 leaves sequences longer than one device holds to context
-// parallelism; Liu et al. 2023's ring attention, Megatron-LM's `--context-parallel-size`):
-// attention is the one layer that mixes tokens, so cutting the sequence means each rank's
+// Beyond the course's three axes (so-large-lm's chapter 8 and CS336 lecture 7 cut the
+// batch, the weights and the layers; chapter 09 adds sequence parallelism, which Llama-1
+// used): Liu et al. 2023's ring attention, Megatron-LM's `--context-parallel-size`.
+// Attention is the one layer that mixes tokens, so cutting the sequence means each rank's
 // queries must meet every other rank's keys. They travel around a ring, one block a step,
 // while the rank computes with the block it holds, and the online softmax folds each
 // block's result into a running one. Every rank also computes the whole attention on one
