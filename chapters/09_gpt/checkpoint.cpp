@@ -188,6 +188,8 @@ std::map<std::string, Tensor> read_safetensors(const std::string& path) {
 void check_save_target(const std::string& dir) {
   const fs::path d = dir, partial = dir + ".partial", old = dir + ".old";
   require_usage(!dir.empty(), "--save is empty: name a folder");
+  // The save writes DIR.partial beside DIR, then renames: the folder around must take it.
+  shardlab::check_writable_folder(d.has_parent_path() ? d.parent_path() : ".", "--save");
   for (const fs::path& p : {partial, old})  // what a save makes and removes beside DIR
     require_usage(
         !fs::exists(fs::symlink_status(p)) ||

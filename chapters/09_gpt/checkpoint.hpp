@@ -42,7 +42,8 @@ namespace ch09 {
 
 /// UsageError unless `dir` may be written as a checkpoint: nothing there yet, an empty
 /// folder, or an earlier checkpoint of this chapter (a folder with its trainer.json and
-/// config.json), which the save replaces. Anything else is never touched.
+/// config.json), which the save replaces, in a folder this process may write. Anything
+/// else is never touched.
 void check_save_target(const std::string& dir);
 /// Writes the checkpoint of step `step` (the steps done), after check_save_target. Every
 /// rank calls it.
