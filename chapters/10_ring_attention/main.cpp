@@ -24,7 +24,6 @@
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
-#include <random>
 
 #include "ring_attention.hpp"
 #include "shardlab/cli.hpp"
@@ -43,22 +42,6 @@ struct Settings {
   bool benchmark = false;
 };
 
-std::vector<float> random(std::size_t n, unsigned seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> out(n);
-  for (float& x : out) x = dist(gen);
-  return out;
-}
-
-std::vector<float> rows(const std::vector<float>& whole, const std::vector<std::int64_t>& pos,
-                        std::int64_t C) {
-  std::vector<float> out;
-  for (std::int64_t p : pos)
-    out.insert(out.end(), whole.begin() + p * C, whole.begin() + (p + 1) * C);
-  return out;
-}
-
 double max_rel_diff(const std::vector<float>& got, const std::vector<float>& want) {
   double worst = 0, largest = 1;
   for (float w : want) largest = std::max(largest, double(std::abs(w)));
@@ -73,10 +56,8 @@ void run(Context& ctx, const Settings& s) {
   const Split split = s.split == "zigzag" ? Split::zigzag : Split::plain;
   const std::int64_t T = s.seq, H = s.heads, D = s.head_dim, C = H * D;
   const int cp = ctx.size(), r = ctx.rank();
-  const auto q = random(static_cast<std::size_t>(T * C), 1),
-             k = random(static_cast<std::size_t>(T * C), 2),
-             v = random(static_cast<std::size_t>(T * C), 3),
-             dout = random(static_cast<std::size_t>(T * C), 4);
+  const auto q = random_rows(T, C, 1), k = random_rows(T, C, 2), v = random_rows(T, C, 3),
+             dout = random_rows(T, C, 4);
   // 1. One device: the whole sequence on a ring of one.
   auto self = ctx.comm().split(r, 0);
   RingSaved whole_saved;
@@ -90,12 +71,12 @@ void run(Context& ctx, const Settings& s) {
   std::int64_t work = 0;
   memory::Tracker tracker;  // what the forward keeps for the backward: the ledger's count
   const auto start = ctx.comm().stats().total().bytes_sent;
-  const std::vector<float> out = ring_attention(ctx.comm(), rows(q, pos, C), rows(k, pos, C),
-                                                rows(v, pos, C), T, split, H, D, &saved, &work);
+  const std::vector<float> out = ring_attention(ctx.comm(), rows_at(q, pos, C), rows_at(k, pos, C),
+                                                rows_at(v, pos, C), T, split, H, D, &saved, &work);
   const auto forward = ctx.comm().stats().total().bytes_sent - start;
   const std::uint64_t kept = tracker.usage().live(memory::Category::activations);
   const RingGrads g =
-      ring_attention_backward(ctx.comm(), saved, rows(dout, pos, C), T, split, H, D);
+      ring_attention_backward(ctx.comm(), saved, rows_at(dout, pos, C), T, split, H, D);
   const auto backward = ctx.comm().stats().total().bytes_sent - start - forward;
 
   // 3. Against one device, every element.
@@ -103,7 +84,7 @@ void run(Context& ctx, const Settings& s) {
   constexpr double kTolerance = 1e-5;
   auto compare = [&](const std::string& what, const std::vector<float>& got,
                      const std::vector<float>& want) {
-    vs.add({what, ctx.verify_close(what, max_rel_diff(got, rows(want, pos, C)), kTolerance),
+    vs.add({what, ctx.verify_close(what, max_rel_diff(got, rows_at(want, pos, C)), kTolerance),
             kTolerance});
   };
   compare("the attention's output", out, whole_out);
@@ -160,7 +141,7 @@ void run(Context& ctx, const Settings& s) {
 /// scores it computed: 10_ring_attention.csv.
 void benchmark(Context& ctx, const Settings& s) {
   const std::int64_t T = s.seq, H = s.heads, D = s.head_dim, C = H * D;
-  const auto q = random(static_cast<std::size_t>(T * C), 1);
+  const auto q = random_rows(T, C, 1);
   Table table({"split", "cp", "rank", "scores", "seconds"});
   for (int cp = 1; cp <= ctx.size(); cp *= 2) {
     if (T % (2 * cp) != 0) break;
@@ -169,7 +150,7 @@ void benchmark(Context& ctx, const Settings& s) {
       std::vector<double> times;
       std::int64_t work = 0;
       if (ctx.rank() < cp) {
-        const auto mine = rows(q, rank_positions(T, cp, ring->rank(), split), C);
+        const auto mine = rows_at(q, rank_positions(T, cp, ring->rank(), split), C);
         for (int i = 0; i < 6; ++i) {
           RingSaved saved;
           std::int64_t w = 0;

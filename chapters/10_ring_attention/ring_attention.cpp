@@ -27,6 +27,11 @@ std::vector<std::int64_t> positions(std::int64_t T, int chunk_count,
   return out;
 }
 
+std::vector<float> random_rows(std::int64_t rows, std::int64_t width, std::uint64_t seed) {
+  const shardlab::Tensor t = shardlab::randn(rows, width, seed);
+  return {t.data(), t.data() + t.size()};
+}
+
 std::vector<std::int64_t> rank_positions(std::int64_t T, int cp, int rank, Split split) {
   const int chunks = split == Split::zigzag ? 2 * cp : cp;
   require_usage(T % chunks == 0, "the sequence of " + std::to_string(T) + " tokens must cut into " +
@@ -47,10 +52,9 @@ shardlab::Tensor tensor_of(const std::vector<float>& v) {
 
 }  // namespace
 
-Partial attend(const std::vector<float>& q, const std::vector<float>& k,
-               const std::vector<float>& v, const std::vector<std::int64_t>& query_pos,
-               const std::vector<std::int64_t>& key_pos, std::int64_t heads, std::int64_t head_dim,
-               std::int64_t* work) {
+Partial attend(std::span<const float> q, std::span<const float> k, std::span<const float> v,
+               const std::vector<std::int64_t>& query_pos, const std::vector<std::int64_t>& key_pos,
+               std::int64_t heads, std::int64_t head_dim, std::int64_t* work) {
   const auto n = static_cast<std::int64_t>(query_pos.size());
   const auto m = static_cast<std::int64_t>(key_pos.size());
   const std::int64_t H = heads, D = head_dim, C = H * D;
@@ -130,10 +134,9 @@ std::vector<float> ring_attention(Communicator& cp, const std::vector<float>& q,
     Pass pass;
     const bool more = step + 1 < P;
     if (more) pass = start_pass(cp, held, arriving, kTag + step);
-    const std::vector<float> hk(held.begin(), held.begin() + n * C),
-        hv(held.begin() + n * C, held.end());
-    merge(acc, attend(q, hk, hv, mine, rank_positions(T, P, source(r, step, P), split), heads,
-                      head_dim, work));
+    const std::span<const float> block(held);  // k, then v
+    merge(acc, attend(q, block.first(at(n * C)), block.subspan(at(n * C)), mine,
+                      rank_positions(T, P, source(r, step, P), split), heads, head_dim, work));
     if (more) {
       finish(cp, pass);
       held.swap(arriving);

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "shardlab/comm.hpp"
@@ -55,6 +56,21 @@ std::vector<int> zigzag_chunks(int cp, int rank);
 std::vector<std::int64_t> positions(std::int64_t T, int chunk_count,
                                     const std::vector<int>& chunks);
 
+/// The rows at `pos` of a whole sequence's values (rows of `width`, row-major): what a
+/// rank holds of it.
+template <class T>
+std::vector<T> rows_at(const std::vector<T>& whole, const std::vector<std::int64_t>& pos,
+                       std::int64_t width) {
+  std::vector<T> out;
+  for (std::int64_t p : pos)
+    out.insert(out.end(), whole.begin() + p * width, whole.begin() + (p + 1) * width);
+  return out;
+}
+
+/// `rows` x `width` standard normal values from `seed` (shardlab::randn's generator: the
+/// same on every platform), row-major: q, k, v and dL/dout for the program and the tests.
+std::vector<float> random_rows(std::int64_t rows, std::int64_t width, std::uint64_t seed);
+
 /// How the sequence is split over the ring: zigzag (2 cp chunks, zigzag_chunks) or plain
 /// (cp chunks, rank i the i-th).
 enum class Split { zigzag, plain };
@@ -66,10 +82,9 @@ std::vector<std::int64_t> rank_positions(std::int64_t T, int cp, int rank, Split
 /// the positions: row i sees key j when key_pos[j] <= query_pos[i]; scores scaled by
 /// 1/sqrt(head_dim). `work`, if given, is increased by the score entries computed (the
 /// pairs not masked).
-Partial attend(const std::vector<float>& q, const std::vector<float>& k,
-               const std::vector<float>& v, const std::vector<std::int64_t>& query_pos,
-               const std::vector<std::int64_t>& key_pos, std::int64_t heads, std::int64_t head_dim,
-               std::int64_t* work = nullptr);
+Partial attend(std::span<const float> q, std::span<const float> k, std::span<const float> v,
+               const std::vector<std::int64_t>& query_pos, const std::vector<std::int64_t>& key_pos,
+               std::int64_t heads, std::int64_t head_dim, std::int64_t* work = nullptr);
 
 /// What the forward keeps for the backward, as tensors the memory ledger counts (under
 /// Category::activations): the rank's q, k, v, the output and the log-sum-exp of each
