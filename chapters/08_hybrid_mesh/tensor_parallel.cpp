@@ -51,10 +51,17 @@ Tensor scatter_rows(Communicator& tp, const Tensor& partial) {
 
 namespace {
 
-// f and g as TpRegion's edges: on a copy, since the learner's f and g work in place.
+// f and g as TpRegion's edges (the learner's f and g work in place): on a copy where the
+// argument is the caller's, in place where the layer has just made it.
 template <void (*op)(Communicator&, Tensor&)>
 Tensor on_copy(Communicator& tp, const Tensor& x) {
   Tensor t = x.clone();
+  op(tp, t);
+  return t;
+}
+template <void (*op)(Communicator&, Tensor&)>
+Tensor in_place(Communicator& tp, const Tensor& x) {
+  Tensor t = x;  // the same storage
   op(tp, t);
   return t;
 }
@@ -65,16 +72,16 @@ TpRegion::TpRegion(Communicator& tp, bool sequence_parallel)
     : tp_(tp),
       split_rows_(sequence_parallel && tp.size() > 1),
       enter_(split_rows_ ? Edge{gather_rows, scatter_rows}
-                         : Edge{on_copy<f_forward>, on_copy<f_backward>}),
+                         : Edge{on_copy<f_forward>, in_place<f_backward>}),
       leave_(split_rows_ ? Edge{scatter_rows, gather_rows}
-                         : Edge{on_copy<g_forward>, on_copy<g_backward>}) {}
+                         : Edge{in_place<g_forward>, on_copy<g_backward>}) {}
 
 Tensor TpRegion::enter_again(const Tensor& kept) const {
   return split_rows_ ? gather_rows(tp_, kept) : kept;
 }
 
 ShardRange TpRegion::rows(std::int64_t n) const {
-  return split_rows_ ? ShardRange{n / tp_.size() * tp_.rank(), n / tp_.size()} : ShardRange{0, n};
+  return split_rows_ ? shard_range(n, tp_.size(), tp_.rank()) : ShardRange{0, n};
 }
 
 ColumnParallelLinear::ColumnParallelLinear(nn::ParameterStore& store, Communicator& tp,

@@ -81,16 +81,20 @@ struct TpOptions {
 
 /// The two edges of a tensor-parallel region on the tp ranks, chosen once: f and g, or
 /// (TpOptions::sequence_parallel, on more than one rank) gather_rows and scatter_rows.
-/// Every method returns a new tensor and leaves its argument as it was.
+/// enter and leave_backward leave their argument (the caller's activation, or its
+/// gradient) as it was; leave and enter_backward take a tensor the layer has just made
+/// and may sum into it in place (f and g do; the gather and scatter return new ones).
 class TpRegion {
  public:
   /// The region on `tp`: split rows when `sequence_parallel` and tp has more than one rank.
   TpRegion(Communicator& tp, bool sequence_parallel);
   /// Into a column-parallel product: f(x), or the whole n rows gathered from n/t.
   Tensor enter(const Tensor& x) const { return enter_.forward(tp_, x); }
-  /// enter's backward: f's (dL/dx summed over tp), or this rank's rows of the sum.
+  /// enter's backward: f's (dL/dx summed over tp), or this rank's rows of the sum. May
+  /// reuse `dx`'s storage.
   Tensor enter_backward(const Tensor& dx) const { return enter_.backward(tp_, dx); }
   /// Out of a row-parallel product: g(y) (the sum over tp), or this rank's rows of it.
+  /// May reuse `y`'s storage.
   Tensor leave(const Tensor& y) const { return leave_.forward(tp_, y); }
   /// leave's backward: g's, or dL/dy of every row gathered from the ranks' n/t.
   Tensor leave_backward(const Tensor& dy) const { return leave_.backward(tp_, dy); }
