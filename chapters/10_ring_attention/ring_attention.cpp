@@ -221,6 +221,50 @@ RingGrads ring_attention_backward(Communicator& cp, const RingSaved& saved,
   return g;
 }
 
+Exact exact_attention(const std::vector<float>& q, const std::vector<float>& k,
+                      const std::vector<float>& v, const std::vector<float>& dout, std::int64_t T,
+                      std::int64_t H, std::int64_t D) {
+  const std::int64_t C = H * D;
+  const auto n = static_cast<std::size_t>(T * C);
+  Exact w;
+  w.out.assign(n, 0);
+  w.dq.assign(n, 0);
+  w.dk.assign(n, 0);
+  w.dv.assign(n, 0);
+  const double scale = 1 / std::sqrt(double(D));
+  for (std::int64_t h = 0; h < H; ++h)
+    for (std::int64_t i = 0; i < T; ++i) {
+      std::vector<double> p(static_cast<std::size_t>(i + 1));
+      double top = -INFINITY, sum = 0;
+      for (std::int64_t j = 0; j <= i; ++j) {
+        double s = 0;
+        for (std::int64_t d = 0; d < D; ++d)
+          s += double(q[i * C + h * D + d]) * k[j * C + h * D + d];
+        top = std::max(top, p[j] = s * scale);
+      }
+      for (double& x : p) sum += x = std::exp(x - top);
+      for (double& x : p) x /= sum;
+      for (std::int64_t j = 0; j <= i; ++j)
+        for (std::int64_t d = 0; d < D; ++d)
+          w.out[i * C + h * D + d] += p[j] * v[j * C + h * D + d];
+      double delta = 0;
+      for (std::int64_t d = 0; d < D; ++d)
+        delta += dout[i * C + h * D + d] * w.out[i * C + h * D + d];
+      for (std::int64_t j = 0; j <= i; ++j) {
+        double dp = 0;
+        for (std::int64_t d = 0; d < D; ++d)
+          dp += double(dout[i * C + h * D + d]) * v[j * C + h * D + d];
+        const double ds = p[j] * (dp - delta) * scale;
+        for (std::int64_t d = 0; d < D; ++d) {
+          w.dv[j * C + h * D + d] += p[j] * dout[i * C + h * D + d];
+          w.dq[i * C + h * D + d] += ds * k[j * C + h * D + d];
+          w.dk[j * C + h * D + d] += ds * q[i * C + h * D + d];
+        }
+      }
+    }
+  return w;
+}
+
 std::uint64_t RingSaved::bytes() const {
   std::uint64_t total = 0;
   for (const shardlab::Tensor* t : {&q, &k, &v, &out, &lse})

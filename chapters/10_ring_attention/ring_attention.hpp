@@ -121,6 +121,20 @@ RingGrads ring_attention_backward(Communicator& cp, const RingSaved& saved,
                                   const std::vector<float>& dout, std::int64_t T, Split split,
                                   std::int64_t heads, std::int64_t head_dim);
 
+/// Causal attention over a whole sequence of T rows and its gradients from dL/d out, in
+/// double, by the textbook formulas (P = softmax(q k^T / sqrt(D)), dP = dout v^T,
+/// dS = P (dP - rowsum(dout out)) / sqrt(D)): the yardstick for the ring and for one
+/// device's float result alike.
+struct Exact {
+  std::vector<double> out;  ///< T x H x D
+  std::vector<double> dq;   ///< dL/dq
+  std::vector<double> dk;   ///< dL/dk
+  std::vector<double> dv;   ///< dL/dv
+};
+Exact exact_attention(const std::vector<float>& q, const std::vector<float>& k,
+                      const std::vector<float>& v, const std::vector<float>& dout, std::int64_t T,
+                      std::int64_t H, std::int64_t D);
+
 /// Bytes a rank sends: the forward passes its k and v block on cp - 1 times; the
 /// backward passes k, v and their gradients cp - 1 times, and the gradients once more
 /// home. `block_bytes`: one of k or v of a rank's rows.
