@@ -8,26 +8,58 @@ namespace ch08 {
 
 using shardlab::Table;
 
+namespace {
+
+/// The axes a layout shows, slowest first: pp, dp and tp always, ep and cp where they are
+/// more than 1.
+std::vector<Axis> shown_axes(const MeshShape& shape) {
+  std::vector<Axis> out;
+  for (Axis axis : kAxes)
+    if (axis == Axis::pp || axis == Axis::dp || axis == Axis::tp || shape.size(axis) > 1)
+      out.push_back(axis);
+  return out;
+}
+
+/// "pp x dp x tp = 2 x 2 x 2", and the rank's formula, for the axes shown.
+std::pair<std::string, std::string> describe(const MeshShape& shape,
+                                             const std::vector<Axis>& axes) {
+  std::string names, sizes, rank = "pp_i";
+  for (Axis axis : axes) {
+    const std::string name(axis_name(axis));
+    names += (names.empty() ? "" : " x ") + name;
+    sizes += (sizes.empty() ? "" : " x ") + std::to_string(shape.size(axis));
+    if (axis == Axis::pp) continue;
+    rank = (rank == "pp_i" ? rank : "(" + rank + ")") + " * " + name + " + " + name + "_i";
+  }
+  return {names + " = " + sizes, rank};
+}
+
+}  // namespace
+
 void report_layout(shardlab::Context& ctx, const MeshShape& shape, int gpus_per_node, bool csv) {
-  const std::string name = std::to_string(shape.pp) + " x " + std::to_string(shape.dp) + " x " +
-                           std::to_string(shape.tp);
-  Table ranks({"rank", "node", "pp", "dp", "tp"});
+  const std::vector<Axis> axes = shown_axes(shape);
+  const auto [name, formula] = describe(shape, axes);
+  std::vector<std::string> columns{"rank", "node"};
+  for (Axis axis : axes) columns.emplace_back(axis_name(axis));
+  Table ranks(columns);
   for (int r = 0; r < shape.ranks(); ++r) {
     const Coords c = coords_of(shape, r);
-    ranks.add({r, node_of(r, gpus_per_node), c.pp, c.dp, c.tp});
+    std::vector<shardlab::Cell> row{r, node_of(r, gpus_per_node)};
+    for (Axis axis : axes) row.emplace_back(c.at(axis));
+    ranks.add(row);
   }
   ctx.report(ranks, "ranks",
-             "Chapter 08 - the mesh pp x dp x tp = " + name + " (" + std::to_string(shape.ranks()) +
-                 " ranks, " + std::to_string(gpus_per_node) +
-                 " per node): rank = (pp * dp + dp_i) * tp + tp_i, tp fastest (Megatron-LM)");
+             "Chapter 08 - the mesh " + name + " (" + std::to_string(shape.ranks()) + " ranks, " +
+                 std::to_string(gpus_per_node) + " per node): rank = " + formula +
+                 ", tp fastest (Megatron-LM)");
 
   if (csv) ctx.save_csv(ranks, "08_hybrid_mesh_layout");
   Table table({"axis", "group", "ranks", "nodes", "inside_a_node"});
   nlohmann::json all = nlohmann::json::object();
-  int crossing_tp = 0;
-  for (Axis axis : {Axis::tp, Axis::dp, Axis::pp}) {
-    const std::string axis_text(axis_name(axis));
-    const std::vector<std::vector<int>> gs = groups(shape, axis);
+  int crossing_tp = 0, crossing_cp = 0;
+  for (auto axis = axes.rbegin(); axis != axes.rend(); ++axis) {  // tp first
+    const std::string axis_text(axis_name(*axis));
+    const std::vector<std::vector<int>> gs = groups(shape, *axis);
     all[axis_text] = gs;
     for (std::size_t g = 0; g < gs.size(); ++g) {
       std::set<int> nodes;
@@ -40,17 +72,24 @@ void report_layout(shardlab::Context& ctx, const MeshShape& shape, int gpus_per_
                                                  : std::to_string(*nodes.begin()) + "-" +
                                                        std::to_string(*nodes.rbegin());
       table.add({axis_text, g, members, span, nodes.size() == 1});
-      if (axis == Axis::tp && nodes.size() > 1) ++crossing_tp;
+      if (nodes.size() > 1 && *axis == Axis::tp) ++crossing_tp;
+      if (nodes.size() > 1 && *axis == Axis::cp) ++crossing_cp;
     }
   }
   ctx.report(table, "group_table", "\nevery group per axis, and the nodes its ranks sit on");
   ctx.json()["groups"] = all;
   ctx.json()["tp_crosses_nodes"] = crossing_tp > 0;
+  if (shape.cp > 1) ctx.json()["cp_crosses_nodes"] = crossing_cp > 0;
   if (crossing_tp)
     ctx.say("\nwarning: " + std::to_string(crossing_tp) + " tp group(s) cross nodes (tp " +
             std::to_string(shape.tp) + " > " + std::to_string(gpus_per_node) +
             " GPUs per node, or not dividing it): their allreduces, two per block and "
             "microbatch, would leave NVLink for the network. Keep tp within a node.");
+  if (crossing_cp)
+    ctx.say("\nnote: " + std::to_string(crossing_cp) + " cp group(s) cross nodes: their ring " +
+            "passes every rank's keys and values on at each of its cp - 1 steps, forward and " +
+            "backward, in every block; it hides behind the attention's compute only while the " +
+            "link keeps up (chapter 10).");
 }
 
 }  // namespace ch08

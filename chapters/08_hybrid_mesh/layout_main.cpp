@@ -5,6 +5,7 @@
 //   build/default/bin/ch08_layout --pp 4 --dp 2 --tp 2       Megatron-LM's 16-GPU example
 //   build/default/bin/ch08_layout --pp 64 --dp 6 --tp 8      NVIDIA's 1T model's 3072 GPUs
 //   build/default/bin/ch08_layout --tp 16                    a tp group across two nodes
+//   build/default/bin/ch08_layout --tp 2 --cp 2 --ep 2 --dp 2 --pp 2   all five axes
 //
 // Expected: the groups of Megatron-LM's documentation (tp [0, 1], dp [0, 2], pp
 // [0, 4, 8, 12], ...); a warning for every tp group that crosses nodes.
@@ -18,8 +19,10 @@ using namespace shardlab;
 using namespace ch08;
 
 int main(int argc, char** argv) {
-  Program program("ch08_layout",
-                  "Chapter 08 on paper: the ranks and groups of a pp x dp x tp mesh, node by node");
+  Program program(
+      "ch08_layout",
+      "Chapter 08 on paper: the ranks and groups of a pp x dp x ep x cp x tp mesh, node "
+      "by node");
   MeshShape mesh{2, 2, 2};
   int gpus_per_node = 8;
   bool csv = false;
@@ -30,12 +33,15 @@ int main(int argc, char** argv) {
   option("--pp", mesh.pp, "pipeline stages");
   option("--dp", mesh.dp, "data-parallel replicas");
   option("--tp", mesh.tp, "tensor-parallel ranks per group");
+  option("--cp", mesh.cp, "context-parallel ranks: the chunks of each sequence (chapter 10)");
+  option("--ep", mesh.ep, "expert-parallel ranks: the experts split over replicas (chapter 07)");
   option("--gpus-per-node", gpus_per_node, "GPUs a node (consecutive ranks)");
   cli.add_flag("--csv", csv, "also write the ranks' table as CSV");
   program.validate([&](const Options&) {
-    require_usage(static_cast<double>(mesh.pp) * mesh.dp * mesh.tp <= 1 << 16,
-                  "at most 65536 ranks: --pp x --dp x --tp is " +
-                      format_number(static_cast<double>(mesh.pp) * mesh.dp * mesh.tp));
+    const double ranks =
+        static_cast<double>(mesh.pp) * mesh.dp * mesh.tp * mesh.cp * static_cast<double>(mesh.ep);
+    require_usage(ranks <= 1 << 16, "at most 65536 ranks: --pp x --dp x --ep x --cp x --tp is " +
+                                        format_number(ranks));
   });
   program.writes_csv([&] { return csv; });
   return program.run(argc, argv, [&](Context& ctx) {

@@ -103,7 +103,7 @@ int main(int argc, char** argv) {
 
   program.validate([&](const Options& o) { c.seed = o.seed; });
   program.world_size([&](const Options&, int ranks) {  // runs before validate()
-    c.mesh = settle_mesh(s.dp, s.tp, s.pp, ranks);
+    c.mesh = settle_mesh({.pp = s.pp, .dp = s.dp, .tp = s.tp}, ranks);
     check_config(c);
   });
   program.memory_estimate([&](const Options& o) {

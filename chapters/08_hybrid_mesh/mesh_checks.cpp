@@ -34,20 +34,41 @@ void report_vs_one_device(Context& ctx, const std::vector<Agreement>& rows,
 
 void report_axis_bytes(Context& ctx, const MeshShape& mesh, const AxisBytes& sent,
                        const AxisBytes& formula, const std::string& caption) {
-  std::vector<std::vector<std::int64_t>> every;
-  for (std::uint64_t v : {sent.tp, formula.tp, sent.dp, formula.dp, sent.pp, formula.pp})
-    every.push_back(ctx.comm().gather_values(static_cast<std::int64_t>(v)));
-  Table bytes({"rank", "pp", "dp", "tp", "tp_bytes", "tp_formula", "dp_bytes", "dp_formula",
-               "pp_bytes", "pp_formula"});
+  // The axes the mesh has: tp, dp and pp always, cp and ep where they are more than 1.
+  struct Column {
+    Axis axis;
+    std::uint64_t AxisBytes::*bytes;
+  };
+  std::vector<Column> columns{
+      {Axis::tp, &AxisBytes::tp}, {Axis::dp, &AxisBytes::dp}, {Axis::pp, &AxisBytes::pp}};
+  if (mesh.cp > 1) columns.push_back({Axis::cp, &AxisBytes::cp});
+  if (mesh.ep > 1) columns.push_back({Axis::ep, &AxisBytes::ep});
+  std::vector<Axis> shown;  // the coordinates: pp, dp, (ep, cp,) tp
+  std::vector<std::string> names{"rank"};
+  for (Axis axis : kAxes)
+    if (axis == Axis::pp || axis == Axis::dp || axis == Axis::tp || mesh.size(axis) > 1) {
+      shown.push_back(axis);
+      names.emplace_back(axis_name(axis));
+    }
+  std::vector<std::vector<std::int64_t>> every;  // per column: sent, then formula
+  bool equal = true;
+  for (const Column& c : columns) {
+    names.push_back(std::string(axis_name(c.axis)) + "_bytes");
+    names.push_back(std::string(axis_name(c.axis)) + "_formula");
+    every.push_back(ctx.comm().gather_values(static_cast<std::int64_t>(sent.*c.bytes)));
+    every.push_back(ctx.comm().gather_values(static_cast<std::int64_t>(formula.*c.bytes)));
+    equal = equal && every[every.size() - 2] == every.back();
+  }
+  Table bytes(names);
   for (int r = 0; r < ctx.size(); ++r) {
     const Coords q = coords_of(mesh, r);
-    const auto i = static_cast<std::size_t>(r);
-    bytes.add({r, q.pp, q.dp, q.tp, every[0][i], every[1][i], every[2][i], every[3][i], every[4][i],
-               every[5][i]});
+    std::vector<shardlab::Cell> row{r};
+    for (Axis axis : shown) row.emplace_back(q.at(axis));
+    for (const auto& values : every) row.emplace_back(values[static_cast<std::size_t>(r)]);
+    bytes.add(row);
   }
   ctx.report(bytes, "bytes_per_axis", caption);
-  ctx.verify(every[0] == every[1] && every[2] == every[3] && every[4] == every[5],
-             "a rank sent other than its axis' formula (bytes_per_axis)");
+  ctx.verify(equal, "a rank sent other than its axis' formula (bytes_per_axis)");
 }
 
 }  // namespace ch08

@@ -1,6 +1,7 @@
 // Chapter 08: the mesh on real ranks, its communicators made from the learner's groups
 // (mesh.hpp).
 #include <algorithm>
+#include <initializer_list>
 
 #include "mesh.hpp"
 #include "shardlab/check.hpp"
@@ -11,14 +12,50 @@ using shardlab::Error;
 using shardlab::require_usage;
 
 std::string_view axis_name(Axis axis) {
-  return axis == Axis::pp ? "pp" : axis == Axis::dp ? "dp" : "tp";
+  switch (axis) {
+    case Axis::pp:
+      return "pp";
+    case Axis::dp:
+      return "dp";
+    case Axis::ep:
+      return "ep";
+    case Axis::cp:
+      return "cp";
+    case Axis::tp:
+      break;
+  }
+  return "tp";
 }
 
+namespace {
+
+/// This rank's group of the ranks that differ from it only along `across`: the colour is
+/// the rank with those coordinates at 0, the key its place among them (slowest first).
+std::unique_ptr<Communicator> split_across(Communicator& world, const MeshShape& shape,
+                                           const Coords& me, std::initializer_list<Axis> across) {
+  Coords base = me;
+  int key = 0;
+  for (Axis axis : kAxes)
+    for (Axis a : across)
+      if (a == axis) {
+        key = key * shape.size(axis) + me.at(axis);
+        base.at(axis) = 0;
+      }
+  return world.split(rank_of(shape, base), key);
+}
+
+}  // namespace
+
 Mesh::Mesh(Communicator& world, MeshShape shape) : world_(world), shape_(shape) {
-  require_usage(shape.pp > 0 && shape.dp > 0 && shape.tp > 0 && shape.ranks() == world.size(),
-                "the mesh pp x dp x tp = " + std::to_string(shape.pp) + " x " +
-                    std::to_string(shape.dp) + " x " + std::to_string(shape.tp) +
-                    " must hold the " + std::to_string(world.size()) + " ranks");
+  bool positive = true;
+  std::string sizes;
+  for (Axis axis : kAxes) {
+    positive = positive && shape.size(axis) > 0;
+    sizes += (sizes.empty() ? "" : " x ") + std::to_string(shape.size(axis));
+  }
+  require_usage(positive && shape.ranks() == world.size(),
+                "the mesh pp x dp x ep x cp x tp = " + sizes + " must hold the " +
+                    std::to_string(world.size()) + " ranks");
   const int me = world.rank();
   coords_ = coords_of(shape, me);
   if (rank_of(shape, coords_) != me)
@@ -50,6 +87,8 @@ Mesh::Mesh(Communicator& world, MeshShape shape) : world_(world), shape_(shape) 
                   std::to_string(coords_.at(axis)));
     axes_.push_back(world.split(color, key));
   }
+  replicas_ = split_across(world, shape, coords_, {Axis::dp, Axis::ep, Axis::cp});
+  expert_replicas_ = split_across(world, shape, coords_, {Axis::dp, Axis::cp});
 }
 
 Communicator& Mesh::axis(Axis axis) { return *axes_[static_cast<std::size_t>(axis)]; }

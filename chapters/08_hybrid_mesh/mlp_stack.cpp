@@ -47,14 +47,23 @@ std::uint64_t sent_since(Communicator& comm, const CommStats& before) {
 
 }  // namespace
 
-MeshShape settle_mesh(int dp, int tp, int pp, int ranks) {
+MeshShape settle_mesh(MeshShape mesh, int ranks) {
   const std::string N = std::to_string(ranks);
-  shardlab::require_usage(ranks % (tp * pp) == 0, "tp x pp = " + std::to_string(tp * pp) +
-                                                      " must divide the " + N + " ranks");
-  if (dp == 0) dp = ranks / (tp * pp);
-  shardlab::require_usage(dp * tp * pp == ranks, "dp x tp x pp = " + std::to_string(dp * tp * pp) +
-                                                     " must be the " + N + " ranks");
-  return {pp, dp, tp};
+  // The axes given besides dp, named as the user gave them: "tp x pp", "tp x cp x pp", ...
+  std::string named;
+  int others = 1;
+  for (Axis axis : {Axis::tp, Axis::cp, Axis::ep, Axis::pp}) {
+    if ((axis == Axis::cp || axis == Axis::ep) && mesh.size(axis) == 1) continue;
+    named += (named.empty() ? "" : " x ") + std::string(axis_name(axis));
+    others *= mesh.size(axis);
+  }
+  shardlab::require_usage(ranks % others == 0, named + " = " + std::to_string(others) +
+                                                   " must divide the " + N + " ranks");
+  if (mesh.dp == 0) mesh.dp = ranks / others;
+  shardlab::require_usage(
+      mesh.ranks() == ranks,
+      "dp x " + named + " = " + std::to_string(mesh.ranks()) + " must be the " + N + " ranks");
+  return mesh;
 }
 
 void check_config(const HybridConfig& c) {

@@ -52,17 +52,19 @@ struct HybridConfig {
 /// Bytes this rank sent in one training step, by axis.
 struct AxisBytes {
   std::uint64_t tp = 0;  ///< over the tp communicator
-  std::uint64_t dp = 0;  ///< over the dp communicator
+  std::uint64_t dp = 0;  ///< data parallelism's: over the replicas (dp, or dp x ep x cp)
   std::uint64_t pp = 0;  ///< over the pp communicator (the pipeline's messages)
+  std::uint64_t cp = 0;  ///< over the cp communicator (chapter 10's ring)
+  std::uint64_t ep = 0;  ///< over the ep communicator (chapter 07's all-to-alls)
 };
 
 /// The larger of a and b, NaN when either is: a difference that is NaN must not vanish in
 /// a maximum (std::max drops it when it comes second).
 inline double nan_max(double a, double b) { return a != a || b != b ? a + b : std::max(a, b); }
 
-/// The mesh of `ranks` for --dp --tp --pp (dp 0: the ranks left over by tp x pp);
-/// UsageError when the product is not the ranks.
-MeshShape settle_mesh(int dp, int tp, int pp, int ranks);
+/// The mesh of `ranks` for --dp --tp --pp (and --cp --ep, where a program has them): dp 0
+/// takes the ranks the other axes leave over; UsageError when the product is not the ranks.
+MeshShape settle_mesh(MeshShape mesh, int ranks);
 /// UsageError unless `c` can run on its mesh: pp divides the blocks, tp the widths, and
 /// every replica's every microbatch has a row.
 void check_config(const HybridConfig& c);

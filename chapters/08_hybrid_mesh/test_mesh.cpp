@@ -14,6 +14,12 @@
 //   - groups ordered by rank within but the groups in another order (by last rank): the
 //     listed groups differ; a group built with the axis' size off by one: a group of 1
 //     rank too few (the dropped last member);
+//   - cp and ep swapped (ep faster than cp): "cp groups of the 1 x 2 x 2 x 2 x 2 mesh: got
+//     [0, 4] [1, 5] ...; expected [0, 2] [1, 3] ...";
+//   - ep carved from dp's slow end (dp faster than ep): the ep groups list [0, 8] where
+//     [0, 4] is expected, and the dp groups [0, 4];
+//   - coords_of and rank_of written for three axes (cp and ep left at 0): "tp groups of the
+//     1 x 2 x 2 x 2 x 2 mesh: got [0, 1] [2, 3] [0, 1] [2, 3] ...", cp groups [0, 0] [1, 1];
 //   - allreduce in both f and g: f's forward doubles x ("f_forward changed x"); and the
 //     block's output is tp times too large;
 //   - identity in both: g_forward leaves the partial sum; the block differs for tp > 1;
@@ -47,16 +53,43 @@ std::string show(const Groups& gs) {
   return out;
 }
 
+/// "2 x 2 x 2", or with cp or ep "1 x 2 x 2 x 2 x 2" (pp x dp x ep x cp x tp).
+std::string sizes(const MeshShape& s) {
+  const bool five = s.cp > 1 || s.ep > 1;
+  return std::to_string(s.pp) + " x " + std::to_string(s.dp) + " x " +
+         (five ? std::to_string(s.ep) + " x " + std::to_string(s.cp) + " x " : "") +
+         std::to_string(s.tp);
+}
+
 void check_groups(const MeshShape& shape, Axis axis, const Groups& want) {
   const Groups got = groups(shape, axis);
   CHECK_MESSAGE(got == want, std::string(axis_name(axis))
-                                 << " groups of the " << shape.pp << " x " << shape.dp << " x "
-                                 << shape.tp << " mesh: got " << show(got) << "; expected "
-                                 << show(want));
+                                 << " groups of the " << sizes(shape) << " mesh: got " << show(got)
+                                 << "; expected " << show(want));
 }
 
-const std::vector<MeshShape> shapes = {{1, 1, 1}, {2, 2, 2}, {4, 2, 2}, {1, 2, 8}, {3, 1, 2},
-                                       {2, 3, 1}, {1, 1, 5}, {5, 1, 1}, {2, 3, 4}, {8, 1, 1}};
+/// The rank of `c`, written out independently of the code under test:
+/// rank = (((pp_i dp + dp_i) ep + ep_i) cp + cp_i) tp + tp_i.
+int megatron_rank(const MeshShape& s, const Coords& c) {
+  return (((c.pp * s.dp + c.dp) * s.ep + c.ep) * s.cp + c.cp) * s.tp + c.tp;
+}
+
+const std::vector<MeshShape> shapes = {{1, 1, 1},
+                                       {2, 2, 2},
+                                       {4, 2, 2},
+                                       {1, 2, 8},
+                                       {3, 1, 2},
+                                       {2, 3, 1},
+                                       {1, 1, 5},
+                                       {5, 1, 1},
+                                       {2, 3, 4},
+                                       {8, 1, 1},
+                                       {.pp = 1, .dp = 2, .tp = 1, .cp = 2, .ep = 2},
+                                       {.pp = 2, .dp = 1, .tp = 2, .cp = 2, .ep = 1},
+                                       {.pp = 1, .dp = 1, .tp = 1, .cp = 8, .ep = 1},
+                                       {.pp = 1, .dp = 3, .tp = 2, .cp = 1, .ep = 2},
+                                       {.pp = 2, .dp = 2, .tp = 3, .cp = 2, .ep = 2},
+                                       {.pp = 1, .dp = 1, .tp = 1, .cp = 1, .ep = 5}};
 
 }  // namespace
 
@@ -81,7 +114,24 @@ TEST_SUITE("ch08 mesh") {
     check_groups(shape, Axis::pp, alone);
   }
 
-  TEST_CASE("coords_of: tp fastest, then dp, then pp; rank_of is its inverse") {
+  TEST_CASE("five axes: tp fastest, then cp, ep, dp and pp; ep carved out of data parallelism") {
+    // 16 ranks: tp 2, cp 2, ep 2, dp 2 (pp 1), written out by hand.
+    const MeshShape shape{.pp = 1, .dp = 2, .tp = 2, .cp = 2, .ep = 2};
+    check_groups(shape, Axis::tp,
+                 {{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}, {12, 13}, {14, 15}});
+    check_groups(shape, Axis::cp,
+                 {{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}});
+    check_groups(shape, Axis::ep,
+                 {{0, 4}, {1, 5}, {2, 6}, {3, 7}, {8, 12}, {9, 13}, {10, 14}, {11, 15}});
+    check_groups(shape, Axis::dp,
+                 {{0, 8}, {1, 9}, {2, 10}, {3, 11}, {4, 12}, {5, 13}, {6, 14}, {7, 15}});
+    CHECK(coords_of(shape, 13) == Coords{.pp = 0, .dp = 1, .tp = 1, .cp = 0, .ep = 1});
+    CHECK(coords_of({.pp = 1, .dp = 2, .tp = 1, .cp = 2, .ep = 2}, 5) ==
+          Coords{.pp = 0, .dp = 1, .tp = 0, .cp = 1, .ep = 0});
+    CHECK(rank_of(shape, Coords{.pp = 0, .dp = 1, .tp = 0, .cp = 1, .ep = 1}) == 14);
+  }
+
+  TEST_CASE("coords_of: tp fastest, then cp, ep, dp, pp; rank_of is its inverse") {
     CHECK(coords_of({2, 2, 2}, 5) == Coords{1, 0, 1});
     CHECK(coords_of({2, 2, 2}, 6) == Coords{1, 1, 0});
     CHECK(coords_of({4, 2, 2}, 13) == Coords{3, 0, 1});
@@ -91,12 +141,12 @@ TEST_SUITE("ch08 mesh") {
       for (int r = 0; r < s.ranks(); ++r) {
         const Coords c = coords_of(s, r);
         CAPTURE(r);
-        REQUIRE_MESSAGE(
-            (c.pp >= 0 && c.pp < s.pp && c.dp >= 0 && c.dp < s.dp && c.tp >= 0 && c.tp < s.tp),
-            "coords_of(" << r << ") = (" << c.pp << ", " << c.dp << ", " << c.tp
-                         << ") is outside the mesh");
-        // The reference, written independently: rank = (pp * dp + dp_i) * tp + tp_i.
-        REQUIRE_MESSAGE((c.pp * s.dp + c.dp) * s.tp + c.tp == r,
+        CAPTURE(sizes(s));
+        for (Axis axis : kAxes)
+          REQUIRE_MESSAGE((c.at(axis) >= 0 && c.at(axis) < s.size(axis)),
+                          "coords_of(" << r << ") puts it at " << axis_name(axis) << " "
+                                       << c.at(axis) << ", outside the mesh");
+        REQUIRE_MESSAGE(megatron_rank(s, c) == r,
                         "coords_of(" << r << ") is not where Megatron-LM's order puts it");
         REQUIRE_MESSAGE(rank_of(s, c) == r, "rank_of(coords_of(" << r << ")) != " << r);
       }
@@ -106,9 +156,7 @@ TEST_SUITE("ch08 mesh") {
     for (const MeshShape& s : shapes)
       for (Axis axis : kAxes) {
         const Groups gs = groups(s, axis);
-        CAPTURE(s.pp);
-        CAPTURE(s.dp);
-        CAPTURE(s.tp);
+        CAPTURE(sizes(s));
         CAPTURE(axis_name(axis));
         REQUIRE_MESSAGE(
             static_cast<int>(gs.size()) == s.ranks() / s.size(axis),
@@ -206,25 +254,44 @@ TEST_SUITE("ch08 mesh") {
   }
 
   TEST_CASE("the mesh's communicators hold the groups, each rank at its coordinate") {
-    for (const MeshShape shape : {MeshShape{2, 2, 2}, MeshShape{1, 2, 3}, MeshShape{3, 1, 1}}) {
+    for (const MeshShape shape : {MeshShape{2, 2, 2}, MeshShape{1, 2, 3}, MeshShape{3, 1, 1},
+                                  MeshShape{.pp = 1, .dp = 2, .tp = 1, .cp = 2, .ep = 2},
+                                  MeshShape{.pp = 2, .dp = 1, .tp = 2, .cp = 2, .ep = 1}}) {
+      CAPTURE(sizes(shape));
       on_ranks(shape.ranks(), [&](Communicator& world) {
         Mesh mesh(world, shape);
-        CHECK(mesh.coords() == coords_of(shape, world.rank()));
+        const Coords me = mesh.coords();
+        CHECK(me == coords_of(shape, world.rank()));
+        // The ranks of this rank's group across `axes`, in the mesh's order, from the
+        // reference order written out again here.
+        auto group_across = [&](std::vector<Axis> axes) {
+          std::vector<std::int64_t> want;
+          for (int r = 0; r < shape.ranks(); ++r) {
+            Coords c = me;
+            int rest = r;
+            for (auto axis = axes.rbegin(); axis != axes.rend(); ++axis) {
+              c.at(*axis) = rest % shape.size(*axis);
+              rest /= shape.size(*axis);
+            }
+            if (rest == 0) want.push_back(megatron_rank(shape, c));
+          }
+          return want;
+        };
         for (Axis axis : kAxes) {
           Communicator& comm = mesh.axis(axis);
-          const std::vector<std::int64_t> members = comm.gather_values(std::int64_t{world.rank()});
-          // The group of this rank, from the reference order written out again here.
-          const Coords me = mesh.coords();
-          std::vector<std::int64_t> want;
-          for (int i = 0; i < shape.size(axis); ++i) {
-            Coords c = me;
-            (axis == Axis::pp ? c.pp : axis == Axis::dp ? c.dp : c.tp) = i;
-            want.push_back((c.pp * shape.dp + c.dp) * shape.tp + c.tp);
-          }
-          CHECK_MESSAGE(members == want, axis_name(axis) << " communicator of rank " << world.rank()
-                                                         << " holds other ranks");
+          CHECK_MESSAGE(comm.gather_values(std::int64_t{world.rank()}) == group_across({axis}),
+                        axis_name(axis)
+                            << " communicator of rank " << world.rank() << " holds other ranks");
           CHECK(comm.rank() == me.at(axis));
         }
+        CHECK_MESSAGE(
+            mesh.replicas().gather_values(std::int64_t{world.rank()}) ==
+                group_across({Axis::dp, Axis::ep, Axis::cp}),
+            "the replicas of rank " << world.rank() << " are not the ranks with its pp and tp");
+        CHECK_MESSAGE(mesh.expert_replicas().gather_values(std::int64_t{world.rank()}) ==
+                          group_across({Axis::dp, Axis::cp}),
+                      "the expert replicas of rank "
+                          << world.rank() << " are not the ranks with its pp, ep and tp");
       });
     }
   }

@@ -210,7 +210,7 @@ int main(int argc, char** argv) {
   program.world_size([&](const Options&, int ranks) {
     if (c.schedule == "interleaved" && !program.cli().count("--chunks")) c.chunks = 2;
     if (s.benchmark) return;  // every mesh shape of the ranks, in turn
-    c.mesh = ch08::settle_mesh(s.dp, s.tp, s.pp, ranks);
+    c.mesh = ch08::settle_mesh({.pp = s.pp, .dp = s.dp, .tp = s.tp}, ranks);
     check_config(c);
   });
   program.validate([&](const Options& o) {
