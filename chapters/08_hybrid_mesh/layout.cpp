@@ -10,35 +10,22 @@ using shardlab::Table;
 
 namespace {
 
-/// The axes a layout shows, slowest first: pp, dp and tp always, ep and cp where they are
-/// more than 1.
-std::vector<Axis> shown_axes(const MeshShape& shape) {
-  std::vector<Axis> out;
-  for (Axis axis : kAxes)
-    if (axis == Axis::pp || axis == Axis::dp || axis == Axis::tp || shape.size(axis) > 1)
-      out.push_back(axis);
-  return out;
-}
-
-/// "pp x dp x tp = 2 x 2 x 2", and the rank's formula, for the axes shown.
-std::pair<std::string, std::string> describe(const MeshShape& shape,
-                                             const std::vector<Axis>& axes) {
-  std::string names, sizes, rank = "pp_i";
+/// The rank's formula for the axes shown: "(pp_i * dp + dp_i) * tp + tp_i".
+std::string rank_formula(const std::vector<Axis>& axes) {
+  std::string rank = "pp_i";
   for (Axis axis : axes) {
-    const std::string name(axis_name(axis));
-    names += (names.empty() ? "" : " x ") + name;
-    sizes += (sizes.empty() ? "" : " x ") + std::to_string(shape.size(axis));
     if (axis == Axis::pp) continue;
+    const std::string name(axis_name(axis));
     rank = (rank == "pp_i" ? rank : "(" + rank + ")") + " * " + name + " + " + name + "_i";
   }
-  return {names + " = " + sizes, rank};
+  return rank;
 }
 
 }  // namespace
 
 void report_layout(shardlab::Context& ctx, const MeshShape& shape, int gpus_per_node, bool csv) {
   const std::vector<Axis> axes = shown_axes(shape);
-  const auto [name, formula] = describe(shape, axes);
+  const std::string name = mesh_name(shape), formula = rank_formula(axes);
   std::vector<std::string> columns{"rank", "node"};
   for (Axis axis : axes) columns.emplace_back(axis_name(axis));
   Table ranks(columns);

@@ -21,6 +21,7 @@
 // g, tensor_parallel.hpp, in mappings.cpp); the reference is solutions/08_hybrid_mesh/.
 #pragma once
 
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -122,6 +123,19 @@ int rank_of(const MeshShape& shape, const Coords& coords);
 /// the order of their first rank. Every rank is in exactly one group per axis.
 std::vector<std::vector<int>> groups(const MeshShape& shape, Axis axis);
 // [exercise]
+
+/// The axes a table of `shape` shows, slowest first: pp, dp and tp always, ep and cp where
+/// they are more than 1 (a 3-D mesh's tables stay as they were).
+std::vector<Axis> shown_axes(const MeshShape& shape);
+
+/// "pp x dp x tp = 2 x 2 x 2", or with cp or ep "pp x dp x ep x cp x tp = 1 x 2 x 2 x 2 x 1":
+/// the shown_axes and their sizes.
+std::string mesh_name(const MeshShape& shape);
+
+/// The ranks that differ from `at` only along `across` (at itself among them), in the
+/// order of those coordinates, slowest axis first: the members of a group that spans
+/// several axes (Mesh::replicas: dp, ep and cp). From coords_of and rank_of.
+std::vector<int> ranks_across(const MeshShape& shape, const Coords& at, std::vector<Axis> across);
 
 // ---------------------------------------------------------------------------
 // The mesh on real ranks

@@ -43,13 +43,9 @@ void report_axis_bytes(Context& ctx, const MeshShape& mesh, const AxisBytes& sen
       {Axis::tp, &AxisBytes::tp}, {Axis::dp, &AxisBytes::dp}, {Axis::pp, &AxisBytes::pp}};
   if (mesh.cp > 1) columns.push_back({Axis::cp, &AxisBytes::cp});
   if (mesh.ep > 1) columns.push_back({Axis::ep, &AxisBytes::ep});
-  std::vector<Axis> shown;  // the coordinates: pp, dp, (ep, cp,) tp
+  const std::vector<Axis> shown = shown_axes(mesh);  // the coordinates: pp, dp, (ep, cp,) tp
   std::vector<std::string> names{"rank"};
-  for (Axis axis : kAxes)
-    if (axis == Axis::pp || axis == Axis::dp || axis == Axis::tp || mesh.size(axis) > 1) {
-      shown.push_back(axis);
-      names.emplace_back(axis_name(axis));
-    }
+  for (Axis axis : shown) names.emplace_back(axis_name(axis));
   std::vector<std::vector<std::int64_t>> every;  // per column: sent, then formula
   bool equal = true;
   for (const Column& c : columns) {

@@ -1,7 +1,6 @@
 // Chapter 08: the mesh on real ranks, its communicators made from the learner's groups
 // (mesh.hpp).
 #include <algorithm>
-#include <initializer_list>
 
 #include "mesh.hpp"
 #include "shardlab/check.hpp"
@@ -27,21 +26,52 @@ std::string_view axis_name(Axis axis) {
   return "tp";
 }
 
+std::vector<Axis> shown_axes(const MeshShape& shape) {
+  std::vector<Axis> out;
+  for (Axis axis : kAxes)
+    if (axis == Axis::pp || axis == Axis::dp || axis == Axis::tp || shape.size(axis) > 1)
+      out.push_back(axis);
+  return out;
+}
+
+std::string mesh_name(const MeshShape& shape) {
+  std::string names, sizes;
+  for (Axis axis : shown_axes(shape)) {
+    names += (names.empty() ? "" : " x ") + std::string(axis_name(axis));
+    sizes += (sizes.empty() ? "" : " x ") + std::to_string(shape.size(axis));
+  }
+  return names + " = " + sizes;
+}
+
+std::vector<int> ranks_across(const MeshShape& shape, const Coords& at, std::vector<Axis> across) {
+  // In kAxes' order, slowest first, whatever order they were given in.
+  std::vector<Axis> axes;
+  for (Axis axis : kAxes)
+    if (std::find(across.begin(), across.end(), axis) != across.end()) axes.push_back(axis);
+  int count = 1;
+  for (Axis axis : axes) count *= shape.size(axis);
+  std::vector<int> out;
+  for (int key = 0; key < count; ++key) {
+    Coords c = at;
+    int rest = key;
+    for (auto axis = axes.rbegin(); axis != axes.rend(); ++axis) {
+      c.at(*axis) = rest % shape.size(*axis);
+      rest /= shape.size(*axis);
+    }
+    out.push_back(rank_of(shape, c));
+  }
+  return out;
+}
+
 namespace {
 
 /// This rank's group of the ranks that differ from it only along `across`: the colour is
-/// the rank with those coordinates at 0, the key its place among them (slowest first).
+/// the group's first rank, the key this rank's place in it.
 std::unique_ptr<Communicator> split_across(Communicator& world, const MeshShape& shape,
-                                           const Coords& me, std::initializer_list<Axis> across) {
-  Coords base = me;
-  int key = 0;
-  for (Axis axis : kAxes)
-    for (Axis a : across)
-      if (a == axis) {
-        key = key * shape.size(axis) + me.at(axis);
-        base.at(axis) = 0;
-      }
-  return world.split(rank_of(shape, base), key);
+                                           const Coords& me, std::vector<Axis> across) {
+  const std::vector<int> members = ranks_across(shape, me, std::move(across));
+  const auto place = std::find(members.begin(), members.end(), world.rank()) - members.begin();
+  return world.split(members.front(), static_cast<int>(place));
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include <memory>
 #include <string>
 
+#include "context.hpp"
 #include "shardlab/comm.hpp"
 #include "shardlab/nn.hpp"
 #include "shardlab/tensor.hpp"
@@ -60,9 +61,16 @@ struct BlockOptions {
   /// Selective recomputation: the attention's core keeps nothing for the backward but its
   /// input, and runs again there (an nn::Checkpoint).
   bool recompute_core = false;
+  /// Context parallelism (context.hpp): each rank holds some of every sequence's tokens,
+  /// and the core attends across the ranks of `cp` as `context` makes it (chapter 10's
+  /// ring). nullptr: every rank holds whole sequences.
+  const ContextParallel* context = nullptr;
+  /// The cp communicator the core runs on (with `context`).
+  Communicator* cp = nullptr;
 };
 /// The attention's core over `heads` heads of shape.context tokens: an
-/// nn::CausalSelfAttention, inside an nn::Checkpoint when options.recompute_core.
+/// nn::CausalSelfAttention (options.context: the one it makes over *options.cp), inside
+/// an nn::Checkpoint when options.recompute_core.
 std::shared_ptr<nn::Layer> attention_core(std::int64_t heads, const GptShape& shape,
                                           const BlockOptions& options = {});
 

@@ -248,9 +248,15 @@ std::int64_t pieces_size(const std::vector<Piece>& pieces) {
   return n;
 }
 
+/// The ranks that hold the same weights as the rank at `q`: its replicas (dp x ep x cp), in
+/// the order of their communicator (Mesh::replicas).
+std::vector<int> replicas_of(const MeshShape& shape, const Coords& q) {
+  return ch08::ranks_across(shape, q, {ch08::Axis::dp, ch08::Axis::ep, ch08::Axis::cp});
+}
+
 /// Stage s's whole tensors, from the rank files of its ranks, written in Hugging Face's
 /// layout: the values to model-(s+1)-of-P, Adam's state (`states` 3) to optimizer-(s+1)-of-P.
-/// `sharded`: each replica wrote its own range of m and v (ZeRO-1), not replica 0 all of it.
+/// `sharded`: each replica wrote its own range of m and v (ZeRO-1), not the first all of it.
 void assemble_stage(const fs::path& partial, const MeshShape& shape, const GptShape& g, int chunks,
                     int s, int states, bool sharded) {
   const std::map<std::string, WholeTensor> owner = whole_tensors(g, shape, chunks);
@@ -265,17 +271,19 @@ void assemble_stage(const fs::path& partial, const MeshShape& shape, const GptSh
   const char* state_names[3] = {"values", "exp_avg", "exp_avg_sq"};
   for (int r = 0; r < shape.ranks(); ++r) {
     const Coords q = ch08::coords_of(shape, r);
-    if (q.pp != s || q.dp != 0) continue;
+    const std::vector<int> replicas = replicas_of(shape, q);
+    if (q.pp != s || replicas.front() != r) continue;
     const std::vector<Piece> pieces = pieces_of(g, shape, q, chunks);
     const std::int64_t n = pieces_size(pieces);
+    const auto R = static_cast<int>(replicas.size());
     for (int k = 0; k < states; ++k) {
       // This rank's flat buffer of state k: its own file's, or (ZeRO-1's m and v) each
       // replica's range of it.
       Tensor flat(shardlab::Shape{n}, shardlab::DType::f32);
-      for (int d = 0; d < (k > 0 && sharded ? shape.dp : 1); ++d) {
-        const int from = ch08::rank_of(shape, {q.pp, d, q.tp});
+      for (int d = 0; d < (k > 0 && sharded ? R : 1); ++d) {
+        const int from = replicas[static_cast<std::size_t>(d)];
         const shardlab::ShardRange range =
-            k > 0 && sharded ? shardlab::shard_range(n, shape.dp, d) : shardlab::ShardRange{0, n};
+            k > 0 && sharded ? shardlab::shard_range(n, R, d) : shardlab::ShardRange{0, n};
         const auto it = file(from).find(state_names[k]);
         shardlab::require(it != file(from).end() && it->second.size() == range.length,
                           "save: rank " + std::to_string(from) + "'s " + state_names[k] +
@@ -383,15 +391,16 @@ void save_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
       optimizer ? optimizer->state() : ch08::ReplicaOptimizer::State{};
   const int states = state.m.defined() ? 3 : 1;
   std::map<std::string, Tensor> mine;
-  if (at.dp == 0) mine.emplace("values", model.store().values().to(Memory::host));
-  if (states == 3 && (at.dp == 0 || !state.every_replica)) {
+  const bool lead = mesh.replicas().rank() == 0;  // of the ranks with the same weights
+  if (lead) mine.emplace("values", model.store().values().to(Memory::host));
+  if (states == 3 && (lead || !state.every_replica)) {
     mine.emplace("exp_avg", state.m.to(Memory::host));
     mine.emplace("exp_avg_sq", state.v.to(Memory::host));
   }
   if (!mine.empty()) write_safetensors(rank_file(partial, world.rank()).string(), mine);
   world.barrier();
   // 2. The first rank of each pipeline stage assembles the stage's whole tensors.
-  if (at.dp == 0 && at.tp == 0)
+  if (lead && at.tp == 0)
     assemble_stage(partial, shape, model.shape(), model.chunks(), at.pp, states,
                    !state.every_replica);
   world.barrier();

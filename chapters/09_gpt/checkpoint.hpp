@@ -19,11 +19,12 @@
 //
 // GPT2LMHeadModel.from_pretrained(DIR) loads it and computes the same loss on the same
 // bytes (hf_check.py). A save goes in three moves, every rank taking part:
-//   1. each rank writes its shard, DIR.partial/ranks/rank-R.safetensors: replica 0 its
-//      pieces of the parameters (pieces_of says which), and Adam's m and v as the rank
-//      keeps them (replica 0 all of its pieces'; under ZeRO-1 every replica its range);
-//   2. the first rank of each pipeline stage (dp 0, tp 0) reads its stage's rank files and
-//      writes the stage's whole tensors, in Hugging Face's layout;
+//   1. each rank writes its shard, DIR.partial/ranks/rank-R.safetensors: the first of its
+//      replicas (dp x ep x cp) its pieces of the parameters (pieces_of says which), and
+//      Adam's m and v as the rank keeps them (that replica all of its pieces'; under ZeRO-1
+//      every replica its range);
+//   2. the first rank of each pipeline stage (dp, ep, cp and tp 0) reads its stage's rank
+//      files and writes the stage's whole tensors, in Hugging Face's layout;
 //   3. rank 0 writes the indexes, config.json and trainer.json, removes the rank files,
 //      and renames DIR.partial to DIR.
 // A save that dies half-way leaves the old DIR whole (and perhaps a DIR.partial, which the

@@ -49,12 +49,16 @@ std::vector<std::int64_t> Corpus::validation(std::int64_t count) const {
   return out;
 }
 
-Tensor Corpus::ids(const std::vector<std::int64_t>& starts, int shift) const {
-  Tensor out(Shape{static_cast<std::int64_t>(starts.size()) * context_}, shardlab::DType::i32);
+Tensor Corpus::ids(const std::vector<std::int64_t>& starts, int shift,
+                   const std::vector<std::int64_t>& positions) const {
+  std::vector<std::int64_t> all;
+  if (positions.empty())
+    for (std::int64_t t = 0; t < context_; ++t) all.push_back(t);
+  const std::vector<std::int64_t>& at = positions.empty() ? all : positions;
+  Tensor out(Shape{static_cast<std::int64_t>(starts.size() * at.size())}, shardlab::DType::i32);
   std::int32_t* p = out.data<std::int32_t>();
   for (std::int64_t start : starts)
-    for (std::int64_t t = 0; t < context_; ++t)
-      *p++ = bytes_[static_cast<std::size_t>(start + shift + t)];
+    for (std::int64_t t : at) *p++ = bytes_[static_cast<std::size_t>(start + shift + t)];
   return out;
 }
 

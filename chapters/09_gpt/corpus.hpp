@@ -28,8 +28,10 @@ class Corpus {
   /// Up to `count` sequences of the validation text, back to back from its start.
   std::vector<std::int64_t> validation(std::int64_t count) const;
   /// The bytes [start + shift, start + shift + T) of each sequence, as i32 ids: shift 0
-  /// the inputs, shift 1 the targets.
-  Tensor ids(const std::vector<std::int64_t>& starts, int shift) const;
+  /// the inputs, shift 1 the targets. `positions`: only the bytes at those positions of
+  /// each sequence, in that order (a cp rank's tokens); empty: all T.
+  Tensor ids(const std::vector<std::int64_t>& starts, int shift,
+             const std::vector<std::int64_t>& positions = {}) const;
   /// T, the bytes of a sequence: load()'s `context`.
   std::int64_t context() const { return context_; }
 

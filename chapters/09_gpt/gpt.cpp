@@ -36,7 +36,9 @@ nn::Residual attention_block(nn::ParameterStore& store, const std::string& name,
 
 std::shared_ptr<nn::Layer> attention_core(std::int64_t heads, const GptShape& shape,
                                           const BlockOptions& options) {
-  auto core = std::make_shared<nn::CausalSelfAttention>(heads, shape.context);
+  std::shared_ptr<nn::Layer> core =
+      options.context ? options.context->core(*options.cp, heads, shape.context)
+                      : std::make_shared<nn::CausalSelfAttention>(heads, shape.context);
   if (!options.recompute_core) return core;
   return std::make_shared<nn::Checkpoint>(core);
 }
@@ -65,21 +67,26 @@ Tensor wte_init(const GptShape& shape, int parts, int part) {
 }  // namespace
 
 VocabParallelEmbedding::VocabParallelEmbedding(nn::ParameterStore& store, Communicator& tp,
-                                               const GptShape& shape, bool sequence_parallel)
+                                               const GptShape& shape, bool sequence_parallel,
+                                               std::vector<std::int64_t> positions)
     : region_(tp, sequence_parallel),
-      context_(shape.context),
+      positions_(std::move(positions)),
       vocab_(shard_range(shape.vocab, tp.size(), tp.rank())),
       wte_(&store.add("transformer.wte.weight", wte_init(shape, tp.size(), tp.rank()))),
       wpe_(&store.add(
           "transformer.wpe.weight",
           scale(shardlab::randn(Shape{shape.context, shape.channels}, param_seed(shape, -1, 1)),
-                0.02f))) {}
+                0.02f))) {
+  if (positions_.empty())
+    for (std::int64_t t = 0; t < shape.context; ++t) positions_.push_back(t);
+}
 
 nn::Forward VocabParallelEmbedding::forward(const Tensor& ids) const {
   const std::int64_t n = ids.size(), C = wpe_->value.cols(), V = vocab_.length;
-  require(ids.dtype() == shardlab::DType::i32 && n % context_ == 0, [&] {
-    return "embedding: ids are " + ids.describe() + "; expected i32 of whole sequences of " +
-           std::to_string(context_);
+  const auto P = static_cast<std::int64_t>(positions_.size());
+  require(ids.dtype() == shardlab::DType::i32 && n % P == 0, [&] {
+    return "embedding: ids are " + ids.describe() + "; expected i32, " + std::to_string(P) +
+           " tokens of each sequence";
   });
   // The rows are picked on the host (the ids are host data; under --device cuda from a
   // host copy of this rank's wte) and summed where the weights live. tp rank 0 adds each
@@ -94,8 +101,9 @@ nn::Forward VocabParallelEmbedding::forward(const Tensor& ids) const {
   for (std::int64_t i = 0; i < n; ++i) {
     const std::int64_t row = id[i] - vocab_.offset;
     if (row >= 0 && row < V) std::copy(w + row * C, w + (row + 1) * C, y + i * C);
+    const std::int64_t position = positions_[static_cast<std::size_t>(i % P)];
     if (region_.comm().rank() == 0)
-      for (std::int64_t c = 0; c < C; ++c) y[i * C + c] += p[(i % context_) * C + c];
+      for (std::int64_t c = 0; c < C; ++c) y[i * C + c] += p[position * C + c];
   }
   // Each token's row from the one rank that holds it: summed over tp, whole on every rank
   // or (sequence parallel) this rank's rows of the sum.
@@ -123,12 +131,14 @@ void VocabParallelEmbedding::backward_weight(nn::Saved& saved) {
   float* gp = wpe_grad.data();
   // wpe: every row, or (sequence parallel) this rank's rows only, summed over tp later.
   const ShardRange mine = region_.rows(n);
+  const auto P = static_cast<std::int64_t>(positions_.size());
   for (std::int64_t i = 0; i < n; ++i) {
     const std::int64_t row = id[i] - vocab_.offset;
     if (row >= 0 && row < V)
       for (std::int64_t c = 0; c < C; ++c) gw[row * C + c] += d[i * C + c];
+    const std::int64_t position = positions_[static_cast<std::size_t>(i % P)];
     if (i >= mine.offset && i < mine.offset + mine.length)
-      for (std::int64_t c = 0; c < C; ++c) gp[(i % context_) * C + c] += d[i * C + c];
+      for (std::int64_t c = 0; c < C; ++c) gp[position * C + c] += d[i * C + c];
   }
   if (wte_->grad.on_device()) {
     wte_->grad.copy_from(wte_grad);
@@ -174,7 +184,8 @@ std::int64_t Piece::size() const {
   return whole.numel();
 }
 
-void check_shape(const GptShape& s, const MeshShape& mesh, int chunks) {
+void check_shape(const GptShape& s, const MeshShape& mesh, int chunks,
+                 const ContextParallel* context) {
   const std::string tp = "--tp " + std::to_string(mesh.tp);
   require_usage(s.channels % s.heads == 0, "--heads " + std::to_string(s.heads) +
                                                " must divide --channels " +
@@ -187,6 +198,11 @@ void check_shape(const GptShape& s, const MeshShape& mesh, int chunks) {
   require_usage(s.layers % (mesh.pp * chunks) == 0,
                 "--pp " + std::to_string(mesh.pp) + " x --chunks " + std::to_string(chunks) +
                     " must divide the " + std::to_string(s.layers) + " layers");
+  if (mesh.cp == 1) return;
+  require_usage(context != nullptr, "--cp " + std::to_string(mesh.cp) +
+                                        " needs an attention across the cp ranks (chapter "
+                                        "10's ring attention: ch10::ring_context)");
+  context->check(s.context, mesh.cp);
 }
 
 std::vector<Piece> pieces_of(const GptShape& s, const MeshShape& mesh, const Coords& at,
@@ -242,19 +258,27 @@ GptModel::GptModel(Mesh& mesh, const GptShape& shape, const ModelOptions& option
       first_(mesh.coords().pp == 0),
       last_(mesh.coords().pp == mesh.shape().pp - 1),
       sequence_parallel_(options.sequence_parallel && mesh.shape().tp > 1) {
-  const auto [recompute, chunks, sequence_parallel, compute, memory] = options;
-  check_shape(shape, mesh.shape(), chunks);
+  const auto& [recompute, chunks, sequence_parallel, compute, memory, context] = options;
+  const bool split = mesh.shape().cp > 1;  // each sequence cut over the cp ranks
+  check_shape(shape, mesh.shape(), chunks, context.get());
   const Coords& at = mesh.coords();
   const int p = mesh.shape().pp, per = shape.layers / (p * chunks);
   Communicator& tp = mesh.tp();
+  if (split)
+    positions_ = context->positions(shape.context, mesh.shape().cp, at.cp);
+  else
+    for (std::int64_t t = 0; t < shape.context; ++t) positions_.push_back(t);
   const BlockOptions blocks{.tp = {.sequence_parallel = sequence_parallel_, .compute = compute},
-                            .recompute_core = recompute == Recompute::selective};
+                            .recompute_core = recompute == Recompute::selective,
+                            .context = split ? context.get() : nullptr,
+                            .cp = split ? &mesh.cp() : nullptr};
   for (int c = 0; c < chunks; ++c) {
     chunks_.push_back(std::make_unique<nn::Sequential>());
     nn::Sequential& chunk = *chunks_.back();
     const int k = c * p + at.pp;  // the virtual stage
     if (k == 0) {
-      auto& embedding = chunk.add<VocabParallelEmbedding>(store_, tp, shape, sequence_parallel_);
+      auto& embedding =
+          chunk.add<VocabParallelEmbedding>(store_, tp, shape, sequence_parallel_, positions_);
       tied_ = &embedding.wte();
     }
     for (int b = k * per; b < (k + 1) * per; ++b) {

@@ -16,6 +16,9 @@
 //       between those regions each tp rank holds n/t of the n rows (tensor_parallel.hpp).
 //   dp  replicas, each on its own sequences of the batch (chapter 02's sync, or chapter
 //       05's ZeRO-1).
+//   cp  every sequence cut over the cp ranks (context.hpp): each runs every layer on its
+//       own tokens, the attention's core reaches the others (chapter 10's ring); their
+//       gradients are summed with the replicas'.
 //
 // Every parameter of a rank is a piece of one tensor of the whole model, named as Hugging
 // Face names it (transformer.h.0.attn.c_attn.weight, ...): pieces_of() lists them, for
@@ -48,7 +51,8 @@ ch08::MlpSpec mlp_spec(const std::string& name, const GptShape& shape, int block
 /// wte[id] + wpe[position] with wte cut by vocabulary rows over tp (Megatron-LM's
 /// VocabParallelEmbedding): rank i holds the rows of tokens `vocab()`; each token's row
 /// comes from the rank that holds it (zeros elsewhere), summed over tp (one allreduce of
-/// n x C); wpe is whole on every rank. x is i32 [n], n a multiple of T (position = i % T).
+/// n x C); wpe is whole on every rank. x is i32 [n]: whole sequences (position = i % T),
+/// or under context parallelism this rank's tokens of each (position = positions[i % P]).
 /// There is no dL/dx; backward_weight adds dy's rows into the rows of wte this rank holds
 /// and into wpe.
 class VocabParallelEmbedding final : public nn::Layer {
@@ -58,8 +62,10 @@ class VocabParallelEmbedding final : public nn::Layer {
   /// Sequence parallel: the sum over tp is a reduce-scatter, and this rank's n/t rows come
   /// out (their positions' wpe added); the backward gathers dL/dy's rows for wte, and wpe
   /// gets this rank's rows' gradient only (the caller sums it over tp).
+  /// `positions`: the positions in a sequence of the tokens this rank holds of each (empty:
+  /// all of them, 0 .. T-1).
   VocabParallelEmbedding(nn::ParameterStore& store, Communicator& tp, const GptShape& shape,
-                         bool sequence_parallel = false);
+                         bool sequence_parallel = false, std::vector<std::int64_t> positions = {});
   /// "embedding".
   std::string name() const override { return "embedding"; }
   nn::Forward forward(const Tensor& ids) const override;
@@ -74,7 +80,7 @@ class VocabParallelEmbedding final : public nn::Layer {
 
  private:
   ch08::TpRegion region_;  // left as a row-parallel layer is: g, or a reduce-scatter
-  std::int64_t context_;
+  std::vector<std::int64_t> positions_;  // of the tokens this rank holds of each sequence
   ShardRange vocab_;
   nn::Parameter* wte_;
   nn::Parameter* wpe_;
@@ -135,8 +141,10 @@ std::vector<Piece> pieces_of(const GptShape& shape, const MeshShape& mesh, const
                              int chunks = 1);
 
 /// UsageError unless the model can be cut over `mesh` with `chunks` chunks per stage: tp
-/// divides H; pp x chunks divides L.
-void check_shape(const GptShape& shape, const MeshShape& mesh, int chunks = 1);
+/// divides H; pp x chunks divides L; a sequence cuts over cp as `context` says (cp > 1
+/// needs one).
+void check_shape(const GptShape& shape, const MeshShape& mesh, int chunks = 1,
+                 const ContextParallel* context = nullptr);
 
 /// How a model is built besides its shape; the defaults: plain fp32 on the host.
 struct ModelOptions {
@@ -156,6 +164,9 @@ struct ModelOptions {
   shardlab::DType compute = shardlab::DType::f32;
   /// Where the parameters (and so the activations) live.
   Memory memory = Memory::host;
+  /// Context parallelism over the mesh's cp ranks (context.hpp: chapter 10's ring); needed
+  /// when cp > 1, unused on cp 1.
+  std::shared_ptr<const ContextParallel> context;
 };
 
 /// This rank's part of the model.
@@ -185,6 +196,9 @@ class GptModel {
   bool last() const { return last_; }
   /// The tokens whose wte rows and logits this rank holds: shard_range(V, t, i).
   ShardRange vocab() const { return vocab_; }
+  /// The positions in a sequence of the tokens this rank holds of each: 0 .. T-1, or under
+  /// context parallelism its cp rank's (ContextParallel::positions).
+  const std::vector<std::int64_t>& positions() const { return positions_; }
   /// Sequence parallel on more than one tp rank: activations hold n/t rows, and the
   /// gradients of the weights every tp rank holds whole (Cut::whole) are each rank's
   /// rows' part, to be summed over tp.
@@ -198,6 +212,7 @@ class GptModel {
   nn::Parameter* tied_ = nullptr;
   std::vector<Piece> pieces_;
   ShardRange vocab_;
+  std::vector<std::int64_t> positions_;
   bool first_, last_;
   bool sequence_parallel_ = false;
 };

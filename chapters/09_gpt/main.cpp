@@ -13,6 +13,7 @@
 // Run:
 //   build/default/bin/ch09_gpt                               8 ranks: pp 2 x dp 2 x tp 2
 //   build/default/bin/ch09_gpt --dp 1 --tp 4 --pp 2 --steps 50
+//   build/default/bin/ch09_gpt --tp 2 --cp 2 --pp 2          the sequence cut over a ring
 //   build/default/bin/ch09_gpt --save ckpt                   then: --load ckpt --steps 50
 //   build/default/bin/ch09_gpt --load ckpt --sample 200 --temperature 0.8 --top-k 20
 //   python3 chapters/09_gpt/hf_check.py ckpt                 Hugging Face's loss on it
@@ -25,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint.hpp"
+#include "context_parallel.hpp"  // chapter 10's ring, for --cp
 #include "measurements.hpp"
 #include "profile.hpp"
 #include "references.hpp"
@@ -40,7 +42,7 @@ namespace {
 
 struct Settings {
   TrainConfig run;
-  int dp = 0, tp = 2, pp = 2;  // dp 0: the ranks left over by tp x pp
+  int dp = 0, tp = 2, pp = 2, cp = 1;  // dp 0: the ranks left over by the others
   int steps = 200, log_every = 20, sample = 0, top_k = 0;
   float temperature = 0;
   bool reference = true, benchmark = false;
@@ -154,10 +156,12 @@ int main(int argc, char** argv) {
   auto option = [&](const char* flag, auto& value, const char* what, auto check) {
     return cli.add_option(flag, value, what)->check(check)->capture_default_str();
   };
-  option("--dp", s.dp, "data-parallel replicas (default: the ranks / (tp x pp))",
+  option("--dp", s.dp, "data-parallel replicas (default: the ranks the other axes leave)",
          CLI::Range(0, 1 << 20));
   option("--tp", s.tp, "tensor-parallel ranks (heads, vocabulary)", CLI::Range(1, 1 << 20));
   option("--pp", s.pp, "pipeline stages", CLI::Range(1, 1 << 20));
+  option("--cp", s.cp, "context-parallel ranks: each sequence cut over a ring (chapter 10)",
+         CLI::Range(1, 1 << 20));
   option("--layers", c.model.layers, "transformer blocks L", CLI::Range(1, 64));
   option("--channels", c.model.channels, "channels C", CLI::Range(1, 2048));
   option("--heads", c.model.heads, "attention heads H", CLI::Range(1, 256));
@@ -210,7 +214,8 @@ int main(int argc, char** argv) {
   program.world_size([&](const Options&, int ranks) {
     if (c.schedule == "interleaved" && !program.cli().count("--chunks")) c.chunks = 2;
     if (s.benchmark) return;  // every mesh shape of the ranks, in turn
-    c.mesh = ch08::settle_mesh({.pp = s.pp, .dp = s.dp, .tp = s.tp}, ranks);
+    c.mesh = ch08::settle_mesh({.pp = s.pp, .dp = s.dp, .tp = s.tp, .cp = s.cp}, ranks);
+    if (c.mesh.cp > 1) c.context = ch10::ring_context();
     check_config(c);
   });
   program.validate([&](const Options& o) {

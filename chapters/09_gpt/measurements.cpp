@@ -42,12 +42,14 @@ void report_bytes(Context& ctx, const TrainConfig& c, const StepResult& last) {
 }
 
 double block_activation_floats(const GptShape& g, int tp, Recompute recompute,
-                               bool sequence_parallel) {
+                               bool sequence_parallel, const ContextParallel* context) {
   const auto C = static_cast<double>(g.channels), t = static_cast<double>(tp);
   const double whole = sequence_parallel ? C / t : C;  // a row every tp rank would hold
   if (recompute == Recompute::full) return whole;
+  const double per_head =
+      context ? context->kept_per_token_and_head(g.context) : static_cast<double>(g.context);
   const double softmax =
-      recompute == Recompute::none ? static_cast<double>(g.heads * g.context) / t : 0;
+      recompute == Recompute::none ? static_cast<double>(g.heads) * per_head / t : 0;
   return 4 * whole + 12 * C / t + softmax;
 }
 
@@ -55,14 +57,15 @@ void report_memory(Context& ctx, const TrainConfig& c, Mesh& mesh, GptModel& mod
                    const memory::Usage& used) {
   const Coords& at = mesh.coords();
   const ch05::ZeroConfig zc{.stage = c.zero, .adam = c.adam};
-  const ch05::StateBytes states =
-      ch05::zero_state_bytes({model.store().size()}, zc, shardlab::DType::f32, c.mesh.dp, at.dp);
+  // ZeRO-1 shards Adam's state over the ranks that hold the same weights: the replicas.
+  const ch05::StateBytes states = ch05::zero_state_bytes(
+      {model.store().size()}, zc, shardlab::DType::f32, mesh.replicas().size(), mesh.replicas().rank());
   using memory::Category;
   // The blocks' activations for the microbatches in flight on this stage (the largest
-  // microbatch's tokens, the stage's blocks).
-  const std::int64_t replica = shardlab::shard_range(c.batch, c.mesh.dp, at.dp).length;
-  const std::int64_t tokens =
-      shardlab::shard_range(replica, c.microbatches, 0).length * c.model.context;
+  // microbatch's tokens on this rank, the stage's blocks).
+  const std::int64_t replica = shardlab::shard_range(c.batch, c.replicas(), c.replica(at)).length;
+  const std::int64_t tokens = shardlab::shard_range(replica, c.microbatches, 0).length *
+                              static_cast<std::int64_t>(model.positions().size());
   // How many microbatches' worth of this stage's blocks the schedule keeps at once (chapter
   // 04's simulation: min(p - s, m) under 1F1B, a chunk counting 1/v).
   const ch04::Schedule sched = ch04::make_schedule(c.schedule, c.mesh.pp, c.microbatches, c.chunks);
@@ -70,7 +73,8 @@ void report_memory(Context& ctx, const TrainConfig& c, Mesh& mesh, GptModel& mod
       ch04::simulate(sched, ch04::Costs{}).peak_in_flight[static_cast<std::size_t>(at.pp)];
   const double blocks = 4.0 *
                         block_activation_floats(c.model, c.mesh.tp, c.recompute,
-                                                c.sequence_parallel && c.mesh.tp > 1) *
+                                                c.sequence_parallel && c.mesh.tp > 1,
+                                                c.mesh.cp > 1 ? c.context.get() : nullptr) *
                         static_cast<double>(tokens) * (c.model.layers / c.mesh.pp) * in_flight;
   const auto every =
       gather(ctx, {states.params, used.live(Category::params), states.grads,

@@ -29,9 +29,11 @@ void report_bytes(shardlab::Context& ctx, const TrainConfig& c, const StepResult
 /// the LayerNorms' inputs and outputs are this rank's rows only, so everything is over t:
 /// 16C/t + HT/t, 16C/t, C/t. (Korthikanti et al. 2022's 34 + 5aT/h and, sequence
 /// parallel, 34/t + 5aT/(ht), count 16-bit values and dropout masks; this model has
-/// neither.)
+/// neither.) Context parallel (`context`): the attention keeps its
+/// kept_per_token_and_head() instead of the T weights (the ring: a log-sum-exp).
 double block_activation_floats(const GptShape& g, int tp, Recompute recompute,
-                               bool sequence_parallel = false);
+                               bool sequence_parallel = false,
+                               const ContextParallel* context = nullptr);
 
 /// Model states per rank against chapter 05's formula (its tp x pp shard; ZeRO-1: its
 /// dp shard of Adam's state), and the activations' peak against the blocks' count for

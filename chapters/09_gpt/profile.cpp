@@ -21,11 +21,15 @@ double total(const std::vector<Span>& spans, const std::string& axis) {
   return sum;
 }
 
+/// The axes whose calls happen inside a layer's pass, so inside a compute span: tp's
+/// allreduces, cp's ring, ep's all-to-alls.
+bool nested(const std::string& axis) { return axis == "tp" || axis == "cp" || axis == "ep"; }
+
 /// The spans that do not nest in another (compute, dp, pp), in time order.
 std::vector<Span> outer(const std::vector<Span>& spans) {
   std::vector<Span> out;
   for (const Span& s : spans)
-    if (s.axis != "tp") out.push_back(s);
+    if (!nested(s.axis)) out.push_back(s);
   std::sort(out.begin(), out.end(), [](const Span& a, const Span& b) { return a.start < b.start; });
   return out;
 }
@@ -106,7 +110,9 @@ void StepRecorder::finish() {
 double Profile::tp() const { return total(spans, "tp"); }
 double Profile::dp() const { return total(spans, "dp"); }
 double Profile::pp() const { return total(spans, "pp"); }
-double Profile::compute() const { return total(spans, "compute") - tp(); }
+double Profile::cp() const { return total(spans, "cp"); }
+double Profile::ep() const { return total(spans, "ep"); }
+double Profile::compute() const { return total(spans, "compute") - tp() - cp() - ep(); }
 double Profile::wait() const { return std::max(0.0, step - total(spans, "compute") - dp() - pp()); }
 
 void write_profile_trace(Context& ctx, const MeshShape& mesh, const Profile& mine,
@@ -130,14 +136,17 @@ void write_profile_trace(Context& ctx, const MeshShape& mesh, const Profile& min
   if (mine.step > at) add("wait", "wait", at, mine.step);
   for (const Span& s : mine.spans) add(s.name, s.axis, s.start, s.end);
   const Coords q = ch08::coords_of(mesh, r);
+  std::string where;  // "pp 0, dp 1, tp 0"
+  for (ch08::Axis a : ch08::shown_axes(mesh))
+    where += (where.empty() ? "" : ", ") + std::string(ch08::axis_name(a)) + " " +
+             std::to_string(q.at(a));
   events.push_back(
       {{"name", "thread_name"},
        {"ph", "M"},
        {"pid", 0},
        {"tid", r},
        {"args",
-        {{"name", "rank " + std::to_string(r) + " (pp " + std::to_string(q.pp) + ", dp " +
-                      std::to_string(q.dp) + ", tp " + std::to_string(q.tp) + ")"}}}});
+        {{"name", "rank " + std::to_string(r) + " (" + where + ")"}}}});
   const std::vector<std::string> all = ctx.comm().gather_strings(events.dump());
   if (r != 0) return;
   nlohmann::json trace = nlohmann::json::array();
@@ -148,33 +157,56 @@ void write_profile_trace(Context& ctx, const MeshShape& mesh, const Profile& min
 }
 
 void report_profile(Context& ctx, const MeshShape& mesh, const Profile& mine) {
+  // The communication columns: tp, dp and pp always, cp and ep where the mesh has them.
+  struct Axis {
+    const char* name;
+    double (Profile::*seconds)() const;
+  };
+  std::vector<Axis> axes{{"tp", &Profile::tp}, {"dp", &Profile::dp}, {"pp", &Profile::pp}};
+  if (mesh.cp > 1) axes.push_back({"cp", &Profile::cp});
+  if (mesh.ep > 1) axes.push_back({"ep", &Profile::ep});
+  std::vector<double> values{mine.step, mine.compute(), mine.wait()};
+  for (const Axis& a : axes) values.push_back((mine.*a.seconds)());
   std::vector<std::vector<double>> every;
-  for (double v : {mine.step, mine.compute(), mine.tp(), mine.dp(), mine.pp(), mine.wait()})
-    every.push_back(ctx.comm().gather_values(v));
-  Table t(
-      {"rank", "pp", "dp", "tp", "step_ms", "compute", "tp_comm", "dp_comm", "pp_comm", "wait"});
+  for (double v : values) every.push_back(ctx.comm().gather_values(v));
+  const std::vector<ch08::Axis> shown = ch08::shown_axes(mesh);
+  std::vector<std::string> columns{"rank"};
+  for (ch08::Axis a : shown) columns.emplace_back(ch08::axis_name(a));
+  columns.insert(columns.end(), {"step_ms", "compute"});
+  for (const Axis& a : axes) columns.push_back(std::string(a.name) + "_comm");
+  columns.emplace_back("wait");
+  Table t(columns);
   double worst_busy = 1;
   int idlest = 0;
-  double most[3] = {0, 0, 0};  // tp, dp, pp: the largest share of any rank
+  std::vector<double> most(axes.size(), 0.0);  // per axis: the largest share of any rank
   for (int r = 0; r < ctx.size(); ++r) {
     const auto i = static_cast<std::size_t>(r);
     const double step = every[0][i];
     const Coords q = ch08::coords_of(mesh, r);
-    auto share = [&](int k) { return step > 0 ? every[static_cast<std::size_t>(k)][i] / step : 0; };
-    t.add({r, q.pp, q.dp, q.tp, 1e3 * step, share(1), share(2), share(3), share(4), share(5)});
-    for (int k = 0; k < 3; ++k) most[k] = std::max(most[k], share(k + 2));
+    auto share = [&](std::size_t k) { return step > 0 ? every[k][i] / step : 0; };
+    std::vector<shardlab::Cell> row{r};
+    for (ch08::Axis a : shown) row.emplace_back(q.at(a));
+    row.insert(row.end(), {1e3 * step, share(1)});
+    for (std::size_t k = 0; k < axes.size(); ++k) {
+      row.emplace_back(share(3 + k));
+      most[k] = std::max(most[k], share(3 + k));
+    }
+    row.emplace_back(share(2));
+    t.add(row);
     if (share(1) < worst_busy) worst_busy = share(1), idlest = r;
   }
   ctx.report(t, "profile",
              "\nthe last step, rank by rank: the shares of its time spent computing, in each "
              "axis' communication, and waiting (for a neighbour stage, or for the others)");
-  const char* axes[3] = {"tp", "dp", "pp"};
   std::string diagnosis;
-  for (int k = 0; k < 3; ++k)
+  for (std::size_t k = 0; k < axes.size(); ++k)
     if (most[k] > 0.3)
-      diagnosis += "\n  " + std::string(axes[k]) + " communication takes " +
+      diagnosis += "\n  " + std::string(axes[k].name) + " communication takes " +
                    shardlab::format_number(100 * most[k], 3) +
-                   " % of a rank's step (over 30 %): look at the " + axes[k] + " allreduces";
+                   " % of a rank's step (over 30 %): look at the " + axes[k].name +
+                   (std::string(axes[k].name) == "cp"   ? " ring's passes"
+                    : std::string(axes[k].name) == "ep" ? " all-to-alls"
+                                                        : " allreduces");
   if (worst_busy < 0.7)
     diagnosis += "\n  rank " + std::to_string(idlest) + " computes " +
                  shardlab::format_number(100 * worst_busy, 3) +

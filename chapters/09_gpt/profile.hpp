@@ -2,9 +2,11 @@
 // 诊断", with PyTorch's profiler; here the program measures itself):
 //   compute  each forward (F), input-gradient (B) and weight-gradient (W) pass of the
 //            stage's chunks, and the loss (the head and the cross-entropy), as the
-//            pipeline runs them; the tp allreduces inside them are their own spans
+//            pipeline runs them; the tp allreduces, the cp ring's waits and the ep
+//            all-to-alls inside them are their own spans
 //   tp, dp   every blocking call on the mesh's tp and dp communicators (the embedding
-//            group's allreduce of wte's gradient counts as pp)
+//   cp, ep   group's allreduce of wte's gradient counts as pp; dp is the replicas', and
+//            the expert replicas')
 //   wait     the rest of the step: waiting for a neighbour's activations or gradients
 //            (the pipeline's bubble and its messages), or for the others to arrive
 // The diagnosis applies the notes' two rules of thumb: communication above 30 % of the
@@ -35,7 +37,7 @@ struct Span {
 struct Profile {
   std::vector<Span> spans;  ///< in the order they ended
   double step = 0;          ///< seconds, from the common start to this rank's end
-  /// Seconds of compute, less the tp calls inside it.
+  /// Seconds of compute, less the tp, cp and ep calls inside it.
   double compute() const;
   /// Seconds in blocking calls on the tp communicator.
   double tp() const;
@@ -43,6 +45,10 @@ struct Profile {
   double dp() const;
   /// Seconds in blocking calls on the embedding group's communicator (the pp share).
   double pp() const;
+  /// Seconds in blocking calls on the cp communicator (the ring's waits, inside compute).
+  double cp() const;
+  /// Seconds in blocking calls on the ep communicator (the all-to-alls, inside compute).
+  double ep() const;
   /// Seconds of the rest of the step (waiting), never below 0.
   double wait() const;
 };

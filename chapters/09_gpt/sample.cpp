@@ -18,23 +18,36 @@ std::string sample(Trainer& trainer, const std::string& prompt, int count, float
   GptModel& model = trainer.model_;
   const std::int64_t T = model.shape().context, V = model.shape().vocab;
   std::string text = prompt.empty() ? std::string("\n") : prompt;
-  const int root = ch08::rank_of(mesh.shape(), {mesh.shape().pp - 1, 0, 0});
+  const MeshShape& shape = mesh.shape();
+  const std::vector<std::int64_t>& mine = model.positions();  // of the window, this rank's
   for (int i = 0; i < count; ++i) {
     // The window: the last T bytes, padded at the end (causal attention: what follows
-    // the last byte does not change its logits).
+    // the last byte does not change its logits); this rank's positions of it.
     const auto len = std::min<std::int64_t>(static_cast<std::int64_t>(text.size()), T);
-    Tensor ids(Shape{T}, shardlab::DType::i32);
-    ids.zero();
-    for (std::int64_t t = 0; t < len; ++t)
-      ids.data<std::int32_t>()[t] =
-          static_cast<unsigned char>(text[text.size() - static_cast<std::size_t>(len - t)]);
+    Tensor ids(Shape{static_cast<std::int64_t>(mine.size())}, shardlab::DType::i32);
+    for (std::size_t k = 0; k < mine.size(); ++k)
+      ids.data<std::int32_t>()[k] =
+          mine[k] < len ? static_cast<unsigned char>(
+                              text[text.size() - static_cast<std::size_t>(len - mine[k])])
+                        : 0;
     const Tensor out = trainer.forward_only(ids);
+    // The last byte's logits come from the cp rank that holds its position, at its row
+    // there, on the last stage (dp, ep and tp rank 0 speaks for the job).
+    Coords speaker{.pp = shape.pp - 1};
+    std::int64_t row = len - 1;
+    for (int r = 0; r < shape.cp; ++r) {
+      const std::vector<std::int64_t> held =
+          shape.cp > 1 ? trainer.c_.context->positions(T, shape.cp, r) : mine;
+      const auto at = std::find(held.begin(), held.end(), len - 1);
+      if (at != held.end()) speaker.cp = r, row = at - held.begin();
+    }
+    const int root = ch08::rank_of(shape, speaker);
     Tensor next(Shape{1}, shardlab::DType::f32);
-    if (model.last()) {
-      // The last byte's logits (sequence parallel: the head gathers the rows first).
+    if (model.last() && mesh.coords().cp == speaker.cp) {
+      // That row's logits (sequence parallel: the head gathers the rows first).
       const Tensor logits = model.sequence_parallel()
-                                ? model.head()->forward(out).out.slice(len - 1, 1)
-                                : model.head()->forward(out.slice(len - 1, 1)).out;
+                                ? model.head()->forward(out).out.slice(row, 1)
+                                : model.head()->forward(out.slice(row, 1)).out;
       Tensor row(Shape{V}, shardlab::DType::f32);
       mesh.tp().allgatherv(logits.to(Memory::host).flat(), row,
                            shardlab::shard_counts(V, mesh.shape().tp));

@@ -54,20 +54,23 @@ void set_precision(TrainConfig& c, const std::string& precision, const std::stri
 }
 
 void check_config(const TrainConfig& c) {
-  check_shape(c.model, c.mesh, c.chunks);
+  check_shape(c.model, c.mesh, c.chunks, c.context.get());
   require_usage(c.chunks == 1 || c.schedule == "interleaved",
                 "--chunks " + std::to_string(c.chunks) +
                     ": only the interleaved schedule runs "
                     "several chunks per stage");
   ch04::require_shape(c.schedule, c.mesh.pp, c.microbatches, c.chunks, c.model.layers);
-  require_usage(!c.sequence_parallel || c.model.context % c.mesh.tp == 0,
-                "--sequence-parallel splits each sequence's " + std::to_string(c.model.context) +
-                    " tokens over the tp ranks: --tp " + std::to_string(c.mesh.tp) +
-                    " must divide --context");
-  require_usage(c.batch >= static_cast<std::int64_t>(c.mesh.dp) * c.microbatches,
+  const std::int64_t tokens = c.model.context / c.mesh.cp;  // of a sequence, on one cp rank
+  require_usage(!c.sequence_parallel || tokens % c.mesh.tp == 0,
+                "--sequence-parallel splits each sequence's " + std::to_string(tokens) +
+                    " tokens" + (c.mesh.cp > 1 ? " on a cp rank" : "") + " over the tp ranks: --tp " +
+                    std::to_string(c.mesh.tp) + " must divide " +
+                    (c.mesh.cp > 1 ? "--context / --cp" : "--context"));
+  const std::string replicas = c.mesh.ep > 1 ? "dp x ep x m" : "dp x m";
+  require_usage(c.batch >= static_cast<std::int64_t>(c.replicas()) * c.microbatches,
                 "--batch " + std::to_string(c.batch) +
-                    " must give every replica's microbatches a sequence: at least dp x m = " +
-                    std::to_string(c.mesh.dp * c.microbatches));
+                    " must give every replica's microbatches a sequence: at least " + replicas +
+                    " = " + std::to_string(c.replicas() * c.microbatches));
 }
 
 Trainer::Trainer(Mesh& mesh, GptModel& model, const TrainConfig& c, const Corpus& data)
@@ -79,14 +82,17 @@ Trainer::Trainer(Mesh& mesh, GptModel& model, const TrainConfig& c, const Corpus
       pipeline_(mesh.pp()),
       scaler_(c.scaler, c.scaler_config) {
   const Coords& at = mesh.coords();
-  // The embedding group: the first and the last stage of each (dp, tp) pair share wte.
+  // The embedding group: the first and the last stage of each place on the other axes
+  // share wte (its colour: the first stage's rank there).
   const bool ends = at.pp == 0 || at.pp == c.mesh.pp - 1;
+  Coords first_stage = at;
+  first_stage.pp = 0;
   const int world = mesh.world().size();
-  embedding_group_ =
-      mesh.world().split(ends ? at.dp * c.mesh.tp + at.tp : world + mesh.world().rank(), at.pp);
+  embedding_group_ = mesh.world().split(
+      ends ? ch08::rank_of(c.mesh, first_stage) : world + mesh.world().rank(), at.pp);
   memory::Scope scope(memory::Category::optimizer);
-  replicas_ = std::make_unique<ch08::ReplicaOptimizer>(mesh.dp(), model.store(), c.zero, c.adam,
-                                                       false, c.memory);
+  replicas_ = std::make_unique<ch08::ReplicaOptimizer>(mesh.replicas(), model.store(), c.zero,
+                                                       c.adam, false, c.memory);
 }
 
 Trainer::~Trainer() = default;
@@ -95,7 +101,8 @@ StepResult Trainer::step(int step) {
   const Coords& at = mesh_.coords();
   const std::int64_t T = c_.model.context, C = c_.model.channels;
   const std::vector<std::int64_t> all = data_.batch(step, c_.batch, c_.model.seed);
-  const shardlab::ShardRange mine = shard_range(c_.batch, c_.mesh.dp, at.dp);
+  const shardlab::ShardRange mine = shard_range(c_.batch, c_.replicas(), c_.replica(at));
+  const std::vector<std::int64_t>& positions = model_.positions();  // of each sequence
   auto starts_of = [&](int j) {
     const shardlab::ShardRange mb = shard_range(mine.length, c_.microbatches, j);
     const auto begin = all.begin() + mine.offset + mb.offset;
@@ -105,15 +112,19 @@ StepResult Trainer::step(int step) {
 
   // A profile (profile_next_step), or nothing: every span from the step's common start.
   StepRecorder recorder(profile_, mesh_.world(),
-                        {{&mesh_.tp(), "tp"}, {&mesh_.dp(), "dp"}, {embedding_group_.get(), "pp"}});
+                        {{&mesh_.tp(), "tp"},
+                         {&mesh_.replicas(), "dp"},
+                         {embedding_group_.get(), "pp"},
+                         {&mesh_.cp(), "cp"}});
   profile_ = nullptr;
   ch04::Stage stage;
   for (int c = 0; c < model_.chunks(); ++c) stage.chunks.push_back(recorder.wrap(model_.chunk(c)));
-  stage.input = [&](int j) { return data_.ids(starts_of(j), 0); };  // host ids
+  stage.input = [&](int j) { return data_.ids(starts_of(j), 0, positions); };  // host ids
   stage.memory = c_.memory;
   const std::int64_t split = model_.sequence_parallel() ? c_.mesh.tp : 1;  // rows held: n / split
+  const auto held = static_cast<std::int64_t>(positions.size());  // tokens of a sequence
   stage.boundary = [&](int j, int) {
-    return ch04::Boundary{{static_cast<std::int64_t>(starts_of(j).size()) * T / split, C}};
+    return ch04::Boundary{{static_cast<std::int64_t>(starts_of(j).size()) * held / split, C}};
   };
   stage.loss = [&](const Tensor& out, int j) {
     const auto start = StepRecorder::Clock::now();
@@ -121,7 +132,7 @@ StepResult Trainer::step(int step) {
     nn::Forward logits = head.forward(out);
     const VocabLoss loss =
         vocab_parallel_cross_entropy(mesh_.tp(), logits.out.to(Memory::host),
-                                     data_.ids(starts_of(j), 1), model_.vocab(), tokens);
+                                     data_.ids(starts_of(j), 1, positions), model_.vocab(), tokens);
     Tensor dlogits = vocab_parallel_cross_entropy_backward(loss).to(c_.memory);
     if (c_.scaler != ch06::Scaler::none) scale_in_place(dlogits, scaler_.scale());
     Tensor dx = head.backward(dlogits, logits.saved);
@@ -131,8 +142,8 @@ StepResult Trainer::step(int step) {
   ch04::Hooks hooks;
   replicas_->accumulate(hooks);
 
-  const CommStats tp0 = mesh_.tp().stats(), dp0 = mesh_.dp().stats(),
-                  emb0 = embedding_group_->stats();
+  const CommStats tp0 = mesh_.tp().stats(), dp0 = mesh_.replicas().stats(),
+                  emb0 = embedding_group_->stats(), cp0 = mesh_.cp().stats();
   model_.store().zero_grad();
   ch04::StageRun ran;
   {
@@ -165,8 +176,10 @@ StepResult Trainer::step(int step) {
     replicas_->update();
   scaler_.update(result.skipped);
   recorder.finish();
-  result.bytes = {sent_since(mesh_.tp(), tp0), sent_since(mesh_.dp(), dp0),
-                  ran.bytes_sent + sent_since(*embedding_group_, emb0)};
+  result.bytes = {.tp = sent_since(mesh_.tp(), tp0),
+                  .dp = sent_since(mesh_.replicas(), dp0),
+                  .pp = ran.bytes_sent + sent_since(*embedding_group_, emb0),
+                  .cp = sent_since(mesh_.cp(), cp0)};
   result.events = std::move(ran.events);
   // The batch's loss: the last stage's shares, once per replica (tp rank 0), summed.
   const bool counts = model_.last() && at.tp == 0;
@@ -200,7 +213,7 @@ double Trainer::clip_gradients(ch08::ReplicaOptimizer::Reduced& reduced) {
   const std::int64_t first = reduced.offset, end = first + reduced.grads.size();
   const Tensor grads = reduced.grads.to(Memory::host);  // a copy under --device cuda
   double squares = 0;
-  if (!reduced.every_replica || mesh_.coords().dp == 0) {
+  if (!reduced.every_replica || mesh_.replicas().rank() == 0) {
     const std::vector<nn::Parameter*> params = model_.store().parameters();
     for (std::size_t i = 0; i < params.size(); ++i) {
       const std::int64_t from = std::max(first, params[i]->offset),
@@ -226,7 +239,7 @@ Tensor Trainer::forward_only(const Tensor& ids) {
   const std::int64_t n = ids.size() / (model_.sequence_parallel() ? c_.mesh.tp : 1),
                      C = c_.model.channels;  // the rows this rank holds between stages
   constexpr int kTag = 9000;                 // apart from the pipeline runtime's own channels
-  Tensor x = ids;
+  Tensor x = ids;  // this rank's tokens of each sequence
   for (int k = s; k <= last; k += p) {
     if (k > 0 && p > 1) {
       x = Tensor(Shape{n, C}, shardlab::DType::f32, c_.memory);
@@ -241,16 +254,17 @@ Tensor Trainer::forward_only(const Tensor& ids) {
 double Trainer::evaluate(const std::vector<std::int64_t>& starts) {
   const Coords& at = mesh_.coords();
   const shardlab::ShardRange mine =
-      shard_range(static_cast<std::int64_t>(starts.size()), c_.mesh.dp, at.dp);
+      shard_range(static_cast<std::int64_t>(starts.size()), c_.replicas(), c_.replica(at));
   const std::vector<std::int64_t> part(starts.begin() + mine.offset,
                                        starts.begin() + mine.offset + mine.length);
+  const std::vector<std::int64_t>& positions = model_.positions();
   double loss = 0;
   if (!part.empty()) {
-    const Tensor out = forward_only(data_.ids(part, 0));
+    const Tensor out = forward_only(data_.ids(part, 0, positions));
     if (model_.last()) {
       const Tensor logits = model_.head()->forward(out).out.to(Memory::host);
       loss = vocab_parallel_cross_entropy(
-                 mesh_.tp(), logits, data_.ids(part, 1), model_.vocab(),
+                 mesh_.tp(), logits, data_.ids(part, 1, positions), model_.vocab(),
                  static_cast<double>(starts.size() * static_cast<std::size_t>(c_.model.context)))
                  .value;
     }
@@ -288,8 +302,9 @@ std::string describe(const TrainConfig& c, std::string_view backend) {
   return "GPT (L " + n(s.layers) + ", C " + n(s.channels) + ", H " + n(s.heads) + ", T " +
          n(s.context) + ", V " + n(s.vocab) + "; " +
          shardlab::format_number(static_cast<double>(parameter_count(s)) / 1e6) +
-         "M parameters) on pp x dp x tp = " + n(m.pp) + " x " + n(m.dp) + " x " + n(m.tp) + " (" +
-         std::string(backend) + "), " + c.schedule + ", " + n(c.microbatches) +
+         "M parameters) on " + ch08::mesh_name(m) + " (" + std::string(backend) + "), " +
+         (m.cp > 1 && c.context ? c.context->name() + ", " : "") + c.schedule + ", " +
+         n(c.microbatches) +
          " microbatches; batch " + n(c.batch) + " x " + n(s.context) + " bytes, " +
          (c.zero ? "ZeRO-1" : "Adam") + " lr " + shardlab::format_number(c.adam.lr) +
          (c.clip > 0 ? ", clip " + shardlab::format_number(c.clip) : "") +
@@ -311,7 +326,7 @@ ch08::AxisBytes formula_bytes(const TrainConfig& c, const Coords& at) {
                                         4, rank, ranks)
         .sent;
   };
-  const shardlab::ShardRange mine = shard_range(c.batch, m.dp, at.dp);
+  const shardlab::ShardRange mine = shard_range(c.batch, c.replicas(), c.replica(at));
   ch08::AxisBytes out;
   const bool full = c.recompute == Recompute::full, split = c.sequence_parallel && m.tp > 1;
   // Per microbatch, the collectives of n x C elements: a block's 4 allreduces (f and g,
@@ -323,14 +338,25 @@ ch08::AxisBytes formula_bytes(const TrainConfig& c, const Coords& at) {
   const std::int64_t blocks = g.layers / m.pp;
   const std::int64_t halves = split ? (full ? 14 : 10) * blocks + 2 * (first + last)
                                     : 2 * ((full ? 6 : 4) * blocks + first + last);
+  // cp: every block's core, a forward and a backward; recomputation (selective: the core,
+  // full: the whole block) runs its forward again in the backward.
+  const int forwards = c.recompute == Recompute::none ? 1 : 2;
+  const std::int64_t tokens = g.context / m.cp;  // of each sequence, on this rank
   for (int j = 0; j < c.microbatches; ++j) {
-    const std::int64_t n = shard_range(mine.length, c.microbatches, j).length * g.context;
+    const std::int64_t sequences = shard_range(mine.length, c.microbatches, j).length,
+                       n = sequences * tokens;
     out.tp += static_cast<std::uint64_t>(halves) * allreduce(n * g.channels, at.tp, m.tp) / 2;
     if (last) out.tp += 3 * allreduce(n, at.tp, m.tp);
     for (int chunk = 0; chunk < c.chunks && m.pp > 1; ++chunk) {  // to other stages only
       const int k = chunk * m.pp + at.pp, last_k = m.pp * c.chunks - 1;
       out.pp += static_cast<std::uint64_t>(((k > 0) + (k < last_k)) * n * g.channels * 4 /
                                            (split ? m.tp : 1));
+    }
+    if (m.cp > 1) {
+      const std::int64_t heads = g.heads / m.tp, head_dim = g.channels / g.heads;
+      out.cp += static_cast<std::uint64_t>(blocks) *
+                (forwards * c.context->forward_bytes(m.cp, g.context, sequences, heads, head_dim) +
+                 c.context->backward_bytes(m.cp, g.context, sequences, heads, head_dim));
     }
   }
   std::int64_t params = 0, whole = 0;
@@ -339,7 +365,8 @@ ch08::AxisBytes formula_bytes(const TrainConfig& c, const Coords& at) {
     if (p.cut == Cut::whole) whole += p.size();
   }
   if (split) out.tp += allreduce(whole, at.tp, m.tp);  // the rows' parts of the whole weights
-  out.dp = allreduce(params, at.dp, m.dp);
+  // The replicas: dp x ep x cp ranks, this one at (dp_i ep + ep_i) cp + cp_i.
+  out.dp = allreduce(params, c.replica(at) * m.cp + at.cp, c.replicas() * m.cp);
   if (m.pp > 1 && (first || last))
     out.pp += allreduce(shard_range(g.vocab, m.tp, at.tp).length * g.channels, last, 2);
   return out;

@@ -3,20 +3,21 @@
 //
 // A step, on every rank (chapter 08's hybrid training, with a language model's ends):
 //   1. the global batch: B sequences of T + 1 bytes at places a seeded generator picks
-//      in the training text; replica d takes sequences shard_range(B, dp, d) and cuts
-//      them into m microbatches;
+//      in the training text; replica d (of dp x ep: expert parallelism is carved out of
+//      data parallelism) takes sequences shard_range(B, dp ep, d) and cuts them into m
+//      microbatches; under context parallelism each cp rank holds its tokens of each;
 //   2. chapter 04's pipeline runs the schedule: stage 0 embeds the bytes, each stage its
 //      blocks, the last stage ln_f, the tied LM head and the vocabulary-parallel
 //      cross-entropy (attention_and_loss.hpp), each microbatch's loss its share of the batch's
 //      mean;
 //   3. the two copies of wte (first and last stage) add up their gradients (pp > 1);
-//      chapter 02's sync sums the replicas' gradients (or chapter 05's ZeRO-1 does, in
-//      its step);
+//      chapter 02's sync sums the replicas' gradients, over dp x ep x cp (or chapter 05's
+//      ZeRO-1 does, in its step);
 //   4. the gradients are clipped to a global norm (PyTorch's clip_grad_norm_: all of them
 //      scaled by max_norm / (norm + 1e-6) when that is below 1), the norm taken over the
 //      whole model, each parameter once (Megatron-LM's rule: a tensor every tp rank holds
-//      counted on tp rank 0 only, a replica's gradient on replica 0 only, the head's copy
-//      of wte not at all);
+//      counted on tp rank 0 only, a replica's gradient on the replicas' first rank only,
+//      the head's copy of wte not at all);
 //   5. Adam (the library's, PyTorch's update).
 // The one-device reference is the same code on a 1 x 1 x 1 mesh with the whole batch in
 // one microbatch.
@@ -63,10 +64,17 @@ struct TrainConfig {
   /// Where the mesh's tensors live: Memory::device under --device cuda (each rank's GPU;
   /// the embedding's row picking, the loss and the norm run on host copies).
   Memory memory = Memory::host;
+  /// The attention across the cp ranks when mesh.cp > 1 (context.hpp; chapter 10's ring).
+  std::shared_ptr<const ContextParallel> context;
   /// What GptModel needs of it besides the shape.
   ModelOptions model_options() const {
-    return {recompute, chunks, sequence_parallel, precision, memory};
+    return {recompute, chunks, sequence_parallel, precision, memory, context};
   }
+  /// The replicas of the data: ep x dp, each on its own sequences of the batch (the cp
+  /// ranks of a replica share its sequences, the tp and pp ranks its tokens).
+  int replicas() const { return mesh.dp * mesh.ep; }
+  /// Which of them the rank at `at` is: dp_i ep + ep_i.
+  int replica(const Coords& at) const { return at.dp * mesh.ep + at.ep; }
 };
 
 /// --precision (fp32, fp16 or bf16) and --scaler (none, static or dynamic; "": dynamic
@@ -74,7 +82,8 @@ struct TrainConfig {
 void set_precision(TrainConfig& c, const std::string& precision, const std::string& scaler);
 
 /// UsageError unless `c` can run: check_shape, every replica's microbatch a sequence, a
-/// schedule with one chunk per stage, tp dividing the context under sequence parallelism.
+/// schedule with one chunk per stage, tp dividing a cp rank's tokens of a sequence under
+/// sequence parallelism.
 void check_config(const TrainConfig& c);
 
 /// What one step did.
@@ -146,13 +155,16 @@ double run_bytes(const TrainConfig& c, bool threads);
 /// The whole model's parameters.
 std::int64_t parameter_count(const GptShape& shape);
 /// What the formulas say rank `at` sends in one training step (ring allreduce: 2 (N-1)/N
-/// of S, as shardlab::collective_traffic counts it exactly), per microbatch of n tokens:
+/// of S, as shardlab::collective_traffic counts it exactly), per microbatch of n tokens
+/// (the rank's: b sequences of T/cp):
 ///   tp  allreduces of n x C: 4 per block (attention's and the MLP's g forward and f
 ///       backward; 2 more under full recompute, whose second forward sums again), 1 for
 ///       the embedding (first stage), 1 for the head's dL/dx (last stage); and the
 ///       cross-entropy's allreduces of n numbers (last stage)
-///   dp  one allreduce of the rank's parameters per step
+///   dp  one allreduce of the rank's parameters per step, over the dp x ep x cp replicas
 ///   pp  n x C activations to the next stage and their gradients to the one before, and
 ///       the allreduce of wte's gradient between the first and the last stage (pp > 1)
+///   cp  the attention's core per block: a forward (twice under recomputation) and a
+///       backward of context.hpp's bytes (chapter 10's ring)
 ch08::AxisBytes formula_bytes(const TrainConfig& c, const Coords& at);
 }  // namespace ch09

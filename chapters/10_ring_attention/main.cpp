@@ -64,8 +64,8 @@ void run(Context& ctx, const Settings& s) {
   auto self = ctx.comm().split(r, 0);
   RingSaved whole_saved;
   const std::vector<float> whole_out =
-      ring_attention(*self, q, k, v, T, Split::plain, H, D, &whole_saved);
-  const RingGrads whole = ring_attention_backward(*self, whole_saved, dout, T, Split::plain, H, D);
+      ring_attention(*self, q, k, v, {T, Split::plain, H, D}, &whole_saved);
+  const RingGrads whole = ring_attention_backward(*self, whole_saved, dout, {T, Split::plain, H, D});
 
   // 2. The ring: this rank's rows.
   const std::vector<std::int64_t> pos = rank_positions(T, cp, r, split);
@@ -74,11 +74,11 @@ void run(Context& ctx, const Settings& s) {
   memory::Tracker tracker;  // what the forward keeps for the backward: the ledger's count
   const auto start = ctx.comm().stats().total().bytes_sent;
   const std::vector<float> out = ring_attention(ctx.comm(), rows_at(q, pos, C), rows_at(k, pos, C),
-                                                rows_at(v, pos, C), T, split, H, D, &saved, &work);
+                                                rows_at(v, pos, C), {T, split, H, D}, &saved, &work);
   const auto forward = ctx.comm().stats().total().bytes_sent - start;
   const std::uint64_t kept = tracker.usage().live(memory::Category::activations);
   const RingGrads g =
-      ring_attention_backward(ctx.comm(), saved, rows_at(dout, pos, C), T, split, H, D);
+      ring_attention_backward(ctx.comm(), saved, rows_at(dout, pos, C), {T, split, H, D});
   const auto backward = ctx.comm().stats().total().bytes_sent - start - forward;
 
   // 3. Against one device, every element. The two add the same terms in other orders
@@ -168,8 +168,8 @@ void benchmark(Context& ctx, const Settings& s) {
           RingSaved saved;
           std::int64_t w = 0;
           Stopwatch timer;
-          ring_attention(*ring, mine, mine, mine, T, split, H, D, &saved, &w);
-          ring_attention_backward(*ring, saved, mine, T, split, H, D);
+          ring_attention(*ring, mine, mine, mine, {T, split, H, D}, &saved, &w);
+          ring_attention_backward(*ring, saved, mine, {T, split, H, D});
           if (i > 0) times.push_back(timer.seconds());
           work = w;
         }

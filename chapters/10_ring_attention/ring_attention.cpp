@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "ring_allreduce.hpp"
 #include "shardlab/check.hpp"
 #include "shardlab/memory.hpp"
 
@@ -93,8 +94,9 @@ namespace {
 
 constexpr int kTag = 10'000;
 
-/// The rank whose block this rank holds at step s of the ring: r - s mod cp.
-int source(int rank, int step, int cp) { return ((rank - step) % cp + cp) % cp; }
+/// The rank whose block this rank holds at step s of the ring: r - s mod cp. The blocks
+/// travel as chapter 03's ring all-gather moves its chunks (ch03::wrap: a ring index).
+int source(int rank, int step, int cp) { return ch03::wrap(rank - step, cp); }
 
 /// Sends `out` to the next rank and receives the previous rank's into `in`, started now
 /// and finished by the caller's wait: the transfer runs while the block is computed.
@@ -102,7 +104,7 @@ struct Pass {
   shardlab::Request send, recv;
 };
 Pass start_pass(Communicator& cp, const std::vector<float>& out, std::vector<float>& in, int tag) {
-  const int next = (cp.rank() + 1) % cp.size(), previous = (cp.rank() + cp.size() - 1) % cp.size();
+  const int next = ch03::wrap(cp.rank() + 1, cp.size()), previous = ch03::wrap(cp.rank() - 1, cp.size());
   in.resize(out.size());
   Pass p;
   p.recv = cp.irecv(in, previous, tag);
@@ -118,38 +120,45 @@ void finish(Communicator& cp, Pass& p) {
 
 std::vector<float> ring_attention(Communicator& cp, const std::vector<float>& q,
                                   const std::vector<float>& k, const std::vector<float>& v,
-                                  std::int64_t T, Split split, std::int64_t heads,
-                                  std::int64_t head_dim, RingSaved* saved, std::int64_t* work) {
+                                  const RingShape& shape, RingSaved* saved, std::int64_t* work) {
   const int P = cp.size(), r = cp.rank();
-  const std::vector<std::int64_t> mine = rank_positions(T, P, r, split);
+  const std::int64_t T = shape.T, H = shape.heads, D = shape.head_dim, C = H * D,
+                     S = shape.sequences;
+  const std::vector<std::int64_t> mine = rank_positions(T, P, r, shape.split);
   const auto n = static_cast<std::int64_t>(mine.size());
-  const std::int64_t C = heads * head_dim;
-  shardlab::require(q.size() == at(n * C) && k.size() == q.size() && v.size() == q.size(),
-                    "ring_attention: q, k and v must be the rank's rows x heads x head_dim");
-  // The block in hand, k and v side by side, and the one arriving.
+  shardlab::require(q.size() == at(S * n * C) && k.size() == q.size() && v.size() == q.size(),
+                    "ring_attention: q, k and v must be the rank's rows (of each sequence) x "
+                    "heads x head_dim");
+  // The block in hand, k and v side by side (every sequence's), and the one arriving.
   std::vector<float> held(k), arriving;
   held.insert(held.end(), v.begin(), v.end());
-  Partial acc = Partial::empty(n, heads, head_dim);
+  std::vector<Partial> acc(at(S), Partial::empty(n, H, D));
   for (int step = 0; step < P; ++step) {
     Pass pass;
     const bool more = step + 1 < P;
     if (more) pass = start_pass(cp, held, arriving, kTag + step);
-    const std::span<const float> block(held);  // k, then v
-    merge(acc, attend(q, block.first(at(n * C)), block.subspan(at(n * C)), mine,
-                      rank_positions(T, P, source(r, step, P), split), heads, head_dim, work));
+    const std::vector<std::int64_t> keys = rank_positions(T, P, source(r, step, P), shape.split);
+    const std::span<const float> block(held), queries(q);  // block: every k, then every v
+    for (std::int64_t s = 0; s < S; ++s) {
+      const std::size_t rows = at(s * n * C), size = at(n * C);
+      merge(acc[at(s)], attend(queries.subspan(rows, size), block.subspan(rows, size),
+                               block.subspan(at(S * n * C) + rows, size), mine, keys, H, D, work));
+    }
     if (more) {
       finish(cp, pass);
       held.swap(arriving);
     }
   }
-  std::vector<float> out(acc.out.size());
-  std::vector<float> lse(acc.max.size());
-  for (std::int64_t i = 0; i < n * heads; ++i) {
-    const float l = acc.sum[at(i)];
-    lse[at(i)] = acc.max[at(i)] + std::log(l);
-    for (std::int64_t d = 0; d < head_dim; ++d)
-      out[at(i * head_dim + d)] = acc.out[at(i * head_dim + d)] / l;
-  }
+  std::vector<float> out(at(S * n * C));
+  std::vector<float> lse(at(S * n * H));
+  for (std::int64_t s = 0; s < S; ++s)
+    for (std::int64_t i = 0; i < n * H; ++i) {
+      const Partial& a = acc[at(s)];
+      const float l = a.sum[at(i)];
+      lse[at(s * n * H + i)] = a.max[at(i)] + std::log(l);
+      for (std::int64_t d = 0; d < D; ++d)
+        out[at((s * n * H + i) * D + d)] = a.out[at(i * D + d)] / l;
+    }
   if (saved) {
     shardlab::memory::Scope kept(shardlab::memory::Category::activations);
     *saved = {tensor_of(q), tensor_of(k), tensor_of(v), tensor_of(out), tensor_of(lse), mine};
@@ -158,52 +167,62 @@ std::vector<float> ring_attention(Communicator& cp, const std::vector<float>& q,
 }
 
 RingGrads ring_attention_backward(Communicator& cp, const RingSaved& saved,
-                                  const std::vector<float>& dout, std::int64_t T, Split split,
-                                  std::int64_t heads, std::int64_t head_dim) {
+                                  const std::vector<float>& dout, const RingShape& shape) {
   const int P = cp.size(), r = cp.rank();
   const auto n = static_cast<std::int64_t>(saved.pos.size());
-  const std::int64_t H = heads, D = head_dim, C = H * D;
+  const std::int64_t H = shape.heads, D = shape.head_dim, C = H * D, S = shape.sequences;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  const float *q = saved.q.data(), *o = saved.out.data(), *lse = saved.lse.data();
+  shardlab::require(dout.size() == at(S * n * C) && saved.q.size() == S * n * C,
+                    "ring_attention_backward: dL/dout must be the rank's rows x heads x head_dim, "
+                    "as the forward's");
   // delta = rowsum(dout * out) per row and head: the softmax's backward needs it.
-  std::vector<float> delta(at(n * H), 0.0f);
-  for (std::int64_t i = 0; i < n * H; ++i)
+  const float* o = saved.out.data();
+  std::vector<float> delta(at(S * n * H), 0.0f);
+  for (std::int64_t i = 0; i < S * n * H; ++i)
     for (std::int64_t d = 0; d < D; ++d) delta[at(i)] += dout[at(i * D + d)] * o[i * D + d];
   RingGrads g;
-  g.dq.assign(at(n * C), 0.0f);
+  g.dq.assign(at(S * n * C), 0.0f);
   // What travels: k and v side by side, passed on while this rank computes with them;
   // then the gradients of them gathered so far, once the rank has added its part.
-  std::vector<float> kv(saved.k.data(), saved.k.data() + n * C), kv_next;
-  kv.insert(kv.end(), saved.v.data(), saved.v.data() + n * C);
-  std::vector<float> grads(at(2 * n * C), 0.0f), grads_next;
+  std::vector<float> kv(saved.k.data(), saved.k.data() + S * n * C), kv_next;
+  kv.insert(kv.end(), saved.v.data(), saved.v.data() + S * n * C);
+  std::vector<float> grads(at(2 * S * n * C), 0.0f), grads_next;
   for (int step = 0; step < P; ++step) {
     Pass pass;
     const bool more = step + 1 < P;
     if (more) pass = start_pass(cp, kv, kv_next, kTag + 100 + 2 * step);
-    const std::vector<std::int64_t> keys = rank_positions(T, P, source(r, step, P), split);
-    const float* k = kv.data();
-    const float* v = k + n * C;
-    float* dk = grads.data();
-    float* dv = dk + n * C;
-    for (std::int64_t i = 0; i < n; ++i)
-      for (std::int64_t h = 0; h < H; ++h) {
-        const std::size_t row = at(i * H + h);
-        for (std::int64_t j = 0; j < n; ++j) {
-          if (keys[at(j)] > saved.pos[at(i)]) continue;
-          float s = 0, dp = 0;
-          for (std::int64_t d = 0; d < D; ++d) {
-            s += q[i * C + h * D + d] * k[j * C + h * D + d];
-            dp += dout[at(i * C + h * D + d)] * v[j * C + h * D + d];
-          }
-          const float p = std::exp(s * scale - lse[row]);
-          const float ds = p * (dp - delta[row]) * scale;
-          for (std::int64_t d = 0; d < D; ++d) {
-            dv[j * C + h * D + d] += p * dout[at(i * C + h * D + d)];
-            g.dq[at(i * C + h * D + d)] += ds * k[j * C + h * D + d];
-            dk[j * C + h * D + d] += ds * q[i * C + h * D + d];
+    const std::vector<std::int64_t> keys = rank_positions(shape.T, P, source(r, step, P), shape.split);
+    for (std::int64_t s = 0; s < S; ++s) {
+      const std::int64_t first = s * n * C;  // this sequence's rows, in every array
+      const float* q = saved.q.data() + first;
+      const float* lse = saved.lse.data() + s * n * H;
+      const float* k = kv.data() + first;
+      const float* v = kv.data() + S * n * C + first;
+      const float* dy = dout.data() + first;
+      const float* dl = delta.data() + s * n * H;
+      float* dq = g.dq.data() + first;
+      float* dk = grads.data() + first;
+      float* dv = grads.data() + S * n * C + first;
+      for (std::int64_t i = 0; i < n; ++i)
+        for (std::int64_t h = 0; h < H; ++h) {
+          const std::int64_t row = i * H + h;
+          for (std::int64_t j = 0; j < n; ++j) {
+            if (keys[at(j)] > saved.pos[at(i)]) continue;
+            float sc = 0, dp = 0;
+            for (std::int64_t d = 0; d < D; ++d) {
+              sc += q[i * C + h * D + d] * k[j * C + h * D + d];
+              dp += dy[i * C + h * D + d] * v[j * C + h * D + d];
+            }
+            const float p = std::exp(sc * scale - lse[row]);
+            const float ds = p * (dp - dl[row]) * scale;
+            for (std::int64_t d = 0; d < D; ++d) {
+              dv[j * C + h * D + d] += p * dy[i * C + h * D + d];
+              dq[i * C + h * D + d] += ds * k[j * C + h * D + d];
+              dk[j * C + h * D + d] += ds * q[i * C + h * D + d];
+            }
           }
         }
-      }
+    }
     if (more) {
       finish(cp, pass);
       kv.swap(kv_next);
@@ -216,8 +235,8 @@ RingGrads ring_attention_backward(Communicator& cp, const RingSaved& saved,
       grads.swap(grads_next);
     }
   }
-  g.dk.assign(grads.begin(), grads.begin() + n * C);
-  g.dv.assign(grads.begin() + n * C, grads.end());
+  g.dk.assign(grads.begin(), grads.begin() + S * n * C);
+  g.dv.assign(grads.begin() + S * n * C, grads.end());
   return g;
 }
 

@@ -88,7 +88,7 @@ Partial attend(std::span<const float> q, std::span<const float> k, std::span<con
 
 /// What the forward keeps for the backward, as tensors the memory ledger counts (under
 /// Category::activations): the rank's q, k, v, the output and the log-sum-exp of each
-/// row and head; and the rows' positions.
+/// row and head (of every sequence); and the rows' positions in a sequence.
 struct RingSaved {
   shardlab::Tensor q;             ///< the rank's queries, rows x heads x head_dim
   shardlab::Tensor k;             ///< its keys
@@ -100,13 +100,24 @@ struct RingSaved {
   std::uint64_t bytes() const;
 };
 
-/// The forward on every rank of `cp` (the ring): this rank's rows' q, k, v at positions
-/// `pos` (split as `split` says). Returns the rank's rows of the attention (rows x heads x
-/// head_dim); `saved` for the backward; `work`: the score entries this rank computed.
+/// What the ring attends over: sequences of T tokens, cut over the ring as `split` says,
+/// `heads` heads of `head_dim` channels. A rank holds its rows of each of `sequences`
+/// sequences, one sequence's after another (a microbatch), and passes them all at once.
+struct RingShape {
+  std::int64_t T = 0;                ///< tokens of a sequence
+  Split split = Split::zigzag;       ///< how each sequence is cut over the ring
+  std::int64_t heads = 1;            ///< attention heads
+  std::int64_t head_dim = 1;         ///< a head's width
+  std::int64_t sequences = 1;        ///< sequences side by side
+};
+
+/// The forward on every rank of `cp` (the ring): this rank's rows of q, k and v (its
+/// positions, rank_positions, of each sequence in turn; each row heads x head_dim).
+/// Returns the rank's rows of the attention, alike; `saved` for the backward; `work`: the
+/// score entries this rank computed.
 std::vector<float> ring_attention(Communicator& cp, const std::vector<float>& q,
                                   const std::vector<float>& k, const std::vector<float>& v,
-                                  std::int64_t T, Split split, std::int64_t heads,
-                                  std::int64_t head_dim, RingSaved* saved = nullptr,
+                                  const RingShape& shape, RingSaved* saved = nullptr,
                                   std::int64_t* work = nullptr);
 
 /// The gradients of this rank's q, k and v from dL/d out of its rows.
@@ -118,8 +129,7 @@ struct RingGrads {
 /// The backward, on every rank of the ring: the keys and values travel again, with the
 /// gradients of them accumulated on the way, which end where they started.
 RingGrads ring_attention_backward(Communicator& cp, const RingSaved& saved,
-                                  const std::vector<float>& dout, std::int64_t T, Split split,
-                                  std::int64_t heads, std::int64_t head_dim);
+                                  const std::vector<float>& dout, const RingShape& shape);
 
 /// Causal attention over a whole sequence of T rows and its gradients from dL/d out, in
 /// double, by the textbook formulas (P = softmax(q k^T / sqrt(D)), dP = dout v^T,
@@ -137,7 +147,7 @@ Exact exact_attention(const std::vector<float>& q, const std::vector<float>& k,
 
 /// Bytes a rank sends: the forward passes its k and v block on cp - 1 times; the
 /// backward passes k, v and their gradients cp - 1 times, and the gradients once more
-/// home. `block_bytes`: one of k or v of a rank's rows.
+/// home. `block_bytes`: one of k or v of a rank's rows (of every sequence it holds).
 std::uint64_t ring_forward_bytes(int cp, std::uint64_t block_bytes);
 /// The backward's bytes (ring_forward_bytes says what travels).
 std::uint64_t ring_backward_bytes(int cp, std::uint64_t block_bytes);
