@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -158,10 +159,74 @@ Tolerance tolerance(const MoeConfig& config, const Weights& all, const Tensor& x
 // ---------------------------------------------------------------------------
 // The layer expert-parallel, as an nn layer
 
+/// Routing groups for a layer inside a model (chapter 09's GPT routes each sequence on
+/// its own, so that the routing is a function of the sequence alone, whatever the mesh
+/// cuts it into): every `tokens` tokens are routed together, with the capacity
+/// expert_capacity(tokens, k, E, capacity_factor), and the aux loss is each group's own.
+struct MoeGroups {
+  /// T: the tokens of a group. 0: the rank's rows are one group, shard_range(config.tokens,
+  /// N, rank) of them, with config.capacity(rank, N) (chapter 07's layer).
+  std::int64_t tokens = 0;
+  /// The ranks that each hold part of every group (chapter 10's context parallelism):
+  /// they gather the group's router probabilities (an all-gather of E per token) and
+  /// route it whole, each keeping its own tokens' choices. nullptr: whole groups here.
+  Communicator* split = nullptr;
+  /// Per rank of `split`, the positions (0 .. tokens-1) of the group's tokens it holds, in
+  /// the order it holds them (a rank's rows are its parts of its groups, group by group).
+  std::vector<std::vector<std::int64_t>> positions;
+};
+
+/// What the layers of a model report about their routing, and what their aux loss weighs:
+/// one per rank, shared by the rank's MoE layers, read and cleared by its trainer.
+struct MoeLog {
+  /// Each routing group's aux loss enters the model's loss times this (chapter 09: 1/B,
+  /// the batch's mean over its B sequences).
+  double weight = 1;
+  /// The aux loss's gradient times this: the loss scaler's scale, which the rest of the
+  /// loss's gradient already carries (Megatron-LM's MoEAuxLossAutoScaler).
+  float grad_scale = 1;
+  /// Every group's stats added up, by the backward_input of each microbatch (a group
+  /// split over ranks: on the first of them), its aux loss times `weight`.
+  RoutingStats stats;
+  /// Per backward_input, in order: this rank's kept choices per expert (E counts), what it
+  /// dispatched (the all-to-alls' formula needs every rank's).
+  std::vector<std::vector<std::int64_t>> kept;
+  /// Forgets what the layers reported (the weight and scale stay).
+  void clear() {
+    stats = {};
+    kept.clear();
+  }
+};
+
+/// How a MoeLayer is built besides its config; the defaults are chapter 07's layer.
+struct MoeOptions {
+  /// The parameters' prefix: NAME.router, NAME.expertE.w1, ...
+  std::string name = "moe";
+  /// y = x + the experts' weighted sum (chapter 07); false: the sum alone (in a block whose
+  /// residual adds x).
+  bool residual = true;
+  /// backward_weight sums the router's gradient over the layer's ranks (chapter 07: they
+  /// hold every token between them); false: the caller's data-parallel sync does, with
+  /// the other weights every replica holds.
+  bool sum_router = true;
+  /// Local expert e's layer (d -> d), its parameters added to the store it is given. Empty:
+  /// chapter 07's Linear, tanh, Linear without biases, from make_weights.
+  std::function<std::shared_ptr<shardlab::nn::Layer>(shardlab::nn::ParameterStore&, int expert)>
+      expert;
+  /// Where the experts' parameters go (their gradients are summed over other ranks than
+  /// the router's); nullptr: the router's store.
+  shardlab::nn::ParameterStore* expert_store = nullptr;
+  /// How the tokens are grouped for routing.
+  MoeGroups groups;
+  /// Where the routing is reported, and the aux loss's weight; nullptr: weight 1, scale 1.
+  std::shared_ptr<MoeLog> log;
+};
+
 /// The MoE layer over the ranks of `comm` (an expert-parallel group; one rank holds every
 /// expert): the router (replicated) and this rank's E/N experts are parameters in
-/// `store`, each expert an nn::Sequential of Linear, Tanh, Linear. It goes into an
-/// nn::Sequential like any layer.
+/// `store`, each expert an nn::Sequential of Linear, Tanh, Linear (MoeOptions: any layer,
+/// in a store of its own, routed by groups, without the residual: chapter 09's GPT). It
+/// goes into an nn::Sequential like any layer.
 ///
 ///   x   this rank's tokens: rows shard_range(T, N, rank) of the config's T, d columns
 ///   y   the same rows, in the memory the store was allocated in (f32 parameters)
@@ -187,9 +252,14 @@ class MoeLayer final : public shardlab::nn::Layer {
   /// Starting from `init` (the router and this rank's experts, rank E/N .. on).
   MoeLayer(shardlab::nn::ParameterStore& store, Communicator& comm, const MoeConfig& config,
            const Weights& init, const std::string& name = "moe");
+  /// A layer in a model: the router (d x E) from `router`, this rank's experts E/N made by
+  /// options.expert, and the rest as `options` say. A routing group's rows must come whole
+  /// to a forward (options.groups).
+  MoeLayer(shardlab::nn::ParameterStore& store, Communicator& comm, const MoeConfig& config,
+           const Tensor& router, MoeOptions options);
 
   /// The name given at construction ("moe" by default).
-  std::string name() const override { return name_; }
+  std::string name() const override { return options_.name; }
   shardlab::nn::Forward forward(const Tensor& x) const override;
   /// dL/dx, and (kept in `saved` for backward_weight) every expert's own B.
   Tensor backward_input(const Tensor& dy, shardlab::nn::Saved& saved) const override;
@@ -206,11 +276,11 @@ class MoeLayer final : public shardlab::nn::Layer {
   int experts_here() const { return static_cast<int>(experts_.size()); }
   /// The router's weights Wr (d x E), the same on every rank.
   shardlab::nn::Parameter& router() { return *router_; }
-  /// Local expert l's W1, d x h (expert first_expert() + l).
+  /// Local expert l's W1, d x h (expert first_expert() + l; chapter 07's experts).
   shardlab::nn::Parameter& w1(int l);
-  /// Local expert l's W2, h x d (expert first_expert() + l).
+  /// Local expert l's W2, h x d (expert first_expert() + l; chapter 07's experts).
   shardlab::nn::Parameter& w2(int l);
-  /// The current weights, copied to the host.
+  /// The current weights, copied to the host (chapter 07's experts).
   Weights weights() const;
   /// The largest difference of this rank's experts' dL/dW1 and dL/dW2 from those of the
   /// same experts in `reference` (which holds every expert's: moe_reference).
@@ -220,16 +290,20 @@ class MoeLayer final : public shardlab::nn::Layer {
   /// drops it); combined() makes the stats the whole layer's.
   Routing routing(const shardlab::nn::Saved& saved) const;
   /// routing_stats of that routing and the probabilities saved with it: this rank's part
-  /// of the layer's stats.
+  /// of the layer's stats (one group: chapter 07's layer).
   RoutingStats stats(const shardlab::nn::Saved& saved) const;
 
  private:
+  /// The routing of this rank's rows: one group (chapter 07), or options_.groups'.
+  struct Routed;
+  Routed route_rows(const Tensor& probs) const;
+
   Communicator& comm_;
   MoeConfig config_;
-  std::string name_;
+  MoeOptions options_;
   int first_ = 0;
   shardlab::nn::Parameter* router_ = nullptr;
-  std::vector<std::shared_ptr<shardlab::nn::Sequential>> experts_;
+  std::vector<std::shared_ptr<shardlab::nn::Layer>> experts_;
 };
 
 /// The layer once, as a Result: a MoeLayer over `comm` from the weights `mine`, with its

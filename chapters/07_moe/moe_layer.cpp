@@ -27,6 +27,8 @@ enum SavedAt : Index {
   saved_send_counts,             //   i64, rows to each rank
   saved_received,                //   i64, the counts the exchange brought (N x E/N)
   saved_returned,                // the experts' outputs back at this rank, in send order
+  saved_fractions,               // f_i of each routing group (its first choices), G x E (host)
+  saved_group_stats,             // the groups' routing stats, for the log (host, f64)
   forward_saved,                 // how many the forward keeps;
   saved_dlogits = forward_saved  // backward_input adds dL/dlogits of this rank's tokens
 };
@@ -148,6 +150,42 @@ Places places_of(const MoeConfig& c, const Routing& r, const Dispatch& plan,
 
 }  // namespace
 
+namespace {
+
+/// Chapter 07's experts from `init`: expert e is Linear d -> h, tanh, Linear h -> d, no
+/// biases, with init's W1 and W2 of it. Error unless `init` holds this rank's E/N.
+MoeOptions tanh_experts(const MoeConfig& config, const Weights& init, const Communicator& comm,
+                        const std::string& name) {
+  const int N = comm.size(), per = config.experts / N;
+  require(config.experts % N == 0 && static_cast<int>(init.w1.size()) == per &&
+              init.w2.size() == init.w1.size() && init.first == comm.rank() * per,
+          [&] {
+            return name + ": " + std::to_string(config.experts) + " experts over " +
+                   std::to_string(N) + " ranks; rank " + std::to_string(comm.rank()) +
+                   " was given " + std::to_string(init.w1.size()) + " from expert " +
+                   std::to_string(init.first);
+          });
+  MoeOptions options;
+  options.name = name;
+  options.expert = [config, init, name](nn::ParameterStore& store, int e) {
+    const std::int64_t d = config.hidden, h = config.ffn;
+    const std::string prefix = name + ".expert" + std::to_string(e);
+    const Index l = at(e - init.first);
+    auto net = std::make_shared<nn::Sequential>();
+    net->add<nn::Linear>(store, prefix + ".w1", d, h, expert_seed(config, e), false)
+        .weight()
+        .value.copy_from(init.w1[l]);
+    net->add<nn::Tanh>();
+    net->add<nn::Linear>(store, prefix + ".w2", h, d, expert_seed(config, e) + 1, false)
+        .weight()
+        .value.copy_from(init.w2[l]);
+    return std::shared_ptr<nn::Layer>(std::move(net));
+  };
+  return options;
+}
+
+}  // namespace
+
 MoeLayer::MoeLayer(nn::ParameterStore& store, Communicator& comm, const MoeConfig& config,
                    const std::string& name)
     : MoeLayer(store, comm, config,
@@ -157,41 +195,35 @@ MoeLayer::MoeLayer(nn::ParameterStore& store, Communicator& comm, const MoeConfi
 
 MoeLayer::MoeLayer(nn::ParameterStore& store, Communicator& comm, const MoeConfig& config,
                    const Weights& init, const std::string& name)
-    : comm_(comm), config_(config), name_(name) {
+    : MoeLayer(store, comm, config, init.router, tanh_experts(config, init, comm, name)) {}
+
+MoeLayer::MoeLayer(nn::ParameterStore& store, Communicator& comm, const MoeConfig& config,
+                   const Tensor& router, MoeOptions options)
+    : comm_(comm), config_(config), options_(std::move(options)) {
   const int N = comm.size(), per = config.experts / N;
-  first_ = comm.rank() * per;
-  require(config.experts % N == 0 && static_cast<int>(init.w1.size()) == per &&
-              init.w2.size() == init.w1.size() && init.first == first_ && init.router.ndim() == 2 &&
-              init.router.rows() == config.hidden && init.router.cols() == config.experts,
+  const std::string& name = options_.name;
+  require(config.experts % N == 0 && router.ndim() == 2 && router.rows() == config.hidden &&
+              router.cols() == config.experts,
           [&] {
             return name + ": " + std::to_string(config.experts) + " experts over " +
-                   std::to_string(N) + " ranks; rank " + std::to_string(comm.rank()) +
-                   " was given " + std::to_string(init.w1.size()) + " from expert " +
-                   std::to_string(init.first) + " and a router " + init.router.describe();
+                   std::to_string(N) + " ranks, a router " + router.describe() + " for tokens of " +
+                   std::to_string(config.hidden);
           });
-  const std::int64_t d = config.hidden, h = config.ffn;
-  router_ = &store.add(name + ".router", init.router.clone());
-  for (int l = 0; l < per; ++l) {
-    // Expert e: Linear d -> h, tanh, Linear h -> d, no biases; the weights of `init`.
-    const int e = first_ + l;
-    const std::string prefix = name + ".expert" + std::to_string(e);
-    auto net = std::make_shared<nn::Sequential>();
-    net->add<nn::Linear>(store, prefix + ".w1", d, h, expert_seed(config, e), false)
-        .weight()
-        .value.copy_from(init.w1[at(l)]);
-    net->add<nn::Tanh>();
-    net->add<nn::Linear>(store, prefix + ".w2", h, d, expert_seed(config, e) + 1, false)
-        .weight()
-        .value.copy_from(init.w2[at(l)]);
-    experts_.push_back(std::move(net));
-  }
+  const MoeGroups& g = options_.groups;
+  require(
+      !g.split || (g.tokens > 0 && g.positions.size() == static_cast<std::size_t>(g.split->size())),
+      [&] { return name + ": a group split over ranks needs every rank's positions in it"; });
+  first_ = comm.rank() * per;
+  router_ = &store.add(name + ".router", router.clone());
+  nn::ParameterStore& expert_store = options_.expert_store ? *options_.expert_store : store;
+  for (int l = 0; l < per; ++l) experts_.push_back(options_.expert(expert_store, first_ + l));
 }
 
 nn::Parameter& MoeLayer::w1(int l) {
-  return dynamic_cast<nn::Linear&>((*experts_.at(at(l)))[0]).weight();
+  return dynamic_cast<nn::Linear&>(dynamic_cast<nn::Sequential&>(*experts_.at(at(l)))[0]).weight();
 }
 nn::Parameter& MoeLayer::w2(int l) {
-  return dynamic_cast<nn::Linear&>((*experts_.at(at(l)))[2]).weight();
+  return dynamic_cast<nn::Linear&>(dynamic_cast<nn::Sequential&>(*experts_.at(at(l)))[2]).weight();
 }
 
 std::vector<nn::Parameter*> MoeLayer::parameters() const {
@@ -214,8 +246,9 @@ Weights MoeLayer::weights() const {
 }
 
 Routing MoeLayer::routing(const nn::Saved& saved) const {
-  require(saved.tensors.size() >= forward_saved,
-          [&] { return name_ + ": the routing of a Saved that is not this layer's forward's"; });
+  require(saved.tensors.size() >= forward_saved, [&] {
+    return options_.name + ": the routing of a Saved that is not this layer's forward's";
+  });
   return routing_of(config_, saved, config_.capacity(comm_.rank(), comm_.size()));
 }
 
@@ -223,21 +256,127 @@ RoutingStats MoeLayer::stats(const nn::Saved& saved) const {
   return routing_stats(config_, routing(saved), saved.tensors.at(saved_probs));
 }
 
+struct MoeLayer::Routed {
+  Routing routing;   // this rank's rows' choices; group g's slots offset by g C
+  Tensor fractions;  // G x E: f_i of each group, from the whole group's first choices
+  Tensor stats;      // f64: the groups' stats added up (wanted, kept: E each; dropped,
+                     // passed through, aux), on the first rank of a split group only
+};
+
+namespace {
+
+std::size_t stats_width(int experts) { return 2 * at(experts) + 3; }
+
+Tensor pack(const RoutingStats& s, int experts) {
+  std::vector<double> v(stats_width(experts), 0.0);
+  for (std::size_t e = 0; e < s.wanted.size(); ++e) v[e] = s.wanted[e];
+  for (std::size_t e = 0; e < s.kept.size(); ++e) v[at(experts) + e] = s.kept[e];
+  v[2 * at(experts)] = s.dropped;
+  v[2 * at(experts) + 1] = s.passed_through;
+  v[2 * at(experts) + 2] = s.aux_loss;
+  return Tensor::from_vector(v);
+}
+
+RoutingStats unpack(const Tensor& t, int experts) {
+  const std::span<const double> v = t.span<double>();
+  RoutingStats s;
+  for (Index e = 0; e < at(experts); ++e) {
+    s.wanted.push_back(static_cast<int>(v[e]));
+    s.kept.push_back(static_cast<int>(v[at(experts) + e]));
+  }
+  s.dropped = static_cast<int>(v[2 * at(experts)]);
+  s.passed_through = static_cast<int>(v[2 * at(experts) + 1]);
+  s.aux_loss = v[2 * at(experts) + 2];
+  return s;
+}
+
+}  // namespace
+
+MoeLayer::Routed MoeLayer::route_rows(const Tensor& probs) const {
+  const MoeConfig& c = config_;
+  const MoeGroups& g = options_.groups;
+  Routed out;
+  if (g.tokens == 0) {  // chapter 07: the rank's rows are one group
+    out.routing = route(probs, c.k, c.capacity(comm_.rank(), comm_.size()));
+    out.fractions =
+        Tensor::from_vector(first_choice_fractions(out.routing)).reshape(Shape{1, c.experts});
+    out.stats = pack(routing_stats(c, out.routing, probs), c.experts);
+    return out;
+  }
+  // Each group (a sequence) routed whole with a capacity from its T tokens; a rank that
+  // holds part of each gathers the others' probabilities of it first (every part is n
+  // rows: its positions there).
+  const int E = c.experts;
+  const int me = g.split ? g.split->rank() : 0;
+  const auto n = g.split ? static_cast<std::int64_t>(g.positions[at(me)].size()) : g.tokens;
+  const std::int64_t G = n > 0 ? probs.rows() / n : 0;
+  const int capacity = expert_capacity(static_cast<int>(g.tokens), c.k, E, c.capacity_factor);
+  Tensor every;  // every rank's probabilities of its parts, rank by rank
+  if (g.split) {
+    every = Tensor(Shape{g.split->size() * probs.rows(), E}, DType::f32);
+    g.split->allgather(probs, every);
+  }
+  MoeConfig group = c;
+  group.tokens = static_cast<int>(g.tokens);
+  Routing& r = out.routing;
+  r = Routing{static_cast<int>(G * n), E, c.k, static_cast<int>(G) * capacity, {}, {}, {}};
+  out.fractions = Tensor(Shape{G, E}, DType::f32);
+  RoutingStats stats;
+  stats.wanted.assign(at(E), 0);
+  stats.kept.assign(at(E), 0);
+  for (std::int64_t q = 0; q < G; ++q) {
+    Tensor whole(Shape{g.tokens, E}, DType::f32);
+    if (g.split) {
+      for (int rank = 0; rank < g.split->size(); ++rank)
+        for (std::int64_t i = 0; i < n; ++i)
+          whole.slice(g.positions[at(rank)][at(static_cast<int>(i))], 1)
+              .copy_from(every.slice((rank * G + q) * n + i, 1));
+    } else {
+      whole.copy_from(probs.slice(q * n, n));
+    }
+    const Routing group_routing = route(whole, c.k, capacity);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto t = static_cast<int>(g.split ? g.positions[at(me)][at(static_cast<int>(i))] : i);
+      for (int j = 0; j < c.k; ++j) {
+        const Index ch = at(group_routing.at(t, j));
+        r.expert.push_back(group_routing.expert[ch]);
+        r.gate.push_back(group_routing.gate[ch]);
+        const int slot = group_routing.slot[ch];
+        r.slot.push_back(slot < 0 ? -1 : static_cast<int>(q) * capacity + slot);
+      }
+    }
+    const std::vector<float> f = first_choice_fractions(group_routing);
+    std::copy(f.begin(), f.end(), out.fractions.data() + q * E);
+    if (me == 0) stats += routing_stats(group, group_routing, whole);
+  }
+  out.stats = pack(stats, E);
+  return out;
+}
+
 nn::Forward MoeLayer::forward(const Tensor& x_in) const {
   const MoeConfig& c = config_;
   const int N = comm_.size(), rank = comm_.rank();
+  const MoeGroups& g = options_.groups;
   const ShardRange tokens = shard_range(c.tokens, N, rank);
-  require(x_in.ndim() == 2 && x_in.rows() == tokens.length && x_in.cols() == c.hidden, [&] {
-    return name_ + ": rank " + std::to_string(rank) + " has x " + x_in.describe() +
-           "; shard_range gives it " + std::to_string(tokens.length) + " of the " +
-           std::to_string(c.tokens) + " tokens, " + std::to_string(c.hidden) + " wide";
-  });
+  const std::int64_t part =  // a group's rows on this rank
+      g.split ? static_cast<std::int64_t>(g.positions[at(g.split->rank())].size()) : g.tokens;
+  require(x_in.ndim() == 2 && x_in.cols() == c.hidden &&
+              (g.tokens == 0 ? x_in.rows() == tokens.length : part > 0 && x_in.rows() % part == 0),
+          [&] {
+            return options_.name + ": rank " + std::to_string(rank) + " has x " + x_in.describe() +
+                   (g.tokens == 0
+                        ? "; shard_range gives it " + std::to_string(tokens.length) + " of the " +
+                              std::to_string(c.tokens) + " tokens, "
+                        : "; expected whole groups of " + std::to_string(part) + " rows, ") +
+                   std::to_string(c.hidden) + " wide";
+          });
   const Memory memory = router_->value.memory();
   const Tensor x = x_in.to(memory);
   const std::int64_t d = c.hidden;
-  // 1. Route this rank's tokens, with a capacity from their number.
+  // 1. Route this rank's tokens, with a capacity from their number (or each group's).
   const Tensor probs = router_probs(x, router_->value);
-  const Routing r = route(probs, c.k, c.capacity(rank, N));
+  const Routed routed = route_rows(probs);
+  const Routing& r = routed.routing;
   const Dispatch plan = plan_dispatch(r, N);
   // 2. The exchange of counts: rank q learns how many rows each of its experts gets from
   // this rank (E/N counts each way between every pair).
@@ -266,7 +405,7 @@ nn::Forward MoeLayer::forward(const Tensor& x_in) const {
   // 5. Combine: the outputs go back the way they came; y = x + gate x output.
   Tensor back(Shape{n_send, d}, DType::f32, memory);
   comm_.alltoallv(outs, p.recv_elems, back, p.send_elems);
-  f.out = combine(x, r, 0, p.send_row, back).to(memory);
+  f.out = combine(options_.residual ? x : zeros(x.shape()), r, 0, p.send_row, back).to(memory);
   f.saved.tensors = {x,
                      probs,
                      as_tensor<std::int32_t>(r.expert),
@@ -276,7 +415,9 @@ nn::Forward MoeLayer::forward(const Tensor& x_in) const {
                      as_tensor<std::int64_t>(plan.per_expert),
                      as_tensor<std::int64_t>(plan.send_counts),
                      as_tensor<std::int64_t>(received),
-                     back};
+                     back,
+                     routed.fractions,
+                     routed.stats};
   return f;
 }
 
@@ -284,12 +425,13 @@ Tensor MoeLayer::backward_input(const Tensor& dy_in, nn::Saved& saved) const {
   const MoeConfig& c = config_;
   const int N = comm_.size(), per = experts_here();
   require(saved.tensors.size() == forward_saved && saved.children.size() == at(per), [&] {
-    return name_ + " backward: a Saved from this layer's forward (" +
+    return options_.name + " backward: a Saved from this layer's forward (" +
            std::to_string(saved.tensors.size()) + " tensors), before any backward_input";
   });
   const Tensor& x = saved.tensors[saved_x];
-  require(dy_in.same_shape(x),
-          [&] { return name_ + " backward: dy is " + dy_in.describe() + ", x " + x.describe(); });
+  require(dy_in.same_shape(x), [&] {
+    return options_.name + " backward: dy is " + dy_in.describe() + ", x " + x.describe();
+  });
   const Memory memory = router_->value.memory();
   const Routing r = routing(saved);
   const Dispatch plan = plan_of(saved);
@@ -321,12 +463,32 @@ Tensor MoeLayer::backward_input(const Tensor& dy_in, nn::Saved& saved) const {
   }
   Tensor dins(Shape{n_send, d}, DType::f32, memory);
   comm_.alltoallv(dins_recv, p.recv_elems, dins, p.send_elems);
-  // 3. Through the router (gates and this rank's aux loss), and the residual.
-  const Tensor dlogits =
-      router_grad(c, r, 0, saved.tensors[saved_probs], dgate, first_choice_fractions(r));
+  // 3. Through the router (gates and the aux loss, group by group), and the residual.
+  const MoeGroups& g = options_.groups;
+  const std::shared_ptr<MoeLog>& log = options_.log;
+  MoeConfig aux = c;  // the aux loss weighed and scaled as the model's loss is
+  if (log) aux.aux_alpha *= log->weight * log->grad_scale;
+  if (g.tokens > 0) aux.tokens = static_cast<int>(g.tokens);
+  const Tensor& probs = saved.tensors[saved_probs];
+  const Tensor& fractions = saved.tensors[saved_fractions];
+  Tensor dlogits(probs.rows(), c.experts);
+  const std::int64_t G = fractions.rows(), n = G > 0 ? probs.rows() / G : 0;
+  for (std::int64_t q = 0; q < G; ++q) {
+    const std::span<const float> f =
+        fractions.span().subspan(at(static_cast<int>(q * c.experts)), at(c.experts));
+    dlogits.slice(q * n, n).copy_from(router_grad(aux, r, q * n, probs.slice(q * n, n), dgate,
+                                                  std::vector<float>(f.begin(), f.end())));
+  }
+  if (log) {
+    RoutingStats stats = unpack(saved.tensors[saved_group_stats], c.experts);
+    stats.aux_loss *= log->weight;
+    log->stats += stats;
+    log->kept.emplace_back(plan.per_expert.begin(), plan.per_expert.end());
+  }
   saved.dy = dy_in;
   saved.tensors.push_back(dlogits);
-  return input_grad(dy, r, 0, p.send_row, dins, dlogits, router_->value).to(memory);
+  const Tensor through = options_.residual ? dy : zeros(dy.shape());
+  return input_grad(through, r, 0, p.send_row, dins, dlogits, router_->value).to(memory);
 }
 
 double MoeLayer::expert_grad_diff(const Result& reference) {
@@ -340,15 +502,17 @@ double MoeLayer::expert_grad_diff(const Result& reference) {
 }
 
 void MoeLayer::backward_weight(nn::Saved& saved) {
-  require(
-      saved.tensors.size() == forward_saved + 1 && saved.dy.defined() &&
-          saved.children.size() == experts_.size(),
-      [&] { return name_ + ": backward_weight needs backward_input first (or was called twice)"; });
+  require(saved.tensors.size() == forward_saved + 1 && saved.dy.defined() &&
+              saved.children.size() == experts_.size(),
+          [&] {
+            return options_.name +
+                   ": backward_weight needs backward_input first (or was called twice)";
+          });
   for (std::size_t l = 0; l < experts_.size(); ++l) experts_[l]->backward_weight(saved.children[l]);
   // The router is every rank's: its gradient is the sum over every rank's tokens.
   Tensor drouter =
       matmul(saved.tensors[saved_x].to(Memory::host), saved.tensors[saved_dlogits], true, false);
-  comm_.allreduce(drouter, ReduceOp::sum);
+  if (options_.sum_router) comm_.allreduce(drouter, ReduceOp::sum);
   axpy(1.0f, drouter.to(router_->grad.memory()), router_->grad);
   saved = nn::Saved{};
 }

@@ -15,13 +15,16 @@ void report_vs_one_device(Context& ctx, const std::vector<Agreement>& rows,
   std::vector<double> alone;
   for (const Agreement& row : rows)
     alone.push_back(ctx.comm().agree(row.order_alone, ReduceOp::max));
-  double worst = 0;
-  for (double a : alone) worst = nan_max(worst, a);
+  double worst = 0;  // of the rows held to the worst of all
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    if (!rows[i].own_least) worst = nan_max(worst, alone[i]);
   Table vs({"what", "one_device", "mesh", "diff", "order_alone", "tolerance"});
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const Agreement& row = rows[i];
+    const bool own = row.own_least.has_value();
     const double within =
-        std::max(tolerance.least, tolerance.times * (tolerance.worst_of_all ? worst : alone[i]));
+        std::max(own ? *row.own_least : tolerance.least,
+                 tolerance.times * (tolerance.worst_of_all && !own ? worst : alone[i]));
     const double diff = ctx.verify_close(row.what, row.diff, within);
     auto cell = [](const std::optional<double>& v) -> shardlab::Cell {
       if (v) return *v;

@@ -19,6 +19,9 @@ struct Agreement {
   double order_alone = 0;                 ///< one device's against itself, the batch in pieces
   std::optional<double> one_device = {};  ///< one device's value, when one number says it
   std::optional<double> mesh = {};        ///< the mesh's value, when one number says it
+  /// Held to its own order alone, and to at least this (0: exactly equal), whatever the
+  /// table's Tolerance says (a quantity of another kind than the rest: a count).
+  std::optional<double> own_least = {};
 };
 
 /// How close is equal: within `times` x what the order alone does, never closer than

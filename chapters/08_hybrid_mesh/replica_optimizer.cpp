@@ -32,7 +32,11 @@ ReplicaOptimizer::~ReplicaOptimizer() = default;
 void ReplicaOptimizer::accumulate(ch04::Hooks& hooks) {
   if (!sync_) return;
   sync_->set_enabled(false);  // the microbatches accumulate; the last backward syncs
-  hooks.before_last_backward = [this] { sync_->set_enabled(true); };
+  // After whatever the hook did already (another optimizer's sync, of other weights).
+  hooks.before_last_backward = [this, before = hooks.before_last_backward] {
+    if (before) before();
+    sync_->set_enabled(true);
+  };
 }
 // [no_sync_hook]
 

@@ -44,7 +44,8 @@ class ReplicaOptimizer {
   ReplicaOptimizer& operator=(const ReplicaOptimizer&) = delete;
 
   /// Before a step's pipeline run: the sync is off while the microbatches accumulate, and
-  /// `hooks` switch it back on before the last backward.
+  /// `hooks` switch it back on before the last backward (after what they did before: two
+  /// optimizers, of two stores, can share them).
   void accumulate(ch04::Hooks& hooks);
   /// After the run: every replica holds the sum of the replicas' gradients (GradSync).
   /// Nothing under ZeRO-1, whose update() reduces them itself.

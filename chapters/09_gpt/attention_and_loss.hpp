@@ -44,10 +44,20 @@ struct GptShape {
   std::int64_t context = 64;    ///< T: tokens per sequence, and the learned positions
   std::int64_t vocab = 256;     ///< V: bytes
   std::uint64_t seed = 0;       ///< every initial weight derives from it
+  /// E: the experts of a Mixture-of-Experts MLP (chapter 07) in every moe_every-th block,
+  /// from block 0 (Megatron-LM's --moe-layer-freq); 0: every MLP dense (GPT-2).
+  int experts = 0;
+  int top_k = 2;                 ///< k: experts a token goes to (1: Switch, 2: GShard)
+  int moe_every = 1;             ///< 1: every block's MLP a MoE; 2: every other block's
+  double capacity_factor = 1.0;  ///< an expert takes ceil(k T / E x this) of a sequence's tokens
+  double aux_alpha = 0.01;       ///< the load-balancing loss's weight (Switch Transformer's alpha)
+  /// Whether block b's MLP is a Mixture of Experts.
+  bool moe(int block) const { return experts > 0 && block % moe_every == 0; }
 };
 
 /// The seed of block b's parameter `which` (0 c_attn, 1 attention's c_proj, 2 c_fc, 3 the
-/// MLP's c_proj; block -1: the embeddings): the same for the one-device model and every
+/// MLP's c_proj, 4 a MoE MLP's router; block -1: the embeddings): the same for the
+/// one-device model and every
 /// shard of it.
 std::uint64_t param_seed(const GptShape& shape, int block, int which);
 /// GPT-2's scaling of a residual branch's output projection: 1 / sqrt(2 L).

@@ -10,6 +10,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <tuple>
 
 #include "shardlab/check.hpp"
 #include "shardlab/results.hpp"
@@ -79,7 +80,24 @@ void place(const Piece& p, const float* src, Tensor& dst) {
   }
 }
 
+/// The MoE keys of config.json (Hugging Face's Mixtral names where it has one: the number
+/// of experts, the experts a token goes to, the aux loss's weight; Megatron-LM's layer
+/// frequency; Switch Transformer's capacity factor).
+constexpr const char* kMoeKeys[] = {"num_local_experts", "num_experts_per_tok", "moe_layer_freq",
+                                    "expert_capacity_factor", "router_aux_loss_coef"};
+
 nlohmann::json config_json(const GptShape& s) {
+  if (s.experts > 0) {  // not GPT-2: transformers' GPT-2 must not take it for one
+    nlohmann::json j = config_json(GptShape{s.layers, s.channels, s.heads, s.context, s.vocab});
+    j["architectures"] = {"ShardLabMoeGPT"};
+    j["model_type"] = "shardlab_moe_gpt2";
+    j["num_local_experts"] = s.experts;
+    j["num_experts_per_tok"] = s.top_k;
+    j["moe_layer_freq"] = s.moe_every;
+    j["expert_capacity_factor"] = s.capacity_factor;
+    j["router_aux_loss_coef"] = s.aux_alpha;
+    return j;
+  }
   return {{"architectures", {"GPT2LMHeadModel"}},
           {"model_type", "gpt2"},
           {"vocab_size", s.vocab},
@@ -212,6 +230,17 @@ namespace {
 /// Each whole tensor of the model: the pipeline stage whose file holds it (the first stage
 /// with a piece of it: wte's is stage 0, where the embedding is; the last stage's head
 /// holds a copy), and its elements.
+/// The two kinds of weights a rank holds, each saved by the first of the ranks that hold
+/// the same: the dense ones (model.store(), the same on the replicas, dp x ep x cp) and the
+/// experts' (model.expert_store(), the same on the expert replicas, dp x cp).
+struct Kind {
+  const char* prefix;              // of its entries in a rank file: "" or "expert_"
+  std::vector<ch08::Axis> copies;  // the axes its copies lie along
+  std::vector<Piece> (*pieces)(const GptShape&, const MeshShape&, const Coords&, int);
+};
+const Kind kKinds[] = {{"", {ch08::Axis::dp, ch08::Axis::ep, ch08::Axis::cp}, &pieces_of},
+                       {"expert_", {ch08::Axis::dp, ch08::Axis::cp}, &expert_pieces_of}};
+
 struct WholeTensor {
   int stage = 0;
   std::int64_t elements = 0;
@@ -221,10 +250,11 @@ std::map<std::string, WholeTensor> whole_tensors(const GptShape& g, const MeshSh
   std::map<std::string, WholeTensor> out;
   for (int r = 0; r < shape.ranks(); ++r) {
     const Coords q = ch08::coords_of(shape, r);
-    for (const Piece& p : pieces_of(g, shape, q, chunks)) {
-      const auto [it, fresh] = out.try_emplace(p.name, WholeTensor{q.pp, p.whole.numel()});
-      if (!fresh) it->second.stage = std::min(it->second.stage, q.pp);
-    }
+    for (const Kind& kind : kKinds)
+      for (const Piece& p : kind.pieces(g, shape, q, chunks)) {
+        const auto [it, fresh] = out.try_emplace(p.name, WholeTensor{q.pp, p.whole.numel()});
+        if (!fresh) it->second.stage = std::min(it->second.stage, q.pp);
+      }
   }
   return out;
 }
@@ -248,12 +278,6 @@ std::int64_t pieces_size(const std::vector<Piece>& pieces) {
   return n;
 }
 
-/// The ranks that hold the same weights as the rank at `q`: its replicas (dp x ep x cp), in
-/// the order of their communicator (Mesh::replicas).
-std::vector<int> replicas_of(const MeshShape& shape, const Coords& q) {
-  return ch08::ranks_across(shape, q, {ch08::Axis::dp, ch08::Axis::ep, ch08::Axis::cp});
-}
-
 /// Stage s's whole tensors, from the rank files of its ranks, written in Hugging Face's
 /// layout: the values to model-(s+1)-of-P, Adam's state (`states` 3) to optimizer-(s+1)-of-P.
 /// `sharded`: each replica wrote its own range of m and v (ZeRO-1), not the first all of it.
@@ -267,45 +291,47 @@ void assemble_stage(const fs::path& partial, const MeshShape& shape, const GptSh
     return it->second;
   };
   std::map<std::string, Tensor> whole[3];  // values, exp_avg, exp_avg_sq: our layout
-  std::map<std::string, Piece> kind;
+  std::map<std::string, Piece> kind_of;
   const char* state_names[3] = {"values", "exp_avg", "exp_avg_sq"};
-  for (int r = 0; r < shape.ranks(); ++r) {
-    const Coords q = ch08::coords_of(shape, r);
-    const std::vector<int> replicas = replicas_of(shape, q);
-    if (q.pp != s || replicas.front() != r) continue;
-    const std::vector<Piece> pieces = pieces_of(g, shape, q, chunks);
-    const std::int64_t n = pieces_size(pieces);
-    const auto R = static_cast<int>(replicas.size());
-    for (int k = 0; k < states; ++k) {
-      // This rank's flat buffer of state k: its own file's, or (ZeRO-1's m and v) each
-      // replica's range of it.
-      Tensor flat(shardlab::Shape{n}, shardlab::DType::f32);
-      for (int d = 0; d < (k > 0 && sharded ? R : 1); ++d) {
-        const int from = replicas[static_cast<std::size_t>(d)];
-        const shardlab::ShardRange range =
-            k > 0 && sharded ? shardlab::shard_range(n, R, d) : shardlab::ShardRange{0, n};
-        const auto it = file(from).find(state_names[k]);
-        shardlab::require(it != file(from).end() && it->second.size() == range.length,
-                          "save: rank " + std::to_string(from) + "'s " + state_names[k] +
-                              " is missing or of the wrong size");
-        flat.slice(range.offset, range.length).copy_from(it->second);
-      }
-      const float* at = flat.data();
-      for (const Piece& p : pieces) {
-        if (owner.at(p.name).stage == s && (p.counted || p.cut != Cut::whole)) {
-          auto w = whole[k].try_emplace(p.name, Tensor(p.whole[0], p.whole[1])).first;
-          place(p, at, w->second);
-          kind.try_emplace(p.name, p);
+  for (const Kind& kind : kKinds)
+    for (int r = 0; r < shape.ranks(); ++r) {
+      const Coords q = ch08::coords_of(shape, r);
+      const std::vector<int> copies = ch08::ranks_across(shape, q, kind.copies);
+      const std::vector<Piece> pieces = kind.pieces(g, shape, q, chunks);
+      if (q.pp != s || copies.front() != r || pieces.empty()) continue;
+      const std::int64_t n = pieces_size(pieces);
+      const auto R = static_cast<int>(copies.size());
+      for (int k = 0; k < states; ++k) {
+        // This rank's flat buffer of state k: its own file's, or (ZeRO-1's m and v) each
+        // copy's range of it.
+        const std::string entry = kind.prefix + std::string(state_names[k]);
+        Tensor flat(shardlab::Shape{n}, shardlab::DType::f32);
+        for (int d = 0; d < (k > 0 && sharded ? R : 1); ++d) {
+          const int from = copies[static_cast<std::size_t>(d)];
+          const shardlab::ShardRange range =
+              k > 0 && sharded ? shardlab::shard_range(n, R, d) : shardlab::ShardRange{0, n};
+          const auto it = file(from).find(entry);
+          shardlab::require(it != file(from).end() && it->second.size() == range.length,
+                            "save: rank " + std::to_string(from) + "'s " + entry +
+                                " is missing or of the wrong size");
+          flat.slice(range.offset, range.length).copy_from(it->second);
         }
-        at += p.size();
+        const float* at = flat.data();
+        for (const Piece& p : pieces) {
+          if (owner.at(p.name).stage == s && (p.counted || p.cut != Cut::whole)) {
+            auto w = whole[k].try_emplace(p.name, Tensor(p.whole[0], p.whole[1])).first;
+            place(p, at, w->second);
+            kind_of.try_emplace(p.name, p);
+          }
+          at += p.size();
+        }
       }
     }
-  }
   const char* prefix[3] = {"", "exp_avg.", "exp_avg_sq."};
   std::map<std::string, Tensor> out[2];
   for (int k = 0; k < states; ++k)
     for (const auto& [name, t] : whole[k])
-      out[k ? 1 : 0][prefix[k] + name] = to_hf(kind.at(name), t, g.heads);
+      out[k ? 1 : 0][prefix[k] + name] = to_hf(kind_of.at(name), t, g.heads);
   write_safetensors((partial / stage_file("model", s, shape.pp)).string(), out[0]);
   if (states == 3)
     write_safetensors((partial / stage_file("optimizer", s, shape.pp)).string(), out[1]);
@@ -370,7 +396,7 @@ nlohmann::json checksums(const std::map<std::string, Tensor>& tensors) {
 
 void save_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
                      const ch08::ReplicaOptimizer* optimizer, int step,
-                     const ch06::LossScaler* scaler) {
+                     const ch06::LossScaler* scaler, const ch08::ReplicaOptimizer* experts) {
   Communicator& world = mesh.world();
   Communicator::Uncounted quiet(world);
   const MeshShape& shape = mesh.shape();
@@ -385,17 +411,28 @@ void save_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
     fs::create_directories(partial / "ranks");
   }
   world.barrier();
-  // 1. Each rank writes its shard: replica 0 its pieces' values, and Adam's m and v as
-  //    this rank keeps them (replica 0 all of them; under ZeRO-1 every replica its range).
+  // 1. Each rank writes its shard: of each kind of weights, the first of the ranks that
+  //    hold the same its pieces' values, and Adam's m and v as this rank keeps them (that
+  //    rank all of them; under ZeRO-1 every copy its range).
   const ch08::ReplicaOptimizer::State state =
       optimizer ? optimizer->state() : ch08::ReplicaOptimizer::State{};
   const int states = state.m.defined() ? 3 : 1;
   std::map<std::string, Tensor> mine;
-  const bool lead = mesh.replicas().rank() == 0;  // of the ranks with the same weights
-  if (lead) mine.emplace("values", model.store().values().to(Memory::host));
-  if (states == 3 && (lead || !state.every_replica)) {
-    mine.emplace("exp_avg", state.m.to(Memory::host));
-    mine.emplace("exp_avg_sq", state.v.to(Memory::host));
+  bool lead = false;  // of the dense weights: writes its stage's files below (tp 0)
+  for (const Kind& kind : kKinds) {
+    const bool dense = std::string(kind.prefix).empty();
+    const ch08::ReplicaOptimizer* o = dense ? optimizer : experts;
+    nn::ParameterStore& store = dense ? model.store() : model.expert_store();
+    if (!dense && model.expert_pieces().empty()) continue;
+    const ch08::ReplicaOptimizer::State st = o ? o->state() : ch08::ReplicaOptimizer::State{};
+    const bool first = ch08::ranks_across(shape, at, kind.copies).front() == world.rank();
+    if (dense) lead = first;
+    const std::string prefix = kind.prefix;
+    if (first) mine.emplace(prefix + "values", store.values().to(Memory::host));
+    if (states == 3 && (first || !st.every_replica)) {
+      mine.emplace(prefix + "exp_avg", st.m.to(Memory::host));
+      mine.emplace(prefix + "exp_avg_sq", st.v.to(Memory::host));
+    }
   }
   if (!mine.empty()) write_safetensors(rank_file(partial, world.rank()).string(), mine);
   world.barrier();
@@ -438,8 +475,32 @@ void save_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
   world.barrier();
 }
 
+void adopt_experts(const std::string& dir, GptShape& shape) {
+  const fs::path path = fs::path(dir) / "config.json";
+  std::error_code error;
+  if (!fs::is_regular_file(path, error)) return;  // load_checkpoint says what is wrong
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_file(path, path.string()));
+  } catch (const std::exception&) {
+    return;
+  }
+  if (!j.is_object() || !j.value("num_local_experts", nlohmann::json(0)).is_number_integer())
+    return;
+  auto number = [&](const char* key, auto fallback) {
+    const nlohmann::json x = j.value(key, nlohmann::json());
+    return x.is_number() ? x.get<decltype(fallback)>() : fallback;
+  };
+  shape.experts = number("num_local_experts", 0);
+  shape.top_k = number("num_experts_per_tok", shape.top_k);
+  shape.moe_every = number("moe_layer_freq", shape.moe_every);
+  shape.capacity_factor = number("expert_capacity_factor", shape.capacity_factor);
+  shape.aux_alpha = number("router_aux_loss_coef", shape.aux_alpha);
+}
+
 int load_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
-                    ch08::ReplicaOptimizer* optimizer, ch06::LossScaler* scaler) {
+                    ch08::ReplicaOptimizer* optimizer, ch06::LossScaler* scaler,
+                    ch08::ReplicaOptimizer* experts) {
   const fs::path d = dir;
   const GptShape& g = model.shape();
   require_usage(fs::is_directory(d), "--load " + dir + ": no such folder");
@@ -472,6 +533,25 @@ int load_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
                   "--load " + dir + ": the checkpoint's " + key + " is " +
                       config.value(key, nlohmann::json()).dump() + ", this model's " +
                       want[key].dump() + " (give the same --layers --channels --heads --context)");
+  // A Mixture-of-Experts checkpoint and a dense model (or the other way round) are two
+  // models: said so, not loaded half.
+  const nlohmann::json saved_experts = config.value("num_local_experts", nlohmann::json(0));
+  if (g.experts == 0)
+    require_usage(saved_experts == 0,
+                  "--load " + dir + ": a Mixture-of-Experts model (" + saved_experts.dump() +
+                      " experts, " + config.value("num_experts_per_tok", nlohmann::json()).dump() +
+                      " a token, every " + config.value("moe_layer_freq", nlohmann::json()).dump() +
+                      " block(s)): a dense model cannot take it; give its --experts --top-k "
+                      "--moe-every --capacity-factor --aux-alpha");
+  else
+    for (const char* key : kMoeKeys)
+      require_usage(config.value(key, nlohmann::json()) == want[key],
+                    "--load " + dir + ": the checkpoint's " + key + " is " +
+                        config.value(key, nlohmann::json()).dump() + ", this model's " +
+                        want[key].dump() +
+                        (saved_experts == 0 ? " (a dense GPT-2: leave out --experts)"
+                                            : " (give the same --experts --top-k --moe-every "
+                                              "--capacity-factor --aux-alpha)"));
   const auto tensors = read_tensors(d, "model");
   // The values must be the ones saved, where trainer.json says what they were (a
   // checkpoint written elsewhere, without it, loads as it is).
@@ -489,32 +569,38 @@ int load_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
   const bool adam = optimizer && optimizer->state().m.defined();
   std::map<std::string, Tensor> state;
   if (adam) state = read_tensors(d, "optimizer");
-  const std::vector<nn::Parameter*> params = model.store().parameters();
-  const std::int64_t P = model.store().size();
-  Tensor m(shardlab::Shape{P}, shardlab::DType::f32), v(shardlab::Shape{P}, shardlab::DType::f32);
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    const Piece& p = model.pieces()[i];
-    // Hugging Face's shape of the tensor: a bias (1 x n here) is a vector there.
-    const shardlab::Shape want_shape =
-        p.whole.ndim() == 2 && p.whole[0] == 1 ? shardlab::Shape{p.whole[1]} : p.whole;
-    auto take = [&](const std::map<std::string, Tensor>& from, const std::string& name) {
-      const auto it = from.find(name);
-      require_usage(it != from.end(), "--load " + dir + ": no " + name);
-      require_usage(it->second.shape() == want_shape, "--load " + dir + ": " + name + " is " +
-                                                          it->second.shape().str() +
-                                                          ", this model's is " + want_shape.str() +
-                                                          " (transposed, or another model)");
-      require_usage(shardlab::all_finite(it->second),
-                    "--load " + dir + ": " + name + " holds NaN or infinite values");
-      return piece_of(p, it->second, g.heads);
-    };
-    params[i]->value.copy_from(take(tensors, p.name).reshape(params[i]->value.shape()));
-    if (adam) {
-      m.slice(params[i]->offset, p.size()).copy_from(take(state, "exp_avg." + p.name).flat());
-      v.slice(params[i]->offset, p.size()).copy_from(take(state, "exp_avg_sq." + p.name).flat());
+  // Each kind of weights: its pieces cut out of the whole tensors, into its store, and
+  // Adam's m and v to its optimizer.
+  for (auto [store, pieces, o] :
+       {std::tuple{&model.store(), &model.pieces(), optimizer},
+        std::tuple{&model.expert_store(), &model.expert_pieces(), experts}}) {
+    const std::vector<nn::Parameter*> params = store->parameters();
+    const std::int64_t P = store->size();
+    Tensor m(shardlab::Shape{P}, shardlab::DType::f32), v(shardlab::Shape{P}, shardlab::DType::f32);
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const Piece& p = (*pieces)[i];
+      // Hugging Face's shape of the tensor: a bias (1 x n here) is a vector there.
+      const shardlab::Shape want_shape =
+          p.whole.ndim() == 2 && p.whole[0] == 1 ? shardlab::Shape{p.whole[1]} : p.whole;
+      auto take = [&](const std::map<std::string, Tensor>& from, const std::string& name) {
+        const auto it = from.find(name);
+        require_usage(it != from.end(), "--load " + dir + ": no " + name);
+        require_usage(it->second.shape() == want_shape,
+                      "--load " + dir + ": " + name + " is " + it->second.shape().str() +
+                          ", this model's is " + want_shape.str() +
+                          " (transposed, or another model)");
+        require_usage(shardlab::all_finite(it->second),
+                      "--load " + dir + ": " + name + " holds NaN or infinite values");
+        return piece_of(p, it->second, g.heads);
+      };
+      params[i]->value.copy_from(take(tensors, p.name).reshape(params[i]->value.shape()));
+      if (adam && o) {
+        m.slice(params[i]->offset, p.size()).copy_from(take(state, "exp_avg." + p.name).flat());
+        v.slice(params[i]->offset, p.size()).copy_from(take(state, "exp_avg_sq." + p.name).flat());
+      }
     }
+    if (adam && o) o->restore(m, v, whole_number(trainer, "adam_steps"));
   }
-  if (adam) optimizer->restore(m, v, whole_number(trainer, "adam_steps"));
   // A scaler's state, where both the checkpoint and this run have one.
   if (scaler && scaler->kind() != ch06::Scaler::none && trainer.contains("loss_scale")) {
     require_usage(trainer["loss_scale"].is_number(),

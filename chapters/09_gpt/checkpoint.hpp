@@ -48,14 +48,23 @@ namespace ch09 {
 void check_save_target(const std::string& dir);
 /// Writes the checkpoint of step `step` (the steps done), after check_save_target. Every
 /// rank calls it.
+/// `experts`: the experts' optimizer (Trainer::expert_optimizer), with a MoE model.
 void save_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
                      const ch08::ReplicaOptimizer* optimizer, int step,
-                     const ch06::LossScaler* scaler = nullptr);
-/// Loads DIR into this rank's model (and Adam's state, when `optimizer` keeps one); returns
-/// the step to go on from. UsageError (exit 2) for a folder that is not such a checkpoint, a
-/// model of another shape, or a corrupt file. Every rank calls it.
+                     const ch06::LossScaler* scaler = nullptr,
+                     const ch08::ReplicaOptimizer* experts = nullptr);
+/// Loads DIR into this rank's model (and Adam's state, when `optimizer` keeps one, and the
+/// experts' into `experts`); returns the step to go on from. UsageError (exit 2) for a
+/// folder that is not such a checkpoint, a model of another shape (a MoE checkpoint into a
+/// dense model included, and the other way round), or a corrupt file. Every rank calls it.
 int load_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
-                    ch08::ReplicaOptimizer* optimizer, ch06::LossScaler* scaler = nullptr);
+                    ch08::ReplicaOptimizer* optimizer, ch06::LossScaler* scaler = nullptr,
+                    ch08::ReplicaOptimizer* experts = nullptr);
+/// The Mixture-of-Experts settings of the checkpoint in `dir` (its config.json: experts,
+/// experts a token, layer frequency, capacity factor, aux loss weight) into `shape`, for a
+/// program that takes its model from there (--sample); nothing if there is none to read
+/// (load_checkpoint says why).
+void adopt_experts(const std::string& dir, GptShape& shape);
 
 /// The safetensors format (Hugging Face): an 8-byte little-endian header length, a JSON
 /// header naming each tensor's dtype, shape and byte range, then the data. F32 only.

@@ -37,8 +37,8 @@ class ContextParallel {
   /// rank's rows of whole sequences (each sequence's positions() in turn) with each head's
   /// q, k and v side by side (n x 3 heads D, nn::CausalSelfAttention's layout), its output
   /// those rows' attention over every earlier token of their sequence (n x heads D).
-  virtual std::shared_ptr<shardlab::nn::Layer> core(shardlab::Communicator& cp,
-                                                    std::int64_t heads, std::int64_t T) const = 0;
+  virtual std::shared_ptr<shardlab::nn::Layer> core(shardlab::Communicator& cp, std::int64_t heads,
+                                                    std::int64_t T) const = 0;
   /// Bytes a rank sends over cp in one forward of the core, for `sequences` sequences of T
   /// tokens with `heads` heads of `head_dim` (the rank's).
   virtual std::uint64_t forward_bytes(int cp, std::int64_t T, std::int64_t sequences,

@@ -54,6 +54,101 @@ ch08::MlpSpec mlp_spec(const std::string& name, const GptShape& shape, int block
           .out_scale = residual_scale(shape)};
 }
 
+std::uint64_t expert_seed(const GptShape& shape, int block, int expert, int which) {
+  return param_seed(shape, block, 5) * 7919 + 2 * static_cast<std::uint64_t>(expert) +
+         static_cast<std::uint64_t>(which);
+}
+
+namespace {
+
+/// A layer that runs on all n rows of a microbatch while the tp ranks hold n/t each
+/// (sequence parallelism): the rows gathered from the tp ranks before it, this rank's
+/// rows of its output kept after, which every tp rank computes whole; backward, dL/dy's
+/// rows gathered, this rank's rows of dL/dx kept. Around the MoE layer, whose experts are
+/// tensor parallel inside it.
+class AllRows final : public nn::Layer {
+ public:
+  AllRows(Communicator& tp, std::shared_ptr<nn::Layer> inner) : tp_(tp), inner_(std::move(inner)) {}
+  std::string name() const override { return inner_->name(); }
+  nn::Forward forward(const Tensor& x) const override {
+    nn::Forward inner = inner_->forward(ch08::gather_rows(tp_, x));
+    nn::Forward f{mine(inner.out), {}};
+    f.saved.children.push_back(std::move(inner.saved));
+    return f;
+  }
+  Tensor backward_input(const Tensor& dy, nn::Saved& saved) const override {
+    return mine(inner_->backward_input(ch08::gather_rows(tp_, dy), saved.children.at(0)));
+  }
+  void backward_weight(nn::Saved& saved) override { inner_->backward_weight(saved.children.at(0)); }
+  std::vector<nn::Parameter*> parameters() const override { return inner_->parameters(); }
+
+ private:
+  /// This rank's rows of a whole microbatch's.
+  Tensor mine(const Tensor& all) const {
+    const ShardRange rows = shard_range(all.rows(), tp_.size(), tp_.rank());
+    return all.slice(rows.offset, rows.length).clone();
+  }
+  Communicator& tp_;
+  std::shared_ptr<nn::Layer> inner_;
+};
+
+}  // namespace
+
+nn::Residual moe_mlp(nn::ParameterStore& store, nn::ParameterStore& experts, Mesh& mesh,
+                     const GptShape& shape, int block, const ch08::TpOptions& options,
+                     const std::shared_ptr<ch07::MoeLog>& log,
+                     const std::vector<std::vector<std::int64_t>>& cp_positions) {
+  const std::int64_t C = shape.channels;
+  const std::string name = "transformer.h." + std::to_string(block) + ".mlp";
+  Communicator& tp = mesh.tp();
+  const ch07::MoeConfig config{.tokens = 0,
+                               .hidden = static_cast<int>(C),
+                               .ffn = static_cast<int>(4 * C),
+                               .experts = shape.experts,
+                               .k = shape.top_k,
+                               .capacity_factor = shape.capacity_factor,
+                               .aux_alpha = shape.aux_alpha,
+                               .seed = shape.seed};
+  ch07::MoeOptions moe;
+  moe.name = name;
+  moe.residual = false;    // the block's Residual adds x
+  moe.sum_router = false;  // the replicas' sync sums it, with the other dense weights
+  moe.expert_store = &experts;
+  // Each expert a GPT-2 MLP on the tp ranks: every tp rank holds the microbatch's rows
+  // whole inside the layer, so f and g (not sequence parallelism's gather and scatter).
+  const ch08::TpOptions inside{.sequence_parallel = false, .compute = options.compute};
+  moe.expert = [&tp, shape, block, name, inside](nn::ParameterStore& into, int e) {
+    // Chapter 08's parallel MLP without a norm, and without its residual (the block's).
+    const std::string prefix = name + ".experts." + std::to_string(e);
+    const ch08::MlpSpec spec{.hidden = shape.channels,
+                             .ffn = 4 * shape.channels,
+                             .norm = "",
+                             .fc1 = prefix + ".c_fc",
+                             .fc2 = prefix + ".c_proj",
+                             .seed1 = expert_seed(shape, block, e, 0),
+                             .seed2 = expert_seed(shape, block, e, 1),
+                             .out_scale = residual_scale(shape)};
+    return std::shared_ptr<nn::Layer>(
+        std::make_shared<nn::Sequential>(ch08::parallel_mlp(into, tp, spec, inside).inner()));
+  };
+  moe.groups.tokens = shape.context;  // a sequence
+  if (mesh.shape().cp > 1) {
+    moe.groups.split = &mesh.cp();
+    moe.groups.positions = cp_positions;
+  }
+  moe.log = log;
+  const Tensor router =
+      scale(shardlab::randn(Shape{C, shape.experts}, param_seed(shape, block, 4)), 0.02f);
+  nn::Sequential inner;
+  inner.add<nn::LayerNorm>(store, "transformer.h." + std::to_string(block) + ".ln_2", C);
+  auto layer = std::make_shared<ch07::MoeLayer>(store, mesh.ep(), config, router, std::move(moe));
+  if (options.sequence_parallel && tp.size() > 1)
+    inner.add(std::make_shared<AllRows>(tp, layer));
+  else
+    inner.add(layer);
+  return nn::Residual(std::move(inner));
+}
+
 namespace {
 
 /// GPT-2's initial embeddings, N(0, 0.02^2); rank `part` of `parts` takes its rows.
@@ -198,6 +293,20 @@ void check_shape(const GptShape& s, const MeshShape& mesh, int chunks,
   require_usage(s.layers % (mesh.pp * chunks) == 0,
                 "--pp " + std::to_string(mesh.pp) + " x --chunks " + std::to_string(chunks) +
                     " must divide the " + std::to_string(s.layers) + " layers");
+  require_usage(s.experts >= 0 && s.moe_every >= 1, "--experts and --moe-every must be positive");
+  if (s.experts > 0) {
+    require_usage(s.top_k >= 1 && s.top_k <= s.experts, "--top-k " + std::to_string(s.top_k) +
+                                                            ": a token goes to 1 .. --experts " +
+                                                            std::to_string(s.experts) + " experts");
+    require_usage(s.experts % mesh.ep == 0, "--ep " + std::to_string(mesh.ep) +
+                                                " must divide the " + std::to_string(s.experts) +
+                                                " experts");
+    require_usage(s.capacity_factor > 0 && s.aux_alpha >= 0,
+                  "--capacity-factor must be above 0 and --aux-alpha at least 0");
+  } else {
+    require_usage(mesh.ep == 1, "--ep " + std::to_string(mesh.ep) +
+                                    " splits experts: give the model some (--experts E)");
+  }
   if (mesh.cp == 1) return;
   require_usage(context != nullptr, "--cp " + std::to_string(mesh.cp) +
                                         " needs an attention across the cp ranks (chapter "
@@ -235,6 +344,11 @@ std::vector<Piece> pieces_of(const GptShape& s, const MeshShape& mesh, const Coo
       whole(h + "attn.c_proj.bias", {1, C});
       whole(h + "ln_2.weight", {1, C});
       whole(h + "ln_2.bias", {1, C});
+      if (s.moe(b)) {  // the router; the experts are expert_pieces_of's
+        whole(h + "mlp.router.weight", {C, s.experts});
+        out.back().rows_part = false;  // the MoE layer runs whole on every tp rank
+        continue;
+      }
       cut(h + "mlp.c_fc.weight", {C, 4 * C}, Cut::columns);
       cut(h + "mlp.c_fc.bias", {1, 4 * C}, Cut::columns);
       cut(h + "mlp.c_proj.weight", {4 * C, C}, Cut::rows);
@@ -246,6 +360,36 @@ std::vector<Piece> pieces_of(const GptShape& s, const MeshShape& mesh, const Coo
       if (!first) {  // the head's copy of wte: the first stage counts the weight
         cut("transformer.wte.weight", {s.vocab, C}, Cut::rows);
         out.back().counted = false;
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<Piece> expert_pieces_of(const GptShape& s, const MeshShape& mesh, const Coords& at,
+                                    int chunks) {
+  const std::int64_t C = s.channels;
+  const int t = mesh.tp, r = at.tp;
+  const int per_rank = s.experts / mesh.ep;
+  std::vector<Piece> out;
+  auto add = [&](std::string name, Shape shape, Cut how) {
+    const std::int64_t n = how == Cut::rows ? shape[0] : shape[1];
+    out.push_back({std::move(name), shape, how,
+                   how == Cut::whole ? ShardRange{0, 0} : shard_range(n, t, r), false,
+                   how != Cut::whole || r == 0, false});
+  };
+  const int per = s.layers / (mesh.pp * chunks);
+  for (int c = 0; c < chunks; ++c) {
+    const int k = c * mesh.pp + at.pp;  // the virtual stage
+    for (int b = k * per; b < (k + 1) * per; ++b) {
+      if (!s.moe(b)) continue;
+      for (int e = at.ep * per_rank; e < (at.ep + 1) * per_rank; ++e) {
+        const std::string x =
+            "transformer.h." + std::to_string(b) + ".mlp.experts." + std::to_string(e) + ".";
+        add(x + "c_fc.weight", {C, 4 * C}, Cut::columns);
+        add(x + "c_fc.bias", {1, 4 * C}, Cut::columns);
+        add(x + "c_proj.weight", {4 * C, C}, Cut::rows);
+        add(x + "c_proj.bias", {1, C}, Cut::whole);
       }
     }
   }
@@ -264,8 +408,12 @@ GptModel::GptModel(Mesh& mesh, const GptShape& shape, const ModelOptions& option
   const Coords& at = mesh.coords();
   const int p = mesh.shape().pp, per = shape.layers / (p * chunks);
   Communicator& tp = mesh.tp();
+  std::vector<std::vector<std::int64_t>> cp_positions;  // every cp rank's (MoE routing)
+  for (int q = 0; q < mesh.shape().cp; ++q)
+    cp_positions.push_back(split ? context->positions(shape.context, mesh.shape().cp, q)
+                                 : std::vector<std::int64_t>{});
   if (split)
-    positions_ = context->positions(shape.context, mesh.shape().cp, at.cp);
+    positions_ = cp_positions[static_cast<std::size_t>(at.cp)];
   else
     for (std::int64_t t = 0; t < shape.context; ++t) positions_.push_back(t);
   const BlockOptions blocks{.tp = {.sequence_parallel = sequence_parallel_, .compute = compute},
@@ -286,7 +434,9 @@ GptModel::GptModel(Mesh& mesh, const GptShape& shape, const ModelOptions& option
       auto attention =
           std::make_shared<nn::Residual>(parallel_attention(store_, tp, name, shape, b, blocks));
       auto mlp = std::make_shared<nn::Residual>(
-          ch08::parallel_mlp(store_, tp, mlp_spec(name, shape, b), blocks.tp));
+          shape.moe(b)
+              ? moe_mlp(store_, expert_store_, mesh, shape, b, blocks.tp, moe_log_, cp_positions)
+              : ch08::parallel_mlp(store_, tp, mlp_spec(name, shape, b), blocks.tp));
       if (recompute == Recompute::full) {
         auto both = std::make_shared<nn::Sequential>();
         both->add(attention);
@@ -304,15 +454,20 @@ GptModel::GptModel(Mesh& mesh, const GptShape& shape, const ModelOptions& option
     }
   }
   store_.allocate(memory);
+  expert_store_.allocate(memory);
   pieces_ = pieces_of(shape, mesh.shape(), at, chunks);
-  const std::vector<nn::Parameter*> params = store_.parameters();
-  require(params.size() == pieces_.size(), "GptModel: the store and pieces_of() disagree");
-  for (std::size_t i = 0; i < params.size(); ++i)
-    require(params[i]->value.size() == pieces_[i].size(), [&] {
-      return "GptModel: " + params[i]->name + " holds " + std::to_string(params[i]->value.size()) +
-             " elements, pieces_of() says " + pieces_[i].name + " has " +
-             std::to_string(pieces_[i].size());
-    });
+  expert_pieces_ = expert_pieces_of(shape, mesh.shape(), at, chunks);
+  for (auto [store, pieces] :
+       {std::pair{&store_, &pieces_}, std::pair{&expert_store_, &expert_pieces_}}) {
+    const std::vector<nn::Parameter*> params = store->parameters();
+    require(params.size() == pieces->size(), "GptModel: a store and its pieces disagree");
+    for (std::size_t i = 0; i < params.size(); ++i)
+      require(params[i]->value.size() == (*pieces)[i].size(), [&] {
+        return "GptModel: " + params[i]->name + " holds " +
+               std::to_string(params[i]->value.size()) + " elements, the pieces say " +
+               (*pieces)[i].name + " has " + std::to_string((*pieces)[i].size());
+      });
+  }
 }
 
 }  // namespace ch09

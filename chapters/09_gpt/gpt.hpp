@@ -19,6 +19,8 @@
 //   cp  every sequence cut over the cp ranks (context.hpp): each runs every layer on its
 //       own tokens, the attention's core reaches the others (chapter 10's ring); their
 //       gradients are summed with the replicas'.
+//   ep  with experts (GptShape::experts): the MoE blocks' experts split over the ep ranks,
+//       which are replicas of everything else, each on its own sequences (moe_mlp).
 //
 // Every parameter of a rank is a piece of one tensor of the whole model, named as Hugging
 // Face names it (transformer.h.0.attn.c_attn.weight, ...): pieces_of() lists them, for
@@ -31,6 +33,7 @@
 
 #include "attention_and_loss.hpp"
 #include "mesh.hpp"
+#include "moe.hpp"
 #include "planner.hpp"
 #include "shardlab/memory.hpp"
 
@@ -47,6 +50,32 @@ using shardlab::Shape;
 /// residual_scale), seeded param_seed(b, 2) and (b, 3). Chapter 08's parallel_mlp builds it
 /// on the tp ranks (tp 1: one device), c_fc column- and c_proj row-parallel.
 ch08::MlpSpec mlp_spec(const std::string& name, const GptShape& shape, int block);
+
+/// The seed of parameter `which` (0 c_fc, 1 c_proj) of expert e of block b's MoE MLP.
+std::uint64_t expert_seed(const GptShape& shape, int block, int expert, int which);
+
+/// Block b's MLP as a Mixture of Experts (GptShape::moe(b)): x + moe(ln_2(x)), chapter
+/// 07's MoeLayer over the mesh's ep ranks, in a GPT as Megatron-LM puts one there (Shazeer
+/// et al. 2017; Lepikhin et al. 2020, GShard: top-2 in every other block; Fedus et al.
+/// 2021, Switch Transformer: top-1 and the load-balancing loss):
+///   router   name.mlp.router.weight, C x E, whole on every rank (its gradient summed with
+///            the replicas'), N(0, 0.02^2) from param_seed(b, 4)
+///   experts  name.mlp.experts.e.c_fc and .c_proj: each a GPT-2 MLP (C -> 4C, GELU,
+///            4C -> C, biases, c_proj's initial weights times residual_scale), on the tp
+///            ranks as chapter 08's column- then row-parallel pair; ep rank i holds experts
+///            [i E/ep, (i + 1) E/ep), in `experts` (a store of their own: their gradients
+///            are summed over the expert replicas, dp x cp, not over ep)
+///   routing  every sequence on its own (capacity ceil(k T / E x capacity_factor)), its
+///            router probabilities gathered from the cp ranks when they split it, so that
+///            the routing, the dropped tokens and the aux loss are one device's whatever the
+///            mesh; each group's aux loss reported to `log`, which also weighs it
+/// Under sequence parallelism the layer runs on the whole microbatch on every tp rank: its
+/// rows are gathered from the tp ranks before it, and each rank keeps its own after.
+/// `cp`: the cp communicator and every cp rank's positions (nullptr: whole sequences).
+nn::Residual moe_mlp(nn::ParameterStore& store, nn::ParameterStore& experts, Mesh& mesh,
+                     const GptShape& shape, int block, const ch08::TpOptions& options,
+                     const std::shared_ptr<ch07::MoeLog>& log,
+                     const std::vector<std::vector<std::int64_t>>& cp_positions);
 
 /// wte[id] + wpe[position] with wte cut by vocabulary rows over tp (Megatron-LM's
 /// VocabParallelEmbedding): rank i holds the rows of tokens `vocab()`; each token's row
@@ -79,7 +108,7 @@ class VocabParallelEmbedding final : public nn::Layer {
   ShardRange vocab() const { return vocab_; }
 
  private:
-  ch08::TpRegion region_;  // left as a row-parallel layer is: g, or a reduce-scatter
+  ch08::TpRegion region_;                // left as a row-parallel layer is: g, or a reduce-scatter
   std::vector<std::int64_t> positions_;  // of the tokens this rank holds of each sequence
   ShardRange vocab_;
   nn::Parameter* wte_;
@@ -126,23 +155,31 @@ enum class Cut {
 
 /// One parameter of a rank, as a piece of the whole model's tensor.
 struct Piece {
-  std::string name;           ///< Hugging Face's name of the whole tensor
-  Shape whole;                ///< its shape in this model's layout ([in, out], biases 1 x n)
-  Cut cut = Cut::whole;       ///< how this rank's parameter is cut from it
-  ShardRange part;            ///< the rows or columns this rank holds (Cut::whole: all)
-  bool qkv = false;           ///< c_attn: columns per head (q, k, v side by side), not HF's [q|k|v]
-  bool counted = true;        ///< in the gradient norm: false for a copy another rank counts
+  std::string name;      ///< Hugging Face's name of the whole tensor
+  Shape whole;           ///< its shape in this model's layout ([in, out], biases 1 x n)
+  Cut cut = Cut::whole;  ///< how this rank's parameter is cut from it
+  ShardRange part;       ///< the rows or columns this rank holds (Cut::whole: all)
+  bool qkv = false;      ///< c_attn: columns per head (q, k, v side by side), not HF's [q|k|v]
+  bool counted = true;   ///< in the gradient norm: false for a copy another rank counts
+  /// Cut::whole under sequence parallelism: each tp rank's gradient is its rows' part, to
+  /// be summed over tp (false: the MoE layer's, which runs whole on every tp rank).
+  bool rows_part = true;
   std::int64_t size() const;  ///< elements this rank holds
 };
 
 /// Every parameter rank `at` of `mesh` holds, in the order of its store, with `chunks`
-/// model chunks per pipeline stage.
+/// model chunks per pipeline stage: the dense weights (the experts' are expert_pieces_of).
 std::vector<Piece> pieces_of(const GptShape& shape, const MeshShape& mesh, const Coords& at,
                              int chunks = 1);
+/// The experts' parameters rank `at` holds, in the order of its expert store: of each MoE
+/// block of its chunks, its ep rank's experts, each c_fc (columns over tp) and c_proj
+/// (rows; the bias whole).
+std::vector<Piece> expert_pieces_of(const GptShape& shape, const MeshShape& mesh, const Coords& at,
+                                    int chunks = 1);
 
 /// UsageError unless the model can be cut over `mesh` with `chunks` chunks per stage: tp
 /// divides H; pp x chunks divides L; a sequence cuts over cp as `context` says (cp > 1
-/// needs one).
+/// needs one); ep divides the experts (ep > 1 needs some), k is at most E.
 void check_shape(const GptShape& shape, const MeshShape& mesh, int chunks = 1,
                  const ContextParallel* context = nullptr);
 
@@ -175,8 +212,16 @@ class GptModel {
   /// This rank's part of the model of `shape` on `mesh`, built as `options` says, its store
   /// allocated in options.memory. UsageError unless check_shape passes.
   GptModel(Mesh& mesh, const GptShape& shape, const ModelOptions& options = {});
-  /// This rank's parameters and gradients, in the order of pieces().
+  /// This rank's parameters and gradients, in the order of pieces(): all but the experts'.
   nn::ParameterStore& store() { return store_; }
+  /// This rank's experts' parameters and gradients, in the order of expert_pieces() (empty
+  /// in a dense model, or on a stage without a MoE block).
+  nn::ParameterStore& expert_store() { return expert_store_; }
+  /// What each parameter of the expert store is of the whole model: expert_pieces_of().
+  const std::vector<Piece>& expert_pieces() const { return expert_pieces_; }
+  /// Where this rank's MoE layers report their routing and take the aux loss's weight and
+  /// scale (a dense model's too: it stays empty).
+  const std::shared_ptr<ch07::MoeLog>& moe_log() const { return moe_log_; }
   /// Chunk c's layers: the embedding (virtual stage 0), its blocks (each its attention and
   /// its MLP, or under full recompute one nn::Checkpoint of the two), ln_f (the last).
   nn::Sequential& chunk(int c = 0) { return *chunks_.at(static_cast<std::size_t>(c)); }
@@ -206,7 +251,9 @@ class GptModel {
 
  private:
   GptShape shape_;
-  nn::ParameterStore store_;
+  nn::ParameterStore store_, expert_store_;
+  std::vector<Piece> expert_pieces_;
+  std::shared_ptr<ch07::MoeLog> moe_log_ = std::make_shared<ch07::MoeLog>();
   std::vector<std::unique_ptr<nn::Sequential>> chunks_;
   std::unique_ptr<TiedHead> head_;
   nn::Parameter* tied_ = nullptr;

@@ -63,7 +63,7 @@ inline constexpr bool storage_is_cached = true;
 /// Trains steps [first, first + steps) on c's mesh (rank 0's view); `load`/`save`: a
 /// checkpoint to start from / to write after.
 inline Run train(TrainConfig c, int first, int steps, const std::string& load = "",
-          const std::string& save = "") {
+                 const std::string& save = "") {
   const Corpus data = Corpus::load(text_file(), c.model.context);
   Run out;
   std::atomic<std::uint64_t> later_allocations{0};
@@ -74,8 +74,8 @@ inline Run train(TrainConfig c, int first, int steps, const std::string& load = 
         GptModel model(mesh, c.model, c.model_options());
         Trainer trainer(mesh, model, c, data);
         if (!load.empty())
-          CHECK(load_checkpoint(load, mesh, model, &trainer.optimizer(), &trainer.scaler()) ==
-                first);
+          CHECK(load_checkpoint(load, mesh, model, &trainer.optimizer(), &trainer.scaler(),
+                                trainer.expert_optimizer()) == first);
         Run mine;
         std::uint64_t after_first = 0;
         for (int t = first; t < first + steps; ++t) {
@@ -93,8 +93,8 @@ inline Run train(TrainConfig c, int first, int steps, const std::string& load = 
         }
         mine.validation = trainer.evaluate(data.validation(6));
         if (!save.empty())
-          save_checkpoint(save, mesh, model, &trainer.optimizer(), first + steps,
-                          &trainer.scaler());
+          save_checkpoint(save, mesh, model, &trainer.optimizer(), first + steps, &trainer.scaler(),
+                          trainer.expert_optimizer());
         if (world.rank() == 0) out = mine;
       },
       std::chrono::seconds(20));
@@ -124,7 +124,8 @@ inline void check_resumed(const Run& resumed, const Run& whole, const char* what
 
 /// Every step's loss (and, with `norms`, gradient norm) and the validation loss of `got`
 /// within `tolerance` of `want`'s, relative.
-inline void check_same_training(const Run& got, const Run& want, double tolerance, bool norms = true) {
+inline void check_same_training(const Run& got, const Run& want, double tolerance,
+                                bool norms = true) {
   REQUIRE(got.loss.size() == want.loss.size());
   for (std::size_t t = 0; t < got.loss.size(); ++t) {
     CHECK_MESSAGE(rel(got.loss[t], want.loss[t]) < tolerance,

@@ -14,6 +14,7 @@
 //   build/default/bin/ch09_gpt                               8 ranks: pp 2 x dp 2 x tp 2
 //   build/default/bin/ch09_gpt --dp 1 --tp 4 --pp 2 --steps 50
 //   build/default/bin/ch09_gpt --tp 2 --cp 2 --pp 2          the sequence cut over a ring
+//   build/default/bin/ch09_gpt --experts 4 --ep 2 --tp 2 --pp 1   experts over 2 ranks
 //   build/default/bin/ch09_gpt --save ckpt                   then: --load ckpt --steps 50
 //   build/default/bin/ch09_gpt --load ckpt --sample 200 --temperature 0.8 --top-k 20
 //   python3 chapters/09_gpt/hf_check.py ckpt                 Hugging Face's loss on it
@@ -42,7 +43,7 @@ namespace {
 
 struct Settings {
   TrainConfig run;
-  int dp = 0, tp = 2, pp = 2, cp = 1;  // dp 0: the ranks left over by the others
+  int dp = 0, tp = 2, pp = 2, cp = 1, ep = 1;  // dp 0: the ranks left over by the others
   int steps = 200, log_every = 20, sample = 0, top_k = 0;
   float temperature = 0;
   bool reference = true, benchmark = false;
@@ -69,10 +70,10 @@ void train(Context& ctx, const Settings& s) {
   Trainer trainer(mesh, model, c, data);
   int first = 0;
   if (!s.load.empty())
-    first = load_checkpoint(s.load, mesh, model, &trainer.optimizer(), &trainer.scaler());
+    first = load_checkpoint(s.load, mesh, model, &trainer.optimizer(), &trainer.scaler(),
+                            trainer.expert_optimizer());
   // 3. Step by step, the mesh against one device (rank 0 holds the references' curves).
   CurveTable curve(c, reference && ctx.rank() == 0 ? &ref : nullptr);
-  std::vector<double> losses;
   const auto start = std::chrono::steady_clock::now();
   StepResult last;
   Profile profile;
@@ -82,7 +83,6 @@ void train(Context& ctx, const Settings& s) {
     last = trainer.step(t);
     // From the second step on, every tensor's storage is one the step before freed.
     ctx.json()["last_step_allocations"] = host_storage_allocations() - storages;
-    losses.push_back(last.loss);
     curve.add(static_cast<std::size_t>(t - first), t + 1, last,
               (t - first + 1) % s.log_every == 0 || t == first || t == first + s.steps - 1);
   }
@@ -96,7 +96,7 @@ void train(Context& ctx, const Settings& s) {
   const double validation = trainer.evaluate(data.validation(16));
   ctx.json()["validation_loss"] = validation;
   if (reference)
-    compare_with_one_device(ctx, ref, losses, validation);
+    compare_with_one_device(ctx, ref, curve.mesh(), validation);
   else
     ctx.say("\nvalidation loss " + format_number(validation));
   // Guessing uniformly costs ln 256 = 5.55 nats a byte: a run that ends a nat above it
@@ -121,7 +121,8 @@ void train(Context& ctx, const Settings& s) {
   if (!s.save.empty() && !ctx.comm().all_true(ctx.ok())) {
     ctx.say("not saved: the run failed its checks, so " + s.save + " is left as it was");
   } else if (!s.save.empty()) {
-    save_checkpoint(s.save, mesh, model, &trainer.optimizer(), first + s.steps, &trainer.scaler());
+    save_checkpoint(s.save, mesh, model, &trainer.optimizer(), first + s.steps, &trainer.scaler(),
+                    trainer.expert_optimizer());
     ctx.say("saved " + s.save + " (step " + std::to_string(first + s.steps) + ")");
   }
 }
@@ -162,6 +163,17 @@ int main(int argc, char** argv) {
   option("--pp", s.pp, "pipeline stages", CLI::Range(1, 1 << 20));
   option("--cp", s.cp, "context-parallel ranks: each sequence cut over a ring (chapter 10)",
          CLI::Range(1, 1 << 20));
+  option("--ep", s.ep, "expert-parallel ranks: the experts split, carved out of dp (chapter 07)",
+         CLI::Range(1, 1 << 20));
+  option("--experts", c.model.experts,
+         "a Mixture-of-Experts MLP of E experts in every --moe-every-th block (0: dense)",
+         CLI::Range(0, 256));
+  option("--moe-every", c.model.moe_every, "1: every block's MLP a MoE; 2: every other block's",
+         CLI::Range(1, 64));
+  option("--capacity-factor", c.model.capacity_factor,
+         "an expert takes ceil(k T / E x this) of a sequence's tokens", cli::between(1e-3, 1e3));
+  option("--aux-alpha", c.model.aux_alpha, "the load-balancing loss's weight (Switch: 0.01)",
+         cli::between(0, 1e3));
   option("--layers", c.model.layers, "transformer blocks L", CLI::Range(1, 64));
   option("--channels", c.model.channels, "channels C", CLI::Range(1, 2048));
   option("--heads", c.model.heads, "attention heads H", CLI::Range(1, 256));
@@ -202,7 +214,9 @@ int main(int argc, char** argv) {
   option("--prompt", s.prompt, "the text --sample continues", CLI::Validator());
   option("--temperature", s.temperature, "how --sample draws: 0 greedy, else softmax(logits / T)",
          cli::between(0, 100));
-  option("--top-k", s.top_k, "how --sample draws: from the k most likely bytes (0: all)",
+  option("--top-k", s.top_k,
+         "with --experts, the experts a token goes to (2); with --sample, how it draws: from the "
+         "k most likely bytes (0: all)",
          CLI::Range(0, 1 << 20));
   cli.add_flag("--benchmark", s.benchmark,
                "train every mesh shape of the ranks in turn (--steps each, default 6): tokens/s "
@@ -213,8 +227,13 @@ int main(int argc, char** argv) {
 
   program.world_size([&](const Options&, int ranks) {
     if (c.schedule == "interleaved" && !program.cli().count("--chunks")) c.chunks = 2;
+    // Sampling: --top-k is how it draws, and the model's experts are its checkpoint's.
+    if (s.sample && !s.load.empty())
+      adopt_experts(s.load, c.model);
+    else if (cli.count("--top-k"))
+      c.model.top_k = s.top_k;
     if (s.benchmark) return;  // every mesh shape of the ranks, in turn
-    c.mesh = ch08::settle_mesh({.pp = s.pp, .dp = s.dp, .tp = s.tp, .cp = s.cp}, ranks);
+    c.mesh = ch08::settle_mesh({.pp = s.pp, .dp = s.dp, .tp = s.tp, .cp = s.cp, .ep = s.ep}, ranks);
     if (c.mesh.cp > 1) c.context = ch10::ring_context();
     check_config(c);
   });
@@ -228,8 +247,17 @@ int main(int argc, char** argv) {
     if (cli.count("--save")) check_save_target(s.save);
     if (s.sample) s.reference = false;
     // Flags that would do nothing are refused, not ignored.
-    for (const char* flag : {"--prompt", "--temperature", "--top-k"})
+    for (const char* flag : {"--prompt", "--temperature"})
       require_usage(s.sample || !cli.count(flag), std::string(flag) + " is for --sample N");
+    require_usage(s.sample || c.model.experts > 0 || !cli.count("--top-k"),
+                  "--top-k is for --sample N (how it draws), or with --experts E (the experts a "
+                  "token goes to)");
+    for (const char* flag : {"--moe-every", "--capacity-factor", "--aux-alpha"})
+      require_usage(c.model.experts > 0 || !cli.count(flag),
+                    std::string(flag) + " is for a model with --experts E");
+    for (const char* flag : {"--experts", "--moe-every", "--capacity-factor", "--aux-alpha"})
+      require_usage(!s.sample || !cli.count(flag),
+                    std::string(flag) + " with --sample: the model's experts are --load's");
     for (const char* flag : {"--save", "--trace", "--steps", "--log-every"})
       require_usage(!s.sample || !cli.count(flag),
                     std::string(flag) + " is for training, not with --sample");

@@ -36,8 +36,12 @@ std::vector<std::vector<std::int64_t>> gather(Context& ctx,
 }  // namespace
 
 void report_bytes(Context& ctx, const TrainConfig& c, const StepResult& last) {
+  const Coords at = ch08::coords_of(c.mesh, ctx.rank());
+  // The MoE blocks' all-to-alls and experts follow from the step's routing: its ep group's.
+  const RoutingCounts routing =
+      c.model.experts > 0 ? ep_routing(ctx.comm(), c.mesh, at, last) : RoutingCounts{};
   ch08::report_axis_bytes(
-      ctx, c.mesh, last.bytes, formula_bytes(c, ch08::coords_of(c.mesh, ctx.rank())),
+      ctx, c.mesh, last.bytes, formula_bytes(c, at, routing),
       "\nbytes each rank sent in the last step, per axis, and the formulas (train.hpp)");
 }
 
@@ -57,9 +61,17 @@ void report_memory(Context& ctx, const TrainConfig& c, Mesh& mesh, GptModel& mod
                    const memory::Usage& used) {
   const Coords& at = mesh.coords();
   const ch05::ZeroConfig zc{.stage = c.zero, .adam = c.adam};
-  // ZeRO-1 shards Adam's state over the ranks that hold the same weights: the replicas.
-  const ch05::StateBytes states = ch05::zero_state_bytes(
-      {model.store().size()}, zc, shardlab::DType::f32, mesh.replicas().size(), mesh.replicas().rank());
+  // ZeRO-1 shards Adam's state over the ranks that hold the same weights: the replicas,
+  // and for the experts the expert replicas.
+  ch05::StateBytes states = ch05::zero_state_bytes({model.store().size()}, zc, shardlab::DType::f32,
+                                                   mesh.replicas().size(), mesh.replicas().rank());
+  const ch05::StateBytes experts =
+      ch05::zero_state_bytes({model.expert_store().size()}, zc, shardlab::DType::f32,
+                             mesh.expert_replicas().size(), mesh.expert_replicas().rank());
+  states.params += experts.params;
+  states.grads += experts.grads;
+  states.master += experts.master;
+  states.optimizer += experts.optimizer;
   using memory::Category;
   // The blocks' activations for the microbatches in flight on this stage (the largest
   // microbatch's tokens on this rank, the stage's blocks).
@@ -71,11 +83,11 @@ void report_memory(Context& ctx, const TrainConfig& c, Mesh& mesh, GptModel& mod
   const ch04::Schedule sched = ch04::make_schedule(c.schedule, c.mesh.pp, c.microbatches, c.chunks);
   const double in_flight =
       ch04::simulate(sched, ch04::Costs{}).peak_in_flight[static_cast<std::size_t>(at.pp)];
-  const double blocks = 4.0 *
-                        block_activation_floats(c.model, c.mesh.tp, c.recompute,
-                                                c.sequence_parallel && c.mesh.tp > 1,
-                                                c.mesh.cp > 1 ? c.context.get() : nullptr) *
-                        static_cast<double>(tokens) * (c.model.layers / c.mesh.pp) * in_flight;
+  const double blocks =
+      4.0 *
+      block_activation_floats(c.model, c.mesh.tp, c.recompute, c.sequence_parallel && c.mesh.tp > 1,
+                              c.mesh.cp > 1 ? c.context.get() : nullptr) *
+      static_cast<double>(tokens) * (c.model.layers / c.mesh.pp) * in_flight;
   const auto every =
       gather(ctx, {states.params, used.live(Category::params), states.grads,
                    used.live(Category::grads), states.optimizer + states.master,
@@ -204,7 +216,8 @@ void report_throughput(Context& ctx, const TrainConfig& c, int steps, double sec
           shardlab::format_number(seconds) + " s for " + std::to_string(steps) + " steps)");
   // PaLM's model FLOPs: 6 per parameter and token (2 forward, 4 backward) for the products,
   // and 12 L H Q T for attention's two products (Q = C / H), recomputation not counted.
-  const double N = static_cast<double>(parameter_count(g) - g.context * g.channels);
+  // A MoE block's experts count k times, not E: a token meets k of them (the router once).
+  const double N = static_cast<double>(parameter_count(g, g.top_k) - g.context * g.channels);
   const double per_token = 6.0 * N + 12.0 * g.layers * double(g.channels) * double(g.context);
   double peak = 0, devices = ctx.size();
   std::string of;

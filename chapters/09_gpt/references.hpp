@@ -16,10 +16,19 @@ namespace ch09 {
 /// |a - b| / max(1, |b|).
 double relative(double a, double b);
 
-/// One device's training: the loss of each step and the validation loss at the end.
+/// One device's training: the loss of each step and the validation loss at the end; with
+/// experts, each step's aux loss and dropped choices too.
 struct Curve {
-  std::vector<double> loss;  ///< per step, the batch's mean loss
-  double validation = 0;     ///< the validation loss after the last step
+  std::vector<double> loss;     ///< per step, the batch's mean loss
+  double validation = 0;        ///< the validation loss after the last step
+  std::vector<double> aux;      ///< per step, the MoE blocks' load-balancing loss
+  std::vector<double> dropped;  ///< per step, the choices the experts' capacity dropped
+  /// A step of `result` added.
+  void add(const StepResult& result) {
+    loss.push_back(result.loss);
+    aux.push_back(result.routing.aux_loss);
+    dropped.push_back(result.routing.dropped);
+  }
 };
 /// The same model trained on one device (a 1 x 1 x 1 mesh): the whole batch at once, and
 /// the batch in the mesh's pieces (dp x m microbatches, their gradients accumulated). Only
@@ -42,6 +51,8 @@ class CurveTable {
   CurveTable(const TrainConfig& c, const References* ref);
   /// Step `index` of the run (its number as printed: `step`); a row when `shown`.
   void add(std::size_t index, int step, const StepResult& result, bool shown);
+  /// The mesh's curve so far: the steps added.
+  const Curve& mesh() const { return mesh_; }
   /// The rows added so far, to report.
   shardlab::Table& table() { return table_; }
   /// "" unless the loss scaler skipped every step added: then why the run did not train
@@ -51,7 +62,8 @@ class CurveTable {
  private:
   const References* ref_;
   ch06::Scaler scaler_;
-  bool scaled_;
+  bool scaled_, experts_;
+  Curve mesh_;
   int skipped_ = 0, steps_ = 0;
   double first_scale_ = 0;
   shardlab::Table table_;
@@ -73,9 +85,11 @@ inline constexpr double kOrder = 4;
 /// same run (References::pieces against ::whole: its worst step, or its validation loss),
 /// and never needs to be closer than kTolerance: every step, and the validation loss. A
 /// short run is held to kTolerance (a wrong cut gives 2e-3 at step 1); a long one is held
-/// to the chaos the order alone causes. A table and the checks, on every rank (rank 0's
+/// to the chaos the order alone causes. With experts, the aux loss and the dropped choices
+/// are held to the same rule (the routing is one device's: each sequence routed on its
+/// own, however the mesh cuts the batch). A table and the checks, on every rank (rank 0's
 /// curves).
-void compare_with_one_device(shardlab::Context& ctx, const References& ref,
-                             const std::vector<double>& mesh, double validation);
+void compare_with_one_device(shardlab::Context& ctx, const References& ref, const Curve& mesh,
+                             double validation);
 
 }  // namespace ch09

@@ -62,8 +62,8 @@ void check_config(const TrainConfig& c) {
   ch04::require_shape(c.schedule, c.mesh.pp, c.microbatches, c.chunks, c.model.layers);
   const std::int64_t tokens = c.model.context / c.mesh.cp;  // of a sequence, on one cp rank
   require_usage(!c.sequence_parallel || tokens % c.mesh.tp == 0,
-                "--sequence-parallel splits each sequence's " + std::to_string(tokens) +
-                    " tokens" + (c.mesh.cp > 1 ? " on a cp rank" : "") + " over the tp ranks: --tp " +
+                "--sequence-parallel splits each sequence's " + std::to_string(tokens) + " tokens" +
+                    (c.mesh.cp > 1 ? " on a cp rank" : "") + " over the tp ranks: --tp " +
                     std::to_string(c.mesh.tp) + " must divide " +
                     (c.mesh.cp > 1 ? "--context / --cp" : "--context"));
   const std::string replicas = c.mesh.ep > 1 ? "dp x ep x m" : "dp x m";
@@ -93,6 +93,10 @@ Trainer::Trainer(Mesh& mesh, GptModel& model, const TrainConfig& c, const Corpus
   memory::Scope scope(memory::Category::optimizer);
   replicas_ = std::make_unique<ch08::ReplicaOptimizer>(mesh.replicas(), model.store(), c.zero,
                                                        c.adam, false, c.memory);
+  // The experts: one optimizer of their own, over the ranks that hold the same experts.
+  if (c.model.experts > 0)
+    experts_ = std::make_unique<ch08::ReplicaOptimizer>(
+        mesh.expert_replicas(), model.expert_store(), c.zero, c.adam, false, c.memory);
 }
 
 Trainer::~Trainer() = default;
@@ -109,20 +113,29 @@ StepResult Trainer::step(int step) {
     return std::vector<std::int64_t>(begin, begin + mb.length);
   };
   const double tokens = static_cast<double>(c_.batch * T);
+  // The MoE blocks' aux loss: each sequence's counts 1/B of it, and its gradient is
+  // scaled as the rest of the loss's (MoeLog; nothing happens in a dense model).
+  const bool scaled = c_.scaler != ch06::Scaler::none;
+  ch07::MoeLog& log = *model_.moe_log();
+  log.clear();
+  log.weight = 1.0 / static_cast<double>(c_.batch);
+  log.grad_scale = scaled ? scaler_.scale() : 1.0f;
 
   // A profile (profile_next_step), or nothing: every span from the step's common start.
   StepRecorder recorder(profile_, mesh_.world(),
                         {{&mesh_.tp(), "tp"},
                          {&mesh_.replicas(), "dp"},
+                         {&mesh_.expert_replicas(), "dp"},
                          {embedding_group_.get(), "pp"},
-                         {&mesh_.cp(), "cp"}});
+                         {&mesh_.cp(), "cp"},
+                         {&mesh_.ep(), "ep"}});
   profile_ = nullptr;
   ch04::Stage stage;
   for (int c = 0; c < model_.chunks(); ++c) stage.chunks.push_back(recorder.wrap(model_.chunk(c)));
   stage.input = [&](int j) { return data_.ids(starts_of(j), 0, positions); };  // host ids
   stage.memory = c_.memory;
   const std::int64_t split = model_.sequence_parallel() ? c_.mesh.tp : 1;  // rows held: n / split
-  const auto held = static_cast<std::int64_t>(positions.size());  // tokens of a sequence
+  const auto held = static_cast<std::int64_t>(positions.size());           // tokens of a sequence
   stage.boundary = [&](int j, int) {
     return ch04::Boundary{{static_cast<std::int64_t>(starts_of(j).size()) * held / split, C}};
   };
@@ -134,17 +147,20 @@ StepResult Trainer::step(int step) {
         vocab_parallel_cross_entropy(mesh_.tp(), logits.out.to(Memory::host),
                                      data_.ids(starts_of(j), 1, positions), model_.vocab(), tokens);
     Tensor dlogits = vocab_parallel_cross_entropy_backward(loss).to(c_.memory);
-    if (c_.scaler != ch06::Scaler::none) scale_in_place(dlogits, scaler_.scale());
+    if (scaled) scale_in_place(dlogits, scaler_.scale());
     Tensor dx = head.backward(dlogits, logits.saved);
     recorder.note("loss", "compute", start);
     return ch04::MicrobatchLoss{loss.value, std::move(dx)};
   };
   ch04::Hooks hooks;
   replicas_->accumulate(hooks);
+  if (experts_) experts_->accumulate(hooks);
 
   const CommStats tp0 = mesh_.tp().stats(), dp0 = mesh_.replicas().stats(),
-                  emb0 = embedding_group_->stats(), cp0 = mesh_.cp().stats();
+                  edp0 = mesh_.expert_replicas().stats(), emb0 = embedding_group_->stats(),
+                  cp0 = mesh_.cp().stats(), ep0 = mesh_.ep().stats();
   model_.store().zero_grad();
+  model_.expert_store().zero_grad();
   ch04::StageRun ran;
   {
     memory::Scope scope(memory::Category::activations);
@@ -156,48 +172,96 @@ StepResult Trainer::step(int step) {
   if (c_.mesh.pp > 1 && model_.tied()) embedding_group_->allreduce(model_.tied()->grad);
   StepResult result;
   replicas_->reduce();
+  if (experts_) experts_->reduce();
   // The summed gradients: unscaled and checked (every rank agrees to skip a step with an
   // inf or NaN anywhere), their norm taken and clipped. ZeRO-1 without either reduces
   // inside its update (chapter 05's zero1_step): no norm then.
-  const bool scaled = c_.scaler != ch06::Scaler::none;
   result.loss_scale = scaler_.scale();
   if (c_.zero == 0 || c_.clip > 0 || scaled) {
-    ch08::ReplicaOptimizer::Reduced reduced = replicas_->reduced();
-    if (scaled) {
-      Tensor unscaled(Shape{reduced.grads.size()}, shardlab::DType::f32, reduced.grads.memory());
-      result.skipped = scaler_.unscale_and_check(mesh_.world(), reduced.grads, unscaled);
-      reduced.grads.copy_from(unscaled);
-    }
-    if (!result.skipped) result.grad_norm = clip_gradients(reduced);
+    ch08::ReplicaOptimizer::Reduced reduced = replicas_->reduced(), expert_reduced;
+    if (experts_) expert_reduced = experts_->reduced();
+    if (scaled)
+      for (Tensor* grads : {&reduced.grads, &expert_reduced.grads}) {
+        if (!grads->defined()) continue;
+        Tensor unscaled(Shape{grads->size()}, shardlab::DType::f32, grads->memory());
+        result.skipped =
+            scaler_.unscale_and_check(mesh_.world(), *grads, unscaled) || result.skipped;
+        grads->copy_from(unscaled);
+      }
+    if (!result.skipped)
+      result.grad_norm = clip_gradients(reduced, experts_ ? &expert_reduced : nullptr);
   }
-  if (result.skipped)
-    replicas_->skip();
-  else
-    replicas_->update();
+  for (ch08::ReplicaOptimizer* o : {replicas_.get(), experts_.get()}) {
+    if (!o) continue;
+    if (result.skipped)
+      o->skip();
+    else
+      o->update();
+  }
   scaler_.update(result.skipped);
   recorder.finish();
-  result.bytes = {.tp = sent_since(mesh_.tp(), tp0),
-                  .dp = sent_since(mesh_.replicas(), dp0),
-                  .pp = ran.bytes_sent + sent_since(*embedding_group_, emb0),
-                  .cp = sent_since(mesh_.cp(), cp0)};
+  result.bytes = {
+      .tp = sent_since(mesh_.tp(), tp0),
+      .dp = sent_since(mesh_.replicas(), dp0) + sent_since(mesh_.expert_replicas(), edp0),
+      .pp = ran.bytes_sent + sent_since(*embedding_group_, emb0),
+      .cp = sent_since(mesh_.cp(), cp0),
+      .ep = sent_since(mesh_.ep(), ep0)};
   result.events = std::move(ran.events);
   // The batch's loss: the last stage's shares, once per replica (tp rank 0), summed.
   const bool counts = model_.last() && at.tp == 0;
   result.loss = mesh_.world().agree(counts ? ran.loss : 0.0, ReduceOp::sum);
+  if (c_.model.experts > 0) {
+    // The routing: every group once (its first cp rank logged it; tp rank 0 counts).
+    ch07::RoutingStats mine;
+    mine.wanted.assign(static_cast<std::size_t>(c_.model.experts), 0);
+    mine.kept = mine.wanted;
+    if (at.tp == 0) mine += log.stats;
+    result.routing = ch07::combined(mesh_.world(), mine);
+    result.dispatched = log.kept;
+  }
   return result;
+}
+
+RoutingCounts ep_routing(Communicator& world, const MeshShape& mesh, const Coords& at,
+                         const StepResult& result) {
+  Communicator::Uncounted quiet(world);
+  std::vector<std::int64_t> mine;  // calls, then each call's counts
+  for (const auto& call : result.dispatched) mine.insert(mine.end(), call.begin(), call.end());
+  const std::vector<std::int64_t> sizes =
+      world.gather_values(static_cast<std::int64_t>(mine.size()));
+  std::vector<std::size_t> counts(sizes.begin(), sizes.end());
+  std::size_t all = 0;
+  for (std::size_t n : counts) all += n;
+  Tensor every(Shape{static_cast<std::int64_t>(all)}, shardlab::DType::i64);
+  world.allgatherv(Tensor::from_vector(mine), every, counts);
+  const std::int64_t* v = every.data<std::int64_t>();
+  std::vector<std::size_t> offset(counts.size(), 0);
+  for (std::size_t r = 1; r < counts.size(); ++r) offset[r] = offset[r - 1] + counts[r - 1];
+  const std::size_t E = result.dispatched.empty() ? 1 : result.dispatched.front().size();
+  RoutingCounts out;
+  for (int r : ch08::ranks_across(mesh, at, {ch08::Axis::ep})) {
+    const auto q = static_cast<std::size_t>(r);
+    auto& calls = out.emplace_back();
+    for (std::size_t i = 0; i < counts[q]; i += E)
+      calls.emplace_back(v + offset[q] + i, v + offset[q] + i + E);
+  }
+  return out;
 }
 
 void Trainer::sum_replicated_gradients() {
   // One allreduce over tp of them all, packed (Megatron-LM's sequence-parallel gradients).
   const std::vector<nn::Parameter*> params = model_.store().parameters();
   std::int64_t n = 0;
+  auto summed = [&](std::size_t i) {  // a weight every tp rank holds, its rows' part here
+    return model_.pieces()[i].cut == Cut::whole && model_.pieces()[i].rows_part;
+  };
   for (std::size_t i = 0; i < params.size(); ++i)
-    if (model_.pieces()[i].cut == Cut::whole) n += params[i]->grad.size();
+    if (summed(i)) n += params[i]->grad.size();
   Tensor packed(Shape{n}, shardlab::DType::f32, c_.memory);
   for (int way : {0, 1}) {  // pack, then unpack
     std::int64_t at = 0;
     for (std::size_t i = 0; i < params.size(); ++i) {
-      if (model_.pieces()[i].cut != Cut::whole) continue;
+      if (!summed(i)) continue;
       Tensor grad = params[i]->grad.flat(), slot = packed.slice(at, grad.size());
       way == 0 ? slot.copy_from(grad) : grad.copy_from(slot);
       at += grad.size();
@@ -206,27 +270,38 @@ void Trainer::sum_replicated_gradients() {
   }
 }
 
-double Trainer::clip_gradients(ch08::ReplicaOptimizer::Reduced& reduced) {
+double Trainer::clip_gradients(ch08::ReplicaOptimizer::Reduced& reduced,
+                               ch08::ReplicaOptimizer::Reduced* experts) {
   // Each parameter once: one replica's gradients (or, under ZeRO-1, each replica's own
   // range of them), tp rank 0's copy of what every tp rank holds, and not the head's copy
-  // of wte (pieces_of says which).
-  const std::int64_t first = reduced.offset, end = first + reduced.grads.size();
-  const Tensor grads = reduced.grads.to(Memory::host);  // a copy under --device cuda
-  double squares = 0;
-  if (!reduced.every_replica || mesh_.replicas().rank() == 0) {
-    const std::vector<nn::Parameter*> params = model_.store().parameters();
+  // of wte (the pieces say which); the experts' likewise over their replicas.
+  auto squares_of = [](const ch08::ReplicaOptimizer::Reduced& r, Communicator& replicas,
+                       nn::ParameterStore& store, const std::vector<Piece>& pieces) {
+    const std::int64_t first = r.offset, end = first + r.grads.size();
+    const Tensor grads = r.grads.to(Memory::host);  // a copy under --device cuda
+    double squares = 0;
+    if (r.every_replica && replicas.rank() != 0) return squares;
+    const std::vector<nn::Parameter*> params = store.parameters();
     for (std::size_t i = 0; i < params.size(); ++i) {
       const std::int64_t from = std::max(first, params[i]->offset),
                          to = std::min(end, params[i]->offset + params[i]->value.size());
-      if (!model_.pieces()[i].counted || from >= to) continue;
+      if (!pieces[i].counted || from >= to) continue;
       for (float g : grads.slice(from - first, to - from).span())
         squares += static_cast<double>(g) * g;
     }
-  }
+    return squares;
+  };
+  double squares = squares_of(reduced, mesh_.replicas(), model_.store(), model_.pieces());
+  if (experts)
+    squares += squares_of(*experts, mesh_.expert_replicas(), model_.expert_store(),
+                          model_.expert_pieces());
   const double norm = std::sqrt(mesh_.world().agree(squares, ReduceOp::sum));
   if (c_.clip > 0) {
     const float coef = static_cast<float>(c_.clip / (norm + 1e-6));
-    if (coef < 1.0f) scale_in_place(reduced.grads, coef);
+    if (coef < 1.0f) {
+      scale_in_place(reduced.grads, coef);
+      if (experts) scale_in_place(experts->grads, coef);
+    }
   }
   return norm;
 }
@@ -239,7 +314,7 @@ Tensor Trainer::forward_only(const Tensor& ids) {
   const std::int64_t n = ids.size() / (model_.sequence_parallel() ? c_.mesh.tp : 1),
                      C = c_.model.channels;  // the rows this rank holds between stages
   constexpr int kTag = 9000;                 // apart from the pipeline runtime's own channels
-  Tensor x = ids;  // this rank's tokens of each sequence
+  Tensor x = ids;                            // this rank's tokens of each sequence
   for (int k = s; k <= last; k += p) {
     if (k > 0 && p > 1) {
       x = Tensor(Shape{n, C}, shardlab::DType::f32, c_.memory);
@@ -259,8 +334,10 @@ double Trainer::evaluate(const std::vector<std::int64_t>& starts) {
                                        starts.begin() + mine.offset + mine.length);
   const std::vector<std::int64_t>& positions = model_.positions();
   double loss = 0;
+  // Every replica runs the forward, one without sequences too: a MoE block's all-to-alls
+  // need every ep rank.
+  const Tensor out = forward_only(data_.ids(part, 0, positions));
   if (!part.empty()) {
-    const Tensor out = forward_only(data_.ids(part, 0, positions));
     if (model_.last()) {
       const Tensor logits = model_.head()->forward(out).out.to(Memory::host);
       loss = vocab_parallel_cross_entropy(
@@ -290,9 +367,14 @@ double run_bytes(const TrainConfig& c, bool threads) {
   return threads ? one + states : one;
 }
 
-std::int64_t parameter_count(const GptShape& s) {
-  const std::int64_t C = s.channels;
-  return s.vocab * C + s.context * C + s.layers * (12 * C * C + 13 * C) + 2 * C;
+std::int64_t parameter_count(const GptShape& s, int experts_per_token) {
+  const std::int64_t C = s.channels, mlp = 8 * C * C + 5 * C;  // c_fc and c_proj, biases
+  std::int64_t moe_blocks = 0;
+  for (int b = 0; b < s.layers; ++b) moe_blocks += s.moe(b);
+  // A MoE block: its router, and `experts_per_token` MLPs where the dense block has one.
+  const std::int64_t experts = experts_per_token < 0 ? s.experts : experts_per_token;
+  return s.vocab * C + s.context * C + s.layers * (12 * C * C + 13 * C) + 2 * C +
+         moe_blocks * (C * s.experts + (experts - 1) * mlp);
 }
 
 std::string describe(const TrainConfig& c, std::string_view backend) {
@@ -301,12 +383,21 @@ std::string describe(const TrainConfig& c, std::string_view backend) {
   auto n = [](auto v) { return std::to_string(v); };
   return "GPT (L " + n(s.layers) + ", C " + n(s.channels) + ", H " + n(s.heads) + ", T " +
          n(s.context) + ", V " + n(s.vocab) + "; " +
-         shardlab::format_number(static_cast<double>(parameter_count(s)) / 1e6) +
-         "M parameters) on " + ch08::mesh_name(m) + " (" + std::string(backend) + "), " +
+         shardlab::format_number(static_cast<double>(parameter_count(s)) / 1e6) + "M parameters" +
+         (s.experts > 0 ? ", " +
+                              shardlab::format_number(
+                                  static_cast<double>(parameter_count(s, s.top_k)) / 1e6) +
+                              "M a token; " + n(s.experts) + " experts, top-" + n(s.top_k) +
+                              (s.moe_every == 1   ? " in every block"
+                               : s.moe_every == 2 ? " in every other block"
+                                                  : " in one block of every " + n(s.moe_every)) +
+                              ", capacity factor " + shardlab::format_number(s.capacity_factor) +
+                              ", aux " + shardlab::format_number(s.aux_alpha)
+                        : "") +
+         ") on " + ch08::mesh_name(m) + " (" + std::string(backend) + "), " +
          (m.cp > 1 && c.context ? c.context->name() + ", " : "") + c.schedule + ", " +
-         n(c.microbatches) +
-         " microbatches; batch " + n(c.batch) + " x " + n(s.context) + " bytes, " +
-         (c.zero ? "ZeRO-1" : "Adam") + " lr " + shardlab::format_number(c.adam.lr) +
+         n(c.microbatches) + " microbatches; batch " + n(c.batch) + " x " + n(s.context) +
+         " bytes, " + (c.zero ? "ZeRO-1" : "Adam") + " lr " + shardlab::format_number(c.adam.lr) +
          (c.clip > 0 ? ", clip " + shardlab::format_number(c.clip) : "") +
          (c.sequence_parallel ? ", sequence parallel" : "") +
          (c.precision != shardlab::DType::f32
@@ -317,7 +408,8 @@ std::string describe(const TrainConfig& c, std::string_view backend) {
               : "");
 }
 
-ch08::AxisBytes formula_bytes(const TrainConfig& c, const Coords& at) {
+ch08::AxisBytes formula_bytes(const TrainConfig& c, const Coords& at,
+                              const RoutingCounts& routing) {
   const GptShape& g = c.model;
   const MeshShape& m = c.mesh;
   const bool first = at.pp == 0, last = at.pp == m.pp - 1;
@@ -329,18 +421,26 @@ ch08::AxisBytes formula_bytes(const TrainConfig& c, const Coords& at) {
   const shardlab::ShardRange mine = shard_range(c.batch, c.replicas(), c.replica(at));
   ch08::AxisBytes out;
   const bool full = c.recompute == Recompute::full, split = c.sequence_parallel && m.tp > 1;
-  // Per microbatch, the collectives of n x C elements: a block's 4 allreduces (f and g,
-  // forward and backward; full recompute's second forward 2 more), the embedding's and
-  // the head's one each. Sequence parallel, in halves (an all-gather or a reduce-scatter
-  // moves half an allreduce): a block's forward all-gathers twice and reduce-scatters
-  // twice, its backward the same plus the column-parallel inputs' second gathers (2), and
-  // full recompute's forward 4 more; the embedding and the head 2 each.
-  const std::int64_t blocks = g.layers / m.pp;
-  const std::int64_t halves = split ? (full ? 14 : 10) * blocks + 2 * (first + last)
-                                    : 2 * ((full ? 6 : 4) * blocks + first + last);
+  // This stage's blocks, and how many of them have a MoE MLP.
+  const std::int64_t blocks = g.layers / m.pp, per = g.layers / (m.pp * c.chunks);
+  std::int64_t moe_blocks = 0;
+  for (int chunk = 0; chunk < c.chunks; ++chunk)
+    for (std::int64_t b = (chunk * m.pp + at.pp) * per; b < (chunk * m.pp + at.pp + 1) * per; ++b)
+      moe_blocks += g.moe(static_cast<int>(b));
+  // Per microbatch, the collectives of n x C elements, in halves of an allreduce (an
+  // all-gather or a reduce-scatter moves half of one): the attention's f and g, forward
+  // and backward (2 allreduces; full recompute's second forward 1 more), and a dense MLP's
+  // the same; sequence parallel, each of the two an all-gather and a reduce-scatter
+  // forward and backward plus the column-parallel input's second gather (5 halves; full
+  // recompute 2 more); the embedding's and the head's one allreduce each. A MoE MLP has no
+  // f and g at its edges (its experts have theirs, below); sequence parallel, its rows
+  // are gathered before it and dL/dy's after (2 halves; full recompute 1 more).
+  const std::int64_t half_block = split ? (full ? 7 : 5) : 2 * (full ? 3 : 2);
+  const std::int64_t halves = half_block * (2 * blocks - moe_blocks) +
+                              (split ? (full ? 3 : 2) * moe_blocks : 0) + 2 * (first + last);
   // cp: every block's core, a forward and a backward; recomputation (selective: the core,
   // full: the whole block) runs its forward again in the backward.
-  const int forwards = c.recompute == Recompute::none ? 1 : 2;
+  const int forwards = c.recompute == Recompute::none ? 1 : 2, moe_forwards = full ? 2 : 1;
   const std::int64_t tokens = g.context / m.cp;  // of each sequence, on this rank
   for (int j = 0; j < c.microbatches; ++j) {
     const std::int64_t sequences = shard_range(mine.length, c.microbatches, j).length,
@@ -357,16 +457,49 @@ ch08::AxisBytes formula_bytes(const TrainConfig& c, const Coords& at) {
       out.cp += static_cast<std::uint64_t>(blocks) *
                 (forwards * c.context->forward_bytes(m.cp, g.context, sequences, heads, head_dim) +
                  c.context->backward_bytes(m.cp, g.context, sequences, heads, head_dim));
+      // Each MoE block gathers the router's probabilities of its sequences' tokens.
+      out.cp +=
+          static_cast<std::uint64_t>(moe_blocks * moe_forwards * (m.cp - 1) * n * g.experts * 4);
     }
   }
-  std::int64_t params = 0, whole = 0;
+  // The MoE blocks' calls (a backward each, microbatch by microbatch): the experts' rows,
+  // from every ep rank's kept choices per expert.
+  if (g.experts > 0 && !routing.empty()) {
+    const int per_rank = g.experts / m.ep, me = at.ep;
+    const auto C = static_cast<std::uint64_t>(g.channels);
+    for (std::size_t call = 0; call < routing[static_cast<std::size_t>(me)].size(); ++call) {
+      std::uint64_t sent = 0, received = 0;
+      for (int q = 0; q < m.ep; ++q)
+        for (int e = 0; e < g.experts; ++e) {
+          const auto rows = static_cast<std::uint64_t>(
+              routing[static_cast<std::size_t>(q)][call][static_cast<std::size_t>(e)]);
+          const bool here = e / per_rank == me;
+          if (q == me && !here) sent += rows;
+          if (q != me && here) received += rows;
+        }
+      const std::uint64_t counts = static_cast<std::uint64_t>((m.ep - 1) * per_rank) * 8;
+      out.ep += moe_forwards * (counts + (sent + received) * C * 4) + (sent + received) * C * 4;
+      // Each local expert's g (forward, again under full recompute) and f (backward).
+      for (int e = me * per_rank; e < (me + 1) * per_rank; ++e) {
+        std::int64_t rows = 0;
+        for (int q = 0; q < m.ep; ++q)
+          rows += routing[static_cast<std::size_t>(q)][call][static_cast<std::size_t>(e)];
+        out.tp += static_cast<std::uint64_t>(moe_forwards + 1) *
+                  allreduce(rows * g.channels, at.tp, m.tp);
+      }
+    }
+  }
+  std::int64_t params = 0, whole = 0, expert_params = 0;
   for (const Piece& p : pieces_of(g, m, at, c.chunks)) {
     params += p.size();
-    if (p.cut == Cut::whole) whole += p.size();
+    if (p.cut == Cut::whole && p.rows_part) whole += p.size();
   }
+  for (const Piece& p : expert_pieces_of(g, m, at, c.chunks)) expert_params += p.size();
   if (split) out.tp += allreduce(whole, at.tp, m.tp);  // the rows' parts of the whole weights
-  // The replicas: dp x ep x cp ranks, this one at (dp_i ep + ep_i) cp + cp_i.
+  // The replicas: dp x ep x cp ranks, this one at (dp_i ep + ep_i) cp + cp_i; the experts'
+  // replicas dp x cp, at dp_i cp + cp_i.
   out.dp = allreduce(params, c.replica(at) * m.cp + at.cp, c.replicas() * m.cp);
+  if (g.experts > 0) out.dp += allreduce(expert_params, at.dp * m.cp + at.cp, m.dp * m.cp);
   if (m.pp > 1 && (first || last))
     out.pp += allreduce(shard_range(g.vocab, m.tp, at.tp).length * g.channels, last, 2);
   return out;

@@ -86,15 +86,31 @@ void set_precision(TrainConfig& c, const std::string& precision, const std::stri
 /// sequence parallelism.
 void check_config(const TrainConfig& c);
 
+/// Per rank of an ep group, per call of its MoE layers' backward (in the order the ranks
+/// make them, the same on each), the kept choices per expert it dispatched: what the
+/// all-to-alls' and the experts' bytes follow from (ch07::MoeLog::kept).
+using RoutingCounts = std::vector<std::vector<std::vector<std::int64_t>>>;
+
 /// What one step did.
 struct StepResult {
-  double loss = 0;                  ///< the batch's mean loss (every rank)
+  double loss = 0;                  ///< the batch's mean loss (every rank): the cross-entropy
   double grad_norm = 0;             ///< the global norm before clipping (every rank; ZeRO-1: 0)
   float loss_scale = 1;             ///< what the loss's gradient was multiplied by
   bool skipped = false;             ///< an inf or NaN in the gradients: no update (the scaler)
   ch08::AxisBytes bytes;            ///< this rank sent, per axis
   std::vector<ch04::Event> events;  ///< this rank's ops
+  /// With experts: the whole batch's routing, every MoE block's (every rank), its aux_loss
+  /// the load-balancing loss the step added to `loss` (each block's mean over the batch's
+  /// sequences, summed over the blocks).
+  ch07::RoutingStats routing;
+  /// With experts: this rank's kept choices per expert, per MoE backward (MoeLog::kept).
+  std::vector<std::vector<std::int64_t>> dispatched;
 };
+
+/// Every rank's `dispatched` of `result` gathered (a collective over `world`, uncounted),
+/// and rank `at`'s ep group's taken out, ep rank by ep rank: formula_bytes's `routing`.
+RoutingCounts ep_routing(Communicator& world, const MeshShape& mesh, const Coords& at,
+                         const StepResult& result);
 
 /// One rank's part of the training: the steps of the whole mesh, the validation loss, and
 /// what a checkpoint saves besides the model.
@@ -116,6 +132,8 @@ class Trainer {
   void profile_next_step(Profile* out) { profile_ = out; }
   /// The data-parallel optimizer, whose state a checkpoint saves and restores.
   ch08::ReplicaOptimizer& optimizer() { return *replicas_; }
+  /// The experts' (over the expert replicas), alike; nullptr in a dense model.
+  ch08::ReplicaOptimizer* expert_optimizer() { return experts_.get(); }
   /// The loss scaler (Scaler::none in fp32 and, by default, bf16), saved alike.
   ch06::LossScaler& scaler() { return scaler_; }
 
@@ -126,8 +144,10 @@ class Trainer {
   /// Sequence parallel: the gradients of the weights every tp rank holds whole, summed
   /// over tp (each rank has its rows' part).
   void sum_replicated_gradients();
-  /// The norm of the summed gradients (each parameter once), and their clipping.
-  double clip_gradients(ch08::ReplicaOptimizer::Reduced& reduced);
+  /// The norm of the summed gradients (each parameter once: of the store and of the
+  /// experts' store), and their clipping.
+  double clip_gradients(ch08::ReplicaOptimizer::Reduced& reduced,
+                        ch08::ReplicaOptimizer::Reduced* experts);
 
   Mesh& mesh_;
   GptModel& model_;
@@ -137,6 +157,7 @@ class Trainer {
   ch04::Pipeline pipeline_;
   std::unique_ptr<Communicator> embedding_group_;     // first and last stage (pp > 1)
   std::unique_ptr<ch08::ReplicaOptimizer> replicas_;  // dp: GradSync + Adam, or ZeRO-1
+  std::unique_ptr<ch08::ReplicaOptimizer> experts_;   // the same over the expert replicas
   ch06::LossScaler scaler_;
   Profile* profile_ = nullptr;
 
@@ -152,8 +173,9 @@ std::string describe(const TrainConfig& c, std::string_view backend);
 /// About how many bytes a run holds at most (the memory check before the ranks start):
 /// one device's run, and under threads the mesh's ranks of this process too.
 double run_bytes(const TrainConfig& c, bool threads);
-/// The whole model's parameters.
-std::int64_t parameter_count(const GptShape& shape);
+/// The whole model's parameters; with `experts_per_token` k, those a token meets (a MoE
+/// block's k experts of E: the "active" parameters, the FLOPs' count).
+std::int64_t parameter_count(const GptShape& shape, int experts_per_token = -1);
 /// What the formulas say rank `at` sends in one training step (ring allreduce: 2 (N-1)/N
 /// of S, as shardlab::collective_traffic counts it exactly), per microbatch of n tokens
 /// (the rank's: b sequences of T/cp):
@@ -165,6 +187,16 @@ std::int64_t parameter_count(const GptShape& shape);
 ///   pp  n x C activations to the next stage and their gradients to the one before, and
 ///       the allreduce of wte's gradient between the first and the last stage (pp > 1)
 ///   cp  the attention's core per block: a forward (twice under recomputation) and a
-///       backward of context.hpp's bytes (chapter 10's ring)
-ch08::AxisBytes formula_bytes(const TrainConfig& c, const Coords& at);
+///       backward of context.hpp's bytes (chapter 10's ring); each MoE block's gather of
+///       the router's probabilities, (cp - 1) n E floats a forward
+///   ep  each MoE block's all-to-alls (from `routing`, the ep group's kept choices per
+///       expert): forward the counts ((ep - 1) E/ep of 8 bytes) and the rows, to the
+///       experts' ranks and back (the kept choices whose expert is on another rank, and
+///       those of the others for this rank's experts, C floats each); backward the rows
+///       again both ways; full recompute's second forward once more
+///   tp  in a MoE block the experts' f and g: an allreduce of each local expert's rows
+///       forward (twice under full recompute) and backward, instead of the dense MLP's;
+///       under sequence parallelism the rows gathered before it and dL/dy's after
+ch08::AxisBytes formula_bytes(const TrainConfig& c, const Coords& at,
+                              const RoutingCounts& routing = {});
 }  // namespace ch09

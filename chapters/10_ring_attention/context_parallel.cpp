@@ -89,7 +89,8 @@ RingAttentionCore::RingAttentionCore(Communicator& cp, std::int64_t heads, std::
 }
 
 RingShape RingAttentionCore::shape_of(std::int64_t rows, std::int64_t columns) const {
-  const std::int64_t n = static_cast<std::int64_t>(rank_positions(T_, cp_.size(), cp_.rank(), split_).size());
+  const std::int64_t n =
+      static_cast<std::int64_t>(rank_positions(T_, cp_.size(), cp_.rank(), split_).size());
   shardlab::require(columns % (3 * heads_) == 0 && rows % n == 0, [&] {
     return "ring attention: x has " + std::to_string(rows) + " x " + std::to_string(columns) +
            "; expected whole sequences' " + std::to_string(n) + " rows on this rank x 3 x " +
@@ -117,12 +118,10 @@ Tensor RingAttentionCore::backward_input(const Tensor& dy, nn::Saved& saved) con
   shardlab::require(dy.rows() == x.rows() && dy.cols() == y.cols(),
                     "ring attention backward: dy is " + dy.describe() + ", y " + y.describe());
   auto tensor = [](const std::vector<float>& v) { return Tensor::from_vector(v); };
-  const RingSaved ring{tensor(take(x, heads_, 0)),
-                       tensor(take(x, heads_, 1)),
-                       tensor(take(x, heads_, 2)),
-                       y.flat(),
-                       saved.tensors.at(2),
-                       rank_positions(T_, cp_.size(), cp_.rank(), split_)};
+  const RingSaved ring{
+      tensor(take(x, heads_, 0)), tensor(take(x, heads_, 1)),
+      tensor(take(x, heads_, 2)), y.flat(),
+      saved.tensors.at(2),        rank_positions(T_, cp_.size(), cp_.rank(), split_)};
   const RingGrads g = ring_attention_backward(cp_, ring, values_of(dy.to(Memory::host)), shape);
   Tensor dx(Shape{x.rows(), x.cols()}, shardlab::DType::f32);
   put(g.dq, heads_, 0, dx);

@@ -65,7 +65,8 @@ void run(Context& ctx, const Settings& s) {
   RingSaved whole_saved;
   const std::vector<float> whole_out =
       ring_attention(*self, q, k, v, {T, Split::plain, H, D}, &whole_saved);
-  const RingGrads whole = ring_attention_backward(*self, whole_saved, dout, {T, Split::plain, H, D});
+  const RingGrads whole =
+      ring_attention_backward(*self, whole_saved, dout, {T, Split::plain, H, D});
 
   // 2. The ring: this rank's rows.
   const std::vector<std::int64_t> pos = rank_positions(T, cp, r, split);
@@ -73,8 +74,9 @@ void run(Context& ctx, const Settings& s) {
   std::int64_t work = 0;
   memory::Tracker tracker;  // what the forward keeps for the backward: the ledger's count
   const auto start = ctx.comm().stats().total().bytes_sent;
-  const std::vector<float> out = ring_attention(ctx.comm(), rows_at(q, pos, C), rows_at(k, pos, C),
-                                                rows_at(v, pos, C), {T, split, H, D}, &saved, &work);
+  const std::vector<float> out =
+      ring_attention(ctx.comm(), rows_at(q, pos, C), rows_at(k, pos, C), rows_at(v, pos, C),
+                     {T, split, H, D}, &saved, &work);
   const auto forward = ctx.comm().stats().total().bytes_sent - start;
   const std::uint64_t kept = tracker.usage().live(memory::Category::activations);
   const RingGrads g =

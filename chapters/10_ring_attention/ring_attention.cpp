@@ -104,7 +104,8 @@ struct Pass {
   shardlab::Request send, recv;
 };
 Pass start_pass(Communicator& cp, const std::vector<float>& out, std::vector<float>& in, int tag) {
-  const int next = ch03::wrap(cp.rank() + 1, cp.size()), previous = ch03::wrap(cp.rank() - 1, cp.size());
+  const int next = ch03::wrap(cp.rank() + 1, cp.size()),
+            previous = ch03::wrap(cp.rank() - 1, cp.size());
   in.resize(out.size());
   Pass p;
   p.recv = cp.irecv(in, previous, tag);
@@ -191,7 +192,8 @@ RingGrads ring_attention_backward(Communicator& cp, const RingSaved& saved,
     Pass pass;
     const bool more = step + 1 < P;
     if (more) pass = start_pass(cp, kv, kv_next, kTag + 100 + 2 * step);
-    const std::vector<std::int64_t> keys = rank_positions(shape.T, P, source(r, step, P), shape.split);
+    const std::vector<std::int64_t> keys =
+        rank_positions(shape.T, P, source(r, step, P), shape.split);
     for (std::int64_t s = 0; s < S; ++s) {
       const std::int64_t first = s * n * C;  // this sequence's rows, in every array
       const float* q = saved.q.data() + first;

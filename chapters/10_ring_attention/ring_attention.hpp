@@ -104,11 +104,11 @@ struct RingSaved {
 /// `heads` heads of `head_dim` channels. A rank holds its rows of each of `sequences`
 /// sequences, one sequence's after another (a microbatch), and passes them all at once.
 struct RingShape {
-  std::int64_t T = 0;                ///< tokens of a sequence
-  Split split = Split::zigzag;       ///< how each sequence is cut over the ring
-  std::int64_t heads = 1;            ///< attention heads
-  std::int64_t head_dim = 1;         ///< a head's width
-  std::int64_t sequences = 1;        ///< sequences side by side
+  std::int64_t T = 0;           ///< tokens of a sequence
+  Split split = Split::zigzag;  ///< how each sequence is cut over the ring
+  std::int64_t heads = 1;       ///< attention heads
+  std::int64_t head_dim = 1;    ///< a head's width
+  std::int64_t sequences = 1;   ///< sequences side by side
 };
 
 /// The forward on every rank of `cp` (the ring): this rank's rows of q, k and v (its
