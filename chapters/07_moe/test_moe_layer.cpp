@@ -1,7 +1,9 @@
 // Chapter 07's MoE layer as a part of other models: inside an nn::Sequential between
 // Linear and LayerNorm layers, and with two micro-batches in flight, on 2-4 ranks, against
 // the same model on one device built from independent parts (nn::Linear, nn::LayerNorm and
-// the written-out moe_reference). Plus the pairwise all-to-all and the byte formula.
+// the written-out moe_reference). Plus the pairwise all-to-all and the byte formula, and the
+// layer as chapter 09's GPT uses it: routing groups with the aux loss weighed (against
+// finite differences of the objective written out in double), a group split over ranks.
 //
 // Wrong versions this test was checked against (each fails the case named, with the
 // message quoted):
@@ -25,12 +27,18 @@
 //     the plan receives 1200"; the backward left out (x 1, not x 2) -> the same; dropped
 //     choices counted -> "the formula says 1584 bytes"; the exchange of counts left out
 //     -> "the formula says 1152 bytes, the plan receives 1200".
+//   grouped routing (a model's MLP): the aux loss's gradient not weighed (MoeLog::weight
+//     left out) -> "dL/dWr differs from the finite differences by 0.00803" (2.8e-7 right);
+//     a split group's f_i from the rank's own tokens, not the whole group's -> "dL/dx of
+//     this rank's tokens: 48 of 72 elements differ".
 // (The order in which an expert runs its rows, and where the receive buffer puts them, are
 // the exercise's: test_routing.cpp.)
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <memory>
 
+#include "combine.hpp"
 #include "moe.hpp"
 #include "shardlab/nn.hpp"
 #include "shardlab/testing.hpp"
@@ -247,4 +255,223 @@ TEST_SUITE("ch07") {
       });
     }
   }
+}
+
+// ---------------------------------------------------------------------------
+// The layer as a model's MLP (chapter 09's GPT): routing groups, no residual, the aux loss
+// weighed, the experts in a store of their own, a group split over ranks.
+
+namespace {
+
+constexpr int kGroupTokens = 8, kGroups = 3;
+
+ch07::MoeConfig grouped_config() {
+  ch07::MoeConfig c;
+  c.tokens = 0;  // unused: the groups say how many
+  c.hidden = 6;
+  c.ffn = 6;
+  c.experts = 4;
+  c.k = 2;
+  c.capacity_factor = 0.75;  // 3 slots an expert a group: some choices dropped
+  c.aux_alpha = 0.1;
+  c.seed = 9;
+  return c;
+}
+
+/// Expert e: y = x A_e (d x d, no bias), from its own seed.
+Tensor expert_weight(int e) {
+  return scale(randn(Shape{6, 6}, 500 + static_cast<std::uint64_t>(e)), 0.4f);
+}
+
+ch07::MoeOptions grouped_options(std::shared_ptr<ch07::MoeLog> log,
+                                 nn::ParameterStore* expert_store) {
+  ch07::MoeOptions o;
+  o.name = "mlp";
+  o.residual = false;
+  o.sum_router = false;
+  o.expert_store = expert_store;
+  o.expert = [](nn::ParameterStore& store, int e) {
+    auto net = std::make_shared<nn::Sequential>();
+    net->add<nn::Linear>(store, "mlp.expert" + std::to_string(e), 6, 6, 0, false)
+        .weight()
+        .value.copy_from(expert_weight(e));
+    return std::shared_ptr<nn::Layer>(std::move(net));
+  };
+  o.groups.tokens = kGroupTokens;
+  o.log = std::move(log);
+  return o;
+}
+
+/// The layer's objective, in double, written out here from the definitions: L = sum of
+/// w . y over the tokens, y_t = sum over t's kept choices of gate x expert(x_t), plus each
+/// group's aux loss alpha E sum_i f_i P_i times `weight`. The routing (which choices are
+/// kept) is given; the gates and P follow the router's weights Wr, so L is smooth in Wr
+/// around them.
+double grouped_objective(const ch07::MoeConfig& c, const Tensor& x, const Tensor& w,
+                         const Tensor& router, const ch07::Routing& r, double weight) {
+  const std::int64_t d = c.hidden, E = c.experts;
+  double L = 0;
+  for (int g = 0; g < kGroups; ++g) {
+    std::vector<double> P(static_cast<std::size_t>(E), 0.0), f(P.size(), 0.0);
+    for (int i = 0; i < kGroupTokens; ++i) {
+      const int t = g * kGroupTokens + i;
+      std::vector<double> p(static_cast<std::size_t>(E));
+      double top = -1e300, sum = 0;
+      for (std::int64_t e = 0; e < E; ++e) {
+        double z = 0;
+        for (std::int64_t k = 0; k < d; ++k) z += double(x(t, k)) * router(k, e);
+        top = std::max(top, p[static_cast<std::size_t>(e)] = z);
+      }
+      for (double& v : p) sum += v = std::exp(v - top);
+      for (double& v : p) v /= sum;
+      double chosen = 0;
+      for (int j = 0; j < c.k; ++j) chosen += p[static_cast<std::size_t>(r.expert[r.at(t, j)])];
+      for (int j = 0; j < c.k; ++j) {
+        const int e = r.expert[r.at(t, j)];
+        if (r.slot[r.at(t, j)] < 0) continue;
+        const Tensor A = expert_weight(e);
+        const double gate = p[static_cast<std::size_t>(e)] / chosen;
+        for (std::int64_t o = 0; o < d; ++o) {
+          double out = 0;
+          for (std::int64_t k = 0; k < d; ++k) out += double(x(t, k)) * A(k, o);
+          L += gate * out * w(t, o);
+        }
+      }
+      for (std::int64_t e = 0; e < E; ++e)
+        P[static_cast<std::size_t>(e)] += p[static_cast<std::size_t>(e)] / kGroupTokens;
+      f[static_cast<std::size_t>(r.expert[r.at(t, 0)])] += 1.0 / kGroupTokens;
+    }
+    double aux = 0;
+    for (std::int64_t e = 0; e < E; ++e)
+      aux += f[static_cast<std::size_t>(e)] * P[static_cast<std::size_t>(e)];
+    L += weight * c.aux_alpha * static_cast<double>(E) * aux;
+  }
+  return L;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "grouped routing: each group with its own capacity; its aux loss weighed into the "
+    "router's gradient (finite differences)") {
+  const ch07::MoeConfig c = grouped_config();
+  const Tensor x = randn(kGroups * kGroupTokens, c.hidden, 41), w = randn(x.rows(), c.hidden, 42);
+  const Tensor router = scale(randn(Shape{c.hidden, c.experts}, 43), 0.8f);
+  constexpr double kWeight = 0.5;
+  on_ranks(1, [&](Communicator& comm) {
+    nn::ParameterStore store, experts;
+    auto log = std::make_shared<ch07::MoeLog>();
+    log->weight = kWeight;
+    ch07::MoeLayer layer(store, comm, c, router, grouped_options(log, &experts));
+    store.allocate();
+    experts.allocate();
+    CHECK(store.parameters().size() == 1);  // the router; the experts are in their own store
+    CHECK(experts.parameters().size() == static_cast<std::size_t>(c.experts));
+    nn::Forward f = layer.forward(x);
+    const ch07::Routing r = layer.routing(f.saved);
+    // Each group routed alone: route() of its own tokens' probabilities, its capacity
+    // ceil(k T / E x factor) = 3.
+    const Tensor probs = ch07::router_probs(x, router);
+    int dropped = 0;
+    for (int g = 0; g < kGroups; ++g) {
+      const ch07::Routing alone = ch07::route(probs.slice(g * kGroupTokens, kGroupTokens), c.k, 3);
+      for (int t = 0; t < kGroupTokens; ++t)
+        for (int j = 0; j < c.k; ++j) {
+          const int ch = alone.at(t, j), whole = r.at(g * kGroupTokens + t, j);
+          CHECK_MESSAGE(
+              r.expert[static_cast<std::size_t>(whole)] ==
+                  alone.expert[static_cast<std::size_t>(ch)],
+              "group " << g << ", token " << t << ": another expert than its group's own routing");
+          CHECK_MESSAGE((r.slot[static_cast<std::size_t>(whole)] < 0) ==
+                            (alone.slot[static_cast<std::size_t>(ch)] < 0),
+                        "group " << g << ", token " << t << ", choice " << j
+                                 << ": dropped or kept unlike its group's own routing");
+          dropped += alone.slot[static_cast<std::size_t>(ch)] < 0;
+        }
+    }
+    REQUIRE(dropped > 0);
+    // The objective's y part: no residual.
+    double yw = 0;
+    for (std::int64_t t = 0; t < x.rows(); ++t)
+      for (std::int64_t o = 0; o < c.hidden; ++o) yw += double(f.out(t, o)) * w(t, o);
+    const double L0 = grouped_objective(c, x, w, router, r, kWeight);
+    double aux_alone = 0;  // L0 less its y part: the weighed aux losses
+    aux_alone = L0 - yw;
+    layer.backward(w, f.saved);
+    CHECK(log->stats.dropped == dropped);
+    CHECK(std::abs(log->stats.aux_loss - aux_alone) < 1e-6 * std::max(1.0, aux_alone));
+    // dL/dWr against central differences of the objective, the routing held.
+    const Tensor grad = layer.router().grad;
+    double worst = 0;
+    for (std::int64_t k = 0; k < c.hidden; ++k)
+      for (std::int64_t e = 0; e < c.experts; ++e) {
+        constexpr double h = 1e-4;
+        Tensor up = router.clone(), down = router.clone();
+        up(k, e) += static_cast<float>(h);
+        down(k, e) -= static_cast<float>(h);
+        const double dh = double(up(k, e)) - double(down(k, e));
+        const double numeric = (grouped_objective(c, x, w, up, r, kWeight) -
+                                grouped_objective(c, x, w, down, r, kWeight)) /
+                               dh;
+        worst = std::max(worst, std::abs(numeric - grad(k, e)) / std::max(1.0, std::abs(numeric)));
+      }
+    CHECK_MESSAGE(worst < 1e-5, "dL/dWr differs from the finite differences by " << worst);
+  });
+}
+
+TEST_CASE("a group split over ranks routes as it does whole, each rank its own tokens") {
+  // Two ranks each hold half of every group (the zigzag's chunks: rank 0 positions 0, 1, 6,
+  // 7; rank 1 positions 2 .. 5), as chapter 10's context parallelism cuts a sequence.
+  const ch07::MoeConfig c = grouped_config();
+  const Tensor x = randn(kGroups * kGroupTokens, c.hidden, 51), w = randn(x.rows(), c.hidden, 52);
+  const Tensor router = scale(randn(Shape{c.hidden, c.experts}, 53), 0.8f);
+  const std::vector<std::vector<std::int64_t>> positions{{0, 1, 6, 7}, {2, 3, 4, 5}};
+  nn::ParameterStore whole_store, whole_experts;
+  auto whole_log = std::make_shared<ch07::MoeLog>();
+  Tensor whole_y, whole_dx, whole_grad;
+  on_ranks(1, [&](Communicator& comm) {
+    ch07::MoeLayer layer(whole_store, comm, c, router, grouped_options(whole_log, &whole_experts));
+    whole_store.allocate();
+    whole_experts.allocate();
+    nn::Forward f = layer.forward(x);
+    whole_y = f.out.clone();
+    whole_dx = layer.backward(w, f.saved).clone();
+    whole_grad = layer.router().grad.clone();
+  });
+  std::vector<Tensor> grads(2);
+  std::vector<ch07::RoutingStats> stats(2);
+  on_ranks(2, [&](Communicator& ring) {
+    auto self = ring.split(ring.rank(), 0);  // one expert-parallel rank: all experts here
+    const auto me = static_cast<std::size_t>(ring.rank());
+    auto rows = [&](const Tensor& all) {
+      Tensor out(Shape{kGroups * 4, all.cols()}, DType::f32);
+      for (int g = 0; g < kGroups; ++g)
+        for (int i = 0; i < 4; ++i)
+          out.slice(g * 4 + i, 1)
+              .copy_from(
+                  all.slice(g * kGroupTokens + positions[me][static_cast<std::size_t>(i)], 1));
+      return out;
+    };
+    nn::ParameterStore store, experts;
+    auto log = std::make_shared<ch07::MoeLog>();
+    ch07::MoeOptions o = grouped_options(log, &experts);
+    o.groups.split = &ring;
+    o.groups.positions = positions;
+    ch07::MoeLayer layer(store, *self, c, router, o);
+    store.allocate();
+    experts.allocate();
+    nn::Forward f = layer.forward(rows(x));
+    check_equal(f.out, rows(whole_y), "y of this rank's tokens, against the whole groups'");
+    check_close(layer.backward(rows(w), f.saved), rows(whole_dx), 1e-6f, 1e-6f,
+                "dL/dx of this rank's tokens");
+    grads[me] = layer.router().grad.clone();
+    stats[me] = log->stats;
+  });
+  check_close(add(grads[0], grads[1]), whole_grad, 1e-5f, 1e-5f,
+              "dL/dWr summed over the two ranks, against the whole groups'");
+  CHECK_MESSAGE(stats[0].dropped == whole_log->stats.dropped,
+                "the first rank reports the groups' drops: " << stats[0].dropped << ", whole "
+                                                             << whole_log->stats.dropped);
+  CHECK(stats[1].dropped == 0);  // each group once: by its first rank
+  CHECK(std::abs(stats[0].aux_loss - whole_log->stats.aux_loss) < 1e-9);
 }

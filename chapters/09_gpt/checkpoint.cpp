@@ -535,23 +535,20 @@ int load_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
                       want[key].dump() + " (give the same --layers --channels --heads --context)");
   // A Mixture-of-Experts checkpoint and a dense model (or the other way round) are two
   // models: said so, not loaded half.
-  const nlohmann::json saved_experts = config.value("num_local_experts", nlohmann::json(0));
-  if (g.experts == 0)
-    require_usage(saved_experts == 0,
-                  "--load " + dir + ": a Mixture-of-Experts model (" + saved_experts.dump() +
-                      " experts, " + config.value("num_experts_per_tok", nlohmann::json()).dump() +
-                      " a token, every " + config.value("moe_layer_freq", nlohmann::json()).dump() +
-                      " block(s)): a dense model cannot take it; give its --experts --top-k "
-                      "--moe-every --capacity-factor --aux-alpha");
-  else
+  GptShape saved = g;
+  saved.experts = 0;
+  adopt_experts(dir, saved);
+  require_usage(g.experts > 0 || saved.experts == 0,
+                "--load " + dir + ": a Mixture-of-Experts model (" + describe_experts(saved) +
+                    "): a dense model cannot take it; give " + experts_flags(saved));
+  require_usage(g.experts == 0 || saved.experts > 0,
+                "--load " + dir + ": a dense GPT-2, without experts: leave out --experts");
+  if (g.experts > 0)
     for (const char* key : kMoeKeys)
       require_usage(config.value(key, nlohmann::json()) == want[key],
                     "--load " + dir + ": the checkpoint's " + key + " is " +
                         config.value(key, nlohmann::json()).dump() + ", this model's " +
-                        want[key].dump() +
-                        (saved_experts == 0 ? " (a dense GPT-2: leave out --experts)"
-                                            : " (give the same --experts --top-k --moe-every "
-                                              "--capacity-factor --aux-alpha)"));
+                        want[key].dump() + " (give " + experts_flags(saved) + ")");
   const auto tensors = read_tensors(d, "model");
   // The values must be the ones saved, where trainer.json says what they were (a
   // checkpoint written elsewhere, without it, loads as it is).

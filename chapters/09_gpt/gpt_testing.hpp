@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -48,10 +49,13 @@ inline TrainConfig small(MeshShape mesh, std::int64_t context = 8) {
 
 struct Run {
   std::vector<double> loss, norm, scale;
+  std::vector<double> aux, dropped;  ///< per step, with experts: the routing's
   double validation = 0;
   /// Tensor storages taken from the system allocator in the steps after the first, on the
   /// rank that took most (tensor.cpp's cache of freed blocks serves the rest).
   std::uint64_t later_allocations = 0;
+  /// Empty, or the first rank, axis and step whose bytes differ from the formula.
+  std::string bytes_mismatch;
 };
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -67,6 +71,8 @@ inline Run train(TrainConfig c, int first, int steps, const std::string& load = 
   const Corpus data = Corpus::load(text_file(), c.model.context);
   Run out;
   std::atomic<std::uint64_t> later_allocations{0};
+  std::mutex mismatch_mutex;
+  std::string bytes_mismatch;
   on_ranks(
       c.mesh.ranks(),
       [&](Communicator& world) {
@@ -84,6 +90,23 @@ inline Run train(TrainConfig c, int first, int steps, const std::string& load = 
           mine.loss.push_back(r.loss);
           mine.norm.push_back(r.grad_norm);
           mine.scale.push_back(r.loss_scale);
+          mine.aux.push_back(r.routing.aux_loss);
+          mine.dropped.push_back(r.routing.dropped);
+          // Every rank's bytes per axis against the formulas (with experts, the step's
+          // routing's): the first that differs, in the rank's words.
+          const RoutingCounts routing =
+              c.model.experts > 0 ? ep_routing(world, c.mesh, mesh.coords(), r) : RoutingCounts{};
+          const ch08::AxisBytes want = formula_bytes(c, mesh.coords(), routing);
+          const std::uint64_t ch08::AxisBytes::*axes[] = {
+              &ch08::AxisBytes::tp, &ch08::AxisBytes::dp, &ch08::AxisBytes::pp,
+              &ch08::AxisBytes::cp, &ch08::AxisBytes::ep};
+          const char* names[] = {"tp", "dp", "pp", "cp", "ep"};
+          for (std::size_t a = 0; a < 5; ++a)
+            if (r.bytes.*axes[a] != want.*axes[a] && mine.bytes_mismatch.empty())
+              mine.bytes_mismatch = "rank " + std::to_string(world.rank()) + " sent " +
+                                    std::to_string(r.bytes.*axes[a]) + " bytes on " + names[a] +
+                                    " at step " + std::to_string(t + 1) + ", the formula says " +
+                                    std::to_string(want.*axes[a]);
         }
         if (steps > 1) {
           const std::uint64_t taken = shardlab::host_storage_allocations() - after_first;
@@ -96,9 +119,13 @@ inline Run train(TrainConfig c, int first, int steps, const std::string& load = 
           save_checkpoint(save, mesh, model, &trainer.optimizer(), first + steps, &trainer.scaler(),
                           trainer.expert_optimizer());
         if (world.rank() == 0) out = mine;
+        const std::lock_guard<std::mutex> lock(mismatch_mutex);
+        if (!mine.bytes_mismatch.empty() && bytes_mismatch.empty())
+          bytes_mismatch = mine.bytes_mismatch;
       },
       std::chrono::seconds(20));
   out.later_allocations = later_allocations.load();
+  out.bytes_mismatch = bytes_mismatch;
   return out;
 }
 
@@ -139,6 +166,16 @@ inline void check_same_training(const Run& got, const Run& want, double toleranc
   CHECK_MESSAGE(
       rel(got.validation, want.validation) < tolerance,
       "the validation loss differs: " << got.validation << ", one device " << want.validation);
+  // With experts: every step routes as one device does (each sequence on its own).
+  for (std::size_t t = 0; t < got.dropped.size() && t < want.dropped.size(); ++t) {
+    CHECK_MESSAGE(got.dropped[t] == want.dropped[t], "the dropped choices differ at step "
+                                                         << t + 1 << ": " << got.dropped[t]
+                                                         << ", one device " << want.dropped[t]);
+    CHECK_MESSAGE(rel(got.aux[t], want.aux[t]) < tolerance, "the aux loss differs at step "
+                                                                << t + 1 << ": " << got.aux[t]
+                                                                << ", one device " << want.aux[t]);
+  }
+  CHECK_MESSAGE(got.bytes_mismatch.empty(), got.bytes_mismatch);
 }
 
 }  // namespace ch09::testing

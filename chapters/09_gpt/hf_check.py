@@ -22,7 +22,8 @@ the tied lm_head. Both read the same file, so they agree on a checkpoint whose c
 are in the wrong order too: --expect (the validation loss ch09_gpt printed) catches that.
 
 Exit status: 0 checked; 1 a disagreement, a missing weight, or a loss off --expect; 2 bad
-usage, files that are not a checkpoint, or too little text; 77 --require-hf without them.
+usage, files that are not a checkpoint (a Mixture-of-Experts one of ch09_gpt --experts among
+them: not GPT-2), or too little text; 77 --require-hf without them.
 """
 import argparse
 import json
@@ -198,6 +199,10 @@ def main():
         fail(f"--text {a.text}: cannot read it (give --text FILE)", 2)
     with open(os.path.join(a.checkpoint, "config.json")) as f:
         config = json.load(f)
+    if config.get("num_local_experts", 0):  # ch09_gpt --experts: not a GPT-2
+        fail(f"{a.checkpoint}: a Mixture-of-Experts model ({config['num_local_experts']} experts, "
+             f"model_type {config.get('model_type')}): GPT-2's dense MLPs cannot take it, here or "
+             "in GPT2LMHeadModel; ch09_gpt --load reads it", 2)
     for key, want in (("activation_function", "gelu_new"), ("scale_attn_weights", True),
                       ("scale_attn_by_inverse_layer_idx", False)):  # what the forward does
         if config.get(key, want) != want:

@@ -140,13 +140,11 @@ void write_profile_trace(Context& ctx, const MeshShape& mesh, const Profile& min
   for (ch08::Axis a : ch08::shown_axes(mesh))
     where += (where.empty() ? "" : ", ") + std::string(ch08::axis_name(a)) + " " +
              std::to_string(q.at(a));
-  events.push_back(
-      {{"name", "thread_name"},
-       {"ph", "M"},
-       {"pid", 0},
-       {"tid", r},
-       {"args",
-        {{"name", "rank " + std::to_string(r) + " (" + where + ")"}}}});
+  events.push_back({{"name", "thread_name"},
+                    {"ph", "M"},
+                    {"pid", 0},
+                    {"tid", r},
+                    {"args", {{"name", "rank " + std::to_string(r) + " (" + where + ")"}}}});
   const std::vector<std::string> all = ctx.comm().gather_strings(events.dump());
   if (r != 0) return;
   nlohmann::json trace = nlohmann::json::array();

@@ -29,6 +29,16 @@
 //   c_attn's columns saved in this model's layout instead of [q | k | v]: not here (the
 //     files load, into this program too); ch09.hugging_face_layout's other GPT-2 gives
 //     4.418 where the program said 4.395
+//   with experts, the router's gradient summed over the ep ranks as well as by the
+//     replicas' sync: "the gradient norm differs at step 1: 1.79738, one device 1.79522"
+//     (pp 1 x dp 1 x ep 2 x tp 4)
+//   the experts' gradients summed over every replica, ep included (their optimizer over
+//     Mesh::replicas): "the gradient norm differs at step 1: 1.85929, one device 1.79522"
+//   the aux loss's gradient not multiplied by the loss scale: "step 1: the gradient norm
+//     1.78508 with a scale, 1.79522 without"
+//   a routing group's capacity from the rows the rank routes (the microbatch's), not the
+//     sequence's T: one device drops nothing ("want.dropped[0] > 0"), and the validation
+//     loss differs on pp 1 x dp 1 x ep 2 x tp 4
 //   a step whose tensors bypass the cache of freed blocks (tensor.cpp's HostBlockCache
 //     not consulted): "steps 2 and 3 took 204 tensor storages from the system on one
 //     rank" (8 x 1 x 1)
@@ -38,13 +48,14 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "checkpoint.hpp"
+#include "gpt_testing.hpp"
 #include "measurements.hpp"
 #include "profile.hpp"
 #include "references.hpp"
 #include "sample.hpp"
-#include "gpt_testing.hpp"
 #include "shardlab/testing.hpp"
 
 using namespace shardlab;
@@ -82,6 +93,104 @@ TEST_CASE("ZeRO-1 clips by the norm of its shards and trains like one device") {
     c.zero = 1;
     const Run got = train(c, 0, 3);
     check_same_training(got, want, 1e-5);
+  }
+}
+
+namespace {
+
+/// The tests' model with a Mixture-of-Experts MLP: 8 experts, top-2, in every `every`-th
+/// block; a batch of 16, so that 8 replicas (ep 8) get 2 microbatches of a sequence.
+TrainConfig small_moe(MeshShape mesh, int every = 1) {
+  TrainConfig c = small(mesh);
+  c.model.experts = 8;
+  c.model.top_k = 2;
+  c.model.moe_every = every;
+  c.batch = 16;
+  return c;
+}
+
+/// Every (pp, dp, ep, tp) whose product is 8.
+std::vector<MeshShape> meshes_of_8() {
+  std::vector<MeshShape> out;
+  for (int pp = 1; pp <= 8; pp *= 2)
+    for (int dp = 1; pp * dp <= 8; dp *= 2)
+      for (int ep = 1; pp * dp * ep <= 8; ep *= 2)
+        out.push_back({.pp = pp, .dp = dp, .tp = 8 / (pp * dp * ep), .ep = ep});
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a MoE GPT on every factorisation of 8 ranks over pp, dp, ep and tp routes and trains "
+    "like one device") {
+  const Run want = one_device(small_moe({1, 1, 1}), 3);
+  REQUIRE(want.dropped.size() == 3);
+  CHECK(want.dropped[0] > 0);  // the capacity is at work from the first step
+  CHECK(want.aux[0] > 0);
+  const std::vector<MeshShape> meshes = meshes_of_8();
+  CHECK(meshes.size() == 20);
+  for (const MeshShape& m : meshes) {
+    const std::string mesh_shape = ch08::mesh_name(m);
+    CAPTURE(mesh_shape);
+    check_same_training(train(small_moe(m), 0, 3), want, 1e-5);
+  }
+  // A MoE MLP in every other block only, on meshes where stages differ in how many they hold.
+  const Run sparse = one_device(small_moe({1, 1, 1}, 2), 3);
+  for (MeshShape m : {MeshShape{.pp = 8, .dp = 1, .tp = 1, .ep = 1},
+                      MeshShape{.pp = 2, .dp = 1, .tp = 2, .ep = 2},
+                      MeshShape{.pp = 1, .dp = 2, .tp = 1, .ep = 4}}) {
+    const std::string mesh_shape = ch08::mesh_name(m);
+    CAPTURE(mesh_shape);
+    check_same_training(train(small_moe(m, 2), 0, 3), sparse, 1e-5);
+  }
+}
+
+TEST_CASE("a MoE GPT with sequence parallelism, recomputation, ZeRO-1 or top-1 too") {
+  struct Case {
+    MeshShape mesh;
+    bool sequence_parallel;
+    Recompute recompute;
+    int zero, k;
+  };
+  for (const Case& k :
+       {Case{{.pp = 2, .dp = 1, .tp = 2, .ep = 2}, true, Recompute::none, 0, 2},
+        Case{{.pp = 1, .dp = 1, .tp = 4, .ep = 2}, true, Recompute::full, 0, 2},
+        Case{{.pp = 2, .dp = 2, .tp = 1, .ep = 2}, false, Recompute::selective, 1, 2},
+        Case{{.pp = 1, .dp = 2, .tp = 2, .ep = 2}, false, Recompute::full, 1, 1},
+        Case{{.pp = 1, .dp = 1, .tp = 1, .ep = 8}, false, Recompute::none, 0, 1}}) {
+    TrainConfig c = small_moe(k.mesh);
+    c.model.top_k = k.k;
+    const Run want = one_device(c, 3);
+    const std::string mesh_shape = ch08::mesh_name(k.mesh);
+    CAPTURE(mesh_shape);
+    CAPTURE(k.sequence_parallel);
+    CAPTURE(ch08::recompute_name(k.recompute));
+    CAPTURE(k.zero);
+    CAPTURE(k.k);
+    c.sequence_parallel = k.sequence_parallel;
+    c.recompute = k.recompute;
+    c.zero = k.zero;
+    check_same_training(train(c, 0, 3), want, 1e-5);
+  }
+}
+
+TEST_CASE("the loss scale multiplies the aux loss's gradient too") {
+  // In f32, a loss scale of 2^16 is exact both ways (times it, then over it): a run with
+  // one is the run without, bit for bit, only if every part of the loss's gradient was
+  // scaled, the load-balancing loss's included (Megatron-LM's MoEAuxLossAutoScaler).
+  TrainConfig c = small_moe({.pp = 1, .dp = 1, .tp = 2, .ep = 4});
+  const Run plain = train(c, 0, 3);
+  c.scaler = ch06::Scaler::fixed;
+  const Run scaled = train(c, 0, 3);
+  REQUIRE(scaled.scale[0] == 65536.0f);
+  for (std::size_t t = 0; t < 3; ++t) {
+    CHECK_MESSAGE(scaled.loss[t] == plain.loss[t], "step " << t + 1 << ": the loss "
+                                                           << scaled.loss[t] << " with a scale, "
+                                                           << plain.loss[t] << " without");
+    CHECK_MESSAGE(scaled.norm[t] == plain.norm[t], "step " << t + 1 << ": the gradient norm "
+                                                           << scaled.norm[t] << " with a scale, "
+                                                           << plain.norm[t] << " without");
   }
 }
 
@@ -301,6 +410,65 @@ TEST_CASE("a checkpoint resumes on the same mesh bit for bit, and on another to 
     c.zero = sharded ? 1 : 0;
     check_resumed(train(c, 2, 2, dir), zero_whole, "ZeRO-1 resumed");
   }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("a MoE checkpoint resumes on any mesh, and no dense model takes it") {
+  const std::string dir = (fs::temp_directory_path() / "shardlab_ch09_moe_ckpt").string();
+  fs::remove_all(dir);
+  const TrainConfig c = small_moe({.pp = 2, .dp = 1, .tp = 2, .ep = 2});
+  const Run whole = train(c, 0, 4);
+  train(c, 0, 2, "", dir);
+  // The experts' tensors, each whole, in the documented layout.
+  const auto index = nlohmann::json::parse(
+      shardlab::read_file(fs::path(dir) / "model.safetensors.index.json", "index"));
+  CHECK(index["weight_map"].contains("transformer.h.0.mlp.router.weight"));
+  CHECK(index["weight_map"].contains("transformer.h.7.mlp.experts.7.c_proj.bias"));
+  CHECK_FALSE(index["weight_map"].contains("transformer.h.0.mlp.c_fc.weight"));
+  for (MeshShape m : {MeshShape{.pp = 2, .dp = 1, .tp = 2, .ep = 2}, MeshShape{1, 1, 1},
+                      MeshShape{.pp = 1, .dp = 1, .tp = 1, .ep = 8},
+                      MeshShape{.pp = 4, .dp = 2, .tp = 1, .ep = 1}}) {
+    const std::string mesh_shape = ch08::mesh_name(m);
+    CAPTURE(mesh_shape);
+    TrainConfig on = c;
+    on.mesh = m;
+    if (m.ranks() == 1) on.microbatches = 1;
+    check_resumed(train(on, 2, 2, dir), whole, "resumed");
+  }
+  TrainConfig zero = c;
+  zero.zero = 1;
+  zero.mesh = {.pp = 1, .dp = 2, .tp = 1, .ep = 4};
+  check_resumed(train(zero, 2, 2, dir), whole, "resumed with ZeRO-1");
+  // A dense model, or one with other experts, is told what the checkpoint holds.
+  const Corpus data = Corpus::load(text_file(), 8);
+  auto load_into = [&](TrainConfig into) {
+    std::string error;
+    on_ranks(into.mesh.ranks(), [&](Communicator& world) {
+      Mesh mesh(world, into.mesh);
+      GptModel model(mesh, into.model);
+      Trainer trainer(mesh, model, into, data);
+      try {
+        load_checkpoint(dir, mesh, model, &trainer.optimizer(), nullptr,
+                        trainer.expert_optimizer());
+      } catch (const UsageError& e) {
+        if (world.rank() == 0) error = e.what();
+      }
+    });
+    return error;
+  };
+  const std::string dense = load_into(small({1, 1, 2}));
+  CHECK_MESSAGE(dense.find("a Mixture-of-Experts model (8 experts, top-2") != std::string::npos,
+                dense);
+  CHECK(dense.find("a dense model cannot take it; give --experts 8 --top-k 2") !=
+        std::string::npos);
+  TrainConfig fewer = small_moe({1, 1, 2});
+  fewer.model.experts = 4;
+  CHECK(load_into(fewer).find("num_local_experts is 8, this model's 4") != std::string::npos);
+  fs::remove_all(dir);
+  // And the other way round: a MoE model does not take a dense checkpoint.
+  train(small({1, 1, 2}), 0, 1, "", dir);
+  CHECK(load_into(small_moe({1, 1, 2})).find("a dense GPT-2, without experts") !=
+        std::string::npos);
   fs::remove_all(dir);
 }
 

@@ -377,6 +377,23 @@ std::int64_t parameter_count(const GptShape& s, int experts_per_token) {
          moe_blocks * (C * s.experts + (experts - 1) * mlp);
 }
 
+std::string describe_experts(const GptShape& s) {
+  auto n = [](auto v) { return std::to_string(v); };
+  return n(s.experts) + " experts, top-" + n(s.top_k) +
+         (s.moe_every == 1   ? " in every block"
+          : s.moe_every == 2 ? " in every other block"
+                             : " in one block of every " + n(s.moe_every)) +
+         ", capacity factor " + shardlab::format_number(s.capacity_factor) + ", aux " +
+         shardlab::format_number(s.aux_alpha);
+}
+
+std::string experts_flags(const GptShape& s) {
+  return "--experts " + std::to_string(s.experts) + " --top-k " + std::to_string(s.top_k) +
+         " --moe-every " + std::to_string(s.moe_every) + " --capacity-factor " +
+         shardlab::format_number(s.capacity_factor) + " --aux-alpha " +
+         shardlab::format_number(s.aux_alpha);
+}
+
 std::string describe(const TrainConfig& c, std::string_view backend) {
   const GptShape& s = c.model;
   const MeshShape& m = c.mesh;
@@ -387,12 +404,7 @@ std::string describe(const TrainConfig& c, std::string_view backend) {
          (s.experts > 0 ? ", " +
                               shardlab::format_number(
                                   static_cast<double>(parameter_count(s, s.top_k)) / 1e6) +
-                              "M a token; " + n(s.experts) + " experts, top-" + n(s.top_k) +
-                              (s.moe_every == 1   ? " in every block"
-                               : s.moe_every == 2 ? " in every other block"
-                                                  : " in one block of every " + n(s.moe_every)) +
-                              ", capacity factor " + shardlab::format_number(s.capacity_factor) +
-                              ", aux " + shardlab::format_number(s.aux_alpha)
+                              "M a token; " + describe_experts(s)
                         : "") +
          ") on " + ch08::mesh_name(m) + " (" + std::string(backend) + "), " +
          (m.cp > 1 && c.context ? c.context->name() + ", " : "") + c.schedule + ", " +

@@ -168,6 +168,10 @@ class Trainer {
 }  // namespace ch09
 
 namespace ch09 {
+/// "8 experts, top-2 in every block, capacity factor 1.25, aux 0.01"
+std::string describe_experts(const GptShape& shape);
+/// The flags that give a model `shape`'s experts: "--experts 8 --top-k 2 --moe-every 1 ...".
+std::string experts_flags(const GptShape& shape);
 /// "GPT (L 4, C 128, H 4, T 64; 0.8M parameters) on pp x dp x tp = 2 x 2 x 2 (threads), ..."
 std::string describe(const TrainConfig& c, std::string_view backend);
 /// About how many bytes a run holds at most (the memory check before the ranks start):
