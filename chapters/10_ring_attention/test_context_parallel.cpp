@@ -1,6 +1,7 @@
 // Chapter 10's ring as chapter 09's attention: the GPT with every sequence cut over the cp
 // ranks of the mesh trains as it does on one device, on meshes of cp alone and of cp with
-// the other axes; the cp bytes of a step equal the ring's formula.
+// the other axes, and with experts on every factorisation of 8 ranks over all five axes
+// (routing included); the cp bytes of a step equal the ring's formula.
 //
 // Wrong versions this test was checked against, and what each gives (cp 8):
 //   the embedding's positions taken as 0 .. T/cp - 1 on every cp rank (wpe of the wrong
@@ -9,6 +10,9 @@
 //     gradient norm differs at step 1: 2.4131, one device 2.92295"
 //   the loss's denominator the rank's tokens (B T / cp) instead of the batch's: "the loss
 //     differs at step 1: 44.3704, one device 5.54631"
+//   with experts, each cp rank routing its chunk of a sequence as a group of its own
+//     (Megatron-LM's local routing), not the sequence whole: "the loss differs at step 1:
+//     5.53653, one device 5.53293" (pp 1 x dp 1 x cp 2 x tp 4)
 #include <doctest/doctest.h>
 
 #include "context_parallel.hpp"
@@ -42,6 +46,35 @@ TEST_CASE("the GPT with its sequences cut over a ring trains like one device") {
     check_same_training(got, want, 1e-5);
     if (storage_is_cached) CHECK(got.later_allocations == 0);
   }
+}
+
+TEST_CASE(
+    "a MoE GPT on every factorisation of 8 ranks over the five axes trains like one "
+    "device") {
+  // Megatron-LM's five axes: tp, cp, ep, dp, pp. 8 experts (ep up to 8), 8 heads and 8
+  // layers (tp and pp up to 8), T 16 (cp up to 8), a batch of 16 (8 replicas of 2
+  // microbatches).
+  TrainConfig base = small({1, 1, 1}, 16);
+  base.model.experts = 8;
+  base.batch = 16;
+  base.context = ch10::ring_context();
+  const Run want = one_device(base, 3);
+  REQUIRE(want.dropped.size() == 3);
+  CHECK(want.dropped[0] > 0);
+  int meshes = 0;
+  for (int pp = 1; pp <= 8; pp *= 2)
+    for (int dp = 1; pp * dp <= 8; dp *= 2)
+      for (int ep = 1; pp * dp * ep <= 8; ep *= 2)
+        for (int cp = 1; pp * dp * ep * cp <= 8; cp *= 2) {
+          const MeshShape m{.pp = pp, .dp = dp, .tp = 8 / (pp * dp * ep * cp), .cp = cp, .ep = ep};
+          const std::string mesh = mesh_text(m);
+          CAPTURE(mesh);
+          TrainConfig c = base;
+          c.mesh = m;
+          check_same_training(train(c, 0, 3), want, 1e-5);
+          ++meshes;
+        }
+  CHECK(meshes == 35);
 }
 
 TEST_CASE("with sequence parallelism, recomputation and ZeRO-1 too") {
