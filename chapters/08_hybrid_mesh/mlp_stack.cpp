@@ -51,7 +51,7 @@ MeshShape settle_mesh(MeshShape mesh, int ranks) {
   const std::string N = std::to_string(ranks);
   // The axes given besides dp, named as the user gave them: "tp x pp", "tp x cp x pp", ...
   std::string named;
-  int others = 1;
+  std::int64_t others = 1;  // each axis up to 2^20: no int overflows here
   for (Axis axis : {Axis::tp, Axis::cp, Axis::ep, Axis::pp}) {
     if ((axis == Axis::cp || axis == Axis::ep) && mesh.size(axis) == 1) continue;
     named += (named.empty() ? "" : " x ") + std::string(axis_name(axis));

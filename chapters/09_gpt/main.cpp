@@ -22,6 +22,7 @@
 //
 // Expected: the mesh's loss equals one device's at every step to the stated tolerance,
 // and the validation loss too; the loss falls from ln 256 = 5.55 to about 2.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <nlohmann/json.hpp>
@@ -225,6 +226,12 @@ int main(int argc, char** argv) {
       "--no-reference", [&](std::int64_t) { s.reference = false; },
       "skip one device's training (nothing to compare with)");
 
+  // 8 ranks, or as many as the axes given ask for (--cp 2 --ep 2 with the default tp 2
+  // and pp 2: 16).
+  program.default_ranks([&](const Options&) {
+    const double asked = double(s.tp) * s.pp * s.cp * s.ep * std::max(1, s.dp);
+    return asked > 8 && asked <= 1024 ? static_cast<int>(asked) : 8;  // more: the mesh says no
+  });
   program.world_size([&](const Options&, int ranks) {
     if (c.schedule == "interleaved" && !program.cli().count("--chunks")) c.chunks = 2;
     // Sampling: --top-k is how it draws, and the model's experts are its checkpoint's.

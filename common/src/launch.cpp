@@ -384,6 +384,8 @@ int Program::run(int argc, char** argv, const Body& body) {
                          std::to_string(options_.ranks) + ", or drop --ranks");
       options_.ranks = 1;
     }
+    if (!ranks_given_ && !under_mpirun && default_ranks_from_)
+      options_.ranks = default_ranks_from_(options_);
     if (under_mpirun) {
       const int processes = launched_processes();
       if (ranks_given_ && processes > 0 && options_.ranks != processes)

@@ -153,6 +153,12 @@ class Program {
   /// The number of ranks when --ranks is not given (2 unless a chapter says otherwise:
   /// chapter 08's 2 x 2 x 2 mesh wants 8).
   void default_ranks(int ranks);
+  /// The same, worked out from the other flags once they are parsed (chapter 09: a mesh
+  /// whose axes ask for more ranks than its default gets them); not under mpirun, whose
+  /// processes are the ranks.
+  void default_ranks(std::function<int(const Options&)> ranks) {
+    default_ranks_from_ = std::move(ranks);
+  }
   /// Chapter checks that need several flags at once; throw UsageError to exit 2.
   void validate(std::function<void(const Options&)> check) { validate_ = std::move(check); }
   /// What the chapter needs of the number of ranks (E experts over N ranks, N dividing
@@ -191,6 +197,7 @@ class Program {
   std::function<double(const Options&)> memory_estimate_;
   std::function<bool()> writes_csv_;
   bool ranks_given_ = false;
+  std::function<int(const Options&)> default_ranks_from_;
   bool cuda_ = false;
 };
 
