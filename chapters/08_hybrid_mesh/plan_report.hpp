@@ -5,8 +5,10 @@
 //   ch08_plan                       GPT-3 175B on 1024 A100s as dp 8 x tp 8 x pp 16 (CS336
 //                                   lecture 7 §5.1): memory, step time, 34 days (eq. 4)
 //   ch08_plan --model 1t            NVIDIA's 1T model on 3072 GPUs, 64 x 6 x 8: 84 days
-//   ch08_plan --search              every (dp, tp, pp, m) of the GPUs, fastest first; the plan
-//                                   printed is the fastest that fits (or --dp --tp --pp's)
+//   ch08_plan --search              every (dp, ep, cp, tp, pp, m) of the GPUs, fastest first;
+//                                   the plan printed is the fastest that fits (or the flags')
+//   ch08_plan --model 1.3b-moe128   DeepSpeed-MoE's 52B model: 128 experts over ep 128
+//   ch08_plan --cp 4 --seq 32768    GPT-3 with 32K tokens a sequence, each over a ring of 4
 //   ch08_plan --model custom --layers 32 --hidden 4096 --heads 32 --gpus 64 --batch 512
 //
 // Every plan ends with the seeds' two layouts side by side (both as their papers ran them
@@ -40,6 +42,9 @@ struct PlanSettings {
   int heads = 0;                      ///< a: custom, or to change a preset
   int seq = 0;                        ///< s: custom, or to change a preset
   int vocab = 0;                      ///< V: custom, or to change a preset
+  int experts = -1;                   ///< E: a MoE model's experts (0: dense), or -1: the preset's
+  int top_k = 0;                      ///< k: the experts a token goes to, or 0: the preset's (2)
+  int moe_every = 0;                  ///< every this many layers a MoE one, or 0: the preset's (1)
   std::string cluster = "a100-80gb";  ///< a preset (cluster_presets)
   double gpus = 0;                    ///< 0: the preset's run, or dp x tp x pp
   double tokens = 0;                  ///< T; 0: the preset's (300B; 1t: 450B)
@@ -53,10 +58,12 @@ struct PlanSettings {
   /// 8 T P / (n X)).
   std::string recompute = "full";
   bool sequence_parallel = false;  ///< Korthikanti §4.2.2's sequence parallelism
-  bool search = false;             ///< rank every (dp, tp, pp, m) of the GPUs (search)
+  bool search = false;             ///< rank every (dp, ep, cp, tp, pp, m) of the GPUs (search)
   int dp = 0;                      ///< the layout's, or 0: the preset run's (or the search's)
   int tp = 0;                      ///< the layout's, or 0
   int pp = 0;                      ///< the layout's, or 0
+  int cp = 0;                      ///< the layout's, or 0: 1
+  int ep = 0;                      ///< the layout's, or 0: the preset run's (1 for a dense model)
   int microbatches = 0;            ///< m, or 0: the preset run's (or B / (dp b))
   bool csv = false;                ///< with search: also write 08_hybrid_mesh_search.csv
 };
@@ -71,7 +78,7 @@ struct ResolvedPlan {
   Layout layout;          ///< what is planned: the flags', the preset run's or the search's pick
   std::int64_t gpus = 0;  ///< n
   double tokens = 0;      ///< T
-  bool layout_given = false;          ///< --dp, --tp or --pp given
+  bool layout_given = false;          ///< --dp, --tp, --pp, --cp or --ep given
   std::vector<Candidate> candidates;  ///< with --search, fastest first
 };
 /// UsageError (one line) on bad input: non-positive sizes, tp not dividing the heads or the

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <tuple>
 
 #include "calculator.hpp"  // ch05::zero_memory, ch05::zero_comm_elements
 #include "shardlab/check.hpp"
@@ -78,6 +79,26 @@ const std::vector<ModelSpec>& model_presets() {
          .heads = 64,
          .source = "Korthikanti et al. 2022, Table 3",
          .run = {.gpus = 8, .tp = 8, .pp = 1, .batch = 4, .microbatch_size = 4, .tokens = 300e9}});
+    // DeepSpeed-MoE's GPT-3-style MoE models (Rajbhandari et al. 2022: Tables 2 and 4 print
+    // 13B and 52B; their text: 128 experts on every other feed-forward layer, 12 MoE layers,
+    // top-1, 300B tokens on 128 A100s); the base models' 24 layers, 1024 or 2048 wide, 16
+    // heads, and the batch and sequence of Megatron-DeepSpeed's examples_deepspeed/MoE
+    // scripts (ds_pretrain_gpt_350M_MoE128.sh, ds_pretrain_gpt_1.3B_MoE128.sh: 2048 tokens,
+    // B 256 and 512); V GPT-2's 50257 padded to a multiple of 128. Laid out as Table 6 lays
+    // 1.3B+MoE-128 out: EP degree 128, MP 1, every expert on a GPU of its own.
+    for (auto [name, hidden, batch, printed] :
+         {std::tuple{"350m-moe128", 1024, 256, "13B"}, std::tuple{"1.3b-moe128", 2048, 512, "52B"}})
+      v.push_back({.name = name,
+                   .layers = 24,
+                   .hidden = hidden,
+                   .heads = 16,
+                   .vocab = 50304,
+                   .source = std::string("DeepSpeed-MoE (Rajbhandari et al. 2022): ") + printed +
+                             ", 128 experts in every other layer, top-1",
+                   .run = {.gpus = 128, .batch = batch, .tokens = 300e9, .ep = 128},
+                   .experts = 128,
+                   .top_k = 1,
+                   .moe_every = 2});
     return v;
   }();
   return all;
@@ -123,17 +144,39 @@ const ClusterSpec* find_cluster(const std::string& name) {
   return nullptr;
 }
 
+int ModelSpec::moe_layers(int first, int count) const {
+  if (experts == 0) return 0;
+  int n = 0;
+  for (int i = first; i < first + count; ++i) n += i % moe_every == 0;
+  return n;
+}
+
 // ---------------------------------------------------------------------------
 // Narayanan et al. 2021 §5.1
 
+namespace {
+/// A MoE layer's MLP's parameters, 8 h^2 + 5 h (c_fc and c_proj, with their biases).
+double mlp_parameters(double h) { return 8 * h * h + 5 * h; }
+}  // namespace
+
 double parameters(const ModelSpec& m) {
   const double l = m.layers, h = m.hidden, V = m.vocab, s = m.seq;
-  return 12 * l * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * l * h));  // eq. 2
+  const double dense = 12 * l * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * l * h));  // eq. 2
+  return dense + m.moe_layers(0, m.layers) * ((m.experts - 1) * mlp_parameters(h) + h * m.experts);
+}
+
+double active_parameters(const ModelSpec& m) {
+  if (m.experts == 0) return parameters(m);
+  ModelSpec k = m;
+  k.experts = m.top_k;  // the same model with k experts a MoE layer: their router aside
+  return parameters(k) + m.moe_layers(0, m.layers) * double(m.hidden) * (m.experts - m.top_k);
 }
 
 double flops_per_iteration(const ModelSpec& m, double B) {
   const double l = m.layers, h = m.hidden, V = m.vocab, s = m.seq;
-  return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h));  // eq. 3
+  const double dense = 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h));  // eq. 3
+  // A MoE layer's k MLPs a token: the MLP's 16 B s h^2 forward, times 4 (eq. 3's count).
+  return dense + m.moe_layers(0, m.layers) * (m.top_k - 1) * 64 * B * s * h * h;
 }
 
 double training_seconds(double params, double tokens, double gpus, double flops_per_gpu,
@@ -188,9 +231,17 @@ void check_layout(const ModelSpec& m, const Layout& L, std::int64_t gpus) {
                 "tp " + str(L.tp) + " does not divide the hidden size " + str(m.hidden));
   require_usage(m.layers % L.pp == 0,
                 "pp " + str(L.pp) + " does not divide the " + str(m.layers) + " layers");
-  require_usage(L.gpus() == gpus, "dp " + str(L.dp) + " x tp " + str(L.tp) + " x pp " + str(L.pp) +
-                                      " = " + str(L.gpus()) + ", but there are " + str(gpus) +
-                                      " GPUs");
+  require_usage(L.cp >= 1 && m.seq % L.cp == 0,
+                "cp " + str(L.cp) + " does not divide the sequence of " + str(m.seq));
+  require_usage(L.ep >= 1 && (L.ep == 1 || (m.experts > 0 && m.experts % L.ep == 0)),
+                "ep " + str(L.ep) +
+                    (m.experts > 0 ? " does not divide the " + str(m.experts) + " experts"
+                                   : " splits experts: a dense model has none"));
+  const std::string extra = (L.ep > 1 ? " x ep " + str(L.ep) : std::string()) +
+                            (L.cp > 1 ? " x cp " + str(L.cp) : std::string());
+  require_usage(L.gpus() == gpus, "dp " + str(L.dp) + extra + " x tp " + str(L.tp) + " x pp " +
+                                      str(L.pp) + " = " + str(L.gpus()) + ", but there are " +
+                                      str(gpus) + " GPUs");
   require_usage(L.zero >= 0 && L.zero <= 3,
                 "ZeRO stage " + str(L.zero) + ": the stages are 0 to 3");
 }
@@ -206,9 +257,10 @@ void check_cluster(const ClusterSpec& c) {
   require_usage(c.gpus_per_node >= 1, "a node has at least 1 GPU");
 }
 
-double activation_bytes_per_layer(const ModelSpec& m, int b, int tp, bool sp, Recompute r) {
+double activation_bytes_per_layer(const ModelSpec& m, int b, int tp, bool sp, Recompute r, int cp) {
   const double s = m.seq, h = m.hidden, a = m.heads, t = tp;
-  const double sbh = s * b * h, attention = 5 * a * s / h;  // Korthikanti eq. 1's two terms
+  // Korthikanti eq. 1's two terms; under cp a GPU's tokens are s/c of each sequence's.
+  const double sbh = s * b * h / cp, attention = 5 * a * s / h;
   switch (r) {
     case Recompute::full:
       return sp ? 2 * sbh / t : 2 * sbh;
@@ -222,20 +274,40 @@ double activation_bytes_per_layer(const ModelSpec& m, int b, int tp, bool sp, Re
 
 double stage_parameters(const ModelSpec& m, int tp, int pp) {
   const double h = m.hidden, layer = 12 * h * h + 13 * h;
-  return double(m.layers / pp) * layer / tp + double(m.vocab) * h / tp + double(m.seq) * h;
+  const int layers = m.layers / pp, moe = m.moe_layers(0, layers);
+  // A MoE layer's dense part: the layer less its MLP, and the router (whole).
+  return double(layers - moe) * layer / tp +
+         moe * ((layer - mlp_parameters(h)) / tp + h * m.experts) + double(m.vocab) * h / tp +
+         double(m.seq) * h;
+}
+
+double expert_parameters(const ModelSpec& m, int tp, int pp, int ep) {
+  return double(m.moe_layers(0, m.layers / pp)) * (m.experts / ep) * mlp_parameters(m.hidden) / tp;
 }
 
 MemoryEstimate memory_per_gpu(const ModelSpec& m, const Layout& L, ch05::Precision precision) {
+  // The dense weights over their replicas (d e c), the experts over theirs (d c).
   const ch05::StageMemory states =
-      ch05::zero_memory(stage_parameters(m, L.tp, L.pp), L.dp, L.zero, precision);
+      ch05::zero_memory(stage_parameters(m, L.tp, L.pp), L.dp * L.ep * L.cp, L.zero, precision);
+  const ch05::StageMemory experts =
+      ch05::zero_memory(expert_parameters(m, L.tp, L.pp, L.ep), L.dp * L.cp, L.zero, precision);
   MemoryEstimate e;
-  e.params = states.params;
-  e.grads = states.grads;
-  e.optimizer = states.optimizer;
+  e.params = states.params + experts.params;
+  e.grads = states.grads + experts.grads;
+  e.optimizer = states.optimizer + experts.optimizer;
   const double in_flight = std::min(L.pp, L.microbatches);  // 1F1B's first stage
-  e.activations =
-      activation_bytes_per_layer(m, L.microbatch_size, L.tp, L.sequence_parallel, L.recompute) *
-      double(m.layers / L.pp) * in_flight;
+  const int layers = m.layers / L.pp;
+  // A MoE layer keeps its experts' products for each of a token's k choices: k - 1 more
+  // MLPs' 16 s b h / t (its fc1's output, GELU's; not recomputed under full recompute).
+  const double moe =
+      L.recompute == Recompute::full
+          ? 0.0
+          : (m.top_k - 1) * 16.0 * m.seq * L.microbatch_size * m.hidden / L.cp / L.tp;
+  e.activations = (activation_bytes_per_layer(m, L.microbatch_size, L.tp, L.sequence_parallel,
+                                              L.recompute, L.cp) *
+                       layers +
+                   moe * m.moe_layers(0, layers)) *
+                  in_flight;
   return e;
 }
 
@@ -247,14 +319,21 @@ double ring_allreduce_bytes(double bytes, double n) {
 }
 
 NodeCrossings crosses_nodes(const Layout& L, int g) {
-  // A tp group is t consecutive ranks starting at a multiple of t, a dp group's ranks lie
-  // in a block of d t consecutive ones, a pp group spans every rank; all of them stay in
-  // nodes of g exactly when the first node boundary (g) is a boundary of theirs too.
-  const std::int64_t n = L.gpus(), block = std::int64_t{L.dp} * L.tp;
+  // A tp group is t consecutive ranks starting at a multiple of t, a cp group's ranks lie in
+  // a block of c t consecutive ones, an ep group's in e c t, a dp group's in d e c t, and a
+  // pp group spans every rank; all of them stay in nodes of g exactly when the first node
+  // boundary (g) is a boundary of their blocks too.
+  const std::int64_t n = L.gpus();
   const bool one_node = n <= g;
+  auto crosses = [&](int size, std::int64_t block) {
+    return size > 1 && !one_node && g % block != 0;
+  };
+  const std::int64_t tp = L.tp, cp = tp * L.cp, ep = cp * L.ep, dp = ep * L.dp;
   NodeCrossings c;
-  c.tp = L.tp > 1 && !one_node && g % L.tp != 0;
-  c.dp = L.dp > 1 && !one_node && g % block != 0;
+  c.tp = crosses(L.tp, tp);
+  c.cp = crosses(L.cp, cp);
+  c.ep = crosses(L.ep, ep);
+  c.dp = crosses(L.dp * L.ep * L.cp, dp);  // the replicas that sum the dense weights
   c.pp = L.pp > 1 && !one_node;
   return c;
 }
@@ -265,7 +344,8 @@ double step_flops(const ModelSpec& m, double B, Recompute r) {
   // way. Selective recomputes the attention's QK^T and softmax x V: 4 B s^2 h a layer.
   const double l = m.layers, h = m.hidden, V = m.vocab, s = m.seq;
   const double layers = 72 * B * s * l * h * h * (1 + s / (6 * h)), output = 6 * B * s * h * V;
-  return layers + output + (r == Recompute::selective ? 4 * B * s * s * h * l : 0.0);
+  const double moe = m.moe_layers(0, m.layers) * (m.top_k - 1) * 48 * B * s * h * h;
+  return layers + output + moe + (r == Recompute::selective ? 4 * B * s * s * h * l : 0.0);
 }
 
 int tp_allreduces_per_layer(const Layout& L) {
@@ -283,8 +363,10 @@ StepEstimate step_time(const ModelSpec& m, const ClusterSpec& c, const Layout& L
   e.bubble_fraction = double(L.pp - 1) / L.microbatches;
   e.bubble_s = e.bubble_fraction * e.compute_s;
 
-  const double bsh_bytes = 2.0 * m.seq * L.microbatch_size * m.hidden;  // fp16 on the wire
+  // fp16 on the wire; a GPU's tokens, s/c of each sequence's
+  const double bsh_bytes = 2.0 * m.seq / L.cp * L.microbatch_size * m.hidden;
   const double m_ = L.microbatches, layers = m.layers / L.pp;
+  const double moe_layers = m.moe_layers(0, m.layers / L.pp);
   const NodeCrossings crossing = crosses_nodes(L, c.gpus_per_node);
   auto cost = [&](int size, double bytes, bool crosses) {
     AxisCost a{.size = size, .bytes = size > 1 ? bytes : 0.0, .crosses_nodes = crosses};
@@ -292,12 +374,28 @@ StepEstimate step_time(const ModelSpec& m, const ClusterSpec& c, const Layout& L
     a.seconds = a.bytes / (a.link_GBps * 1e9);
     return a;
   };
-  const int allreduces = tp_allreduces_per_layer(L);
-  e.tp = cost(L.tp, layers * m_ * allreduces * ring_allreduce_bytes(bsh_bytes, L.tp), crossing.tp);
-  e.dp = cost(L.dp, 2.0 * ch05::zero_comm_elements(stage_parameters(m, L.tp, L.pp), L.dp, L.zero),
-              crossing.dp);
+  // Half of a layer's allreduces are the MLP's: a MoE layer's k times (its experts' rows).
+  const double allreduces =
+      tp_allreduces_per_layer(L) / 2.0 * (2 * layers + moe_layers * (m.top_k - 1));
+  e.tp = cost(L.tp, m_ * allreduces * ring_allreduce_bytes(bsh_bytes, L.tp), crossing.tp);
+  const int replicas = L.dp * L.ep * L.cp;
+  e.dp = cost(
+      replicas,
+      2.0 * (ch05::zero_comm_elements(stage_parameters(m, L.tp, L.pp), replicas, L.zero) +
+             ch05::zero_comm_elements(expert_parameters(m, L.tp, L.pp, L.ep), L.dp * L.cp, L.zero)),
+      crossing.dp);
   const int directions = L.pp == 2 ? 1 : 2;  // an inner stage sends both ways
   e.pp = cost(L.pp, m_ * directions * bsh_bytes / (L.sequence_parallel ? L.tp : 1), crossing.pp);
+  // cp: the ring's blocks of keys or values, s/c b h/t; forward 2 (c - 1) (twice with
+  // recomputation), backward 4 (c - 1) + 2.
+  const double block = bsh_bytes / L.tp, c1 = L.cp - 1;
+  const double forwards = L.recompute == Recompute::none ? 1 : 2;
+  e.cp = cost(L.cp, layers * m_ * block * (forwards * 2 * c1 + 4 * c1 + 2), crossing.cp);
+  // ep: a GPU's k b s/c choices, (e - 1)/e of them leaving, to the expert and back, forward
+  // and backward (full recompute: the forward again).
+  const double passes = L.recompute == Recompute::full ? 6 : 4;
+  e.ep =
+      cost(L.ep, moe_layers * m_ * passes * m.top_k * bsh_bytes * (L.ep - 1) / L.ep, crossing.ep);
   return e;
 }
 
@@ -315,26 +413,36 @@ std::vector<Candidate> search(const ModelSpec& m, const ClusterSpec& c, const Se
   require_usage(spec.zero >= 0 && spec.zero <= 3,
                 "ZeRO stage " + str(spec.zero) + ": the stages are 0 to 3");
   std::vector<Candidate> found;
-  for (std::int64_t tp = 1; tp <= std::min<std::int64_t>(spec.gpus, m.heads); ++tp) {
-    if (spec.gpus % tp || m.heads % tp || m.hidden % tp) continue;
-    for (std::int64_t pp = 1; pp <= std::min<std::int64_t>(spec.gpus / tp, m.layers); ++pp) {
-      if ((spec.gpus / tp) % pp || m.layers % pp) continue;
-      const std::int64_t dp = spec.gpus / tp / pp, per_step = dp * spec.microbatch_size;
-      if (spec.batch % per_step) continue;  // B = d m b
-      Candidate k;
-      k.layout = {.dp = int(dp),
-                  .tp = int(tp),
-                  .pp = int(pp),
-                  .microbatches = int(spec.batch / per_step),
-                  .microbatch_size = spec.microbatch_size,
-                  .zero = spec.zero,
-                  .recompute = spec.recompute,
-                  .sequence_parallel = spec.sequence_parallel};
-      k.step = step_time(m, c, k.layout);
-      k.memory = memory_per_gpu(m, k.layout);
-      k.fits = k.memory.total() <= c.gpu_memory_bytes;
-      k.crossings = crosses_nodes(k.layout, c.gpus_per_node);
-      found.push_back(k);
+  const std::int64_t n = spec.gpus;
+  for (std::int64_t tp = 1; tp <= std::min<std::int64_t>(n, m.heads); ++tp) {
+    if (n % tp || m.heads % tp || m.hidden % tp) continue;
+    // cp: chapter 10's zigzag cuts a sequence into 2 c chunks.
+    for (std::int64_t cp = 1; cp <= n / tp && (cp == 1 || 2 * cp <= m.seq); ++cp) {
+      if ((n / tp) % cp || (cp > 1 && m.seq % (2 * cp) != 0)) continue;
+      for (std::int64_t ep = 1; ep <= std::max(1, m.experts) && ep <= n / tp / cp; ++ep) {
+        if ((n / tp / cp) % ep || (ep > 1 && m.experts % ep)) continue;
+        for (std::int64_t pp = 1; pp <= std::min<std::int64_t>(n / tp / cp / ep, m.layers); ++pp) {
+          if ((n / tp / cp / ep) % pp || m.layers % pp) continue;
+          const std::int64_t dp = n / tp / cp / ep / pp, per_step = dp * ep * spec.microbatch_size;
+          if (spec.batch % per_step) continue;  // B = d e m b
+          Candidate k;
+          k.layout = {.dp = int(dp),
+                      .tp = int(tp),
+                      .pp = int(pp),
+                      .microbatches = int(spec.batch / per_step),
+                      .microbatch_size = spec.microbatch_size,
+                      .zero = spec.zero,
+                      .recompute = spec.recompute,
+                      .sequence_parallel = spec.sequence_parallel,
+                      .cp = int(cp),
+                      .ep = int(ep)};
+          k.step = step_time(m, c, k.layout);
+          k.memory = memory_per_gpu(m, k.layout);
+          k.fits = k.memory.total() <= c.gpu_memory_bytes;
+          k.crossings = crosses_nodes(k.layout, c.gpus_per_node);
+          found.push_back(k);
+        }
+      }
     }
   }
   std::stable_sort(found.begin(), found.end(), [](const Candidate& x, const Candidate& y) {

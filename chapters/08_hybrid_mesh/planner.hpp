@@ -9,6 +9,15 @@
 // step, t = tp, p = pp, d = dp (the mesh's degrees), n = d t p GPUs, X achieved FLOP/s per
 // GPU, T training tokens, P parameters. Bytes are bytes; GB = 1e9 bytes (chapter 05's).
 //
+// The two axes chapters 07, 09 and 10 add, written the same way: c = cp, each sequence cut
+// over c GPUs (Liu et al. 2023's ring; each GPU holds s/c of every sequence's tokens, so its
+// activations are 1/c of the c = 1 count, and its ring passes keys and values), and e = ep,
+// a Mixture-of-Experts model's E experts split over e GPUs carved out of data parallelism
+// (Megatron-LM, DeepSpeed): the dense weights have d e replicas, each expert d; n = d e c t p,
+// B = d e m b. A MoE model (E > 0) has E experts of k a token in every moe_every-th layer's
+// MLP, from layer 0; the papers' formulas are for dense models, and each is extended for
+// its MoE layers where it says so (their experts' parameters, FLOPs and activations).
+//
 // Left out, on purpose: the interleaved 1F1B schedule (Narayanan §2.2.2; its first stage
 // holds 1 + (p - 1)/(p v) times the activations), Megatron's scatter/gather of the pipeline's
 // messages (Narayanan §4.1: 1/t of each crosses the network), the activations of the
@@ -39,6 +48,7 @@ struct ReferenceRun {
   int microbatch_size = 1;     ///< b, sequences a microbatch
   double achieved_tflops = 0;  ///< X on A100s, FLOP/s / 1e12
   double tokens = 300e9;       ///< T, the training tokens
+  int ep = 1;                  ///< e, its expert-parallel degree (a MoE model)
 };
 
 /// A GPT-style transformer: l layers of width h with a heads, s tokens of context, V words.
@@ -51,11 +61,17 @@ struct ModelSpec {
   int vocab = 51200;   ///< V
   std::string source;  ///< where the shape comes from (paper and table)
   ReferenceRun run;    ///< the run the source reports
+  int experts = 0;     ///< E: a MoE MLP of E experts in every moe_every-th layer; 0: dense
+  int top_k = 2;       ///< k: the experts a token goes to
+  int moe_every = 1;   ///< 1: every layer's MLP a MoE; 2: every other layer's
+  /// The MoE layers among layers [first, first + count) (layer i has one when i % moe_every
+  /// is 0).
+  int moe_layers(int first, int count) const;
 };
 
 /// The presets: `gpt3-175b` (Brown et al. 2020), every row of Narayanan et al. Table 1 by its
-/// parameter column (`1.7b` ... `529.6b`, and `1t` for its last row, 1008.0B) and
-/// Korthikanti's `22b`.
+/// parameter column (`1.7b` ... `529.6b`, and `1t` for its last row, 1008.0B),
+/// Korthikanti's `22b`, and DeepSpeed-MoE's `350m-moe128` and `1.3b-moe128` (13B and 52B).
 const std::vector<ModelSpec>& model_presets();
 /// The preset called `name`, or nullptr.
 const ModelSpec* find_model(const std::string& name);
@@ -81,11 +97,16 @@ const ClusterSpec* find_cluster(const std::string& name);
 // Narayanan et al. 2021 §5.1
 
 /// Eq. 2: P = 12 l h^2 (1 + 13/(12 h) + (V + s)/(12 l h)): per layer 12 h^2 weights and 13 h
-/// biases and layer-norm values, plus the word (V h) and position (s h) embeddings.
+/// biases and layer-norm values, plus the word (V h) and position (s h) embeddings. A MoE
+/// layer has E MLPs (8 h^2 + 5 h each) for the one, and a router, h E.
 double parameters(const ModelSpec& model);
+/// The parameters a token meets: P with k of each MoE layer's E experts (eq. 4's P for a
+/// MoE model, whose FLOPs follow them, not its size); P itself for a dense one.
+double active_parameters(const ModelSpec& model);
 /// Eq. 3: F = 96 B s l h^2 (1 + s/(6 h) + V/(16 l h)) FLOPs per iteration of B sequences,
 /// with full recomputation (each layer: forward, backward = 2 forwards, forward again; the
-/// output layer 6 B s h V, not recomputed).
+/// output layer 6 B s h V, not recomputed). A MoE layer runs k MLPs a token for the one:
+/// (k - 1) 64 B s h^2 more.
 double flops_per_iteration(const ModelSpec& model, double batch);
 /// Eq. 4: the time to train on T tokens with n GPUs at X FLOP/s each, 8 T P / (n X) with
 /// recomputation, 6 T P / (n X) without.
@@ -111,9 +132,10 @@ std::string recompute_name(Recompute r);
 /// "none", "selective", "full"; UsageError otherwise.
 Recompute parse_recompute(const std::string& name);
 
-/// A (dp, tp, pp) mesh with its microbatches: B = d m b sequences a step.
+/// A (dp, tp, pp) mesh (with cp and ep: five axes) with its microbatches: B = d e m b
+/// sequences a step.
 struct Layout {
-  int dp = 1;                             ///< d, data-parallel replicas
+  int dp = 1;                             ///< d, data-parallel replicas (of the experts too)
   int tp = 1;                             ///< t, tensor-parallel degree
   int pp = 1;                             ///< p, pipeline stages
   int microbatches = 1;                   ///< m, through each pipeline per step
@@ -121,16 +143,19 @@ struct Layout {
   int zero = 0;                           ///< ZeRO stage over dp, 0-3
   Recompute recompute = Recompute::full;  ///< what the backward recomputes
   bool sequence_parallel = false;  ///< Korthikanti §4.2.2: LayerNorm and dropout split over t
-  /// n = d t p, the GPUs of the layout.
-  std::int64_t gpus() const { return std::int64_t{dp} * tp * pp; }
-  /// B = d m b, sequences a step.
-  std::int64_t batch() const { return std::int64_t{dp} * microbatches * microbatch_size; }
+  int cp = 1;                      ///< c, context-parallel degree: each sequence over c GPUs
+  int ep = 1;                      ///< e, expert-parallel degree: the experts over e replicas
+  /// n = d e c t p, the GPUs of the layout.
+  std::int64_t gpus() const { return std::int64_t{dp} * ep * cp * tp * pp; }
+  /// B = d e m b, sequences a step: every replica (d e of them) its own.
+  std::int64_t batch() const { return std::int64_t{dp} * ep * microbatches * microbatch_size; }
 };
 
 /// UsageError (one line) unless the model's sizes are positive and h splits into a heads.
 void check_model(const ModelSpec& model);
 /// UsageError unless the layout fits the model and the GPU count: positive sizes, t divides
-/// a and h, p divides l, d t p = gpus, ZeRO 0-3.
+/// a and h, p divides l, c divides s, e divides E (e > 1: a MoE model), d e c t p = gpus,
+/// ZeRO 0-3.
 void check_layout(const ModelSpec& model, const Layout& layout, std::int64_t gpus);
 /// UsageError unless memory, speeds, bandwidths and GPUs per node are positive and finite.
 void check_cluster(const ClusterSpec& cluster);
@@ -142,21 +167,30 @@ void check_cluster(const ClusterSpec& cluster);
 ///   + sequence parallel        s b h (34/t + 5 a s / (h t))
 ///   selective recomputation    drops the 5 a s / h term: s b h (10 + 24/t), or s b h 34/t
 ///   full recomputation         the layer's input only: 2 s b h, or 2 s b h / t
+/// Context parallel (`cp` c): a GPU holds s/c of each sequence's tokens, 1/c of all of it
+/// (the attention's 5 a s / h term so counted is an upper bound: the ring keeps a log-sum-exp
+/// a token and head, not its s scores).
 double activation_bytes_per_layer(const ModelSpec& model, int microbatch_size, int tp,
-                                  bool sequence_parallel, Recompute recompute);
+                                  bool sequence_parallel, Recompute recompute, int cp = 1);
 
 /// The parameters one GPU of the first pipeline stage holds: its l/p layers, (12 h^2 + 13 h)
 /// each, split over t (the 13 h of biases and norms counted as split too, under 0.01%), and
 /// the embeddings: the word embedding V h split over t (Megatron splits it by vocabulary),
 /// the position embedding s h whole on every tp rank. (The last stage holds a tied copy of
 /// the word embedding as the output layer, as many; inner stages hold layers only.) With
-/// t = p = 1 this is P.
+/// t = p = 1 this is P. The dense weights only: a MoE layer counts its attention, norms and
+/// router (4 h^2 + 8 h over t, and h E), its experts are expert_parameters'.
 double stage_parameters(const ModelSpec& model, int tp, int pp);
+/// The experts one GPU of the first stage holds: of its MoE layers, E/e experts each,
+/// (8 h^2 + 5 h)/t of each. 0 in a dense model.
+double expert_parameters(const ModelSpec& model, int tp, int pp, int ep);
 
 /// Bytes one GPU of the first stage needs, by category. Model states: chapter 05's
 /// zero_memory for the stage's parameters over d ranks (mixed precision: 2 + 2 + 12 bytes a
-/// parameter at stage 0). Activations: the first stage under 1F1B holds min(p, m)
-/// microbatches of its l/p layers (Korthikanti §4.2: l layers' worth when m >= p). The
+/// parameter at stage 0); with cp and ep, the dense weights over their d e c replicas and
+/// the experts over their d c. Activations: the first stage under 1F1B holds min(p, m)
+/// microbatches of its l/p layers (Korthikanti §4.2: l layers' worth when m >= p), each MoE
+/// layer k times its MLP's 16 s b h / t (its experts' products, kept for every choice). The
 /// activation formula is for 16-bit training whatever `precision` says of the states.
 struct MemoryEstimate {
   double params = 0;       ///< the parameters
@@ -177,12 +211,15 @@ MemoryEstimate memory_per_gpu(const ModelSpec& model, const Layout& layout,
 double ring_allreduce_bytes(double bytes, double n);
 
 /// Which groups of each axis leave a node, ranks laid out as Megatron-LM does (tp fastest,
-/// then dp, then pp: rank = (pp_i d + dp_i) t + tp_i) on nodes of `gpus_per_node` (node =
-/// rank / gpus_per_node). An axis crosses nodes when any of its groups does.
+/// then cp, ep, dp, pp: rank = (((pp_i d + dp_i) e + ep_i) c + cp_i) t + tp_i) on nodes of
+/// `gpus_per_node` (node = rank / gpus_per_node). An axis crosses nodes when any of its
+/// groups does.
 struct NodeCrossings {
   bool tp = false;  ///< some tp group spans more than one node
   bool dp = false;  ///< some dp group spans more than one node
   bool pp = false;  ///< some pp group spans more than one node
+  bool cp = false;  ///< some cp group spans more than one node
+  bool ep = false;  ///< some ep group spans more than one node
 };
 /// The NodeCrossings of `layout` on nodes of `gpus_per_node` GPUs.
 NodeCrossings crosses_nodes(const Layout& layout, int gpus_per_node);
@@ -197,7 +234,8 @@ struct AxisCost {
 };
 
 /// Allreduces' worth of b s h values tp sends per layer and microbatch: 4 (2 forward, 2
-/// backward), 6 with full recomputation, + 1 with sequence parallelism (step_time).
+/// backward), 6 with full recomputation, + 1 with sequence parallelism (step_time). Half of
+/// them are the MLP's, which a MoE layer sends k times (its experts' rows).
 int tp_allreduces_per_layer(const Layout& L);
 
 /// Per GPU and step (16-bit values on the wire: 2 bytes):
@@ -212,6 +250,14 @@ int tp_allreduces_per_layer(const Layout& L);
 ///   pp  each microbatch's b s h activation forward and its gradient backward across every
 ///       stage boundary: an inner stage sends 2 b s h values a microbatch, the first and the
 ///       last stage b s h (b s h / t with sequence parallelism: the values are split over t)
+///   cp  per layer and microbatch, the ring's keys and values (chapter 10): blocks of
+///       s/c b h/t values, 2 (c - 1) forward (again under recomputation) and 4 (c - 1) + 2
+///       backward (their gradients, and home)
+///   ep  per MoE layer and microbatch, each of the GPU's k b s/c choices that leave it
+///       ((e - 1)/e of them, for an even router) sent to its expert and back, forward and
+///       backward (and forward again under full recomputation), h values each
+/// With cp or ep, a GPU's b s h values are its b s/c tokens', and dp sums the dense weights
+/// over d e c GPUs and the experts over d c.
 /// Time: compute F / (n X) (F: eq. 3 with full recomputation, 72 instead of 96 and the output
 /// layer's 6 B s h V without, plus the attention's 4 b s^2 h per layer and microbatch with
 /// selective); the 1F1B bubble adds (p - 1)/m of it; every axis's communication is exposed
@@ -226,8 +272,12 @@ struct StepEstimate {
   AxisCost tp;                 ///< the tensor-parallel allreduces
   AxisCost dp;                 ///< the gradients' allreduce (or ZeRO's collectives)
   AxisCost pp;                 ///< the activations and gradients between stages
+  AxisCost cp;                 ///< the ring's keys and values
+  AxisCost ep;                 ///< the experts' all-to-alls
   /// Every axis's seconds, added up (none overlapped).
-  double communication_s() const { return tp.seconds + dp.seconds + pp.seconds; }
+  double communication_s() const {
+    return tp.seconds + dp.seconds + pp.seconds + cp.seconds + ep.seconds;
+  }
   /// The step: compute, bubble and communication, seconds.
   double total_s() const { return compute_s + bubble_s + communication_s(); }
 };
@@ -256,9 +306,11 @@ struct Candidate {
   bool fits = false;        ///< memory.total() <= the GPU's memory
   NodeCrossings crossings;  ///< which axes' groups leave a node
 };
-/// Every (d, t, p, m) with d t p = gpus, t dividing a and h, p dividing l and B = d m b
-/// (t may cross nodes: crossings.tp says so), fastest first; the layouts that do not fit the
-/// memory are kept, fits = false. UsageError if the spec or the model is bad.
+/// Every (d, e, c, t, p, m) with d e c t p = gpus, t dividing a and h, p dividing l, c
+/// dividing s into an even number of chunks (chapter 10's zigzag: s/(2c) whole), e dividing
+/// E (1 in a dense model) and B = d e m b (t may cross nodes: crossings.tp says so), fastest
+/// first; the layouts that do not fit the memory are kept, fits = false. UsageError if the
+/// spec or the model is bad.
 std::vector<Candidate> search(const ModelSpec& model, const ClusterSpec& cluster,
                               const SearchSpec& spec);
 

@@ -55,6 +55,18 @@
 //     -> "tp bytes with sequence parallelism" (8192 == 10240)
 //   the 22b preset planned with b = 1 (four microbatches instead of Table 3's one of 4)
 //     -> "22b plans b = 1, m = 4"
+//   a MoE layer's extra experts left out of eq. 2 (E MLPs counted as one)
+//     -> "350m-moe128: 0.355918B, the paper prints 13B"
+//   the activations not divided by cp
+//     -> "cp 4 keeps a quarter: recompute none, sp false" (10752 == 2688)
+//   the ring's backward without the gradients' last pass home (4 (c-1) blocks)
+//     -> "cp bytes by hand" (4608 == 5120)
+//   ep's all-to-all counting every choice, not the (e-1)/e that leave
+//     -> "ep bytes by hand" (8192 == 4096)
+//   the experts' gradients summed over the replicas d e c (as the dense ones)
+//     -> the dp bytes by hand with ep 2 (15888 == 13680)
+//   a cp group's crossing taken as a tp group's (g % c)
+//     -> "tp 2 cp 2 ep 1 dp 1 pp 1 on nodes of 2: cp"
 #include <doctest/doctest.h>
 
 #include <CLI/CLI.hpp>
@@ -328,18 +340,22 @@ TEST_SUITE("ch08 planner") {
     const ModelSpec& m = preset("gpt3-175b");
     const SearchSpec spec{.gpus = 1024, .batch = 1536, .recompute = Recompute::selective};
     const std::vector<Candidate> found = search(m, a100(), spec);
-    // Independently: every (dp, tp, pp) with product 1024 that the rules allow.
+    // Independently: every (dp, cp, tp, pp) with product 1024 that the rules allow (cp
+    // cutting 2048 tokens into 2 cp chunks; a dense model has no ep).
     std::set<std::vector<int>> want, got;
     for (int tp = 1; tp <= 1024; ++tp)
-      for (int pp = 1; pp <= 1024; ++pp) {
-        if (1024 % (tp * pp)) continue;
-        const int dp = 1024 / (tp * pp);
-        if (96 % tp == 0 && 12288 % tp == 0 && 96 % pp == 0 && 1536 % dp == 0)
-          want.insert({dp, tp, pp, 1536 / dp});
-      }
+      for (int cp = 1; cp <= 1024; ++cp)
+        for (int pp = 1; pp <= 1024; ++pp) {
+          if (1024 % (tp * cp * pp)) continue;
+          const int dp = 1024 / (tp * cp * pp);
+          if (96 % tp == 0 && 12288 % tp == 0 && 96 % pp == 0 && 1536 % dp == 0 &&
+              (cp == 1 || 2048 % (2 * cp) == 0))
+            want.insert({dp, cp, tp, pp, 1536 / dp});
+        }
     for (const Candidate& k : found) {
       const Layout& L = k.layout;
-      got.insert({L.dp, L.tp, L.pp, L.microbatches});
+      CHECK(L.ep == 1);
+      got.insert({L.dp, L.cp, L.tp, L.pp, L.microbatches});
       CHECK(L.gpus() == 1024);
       CHECK(L.batch() == 1536);
       CHECK((m.heads % L.tp == 0 && m.hidden % L.tp == 0 && m.layers % L.pp == 0));
@@ -360,6 +376,150 @@ TEST_SUITE("ch08 planner") {
     CHECK_MESSAGE(std::any_of(found.begin(), found.end(),
                               [](auto& k) { return k.layout.tp > 8 && k.crossings.tp; }),
                   "tp crossing nodes are listed, and marked");
+  }
+
+  TEST_CASE("DeepSpeed-MoE's two models: 13B and 52B, and the parameters a token meets") {
+    // Rajbhandari et al. 2022 print 13B and 52B (Tables 2 and 4): the base model (eq. 2) and
+    // its 12 MoE layers' 127 more MLPs and routers, written out here.
+    struct Row {
+      const char* name;
+      double h, printed;
+    };
+    for (const Row& r : {Row{"350m-moe128", 1024, 13}, Row{"1.3b-moe128", 2048, 52}}) {
+      const ModelSpec& m = preset(r.name);
+      CHECK((m.layers == 24 && m.heads == 16 && m.experts == 128 && m.top_k == 1 &&
+             m.moe_every == 2 && m.moe_layers(0, 24) == 12));
+      const double h = r.h, l = 24, V = 50304, s = 2048;
+      const double dense = 12 * l * h * h + 13 * l * h + (V + s) * h;
+      const double moe = 12 * (127 * (8 * h * h + 5 * h) + 128 * h);
+      CHECK(parameters(m) == doctest::Approx(dense + moe).epsilon(1e-12));
+      CHECK_MESSAGE(std::round(parameters(m) / 1e9) == r.printed,
+                    std::string(r.name) << ": " << parameters(m) / 1e9 << "B, the paper prints "
+                                        << r.printed << "B");
+      // A token meets one expert of each MoE layer (top-1) and the routers: the dense
+      // model's count and 128 h a MoE layer.
+      CHECK(active_parameters(m) == doctest::Approx(dense + 12 * 128 * h).epsilon(1e-12));
+      // Eq. 3 is the dense model's for top-1; top-2 adds 64 B s h^2 a MoE layer.
+      ModelSpec two = m;
+      two.top_k = 2;
+      CHECK(flops_per_iteration(two, 512) - flops_per_iteration(m, 512) ==
+            doctest::Approx(12 * 64 * 512 * s * h * h));
+    }
+    // The default plan: every expert on a GPU of its own (ep 128), as its Table 6 lays it out.
+    PlanSettings s;
+    s.model = "1.3b-moe128";
+    const ResolvedPlan plan = resolve_plan(s);
+    CHECK((plan.layout.ep == 128 && plan.layout.dp == 1 && plan.layout.batch() == 512));
+  }
+
+  TEST_CASE("cp and ep by hand: 1/c of the activations, the ring's bytes, the experts over ep") {
+    // tiny: l 4, h 8, a 4, s 16. cp 2: a GPU's 8 tokens of each sequence.
+    const ModelSpec m = tiny();
+    for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full})
+      for (bool sp : {false, true})
+        CHECK_MESSAGE(activation_bytes_per_layer(m, 2, 2, sp, r, 4) ==
+                          activation_bytes_per_layer(m, 2, 2, sp, r) / 4,
+                      "cp 4 keeps a quarter: recompute " << recompute_name(r) << ", sp " << sp);
+    ClusterSpec c = a100();
+    c.gpus_per_node = 64;
+    Layout L{.dp = 1, .tp = 2, .pp = 1, .microbatches = 2, .recompute = Recompute::none, .cp = 4};
+    StepEstimate st = step_time(m, c, L);
+    // A block of k or v: s/c b h/t = 4 x 1 x 4 values, 32 bytes; forward 2 (c-1) = 6 blocks,
+    // backward 4 (c-1) + 2 = 14; x 4 layers x 2 microbatches = 32 x 20 x 8.
+    CHECK_MESSAGE(st.cp.bytes == 32 * 20 * 8, "cp bytes by hand");
+    L.recompute = Recompute::selective;  // the forward again in the backward
+    CHECK(step_time(m, c, L).cp.bytes == 32 * 26 * 8);
+    // tp's b s h values are a GPU's: s/c of them. 4 allreduces of 4 x 8 values (64 bytes),
+    // 2 (t-1)/t = 1 each, 4 layers, 2 microbatches.
+    CHECK(st.tp.bytes == 4 * 64 * 4 * 2);
+    // dp: the replicas are dp x cp = 4 GPUs (d 1 here): 2 (n-1)/n of the stage's weights.
+    CHECK(st.dp.size == 4);
+    CHECK(st.dp.bytes == doctest::Approx(2.0 * 2 * 3 / 4 * stage_parameters(m, 2, 1)));
+
+    // A MoE tiny: 4 experts, top-2, in every other layer (layers 0 and 2).
+    ModelSpec moe = m;
+    moe.experts = 4;
+    moe.top_k = 2;
+    moe.moe_every = 2;
+    CHECK(moe.moe_layers(0, 4) == 2);
+    CHECK(moe.moe_layers(1, 2) == 1);  // layers 1 and 2: layer 2 has one
+    CHECK(moe.moe_layers(1, 1) == 0);
+    // Experts over ep: 2 MoE layers x 4/e experts x (8 h^2 + 5 h)/t.
+    CHECK(expert_parameters(moe, 1, 1, 2) == 2 * 2 * (8 * 64 + 5 * 8));
+    CHECK(expert_parameters(moe, 2, 2, 4) == 1 * 1 * (8 * 64 + 5 * 8) / 2.0);
+    // The dense weights lose the MoE layers' MLPs and gain their routers.
+    CHECK(stage_parameters(moe, 1, 1) ==
+          stage_parameters(m, 1, 1) - 2 * (8 * 64 + 5 * 8) + 2 * 8 * 4);
+    Layout E{.dp = 2, .tp = 1, .pp = 1, .microbatches = 2, .recompute = Recompute::none, .ep = 2};
+    st = step_time(moe, c, E);
+    // ep: 4 passes x k 2 x b s h (16 x 8 values, 256 bytes) x (e-1)/e, 2 MoE layers, 2
+    // microbatches.
+    CHECK_MESSAGE(st.ep.bytes == 4 * 2 * 256 / 2 * 2 * 2, "ep bytes by hand");
+    // dp: the dense weights over d e = 4 GPUs, the experts over d = 2.
+    CHECK(st.dp.bytes == doctest::Approx(2.0 * (2 * 3.0 / 4 * stage_parameters(moe, 1, 1) +
+                                                2 * 1.0 / 2 * expert_parameters(moe, 1, 1, 2))));
+    // Memory: the experts' states over d (2), the dense weights' over d e (4), ZeRO 1.
+    E.zero = 1;
+    const MemoryEstimate mem = memory_per_gpu(moe, E);
+    const double dense = stage_parameters(moe, 1, 1), experts = expert_parameters(moe, 1, 1, 2);
+    CHECK(mem.params == doctest::Approx(2 * (dense + experts)));
+    CHECK(mem.optimizer == doctest::Approx(12 * (dense / 4 + experts / 2)));
+    CHECK(E.batch() == 2 * 2 * 2);  // B = d e m b
+  }
+
+  TEST_CASE("five axes' node crossings equal an enumeration of every group") {
+    // rank = (((pp_i d + dp_i) e + ep_i) c + cp_i) t + tp_i, every group of every axis.
+    auto enumerate = [](const Layout& L, int axis, int g) {  // axis: 0 pp 1 dp 2 ep 3 cp 4 tp
+      const int size[5] = {L.pp, L.dp, L.ep, L.cp, L.tp};
+      const int n = int(L.gpus());
+      for (int rank = 0; rank < n; ++rank) {
+        int coord[5], rest = rank;
+        for (int a = 4; a >= 0; --a) coord[a] = rest % size[a], rest /= size[a];
+        int first = 0;  // the group's first rank: the coordinate along `axis` at 0 (dp:
+        for (int a = 0; a < 5; ++a) {  // the replicas, dp, ep and cp all at 0)
+          const bool zeroed = a == axis || (axis == 1 && (a == 2 || a == 3));
+          first = first * size[a] + (zeroed ? 0 : coord[a]);
+        }
+        if (rank / g != first / g) return true;
+      }
+      return false;
+    };
+    for (int g : {1, 2, 4, 6, 8})
+      for (int tp : {1, 2, 4})
+        for (int cp : {1, 2, 3})
+          for (int ep : {1, 2})
+            for (int dp : {1, 2})
+              for (int pp : {1, 2}) {
+                const Layout L{.dp = dp, .tp = tp, .pp = pp, .cp = cp, .ep = ep};
+                const NodeCrossings c = crosses_nodes(L, g);
+                const std::string mesh = "tp " + std::to_string(tp) + " cp " + std::to_string(cp) +
+                                         " ep " + std::to_string(ep) + " dp " + std::to_string(dp) +
+                                         " pp " + std::to_string(pp) + " on nodes of " +
+                                         std::to_string(g);
+                CHECK_MESSAGE(c.tp == enumerate(L, 4, g), mesh << ": tp");
+                CHECK_MESSAGE(c.cp == enumerate(L, 3, g), mesh << ": cp");
+                CHECK_MESSAGE(c.ep == enumerate(L, 2, g), mesh << ": ep");
+                CHECK_MESSAGE(c.dp == enumerate(L, 1, g), mesh << ": dp (the replicas)");
+                CHECK_MESSAGE(c.pp == enumerate(L, 0, g), mesh << ": pp");
+              }
+  }
+
+  TEST_CASE("the search considers cp and, for a MoE model, ep") {
+    const ModelSpec& m = preset("1.3b-moe128");
+    const std::vector<Candidate> found = search(m, a100(), {.gpus = 128, .batch = 512});
+    bool some_ep = false, some_cp = false;
+    for (const Candidate& k : found) {
+      const Layout& L = k.layout;
+      CHECK(L.gpus() == 128);
+      CHECK(L.batch() == 512);
+      CHECK((m.experts % L.ep == 0 && 2048 % (2 * L.cp) == 0));
+      some_ep |= L.ep > 1;
+      some_cp |= L.cp > 1;
+    }
+    CHECK(some_ep);
+    CHECK(some_cp);
+    CHECK(std::any_of(found.begin(), found.end(),
+                      [](const Candidate& k) { return k.layout.ep == 128; }));
   }
 
   TEST_CASE("the plan's defaults: the seeds' layouts and the paper's runs") {

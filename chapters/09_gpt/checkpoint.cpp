@@ -535,20 +535,20 @@ int load_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
                       want[key].dump() + " (give the same --layers --channels --heads --context)");
   // A Mixture-of-Experts checkpoint and a dense model (or the other way round) are two
   // models: said so, not loaded half.
-  GptShape saved = g;
-  saved.experts = 0;
-  adopt_experts(dir, saved);
-  require_usage(g.experts > 0 || saved.experts == 0,
-                "--load " + dir + ": a Mixture-of-Experts model (" + describe_experts(saved) +
-                    "): a dense model cannot take it; give " + experts_flags(saved));
-  require_usage(g.experts == 0 || saved.experts > 0,
+  GptShape stored = g;
+  stored.experts = 0;
+  adopt_experts(dir, stored);
+  require_usage(g.experts > 0 || stored.experts == 0,
+                "--load " + dir + ": a Mixture-of-Experts model (" + describe_experts(stored) +
+                    "): a dense model cannot take it; give " + experts_flags(stored));
+  require_usage(g.experts == 0 || stored.experts > 0,
                 "--load " + dir + ": a dense GPT-2, without experts: leave out --experts");
   if (g.experts > 0)
     for (const char* key : kMoeKeys)
       require_usage(config.value(key, nlohmann::json()) == want[key],
                     "--load " + dir + ": the checkpoint's " + key + " is " +
                         config.value(key, nlohmann::json()).dump() + ", this model's " +
-                        want[key].dump() + " (give " + experts_flags(saved) + ")");
+                        want[key].dump() + " (give " + experts_flags(stored) + ")");
   const auto tensors = read_tensors(d, "model");
   // The values must be the ones saved, where trainer.json says what they were (a
   // checkpoint written elsewhere, without it, loads as it is).

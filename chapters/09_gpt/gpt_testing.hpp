@@ -47,10 +47,14 @@ inline TrainConfig small(MeshShape mesh, std::int64_t context = 8) {
   return c;
 }
 
+/// What a test's training did, rank 0's view.
 struct Run {
-  std::vector<double> loss, norm, scale;
-  std::vector<double> aux, dropped;  ///< per step, with experts: the routing's
-  double validation = 0;
+  std::vector<double> loss;     ///< per step, the batch's mean loss
+  std::vector<double> norm;     ///< per step, the gradient norm before clipping
+  std::vector<double> scale;    ///< per step, the loss scale
+  std::vector<double> aux;      ///< per step, with experts: the aux loss
+  std::vector<double> dropped;  ///< per step, with experts: the dropped choices
+  double validation = 0;        ///< the validation loss after the last step
   /// Tensor storages taken from the system allocator in the steps after the first, on the
   /// rank that took most (tensor.cpp's cache of freed blocks serves the rest).
   std::uint64_t later_allocations = 0;

@@ -128,15 +128,20 @@ void report_planner(Context& ctx, const TrainConfig& c, const StepResult& last,
   model.heads = static_cast<int>(g.heads);
   model.seq = static_cast<int>(g.context);
   model.vocab = static_cast<int>(g.vocab);
+  model.experts = g.experts;
+  model.top_k = g.top_k;
+  model.moe_every = g.moe_every;
   const ch08::Layout layout{.dp = c.mesh.dp,
                             .tp = c.mesh.tp,
                             .pp = c.mesh.pp,
                             .microbatches = c.microbatches,
-                            .microbatch_size = static_cast<int>(
-                                std::max<std::int64_t>(1, c.batch / (c.mesh.dp * c.microbatches))),
+                            .microbatch_size = static_cast<int>(std::max<std::int64_t>(
+                                1, c.batch / (c.replicas() * c.microbatches))),
                             .zero = c.zero,
                             .recompute = c.recompute,
-                            .sequence_parallel = c.sequence_parallel && c.mesh.tp > 1};
+                            .sequence_parallel = c.sequence_parallel && c.mesh.tp > 1,
+                            .cp = c.mesh.cp,
+                            .ep = c.mesh.ep};
   const ch08::MemoryEstimate mem = ch08::memory_per_gpu(model, layout, ch05::Precision::fp32);
   const ch08::StepEstimate step = ch08::step_time(model, *ch08::find_cluster("a100-80gb"), layout);
   using memory::Category;
@@ -157,6 +162,10 @@ void report_planner(Context& ctx, const TrainConfig& c, const StepResult& last,
   row("tp bytes sent (x2: fp32)", 2 * step.tp.bytes, static_cast<double>(last.bytes.tp));
   row("dp bytes sent (x2: fp32)", 2 * step.dp.bytes, static_cast<double>(last.bytes.dp));
   row("pp bytes sent (x2: fp32)", 2 * step.pp.bytes, static_cast<double>(last.bytes.pp));
+  if (c.mesh.cp > 1)
+    row("cp bytes sent (x2: fp32)", 2 * step.cp.bytes, static_cast<double>(last.bytes.cp));
+  if (c.mesh.ep > 1)
+    row("ep bytes sent (x2: fp32)", 2 * step.ep.bytes, static_cast<double>(last.bytes.ep));
   row("bubble (idle / busy)", step.bubble_fraction, measured_bubble);
   ctx.report(t, "planner",
              "\nchapter 08's planner on this model and mesh, for rank 0 (the first stage), next to "

@@ -34,20 +34,20 @@ std::string sample(Trainer& trainer, const std::string& prompt, int count, float
     // The last byte's logits come from the cp rank that holds its position, at its row
     // there, on the last stage (dp, ep and tp rank 0 speaks for the job).
     Coords speaker{.pp = shape.pp - 1};
-    std::int64_t row = len - 1;
+    std::int64_t at_row = len - 1;
     for (int r = 0; r < shape.cp; ++r) {
       const std::vector<std::int64_t> held =
           shape.cp > 1 ? trainer.c_.context->positions(T, shape.cp, r) : mine;
       const auto at = std::find(held.begin(), held.end(), len - 1);
-      if (at != held.end()) speaker.cp = r, row = at - held.begin();
+      if (at != held.end()) speaker.cp = r, at_row = at - held.begin();
     }
     const int root = ch08::rank_of(shape, speaker);
     Tensor next(Shape{1}, shardlab::DType::f32);
     if (model.last() && mesh.coords().cp == speaker.cp) {
       // That row's logits (sequence parallel: the head gathers the rows first).
       const Tensor logits = model.sequence_parallel()
-                                ? model.head()->forward(out).out.slice(row, 1)
-                                : model.head()->forward(out.slice(row, 1)).out;
+                                ? model.head()->forward(out).out.slice(at_row, 1)
+                                : model.head()->forward(out.slice(at_row, 1)).out;
       Tensor row(Shape{V}, shardlab::DType::f32);
       mesh.tp().allgatherv(logits.to(Memory::host).flat(), row,
                            shardlab::shard_counts(V, mesh.shape().tp));

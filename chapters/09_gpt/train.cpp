@@ -212,11 +212,11 @@ StepResult Trainer::step(int step) {
   result.loss = mesh_.world().agree(counts ? ran.loss : 0.0, ReduceOp::sum);
   if (c_.model.experts > 0) {
     // The routing: every group once (its first cp rank logged it; tp rank 0 counts).
-    ch07::RoutingStats mine;
-    mine.wanted.assign(static_cast<std::size_t>(c_.model.experts), 0);
-    mine.kept = mine.wanted;
-    if (at.tp == 0) mine += log.stats;
-    result.routing = ch07::combined(mesh_.world(), mine);
+    ch07::RoutingStats counted;
+    counted.wanted.assign(static_cast<std::size_t>(c_.model.experts), 0);
+    counted.kept = counted.wanted;
+    if (at.tp == 0) counted += log.stats;
+    result.routing = ch07::combined(mesh_.world(), counted);
     result.dispatched = log.kept;
   }
   return result;
