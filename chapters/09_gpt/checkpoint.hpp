@@ -18,7 +18,18 @@
 //                                          and growth tracker
 //
 // GPT2LMHeadModel.from_pretrained(DIR) loads it and computes the same loss on the same
-// bytes (hf_check.py). A save goes in three moves, every rank taking part:
+// bytes (hf_check.py).
+//
+// A model with experts (GptShape::experts) is no GPT-2: its MoE blocks' MLPs are saved as
+//   transformer.h.B.mlp.router.weight        C x E, [in, out]
+//   transformer.h.B.mlp.experts.e.c_fc.*     expert e's first Linear, C x 4C and 4C
+//   transformer.h.B.mlp.experts.e.c_proj.*   its second, 4C x C and C
+// each expert whole, whichever ep rank held it, in the same stage files; config.json has
+// model_type "shardlab_moe_gpt2" (transformers' AutoModel does not take it for a GPT-2)
+// and num_local_experts, num_experts_per_tok, router_aux_loss_coef (Hugging Face's
+// Mixtral names), moe_layer_freq (Megatron-LM's) and expert_capacity_factor. It loads into
+// a model with the same experts on any mesh; a dense model refuses it, and a MoE model a
+// dense checkpoint, each in one line. A save goes in three moves, every rank taking part:
 //   1. each rank writes its shard, DIR.partial/ranks/rank-R.safetensors: the first of its
 //      replicas (dp x ep x cp) its pieces of the parameters (pieces_of says which), and
 //      Adam's m and v as the rank keeps them (that replica all of its pieces'; under ZeRO-1

@@ -104,7 +104,11 @@ void report_memory(Context& ctx, const TrainConfig& c, Mesh& mesh, GptModel& mod
              "the schedule keeps in flight (4C + 12C/t + HT/t floats a token and block; selective "
              "recompute: 4C + 12C/t; full: C; sequence parallel: each C over t), and the ledger's "
              "peak (the logits, the "
-             "messages, the loss's softmax and a block's recomputed activations besides)");
+             "messages, the loss's softmax and a block's recomputed activations besides)" +
+                 std::string(c.mesh.cp > 1 ? "; cp: H/t log-sum-exps a token for the HT/t" : "") +
+                 (c.model.experts > 0 ? "; a MoE block counted as a dense one (its experts "
+                                        "keep k rows' worth a token, and its routing)"
+                                      : ""));
   ctx.verify(every[0] == every[1] && every[2] == every[3] && every[4] == every[5],
              "a rank's model states differ from the formula (memory_per_rank)");
 }

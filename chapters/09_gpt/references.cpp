@@ -170,11 +170,12 @@ void compare_with_one_device(Context& ctx, const References& ref, const Curve& m
     rows.push_back(aux);
     rows.push_back(dropped);
   }
+  const double times = rows.size() > 2 ? kOrderExperts : kOrder;
   ch08::report_vs_one_device(
-      ctx, rows, {.least = kTolerance, .times = kOrder, .worst_of_all = true},
+      ctx, rows, {.least = kTolerance, .times = times, .worst_of_all = true},
       "\nthe mesh against one device, relative; order alone: one device with the batch in the "
       "mesh's pieces (the worst, step or validation, x " +
-          shardlab::format_number(kOrder) + " is the tolerance; at least " +
+          shardlab::format_number(times) + " is the tolerance; at least " +
           shardlab::format_number(kTolerance) + ")" +
           (rows.size() > 2 ? "; the first step's routing is held to its own order alone, the "
                              "dropped choices exactly"
