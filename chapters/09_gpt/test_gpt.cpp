@@ -109,6 +109,24 @@ TrainConfig small_moe(MeshShape mesh, int every = 1) {
   return c;
 }
 
+/// What loading the checkpoint in `dir` into a model of `c` says: "" when it loads, else
+/// the UsageError's line (rank 0's).
+std::string load_error(const std::string& dir, const TrainConfig& c) {
+  const Corpus data = Corpus::load(text_file(), c.model.context);
+  std::string error;
+  on_ranks(c.mesh.ranks(), [&](Communicator& world) {
+    Mesh mesh(world, c.mesh);
+    GptModel model(mesh, c.model);
+    Trainer trainer(mesh, model, c, data);
+    try {
+      load_checkpoint(dir, mesh, model, &trainer.optimizer(), nullptr, trainer.expert_optimizer());
+    } catch (const UsageError& e) {
+      if (world.rank() == 0) error = e.what();
+    }
+  });
+  return error;
+}
+
 /// Every (pp, dp, ep, tp) whose product is 8.
 std::vector<MeshShape> meshes_of_8() {
   std::vector<MeshShape> out;
@@ -440,22 +458,7 @@ TEST_CASE("a MoE checkpoint resumes on any mesh, and no dense model takes it") {
   zero.mesh = {.pp = 1, .dp = 2, .tp = 1, .ep = 4};
   check_resumed(train(zero, 2, 2, dir), whole, "resumed with ZeRO-1");
   // A dense model, or one with other experts, is told what the checkpoint holds.
-  const Corpus data = Corpus::load(text_file(), 8);
-  auto load_into = [&](TrainConfig into) {
-    std::string error;
-    on_ranks(into.mesh.ranks(), [&](Communicator& world) {
-      Mesh mesh(world, into.mesh);
-      GptModel model(mesh, into.model);
-      Trainer trainer(mesh, model, into, data);
-      try {
-        load_checkpoint(dir, mesh, model, &trainer.optimizer(), nullptr,
-                        trainer.expert_optimizer());
-      } catch (const UsageError& e) {
-        if (world.rank() == 0) error = e.what();
-      }
-    });
-    return error;
-  };
+  auto load_into = [&](const TrainConfig& into) { return load_error(dir, into); };
   const std::string dense = load_into(small({1, 1, 2}));
   CHECK_MESSAGE(dense.find("a Mixture-of-Experts model (8 experts, top-2") != std::string::npos,
                 dense);
@@ -476,21 +479,7 @@ TEST_CASE("a corrupt, foreign or missing checkpoint is refused with a usage erro
   const std::string dir = (fs::temp_directory_path() / "shardlab_ch09_bad").string();
   fs::remove_all(dir);
   train(small({1, 1, 2}), 0, 1, "", dir);
-  const Corpus data = Corpus::load(text_file(), 8);
-  auto load_into = [&](TrainConfig c) {
-    std::string error;
-    on_ranks(c.mesh.ranks(), [&](Communicator& world) {
-      Mesh mesh(world, c.mesh);
-      GptModel model(mesh, c.model);
-      Trainer trainer(mesh, model, c, data);
-      try {
-        load_checkpoint(dir, mesh, model, &trainer.optimizer());
-      } catch (const UsageError& e) {
-        if (world.rank() == 0) error = e.what();
-      }
-    });
-    return error;
-  };
+  auto load_into = [&](const TrainConfig& c) { return load_error(dir, c); };
   CHECK(load_into(small({1, 1, 2})).empty());
   TrainConfig wider = small({1, 1, 2});
   wider.model.channels = 64;
