@@ -59,7 +59,7 @@ MeshShape settle_mesh(MeshShape mesh, int ranks) {
   }
   shardlab::require_usage(ranks % others == 0, named + " = " + std::to_string(others) +
                                                    " must divide the " + N + " ranks");
-  if (mesh.dp == 0) mesh.dp = ranks / others;
+  if (mesh.dp == 0) mesh.dp = static_cast<int>(ranks / others);
   shardlab::require_usage(
       mesh.ranks() == ranks,
       "dp x " + named + " = " + std::to_string(mesh.ranks()) + " must be the " + N + " ranks");
