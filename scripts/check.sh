@@ -133,7 +133,7 @@ solution_of() { [[ ";$use_solutions;" == *";$1;"* ]]; }
 
 passed_chapters=0
 report=""
-printf '\n%-24s %-12s %-12s %s\n' "chapter" "builds on" "test cases" "status"
+printf '\n%-24s %-18s %-12s %s\n' "chapter" "builds on" "test cases" "status"
 # A test that grows past CHECK_MEMORY_MB (default 4096) is stopped by AddressSanitizer
 # with a report, before it takes the machine's memory.
 memory_mb=${CHECK_MEMORY_MB:-4096}
@@ -197,7 +197,7 @@ for name in "${chapters[@]}"; do
     below+="${below:+ }$dep"
     solution_of "$dep" && below+="*"
   done
-  printf '%-24s %-12s %-12s %s\n' "$name" "${below:--}" "${passed:-0}${total:+/$total}" "$status"
+  printf '%-24s %-18s %-12s %s\n' "$name" "${below:--}" "${passed:-0}${total:+/$total}" "$status"
 done
 [[ -n "$report" ]] && printf '%s' "$report"
 [[ -n "$use_solutions" ]] && printf '\n* the reference solution (USE_SOLUTIONS), not your code\n'
