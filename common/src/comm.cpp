@@ -458,6 +458,53 @@ bool one_machine(Communicator& comm) {
   return std::all_of(all.begin(), all.end(), [&](std::int64_t h) { return h == all[0]; });
 }
 
+std::vector<std::string> host_names(Communicator& comm) {
+  Communicator::Uncounted quiet(comm);
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "?");
+  // Rank 0 gathers the names and hands them all back, one per line.
+  std::string lines;
+  for (const std::string& name : comm.gather_strings(host, 0)) lines += name + "\n";
+  std::int64_t length =
+      comm.agree<std::int64_t>(static_cast<std::int64_t>(lines.size()), ReduceOp::max);
+  std::vector<std::uint8_t> bytes(static_cast<std::size_t>(length));
+  std::copy(lines.begin(), lines.end(), bytes.begin());
+  comm.broadcast(bytes, 0);
+  std::vector<std::string> names;
+  std::string name;
+  for (std::uint8_t c : bytes) {
+    if (c != '\n') {
+      name += static_cast<char>(c);
+    } else {
+      names.push_back(name);
+      name.clear();
+    }
+  }
+  return names;
+}
+
+std::uint64_t network_bytes_sent() {
+  std::FILE* f = std::fopen("/proc/net/dev", "r");
+  if (f == nullptr) return 0;
+  // Two header lines, then "  name: rx_bytes rx_packets ... (8 fields) tx_bytes ...".
+  std::uint64_t sent = 0;
+  char line[512];
+  for (int n = 0; std::fgets(line, sizeof line, f) != nullptr; ++n) {
+    const char* colon = std::strchr(line, ':');
+    if (n < 2 || colon == nullptr) continue;
+    std::string name(static_cast<const char*>(line), colon);
+    name.erase(0, name.find_first_not_of(' '));
+    if (name == "lo") continue;
+    unsigned long long field[9] = {};
+    if (std::sscanf(colon + 1, "%llu %llu %llu %llu %llu %llu %llu %llu %llu", &field[0], &field[1],
+                    &field[2], &field[3], &field[4], &field[5], &field[6], &field[7],
+                    &field[8]) == 9)
+      sent += field[8];
+  }
+  std::fclose(f);
+  return sent;
+}
+
 bool Communicator::all_true(bool mine) {
   return agree<std::int32_t>(mine ? 1 : 0, ReduceOp::min) == 1;
 }

@@ -368,6 +368,27 @@ std::vector<bool> waiting(const std::vector<int>& world_ranks) {
 /// ", rank(s) ... do(es) not respond ...; rank(s) ... wait(s) in other calls": what the
 /// heartbeats say of the ranks `named` (of `comm`, which `world` ranks translate), and
 /// the report's order (CommError::report_order).
+/// Every world rank's host name (MPI_Get_processor_name), gathered at init: a rank that
+/// waits for ranks on other hosts names them, for the cause may be the host or the network.
+std::vector<std::string> world_hosts;
+
+/// "; rank 2 runs on node1 (this rank on node0): ..." for the ranks of `named` (as ranks
+/// of the communicator; `world_ranks` the same as world ranks) on other hosts; "" when all
+/// run on this one.
+std::string elsewhere(const std::vector<int>& named, const std::vector<int>& world_ranks) {
+  if (world_hosts.size() < 2) return "";
+  const std::string& mine = world_hosts[static_cast<std::size_t>(world_rank())];
+  std::string text;
+  for (std::size_t i = 0; i < named.size(); ++i) {
+    const auto w = static_cast<std::size_t>(world_ranks[i]);
+    if (w >= world_hosts.size() || world_hosts[w] == mine) continue;
+    text += (text.empty() ? "; " : ", ") + ("rank " + std::to_string(named[i])) + " runs on " +
+            world_hosts[w];
+  }
+  if (text.empty()) return "";
+  return text + " (this rank on " + mine + "): is that host up, and the network to it?";
+}
+
 std::string diagnose(MPI_Comm comm, const std::vector<int>& named, Waited how, int& order) {
   order = static_cast<int>(named.size());
   if (named.empty()) return "";
@@ -379,8 +400,9 @@ std::string diagnose(MPI_Comm comm, const std::vector<int>& named, Waited how, i
                             world_ranks.data());
   MPI_Group_free(&group);
   MPI_Group_free(&world_group);
+  const std::string hosts = elsewhere(named, world_ranks);
   const std::vector<bool> moving = waiting(world_ranks);
-  if (moving.empty()) return "";
+  if (moving.empty()) return hosts;
   std::vector<int> silent, busy_waiting;
   for (std::size_t i = 0; i < named.size(); ++i)
     (moving[i] ? busy_waiting : silent).push_back(named[i]);
@@ -401,7 +423,7 @@ std::string diagnose(MPI_Comm comm, const std::vector<int>& named, Waited how, i
                                          "other?)"
                                        : " waiting in another call (did it skip this one?)");
   order = !silent.empty() ? static_cast<int>(silent.size()) : how == Waited::peer ? 11 : 10;
-  return text;
+  return text + hosts;
 }
 
 // ---------------------------------------------------------------------------
@@ -833,6 +855,25 @@ void init(int* argc, char*** argv, std::chrono::milliseconds timeout, const std:
   initialized = true;
   thread_multiple = provided >= MPI_THREAD_MULTIPLE;
   create_half_types();
+  {
+    char name[MPI_MAX_PROCESSOR_NAME] = {};
+    int length = 0;
+    MPI_Get_processor_name(name, &length);
+    std::vector<char> all(static_cast<std::size_t>(world_size()) * MPI_MAX_PROCESSOR_NAME);
+    MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME,
+                  MPI_CHAR, MPI_COMM_WORLD);
+    world_hosts.clear();
+    for (int q = 0; q < world_size(); ++q)
+      world_hosts.emplace_back(all.data() + static_cast<std::size_t>(q) * MPI_MAX_PROCESSOR_NAME);
+  }
+  // The two windows need one-sided communication between every pair of processes: shared
+  // memory on one node, RDMA across nodes. Over plain TCP (a cluster of hosts on Ethernet)
+  // Open MPI 4 has none that allows MPI_THREAD_MULTIPLE, and the windows are then left
+  // out: every process may report, and a timeout cannot tell waiting ranks from stopped
+  // ones.
+  MPI_Errhandler fatal = MPI_ERRHANDLER_NULL;
+  MPI_Comm_get_errhandler(MPI_COMM_WORLD, &fatal);
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   int* slot = nullptr;
   const MPI_Aint bytes = world_rank() == 0 ? static_cast<MPI_Aint>(sizeof(int)) : 0;
   if (MPI_Win_allocate(bytes, sizeof(int), MPI_INFO_NULL, MPI_COMM_WORLD, &slot, &report_window) !=
@@ -848,6 +889,8 @@ void init(int* argc, char*** argv, std::chrono::milliseconds timeout, const std:
     *counter = 0;
     beats.store(counter);
   }
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, fatal);
+  MPI_Errhandler_free(&fatal);
   MPI_Barrier(MPI_COMM_WORLD);  // the slot and the counters are 0 before anyone can fail
   if (provided >= MPI_THREAD_MULTIPLE) {
     watchdog.start(timeout, world_rank());

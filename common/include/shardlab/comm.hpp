@@ -591,4 +591,15 @@ double replica_divergence(Communicator& comm, const Tensor& mine);
 /// Every rank calls it (uncounted).
 bool one_machine(Communicator& comm);
 
+/// The host each rank runs on, in rank order, on every rank: its host name (the same for
+/// every rank of the threads backend; under mpirun, each process's own). Every rank calls
+/// it (uncounted).
+std::vector<std::string> host_names(Communicator& comm);
+
+/// Bytes this host has sent on its network interfaces since they came up, loopback left
+/// out: what left it for other hosts (TCP/IP headers and acknowledgements included). Read
+/// from /proc/net/dev, which shows the interfaces of the caller's network namespace (each
+/// host of scripts/cluster.sh is one); 0 where there is no such file.
+std::uint64_t network_bytes_sent();
+
 }  // namespace shardlab
