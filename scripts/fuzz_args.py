@@ -76,7 +76,7 @@ CHAPTERS = {
         "--trace": ["out/t.json", "/proc/t.json", "/dev/full", ""],
     },
     "ch03": {
-        "--algo": ["naive", "ring", "pipelined", "recursive_doubling", "native", "all", "carrier-pigeon"],
+        "--algo": ["naive", "ring", "pipelined", "recursive_doubling", "hierarchical", "native", "all", "carrier-pigeon"],
         "--count": ["0", "1", "2", "3", "7", "1000", "1000003", "1073741824", "1073741825", "-1", "abc"],
         "--benchmark": None,
         "-b": ["4", "1K", "64K", "64M", "4G", "0", "3", "abc", "1.5K", "5G"],
@@ -90,6 +90,8 @@ CHAPTERS = {
         "-w": ["0", "1", "-1", "x"],
         "--warmup_iters": ["2"],
         "--segment-kb": ["0.004", "1", "256", "1048576", "nan", "inf", "0", "-1"],
+        "--ranks-per-node": ["1", "2", "3", "0", "1025", "abc"],
+        "--link-gbit": ["1", "0.25", "0", "-1", "nan", "inf", "1e7", "abc"],
     },
     "ch04": {
         "--schedule": ["naive", "gpipe", "1f1b", "interleaved", "zb1", "all", "zigzag", ""],

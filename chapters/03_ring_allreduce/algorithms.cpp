@@ -1,9 +1,11 @@
 // Chapter 03: the allreduce algorithms that are not the exercise — the ring put
-// together, its pipelined form, the naive one and recursive doubling — and the formulas
-// for what each sends. All of them on the communicator's point-to-point calls only.
+// together, its pipelined form, the naive one, recursive doubling and the hierarchical
+// one across hosts — and the formulas for what each sends, and to whom. All of them on the
+// communicator's point-to-point calls only.
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -186,11 +188,95 @@ void recursive_doubling_allreduce(Communicator& comm, std::span<float> data, Wor
 }
 
 // ---------------------------------------------------------------------------
+// Hosts, and the hierarchical allreduce
+
+int Placement::hosts() const {
+  return host.empty() ? 0 : *std::max_element(host.begin(), host.end()) + 1;
+}
+
+std::vector<int> Placement::ranks_on(int h) const {
+  std::vector<int> out;
+  for (int r = 0; r < ranks(); ++r)
+    if (host[static_cast<std::size_t>(r)] == h) out.push_back(r);
+  return out;
+}
+
+std::string Placement::uneven() const {
+  for (int h = 1; h < hosts(); ++h)
+    if (ranks_on(h).size() != ranks_on(0).size())
+      return "the hierarchical allreduce needs the same number of ranks on every host; host " +
+             std::to_string(h) + " has " + std::to_string(ranks_on(h).size()) + ", host 0 has " +
+             std::to_string(ranks_on(0).size());
+  return "";
+}
+
+Placement placement_of(const std::vector<std::string>& host_names) {
+  Placement p;
+  std::vector<std::string> seen;
+  for (const std::string& name : host_names) {
+    auto at = std::find(seen.begin(), seen.end(), name);
+    if (at == seen.end()) at = seen.insert(seen.end(), name);
+    p.host.push_back(static_cast<int>(at - seen.begin()));
+  }
+  return p;
+}
+
+Placement blocks(int ranks, int per_host) {
+  shardlab::require(per_host >= 1 && ranks % per_host == 0, [&] {
+    return std::to_string(per_host) + " ranks per host do not divide " + std::to_string(ranks) +
+           " ranks";
+  });
+  Placement p;
+  for (int r = 0; r < ranks; ++r) p.host.push_back(r / per_host);
+  return p;
+}
+
+namespace {
+/// Rank r's number among the ranks of its host (0 for the lowest).
+int local_number(const Placement& p, int r) {
+  const std::vector<int> mine = p.ranks_on(p.host[static_cast<std::size_t>(r)]);
+  return static_cast<int>(std::find(mine.begin(), mine.end(), r) - mine.begin());
+}
+}  // namespace
+
+HostGroups group_by_host(Communicator& comm, const Placement& placement) {
+  shardlab::require(placement.ranks() == comm.size(), [&] {
+    return "a placement of " + std::to_string(placement.ranks()) + " ranks for a communicator of " +
+           std::to_string(comm.size());
+  });
+  const std::string uneven = placement.uneven();
+  if (!uneven.empty()) throw shardlab::UsageError(uneven);
+  const int r = comm.rank(), host = placement.host[static_cast<std::size_t>(r)];
+  const int local = local_number(placement, r);
+  HostGroups g;
+  g.local = comm.split(host, r);
+  g.across = comm.split(local, host);
+  g.local_ranks = placement.ranks_on(host);
+  for (int h = 0; h < placement.hosts(); ++h)
+    g.across_ranks.push_back(placement.ranks_on(h)[static_cast<std::size_t>(local)]);
+  return g;
+}
+
+void hierarchical_allreduce(HostGroups& groups, std::span<float> data, Workspace& scratch) {
+  Communicator& local = *groups.local;
+  ring_reduce_scatter(local, data, scratch);
+  // This rank's chunk now holds its host's sum; the hosts add theirs.
+  ring_allreduce(*groups.across, chunk(data, local.size(), owned_chunk(local.rank(), local.size())),
+                 scratch);
+  ring_allgather(local, data);
+}
+
+// ---------------------------------------------------------------------------
 // By name, and the formulas
 
 void allreduce(std::string_view name, Communicator& comm, shardlab::Tensor& data,
-               std::size_t segment, Workspace& scratch) {
+               std::size_t segment, Workspace& scratch, HostGroups* groups) {
   if (name == "native") return comm.allreduce(data, shardlab::ReduceOp::sum);
+  if (name == "hierarchical") {
+    if (groups == nullptr)
+      throw shardlab::Error("the hierarchical allreduce needs the ranks' groups by host");
+    return hierarchical_allreduce(*groups, data.span(), scratch);
+  }
   const std::span<float> x = data.span();
   if (name == "ring")
     ring_allreduce(comm, x, scratch);
@@ -204,31 +290,90 @@ void allreduce(std::string_view name, Communicator& comm, shardlab::Tensor& data
     throw shardlab::Error("no allreduce algorithm '" + std::string(name) + "'");
 }
 
+namespace {
+/// Elements in chunk c of `count` over `ranks` (shard_range).
+std::size_t chunk_size(std::size_t count, int ranks, int c) {
+  return static_cast<std::size_t>(
+      shard_range(static_cast<std::int64_t>(count), ranks, wrap(c, ranks)).length);
+}
+/// Bytes rank r sends (all of it to the right) in a ring allreduce of `count` floats: every
+/// chunk but (r+1) in reduce-scatter, every chunk but (r+2) in all-gather.
+std::size_t ring_bytes(std::size_t count, int rank, int ranks) {
+  if (ranks == 1) return 0;
+  return (2 * count - chunk_size(count, ranks, rank + 1) - chunk_size(count, ranks, rank + 2)) *
+         sizeof(float);
+}
+}  // namespace
+
 std::size_t formula_bytes_sent(std::string_view algorithm, std::size_t count, int rank, int ranks) {
-  const std::size_t S = count * sizeof(float);
-  const auto N = static_cast<std::size_t>(ranks);
   if (algorithm == "native")
     return shardlab::collective_traffic(shardlab::Op::allreduce, count, sizeof(float), rank, ranks)
         .sent;
-  if (ranks == 1) return 0;
-  if (algorithm == "naive") return rank == 0 ? (N - 1) * S : S;
-  if (algorithm == "ring" || algorithm == "pipelined") {
-    // Every chunk but (r+1) in reduce-scatter, every chunk but (r+2) in all-gather.
-    auto size = [&](int c) {
-      return static_cast<std::size_t>(
-                 shard_range(static_cast<std::int64_t>(count), ranks, wrap(c, ranks)).length) *
-             sizeof(float);
-    };
-    return 2 * S - size(rank + 1) - size(rank + 2);
+  const std::vector<std::size_t> to =
+      formula_bytes_to(algorithm, count, rank, blocks(ranks, ranks));
+  return std::accumulate(to.begin(), to.end(), std::size_t{0});
+}
+
+std::vector<std::size_t> formula_bytes_to(std::string_view algorithm, std::size_t count, int rank,
+                                          const Placement& placement) {
+  const int N = placement.ranks();
+  const std::size_t S = count * sizeof(float);
+  std::vector<std::size_t> to(static_cast<std::size_t>(N), 0);
+  auto add_to = [&](int peer, std::size_t bytes) { to[static_cast<std::size_t>(peer)] += bytes; };
+  if (algorithm == "native") return {};
+  if (N == 1) return to;
+  if (algorithm == "naive") {
+    if (rank == 0) {
+      for (int q = 1; q < N; ++q) add_to(q, S);
+    } else {
+      add_to(0, S);
+    }
+  } else if (algorithm == "ring" || algorithm == "pipelined") {
+    add_to(wrap(rank + 1, N), ring_bytes(count, rank, N));
+  } else if (algorithm == "recursive_doubling") {
+    const int P2 = static_cast<int>(std::bit_floor(static_cast<unsigned>(N)));
+    const int extra = N - P2;
+    if (rank < 2 * extra && rank % 2 == 0) {
+      add_to(rank + 1, S);  // hands its buffer up, and sits the rounds out
+    } else {
+      const int vrank = rank < 2 * extra ? rank / 2 : rank - extra;
+      for (int distance = 1; distance < P2; distance *= 2) {
+        const int vpartner = vrank ^ distance;
+        add_to(vpartner < extra ? 2 * vpartner + 1 : vpartner + extra, S);
+      }
+      if (rank < 2 * extra) add_to(rank - 1, S);  // the result back to the even rank
+    }
+  } else if (algorithm == "hierarchical") {
+    const std::string uneven = placement.uneven();
+    if (!uneven.empty()) throw shardlab::Error(uneven);
+    const int host = placement.host[static_cast<std::size_t>(rank)];
+    const int l = local_number(placement, rank), n = placement.hosts();
+    const std::vector<int> local = placement.ranks_on(host);
+    const int g = static_cast<int>(local.size());
+    // Inside the host: a ring over its g ranks. Across: a ring over the n hosts, of the
+    // chunk this rank owns after the reduce-scatter.
+    add_to(local[static_cast<std::size_t>(wrap(l + 1, g))], ring_bytes(count, l, g));
+    const std::size_t mine = chunk_size(count, g, owned_chunk(l, g));
+    add_to(placement.ranks_on(wrap(host + 1, n))[static_cast<std::size_t>(l)],
+           ring_bytes(mine, host, n));
+  } else {
+    throw shardlab::Error("no formula for algorithm '" + std::string(algorithm) + "'");
   }
-  if (algorithm == "recursive_doubling") {
-    const int P2 = static_cast<int>(std::bit_floor(static_cast<unsigned>(ranks)));
-    const int extra = ranks - P2;
-    const auto rounds = static_cast<std::size_t>(std::countr_zero(static_cast<unsigned>(P2)));
-    if (rank < 2 * extra) return rank % 2 == 0 ? S : (rounds + 1) * S;
-    return rounds * S;
+  return to;
+}
+
+std::vector<std::size_t> formula_link_bytes(std::string_view algorithm, std::size_t count,
+                                            const Placement& placement) {
+  if (algorithm == "native") return {};
+  std::vector<std::size_t> from(static_cast<std::size_t>(placement.hosts()), 0);
+  for (int r = 0; r < placement.ranks(); ++r) {
+    const std::vector<std::size_t> to = formula_bytes_to(algorithm, count, r, placement);
+    const int h = placement.host[static_cast<std::size_t>(r)];
+    for (int q = 0; q < placement.ranks(); ++q)
+      if (placement.host[static_cast<std::size_t>(q)] != h)
+        from[static_cast<std::size_t>(h)] += to[static_cast<std::size_t>(q)];
   }
-  throw shardlab::Error("no formula for algorithm '" + std::string(algorithm) + "'");
+  return from;
 }
 
 }  // namespace ch03

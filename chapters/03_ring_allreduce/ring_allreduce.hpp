@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -114,21 +115,80 @@ void naive_allreduce(Communicator& comm, std::span<float> data, Workspace& scrat
 void recursive_doubling_allreduce(Communicator& comm, std::span<float> data, Workspace& scratch);
 
 // ---------------------------------------------------------------------------
+// Hosts. A cluster's ranks sit on several hosts, joined by links much slower than the
+// memory inside one (scripts/cluster.sh makes two hosts on one machine). Which bytes cross
+// between hosts depends on where each rank sits: its placement.
+
+/// Where the ranks sit: host[r] is rank r's host, numbered 0, 1, ... in order of first
+/// appearance.
+struct Placement {
+  std::vector<int> host;  ///< Rank r's host.
+  /// The number of ranks.
+  int ranks() const { return static_cast<int>(host.size()); }
+  /// The number of hosts.
+  int hosts() const;
+  /// The ranks on host h, in rank order.
+  std::vector<int> ranks_on(int h) const;
+  /// "" when every host holds the same number of ranks (as the hierarchical allreduce
+  /// needs); else what is wrong.
+  std::string uneven() const;
+};
+/// The placement of ranks on the hosts named (shardlab::host_names): one host per name.
+Placement placement_of(const std::vector<std::string>& host_names);
+/// `ranks` ranks, `per_host` to a host in rank order (ranks 0..per_host-1 on host 0, ...):
+/// the hosts of a cluster, simulated on one machine. `per_host` must divide `ranks`.
+Placement blocks(int ranks, int per_host);
+
+/// The groups the hierarchical allreduce runs in: `local`, the ranks on this rank's host
+/// (in rank order), and `across`, this rank and the ranks with the same local number on the
+/// other hosts (in host order).
+struct HostGroups {
+  std::unique_ptr<Communicator> local;   ///< The ranks on this rank's host.
+  std::unique_ptr<Communicator> across;  ///< This rank's counterparts on the other hosts.
+  std::vector<int> local_ranks;          ///< local's members, as ranks of the whole.
+  std::vector<int> across_ranks;         ///< across's members, as ranks of the whole.
+};
+/// Splits `comm` by `placement`; every rank calls it. Throws shardlab::UsageError when
+/// the hosts do not hold the same number of ranks.
+HostGroups group_by_host(Communicator& comm, const Placement& placement);
+
+/// Hierarchical (what NCCL's trees and Megatron-LM's groups exploit): a ring reduce-scatter
+/// inside each host, after which each local rank holds one chunk summed over its host; a
+/// ring allreduce of that chunk across the hosts, among the ranks with the same local
+/// number (the only bytes between hosts); a ring all-gather inside each host. With n hosts
+/// of g ranks each rank sends 2(g-1)/g S inside its host and 2(n-1)/n S/g to other hosts:
+/// 2(n-1) S between hosts in all, where the flat ring over n hosts sends 2n (N-1)/N S.
+void hierarchical_allreduce(HostGroups& groups, std::span<float> data, Workspace& scratch);
+
+// ---------------------------------------------------------------------------
 // The algorithms by name, as the chapter program and its benchmark compare them
 
-/// "naive", "ring", "pipelined", "recursive_doubling", and "native": the communicator's
-/// own allreduce, the peer every from-scratch algorithm is measured against.
-inline constexpr std::string_view algorithms[] = {"naive", "ring", "pipelined",
-                                                  "recursive_doubling", "native"};
+/// "naive", "ring", "pipelined", "recursive_doubling", "hierarchical", and "native": the
+/// communicator's own allreduce, the peer every from-scratch algorithm is measured against.
+inline constexpr std::string_view algorithms[] = {
+    "naive", "ring", "pipelined", "recursive_doubling", "hierarchical", "native"};
 
 /// Runs algorithm `name` (one of `algorithms`) on `data`; the pipelined ring cuts its
-/// chunks into segments of `segment` elements. The from-scratch algorithms add float32 on
-/// the host; "native" takes any tensor the communicator does (device memory too).
+/// chunks into segments of `segment` elements; the hierarchical one runs in `groups`
+/// (required for it). The from-scratch algorithms add float32 on the host; "native" takes
+/// any tensor the communicator does (device memory too).
 void allreduce(std::string_view name, Communicator& comm, shardlab::Tensor& data,
-               std::size_t segment, Workspace& scratch);
+               std::size_t segment, Workspace& scratch, HostGroups* groups = nullptr);
 
-/// Bytes `rank` sends in each algorithm, from the formulas above; for "native", what the
-/// communicator's allreduce sends (shardlab::collective_traffic).
+/// Bytes `rank` sends in each algorithm, from the formulas above, with every rank on one
+/// host; for "native", what the communicator's allreduce sends (collective_traffic).
 std::size_t formula_bytes_sent(std::string_view algorithm, std::size_t count, int rank, int ranks);
+
+/// Bytes `rank` sends to each rank (the vector's index) in one allreduce of `count` floats
+/// by `algorithm`, its ranks placed by `placement` (the hierarchical algorithm's peers
+/// depend on it); their sum is what the rank sends. Empty for "native": a library's
+/// algorithm, and so whom it sends to, is hidden.
+std::vector<std::size_t> formula_bytes_to(std::string_view algorithm, std::size_t count, int rank,
+                                          const Placement& placement);
+
+/// Bytes that leave each host (the vector's index) for other hosts in one allreduce:
+/// formula_bytes_to summed over the pairs of ranks on different hosts. Empty for "native".
+std::vector<std::size_t> formula_link_bytes(std::string_view algorithm, std::size_t count,
+                                            const Placement& placement);
 
 }  // namespace ch03

@@ -1,7 +1,8 @@
 // Chapter 03 tests of the chapter's own algorithms (not the exercise): naive,
-// pipelined ring and recursive doubling equal the native allreduce and send exactly
-// their formula's bytes; the ring as the allreduce a trainer plugs in (a tensor, a view
-// of a flat gradient buffer); the algorithms by name. Compiled against the solution only.
+// pipelined ring, recursive doubling and the hierarchical one equal the native allreduce
+// and send exactly their formula's bytes, to each peer, on one host and on several; the
+// ring as the allreduce a trainer plugs in (a tensor, a view of a flat gradient buffer);
+// the algorithms by name. Compiled against the solution only.
 //
 // Wrong versions the last three test cases were checked against:
 //   the tensor ring over data.shape()[0] elements (the rows of a 2-D view, not all of
@@ -19,10 +20,19 @@
 //   formula_bytes_sent("native") giving the ring's formula -> "native on rank 0 sent 24596
 //     bytes, the formula says 24592" (4 ranks, 4099 elements)
 //   an unknown name running the native allreduce instead of throwing -> "did NOT throw"
+// and the hierarchical allreduce and the bytes between hosts were checked against:
+//   the hierarchical allreduce sending the whole buffer across the hosts, not its chunk
+//     -> "named.total().bytes_sent == formula is NOT correct" (S where S/g is due)
+//   the across ring on chunk `local rank` instead of the chunk the rank owns after the
+//     reduce-scatter -> "rank 2, element 0: by name 12, the function 12, want 15"
+//   the ring's formula without the wrap edge (rank N-1 sending nowhere) -> the hand-worked
+//     {6000020, 6000016} of two hosts
+//   hosts numbered in sorted order of their names -> {0, 1, 0, 2} for "b", "a", "b", "c"
 
 #include <doctest/doctest.h>
 
 #include <functional>
+#include <numeric>
 #include <string>
 
 #include "ring_allreduce.hpp"
@@ -260,23 +270,31 @@ TEST_SUITE("ch03.algorithms") {
         const int r = comm.rank();
         const std::size_t count = 4099;
         ch03::Workspace scratch;
+        // Two hosts where the ranks split evenly (the hierarchical algorithm's groups).
+        ch03::HostGroups groups = ch03::group_by_host(comm, ch03::blocks(n, n % 2 ? n : n / 2));
+        auto stats = [&] {
+          CommStats all = comm.stats();
+          all += groups.local->stats(), all += groups.across->stats();
+          return all;
+        };
         for (std::string_view name : ch03::algorithms) {
           CAPTURE(name);
           // By name, on a tensor...
           Tensor by_name = Tensor::from_vector(check::tagged_input(count, r, n));
-          const CommStats before = comm.stats();
-          ch03::allreduce(name, comm, by_name, segment, scratch);
-          const CommStats named = comm.stats().since(before);
+          const CommStats before = stats();
+          ch03::allreduce(name, comm, by_name, segment, scratch, &groups);
+          const CommStats named = stats().since(before);
           // ... and the function itself, on the same data.
           std::vector<float> direct = check::tagged_input(count, r, n);
-          const CommStats start = comm.stats();
+          const CommStats start = stats();
           if (name == "naive") ch03::naive_allreduce(comm, direct, scratch);
           if (name == "ring") ch03::ring_allreduce(comm, direct, scratch);
           if (name == "pipelined") ch03::pipelined_ring_allreduce(comm, direct, segment, scratch);
           if (name == "recursive_doubling")
             ch03::recursive_doubling_allreduce(comm, direct, scratch);
+          if (name == "hierarchical") ch03::hierarchical_allreduce(groups, direct, scratch);
           if (name == "native") comm.allreduce(std::span<float>(direct), ReduceOp::sum);
-          const CommStats called = comm.stats().since(start);
+          const CommStats called = stats().since(start);
           // The exact sum (small integers: every order agrees), element by element.
           std::vector<float> sum(count, 0.0f);
           for (int q = 0; q < n; ++q) {
@@ -297,7 +315,11 @@ TEST_SUITE("ch03.algorithms") {
             CHECK_MESSAGE(named[op].bytes_sent == called[op].bytes_sent,
                           op_name(op) << " bytes differ from " << name << "'s function");
           }
-          const std::size_t formula = ch03::formula_bytes_sent(name, count, r, n);
+          const std::vector<std::size_t> to =
+              ch03::formula_bytes_to(name, count, r, ch03::blocks(n, n % 2 ? n : n / 2));
+          const std::size_t formula = name == "native"
+                                          ? ch03::formula_bytes_sent(name, count, r, n)
+                                          : std::accumulate(to.begin(), to.end(), std::size_t{0});
           CHECK_MESSAGE(named.total().bytes_sent == formula,
                         name << " on rank " << r << " sent " << named.total().bytes_sent
                              << " bytes, the formula says " << formula);
@@ -307,6 +329,136 @@ TEST_SUITE("ch03.algorithms") {
                              doctest::Contains("no allreduce algorithm 'carrier-pigeon'"),
                              shardlab::Error);
       });
+    });
+  }
+
+  // -------------------------------------------------------------------------------------
+  // Hosts: the hierarchical allreduce, and every algorithm's bytes to each peer and
+  // between hosts.
+
+  /// Runs `name` on `placement`'s hosts and returns, on each rank, the bytes it sent to
+  /// each rank, counted message by message (the communicator's and the groups' messages).
+  std::vector<std::size_t> bytes_to_each(Communicator & comm, ch03::HostGroups & groups,
+                                         std::string_view name, std::vector<float> & data) {
+    std::vector<std::size_t> to(static_cast<std::size_t>(comm.size()), 0);
+    auto watch = [&](Communicator& c, const std::vector<int>& members) {
+      c.trace_messages([&to, members](const MessageEvent& e) {
+        if (e.op != Op::send) return;
+        const int peer = members.empty() ? e.peer : members[static_cast<std::size_t>(e.peer)];
+        to[static_cast<std::size_t>(peer)] += e.bytes;
+      });
+    };
+    watch(comm, {});
+    watch(*groups.local, groups.local_ranks);
+    watch(*groups.across, groups.across_ranks);
+    Tensor t = Tensor::from_vector(data);
+    ch03::Workspace scratch;
+    ch03::allreduce(name, comm, t, 5, scratch, &groups);
+    data.assign(t.span().begin(), t.span().end());
+    comm.trace_messages({}), groups.local->trace_messages({}), groups.across->trace_messages({});
+    return to;
+  }
+
+  /// host = r / per_host (blocks), or r % hosts (round robin: mpirun --map-by node).
+  ch03::Placement round_robin(int ranks, int hosts) {
+    ch03::Placement p;
+    for (int r = 0; r < ranks; ++r) p.host.push_back(r % hosts);
+    return p;
+  }
+
+  TEST_CASE("the hierarchical allreduce: the exact sum, and to each peer what the formula says") {
+    for (int n : {1, 2, 4, 6, 8}) {
+      std::vector<ch03::Placement> placements{ch03::blocks(n, n)};
+      if (n % 2 == 0) placements.push_back(ch03::blocks(n, n / 2));
+      if (n % 2 == 0 && n > 2) placements.push_back(round_robin(n, 2));
+      if (n == 6) placements.push_back(ch03::blocks(6, 2)), placements.push_back(round_robin(6, 3));
+      if (n == 8) placements.push_back(ch03::blocks(8, 2));
+      for (const ch03::Placement& placement : placements) {
+        for (std::size_t count : {std::size_t{0}, std::size_t{3}, std::size_t{4099}}) {
+          const int hosts = placement.hosts();
+          CAPTURE(n);
+          CAPTURE(hosts);
+          CAPTURE(count);
+          on_ranks(n, [&](Communicator& comm) {
+            const int r = comm.rank();
+            ch03::HostGroups groups = ch03::group_by_host(comm, placement);
+            std::vector<float> mine = check::tagged_input(count, r, n), native = mine;
+            const std::vector<std::size_t> to = bytes_to_each(comm, groups, "hierarchical", mine);
+            comm.allreduce(native);
+            for (std::size_t i = 0; i < count; ++i)
+              if (mine[i] != native[i]) {
+                FAIL_CHECK("rank " << r << ", element " << i << ": got " << mine[i] << ", want "
+                                   << native[i]);
+                break;
+              }
+            const std::vector<std::size_t> want =
+                ch03::formula_bytes_to("hierarchical", count, r, placement);
+            for (int q = 0; q < n; ++q)
+              CHECK_MESSAGE(to[static_cast<std::size_t>(q)] == want[static_cast<std::size_t>(q)],
+                            "rank " << r << " sent " << to[static_cast<std::size_t>(q)]
+                                    << " bytes to rank " << q << ", the formula says "
+                                    << want[static_cast<std::size_t>(q)]);
+          });
+        }
+      }
+    }
+  }
+
+  TEST_CASE("every algorithm sends each peer what its formula says, on two hosts and round robin") {
+    for (int n : {4, 6}) {
+      for (const ch03::Placement& placement : {ch03::blocks(n, n / 2), round_robin(n, 2)}) {
+        on_ranks(n, [&](Communicator& comm) {
+          const int r = comm.rank();
+          ch03::HostGroups groups = ch03::group_by_host(comm, placement);
+          for (std::string_view name : ch03::algorithms) {
+            if (name == "native") continue;
+            const bool round_robin_placement = placement.host[1] == 1;
+            CAPTURE(name);
+            CAPTURE(n);
+            CAPTURE(round_robin_placement);
+            std::vector<float> mine = check::tagged_input(1001, r, n);
+            const std::vector<std::size_t> to = bytes_to_each(comm, groups, name, mine);
+            CHECK(to == ch03::formula_bytes_to(name, 1001, r, placement));
+          }
+        });
+      }
+    }
+  }
+
+  TEST_CASE("bytes between hosts, worked out by hand: 4 ranks, 2 hosts, 1000003 floats") {
+    // S = 4000012 bytes; the ring's chunks over 4 ranks: 250001, 250001, 250001, 250000.
+    const ch03::Placement two = ch03::blocks(4, 2), alternating = round_robin(4, 2);
+    using V = std::vector<std::size_t>;
+    // The ring crosses twice: rank 1 -> 2 sends 2S - |c2| - |c3| = 1500005 floats, rank 3 -> 0
+    // sends 2S - |c0| - |c1| = 1500004.
+    CHECK(ch03::formula_link_bytes("ring", 1000003, two) == V{6000020, 6000016});
+    CHECK(ch03::formula_link_bytes("pipelined", 1000003, two) == V{6000020, 6000016});
+    // Round robin: every edge of the ring crosses; 2(N-1) S in all.
+    const V ring_rr = ch03::formula_link_bytes("ring", 1000003, alternating);
+    CHECK(ring_rr[0] + ring_rr[1] == 6 * 4000012);
+    // Hierarchical: each rank sends its host-reduced chunk (of 2: 500002 and 500001 floats)
+    // to its counterpart: S from each host, however the ranks are placed.
+    CHECK(ch03::formula_link_bytes("hierarchical", 1000003, two) == V{4000012, 4000012});
+    CHECK(ch03::formula_link_bytes("hierarchical", 1000003, alternating) == V{4000012, 4000012});
+    // Naive: ranks 2 and 3 send S to rank 0 and get S back; recursive doubling's second
+    // round (distance 2) swaps whole buffers between the hosts.
+    CHECK(ch03::formula_link_bytes("naive", 1000003, two) == V{8000024, 8000024});
+    CHECK(ch03::formula_link_bytes("recursive_doubling", 1000003, two) == V{8000024, 8000024});
+    CHECK(ch03::formula_link_bytes("native", 1000003, two).empty());
+  }
+
+  TEST_CASE("placements: hosts numbered in order of first appearance; uneven hosts refused") {
+    CHECK(ch03::placement_of({"b", "a", "b", "c"}).host == std::vector<int>{0, 1, 0, 2});
+    CHECK(ch03::blocks(6, 3).ranks_on(1) == std::vector<int>{3, 4, 5});
+    CHECK_THROWS_WITH_AS(ch03::blocks(6, 4), doctest::Contains("4 ranks per host do not divide 6"),
+                         shardlab::Error);
+    const ch03::Placement uneven = ch03::placement_of({"a", "a", "b"});
+    CHECK(uneven.uneven() ==
+          "the hierarchical allreduce needs the same number of ranks on every host; host 1 has 1, "
+          "host 0 has 2");
+    on_ranks(3, [&](Communicator& comm) {
+      CHECK_THROWS_WITH_AS(ch03::group_by_host(comm, uneven), doctest::Contains("host 1 has 1"),
+                           shardlab::UsageError);
     });
   }
 }
