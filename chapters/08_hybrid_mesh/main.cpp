@@ -61,6 +61,10 @@ void train(Context& ctx, const Settings& s) {
                     "of b x h per microbatch, dp one allreduce of the rank's parameters, pp b x h "
                     "to each neighbour per microbatch (ring allreduce: 2 (N-1)/N of S)");
 
+  // Where the ranks run on several hosts: which groups cross between them, and the bytes
+  // and time of a step there.
+  report_hosts(ctx, c.mesh, run.bytes, {run.step_seconds, run.wire_bytes});
+
   // 5. The bubble of the last step, next to chapter 04's simulation of the same schedule.
   ctx.report(
       ch04::bubble_table(ch04::make_schedule(c.schedule, c.mesh.pp, c.microbatches, 1), run.events),

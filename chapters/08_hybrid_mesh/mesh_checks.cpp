@@ -3,6 +3,9 @@
 #include "mesh_checks.hpp"
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "shardlab/format.hpp"
 
 namespace ch08 {
 
@@ -68,6 +71,115 @@ void report_axis_bytes(Context& ctx, const MeshShape& mesh, const AxisBytes& sen
   }
   ctx.report(bytes, "bytes_per_axis", caption);
   ctx.verify(equal, "a rank sent other than its axis' formula (bytes_per_axis)");
+}
+
+AxisBytes between_hosts(const MeshShape& mesh, int rank, const AxisBytes& sent,
+                        const std::vector<int>& host) {
+  const Coords at = coords_of(mesh, rank);
+  auto off = [&](int q) {
+    return host[static_cast<std::size_t>(q)] != host[static_cast<std::size_t>(rank)];
+  };
+  // A ring over `group`: everything to the rank after this one.
+  auto ring = [&](const std::vector<int>& group, std::uint64_t bytes) -> std::uint64_t {
+    if (group.size() < 2) return 0;
+    const auto me = std::find(group.begin(), group.end(), rank) - group.begin();
+    return off(group[static_cast<std::size_t>(me + 1) % group.size()]) ? bytes : 0;
+  };
+  AxisBytes out;
+  out.tp = ring(ranks_across(mesh, at, {Axis::tp}), sent.tp);
+  out.cp = ring(ranks_across(mesh, at, {Axis::cp}), sent.cp);
+  out.dp = ring(ranks_across(mesh, at, {Axis::dp, Axis::ep, Axis::cp}), sent.dp);
+  const std::vector<int> ep = ranks_across(mesh, at, {Axis::ep});
+  if (ep.size() > 1) {
+    const auto others = static_cast<std::uint64_t>(ep.size() - 1);
+    for (int q : ep)
+      if (off(q)) out.ep += sent.ep / others;
+  }
+  std::vector<int> neighbours;
+  for (int d : {-1, 1}) {
+    Coords c = at;
+    c.pp += d;
+    if (c.pp >= 0 && c.pp < mesh.pp) neighbours.push_back(rank_of(mesh, c));
+  }
+  for (int q : neighbours)
+    if (off(q)) out.pp += sent.pp / neighbours.size();
+  return out;
+}
+
+void report_hosts(Context& ctx, const MeshShape& mesh, const AxisBytes& sent,
+                  const StepMeasure& step) {
+  shardlab::Communicator& comm = ctx.comm();
+  const std::vector<std::string> names = shardlab::host_names(comm);
+  std::vector<std::string> distinct;
+  std::vector<int> host;
+  for (const std::string& name : names) {
+    auto at = std::find(distinct.begin(), distinct.end(), name);
+    if (at == distinct.end()) at = distinct.insert(distinct.end(), name);
+    host.push_back(static_cast<int>(at - distinct.begin()));
+  }
+  const AxisBytes mine = between_hosts(mesh, comm.rank(), sent, host);
+  const std::uint64_t wire = step.wire;
+  const double seconds = comm.agree(step.seconds, ReduceOp::max);
+  struct Column {
+    Axis axis;
+    std::uint64_t AxisBytes::*bytes;
+  };
+  std::vector<Column> columns{
+      {Axis::tp, &AxisBytes::tp}, {Axis::dp, &AxisBytes::dp}, {Axis::pp, &AxisBytes::pp}};
+  if (mesh.cp > 1) columns.push_back({Axis::cp, &AxisBytes::cp});
+  if (mesh.ep > 1) columns.push_back({Axis::ep, &AxisBytes::ep});
+  std::vector<std::int64_t> crossing;
+  for (const Column& c : columns)
+    crossing.push_back(comm.agree(static_cast<std::int64_t>(mine.*c.bytes), ReduceOp::sum));
+  const std::vector<std::int64_t> wires = comm.gather_values(static_cast<std::int64_t>(wire));
+  ctx.json()["step_ms"] = 1e3 * seconds;
+  if (distinct.size() < 2) {
+    ctx.json()["wire_bytes"] = wires[0];
+    return;
+  }
+
+  // One reading of the wire per host (its ranks share its interfaces): its first rank's.
+  std::int64_t on_wire = 0;
+  std::string placement;
+  nlohmann::json hosts = nlohmann::json::object();
+  for (std::size_t h = 0; h < distinct.size(); ++h) {
+    std::vector<int> ranks;
+    for (int r = 0; r < ctx.size(); ++r)
+      if (host[static_cast<std::size_t>(r)] == static_cast<int>(h)) ranks.push_back(r);
+    on_wire += wires[static_cast<std::size_t>(ranks.front())];
+    placement += (h ? " | " : "") + distinct[h] + ":";
+    for (int r : ranks) placement += " " + std::to_string(r);
+    hosts[distinct[h]] = ranks;
+  }
+  Table t({"axis", "groups", "groups_across_hosts", "bytes_between_hosts"});
+  std::int64_t all = 0;
+  for (std::size_t k = 0; k < columns.size(); ++k) {
+    const std::vector<std::vector<int>> every = groups(mesh, columns[k].axis);
+    std::int64_t across = 0;
+    for (const std::vector<int>& g : every)
+      across += std::any_of(g.begin(), g.end(), [&](int q) {
+        return host[static_cast<std::size_t>(q)] != host[static_cast<std::size_t>(g[0])];
+      });
+    t.add({std::string(axis_name(columns[k].axis)), static_cast<std::int64_t>(every.size()), across,
+           crossing[k]});
+    all += crossing[k];
+  }
+  t.add({std::string("all"), std::string(""), std::string(""), all});
+  ctx.json()["hosts"] = hosts;
+  ctx.report(t, "between_hosts",
+             "\nthe ranks on " + std::to_string(distinct.size()) + " hosts (" + placement +
+                 "); bytes that went between hosts in the last step, per axis: each rank's bytes "
+                 "of the axis where the next rank of its group (its neighbour stage, for pp) is "
+                 "on another host");
+  ctx.json()["wire_bytes"] = on_wire;
+  ctx.say(
+      "on the wire in that step (what the hosts' network interfaces sent, headers and "
+      "acknowledgements included): " +
+      std::to_string(on_wire) + " bytes, " +
+      shardlab::format_number(
+          all > 0 ? static_cast<double>(on_wire) / static_cast<double>(all) : 0.0, 4) +
+      " x the bytes above; a step takes " + shardlab::format_number(1e3 * seconds, 4) +
+      " ms (the median step, the slowest rank)");
 }
 
 }  // namespace ch08

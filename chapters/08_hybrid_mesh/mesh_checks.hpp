@@ -1,6 +1,7 @@
 // The two checks every mesh run prints (chapters 08 and 09): the mesh against one device,
 // held to what the order of the additions alone does there; and the bytes each rank sent
-// on each axis against the axis' formula.
+// on each axis against the axis' formula. And, when the ranks run on several hosts, which
+// groups cross between them and what a step sends over the links.
 #pragma once
 
 #include <optional>
@@ -43,5 +44,29 @@ void report_vs_one_device(shardlab::Context& ctx, const std::vector<Agreement>& 
 /// gives its own), under `caption`; a verdict that they are equal.
 void report_axis_bytes(shardlab::Context& ctx, const MeshShape& mesh, const AxisBytes& sent,
                        const AxisBytes& formula, const std::string& caption);
+
+/// Bytes `rank` sends to ranks on other hosts in one step, by axis, from what it sent on
+/// each (`sent`), `host` being every rank's host: a group's collective runs as a ring, all
+/// of it to the next rank of the group (exact for a group of two, the ring's share for
+/// more: MPI's own algorithm is hidden); dp's group is the replicas (dp x ep x cp);
+/// the pipeline sends half to each neighbouring stage (activations forward, gradients
+/// back; all of it where there is one); ep's all-to-all sends evenly to the group.
+AxisBytes between_hosts(const MeshShape& mesh, int rank, const AxisBytes& sent,
+                        const std::vector<int>& host);
+
+/// What one run measured of its steps, for report_hosts.
+struct StepMeasure {
+  double seconds = 0;      ///< a step's time on this rank (the median of the steps)
+  std::uint64_t wire = 0;  ///< bytes this rank's host sent on its network in the last step
+};
+
+/// When the ranks run on more than one host (shardlab::host_names): the ranks of each
+/// host, which groups of each axis cross between hosts, the table "between_hosts" (per
+/// axis, every rank's bytes of the last step that went to another host, by
+/// between_hosts; what the hosts' network interfaces sent in that step), and the step time
+/// (the slowest rank's). JSON: `hosts`, `between_hosts`, `wire_bytes`, `step_ms`. Every rank
+/// calls it; on one host it prints nothing, and the JSON has `wire_bytes` and `step_ms`.
+void report_hosts(shardlab::Context& ctx, const MeshShape& mesh, const AxisBytes& sent,
+                  const StepMeasure& step);
 
 }  // namespace ch08

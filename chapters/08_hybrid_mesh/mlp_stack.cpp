@@ -2,6 +2,7 @@
 #include "mlp_stack.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -171,7 +172,16 @@ HybridRun train_hybrid(Mesh& mesh, HybridModel& model, const HybridConfig& c, Me
   const shardlab::ShardRange mine = shard_range(c.batch, c.mesh.dp, at.dp);
   const auto B = static_cast<double>(c.batch);
   run.parameters = store.size();
+  // Each step starts when the last one's loss is agreed, every rank's traffic done: the
+  // moment this rank reads its host's network counters and its clock.
+  {
+    Communicator::Uncounted quiet(mesh.world());
+    mesh.world().barrier();
+  }
+  std::vector<double> seconds;
   for (int step = 0; step < c.steps; ++step) {
+    const auto started = std::chrono::steady_clock::now();
+    const std::uint64_t wire = shardlab::network_bytes_sent();
     const shardlab::toy::Batch batch = teacher.batch(c.batch, step);
     const Tensor x = batch.x.slice(mine.offset, mine.length);
     const Tensor y = batch.y.slice(mine.offset, mine.length);
@@ -207,7 +217,12 @@ HybridRun train_hybrid(Mesh& mesh, HybridModel& model, const HybridConfig& c, Me
     // The step's loss: the last stage's shares, once per replica (tp rank 0), summed.
     const bool counts = at.pp == c.mesh.pp - 1 && at.tp == 0;
     run.loss.push_back(mesh.world().agree(counts ? ran.loss : 0.0, shardlab::ReduceOp::sum));
+    seconds.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+    run.wire_bytes = shardlab::network_bytes_sent() - wire;
   }
+  std::ranges::sort(seconds);
+  run.step_seconds = seconds[seconds.size() / 2];
   return run;
 }
 

@@ -113,6 +113,8 @@ struct HybridRun {
   std::vector<ch04::Event> events;    ///< every stage's ops in the last step
   std::uint64_t optimizer_bytes = 0;  ///< the optimizer's state (and master copy), as allocated
   std::int64_t parameters = 0;        ///< elements this rank holds
+  double step_seconds = 0;            ///< the median step's time on this rank (for report_hosts)
+  std::uint64_t wire_bytes = 0;       ///< what this rank's host sent on its network, last step
 };
 
 /// Trains c.steps steps on the mesh. Every rank of the mesh calls it.
