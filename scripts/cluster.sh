@@ -1,0 +1,340 @@
+#!/usr/bin/env bash
+# A cluster on one machine: two hosts, node0 and node1, joined by a slow link, and mpirun
+# across them.
+#
+# Each host is a network namespace with a UTS namespace of its own (its own interfaces and
+# host name); a veth pair joins them, and a tbf qdisc on each end limits what it sends to
+# --link-gbit. Inside a host, ranks talk through shared memory (Open MPI's vader); between
+# hosts, through TCP over the link — as a cluster's GPUs talk over NVLink inside a node
+# and over the network between nodes. mpirun runs on node0 and starts its daemon on node1
+# through scripts/cluster_agent.sh (`ip netns exec`) where a cluster would use ssh.
+#
+# Usage: scripts/cluster.sh [options] WHAT [program options]
+#   ch03   chapter 03's allreduces across the hosts: ring, pipelined, MPI_Allreduce, the
+#          hierarchical one; bytes between hosts per algorithm, busbw against the link
+#   ch08   chapter 08's mesh twice, tp inside a host, then tp across the hosts
+#   ch09   chapter 09's GPT the same two ways, with its profile
+#   run    PROGRAM [options]: any program under mpirun across the hosts
+# Program options, when given, replace the defaults of ch03, ch08 and ch09 (--link-gbit
+# and --timeout are added unless given).
+#
+# Options:
+#   --link-gbit G       the link's bandwidth, Gbit/s each way (default 1)
+#   --ranks-per-node K  ranks on each host (default 2)
+#   --map-by slot|node  slot: ranks 0..K-1 on node0, the next K on node1 (the default);
+#                       node: round robin, rank 0 on node0, rank 1 on node1, ...
+#   --timeout S         seconds a blocking call may wait before the job fails (default 20)
+#   --fault link-down@T node1's link goes down T seconds into the run
+#   --fault kill@R@T    rank R is killed (SIGKILL) T seconds into the run
+#   --build DIR         where the programs were built (default build/default)
+#
+# Needs root (or CAP_SYS_ADMIN and CAP_NET_ADMIN), iproute2 (ip, tc with tbf), util-linux's
+# unshare and Open MPI. Without the rights to make namespaces it says so in one line and
+# exits 77 (CTest: skipped). Everything it makes — namespaces, the link, the processes in
+# them, /etc/netns/node0 and node1 — is removed on exit, on Ctrl-C and on failure.
+# The kernel's tbf limits bandwidth only: where delay would matter (small messages), say
+# so — netem, which adds delay, is not in every kernel (not in this project's CI's).
+set -uo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+say() { echo "cluster: $*" >&2; }
+usage() { say "error: $* (usage: scripts/cluster.sh [options] ch03|ch08|ch09|run [program options]; the options are in its first lines)"; exit 2; }
+
+link_gbit=1 per_node=2 map_by=slot timeout=20 fault="" build="$root/build/default"
+number='^[0-9]+([.][0-9]+)?$'
+while [[ $# -gt 0 && "$1" == --* ]]; do
+  [[ $# -ge 2 ]] || usage "$1 needs a value"
+  case "$1" in
+    --link-gbit) link_gbit=$2; [[ $2 =~ $number ]] && awk "BEGIN{exit !($2 > 0 && $2 <= 100)}" || usage "--link-gbit $2: a number of Gbit/s, above 0 and at most 100" ;;
+    --ranks-per-node) per_node=$2; [[ $2 =~ ^[1-9][0-9]?$ ]] || usage "--ranks-per-node $2: 1 to 99" ;;
+    --map-by) map_by=$2; [[ $2 == slot || $2 == node ]] || usage "--map-by $2: slot or node" ;;
+    --timeout) timeout=$2; [[ $2 =~ $number ]] && awk "BEGIN{exit !($2 > 0)}" || usage "--timeout $2: a number of seconds above 0" ;;
+    --fault) fault=$2; [[ $2 =~ ^(link-down@[0-9.]+|kill@[0-9]+@[0-9.]+)$ ]] || usage "--fault $2: link-down@SECONDS or kill@RANK@SECONDS" ;;
+    --build) build=$(cd "$2" 2>/dev/null && pwd) || usage "--build $2: no such folder" ;;
+    *) usage "unknown option $1" ;;
+  esac
+  shift 2
+done
+[[ $# -ge 1 ]] || usage "what to run: ch03, ch08, ch09 or run PROGRAM"
+what=$1
+shift
+case "$what" in ch03|ch08|ch09|run) ;; *) usage "unknown $what: ch03, ch08, ch09 or run PROGRAM" ;; esac
+ranks=$((2 * per_node))
+if [[ $fault == kill@* ]]; then
+  victim=${fault#kill@}; victim=${victim%@*}
+  [[ $victim -lt $ranks ]] || usage "--fault $fault: there are only $ranks ranks"
+fi
+
+# --- the rights, and the tools ------------------------------------------------------------
+for tool in ip tc unshare mpirun awk; do
+  command -v "$tool" > /dev/null || { say "skipped: $tool is not installed (scripts/setup.sh installs it)"; exit 77; }
+done
+probe="shardlab-probe-$$"
+if ! why=$(ip netns add "$probe" 2>&1); then
+  say "skipped: cannot make network namespaces here (ip netns add: ${why:-refused}); run as root, or with CAP_SYS_ADMIN and CAP_NET_ADMIN"
+  exit 77
+fi
+ip netns del "$probe"
+
+# One cluster at a time: the names node0 and node1 are the machine's.
+state=/run/shardlab-cluster
+mkdir -p "$state" || { say "cannot make $state"; exit 1; }
+exec 9> "$state/lock"
+if ! flock -n 9; then
+  say "another scripts/cluster.sh is running; waiting for it"
+  flock 9
+fi
+for ns in node0 node1; do
+  if ip netns list | grep -qE "^$ns( |$)"; then
+    if [[ -e "$state/made" ]]; then
+      say "removing $ns, left behind by an earlier run that did not finish"
+      ip netns pids "$ns" 2> /dev/null | xargs -r kill -KILL 2> /dev/null
+      ip netns del "$ns"
+    else
+      say "a network namespace named $ns exists that this script did not make: remove it first (ip netns del $ns)"
+      exit 2
+    fi
+  fi
+done
+
+# --- making the cluster, and taking it down -------------------------------------------------
+fault_pid="" watch_pid=""
+teardown() {
+  local code=$?
+  trap - EXIT INT TERM
+  # The fault and the watch wait in a `sleep` each: end it too (it holds the output open).
+  local p
+  for p in $fault_pid $watch_pid; do
+    pkill -P "$p" 2> /dev/null
+    kill "$p" 2> /dev/null
+  done
+  # Every process on either host: TERM, a moment, then KILL.
+  local pids
+  for attempt in TERM KILL; do
+    pids=$( (ip netns pids node0; ip netns pids node1) 2> /dev/null)
+    [[ -z "$pids" ]] && break
+    kill -"$attempt" $pids 2> /dev/null
+    for _ in 1 2 3 4 5 6 7 8 9 10; do
+      sleep 0.1
+      [[ -z "$( (ip netns pids node0; ip netns pids node1) 2> /dev/null)" ]] && break
+    done
+  done
+  for ns in node0 node1; do ip netns del "$ns" 2> /dev/null; done
+  rm -rf /etc/netns/node0 /etc/netns/node1 "$state/made" "$state/hostfile"
+  exit "$code"
+}
+trap teardown EXIT
+trap 'say "interrupted: taking the cluster down"; exit 130' INT
+trap 'say "terminated: taking the cluster down"; exit 143' TERM
+touch "$state/made"
+
+make_cluster() {
+  ip netns add node0 && ip netns add node1 &&
+    ip link add veth0 netns node0 type veth peer name veth1 netns node1 &&
+    ip -n node0 addr add 10.77.0.1/24 dev veth0 &&
+    ip -n node1 addr add 10.77.0.2/24 dev veth1 || return 1
+  local n
+  for n in 0 1; do
+    ip -n node$n link set lo up && ip -n node$n link set veth$n up || return 1
+    # Each end sends at most the link's rate; the queue holds 50 ms of it (past that, tbf
+    # drops, and TCP slows down, as a switch's full buffer makes it).
+    ip netns exec node$n tc qdisc add dev veth$n root tbf rate "${link_gbit}gbit" \
+      burst "$(awk "BEGIN{printf \"%d\", $link_gbit * 1e9 / 8 / 1000 + 65536}")" latency 50ms || return 1
+    mkdir -p /etc/netns/node$n &&
+      printf '127.0.0.1 localhost\n10.77.0.1 node0\n10.77.0.2 node1\n' > /etc/netns/node$n/hosts || return 1
+  done
+}
+if ! why=$(make_cluster 2>&1); then
+  say "could not make the cluster: $why"
+  exit 1
+fi
+printf 'node0 slots=%d\nnode1 slots=%d\n' "$per_node" "$per_node" > "$state/hostfile"
+say "node0 (10.77.0.1) and node1 (10.77.0.2), $per_node ranks each, joined by ${link_gbit} Gbit/s each way (veth + tbf); ranks by $map_by"
+
+if [[ $(id -u) -eq 0 ]]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+# mpirun on node0, its daemon on node1 through the agent; TCP between the hosts on the
+# link's subnet only, shared memory inside each. mpirun and the daemon probe their
+# connection every second when it is idle (TCP keepalive; the default waits 5 minutes), so
+# that a host that drops off ends the job in seconds. Two TCP connections between each
+# pair of ranks (Open MPI's default is one): over one, two ranks that exchange buffers
+# (both directions at once: the ring of two, recursive doubling, the hierarchical
+# algorithm's pairs) reached 0.48 of the link each way in this project's runs, over two
+# 0.92 — a property of Open MPI's TCP transport, not of the algorithms. And ranks that
+# wait yield their core (each host has as many slots as ranks, so Open MPI would spin, but
+# the two hosts share this machine's cores: a spinning rank takes the core of the rank it
+# waits for, and steps took 0.2 s or 0.8 s by chance).
+mpirun_on_cluster() {  # mpirun_on_cluster MAP_BY PROGRAM ARGS...
+  local map=$1
+  shift
+  ip netns exec node0 unshare --uts /bin/sh -c 'printf node0 > /proc/sys/kernel/hostname && exec "$@"' sh \
+    mpirun --hostfile "$state/hostfile" -np "$ranks" --map-by "$map" \
+    --mca plm_rsh_agent "$root/scripts/cluster_agent.sh" \
+    --mca btl self,vader,tcp --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24 \
+    --mca oob_tcp_keepalive_time 1 --mca oob_tcp_keepalive_intvl 1 --mca oob_tcp_keepalive_probes 3 \
+    --mca btl_tcp_links 2 --mca mpi_yield_when_idle 1 \
+    "$@"
+}
+
+# --- faults ---------------------------------------------------------------------------------
+start_fault() {
+  [[ -z "$fault" ]] && return
+  local at=${fault##*@}
+  (
+    sleep "$at"
+    if [[ $fault == link-down@* ]]; then
+      ip -n node1 link set veth1 down && say "at ${at} s: node1's link is down (ip link set veth1 down)"
+    else
+      for ns in node0 node1; do
+        for pid in $(ip netns pids "$ns" 2> /dev/null); do
+          if tr '\0' '\n' < "/proc/$pid/environ" 2> /dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$victim"; then
+            kill -KILL "$pid" && say "at ${at} s: killed rank $victim on $ns (pid $pid)"
+            exit 0
+          fi
+        done
+      done
+      say "at ${at} s: rank $victim is not running (finished already?)"
+    fi
+  ) &
+  fault_pid=$!
+  # However the job takes the fault, it ends: its --timeout after the fault, and a margin
+  # for mpirun to notice; past that, this script ends it.
+  local limit
+  limit=$(awk "BEGIN{print $at + $timeout + 15}")
+  (
+    sleep "$limit"
+    say "the job still runs ${limit} s in (the fault, then --timeout $timeout, then 15 s): ending it"
+    ip netns pids node0 2> /dev/null | xargs -r kill -KILL
+    ip netns pids node1 2> /dev/null | xargs -r kill -KILL
+  ) &
+  watch_pid=$!
+}
+
+# The ranks on host h (0 or 1) of the job running now (mapped by $current_map).
+current_map=$map_by
+ranks_on() {
+  local h=$1 r host out=""
+  for ((r = 0; r < ranks; r++)); do
+    if [[ $current_map == slot ]]; then host=$((r / per_node)); else host=$((r % 2)); fi
+    ((host == h)) && out+="${out:+ }$r"
+  done
+  echo "$out"
+}
+# mpirun's messages, passed on; when it loses a host, which ranks went with it.
+name_lost_ranks() {
+  local line
+  while IFS= read -r line; do
+    printf '%s\n' "$line"
+    if [[ $line =~ Remote\ daemon:.*on\ node\ (node[01]) ]]; then
+      local host=${BASH_REMATCH[1]}
+      say "$host dropped off the job (its daemon stopped answering): ranks $(ranks_on "${host#node}") ran there"
+    fi
+  done
+}
+
+# What the link carried since the last report, each way, from the tbf qdiscs' counters:
+# bytes, packets, and packets dropped because the queue was full (TCP then sends them
+# again, slower).
+declare -A link_seen=()
+link_report() {
+  local n line bytes packets dropped text=""
+  for n in 0 1; do
+    line=$(ip netns exec node$n tc -s qdisc show dev veth$n 2> /dev/null | grep -m1 "Sent")
+    [[ $line =~ Sent\ ([0-9]+)\ bytes\ ([0-9]+)\ pkt\ \(dropped\ ([0-9]+) ]] || continue
+    bytes=${BASH_REMATCH[1]} packets=${BASH_REMATCH[2]} dropped=${BASH_REMATCH[3]}
+    read -r b0 p0 d0 <<< "${link_seen[$n]:-0 0 0}"
+    link_seen[$n]="$bytes $packets $dropped"
+    text+="${text:+; }node$n -> node$((1 - n)): $((bytes - b0)) bytes in $((packets - p0)) packets, $((dropped - d0)) dropped"
+  done
+  [[ -n "$text" ]] && say "the link carried $text"
+}
+
+# Runs one program across the hosts: its exit code.
+run_program() {  # run_program MAP_BY PROGRAM ARGS...
+  local map=$1 program=$2
+  shift 2
+  current_map=$map
+  local path=$program
+  [[ $program == */* ]] || path="$build/bin/$program"
+  [[ -x "$path" ]] || { say "no program $path: build first (scripts/setup.sh), or give --build"; return 2; }
+  local args=("$@")
+  [[ " ${args[*]} " == *" --timeout "* ]] || args+=(--timeout "$timeout")
+  start_fault
+  local start=$SECONDS code
+  mpirun_on_cluster "$map" "$path" "${args[@]}" 2> >(name_lost_ranks >&2)
+  code=$?
+  link_report
+  [[ -n "$fault" ]] && say "the job ended with exit code $code, $((SECONDS - start)) s after it started"
+  return "$code"
+}
+
+# The same model twice: tp inside a host (ranks by slot: a tp group's two ranks are
+# neighbours, on one host), then tp across the hosts (ranks by node: neighbours on different
+# hosts). Each run's own report, then the two side by side.
+compare() {  # compare ch08|ch09 [program options]
+  local chapter=$1 program
+  shift
+  if [[ $chapter == ch08 ]]; then
+    program=ch08_hybrid_mesh
+    [[ $# -gt 0 ]] || set -- --tp 2 --pp 1 --hidden 256 --ffn 64 --batch 2048 --blocks 4 --steps 5 --lr 0.003
+  else
+    # Two ranks, one tp group: both on node0, or one on each host. Each rank has a core
+    # of its own then, so the profile's shares are the step's, not the queue for a core.
+    program=ch09_gpt
+    ranks=2
+    [[ $# -gt 0 ]] || set -- --tp 2 --pp 1 --channels 128 --context 128 --batch 32 --steps 6 --log-every 3 --no-reference
+  fi
+  local map code=0
+  for map in slot node; do
+    say "$program $* — ranks by $map: $([[ $map == slot ]] && echo "tp inside a host" || echo "tp across the hosts")"
+    run_program "$map" "$program" "$@" --json > "$state/$map.json" || code=$?
+    [[ $code -eq 0 ]] || return "$code"
+  done
+  python3 - "$state/slot.json" "$state/node.json" "$link_gbit" "$program $*" >&2 <<'PY'
+import json, sys
+runs = [json.load(open(path)) for path in sys.argv[1:3]]
+link = float(sys.argv[3]) * 1e9 / 8  # bytes per second, each way
+print(f"\ncluster: {sys.argv[4]}, the same model on the same 2 hosts, two placements")
+print(f"  {'placement':<34}{'tp groups across':>17}{'bytes between hosts':>21}{'on the wire':>13}"
+      f"{'link time':>11}{'step':>10}" + (f"{'tp_comm':>9}  30 % rule" if "profile" in runs[0] else ""))
+rows = []
+for name, run in zip(["tp inside a host (--map-by slot)", "tp across (--map-by node)"], runs):
+    # All the ranks on one host: no table, nothing between hosts.
+    axes = {row["axis"]: row for row in run.get("between_hosts", [])}
+    between = axes["all"]["bytes_between_hosts"] if axes else 0
+    tp_across = f"{axes['tp']['groups_across_hosts']} of {axes['tp']['groups']}" if axes else "0 (one host)"
+    link_ms = 1e3 * between / 2 / link  # half each way, both ways at once
+    line = (f"  {name:<34}{tp_across:>17}"
+            f"{between:>21}{run['wire_bytes']:>13}{link_ms:>9.0f}ms{run['step_ms']:>8.0f}ms")
+    if "profile" in run:  # chapter 09's profile: the share of the step in tp's allreduces
+        share = max(row["tp_comm"] for row in run["profile"])
+        line += f"{share:>9.2f}  " + ("fires (over 0.3)" if share > 0.3 else "quiet")
+    print(line)
+    rows.append((between, run["step_ms"], link_ms))
+(b0, s0, l0), (b1, s1, l1) = rows
+bytes = f"{b1 / b0:.3g} x the bytes between hosts" if b0 else f"{b1} bytes between hosts instead of none"
+print(f"  tp across / tp inside: {bytes}, {s1 / s0:.3g} x the step time; the link alone adds "
+      f"{l1 - l0:.0f} ms a step (half the bytes each way at {float(sys.argv[3]):g} Gbit/s), the "
+      f"step took {s1 - s0:.0f} ms longer")
+PY
+}
+
+with_link() {  # the program's options, with --link-gbit unless given
+  local args=("$@")
+  [[ " ${args[*]} " == *" --link-gbit "* ]] || args+=(--link-gbit "$link_gbit")
+  printf '%s\n' "${args[@]}"
+}
+
+case "$what" in
+  run)
+    [[ $# -ge 1 ]] || usage "run: which program?"
+    run_program "$map_by" "$@"
+    ;;
+  ch03)
+    [[ $# -gt 0 ]] || set -- -b 1M -e 16M -f 4 -n 5 -w 1
+    mapfile -t args < <(with_link "$@")
+    run_program "$map_by" ch03_ring_allreduce "${args[@]}"
+    ;;
+  ch08 | ch09)
+    compare "$what" "$@"
+    ;;
+esac
