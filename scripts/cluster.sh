@@ -145,7 +145,11 @@ make_cluster() {
   done
 }
 if ! why=$(make_cluster 2>&1); then
-  say "could not make the cluster: $why"
+  if [[ $why == *"qdisc kind is unknown"* ]]; then
+    say "skipped: this kernel has no tbf qdisc to limit the link with (tc: ${why//$'\n'/ })"
+    exit 77
+  fi
+  say "could not make the cluster: ${why//$'\n'/ }"
   exit 1
 fi
 printf 'node0 slots=%d\nnode1 slots=%d\n' "$per_node" "$per_node" > "$state/hostfile"

@@ -21,7 +21,8 @@ say() { printf '\n== %s\n' "$*"; }
 # ---------------------------------------------------------------------------
 # 1. Debian packages (only the missing ones).
 packages=(cmake ninja-build g++ make pkg-config libopenmpi-dev openmpi-bin doctest-dev
-          libcli11-dev nlohmann-json3-dev doxygen python3 python3-venv python3-pip clang-format)
+          libcli11-dev nlohmann-json3-dev doxygen python3 python3-venv python3-pip clang-format
+          iproute2 procps util-linux)  # the last three: scripts/cluster.sh's hosts
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
