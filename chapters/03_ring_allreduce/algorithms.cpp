@@ -211,14 +211,7 @@ std::string Placement::uneven() const {
 }
 
 Placement placement_of(const std::vector<std::string>& host_names) {
-  Placement p;
-  std::vector<std::string> seen;
-  for (const std::string& name : host_names) {
-    auto at = std::find(seen.begin(), seen.end(), name);
-    if (at == seen.end()) at = seen.insert(seen.end(), name);
-    p.host.push_back(static_cast<int>(at - seen.begin()));
-  }
-  return p;
+  return Placement{shardlab::number_hosts(host_names).number};
 }
 
 Placement blocks(int ranks, int per_host) {

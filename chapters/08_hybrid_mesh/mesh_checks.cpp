@@ -13,6 +13,22 @@ using shardlab::Context;
 using shardlab::ReduceOp;
 using shardlab::Table;
 
+namespace {
+/// An axis and its bytes in AxisBytes.
+struct Column {
+  Axis axis;
+  std::uint64_t AxisBytes::*bytes;
+};
+/// The axes the mesh has: tp, dp and pp always, cp and ep where they are more than 1.
+std::vector<Column> columns_of(const MeshShape& mesh) {
+  std::vector<Column> columns{
+      {Axis::tp, &AxisBytes::tp}, {Axis::dp, &AxisBytes::dp}, {Axis::pp, &AxisBytes::pp}};
+  if (mesh.cp > 1) columns.push_back({Axis::cp, &AxisBytes::cp});
+  if (mesh.ep > 1) columns.push_back({Axis::ep, &AxisBytes::ep});
+  return columns;
+}
+}  // namespace
+
 void report_vs_one_device(Context& ctx, const std::vector<Agreement>& rows,
                           const Tolerance& tolerance, const std::string& caption) {
   std::vector<double> alone;
@@ -40,15 +56,7 @@ void report_vs_one_device(Context& ctx, const std::vector<Agreement>& rows,
 
 void report_axis_bytes(Context& ctx, const MeshShape& mesh, const AxisBytes& sent,
                        const AxisBytes& formula, const std::string& caption) {
-  // The axes the mesh has: tp, dp and pp always, cp and ep where they are more than 1.
-  struct Column {
-    Axis axis;
-    std::uint64_t AxisBytes::*bytes;
-  };
-  std::vector<Column> columns{
-      {Axis::tp, &AxisBytes::tp}, {Axis::dp, &AxisBytes::dp}, {Axis::pp, &AxisBytes::pp}};
-  if (mesh.cp > 1) columns.push_back({Axis::cp, &AxisBytes::cp});
-  if (mesh.ep > 1) columns.push_back({Axis::ep, &AxisBytes::ep});
+  const std::vector<Column> columns = columns_of(mesh);
   const std::vector<Axis> shown = shown_axes(mesh);  // the coordinates: pp, dp, (ep, cp,) tp
   std::vector<std::string> names{"rank"};
   for (Axis axis : shown) names.emplace_back(axis_name(axis));
@@ -109,25 +117,11 @@ AxisBytes between_hosts(const MeshShape& mesh, int rank, const AxisBytes& sent,
 void report_hosts(Context& ctx, const MeshShape& mesh, const AxisBytes& sent,
                   const StepMeasure& step) {
   shardlab::Communicator& comm = ctx.comm();
-  const std::vector<std::string> names = shardlab::host_names(comm);
-  std::vector<std::string> distinct;
-  std::vector<int> host;
-  for (const std::string& name : names) {
-    auto at = std::find(distinct.begin(), distinct.end(), name);
-    if (at == distinct.end()) at = distinct.insert(distinct.end(), name);
-    host.push_back(static_cast<int>(at - distinct.begin()));
-  }
+  const auto [host, distinct] = shardlab::number_hosts(shardlab::host_names(comm));
   const AxisBytes mine = between_hosts(mesh, comm.rank(), sent, host);
   const std::uint64_t wire = step.wire;
   const double seconds = comm.agree(step.seconds, ReduceOp::max);
-  struct Column {
-    Axis axis;
-    std::uint64_t AxisBytes::*bytes;
-  };
-  std::vector<Column> columns{
-      {Axis::tp, &AxisBytes::tp}, {Axis::dp, &AxisBytes::dp}, {Axis::pp, &AxisBytes::pp}};
-  if (mesh.cp > 1) columns.push_back({Axis::cp, &AxisBytes::cp});
-  if (mesh.ep > 1) columns.push_back({Axis::ep, &AxisBytes::ep});
+  const std::vector<Column> columns = columns_of(mesh);
   std::vector<std::int64_t> crossing;
   for (const Column& c : columns)
     crossing.push_back(comm.agree(static_cast<std::int64_t>(mine.*c.bytes), ReduceOp::sum));

@@ -483,6 +483,16 @@ std::vector<std::string> host_names(Communicator& comm) {
   return names;
 }
 
+HostNumbers number_hosts(const std::vector<std::string>& names) {
+  HostNumbers out;
+  for (const std::string& name : names) {
+    auto at = std::find(out.distinct.begin(), out.distinct.end(), name);
+    if (at == out.distinct.end()) at = out.distinct.insert(out.distinct.end(), name);
+    out.number.push_back(static_cast<int>(at - out.distinct.begin()));
+  }
+  return out;
+}
+
 std::uint64_t network_bytes_sent() {
   std::FILE* f = std::fopen("/proc/net/dev", "r");
   if (f == nullptr) return 0;

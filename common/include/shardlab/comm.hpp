@@ -596,6 +596,15 @@ bool one_machine(Communicator& comm);
 /// it (uncounted).
 std::vector<std::string> host_names(Communicator& comm);
 
+/// Hosts by number (number_hosts).
+struct HostNumbers {
+  std::vector<int> number;            ///< Each name's host number.
+  std::vector<std::string> distinct;  ///< The hosts' names, by number.
+};
+/// Hosts numbered 0, 1, ... in order of first appearance: number[i] is names[i]'s
+/// ({"b", "a", "b"} gives number {0, 1, 0} and distinct {"b", "a"}).
+HostNumbers number_hosts(const std::vector<std::string>& names);
+
 /// Bytes this host has sent on its network interfaces since they came up, loopback left
 /// out: what left it for other hosts (TCP/IP headers and acknowledgements included). Read
 /// from /proc/net/dev, which shows the interfaces of the caller's network namespace (each
