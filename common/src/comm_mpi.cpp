@@ -365,9 +365,6 @@ std::vector<bool> waiting(const std::vector<int>& world_ranks) {
   return answer.get();
 }
 
-/// ", rank(s) ... do(es) not respond ...; rank(s) ... wait(s) in other calls": what the
-/// heartbeats say of the ranks `named` (of `comm`, which `world` ranks translate), and
-/// the report's order (CommError::report_order).
 /// Every world rank's host name (MPI_Get_processor_name), gathered at init: a rank that
 /// waits for ranks on other hosts names them, for the cause may be the host or the network.
 std::vector<std::string> world_hosts;
@@ -389,6 +386,9 @@ std::string elsewhere(const std::vector<int>& named, const std::vector<int>& wor
   return text + " (this rank on " + mine + "): is that host up, and the network to it?";
 }
 
+/// ", rank(s) ... do(es) not respond ...; rank(s) ... wait(s) in other calls": what the
+/// heartbeats say of the ranks `named` (of `comm`, which `world` ranks translate), and
+/// the report's order (CommError::report_order).
 std::string diagnose(MPI_Comm comm, const std::vector<int>& named, Waited how, int& order) {
   order = static_cast<int>(named.size());
   if (named.empty()) return "";
