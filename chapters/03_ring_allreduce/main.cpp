@@ -21,8 +21,8 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <numeric>
-#include <optional>
 
+#include "across_hosts.hpp"
 #include "ring_allreduce.hpp"
 #include "shardlab/bench.hpp"
 #include "shardlab/check.hpp"
@@ -96,170 +96,42 @@ struct Buffers {
 };
 
 // ---------------------------------------------------------------------------
-// Where the ranks sit: one host (threads, or mpirun on one machine), the hosts of a
-// cluster (each process's host name), or hosts simulated by --ranks-per-node.
-
-template <class T>
-T sum_of(const std::vector<T>& v) {
-  return std::accumulate(v.begin(), v.end(), T{0});
-}
-
-/// "2 hosts: ranks 0 1 | 2 3".
-std::string describe(const ch03::Placement& p) {
-  std::string text = std::to_string(p.hosts()) + " hosts: ranks";
-  for (int h = 0; h < p.hosts(); ++h) {
-    if (h > 0) text += " |";
-    for (int q : p.ranks_on(h)) text += " " + std::to_string(q);
-  }
-  return text;
-}
-
-struct Hosts {
-  ch03::Placement placement;
-  bool real = false;  // hosts with network interfaces of their own (wire bytes can be read)
-  std::optional<ch03::HostGroups> groups;
-  int count() const { return placement.hosts(); }
-};
-
-Hosts find_hosts(Communicator& comm, const Settings& s) {
-  Hosts h;
-  if (s.ranks_per_node > 0) {
-    h.placement = ch03::blocks(comm.size(), s.ranks_per_node);
-  } else {
-    h.placement = ch03::placement_of(host_names(comm));
-    h.real = h.placement.hosts() > 1;
-  }
-  return h;
-}
-
-/// The bytes each rank sends to each other rank, counted message by message on the
-/// communicator and on the hierarchical algorithm's groups (their ranks mapped back).
-class PeerBytes {
- public:
-  PeerBytes(Communicator& comm, Hosts& hosts) : comm_(comm), hosts_(hosts) {
-    to_.assign(static_cast<std::size_t>(comm.size()), 0);
-    watch(comm, {});
-    if (hosts.groups) {
-      watch(*hosts.groups->local, hosts.groups->local_ranks);
-      watch(*hosts.groups->across, hosts.groups->across_ranks);
-    }
-  }
-  ~PeerBytes() {
-    comm_.trace_messages({});
-    if (hosts_.groups) {
-      hosts_.groups->local->trace_messages({});
-      hosts_.groups->across->trace_messages({});
-    }
-  }
-  PeerBytes(const PeerBytes&) = delete;
-  PeerBytes& operator=(const PeerBytes&) = delete;
-  const std::vector<std::size_t>& to() const { return to_; }
-
- private:
-  void watch(Communicator& c, std::vector<int> members) {
-    c.trace_messages([this, members](const MessageEvent& e) {
-      if (e.op != Op::send) return;
-      const int peer = members.empty() ? e.peer : members[static_cast<std::size_t>(e.peer)];
-      to_[static_cast<std::size_t>(peer)] += e.bytes;
-    });
-  }
-  Communicator& comm_;
-  Hosts& hosts_;
-  std::vector<std::size_t> to_;
-};
-
-/// Bytes sent on this host's network interfaces (scripts/cluster.sh's hosts), read by every
-/// rank once the others have stopped sending (a barrier, uncounted).
-std::uint64_t wire_now(Communicator& comm) {
-  Communicator::Uncounted quiet(comm);
-  comm.barrier();
-  return network_bytes_sent();
-}
-
-// ---------------------------------------------------------------------------
 // Each algorithm once, distributed: compared with the exact sum, and the bytes every rank
 // sent next to the formula that predicts them: in all, to each peer, and between hosts.
 
 void correctness(Context& ctx, const std::vector<std::string>& algorithms, const Settings& s,
-                 Hosts& hosts) {
+                 ch03::Hosts& hosts) {
   Communicator& comm = ctx.comm();
   const int N = ctx.size(), r = ctx.rank();
   const double S = 4.0 * static_cast<double>(s.count);
-  Buffers buf{ctx.memory(), s.segment, hosts.groups ? &*hosts.groups : nullptr};
+  Buffers buf{ctx.memory(), s.segment, hosts.hierarchical()};
   buf.resize(static_cast<std::int64_t>(s.count));
   Table table({"algorithm", "rank", "wrong", "bytes_sent", "formula_bytes", "traffic_modeled"});
-  Table links({"algorithm", "between_hosts", "formula", "on_the_wire", "wire_over_counted"});
-  auto stats = [&] {
-    CommStats all = comm.stats();
-    if (hosts.groups) all += hosts.groups->local->stats(), all += hosts.groups->across->stats();
-    return all;
-  };
-  const int my_host = hosts.placement.host[static_cast<std::size_t>(r)];
+  ch03::BetweenHosts links(hosts);
   for (const std::string& name : algorithms) {
-    const std::uint64_t wire_before = wire_now(comm);
-    const CommStats before = stats();
-    std::int64_t wrong = 0;
-    std::vector<std::size_t> to;
-    {
-      PeerBytes peers(comm, hosts);
-      wrong = buf.wrong_after_run(name, comm);
-      to = peers.to();
-    }
-    const CommStats delta = stats().since(before);
-    const std::uint64_t wire = wire_now(comm) - wire_before;
+    ch03::Traffic traffic(comm, hosts);
+    const std::int64_t wrong = buf.wrong_after_run(name, comm);
+    traffic.stop();
+    const CommStats& delta = traffic.stats();
     const auto sent = static_cast<std::int64_t>(delta.total().bytes_sent);
+    const std::vector<std::size_t> to_each =
+        ch03::formula_bytes_to(name, s.count, r, hosts.placement);
     const auto formula = static_cast<std::int64_t>(
         name == "native" ? ch03::formula_bytes_sent(name, s.count, r, N)
-                         : sum_of(ch03::formula_bytes_to(name, s.count, r, hosts.placement)));
+                         : std::accumulate(to_each.begin(), to_each.end(), std::size_t{0}));
     const std::string on = name + " on rank " + std::to_string(r) + ": ";
     ctx.verify(wrong == 0, on + std::to_string(wrong) + " of " + std::to_string(s.count) +
                                " elements differ from the exact sum");
     ctx.verify(sent == formula, on + "sent " + std::to_string(sent) + " bytes, the formula says " +
                                     std::to_string(formula));
-    // To whom: every message of the from-scratch algorithms, peer by peer.
-    std::int64_t off_host = 0;
-    if (name != "native") {
-      const std::vector<std::size_t> want =
-          ch03::formula_bytes_to(name, s.count, r, hosts.placement);
-      for (int q = 0; q < N; ++q) {
-        const auto i = static_cast<std::size_t>(q);
-        ctx.verify(to[i] == want[i], on + "sent " + std::to_string(to[i]) + " bytes to rank " +
-                                         std::to_string(q) + ", the formula says " +
-                                         std::to_string(want[i]));
-        if (hosts.placement.host[i] != my_host) off_host += static_cast<std::int64_t>(to[i]);
-      }
-    }
+    // To whom, and between hosts: each next to its formula.
+    links.add(ctx, name, s.count, traffic);
     // Point-to-point bytes are always measured; a library's collective (MPI's, NCCL's)
     // hides its algorithm, so its bytes are the formula's, marked modeled.
     const auto all_wrong = comm.gather_values(wrong), all_sent = comm.gather_values(sent),
-               all_formula = comm.gather_values(formula), all_off = comm.gather_values(off_host);
-    // The wire: one reading per host (its ranks share the interfaces), from its first rank.
-    const auto all_wire = comm.gather_values(static_cast<std::int64_t>(wire));
+               all_formula = comm.gather_values(formula);
     for (std::size_t q = 0; q < all_sent.size(); ++q)
       table.add({name, q, all_wrong[q], all_sent[q], all_formula[q], delta.any_modeled()});
-    if (hosts.count() > 1) {
-      std::int64_t on_wire = 0;
-      for (int h = 0; h < hosts.count(); ++h)
-        on_wire += all_wire[static_cast<std::size_t>(hosts.placement.ranks_on(h)[0])];
-      const std::vector<std::size_t> from =
-          ch03::formula_link_bytes(name, s.count, hosts.placement);
-      const std::int64_t counted = sum_of(all_off);
-      auto cell = [&](std::int64_t v, bool known) {
-        return known ? Cell(v) : Cell(std::string("-"));
-      };
-      links.add({name, cell(counted, name != "native"),
-                 cell(static_cast<std::int64_t>(sum_of(from)), name != "native"),
-                 cell(on_wire, hosts.real),
-                 hosts.real && name != "native" && counted > 0
-                     ? Cell(static_cast<double>(on_wire) / static_cast<double>(counted))
-                     : Cell(std::string("-"))});
-      if (name != "native")
-        ctx.verify(counted == static_cast<std::int64_t>(sum_of(from)),
-                   name + ": " + std::to_string(counted) +
-                       " bytes crossed between hosts, the "
-                       "formula says " +
-                       std::to_string(sum_of(from)));
-    }
   }
   ctx.report(table, "algorithms",
              "Chapter 03 - allreduce (sum) of " + std::to_string(s.count) + " floats (" +
@@ -269,52 +141,19 @@ void correctness(Context& ctx, const std::vector<std::string>& algorithms, const
   ctx.say("\nring ideal: 2(N-1)/N x S = " + format_number(2.0 * (N - 1) / N * S, 10) +
           " bytes per rank (naive: rank 0 sends (N-1) x S = " + format_number((N - 1) * S, 10) +
           ")");
-  if (hosts.count() > 1)
-    ctx.report(links, "between_hosts",
-               "\nbytes between hosts (" + describe(hosts.placement) +
-                   (hosts.real ? "" : ", simulated: --ranks-per-node") +
-                   "): counted message by message, the formula, and " +
-                   (hosts.real ? "what the hosts' network interfaces sent (headers and "
-                                 "acknowledgements included; MPI's own allreduce only here)"
-                               : "no wire to read (one machine)"));
+  links.report(ctx);
 }
 
 // ---------------------------------------------------------------------------
 // Benchmark, in nccl-tests' format, on the common harness.
 
-/// Between hosts, the link is the bottleneck: an algorithm that sends B bytes out of its
-/// busiest host needs at least B / (the link's bytes per second), so its busbw is at most
-/// 2(N-1)/N S over that. At the largest size, what each algorithm reached of its bound.
-void link_bound(Context& ctx, const std::vector<std::string>& algorithms, const Settings& s,
-                const Hosts& hosts, const std::vector<bench::Row>& rows) {
-  const double N = ctx.size(), link = s.link_gbit * 1e9 / 8;  // bytes per second, each way
-  Table t({"algorithm", "busbw_GBps", "busiest_host_sends_S", "busbw_bound_GBps", "of_bound"});
-  for (const std::string& name : algorithms) {
-    const std::vector<bench::Row> mine = bench::rows_of(rows, name);
-    if (mine.empty() || name == "native") continue;
-    const bench::Row& last = mine.back();
-    const std::vector<std::size_t> from =
-        ch03::formula_link_bytes(name, static_cast<std::size_t>(last.count), hosts.placement);
-    const double busiest = static_cast<double>(*std::max_element(from.begin(), from.end()));
-    const double S = static_cast<double>(last.bytes);
-    const double bound = busiest > 0 ? 2 * (N - 1) / N * S / (busiest / link) / 1e9 : 0;
-    t.add({name, last.busbw_GBps, busiest / S, bound, bound > 0 ? last.busbw_GBps / bound : 0});
-  }
-  ctx.report(t, "link_bound",
-             "#\n# against the link (" + format_number(s.link_gbit) +
-                 " Gbit/s each way = " + format_number(link / 1e9, 4) + " GB/s) at " +
-                 format_number(static_cast<double>(rows.back().bytes), 10) +
-                 " bytes: the busiest host sends busiest_host_sends_S x S to the others, "
-                 "so busbw <= 2(N-1)/N S / (that / the link)");
-}
-
 void benchmark(Context& ctx, const std::vector<std::string>& algorithms, const Settings& s,
-               Hosts& hosts) {
+               ch03::Hosts& hosts) {
   ctx.say("");
   Communicator& comm = ctx.comm();
   const double N = ctx.size(), bus_factor = 2 * (N - 1) / N;  // 0 for one rank, as nccl-tests
   if (N == 1) ctx.say("one rank: an allreduce moves no data (NCCL's is a no-op): busbw is 0");
-  Buffers buf{ctx.memory(), s.segment, hosts.groups ? &*hosts.groups : nullptr};
+  Buffers buf{ctx.memory(), s.segment, hosts.hierarchical()};
   auto prepare = [&](std::int64_t count) {
     buf.resize(count);
     buf.data.zero();  // sums of zeros stay zero, however many iterations
@@ -348,7 +187,8 @@ void benchmark(Context& ctx, const std::vector<std::string>& algorithms, const S
   for (const std::string& name : algorithms)
     ratios.add({name, ratio(name, "native"), ratio(name, "memcpy")});
   ctx.report(ratios, "busbw_ratios", "#\n# busbw ratios, averaged over sizes");
-  if (hosts.count() > 1 && s.link_gbit > 0) link_bound(ctx, algorithms, s, hosts, rows);
+  if (hosts.count() > 1 && s.link_gbit > 0)
+    ch03::report_link_bound(ctx, algorithms, s.link_gbit, hosts, rows);
 }
 
 }  // namespace
@@ -435,7 +275,7 @@ int main(int argc, char** argv) {
       algorithms.push_back("native");
     ctx.json()["chapter"] = "03_ring_allreduce";
     ctx.json()["count"] = s.count;
-    Hosts hosts = find_hosts(ctx.comm(), s);
+    ch03::Hosts hosts = ch03::find_hosts(ctx.comm(), s.ranks_per_node);
     // The hierarchical allreduce needs as many ranks on every host: left out of "all"
     // where they differ, an error where it was asked for.
     if (std::ranges::find(algorithms, "hierarchical") != algorithms.end()) {
@@ -443,7 +283,7 @@ int main(int argc, char** argv) {
       if (uneven.empty())
         hosts.groups = ch03::group_by_host(ctx.comm(), hosts.placement);
       else if (s.algo == "hierarchical")
-        throw UsageError(uneven + " (" + describe(hosts.placement) + ")");
+        throw UsageError(uneven + " (" + hosts.describe() + ")");
       else
         std::erase(algorithms, "hierarchical"), ctx.say(uneven + ": left out\n");
     }
