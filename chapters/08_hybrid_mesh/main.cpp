@@ -63,7 +63,7 @@ void train(Context& ctx, const Settings& s) {
 
   // Where the ranks run on several hosts: which groups cross between them, and the bytes
   // and time of a step there.
-  report_hosts(ctx, c.mesh, run.bytes, {run.step_seconds, run.wire_bytes});
+  report_hosts(ctx, c.mesh, run.bytes, run.step);
 
   // 5. The bubble of the last step, next to chapter 04's simulation of the same schedule.
   ctx.report(

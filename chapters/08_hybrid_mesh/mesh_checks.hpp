@@ -54,12 +54,6 @@ void report_axis_bytes(shardlab::Context& ctx, const MeshShape& mesh, const Axis
 AxisBytes between_hosts(const MeshShape& mesh, int rank, const AxisBytes& sent,
                         const std::vector<int>& host);
 
-/// What one run measured of its steps, for report_hosts.
-struct StepMeasure {
-  double seconds = 0;      ///< a step's time on this rank (the median of the steps)
-  std::uint64_t wire = 0;  ///< bytes this rank's host sent on its network in the last step
-};
-
 /// When the ranks run on more than one host (shardlab::host_names): the ranks of each
 /// host, which groups of each axis cross between hosts, the table "between_hosts" (per
 /// axis, every rank's bytes of the last step that went to another host, by

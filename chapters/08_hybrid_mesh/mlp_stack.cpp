@@ -2,7 +2,6 @@
 #include "mlp_stack.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -150,6 +149,24 @@ double HybridModel::max_weight_diff(nn::Sequential& reference) {
   return worst;
 }
 
+void StepClock::start() {
+  started_ = std::chrono::steady_clock::now();
+  wire_at_start_ = shardlab::network_bytes_sent();
+}
+
+void StepClock::stop() {
+  seconds_.push_back(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count());
+  last_wire_ = shardlab::network_bytes_sent() - wire_at_start_;
+}
+
+StepMeasure StepClock::measure() const {
+  if (seconds_.empty()) return {};
+  std::vector<double> sorted = seconds_;
+  std::ranges::sort(sorted);
+  return {sorted[sorted.size() / 2], last_wire_};
+}
+
 HybridRun train_hybrid(Mesh& mesh, HybridModel& model, const HybridConfig& c, Memory memory) {
   const Coords& at = mesh.coords();
   nn::ParameterStore& store = model.store();
@@ -178,10 +195,9 @@ HybridRun train_hybrid(Mesh& mesh, HybridModel& model, const HybridConfig& c, Me
     Communicator::Uncounted quiet(mesh.world());
     mesh.world().barrier();
   }
-  std::vector<double> seconds;
+  StepClock clock;
   for (int step = 0; step < c.steps; ++step) {
-    const auto started = std::chrono::steady_clock::now();
-    const std::uint64_t wire = shardlab::network_bytes_sent();
+    clock.start();
     const shardlab::toy::Batch batch = teacher.batch(c.batch, step);
     const Tensor x = batch.x.slice(mine.offset, mine.length);
     const Tensor y = batch.y.slice(mine.offset, mine.length);
@@ -217,12 +233,9 @@ HybridRun train_hybrid(Mesh& mesh, HybridModel& model, const HybridConfig& c, Me
     // The step's loss: the last stage's shares, once per replica (tp rank 0), summed.
     const bool counts = at.pp == c.mesh.pp - 1 && at.tp == 0;
     run.loss.push_back(mesh.world().agree(counts ? ran.loss : 0.0, shardlab::ReduceOp::sum));
-    seconds.push_back(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
-    run.wire_bytes = shardlab::network_bytes_sent() - wire;
+    clock.stop();
   }
-  std::ranges::sort(seconds);
-  run.step_seconds = seconds[seconds.size() / 2];
+  run.step = clock.measure();
   return run;
 }
 

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -106,6 +107,29 @@ class HybridModel {
   int first_ = 0;
 };
 
+/// What a run measured of its steps, for report_hosts (mesh_checks.hpp).
+struct StepMeasure {
+  double seconds = 0;      ///< a step's time on this rank (the median of the steps)
+  std::uint64_t wire = 0;  ///< bytes this rank's host sent on its network in the last step
+};
+
+/// Times each step and reads the host's network counters around it (chapters 08 and 09):
+/// start() before a step, stop() after it.
+class StepClock {
+ public:
+  /// A step begins.
+  void start();
+  /// The step ends.
+  void stop();
+  /// The median step's time and the last step's bytes on the wire.
+  StepMeasure measure() const;
+
+ private:
+  std::chrono::steady_clock::time_point started_;
+  std::uint64_t wire_at_start_ = 0, last_wire_ = 0;
+  std::vector<double> seconds_;
+};
+
 /// What train_hybrid measured.
 struct HybridRun {
   std::vector<double> loss;           ///< per step, the global batch's (on every rank)
@@ -113,8 +137,7 @@ struct HybridRun {
   std::vector<ch04::Event> events;    ///< every stage's ops in the last step
   std::uint64_t optimizer_bytes = 0;  ///< the optimizer's state (and master copy), as allocated
   std::int64_t parameters = 0;        ///< elements this rank holds
-  double step_seconds = 0;            ///< the median step's time on this rank (for report_hosts)
-  std::uint64_t wire_bytes = 0;       ///< what this rank's host sent on its network, last step
+  StepMeasure step;                   ///< its steps' time and the last one's wire bytes
 };
 
 /// Trains c.steps steps on the mesh. Every rank of the mesh calls it.

@@ -79,17 +79,13 @@ void train(Context& ctx, const Settings& s) {
   const auto start = std::chrono::steady_clock::now();
   StepResult last;
   Profile profile;
-  std::vector<double> step_seconds;
-  std::uint64_t wire = 0;  // what this host sent on its network in the last step
+  ch08::StepClock clock;
   for (int t = first; t < first + s.steps; ++t) {
     if (t == first + s.steps - 1) trainer.profile_next_step(&profile);  // the last step's
     const std::uint64_t storages = host_storage_allocations();
-    const auto step_start = std::chrono::steady_clock::now();
-    const std::uint64_t wire_before = network_bytes_sent();
+    clock.start();
     last = trainer.step(t);
-    step_seconds.push_back(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
-    wire = network_bytes_sent() - wire_before;
+    clock.stop();
     // From the second step on, every tensor's storage is one the step before freed.
     ctx.json()["last_step_allocations"] = host_storage_allocations() - storages;
     curve.add(static_cast<std::size_t>(t - first), t + 1, last,
@@ -118,8 +114,7 @@ void train(Context& ctx, const Settings& s) {
   // 4. What the last step sent per axis, what each rank holds, how long the stages
   // waited: each next to its prediction (measurements.hpp).
   report_bytes(ctx, c, last);
-  std::ranges::sort(step_seconds);
-  ch08::report_hosts(ctx, c.mesh, last.bytes, {step_seconds[step_seconds.size() / 2], wire});
+  ch08::report_hosts(ctx, c.mesh, last.bytes, clock.measure());
   report_memory(ctx, c, mesh, model, tracker.usage());
   const double bubble = report_bubble(ctx, c, mesh, last.events);
   report_planner(ctx, c, last, tracker.usage(), bubble);
