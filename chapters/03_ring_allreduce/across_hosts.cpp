@@ -47,6 +47,17 @@ Hosts find_hosts(Communicator& comm, int ranks_per_node) {
   return h;
 }
 
+void prepare_hierarchical(Context& ctx, Hosts& hosts, std::vector<std::string>& names, bool asked) {
+  if (std::ranges::find(names, "hierarchical") == names.end()) return;
+  const std::string uneven = hosts.placement.uneven();
+  if (uneven.empty())
+    hosts.groups = group_by_host(ctx.comm(), hosts.placement);
+  else if (asked)
+    throw shardlab::UsageError(uneven + " (" + hosts.describe() + ")");
+  else
+    std::erase(names, "hierarchical"), ctx.say(uneven + ": left out\n");
+}
+
 // ---------------------------------------------------------------------------
 
 Traffic::Traffic(Communicator& comm, Hosts& hosts) : comm_(comm), hosts_(hosts) {

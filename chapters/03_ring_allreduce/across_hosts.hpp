@@ -34,6 +34,13 @@ struct Hosts {
 /// than 0 (simulated), else the hosts they run on (shardlab::host_names). Every rank calls it.
 Hosts find_hosts(Communicator& comm, int ranks_per_node);
 
+/// The hierarchical allreduce needs as many ranks on every host: where `names` has it,
+/// makes its groups (hosts.groups); where the hosts hold different numbers of ranks,
+/// leaves it out of `names` with a line saying so or, where it was `asked` for by
+/// name, throws shardlab::UsageError. Every rank calls it.
+void prepare_hierarchical(shardlab::Context& ctx, Hosts& hosts, std::vector<std::string>& names,
+                          bool asked);
+
 /// One algorithm's run, watched from construction to stop(): the bytes this rank sent to
 /// each other rank, counted message by message on the communicator and on the
 /// hierarchical allreduce's groups (their ranks mapped back); the statistics of all of

@@ -23,6 +23,7 @@
 #include <numeric>
 
 #include "across_hosts.hpp"
+#include "buffers.hpp"
 #include "ring_allreduce.hpp"
 #include "shardlab/bench.hpp"
 #include "shardlab/check.hpp"
@@ -50,61 +51,16 @@ struct Settings {
 };
 
 // ---------------------------------------------------------------------------
-// The reference: rank q holds (q + 1)(i mod 13 + 1) at element i. Small integers, so
-// every summation order gives the exact sum, N(N+1)/2 (i mod 13 + 1), on every rank.
-
-void fill(std::span<float> data, int rank) {
-  for (std::size_t i = 0; i < data.size(); ++i)
-    data[i] = static_cast<float>((rank + 1) * static_cast<int>(i % 13 + 1));
-}
-float expected(std::size_t i, int ranks) {
-  return static_cast<float>(ranks * (ranks + 1) / 2 * static_cast<int>(i % 13 + 1));
-}
-
-/// One rank's buffers: host memory, or under --device cuda this rank's GPU (there only
-/// the native allreduce and memcpy run: the from-scratch algorithms add on the host).
-struct Buffers {
-  Memory memory;
-  std::size_t segment;
-  ch03::HostGroups* groups;     // for the hierarchical allreduce
-  Tensor data = {}, copy = {};  // copy: where memcpy writes
-  ch03::Workspace scratch = {};
-
-  void resize(std::int64_t count) {
-    if (data.size() == count && data.memory() == memory) return;
-    data = empty(Shape{count}, DType::f32, memory);
-    copy = empty(Shape{count}, DType::f32, memory);
-  }
-  void run(const std::string& name, Communicator& comm) {
-    if (name == "memcpy")
-      copy.copy_from(data);
-    else
-      ch03::allreduce(name, comm, data, segment, scratch, groups);
-  }
-  /// Runs `name` once on fresh data; returns the number of wrong elements on this rank.
-  std::int64_t wrong_after_run(const std::string& name, Communicator& comm) {
-    Tensor host = memory == Memory::host ? data : Tensor(data.size());  // data itself on the host
-    fill(host.span(), comm.rank());
-    data.copy_from(host);  // nothing to copy on the host
-    run(name, comm);
-    host.copy_from(data);
-    std::int64_t wrong = 0;
-    for (std::int64_t i = 0; i < host.size(); ++i)
-      wrong += host[i] != expected(static_cast<std::size_t>(i), comm.size());
-    return wrong;
-  }
-};
-
-// ---------------------------------------------------------------------------
-// Each algorithm once, distributed: compared with the exact sum, and the bytes every rank
-// sent next to the formula that predicts them: in all, to each peer, and between hosts.
+// Each algorithm once, distributed: compared with the exact sum (each rank's values and the
+// sum they give: buffers.hpp), and the bytes every rank sent next to the formula that
+// predicts them: in all, to each peer, and between hosts (across_hosts.hpp).
 
 void correctness(Context& ctx, const std::vector<std::string>& algorithms, const Settings& s,
                  ch03::Hosts& hosts) {
   Communicator& comm = ctx.comm();
   const int N = ctx.size(), r = ctx.rank();
   const double S = 4.0 * static_cast<double>(s.count);
-  Buffers buf{ctx.memory(), s.segment, hosts.hierarchical()};
+  ch03::Buffers buf{ctx.memory(), s.segment, hosts.hierarchical()};
   buf.resize(static_cast<std::int64_t>(s.count));
   Table table({"algorithm", "rank", "wrong", "bytes_sent", "formula_bytes", "traffic_modeled"});
   ch03::BetweenHosts links(hosts);
@@ -153,7 +109,7 @@ void benchmark(Context& ctx, const std::vector<std::string>& algorithms, const S
   Communicator& comm = ctx.comm();
   const double N = ctx.size(), bus_factor = 2 * (N - 1) / N;  // 0 for one rank, as nccl-tests
   if (N == 1) ctx.say("one rank: an allreduce moves no data (NCCL's is a no-op): busbw is 0");
-  Buffers buf{ctx.memory(), s.segment, hosts.hierarchical()};
+  ch03::Buffers buf{ctx.memory(), s.segment, hosts.hierarchical()};
   auto prepare = [&](std::int64_t count) {
     buf.resize(count);
     buf.data.zero();  // sums of zeros stay zero, however many iterations
@@ -276,17 +232,7 @@ int main(int argc, char** argv) {
     ctx.json()["chapter"] = "03_ring_allreduce";
     ctx.json()["count"] = s.count;
     ch03::Hosts hosts = ch03::find_hosts(ctx.comm(), s.ranks_per_node);
-    // The hierarchical allreduce needs as many ranks on every host: left out of "all"
-    // where they differ, an error where it was asked for.
-    if (std::ranges::find(algorithms, "hierarchical") != algorithms.end()) {
-      const std::string uneven = hosts.placement.uneven();
-      if (uneven.empty())
-        hosts.groups = ch03::group_by_host(ctx.comm(), hosts.placement);
-      else if (s.algo == "hierarchical")
-        throw UsageError(uneven + " (" + hosts.describe() + ")");
-      else
-        std::erase(algorithms, "hierarchical"), ctx.say(uneven + ": left out\n");
-    }
+    ch03::prepare_hierarchical(ctx, hosts, algorithms, s.algo == "hierarchical");
     correctness(ctx, algorithms, s, hosts);
     if (s.benchmark) benchmark(ctx, algorithms, s, hosts);
   });
