@@ -1,0 +1,46 @@
+// Chapter 09's program: what its flags set, the flags themselves, and the combinations of
+// them it refuses (main.cpp).
+#pragma once
+
+#include <string>
+
+#include "shardlab/cli.hpp"
+#include "shardlab/results.hpp"
+#include "train.hpp"
+
+namespace ch09 {
+
+/// What the ch09_gpt program's flags set.
+struct Settings {
+  TrainConfig run;         ///< The training's configuration, as the flags set it.
+  int dp = 0;              ///< --dp; 0: the ranks the other axes leave.
+  int tp = 2;              ///< --tp.
+  int pp = 2;              ///< --pp.
+  int cp = 1;              ///< --cp.
+  int ep = 1;              ///< --ep.
+  int steps = 200;         ///< --steps.
+  int log_every = 20;      ///< --log-every.
+  int sample = 0;          ///< --sample: bytes to generate (0: train).
+  int top_k = 0;           ///< --top-k.
+  float temperature = 0;   ///< --temperature.
+  bool reference = true;   ///< Train one device's reference too (not with --no-reference).
+  bool benchmark = false;  ///< --benchmark.
+  std::string data = shardlab::beside_program("ch09_gpt.txt").string();  ///< --data.
+  std::string save;                                                      ///< --save.
+  std::string load;                                                      ///< --load.
+  std::string prompt;                                                    ///< --prompt.
+  std::string recompute = "none";                                        ///< --recompute.
+  std::string trace;                                                     ///< --trace.
+  std::string precision = "fp32";                                        ///< --precision.
+  std::string scaler;  ///< --scaler; "": dynamic with fp16, else none.
+};
+
+/// The program's flags, on `app`, setting `s`.
+void add_flags(CLI::App& app, Settings& s);
+
+/// Once the flags are parsed: the ones that would do nothing (--prompt without --sample,
+/// --moe-every without --experts, ...) or contradict each other are refused with
+/// shardlab::UsageError, not ignored; --benchmark's default --steps is 6.
+void check_flags(const CLI::App& app, Settings& s);
+
+}  // namespace ch09
