@@ -119,6 +119,9 @@ class Pipeline {
 
   /// The communicator the stages are the ranks of (not one of the two channels).
   Communicator& comm() { return comm_; }
+  /// The two channels the stages' messages travel on, forward's and backward's: what a
+  /// meter of the pipeline's bytes reads (ch08::AxisMeter).
+  std::vector<Communicator*> channels() { return {forward_.get(), backward_.get()}; }
 
  private:
   Communicator& comm_;

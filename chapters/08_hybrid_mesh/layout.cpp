@@ -8,24 +8,9 @@ namespace ch08 {
 
 using shardlab::Table;
 
-namespace {
-
-/// The rank's formula for the axes shown: "(pp_i * dp + dp_i) * tp + tp_i".
-std::string rank_formula(const std::vector<Axis>& axes) {
-  std::string rank = "pp_i";
-  for (Axis axis : axes) {
-    if (axis == Axis::pp) continue;
-    const std::string name(axis_name(axis));
-    rank = (rank == "pp_i" ? rank : "(" + rank + ")") + " * " + name + " + " + name + "_i";
-  }
-  return rank;
-}
-
-}  // namespace
-
 void report_layout(shardlab::Context& ctx, const MeshShape& shape, int gpus_per_node, bool csv) {
   const std::vector<Axis> axes = shown_axes(shape);
-  const std::string name = mesh_name(shape), formula = rank_formula(axes);
+  const std::string name = mesh_name(shape), formula = rank_formula(shape);
   std::vector<std::string> columns{"rank", "node"};
   for (Axis axis : axes) columns.emplace_back(axis_name(axis));
   Table ranks(columns);

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "layout.hpp"
+#include "mesh_flags.hpp"
 #include "shardlab/cli.hpp"
 #include "shardlab/launch.hpp"
 
@@ -23,26 +24,16 @@ int main(int argc, char** argv) {
       "ch08_layout",
       "Chapter 08 on paper: the ranks and groups of a pp x dp x ep x cp x tp mesh, node "
       "by node");
-  MeshShape mesh{2, 2, 2};
+  MeshShape mesh{.pp = 2, .dp = 2, .tp = 2};
   int gpus_per_node = 8;
   bool csv = false;
   auto& cli = program.cli();
-  auto option = [&](const char* flag, int& value, const char* what) {
-    cli.add_option(flag, value, what)->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  };
-  option("--pp", mesh.pp, "pipeline stages");
-  option("--dp", mesh.dp, "data-parallel replicas");
-  option("--tp", mesh.tp, "tensor-parallel ranks per group");
-  option("--cp", mesh.cp, "context-parallel ranks: the chunks of each sequence (chapter 10)");
-  option("--ep", mesh.ep, "expert-parallel ranks: the experts split over replicas (chapter 07)");
-  option("--gpus-per-node", gpus_per_node, "GPUs a node (consecutive ranks)");
+  add_mesh_flags(cli, mesh, {std::begin(kAxes), std::end(kAxes)});
+  cli.add_option("--gpus-per-node", gpus_per_node, "GPUs a node (consecutive ranks)")
+      ->check(cli::whole(1, 1 << 20))
+      ->capture_default_str();
   cli.add_flag("--csv", csv, "also write the ranks' table as CSV");
-  program.validate([&](const Options&) {
-    const double ranks =
-        static_cast<double>(mesh.pp) * mesh.dp * mesh.tp * mesh.cp * static_cast<double>(mesh.ep);
-    require_usage(ranks <= 1 << 16, "at most 65536 ranks: --pp x --dp x --ep x --cp x --tp is " +
-                                        format_number(ranks));
-  });
+  program.validate([&](const Options&) { check_mesh_size(mesh, 1 << 16); });
   program.writes_csv([&] { return csv; });
   return program.run(argc, argv, [&](Context& ctx) {
     ctx.json()["chapter"] = "08_hybrid_mesh";

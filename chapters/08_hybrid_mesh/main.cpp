@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "mesh_checks.hpp"
+#include "mesh_flags.hpp"
 #include "mlp_stack.hpp"
 #include "shardlab/cli.hpp"
 #include "trainer.hpp"
@@ -32,7 +33,7 @@ namespace {
 
 struct Settings {
   HybridConfig run;
-  int dp = 0, tp = 2, pp = 2;  // dp 0: the ranks left over by tp x pp
+  MeshShape mesh{.pp = 2, .dp = 0, .tp = 2};  // dp 0: the ranks left over by tp x pp
 };
 
 void train(Context& ctx, const Settings& s) {
@@ -87,10 +88,7 @@ int main(int argc, char** argv) {
   auto option = [&](const char* flag, auto& value, const char* what, auto check) {
     return cli.add_option(flag, value, what)->check(check)->capture_default_str();
   };
-  option("--dp", s.dp, "data-parallel replicas (default: the ranks / (tp x pp))",
-         CLI::Range(0, 1 << 20));
-  option("--tp", s.tp, "tensor-parallel ranks per block", CLI::Range(1, 1 << 20));
-  option("--pp", s.pp, "pipeline stages", CLI::Range(1, 1 << 20));
+  add_mesh_flags(cli, s.mesh, {Axis::pp, Axis::dp, Axis::tp}, "the ranks / (tp x pp)");
   option("--microbatches", c.microbatches, "microbatches per step and replica",
          CLI::Range(1, 4096));
   option("--blocks", c.blocks, "MLP blocks L (pp must divide them)", CLI::Range(1, 1024));
@@ -107,7 +105,7 @@ int main(int argc, char** argv) {
 
   program.validate([&](const Options& o) { c.seed = o.seed; });
   program.world_size([&](const Options&, int ranks) {  // runs before validate()
-    c.mesh = settle_mesh({.pp = s.pp, .dp = s.dp, .tp = s.tp}, ranks);
+    c.mesh = mesh_for_ranks(s.mesh, ranks);
     check_config(c);
   });
   program.memory_estimate([&](const Options& o) {

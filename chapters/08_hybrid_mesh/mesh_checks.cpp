@@ -13,22 +13,6 @@ using shardlab::Context;
 using shardlab::ReduceOp;
 using shardlab::Table;
 
-namespace {
-/// An axis and its bytes in AxisBytes.
-struct Column {
-  Axis axis;
-  std::uint64_t AxisBytes::*bytes;
-};
-/// The axes the mesh has: tp, dp and pp always, cp and ep where they are more than 1.
-std::vector<Column> columns_of(const MeshShape& mesh) {
-  std::vector<Column> columns{
-      {Axis::tp, &AxisBytes::tp}, {Axis::dp, &AxisBytes::dp}, {Axis::pp, &AxisBytes::pp}};
-  if (mesh.cp > 1) columns.push_back({Axis::cp, &AxisBytes::cp});
-  if (mesh.ep > 1) columns.push_back({Axis::ep, &AxisBytes::ep});
-  return columns;
-}
-}  // namespace
-
 void report_vs_one_device(Context& ctx, const std::vector<Agreement>& rows,
                           const Tolerance& tolerance, const std::string& caption) {
   std::vector<double> alone;
@@ -56,17 +40,16 @@ void report_vs_one_device(Context& ctx, const std::vector<Agreement>& rows,
 
 void report_axis_bytes(Context& ctx, const MeshShape& mesh, const AxisBytes& sent,
                        const AxisBytes& formula, const std::string& caption) {
-  const std::vector<Column> columns = columns_of(mesh);
-  const std::vector<Axis> shown = shown_axes(mesh);  // the coordinates: pp, dp, (ep, cp,) tp
+  const std::vector<Axis> shown = shown_axes(mesh);  // the coordinates and the byte columns
   std::vector<std::string> names{"rank"};
   for (Axis axis : shown) names.emplace_back(axis_name(axis));
-  std::vector<std::vector<std::int64_t>> every;  // per column: sent, then formula
+  std::vector<std::vector<std::int64_t>> every;  // per axis: sent, then formula
   bool equal = true;
-  for (const Column& c : columns) {
-    names.push_back(std::string(axis_name(c.axis)) + "_bytes");
-    names.push_back(std::string(axis_name(c.axis)) + "_formula");
-    every.push_back(ctx.comm().gather_values(static_cast<std::int64_t>(sent.*c.bytes)));
-    every.push_back(ctx.comm().gather_values(static_cast<std::int64_t>(formula.*c.bytes)));
+  for (Axis axis : shown) {
+    names.push_back(std::string(axis_name(axis)) + "_bytes");
+    names.push_back(std::string(axis_name(axis)) + "_formula");
+    every.push_back(ctx.comm().gather_values(static_cast<std::int64_t>(sent[axis])));
+    every.push_back(ctx.comm().gather_values(static_cast<std::int64_t>(formula[axis])));
     equal = equal && every[every.size() - 2] == every.back();
   }
   Table bytes(names);
@@ -94,23 +77,25 @@ AxisBytes between_hosts(const MeshShape& mesh, int rank, const AxisBytes& sent,
     return off(group[static_cast<std::size_t>(me + 1) % group.size()]) ? bytes : 0;
   };
   AxisBytes out;
-  out.tp = ring(ranks_across(mesh, at, {Axis::tp}), sent.tp);
-  out.cp = ring(ranks_across(mesh, at, {Axis::cp}), sent.cp);
-  out.dp = ring(ranks_across(mesh, at, {Axis::dp, Axis::ep, Axis::cp}), sent.dp);
-  const std::vector<int> ep = ranks_across(mesh, at, {Axis::ep});
-  if (ep.size() > 1) {
-    const auto others = static_cast<std::uint64_t>(ep.size() - 1);
-    for (int q : ep)
-      if (off(q)) out.ep += sent.ep / others;
+  for (Axis axis : kAxes) {
+    if (axis == Axis::ep) {  // an all-to-all: evenly to the others of the group
+      const std::vector<int> ep = ranks_across(mesh, at, {Axis::ep});
+      for (int q : ep)
+        if (off(q)) out[axis] += sent[axis] / (ep.size() - 1);
+    } else if (axis == Axis::pp) {  // half to each neighbouring stage
+      std::vector<int> neighbours;
+      for (int d : {-1, 1}) {
+        Coords c = at;
+        c.pp += d;
+        if (c.pp >= 0 && c.pp < mesh.pp) neighbours.push_back(rank_of(mesh, c));
+      }
+      for (int q : neighbours)
+        if (off(q)) out[axis] += sent[axis] / neighbours.size();
+    } else {  // a ring over the axis's group (dp's: the replicas)
+      out[axis] = ring(ranks_across(mesh, at, axis == Axis::dp ? kReplicaAxes : std::vector{axis}),
+                       sent[axis]);
+    }
   }
-  std::vector<int> neighbours;
-  for (int d : {-1, 1}) {
-    Coords c = at;
-    c.pp += d;
-    if (c.pp >= 0 && c.pp < mesh.pp) neighbours.push_back(rank_of(mesh, c));
-  }
-  for (int q : neighbours)
-    if (off(q)) out.pp += sent.pp / neighbours.size();
   return out;
 }
 
@@ -121,10 +106,10 @@ void report_hosts(Context& ctx, const MeshShape& mesh, const AxisBytes& sent,
   const AxisBytes mine = between_hosts(mesh, comm.rank(), sent, host);
   const std::uint64_t wire = step.wire;
   const double seconds = comm.agree(step.seconds, ReduceOp::max);
-  const std::vector<Column> columns = columns_of(mesh);
+  const std::vector<Axis> shown = shown_axes(mesh);
   std::vector<std::int64_t> crossing;
-  for (const Column& c : columns)
-    crossing.push_back(comm.agree(static_cast<std::int64_t>(mine.*c.bytes), ReduceOp::sum));
+  for (Axis axis : shown)
+    crossing.push_back(comm.agree(static_cast<std::int64_t>(mine[axis]), ReduceOp::sum));
   const std::vector<std::int64_t> wires = comm.gather_values(static_cast<std::int64_t>(wire));
   ctx.json()["step_ms"] = 1e3 * seconds;
   if (distinct.size() < 2) {
@@ -147,14 +132,14 @@ void report_hosts(Context& ctx, const MeshShape& mesh, const AxisBytes& sent,
   }
   Table t({"axis", "groups", "groups_across_hosts", "bytes_between_hosts"});
   std::int64_t all = 0;
-  for (std::size_t k = 0; k < columns.size(); ++k) {
-    const std::vector<std::vector<int>> every = groups(mesh, columns[k].axis);
+  for (std::size_t k = 0; k < shown.size(); ++k) {
+    const std::vector<std::vector<int>> every = groups(mesh, shown[k]);
     std::int64_t across = 0;
     for (const std::vector<int>& g : every)
       across += std::any_of(g.begin(), g.end(), [&](int q) {
         return host[static_cast<std::size_t>(q)] != host[static_cast<std::size_t>(g[0])];
       });
-    t.add({std::string(axis_name(columns[k].axis)), static_cast<std::int64_t>(every.size()), across,
+    t.add({std::string(axis_name(shown[k])), static_cast<std::int64_t>(every.size()), across,
            crossing[k]});
     all += crossing[k];
   }

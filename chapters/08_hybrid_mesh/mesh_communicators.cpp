@@ -10,39 +10,6 @@ namespace ch08 {
 using shardlab::Error;
 using shardlab::require_usage;
 
-std::string_view axis_name(Axis axis) {
-  switch (axis) {
-    case Axis::pp:
-      return "pp";
-    case Axis::dp:
-      return "dp";
-    case Axis::ep:
-      return "ep";
-    case Axis::cp:
-      return "cp";
-    case Axis::tp:
-      break;
-  }
-  return "tp";
-}
-
-std::vector<Axis> shown_axes(const MeshShape& shape) {
-  std::vector<Axis> out;
-  for (Axis axis : kAxes)
-    if (axis == Axis::pp || axis == Axis::dp || axis == Axis::tp || shape.size(axis) > 1)
-      out.push_back(axis);
-  return out;
-}
-
-std::string mesh_name(const MeshShape& shape) {
-  std::string names, sizes;
-  for (Axis axis : shown_axes(shape)) {
-    names += (names.empty() ? "" : " x ") + std::string(axis_name(axis));
-    sizes += (sizes.empty() ? "" : " x ") + std::to_string(shape.size(axis));
-  }
-  return names + " = " + sizes;
-}
-
 std::vector<int> ranks_across(const MeshShape& shape, const Coords& at, std::vector<Axis> across) {
   // In kAxes' order, slowest first, whatever order they were given in.
   std::vector<Axis> axes;
@@ -77,14 +44,11 @@ std::unique_ptr<Communicator> split_across(Communicator& world, const MeshShape&
 }  // namespace
 
 Mesh::Mesh(Communicator& world, MeshShape shape) : world_(world), shape_(shape) {
+  const std::vector<Axis> every(std::begin(kAxes), std::end(kAxes));
   bool positive = true;
-  std::string sizes;
-  for (Axis axis : kAxes) {
-    positive = positive && shape.size(axis) > 0;
-    sizes += (sizes.empty() ? "" : " x ") + std::to_string(shape.size(axis));
-  }
-  require_usage(positive && shape.ranks() == world.size(),
-                "the mesh pp x dp x ep x cp x tp = " + sizes + " must hold the " +
+  for (Axis axis : kAxes) positive = positive && shape.size(axis) > 0;
+  require_usage(positive && product(shape, every) == world.size(),
+                "the mesh " + mesh_name(shape, every) + " must hold the " +
                     std::to_string(world.size()) + " ranks");
   const int me = world.rank();
   coords_ = coords_of(shape, me);
@@ -117,10 +81,33 @@ Mesh::Mesh(Communicator& world, MeshShape shape) : world_(world), shape_(shape) 
                   std::to_string(coords_.at(axis)));
     axes_.push_back(world.split(color, key));
   }
-  replicas_ = split_across(world, shape, coords_, {Axis::dp, Axis::ep, Axis::cp});
-  expert_replicas_ = split_across(world, shape, coords_, {Axis::dp, Axis::cp});
+  replicas_ = split_across(world, shape, coords_, kReplicaAxes);
+  expert_replicas_ = split_across(world, shape, coords_, kExpertReplicaAxes);
 }
 
-Communicator& Mesh::axis(Axis axis) { return *axes_[static_cast<std::size_t>(axis)]; }
+Communicator& Mesh::axis(Axis axis) { return *axes_[index_of(axis)]; }
+
+std::vector<std::pair<Axis, Communicator*>> Mesh::communicators() {
+  std::vector<std::pair<Axis, Communicator*>> out;
+  for (Axis a : kAxes) out.emplace_back(a, &axis(a));
+  out.emplace_back(Axis::dp, replicas_.get());
+  out.emplace_back(Axis::dp, expert_replicas_.get());
+  return out;
+}
+
+AxisMeter::AxisMeter(Mesh& mesh) {
+  for (auto [axis, comm] : mesh.communicators()) count_as(axis, *comm);
+}
+
+void AxisMeter::count_as(Axis axis, Communicator& comm) {
+  counted_.push_back({axis, &comm, comm.stats()});
+}
+
+PerAxis<std::uint64_t> AxisMeter::sent() const {
+  PerAxis<std::uint64_t> out;
+  for (const Counted& c : counted_)
+    out[c.axis] += c.comm->stats().since(c.start).total().bytes_sent;
+  return out;
+}
 
 }  // namespace ch08

@@ -41,30 +41,7 @@ MlpSpec block_spec(const HybridConfig& c, int b) {
   return mlp_spec("block" + std::to_string(b), c.hidden, c.ffn, c.seed, b, residual_scale(c));
 }
 
-std::uint64_t sent_since(Communicator& comm, const CommStats& before) {
-  return comm.stats().since(before).total().bytes_sent;
-}
-
 }  // namespace
-
-MeshShape settle_mesh(MeshShape mesh, int ranks) {
-  const std::string N = std::to_string(ranks);
-  // The axes given besides dp, named as the user gave them: "tp x pp", "tp x cp x pp", ...
-  std::string named;
-  std::int64_t others = 1;  // each axis up to 2^20: no int overflows here
-  for (Axis axis : {Axis::tp, Axis::cp, Axis::ep, Axis::pp}) {
-    if ((axis == Axis::cp || axis == Axis::ep) && mesh.size(axis) == 1) continue;
-    named += (named.empty() ? "" : " x ") + std::string(axis_name(axis));
-    others *= mesh.size(axis);
-  }
-  shardlab::require_usage(ranks % others == 0, named + " = " + std::to_string(others) +
-                                                   " must divide the " + N + " ranks");
-  if (mesh.dp == 0) mesh.dp = static_cast<int>(ranks / others);
-  shardlab::require_usage(
-      mesh.ranks() == ranks,
-      "dp x " + named + " = " + std::to_string(mesh.ranks()) + " must be the " + N + " ranks");
-  return mesh;
-}
 
 void check_config(const HybridConfig& c) {
   const MeshShape& m = c.mesh;
@@ -83,8 +60,7 @@ void check_config(const HybridConfig& c) {
 std::string describe(const HybridConfig& c, std::string_view backend) {
   const MeshShape& m = c.mesh;
   return std::to_string(c.blocks) + " Megatron MLP blocks (h " + std::to_string(c.hidden) + ", f " +
-         std::to_string(c.ffn) + ") on pp x dp x tp = " + std::to_string(m.pp) + " x " +
-         std::to_string(m.dp) + " x " + std::to_string(m.tp) + " (" + std::string(backend) + "), " +
+         std::to_string(c.ffn) + ") on " + mesh_name(m) + " (" + std::string(backend) + "), " +
          c.schedule + ", " + std::to_string(c.microbatches) + " microbatches, " +
          (c.zero  ? "ZeRO-1"
           : c.sgd ? "GradSync + SGD"
@@ -107,16 +83,16 @@ AxisBytes formula_bytes(const HybridConfig& c, const Coords& at) {
   for (int j = 0; j < c.microbatches; ++j) {
     const auto elements =
         static_cast<std::size_t>(shard_range(rows, c.microbatches, j).length * c.hidden);
-    out.tp += 2ull * static_cast<std::uint64_t>(c.blocks / m.pp) *
-              shardlab::collective_traffic(Op::allreduce, elements, 4, at.tp, m.tp).sent;
+    out[Axis::tp] += 2ull * static_cast<std::uint64_t>(c.blocks / m.pp) *
+                     shardlab::collective_traffic(Op::allreduce, elements, 4, at.tp, m.tp).sent;
   }
   // This rank's parameters: its blocks' fc1 columns and fc2 rows, both biases.
   const std::int64_t f = shard_range(c.ffn, m.tp, at.tp).length;
   const auto params =
       static_cast<std::size_t>((c.blocks / m.pp) * (2 * c.hidden * f + f + c.hidden));
-  out.dp = shardlab::collective_traffic(Op::allreduce, params, 4, at.dp, m.dp).sent;
+  out[Axis::dp] = shardlab::collective_traffic(Op::allreduce, params, 4, at.dp, m.dp).sent;
   const int neighbours = (at.pp > 0) + (at.pp < m.pp - 1);
-  out.pp = static_cast<std::uint64_t>(neighbours * rows * c.hidden * 4);
+  out[Axis::pp] = static_cast<std::uint64_t>(neighbours * rows * c.hidden * 4);
   return out;
 }
 
@@ -217,7 +193,8 @@ HybridRun train_hybrid(Mesh& mesh, HybridModel& model, const HybridConfig& c, Me
     ch04::Hooks hooks;
     opt->accumulate(hooks);
 
-    const CommStats tp0 = mesh.tp().stats(), dp0 = mesh.dp().stats();
+    AxisMeter meter(mesh);
+    for (Communicator* channel : pipeline.channels()) meter.count_as(Axis::pp, *channel);
     store.zero_grad();
     ch04::StageRun ran;
     {
@@ -227,7 +204,7 @@ HybridRun train_hybrid(Mesh& mesh, HybridModel& model, const HybridConfig& c, Me
     opt->reduce();
     // [pipeline_step]
     opt->update();
-    run.bytes = {sent_since(mesh.tp(), tp0), sent_since(mesh.dp(), dp0), ran.bytes_sent};
+    run.bytes = meter.sent();
     if (step == c.steps - 1)
       run.events = ch04::gather_events(mesh.pp(), ran.events);  // every stage's (uncounted)
     // The step's loss: the last stage's shares, once per replica (tp rank 0), summed.

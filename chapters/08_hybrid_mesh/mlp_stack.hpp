@@ -36,7 +36,7 @@ using shardlab::Memory;
 
 /// One training run: the mesh, the blocks' sizes, the batch, the schedule and the optimizer.
 struct HybridConfig {
-  MeshShape mesh;                    ///< pp x dp x tp
+  MeshShape mesh;                    ///< pp x dp x tp (cp and ep 1)
   int blocks = 4;                    ///< L: pp must divide it
   std::int64_t hidden = 16;          ///< h: tp must divide it
   std::int64_t ffn = 64;             ///< f: the blocks' inner width
@@ -50,22 +50,14 @@ struct HybridConfig {
   std::uint64_t seed = 0;            ///< the initial weights and the task's batches derive from it
 };
 
-/// Bytes this rank sent in one training step, by axis.
-struct AxisBytes {
-  std::uint64_t tp = 0;  ///< over the tp communicator
-  std::uint64_t dp = 0;  ///< data parallelism's: over the replicas (dp, or dp x ep x cp)
-  std::uint64_t pp = 0;  ///< over the pp communicator (the pipeline's messages)
-  std::uint64_t cp = 0;  ///< over the cp communicator (chapter 10's ring)
-  std::uint64_t ep = 0;  ///< over the ep communicator (chapter 07's all-to-alls)
-};
+/// Bytes a rank sent in one training step, by axis (AxisMeter's: dp's are data
+/// parallelism's, over the replicas).
+using AxisBytes = PerAxis<std::uint64_t>;
 
 /// The larger of a and b, NaN when either is: a difference that is NaN must not vanish in
 /// a maximum (std::max drops it when it comes second).
 inline double nan_max(double a, double b) { return a != a || b != b ? a + b : std::max(a, b); }
 
-/// The mesh of `ranks` for --dp --tp --pp (and --cp --ep, where a program has them): dp 0
-/// takes the ranks the other axes leave over; UsageError when the product is not the ranks.
-MeshShape settle_mesh(MeshShape mesh, int ranks);
 /// UsageError unless `c` can run on its mesh: pp divides the blocks, tp the widths, and
 /// every replica's every microbatch has a row.
 void check_config(const HybridConfig& c);

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "calculator.hpp"  // ch05::gb
+#include "mesh_flags.hpp"
 #include "shardlab/check.hpp"
 #include "shardlab/cli.hpp"
 #include "shardlab/launch.hpp"
@@ -117,24 +118,24 @@ void add_plan_options(CLI::App& cli, PlanSettings& s) {
       ->check(CLI::IsMember(models))
       ->capture_default_str();
   cli.add_option("--layers", s.layers, "layers l (custom, or to change the preset's)")
-      ->check(sc::between(1, 1e5));
+      ->check(sc::whole(1, 100000));
   cli.add_option("--hidden", s.hidden, "hidden size h (default: the model's)")
-      ->check(sc::between(1, 1e6));
-  cli.add_option("--heads", s.heads, "attention heads a")->check(sc::between(1, 1e5));
+      ->check(sc::whole(1, 1000000));
+  cli.add_option("--heads", s.heads, "attention heads a")->check(sc::whole(1, 100000));
   cli.add_option("--seq", s.seq, "sequence length s (preset: 2048)")
       ->transform(sc::quantity())
-      ->check(sc::between(1, 1 << 27));
+      ->check(sc::whole(1, 1 << 27));
   cli.add_option("--vocab", s.vocab, "vocabulary V (preset: 51200)")
       ->transform(sc::quantity())
-      ->check(sc::between(1, 1e8));
+      ->check(sc::whole(1, 100000000));
   cli.add_option("--experts", s.experts,
                  "E: a Mixture-of-Experts MLP in every --moe-every-th layer (0: dense; default: "
                  "the model's)")
-      ->check(sc::between(0, 1e5));
+      ->check(sc::whole(0, 100000));
   cli.add_option("--top-k", s.top_k, "k: the experts a token goes to (default: the model's, 2)")
-      ->check(sc::between(1, 1e5));
+      ->check(sc::whole(1, 100000));
   cli.add_option("--moe-every", s.moe_every, "every this many layers a MoE one (default: 1)")
-      ->check(sc::between(1, 1e5));
+      ->check(sc::whole(1, 100000));
   cli.add_option("--cluster", s.cluster, "the GPUs (" + joined(cluster_names()) + ")")
       ->check(CLI::IsMember(cluster_names()))
       ->capture_default_str();
@@ -149,141 +150,147 @@ void add_plan_options(CLI::App& cli, PlanSettings& s) {
       ->check(sc::between(1, INT_MAX));
   cli.add_option("--microbatch-size", s.microbatch_size,
                  "microbatch size b (default: the preset's run's, else 1)")
-      ->check(sc::between(1, 1 << 20));
+      ->check(sc::whole(1, 1 << 20));
   cli.add_option("--achieved-tflops", s.achieved_tflops,
                  "X, TFLOP/s a GPU (default: the preset's run on A100s, else the cluster's)")
       ->check(sc::between(1e-3, 1e6));
   cli.add_option("--gpu-memory-gb", s.gpu_memory_gb, "GB (1e9 bytes) a GPU (default: 80)")
       ->check(sc::between(1e-3, 1e6));
   cli.add_option("--gpus-per-node", s.gpus_per_node, "GPUs a node (default: the cluster's, 8)")
-      ->check(sc::between(1, 1 << 20));
+      ->check(sc::whole(1, 1 << 20));
   cli.add_option("--zero", s.zero, "ZeRO stage over dp, 0-3")
-      ->check(sc::between(0, 3))
+      ->check(sc::whole(0, 3))
       ->capture_default_str();
   cli.add_option("--recompute", s.recompute, "activation recomputation")
       ->check(CLI::IsMember({"none", "selective", "full"}))
       ->capture_default_str();
   cli.add_flag("--sequence-parallel", s.sequence_parallel,
                "split LayerNorm and dropout over tp too (Korthikanti et al. 2022)");
-  cli.add_option("--dp", s.dp, "data-parallel replicas (default: the preset's run's)")
-      ->check(sc::between(1, 1 << 20));
-  cli.add_option("--tp", s.tp, "tensor-parallel GPUs per layer")->check(sc::between(1, 1 << 20));
-  cli.add_option("--pp", s.pp, "pipeline stages")->check(sc::between(1, 1 << 20));
-  cli.add_option("--cp", s.cp, "context-parallel GPUs: each sequence over a ring of them")
-      ->check(sc::between(1, 1 << 20));
-  cli.add_option("--ep", s.ep, "expert-parallel GPUs: the experts over them (carved out of dp)")
-      ->check(sc::between(1, 1 << 20));
+  add_mesh_flags(cli, s.mesh, {std::begin(kAxes), std::end(kAxes)},
+                 "not given: the preset run's, the search's pick, or the GPUs the others leave");
   cli.add_option("--microbatches", s.microbatches, "microbatches m a step and replica")
-      ->check(sc::between(1, 1 << 20));
+      ->check(sc::whole(1, 1 << 20));
   cli.add_flag("--search", s.search, "rank every (dp, ep, cp, tp, pp, m) of the GPUs");
+  cli.add_option("--top", s.top, "with --search: how many of the fastest layouts to print (0: all)")
+      ->check(sc::whole(0, 1 << 20))
+      ->capture_default_str();
   cli.add_flag("--csv", s.csv, "with --search: also write the ranking as CSV");
 }
 
 // ---------------------------------------------------------------------------
 // The settings made concrete
 
-ResolvedPlan resolve_plan(const PlanSettings& s) {
-  ResolvedPlan p;
-  p.model = resolve_model(s);
-  p.cluster = resolve_cluster(s, p.model);
-  const ReferenceRun& run = p.model.run;  // custom: none (gpus = 0)
-  for (const auto& [flag, value] : {std::pair{"--dp", s.dp},
-                                    {"--tp", s.tp},
-                                    {"--pp", s.pp},
-                                    {"--cp", s.cp},
-                                    {"--ep", s.ep},
-                                    {"--microbatches", s.microbatches},
-                                    {"--microbatch-size", s.microbatch_size}})
-    require_usage(value >= 0, std::string(flag) + " " + str(value) + ": it must be at least 1");
-  p.layout_given = s.dp != 0 || s.tp != 0 || s.pp != 0 || s.cp != 0 || s.ep != 0;
-  const int tp = s.tp != 0 ? s.tp : run.gpus != 0 ? run.tp : 1;
-  const int pp = s.pp != 0 ? s.pp : run.gpus != 0 ? run.pp : 1;
-  const int cp = s.cp != 0 ? s.cp : 1;
-  const int ep = s.ep != 0 ? s.ep : run.gpus != 0 && p.model.experts > 0 ? run.ep : 1;
-  const std::int64_t others = std::int64_t{tp} * pp * cp * ep;  // the GPUs of a replica
-  if (s.gpus != 0)
-    p.gpus = whole("--gpus", s.gpus, 1, double(kMaxGpus), "a number of GPUs");
-  else if (s.dp != 0)
-    p.gpus = std::int64_t{s.dp} * others;
-  else if (run.gpus != 0)
-    p.gpus = run.gpus;
-  else
-    throw shardlab::UsageError("--model custom: give --gpus (or --dp, --tp and --pp)");
-  require_usage(p.gpus <= kMaxGpus, "dp x tp x pp = " + str(p.gpus) + " GPUs: a plan has 1 to " +
-                                        str(kMaxGpus) + " (2^24)");
-  p.tokens = s.tokens != 0 ? s.tokens : run.tokens;
-  require_usage(std::isfinite(p.tokens) && p.tokens > 0,
-                "--tokens " + num(p.tokens) + ": a positive number");
-  const int b = s.microbatch_size != 0 ? s.microbatch_size
-                : run.gpus != 0        ? run.microbatch_size
-                                       : 1;
-  const std::int64_t given_batch =
-      s.batch != 0 ? whole("--batch", s.batch, 1, INT_MAX, "a number of sequences") : 0;
-  Layout& L = p.layout;
-  L = {.tp = tp,
-       .pp = pp,
-       .microbatch_size = b,
-       .zero = s.zero,
-       .recompute = parse_recompute(s.recompute),
-       .sequence_parallel = s.sequence_parallel,
-       .cp = cp,
-       .ep = ep};
-  require_usage(s.zero >= 0 && s.zero <= 3, "--zero " + str(s.zero) + ": the stages are 0 to 3");
+namespace {
 
-  if (s.search) {
-    const std::int64_t B = given_batch != 0 ? given_batch : run.batch;
-    require_usage(B != 0, "--search: give --batch (sequences a step)");
-    p.candidates = search(p.model, p.cluster,
-                          {.gpus = p.gpus,
-                           .batch = B,
-                           .microbatch_size = b,
-                           .zero = s.zero,
-                           .recompute = L.recompute,
-                           .sequence_parallel = L.sequence_parallel});
-    require_usage(!p.candidates.empty(), "--search: no layout of " + str(p.gpus) + " GPUs splits " +
-                                             str(B) + " sequences into microbatches of " + str(b) +
-                                             " with tp dividing " + str(p.model.heads) +
-                                             " heads and pp dividing " + str(p.model.layers) +
-                                             " layers");
-    if (!p.layout_given && s.microbatches == 0) {  // plan the fastest that fits
-      const Candidate* pick = &p.candidates.front();
-      for (const Candidate& k : p.candidates)
-        if (k.fits) {
-          pick = &k;
-          break;
-        }
-      L = pick->layout;
-      return p;
-    }
+const std::vector<Axis> kAll(std::begin(kAxes), std::end(kAxes));
+
+/// The layout's degrees but dp: the flags', else the preset run's (ep: of a MoE model), else
+/// 1; dp the flag's (0: the GPUs the others leave).
+MeshShape given_mesh(const PlanSettings& s, const ModelSpec& m) {
+  const ReferenceRun& run = m.run;
+  MeshShape mesh;
+  for (Axis axis : kAxes) {
+    const bool from_run = run.gpus() != 0 && (axis != Axis::ep || m.experts > 0);
+    mesh.size(axis) = s.mesh.size(axis) != 0 ? s.mesh.size(axis)
+                      : from_run             ? run.mesh.size(axis)
+                                             : 1;
   }
+  mesh.dp = s.mesh.dp;
+  return mesh;
+}
 
-  const std::string named = "tp " + str(tp) + " x pp " + str(pp) +
-                            (cp > 1 ? " x cp " + str(cp) : std::string()) +
-                            (ep > 1 ? " x ep " + str(ep) : std::string());
-  require_usage(s.dp != 0 || p.gpus % others == 0,
-                str(p.gpus) + " GPUs: " + named + " = " + str(others) +
+/// n: --gpus, or the flags' mesh when --dp is given, or the preset run's.
+std::int64_t resolve_gpus(const PlanSettings& s, const ModelSpec& m, const MeshShape& mesh) {
+  if (s.gpus != 0) return whole("--gpus", s.gpus, 1, double(kMaxGpus), "a number of GPUs");
+  if (mesh.dp != 0) {
+    check_mesh_size(mesh, double(kMaxGpus));
+    return mesh.ranks();
+  }
+  if (m.run.gpus() != 0) return m.run.gpus();
+  throw shardlab::UsageError("--model custom: give --gpus (or --dp, --tp and --pp)");
+}
+
+/// With --search: the layouts ranked; the plan is the fastest that fits (or the fastest)
+/// unless the flags give a layout. True when the search's pick is the plan.
+bool search_layouts(const PlanSettings& s, ResolvedPlan& p, std::int64_t batch) {
+  const int b = p.layout.microbatch_size;
+  const std::int64_t B = batch != 0 ? batch : p.model.run.batch;
+  require_usage(B != 0, "--search: give --batch (sequences a step)");
+  p.candidates = search(p.model, p.cluster,
+                        {.gpus = p.gpus,
+                         .batch = B,
+                         .microbatch_size = b,
+                         .zero = s.zero,
+                         .recompute = p.layout.recompute,
+                         .sequence_parallel = p.layout.sequence_parallel,
+                         .keep = static_cast<std::size_t>(s.top)},
+                        &p.counted);
+  require_usage(!p.candidates.empty(), "--search: no layout of " + str(p.gpus) + " GPUs splits " +
+                                           str(B) + " sequences into microbatches of " + str(b) +
+                                           " with tp dividing " + str(p.model.heads) +
+                                           " heads and pp dividing " + str(p.model.layers) +
+                                           " layers");
+  if (p.layout_given || s.microbatches != 0) return false;
+  p.layout = p.counted.fastest ? p.counted.fastest->layout : p.candidates.front().layout;
+  return true;
+}
+
+/// dp (the GPUs the others leave, unless given) and m (B / (d e b), unless given).
+void resolve_batch(const PlanSettings& s, ResolvedPlan& p, std::int64_t given_batch) {
+  Layout& L = p.layout;
+  const int b = L.microbatch_size;
+  std::vector<Axis> others;
+  for (Axis axis : kAxes)
+    if (axis != Axis::dp) others.push_back(axis);
+  const double rest = product(L.mesh, others);  // the GPUs of a replica
+  require_usage(L.mesh.dp != 0 || (rest <= double(p.gpus) && p.gpus % std::int64_t(rest) == 0),
+                str(p.gpus) + " GPUs: " + mesh_name(L.mesh, others) + " = " + num(rest) +
                     " does not divide them; give --dp --tp --pp, or --search");
-  const std::int64_t dp = s.dp != 0 ? s.dp : p.gpus / others;
-  require_usage(dp <= kMaxGpus, "--dp " + str(dp) + ": too many GPUs");
-  L.dp = int(dp);
-  const std::int64_t replicas = dp * ep;  // each its own sequences
+  if (L.mesh.dp == 0) L.mesh.dp = int(p.gpus / std::int64_t(rest));
+  check_mesh_size(L.mesh, double(kMaxGpus));
+  const std::int64_t replicas = std::int64_t{L.mesh.dp} * L.mesh.ep;  // each its own sequences
   std::int64_t B = given_batch;
-  if (B == 0) B = s.microbatches != 0 ? replicas * s.microbatches * b : run.batch;
+  if (B == 0) B = s.microbatches != 0 ? replicas * s.microbatches * b : p.model.run.batch;
   require_usage(B != 0, "--model custom: give --batch (sequences a step) or --microbatches");
   require_usage(B <= INT_MAX, "a batch of " + str(B) + " sequences: at most 2^31 - 1");
-  const std::string dp_words = "dp " + str(dp) + (ep > 1 ? " x ep " + str(ep) : std::string());
+  const std::string dp_words = mesh_name(L.mesh, {Axis::dp, Axis::ep});
   if (s.microbatches != 0) {
     L.microbatches = s.microbatches;
     require_usage(L.batch() == B, "--batch " + str(B) + " but " + dp_words + " x " +
                                       str(s.microbatches) + " microbatches x b " + str(b) + " = " +
                                       str(L.batch()));
-  } else {
-    require_usage(B % (replicas * b) == 0, "a batch of " + str(B) +
-                                               " sequences is no whole number " +
-                                               "of microbatches of b = " + str(b) + " on " +
-                                               dp_words + ": give --batch or --microbatches");
-    L.microbatches = int(B / (replicas * b));
+    return;
   }
+  require_usage(B % (replicas * b) == 0,
+                "a batch of " + str(B) + " sequences is no whole number of microbatches of b = " +
+                    str(b) + " on " + dp_words + ": give --batch or --microbatches");
+  L.microbatches = int(B / (replicas * b));
+}
+
+}  // namespace
+
+ResolvedPlan resolve_plan(const PlanSettings& s) {
+  ResolvedPlan p;
+  p.model = resolve_model(s);
+  p.cluster = resolve_cluster(s, p.model);
+  require_usage(s.zero >= 0 && s.zero <= 3, "--zero " + str(s.zero) + ": the stages are 0 to 3");
+  p.layout_given = s.mesh != PlanSettings{}.mesh;
+  Layout& L = p.layout;
+  L = {.mesh = given_mesh(s, p.model),
+       .microbatch_size = s.microbatch_size != 0    ? s.microbatch_size
+                          : p.model.run.gpus() != 0 ? p.model.run.microbatch_size
+                                                    : 1,
+       .zero = s.zero,
+       .recompute = parse_recompute(s.recompute),
+       .sequence_parallel = s.sequence_parallel};
+  p.gpus = resolve_gpus(s, p.model, L.mesh);
+  p.tokens = s.tokens != 0 ? s.tokens : p.model.run.tokens;
+  require_usage(std::isfinite(p.tokens) && p.tokens > 0,
+                "--tokens " + num(p.tokens) + ": a positive number");
+  const std::int64_t batch =
+      s.batch != 0 ? whole("--batch", s.batch, 1, INT_MAX, "a number of sequences") : 0;
+  if (s.search && search_layouts(s, p, batch)) return p;
+  resolve_batch(s, p, batch);
   check_layout(p.model, L, p.gpus);
   return p;
 }
@@ -296,9 +303,7 @@ void validate_plan(const PlanSettings& settings) { resolve_plan(settings); }
 namespace {
 
 std::string layout_words(const Layout& L) {
-  return "dp " + str(L.dp) + (L.ep > 1 ? " x ep " + str(L.ep) : std::string()) +
-         (L.cp > 1 ? " x cp " + str(L.cp) : std::string()) + " x tp " + str(L.tp) + " x pp " +
-         str(L.pp) + " = " + str(L.gpus()) + " GPUs, m = " + str(L.microbatches) +
+  return mesh_name(L.mesh) + " = " + str(L.gpus()) + " GPUs, m = " + str(L.microbatches) +
          " microbatches of b = " + str(L.microbatch_size) + " (B = " + str(L.batch()) + ")";
 }
 
@@ -306,24 +311,31 @@ std::string group_words(const AxisCost& a) {
   return a.size == 1 ? "-" : a.crosses_nodes ? "crosses nodes" : "inside a node";
 }
 
-Table memory_table(const ModelSpec& m, const Layout& L, const MemoryEstimate& e) {
-  const double psi = stage_parameters(m, L.tp, L.pp),
-               experts = expert_parameters(m, L.tp, L.pp, L.ep);
-  // With cp or ep the dense weights' copies are d e c, the experts' d c.
-  const std::string d = L.cp * L.ep > 1 ? "(d e c = " + str(L.dp * L.ep * L.cp) + ")" : str(L.dp);
-  const std::string of =
-      " of " + num(psi) + " parameters" +
-      (experts > 0 ? " (and " + num(experts) + " experts' over d c = " + str(L.dp * L.cp) + ")"
-                   : std::string());
+/// Korthikanti Table 2's row for the layout, as a formula.
+std::string activation_formula(const ModelSpec& m, const Layout& L) {
   std::string acts =
       L.recompute == Recompute::full ? "2 s b h"
       : L.recompute == Recompute::selective
           ? (L.sequence_parallel ? "s b h 34/t" : "s b h (10 + 24/t)")
           : (L.sequence_parallel ? "s b h (34 + 5as/h)/t" : "s b h (10 + 24/t + 5as/(ht))");
   if (L.recompute == Recompute::full && L.sequence_parallel) acts += "/t";
-  if (L.cp > 1) acts = "(" + acts + ")/c";
+  if (L.mesh.cp > 1) acts = "(" + acts + ")/c";
   if (m.experts > 0 && L.recompute != Recompute::full)
     acts += ", + (k-1) 16 s b h/(t c) a MoE layer";
+  return acts;
+}
+
+Table memory_table(const ModelSpec& m, const Layout& L, const MemoryEstimate& e) {
+  const MeshShape& g = L.mesh;
+  const double psi = stage_parameters(m, g.tp, g.pp),
+               experts = expert_parameters(m, g.tp, g.pp, g.ep);
+  // With cp or ep the dense weights' copies are d e c, the experts' d c.
+  const std::string d =
+      g.cp * g.ep > 1 ? "(d e c = " + num(product(g, kReplicaAxes)) + ")" : str(g.dp);
+  const std::string of = " of " + num(psi) + " parameters" +
+                         (experts > 0 ? " (and " + num(experts) + " experts' over d c = " +
+                                            num(product(g, kExpertReplicaAxes)) + ")"
+                                      : std::string());
   Table t({"category", "bytes", "GB", "formula"});
   t.add({"params", e.params, ch05::gb(e.params),
          "2 bytes" + of + (L.zero >= 3 ? ", / dp " + d : std::string())});
@@ -332,11 +344,45 @@ Table memory_table(const ModelSpec& m, const Layout& L, const MemoryEstimate& e)
   t.add({"optimizer", e.optimizer, ch05::gb(e.optimizer),
          "12 bytes (fp32 master, m, v)" + of + (L.zero >= 1 ? ", / dp " + d : std::string())});
   t.add({"activations", e.activations, ch05::gb(e.activations),
-         acts + " a layer (recompute " + recompute_name(L.recompute) + ") x " +
-             str(m.layers / L.pp) + " layers x " + str(std::min(L.pp, L.microbatches)) +
+         activation_formula(m, L) + " a layer (recompute " + recompute_name(L.recompute) + ") x " +
+             str(m.layers / g.pp) + " layers x " + str(std::min(g.pp, L.microbatches)) +
              " microbatches in flight"});
   t.add({"total", e.total(), ch05::gb(e.total()), "ZeRO stage " + str(L.zero)});
   return t;
+}
+
+/// The formula of each axis's bytes in the step table.
+PerAxis<std::string> step_formulas(const ResolvedPlan& p) {
+  const Layout& L = p.layout;
+  const MeshShape& g = L.mesh;
+  const std::string layers = str(p.model.layers / g.pp), m = str(L.microbatches);
+  PerAxis<std::string> f;
+  f[Axis::tp] = str(tp_allreduces_per_layer(L)) + " allreduces of b s h x " + layers +
+                " layers x " + m + " microbatches, 2(t-1)/t each" +
+                (L.sequence_parallel ? " (sp: the backward's 2 all-gathers are the 5th)" : "");
+  const std::string factor = L.zero == 3 ? "3" : "2";
+  const std::string dense = num(stage_parameters(p.model, g.tp, g.pp));
+  const double experts = expert_parameters(p.model, g.tp, g.pp, g.ep);
+  f[Axis::dp] =
+      g.cp * g.ep > 1 || experts > 0
+          ? factor + "(n-1)/n x " + dense +
+                " gradients, n = d e c = " + num(product(g, kReplicaAxes)) +
+                (experts > 0 ? "; " + factor + "(n-1)/n x " + num(experts) +
+                                   " experts', n = d c = " + num(product(g, kExpertReplicaAxes))
+                             : std::string()) +
+                " (ZeRO " + str(L.zero) + ")"
+          : factor + "(d-1)/d x " + dense + " gradients (ZeRO " + str(L.zero) + ")";
+  f[Axis::pp] = std::string(g.pp == 2 ? "b s h" : "2 b s h") + (L.sequence_parallel ? "/t" : "") +
+                (g.cp > 1 ? "/c" : "") + " a microbatch x " + m;
+  f[Axis::cp] = "blocks of k or v, s/c b h/t: " +
+                std::string(L.recompute == Recompute::none ? "2 (c-1)" : "2 x 2 (c-1)") +
+                " forward + 4 (c-1) + 2 backward, x " + layers + " layers x " + m +
+                " microbatches (chapter 10's ring)";
+  f[Axis::ep] = std::string(L.recompute == Recompute::full ? "6" : "4") +
+                " passes of k b s/c h x (e-1)/e (an even router) x " +
+                str(p.model.moe_layers(0, p.model.layers / g.pp)) + " MoE layers x " + m +
+                " microbatches";
+  return f;
 }
 
 Table step_table(const ResolvedPlan& p, const StepEstimate& st) {
@@ -345,59 +391,40 @@ Table step_table(const ResolvedPlan& p, const StepEstimate& st) {
   t.add({"compute", p.gpus, "-", 0.0, 0.0, st.compute_s,
          "F / (n X), F = " + num(st.flops) + " (recompute " + recompute_name(L.recompute) +
              "), X = " + num(p.cluster.achieved_tflops) + " TFLOP/s"});
-  t.add({"bubble", L.pp, "-", 0.0, 0.0, st.bubble_s,
+  t.add({"bubble", L.mesh.pp, "-", 0.0, 0.0, st.bubble_s,
          "(p - 1)/m = " + num(st.bubble_fraction, 3) + " of compute (1F1B)"});
-  const auto axis = [&](const char* name, const AxisCost& a, const std::string& formula) {
-    t.add({name, a.size, group_words(a), a.size > 1 ? a.link_GBps : 0.0, a.bytes, a.seconds,
-           a.size > 1 ? formula : std::string("-")});
-  };
-  axis("tp", st.tp,
-       str(tp_allreduces_per_layer(L)) + " allreduces of b s h x " + str(p.model.layers / L.pp) +
-           " layers x " + str(L.microbatches) + " microbatches, 2(t-1)/t each" +
-           (L.sequence_parallel ? " (sp: the backward's 2 all-gathers are the 5th)" : ""));
-  const std::string factor = L.zero == 3 ? "3" : "2";
-  const double experts = expert_parameters(p.model, L.tp, L.pp, L.ep);
-  axis("dp", st.dp,
-       L.cp * L.ep > 1 || experts > 0
-           ? factor + "(n-1)/n x " + num(stage_parameters(p.model, L.tp, L.pp)) +
-                 " gradients, n = d e c = " + str(L.dp * L.ep * L.cp) +
-                 (experts > 0 ? "; " + factor + "(n-1)/n x " + num(experts) +
-                                    " experts', n = d c = " + str(L.dp * L.cp)
-                              : std::string()) +
-                 " (ZeRO " + str(L.zero) + ")"
-           : factor + "(d-1)/d x " + num(stage_parameters(p.model, L.tp, L.pp)) +
-                 " gradients (ZeRO " + str(L.zero) + ")");
-  axis("pp", st.pp,
-       std::string(L.pp == 2 ? "b s h" : "2 b s h") + (L.sequence_parallel ? "/t" : "") +
-           (L.cp > 1 ? "/c" : "") + " a microbatch x " + str(L.microbatches));
-  if (L.cp > 1)
-    axis("cp", st.cp,
-         "blocks of k or v, s/c b h/t: " +
-             std::string(L.recompute == Recompute::none ? "2 (c-1)" : "2 x 2 (c-1)") +
-             " forward + 4 (c-1) + 2 backward, x " + str(p.model.layers / L.pp) + " layers x " +
-             str(L.microbatches) + " microbatches (chapter 10's ring)");
-  if (L.ep > 1)
-    axis("ep", st.ep,
-         std::string(L.recompute == Recompute::full ? "6" : "4") +
-             " passes of k b s/c h x (e-1)/e (an even router) x " +
-             str(p.model.moe_layers(0, p.model.layers / L.pp)) + " MoE layers x " +
-             str(L.microbatches) + " microbatches");
-  t.add({"step", L.gpus(), "-", 0.0,
-         st.tp.bytes + st.dp.bytes + st.pp.bytes + st.cp.bytes + st.ep.bytes, st.total_s(),
-         std::string("compute + bubble + tp + dp + pp") + (L.cp > 1 ? " + cp" : "") +
-             (L.ep > 1 ? " + ep" : "") + " (no overlap)"});
+  const PerAxis<std::string> formulas = step_formulas(p);
+  std::string parts = "compute + bubble", bytes_text;
+  double bytes = 0;
+  for (Axis axis : shown_axes(L.mesh)) {
+    const AxisCost& a = st.axes[axis];
+    t.add({std::string(axis_name(axis)), a.size, group_words(a), a.size > 1 ? a.link_GBps : 0.0,
+           a.bytes, a.seconds, a.size > 1 ? formulas[axis] : std::string("-")});
+    parts += " + " + std::string(axis_name(axis));
+    bytes += a.bytes;
+  }
+  t.add({"step", L.gpus(), "-", 0.0, bytes, st.total_s(), parts + " (no overlap)"});
   return t;
 }
 
 Table search_table(const std::vector<Candidate>& found) {
-  Table t({"rank", "dp", "ep", "cp", "tp", "pp", "microbatches", "step_time_s", "bubble",
-           "communication_s", "memory_gb", "fits", "tp_crosses_nodes", "memory_per_gpu_bytes"});
+  std::vector<std::string> columns{"rank"};
+  for (Axis axis : kAxes) columns.emplace_back(axis_name(axis));
+  for (const char* c : {"microbatches", "step_time_s", "bubble", "communication_s", "memory_gb",
+                        "fits", "tp_crosses_nodes", "memory_per_gpu_bytes"})
+    columns.emplace_back(c);
+  Table t(columns);
   int rank = 0;
-  for (const Candidate& k : found)
-    t.add({++rank, k.layout.dp, k.layout.ep, k.layout.cp, k.layout.tp, k.layout.pp,
-           k.layout.microbatches, k.step.total_s(), k.step.bubble_fraction,
-           k.step.communication_s(), k.memory.total() / 1e9, k.fits, k.crossings.tp,
-           k.memory.total()});
+  for (const Candidate& k : found) {
+    std::vector<shardlab::Cell> row{++rank};
+    for (Axis axis : kAxes) row.emplace_back(k.layout.mesh.size(axis));
+    for (shardlab::Cell cell : std::vector<shardlab::Cell>{
+             k.layout.microbatches, k.step.total_s(), k.step.bubble_fraction,
+             k.step.communication_s(), k.memory.total() / 1e9, k.fits, bool(k.crossings[Axis::tp]),
+             k.memory.total()})
+      row.push_back(cell);
+    t.add(row);
+  }
   return t;
 }
 
@@ -407,13 +434,12 @@ Table seeds_table() {
     const char* seed;
     const char* says;
     const char* model;
-    const char* mesh;
     const char* truth;
   };
   const Seed seeds[] = {
-      {"so-large-lm ch. 8, sec. 6", "GPT-3", "1t", "64 pp x 6 dp x 8 tp",
+      {"so-large-lm ch. 8, sec. 6", "GPT-3", "1t",
        "NVIDIA's 1T model (Narayanan et al. 2021, Table 1's last row), not GPT-3"},
-      {"CS336 lecture 7, sec. 5.1", "GPT-3 175B", "gpt3-175b", "8 dp x 8 tp x 16 pp",
+      {"CS336 lecture 7, sec. 5.1", "GPT-3 175B", "gpt3-175b",
        "GPT-3 175B as the notes lay it out (no layout was published); days: an estimate"},
   };
   Table t({"seed", "says", "mesh", "gpus", "is", "params", "memory_gb", "fits", "training_days"});
@@ -422,30 +448,18 @@ Table seeds_table() {
     settings.model = s.model;
     const ResolvedPlan p = resolve_plan(settings);
     const double P = parameters(p.model), total = memory_per_gpu(p.model, p.layout).total();
-    t.add({s.seed, s.says, s.mesh, p.gpus, s.truth, P, total / 1e9,
+    t.add({s.seed, s.says, mesh_name(p.layout.mesh), p.gpus, s.truth, P, total / 1e9,
            total <= p.cluster.gpu_memory_bytes,
            training_days(P, p.tokens, double(p.gpus), p.cluster.achieved_tflops * 1e12, true)});
   }
   return t;
 }
 
-}  // namespace
-
-void report_plan(shardlab::Context& ctx, const PlanSettings& s) {
-  const ResolvedPlan p = resolve_plan(s);
+/// The plan's first lines: the model, the cluster and the layout.
+void say_plan(shardlab::Context& ctx, const PlanSettings& s, const ResolvedPlan& p) {
   const ModelSpec& m = p.model;
   const ClusterSpec& c = p.cluster;
   const Layout& L = p.layout;
-  const double P = parameters(m), n = double(p.gpus), X = c.achieved_tflops * 1e12;
-  const bool recomputation = L.recompute == Recompute::full;  // eq. 4's 8 rather than 6
-  const double F = flops_per_iteration(m, double(L.batch()));
-  // Eq. 4 counts the FLOPs a token costs: of a MoE model, the parameters a token meets.
-  const double active = active_parameters(m);
-  const double days = training_days(active, p.tokens, n, X, recomputation);
-  const MemoryEstimate mem = memory_per_gpu(m, L);
-  const bool fits = mem.total() <= c.gpu_memory_bytes;
-  const StepEstimate st = step_time(m, c, L);
-
   ctx.say("Chapter 08 - the planner, on paper: " + m.name + " on " + str(p.gpus) + " x " + c.name +
           " (Narayanan et al. 2021; Korthikanti et al. 2022)");
   ctx.say("  model: l = " + str(m.layers) + " layers, h = " + str(m.hidden) +
@@ -461,100 +475,113 @@ void report_plan(shardlab::Context& ctx, const PlanSettings& s) {
   ctx.say("  layout: " + layout_words(L) +
           (s.search && !p.layout_given ? ", the search's pick" : "") + "; ZeRO " + str(L.zero) +
           ", recompute " + recompute_name(L.recompute) + ", sequence parallel " +
-          (L.sequence_parallel ? "yes" : "no") +
-          (L.cp * L.ep > 1 ? "; mesh order pp, dp, ep, cp, tp (tp fastest): rank = (((pp_i dp + "
-                             "dp_i) ep + ep_i) cp + cp_i) tp + tp_i"
-                           : "; mesh order pp, dp, tp (tp fastest): rank = (pp_i dp + dp_i) tp + "
-                             "tp_i"));
+          (L.sequence_parallel ? "yes" : "no") + "; tp fastest: rank = " + rank_formula(L.mesh));
+}
 
+/// Narayanan et al.'s eqs. 2-4 for the plan.
+Table estimate_table(const ResolvedPlan& p) {
+  const ModelSpec& m = p.model;
+  const Layout& L = p.layout;
+  const bool moe = m.experts > 0, recomputation = L.recompute == Recompute::full;
   Table estimate({"quantity", "value", "formula"});
-  const bool moe = m.experts > 0;
   estimate.add(
-      {"parameters P", P,
+      {"parameters P", parameters(m),
        std::string("eq. 2: 12 l h^2 (1 + 13/(12h) + (V + s)/(12 l h))") +
            (moe ? " + each MoE layer's E - 1 more MLPs (8 h^2 + 5 h) and router h E" : "")});
-  estimate.add({"FLOPs per iteration F", F,
+  estimate.add({"FLOPs per iteration F", flops_per_iteration(m, double(L.batch())),
                 "eq. 3: 96 B s l h^2 (1 + s/(6h) + V/(16 l h)), B = " + str(L.batch()) +
                     (moe ? " + (k - 1) 64 B s h^2 a MoE layer" : "")});
   if (moe)
-    estimate.add({"parameters a token meets", active,
+    estimate.add({"parameters a token meets", active_parameters(m),
                   "P with k of each MoE layer's E experts (k - 1 more MLPs, and the router)"});
-  estimate.add({"training days", days,
+  estimate.add({"training days", plan_days(p),
                 std::string("eq. 4: ") + (recomputation ? "8" : "6") + " T P" +
                     (moe ? "_token" : "") + " / (n X), T = " + num(p.tokens) + " tokens, n = " +
-                    str(p.gpus) + ", X = " + num(c.achieved_tflops) + " TFLOP/s"});
-  ctx.report(estimate, "estimate", "\nNarayanan et al. 2021 §5.1:");
+                    str(p.gpus) + ", X = " + num(p.cluster.achieved_tflops) + " TFLOP/s"});
+  return estimate;
+}
 
-  ctx.report(memory_table(m, L, mem), "memory",
-             "\nMemory of a GPU of the first pipeline stage (states: chapter 05's ZeRO; "
-             "activations: Korthikanti et al. Table 2, 1F1B's in-flight microbatches):");
-  const std::string numbers = ch05::gb(mem.total()) + " of the GPU's " +
-                              ch05::gb(c.gpu_memory_bytes) + " (model states " +
-                              ch05::gb(mem.params + mem.grads + mem.optimizer) + ", activations " +
-                              ch05::gb(mem.activations) + ")";
-  ctx.say(fits ? "  fits: " + numbers : "  does not fit: " + numbers);
-
-  ctx.report(step_table(p, st), "step",
-             "\nOne step, per GPU (communication all exposed, none overlapped: an upper bound):");
-
-  nlohmann::json& j = ctx.json();
-  j["model"] = m.name;
-  j["cluster"] = c.name;
+/// The plan's figures under --json.
+void plan_json(nlohmann::json& j, const ResolvedPlan& p, const MemoryEstimate& mem,
+               const StepEstimate& st) {
+  const Layout& L = p.layout;
+  j["model"] = p.model.name;
+  j["cluster"] = p.cluster.name;
   j["gpus"] = p.gpus;
-  j["layout"] = {{"dp", L.dp},
-                 {"tp", L.tp},
-                 {"pp", L.pp},
-                 {"cp", L.cp},
-                 {"ep", L.ep},
-                 {"microbatches", L.microbatches},
+  nlohmann::json layout = nlohmann::json::object();
+  for (Axis axis : kAxes) layout[std::string(axis_name(axis))] = L.mesh.size(axis);
+  layout.update({{"microbatches", L.microbatches},
                  {"microbatch_size", L.microbatch_size},
                  {"batch", L.batch()},
                  {"zero", L.zero},
                  {"recompute", recompute_name(L.recompute)},
-                 {"sequence_parallel", L.sequence_parallel}};
-  j["params"] = P;
-  j["flops_per_iteration"] = F;
-  j["training_days"] = days;
+                 {"sequence_parallel", L.sequence_parallel}});
+  j["layout"] = layout;
+  j["params"] = parameters(p.model);
+  j["flops_per_iteration"] = flops_per_iteration(p.model, double(L.batch()));
+  j["training_days"] = plan_days(p);
   j["memory_per_gpu_bytes"] = {{"params", mem.params},
                                {"grads", mem.grads},
                                {"optimizer", mem.optimizer},
                                {"activations", mem.activations},
                                {"total", mem.total()}};
-  j["gpu_memory_bytes"] = c.gpu_memory_bytes;
-  j["fits"] = fits;
-  j["communication_bytes"] = {{"tp", st.tp.bytes},
-                              {"dp", st.dp.bytes},
-                              {"pp", st.pp.bytes},
-                              {"cp", st.cp.bytes},
-                              {"ep", st.ep.bytes}};
-  j["communication_time_s"] = {{"tp", st.tp.seconds},
-                               {"dp", st.dp.seconds},
-                               {"pp", st.pp.seconds},
-                               {"cp", st.cp.seconds},
-                               {"ep", st.ep.seconds}};
-  j["crosses_nodes"] = {{"tp", st.tp.crosses_nodes},
-                        {"dp", st.dp.crosses_nodes},
-                        {"pp", st.pp.crosses_nodes},
-                        {"cp", st.cp.crosses_nodes},
-                        {"ep", st.ep.crosses_nodes}};
+  j["gpu_memory_bytes"] = p.cluster.gpu_memory_bytes;
+  j["fits"] = mem.total() <= p.cluster.gpu_memory_bytes;
+  for (Axis axis : kAxes) {
+    const std::string name(axis_name(axis));
+    j["communication_bytes"][name] = st.axes[axis].bytes;
+    j["communication_time_s"][name] = st.axes[axis].seconds;
+    j["crosses_nodes"][name] = st.axes[axis].crosses_nodes;
+  }
   j["compute_time_s"] = st.compute_s;
   j["bubble_fraction"] = st.bubble_fraction;
   j["bubble_time_s"] = st.bubble_s;
   j["step_time_s"] = st.total_s();
+}
 
-  if (s.search) {
-    const Table found = search_table(p.candidates);
-    int fitting = 0;
-    for (const Candidate& k : p.candidates) fitting += k.fits;
-    ctx.report(found, "search",
-               "\n--search: every dp x ep x cp x tp x pp = " + str(p.gpus) +
-                   " with m = B/(dp ep b), B = " + str(p.candidates.front().layout.batch()) +
-                   ", fastest first (" + str(std::int64_t(p.candidates.size())) + " layouts, " +
-                   str(fitting) + " fit in " + ch05::gb(c.gpu_memory_bytes) +
-                   "; the rest marked, not hidden)");
-    if (s.csv) ctx.save_csv(found, "08_hybrid_mesh_search");
-  }
+/// --search's ranking: the fastest `top` layouts, and how many there were.
+void report_search(shardlab::Context& ctx, const PlanSettings& s, const ResolvedPlan& p) {
+  const Table found = search_table(p.candidates);
+  const std::int64_t shown = std::int64_t(p.candidates.size());
+  ctx.report(found, "search",
+             "\n--search: every dp x ep x cp x tp x pp = " + str(p.gpus) +
+                 " with m = B/(dp ep b), B = " + str(p.candidates.front().layout.batch()) + ": " +
+                 str(p.counted.layouts) + " layouts, " + str(p.counted.fit) + " fit in " +
+                 ch05::gb(p.cluster.gpu_memory_bytes) +
+                 (shown < p.counted.layouts ? "; the fastest " + str(shown) + " (--top N for more)"
+                                            : std::string("")) +
+                 ", fastest first (those that do not fit marked, not hidden)");
+  if (s.csv) ctx.save_csv(found, "08_hybrid_mesh_search");
+}
 
+}  // namespace
+
+double plan_days(const ResolvedPlan& p) {
+  // Eq. 4 counts the FLOPs a token costs: of a MoE model, the parameters a token meets.
+  return training_days(active_parameters(p.model), p.tokens, double(p.gpus),
+                       p.cluster.achieved_tflops * 1e12,
+                       p.layout.recompute == Recompute::full);  // eq. 4's 8 rather than 6
+}
+
+void report_plan(shardlab::Context& ctx, const PlanSettings& s) {
+  const ResolvedPlan p = resolve_plan(s);
+  const MemoryEstimate mem = memory_per_gpu(p.model, p.layout);
+  const StepEstimate st = step_time(p.model, p.cluster, p.layout);
+
+  say_plan(ctx, s, p);
+  ctx.report(estimate_table(p), "estimate", "\nNarayanan et al. 2021 §5.1:");
+  ctx.report(memory_table(p.model, p.layout, mem), "memory",
+             "\nMemory of a GPU of the first pipeline stage (states: chapter 05's ZeRO; "
+             "activations: Korthikanti et al. Table 2, 1F1B's in-flight microbatches):");
+  const double gpu = p.cluster.gpu_memory_bytes;
+  const std::string numbers = ch05::gb(mem.total()) + " of the GPU's " + ch05::gb(gpu) +
+                              " (model states " + ch05::gb(mem.params + mem.grads + mem.optimizer) +
+                              ", activations " + ch05::gb(mem.activations) + ")";
+  ctx.say(mem.total() <= gpu ? "  fits: " + numbers : "  does not fit: " + numbers);
+  ctx.report(step_table(p, st), "step",
+             "\nOne step, per GPU (communication all exposed, none overlapped: an upper bound):");
+  plan_json(ctx.json(), p, mem, st);
+  if (s.search) report_search(ctx, s, p);
   ctx.report(seeds_table(), "seed_layouts",
              "\nThe seeds' two layouts, as their papers ran them (A100s, full recomputation):");
 }

@@ -59,13 +59,12 @@ struct PlanSettings {
   std::string recompute = "full";
   bool sequence_parallel = false;  ///< Korthikanti §4.2.2's sequence parallelism
   bool search = false;             ///< rank every (dp, ep, cp, tp, pp, m) of the GPUs (search)
-  int dp = 0;                      ///< the layout's, or 0: the preset run's (or the search's)
-  int tp = 0;                      ///< the layout's, or 0
-  int pp = 0;                      ///< the layout's, or 0
-  int cp = 0;                      ///< the layout's, or 0: 1
-  int ep = 0;                      ///< the layout's, or 0: the preset run's (1 for a dense model)
-  int microbatches = 0;            ///< m, or 0: the preset run's (or B / (dp b))
-  bool csv = false;                ///< with search: also write 08_hybrid_mesh_search.csv
+  int top = 20;                    ///< with search: the fastest this many printed; 0: all
+  /// The layout's degrees; an axis at 0 was not given: the preset run's (dp: the GPUs the
+  /// others leave; cp 1; ep 1 for a dense model), or the search's.
+  MeshShape mesh{.pp = 0, .dp = 0, .ep = 0, .cp = 0, .tp = 0};
+  int microbatches = 0;  ///< m, or 0: the preset run's (or B / (dp b))
+  bool csv = false;      ///< with search: also write 08_hybrid_mesh_search.csv
 };
 
 /// Registers every flag of the planner (plan_main.cpp's program).
@@ -79,21 +78,26 @@ struct ResolvedPlan {
   std::int64_t gpus = 0;  ///< n
   double tokens = 0;      ///< T
   bool layout_given = false;          ///< --dp, --tp, --pp, --cp or --ep given
-  std::vector<Candidate> candidates;  ///< with --search, fastest first
+  std::vector<Candidate> candidates;  ///< with --search, fastest first (the spec's `keep`)
+  SearchCount counted;                ///< with --search, the layouts it considered
 };
 /// UsageError (one line) on bad input: non-positive sizes, tp not dividing the heads or the
-/// hidden size, pp not dividing the layers, dp x tp x pp != gpus, absurd GPU counts, a batch
-/// that is no whole number of microbatches, an unknown preset, X above the peak.
+/// hidden size, pp not dividing the layers, the mesh's product not the GPUs, absurd GPU
+/// counts, a batch that is no whole number of microbatches, an unknown preset, X above the
+/// peak.
 ResolvedPlan resolve_plan(const PlanSettings& settings);
+/// Eq. 4's days for the plan: 8 T P / (n X) with full recomputation, 6 without; P a MoE
+/// model's parameters a token meets.
+double plan_days(const ResolvedPlan& plan);
 /// resolve_plan's checks alone.
 void validate_plan(const PlanSettings& settings);
 
 /// Prints the plan's tables from rank 0 and fills the JSON (every rank may call it; it does
 /// not communicate): params, flops_per_iteration, training_days, memory_per_gpu_bytes {params,
-/// grads, optimizer, activations, total}, fits, communication_bytes and communication_time_s
-/// {tp, dp, pp}, compute_time_s, bubble_fraction, bubble_time_s, step_time_s, the tables
-/// estimate, memory, step, seed_layouts, and with --search `search` (ranked rows of dp, tp,
-/// pp, microbatches, step_time_s, memory_per_gpu_bytes, fits, ...).
+/// grads, optimizer, activations, total}, fits, communication_bytes, communication_time_s and
+/// crosses_nodes per axis, compute_time_s, bubble_fraction, bubble_time_s, step_time_s, the
+/// tables estimate, memory, step, seed_layouts, and with --search `search` (the fastest
+/// `top` rows: the mesh, microbatches, step_time_s, memory_per_gpu_bytes, fits, ...).
 void report_plan(shardlab::Context& ctx, const PlanSettings& settings);
 
 }  // namespace ch08

@@ -22,9 +22,7 @@ ModelSpec table_1_row(std::string name, int heads, int hidden, int layers, int t
           .hidden = hidden,
           .heads = heads,
           .source = "Narayanan et al. 2021, Table 1",
-          .run = {.gpus = gpus,
-                  .tp = tp,
-                  .pp = pp,
+          .run = {.mesh = {.pp = pp, .dp = gpus / (tp * pp), .tp = tp},
                   .batch = batch,
                   .achieved_tflops = tflops,
                   .tokens = 300e9}};
@@ -49,9 +47,7 @@ const std::vector<ModelSpec>& model_presets() {
                  .hidden = 12288,
                  .heads = 96,
                  .source = "GPT-3 175B (Brown et al. 2020, Table 2.1), V as Narayanan et al.",
-                 .run = {.gpus = 1024,
-                         .tp = 8,
-                         .pp = 16,
+                 .run = {.mesh = {.pp = 16, .dp = 8, .tp = 8},
                          .batch = 1536,
                          .achieved_tflops = 140,
                          .tokens = 300e9}});
@@ -72,13 +68,15 @@ const std::vector<ModelSpec>& model_presets() {
     v.back().run.tokens = 450e9;
     // Korthikanti et al. 2022, Table 3's smallest (8 GPUs, tp 8, B = 4, b = 4: one
     // microbatch of 4 sequences).
-    v.push_back(
-        {.name = "22b",
-         .layers = 48,
-         .hidden = 6144,
-         .heads = 64,
-         .source = "Korthikanti et al. 2022, Table 3",
-         .run = {.gpus = 8, .tp = 8, .pp = 1, .batch = 4, .microbatch_size = 4, .tokens = 300e9}});
+    v.push_back({.name = "22b",
+                 .layers = 48,
+                 .hidden = 6144,
+                 .heads = 64,
+                 .source = "Korthikanti et al. 2022, Table 3",
+                 .run = {.mesh = {.pp = 1, .dp = 1, .tp = 8},
+                         .batch = 4,
+                         .microbatch_size = 4,
+                         .tokens = 300e9}});
     // DeepSpeed-MoE's GPT-3-style MoE models (Rajbhandari et al. 2022: Tables 2 and 4 print
     // 13B and 52B; their text: 128 experts on every other feed-forward layer, 12 MoE layers,
     // top-1, 300B tokens on 128 A100s); the base models' 24 layers, 1024 or 2048 wide, 16
@@ -95,7 +93,7 @@ const std::vector<ModelSpec>& model_presets() {
                    .vocab = 50304,
                    .source = std::string("DeepSpeed-MoE (Rajbhandari et al. 2022): ") + printed +
                              ", 128 experts in every other layer, top-1",
-                   .run = {.gpus = 128, .batch = batch, .tokens = 300e9, .ep = 128},
+                   .run = {.mesh = {.dp = 1, .ep = 128}, .batch = batch, .tokens = 300e9},
                    .experts = 128,
                    .top_k = 1,
                    .moe_every = 2});
@@ -217,31 +215,26 @@ void check_model(const ModelSpec& m) {
 }
 
 void check_layout(const ModelSpec& m, const Layout& L, std::int64_t gpus) {
-  for (const auto& [what, value] : {std::pair{"dp", L.dp},
-                                    {"tp", L.tp},
-                                    {"pp", L.pp},
-                                    {"microbatches", L.microbatches},
-                                    {"microbatch size", L.microbatch_size}})
+  for (const auto& [what, value] :
+       {std::pair{"microbatches", L.microbatches}, {"microbatch size", L.microbatch_size}})
     require_usage(value >= 1, std::string(what) + " is " + str(value) + ": it must be at least 1");
   require_usage(gpus >= 1 && gpus <= kMaxGpus,
                 str(gpus) + " GPUs: a plan has 1 to " + str(kMaxGpus) + " (2^24)");
-  require_usage(m.heads % L.tp == 0,
-                "tp " + str(L.tp) + " does not divide the " + str(m.heads) + " heads");
-  require_usage(m.hidden % L.tp == 0,
-                "tp " + str(L.tp) + " does not divide the hidden size " + str(m.hidden));
-  require_usage(m.layers % L.pp == 0,
-                "pp " + str(L.pp) + " does not divide the " + str(m.layers) + " layers");
-  require_usage(L.cp >= 1 && m.seq % L.cp == 0,
-                "cp " + str(L.cp) + " does not divide the sequence of " + str(m.seq));
-  require_usage(L.ep >= 1 && (L.ep == 1 || (m.experts > 0 && m.experts % L.ep == 0)),
-                "ep " + str(L.ep) +
+  check_mesh_size(L.mesh, double(kMaxGpus));
+  require_usage(m.heads % L.mesh.tp == 0,
+                "tp " + str(L.mesh.tp) + " does not divide the " + str(m.heads) + " heads");
+  require_usage(m.hidden % L.mesh.tp == 0,
+                "tp " + str(L.mesh.tp) + " does not divide the hidden size " + str(m.hidden));
+  require_usage(m.layers % L.mesh.pp == 0,
+                "pp " + str(L.mesh.pp) + " does not divide the " + str(m.layers) + " layers");
+  require_usage(m.seq % L.mesh.cp == 0,
+                "cp " + str(L.mesh.cp) + " does not divide the sequence of " + str(m.seq));
+  require_usage(L.mesh.ep == 1 || (m.experts > 0 && m.experts % L.mesh.ep == 0),
+                "ep " + str(L.mesh.ep) +
                     (m.experts > 0 ? " does not divide the " + str(m.experts) + " experts"
                                    : " splits experts: a dense model has none"));
-  const std::string extra = (L.ep > 1 ? " x ep " + str(L.ep) : std::string()) +
-                            (L.cp > 1 ? " x cp " + str(L.cp) : std::string());
-  require_usage(L.gpus() == gpus, "dp " + str(L.dp) + extra + " x tp " + str(L.tp) + " x pp " +
-                                      str(L.pp) + " = " + str(L.gpus()) + ", but there are " +
-                                      str(gpus) + " GPUs");
+  require_usage(L.gpus() == gpus,
+                mesh_name(L.mesh) + " = " + str(L.gpus()) + " GPUs, but there are " + str(gpus));
   require_usage(L.zero >= 0 && L.zero <= 3,
                 "ZeRO stage " + str(L.zero) + ": the stages are 0 to 3");
 }
@@ -288,23 +281,25 @@ double expert_parameters(const ModelSpec& m, int tp, int pp, int ep) {
 MemoryEstimate memory_per_gpu(const ModelSpec& m, const Layout& L, ch05::Precision precision) {
   // The dense weights over their replicas (d e c), the experts over theirs (d c).
   const ch05::StageMemory states =
-      ch05::zero_memory(stage_parameters(m, L.tp, L.pp), L.dp * L.ep * L.cp, L.zero, precision);
+      ch05::zero_memory(stage_parameters(m, L.mesh.tp, L.mesh.pp),
+                        int(product(L.mesh, kReplicaAxes)), L.zero, precision);
   const ch05::StageMemory experts =
-      ch05::zero_memory(expert_parameters(m, L.tp, L.pp, L.ep), L.dp * L.cp, L.zero, precision);
+      ch05::zero_memory(expert_parameters(m, L.mesh.tp, L.mesh.pp, L.mesh.ep),
+                        int(product(L.mesh, kExpertReplicaAxes)), L.zero, precision);
   MemoryEstimate e;
   e.params = states.params + experts.params;
   e.grads = states.grads + experts.grads;
   e.optimizer = states.optimizer + experts.optimizer;
-  const double in_flight = std::min(L.pp, L.microbatches);  // 1F1B's first stage
-  const int layers = m.layers / L.pp;
+  const double in_flight = std::min(L.mesh.pp, L.microbatches);  // 1F1B's first stage
+  const int layers = m.layers / L.mesh.pp;
   // A MoE layer keeps its experts' products for each of a token's k choices: k - 1 more
   // MLPs' 16 s b h / t (its fc1's output, GELU's; not recomputed under full recompute).
   const double moe =
       L.recompute == Recompute::full
           ? 0.0
-          : (m.top_k - 1) * 16.0 * m.seq * L.microbatch_size * m.hidden / L.cp / L.tp;
-  e.activations = (activation_bytes_per_layer(m, L.microbatch_size, L.tp, L.sequence_parallel,
-                                              L.recompute, L.cp) *
+          : (m.top_k - 1) * 16.0 * m.seq * L.microbatch_size * m.hidden / L.mesh.cp / L.mesh.tp;
+  e.activations = (activation_bytes_per_layer(m, L.microbatch_size, L.mesh.tp, L.sequence_parallel,
+                                              L.recompute, L.mesh.cp) *
                        layers +
                    moe * m.moe_layers(0, layers)) *
                   in_flight;
@@ -328,13 +323,14 @@ NodeCrossings crosses_nodes(const Layout& L, int g) {
   auto crosses = [&](int size, std::int64_t block) {
     return size > 1 && !one_node && g % block != 0;
   };
-  const std::int64_t tp = L.tp, cp = tp * L.cp, ep = cp * L.ep, dp = ep * L.dp;
   NodeCrossings c;
-  c.tp = crosses(L.tp, tp);
-  c.cp = crosses(L.cp, cp);
-  c.ep = crosses(L.ep, ep);
-  c.dp = crosses(L.dp * L.ep * L.cp, dp);  // the replicas that sum the dense weights
-  c.pp = L.pp > 1 && !one_node;
+  std::int64_t block = 1;  // the ranks of the axes faster than this one, times its own
+  for (auto axis = std::rbegin(kAxes); axis != std::rend(kAxes); ++axis) {
+    block *= L.mesh.size(*axis);
+    c[*axis] = crosses(L.mesh.size(*axis), block);
+  }
+  // dp's groups are the replicas, d e c of them in a block of d e c t ranks.
+  c[Axis::dp] = crosses(int(product(L.mesh, kReplicaAxes)), block / L.mesh.pp);
   return c;
 }
 
@@ -360,49 +356,89 @@ StepEstimate step_time(const ModelSpec& m, const ClusterSpec& c, const Layout& L
   const double n = double(L.gpus()), X = c.achieved_tflops * 1e12;
   e.flops = step_flops(m, double(L.batch()), L.recompute);
   e.compute_s = e.flops / (n * X);
-  e.bubble_fraction = double(L.pp - 1) / L.microbatches;
+  e.bubble_fraction = double(L.mesh.pp - 1) / L.microbatches;
   e.bubble_s = e.bubble_fraction * e.compute_s;
 
   // fp16 on the wire; a GPU's tokens, s/c of each sequence's
-  const double bsh_bytes = 2.0 * m.seq / L.cp * L.microbatch_size * m.hidden;
-  const double m_ = L.microbatches, layers = m.layers / L.pp;
-  const double moe_layers = m.moe_layers(0, m.layers / L.pp);
+  const double bsh_bytes = 2.0 * m.seq / L.mesh.cp * L.microbatch_size * m.hidden;
+  const double m_ = L.microbatches, layers = m.layers / L.mesh.pp;
+  const double moe_layers = m.moe_layers(0, m.layers / L.mesh.pp);
   const NodeCrossings crossing = crosses_nodes(L, c.gpus_per_node);
-  auto cost = [&](int size, double bytes, bool crosses) {
-    AxisCost a{.size = size, .bytes = size > 1 ? bytes : 0.0, .crosses_nodes = crosses};
-    a.link_GBps = crosses ? c.network_GBps : c.nvlink_GBps;
+  auto cost = [&](Axis axis, double bytes) {
+    const int size = axis == Axis::dp ? int(product(L.mesh, kReplicaAxes)) : L.mesh.size(axis);
+    AxisCost& a = e.axes[axis];
+    a = {.size = size, .bytes = size > 1 ? bytes : 0.0, .crosses_nodes = crossing[axis]};
+    a.link_GBps = a.crosses_nodes ? c.network_GBps : c.nvlink_GBps;
     a.seconds = a.bytes / (a.link_GBps * 1e9);
-    return a;
   };
   // Half of a layer's allreduces are the MLP's: a MoE layer's k times (its experts' rows).
   const double allreduces =
       tp_allreduces_per_layer(L) / 2.0 * (2 * layers + moe_layers * (m.top_k - 1));
-  e.tp = cost(L.tp, m_ * allreduces * ring_allreduce_bytes(bsh_bytes, L.tp), crossing.tp);
-  const int replicas = L.dp * L.ep * L.cp;
-  e.dp = cost(
-      replicas,
-      2.0 * (ch05::zero_comm_elements(stage_parameters(m, L.tp, L.pp), replicas, L.zero) +
-             ch05::zero_comm_elements(expert_parameters(m, L.tp, L.pp, L.ep), L.dp * L.cp, L.zero)),
-      crossing.dp);
-  const int directions = L.pp == 2 ? 1 : 2;  // an inner stage sends both ways
-  e.pp = cost(L.pp, m_ * directions * bsh_bytes / (L.sequence_parallel ? L.tp : 1), crossing.pp);
+  cost(Axis::tp, m_ * allreduces * ring_allreduce_bytes(bsh_bytes, L.mesh.tp));
+  const int replicas = int(product(L.mesh, kReplicaAxes));
+  cost(
+      Axis::dp,
+      2.0 * (ch05::zero_comm_elements(stage_parameters(m, L.mesh.tp, L.mesh.pp), replicas, L.zero) +
+             ch05::zero_comm_elements(expert_parameters(m, L.mesh.tp, L.mesh.pp, L.mesh.ep),
+                                      int(product(L.mesh, kExpertReplicaAxes)), L.zero)));
+  const int directions = L.mesh.pp == 2 ? 1 : 2;  // an inner stage sends both ways
+  cost(Axis::pp, m_ * directions * bsh_bytes / (L.sequence_parallel ? L.mesh.tp : 1));
   // cp: the ring's blocks of keys or values, s/c b h/t; forward 2 (c - 1) (twice with
   // recomputation), backward 4 (c - 1) + 2.
-  const double block = bsh_bytes / L.tp, c1 = L.cp - 1;
+  const double block = bsh_bytes / L.mesh.tp, c1 = L.mesh.cp - 1;
   const double forwards = L.recompute == Recompute::none ? 1 : 2;
-  e.cp = cost(L.cp, layers * m_ * block * (forwards * 2 * c1 + 4 * c1 + 2), crossing.cp);
+  cost(Axis::cp, layers * m_ * block * (forwards * 2 * c1 + 4 * c1 + 2));
   // ep: a GPU's k b s/c choices, (e - 1)/e of them leaving, to the expert and back, forward
   // and backward (full recompute: the forward again).
   const double passes = L.recompute == Recompute::full ? 6 : 4;
-  e.ep =
-      cost(L.ep, moe_layers * m_ * passes * m.top_k * bsh_bytes * (L.ep - 1) / L.ep, crossing.ep);
+  cost(Axis::ep, moe_layers * m_ * passes * m.top_k * bsh_bytes * (L.mesh.ep - 1) / L.mesh.ep);
   return e;
 }
 
 // ---------------------------------------------------------------------------
 // The search
 
-std::vector<Candidate> search(const ModelSpec& m, const ClusterSpec& c, const SearchSpec& spec) {
+namespace {
+
+/// The divisors of n, ascending (trial division up to sqrt(n)).
+std::vector<std::int64_t> divisors(std::int64_t n) {
+  std::vector<std::int64_t> low, high;
+  for (std::int64_t d = 1; d * d <= n; ++d)
+    if (n % d == 0) {
+      low.push_back(d);
+      if (d != n / d) high.push_back(n / d);
+    }
+  low.insert(low.end(), high.rbegin(), high.rend());
+  return low;
+}
+
+/// The degrees of `n` GPUs the model allows: t dividing a and h, c cutting s into 2c
+/// whole chunks (chapter 10's zigzag), e dividing E, p dividing l; d what is left.
+template <class Visit>
+void each_mesh(const ModelSpec& m, std::int64_t n, Visit visit) {
+  for (std::int64_t tp : divisors(n)) {
+    if (m.heads % tp || m.hidden % tp) continue;
+    for (std::int64_t cp : divisors(n / tp)) {
+      if (cp > 1 && m.seq % (2 * cp) != 0) continue;
+      for (std::int64_t ep : divisors(n / tp / cp)) {
+        if (ep > 1 && (m.experts == 0 || m.experts % ep)) continue;
+        for (std::int64_t pp : divisors(n / tp / cp / ep)) {
+          if (m.layers % pp) continue;
+          visit(MeshShape{.pp = int(pp),
+                          .dp = int(n / tp / cp / ep / pp),
+                          .ep = int(ep),
+                          .cp = int(cp),
+                          .tp = int(tp)});
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<Candidate> search(const ModelSpec& m, const ClusterSpec& c, const SearchSpec& spec,
+                              SearchCount* counted) {
   check_model(m);
   check_cluster(c);
   require_usage(spec.gpus >= 1 && spec.gpus <= kMaxGpus,
@@ -412,43 +448,51 @@ std::vector<Candidate> search(const ModelSpec& m, const ClusterSpec& c, const Se
   require_usage(spec.microbatch_size >= 1, "the microbatch size must be at least 1");
   require_usage(spec.zero >= 0 && spec.zero <= 3,
                 "ZeRO stage " + str(spec.zero) + ": the stages are 0 to 3");
-  std::vector<Candidate> found;
-  const std::int64_t n = spec.gpus;
-  for (std::int64_t tp = 1; tp <= std::min<std::int64_t>(n, m.heads); ++tp) {
-    if (n % tp || m.heads % tp || m.hidden % tp) continue;
-    // cp: chapter 10's zigzag cuts a sequence into 2 c chunks.
-    for (std::int64_t cp = 1; cp <= n / tp && (cp == 1 || 2 * cp <= m.seq); ++cp) {
-      if ((n / tp) % cp || (cp > 1 && m.seq % (2 * cp) != 0)) continue;
-      for (std::int64_t ep = 1; ep <= std::max(1, m.experts) && ep <= n / tp / cp; ++ep) {
-        if ((n / tp / cp) % ep || (ep > 1 && m.experts % ep)) continue;
-        for (std::int64_t pp = 1; pp <= std::min<std::int64_t>(n / tp / cp / ep, m.layers); ++pp) {
-          if ((n / tp / cp / ep) % pp || m.layers % pp) continue;
-          const std::int64_t dp = n / tp / cp / ep / pp, per_step = dp * ep * spec.microbatch_size;
-          if (spec.batch % per_step) continue;  // B = d e m b
-          Candidate k;
-          k.layout = {.dp = int(dp),
-                      .tp = int(tp),
-                      .pp = int(pp),
-                      .microbatches = int(spec.batch / per_step),
-                      .microbatch_size = spec.microbatch_size,
-                      .zero = spec.zero,
-                      .recompute = spec.recompute,
-                      .sequence_parallel = spec.sequence_parallel,
-                      .cp = int(cp),
-                      .ep = int(ep)};
-          k.step = step_time(m, c, k.layout);
-          k.memory = memory_per_gpu(m, k.layout);
-          k.fits = k.memory.total() <= c.gpu_memory_bytes;
-          k.crossings = crosses_nodes(k.layout, c.gpus_per_node);
-          found.push_back(k);
-        }
-      }
+  // The fastest `keep` so far, a heap with the slowest of them on top; equal times in the
+  // order the search met them.
+  struct Found {
+    Candidate k;
+    std::int64_t order;
+  };
+  auto faster = [](const Found& x, const Found& y) {
+    return std::pair{x.k.step.total_s(), x.order} < std::pair{y.k.step.total_s(), y.order};
+  };
+  std::vector<Found> found;
+  SearchCount count;
+  std::int64_t fastest_order = 0;
+  each_mesh(m, spec.gpus, [&](const MeshShape& mesh) {
+    const std::int64_t per_step = std::int64_t{mesh.dp} * mesh.ep * spec.microbatch_size;
+    if (spec.batch % per_step) return;  // B = d e m b
+    Found f{.k = {}, .order = count.layouts++};
+    Candidate& k = f.k;
+    k.layout = {.mesh = mesh,
+                .microbatches = int(spec.batch / per_step),
+                .microbatch_size = spec.microbatch_size,
+                .zero = spec.zero,
+                .recompute = spec.recompute,
+                .sequence_parallel = spec.sequence_parallel};
+    k.step = step_time(m, c, k.layout);
+    k.memory = memory_per_gpu(m, k.layout);
+    k.fits = k.memory.total() <= c.gpu_memory_bytes;
+    k.crossings = crosses_nodes(k.layout, c.gpus_per_node);
+    count.fit += k.fits;
+    if (k.fits && (!count.fastest || faster(f, {*count.fastest, fastest_order}))) {
+      count.fastest = std::make_shared<const Candidate>(k);
+      fastest_order = f.order;
     }
-  }
-  std::stable_sort(found.begin(), found.end(), [](const Candidate& x, const Candidate& y) {
-    return x.step.total_s() < y.step.total_s();
+    if (spec.keep != 0 && found.size() == spec.keep) {
+      if (!faster(f, found.front())) return;
+      std::pop_heap(found.begin(), found.end(), faster);
+      found.pop_back();
+    }
+    found.push_back(std::move(f));
+    std::push_heap(found.begin(), found.end(), faster);
   });
-  return found;
+  std::sort_heap(found.begin(), found.end(), faster);
+  std::vector<Candidate> out;
+  for (Found& f : found) out.push_back(std::move(f.k));
+  if (counted) *counted = count;
+  return out;
 }
 
 }  // namespace ch08

@@ -26,9 +26,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "mesh.hpp"      // MeshShape, PerAxis
 #include "training.hpp"  // ch05::Precision
 
 namespace ch08 {
@@ -41,14 +43,13 @@ inline constexpr std::int64_t kMaxGpus = std::int64_t{1} << 24;
 
 /// A run a paper reports for a model: the layout, batch and speed it trained with.
 struct ReferenceRun {
-  int gpus = 0;                ///< n, the GPUs it ran on; 0: no run known
-  int tp = 1;                  ///< t, its tensor-parallel degree
-  int pp = 1;                  ///< p, its pipeline-parallel degree
+  MeshShape mesh{.dp = 0};     ///< its layout (n = d e c t p GPUs); dp 0: no run known
   std::int64_t batch = 0;      ///< B, sequences
   int microbatch_size = 1;     ///< b, sequences a microbatch
   double achieved_tflops = 0;  ///< X on A100s, FLOP/s / 1e12
   double tokens = 300e9;       ///< T, the training tokens
-  int ep = 1;                  ///< e, its expert-parallel degree (a MoE model)
+  /// n, the GPUs it ran on; 0: no run known.
+  int gpus() const { return mesh.dp == 0 ? 0 : mesh.ranks(); }
 };
 
 /// A GPT-style transformer: l layers of width h with a heads, s tokens of context, V words.
@@ -132,23 +133,25 @@ std::string recompute_name(Recompute r);
 /// "none", "selective", "full"; UsageError otherwise.
 Recompute parse_recompute(const std::string& name);
 
-/// A (dp, tp, pp) mesh (with cp and ep: five axes) with its microbatches: B = d e m b
-/// sequences a step.
+/// A mesh of GPUs with its microbatches, how much it recomputes and how it shards the
+/// states: B = d e m b sequences a step.
 struct Layout {
-  int dp = 1;                             ///< d, data-parallel replicas (of the experts too)
-  int tp = 1;                             ///< t, tensor-parallel degree
-  int pp = 1;                             ///< p, pipeline stages
+  MeshShape mesh;                         ///< p, d, e, c, t: the mesh's degrees
   int microbatches = 1;                   ///< m, through each pipeline per step
   int microbatch_size = 1;                ///< b, sequences
-  int zero = 0;                           ///< ZeRO stage over dp, 0-3
+  int zero = 0;                           ///< ZeRO stage over the replicas, 0-3
   Recompute recompute = Recompute::full;  ///< what the backward recomputes
   bool sequence_parallel = false;  ///< Korthikanti §4.2.2: LayerNorm and dropout split over t
-  int cp = 1;                      ///< c, context-parallel degree: each sequence over c GPUs
-  int ep = 1;                      ///< e, expert-parallel degree: the experts over e replicas
-  /// n = d e c t p, the GPUs of the layout.
-  std::int64_t gpus() const { return std::int64_t{dp} * ep * cp * tp * pp; }
+  /// n = d e c t p, the GPUs of the layout (its sizes checked: see check_mesh_size).
+  std::int64_t gpus() const {
+    std::int64_t n = 1;
+    for (Axis axis : kAxes) n *= mesh.size(axis);
+    return n;
+  }
   /// B = d e m b, sequences a step: every replica (d e of them) its own.
-  std::int64_t batch() const { return std::int64_t{dp} * ep * microbatches * microbatch_size; }
+  std::int64_t batch() const {
+    return std::int64_t{mesh.dp} * mesh.ep * microbatches * microbatch_size;
+  }
 };
 
 /// UsageError (one line) unless the model's sizes are positive and h splits into a heads.
@@ -210,23 +213,17 @@ MemoryEstimate memory_per_gpu(const ModelSpec& model, const Layout& layout,
 /// Bytes each GPU sends in a ring allreduce of `bytes` over n GPUs: 2 (n - 1)/n bytes.
 double ring_allreduce_bytes(double bytes, double n);
 
-/// Which groups of each axis leave a node, ranks laid out as Megatron-LM does (tp fastest,
-/// then cp, ep, dp, pp: rank = (((pp_i d + dp_i) e + ep_i) c + cp_i) t + tp_i) on nodes of
-/// `gpus_per_node` (node = rank / gpus_per_node). An axis crosses nodes when any of its
-/// groups does.
-struct NodeCrossings {
-  bool tp = false;  ///< some tp group spans more than one node
-  bool dp = false;  ///< some dp group spans more than one node
-  bool pp = false;  ///< some pp group spans more than one node
-  bool cp = false;  ///< some cp group spans more than one node
-  bool ep = false;  ///< some ep group spans more than one node
-};
+/// Which axes have a group that leaves a node, ranks laid out as Megatron-LM does (tp
+/// fastest, then cp, ep, dp, pp: rank = (((pp_i d + dp_i) e + ep_i) c + cp_i) t + tp_i) on
+/// nodes of `gpus_per_node` (node = rank / gpus_per_node); dp's group is the replicas
+/// (kReplicaAxes), whose sums it carries.
+using NodeCrossings = PerAxis<bool>;
 /// The NodeCrossings of `layout` on nodes of `gpus_per_node` GPUs.
 NodeCrossings crosses_nodes(const Layout& layout, int gpus_per_node);
 
 /// One axis's traffic in a step, per GPU, and its time on the link it takes.
 struct AxisCost {
-  int size = 1;                ///< the axis's degree (d, t or p)
+  int size = 1;                ///< the axis's degree (the replicas', d e c, for dp)
   double bytes = 0;            ///< sent by one GPU per step
   bool crosses_nodes = false;  ///< some group of the axis leaves its node
   double link_GBps = 0;        ///< NVLink inside a node, the network across
@@ -269,14 +266,14 @@ struct StepEstimate {
   double compute_s = 0;        ///< F / (n X), seconds
   double bubble_fraction = 0;  ///< the 1F1B bubble over the compute time, (p - 1)/m
   double bubble_s = 0;         ///< the bubble, seconds
-  AxisCost tp;                 ///< the tensor-parallel allreduces
-  AxisCost dp;                 ///< the gradients' allreduce (or ZeRO's collectives)
-  AxisCost pp;                 ///< the activations and gradients between stages
-  AxisCost cp;                 ///< the ring's keys and values
-  AxisCost ep;                 ///< the experts' all-to-alls
+  /// Each axis's traffic: tp's allreduces, dp's gradient sums (or ZeRO's collectives),
+  /// pp's activations and gradients between stages, cp's ring, ep's all-to-alls.
+  PerAxis<AxisCost> axes;
   /// Every axis's seconds, added up (none overlapped).
   double communication_s() const {
-    return tp.seconds + dp.seconds + pp.seconds + cp.seconds + ep.seconds;
+    double s = 0;
+    for (Axis axis : kAxes) s += axes[axis].seconds;
+    return s;
   }
   /// The step: compute, bubble and communication, seconds.
   double total_s() const { return compute_s + bubble_s + communication_s(); }
@@ -297,6 +294,7 @@ struct SearchSpec {
   int zero = 0;                           ///< ZeRO stage over dp, 0-3
   Recompute recompute = Recompute::full;  ///< what the backward recomputes
   bool sequence_parallel = false;         ///< Korthikanti §4.2.2's sequence parallelism
+  std::size_t keep = 0;                   ///< the fastest this many kept; 0: every one
 };
 /// One layout the search found, with its estimates.
 struct Candidate {
@@ -306,12 +304,21 @@ struct Candidate {
   bool fits = false;        ///< memory.total() <= the GPU's memory
   NodeCrossings crossings;  ///< which axes' groups leave a node
 };
+struct Candidate;
+/// How many layouts a search considered, how many of them fit, and the fastest that does.
+struct SearchCount {
+  std::int64_t layouts = 0;                  ///< every layout of the spec
+  std::int64_t fit = 0;                      ///< of them, those that fit the GPU's memory
+  std::shared_ptr<const Candidate> fastest;  ///< the fastest that fits; null when none does
+};
 /// Every (d, e, c, t, p, m) with d e c t p = gpus, t dividing a and h, p dividing l, c
 /// dividing s into an even number of chunks (chapter 10's zigzag: s/(2c) whole), e dividing
-/// E (1 in a dense model) and B = d e m b (t may cross nodes: crossings.tp says so), fastest
-/// first; the layouts that do not fit the memory are kept, fits = false. UsageError if the
-/// spec or the model is bad.
+/// E (1 in a dense model) and B = d e m b (t may cross nodes: crossings[tp] says so),
+/// fastest first; the layouts that do not fit the memory are kept, fits = false. Only the
+/// fastest spec.keep are returned (0: all); `counted`, when given, gets how many there were.
+/// The degrees are taken from gpus' divisors, so the work is the number of layouts, not
+/// gpus. UsageError if the spec or the model is bad.
 std::vector<Candidate> search(const ModelSpec& model, const ClusterSpec& cluster,
-                              const SearchSpec& spec);
+                              const SearchSpec& spec, SearchCount* counted = nullptr);
 
 }  // namespace ch08

@@ -74,29 +74,29 @@ int megatron_rank(const MeshShape& s, const Coords& c) {
   return (((c.pp * s.dp + c.dp) * s.ep + c.ep) * s.cp + c.cp) * s.tp + c.tp;
 }
 
-const std::vector<MeshShape> shapes = {{1, 1, 1},
-                                       {2, 2, 2},
-                                       {4, 2, 2},
-                                       {1, 2, 8},
-                                       {3, 1, 2},
-                                       {2, 3, 1},
-                                       {1, 1, 5},
-                                       {5, 1, 1},
-                                       {2, 3, 4},
-                                       {8, 1, 1},
-                                       {.pp = 1, .dp = 2, .tp = 1, .cp = 2, .ep = 2},
-                                       {.pp = 2, .dp = 1, .tp = 2, .cp = 2, .ep = 1},
-                                       {.pp = 1, .dp = 1, .tp = 1, .cp = 8, .ep = 1},
-                                       {.pp = 1, .dp = 3, .tp = 2, .cp = 1, .ep = 2},
-                                       {.pp = 2, .dp = 2, .tp = 3, .cp = 2, .ep = 2},
-                                       {.pp = 1, .dp = 1, .tp = 1, .cp = 1, .ep = 5}};
+const std::vector<MeshShape> shapes = {{.pp = 1, .dp = 1, .tp = 1},
+                                       {.pp = 2, .dp = 2, .tp = 2},
+                                       {.pp = 4, .dp = 2, .tp = 2},
+                                       {.pp = 1, .dp = 2, .tp = 8},
+                                       {.pp = 3, .dp = 1, .tp = 2},
+                                       {.pp = 2, .dp = 3, .tp = 1},
+                                       {.pp = 1, .dp = 1, .tp = 5},
+                                       {.pp = 5, .dp = 1, .tp = 1},
+                                       {.pp = 2, .dp = 3, .tp = 4},
+                                       {.pp = 8, .dp = 1, .tp = 1},
+                                       {.pp = 1, .dp = 2, .ep = 2, .cp = 2, .tp = 1},
+                                       {.pp = 2, .dp = 1, .ep = 1, .cp = 2, .tp = 2},
+                                       {.pp = 1, .dp = 1, .ep = 1, .cp = 8, .tp = 1},
+                                       {.pp = 1, .dp = 3, .ep = 2, .cp = 1, .tp = 2},
+                                       {.pp = 2, .dp = 2, .ep = 2, .cp = 2, .tp = 3},
+                                       {.pp = 1, .dp = 1, .ep = 5, .cp = 1, .tp = 1}};
 
 }  // namespace
 
 TEST_SUITE("ch08 mesh") {
   TEST_CASE("Megatron-LM's example: 16 GPUs, tp 2, pp 4 (dp 2) has its documented groups") {
     // megatron/core/parallel_state.py, initialize_model_parallel's docstring.
-    const MeshShape shape{4, 2, 2};
+    const MeshShape shape{.pp = 4, .dp = 2, .tp = 2};
     check_groups(shape, Axis::tp,
                  {{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}, {12, 13}, {14, 15}});
     check_groups(shape, Axis::dp,
@@ -105,7 +105,7 @@ TEST_SUITE("ch08 mesh") {
   }
 
   TEST_CASE("dp 2 x tp 8: two nodes of 8, tp inside each, dp across them") {
-    const MeshShape shape{1, 2, 8};
+    const MeshShape shape{.pp = 1, .dp = 2, .tp = 8};
     check_groups(shape, Axis::tp, {{0, 1, 2, 3, 4, 5, 6, 7}, {8, 9, 10, 11, 12, 13, 14, 15}});
     check_groups(shape, Axis::dp,
                  {{0, 8}, {1, 9}, {2, 10}, {3, 11}, {4, 12}, {5, 13}, {6, 14}, {7, 15}});
@@ -116,7 +116,7 @@ TEST_SUITE("ch08 mesh") {
 
   TEST_CASE("five axes: tp fastest, then cp, ep, dp and pp; ep carved out of data parallelism") {
     // 16 ranks: tp 2, cp 2, ep 2, dp 2 (pp 1), written out by hand.
-    const MeshShape shape{.pp = 1, .dp = 2, .tp = 2, .cp = 2, .ep = 2};
+    const MeshShape shape{.pp = 1, .dp = 2, .ep = 2, .cp = 2, .tp = 2};
     check_groups(shape, Axis::tp,
                  {{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}, {12, 13}, {14, 15}});
     check_groups(shape, Axis::cp,
@@ -125,18 +125,18 @@ TEST_SUITE("ch08 mesh") {
                  {{0, 4}, {1, 5}, {2, 6}, {3, 7}, {8, 12}, {9, 13}, {10, 14}, {11, 15}});
     check_groups(shape, Axis::dp,
                  {{0, 8}, {1, 9}, {2, 10}, {3, 11}, {4, 12}, {5, 13}, {6, 14}, {7, 15}});
-    CHECK(coords_of(shape, 13) == Coords{.pp = 0, .dp = 1, .tp = 1, .cp = 0, .ep = 1});
-    CHECK(coords_of({.pp = 1, .dp = 2, .tp = 1, .cp = 2, .ep = 2}, 5) ==
-          Coords{.pp = 0, .dp = 1, .tp = 0, .cp = 1, .ep = 0});
-    CHECK(rank_of(shape, Coords{.pp = 0, .dp = 1, .tp = 0, .cp = 1, .ep = 1}) == 14);
+    CHECK(coords_of(shape, 13) == Coords{.pp = 0, .dp = 1, .ep = 1, .cp = 0, .tp = 1});
+    CHECK(coords_of({.pp = 1, .dp = 2, .ep = 2, .cp = 2, .tp = 1}, 5) ==
+          Coords{.pp = 0, .dp = 1, .ep = 0, .cp = 1, .tp = 0});
+    CHECK(rank_of(shape, Coords{.pp = 0, .dp = 1, .ep = 1, .cp = 1, .tp = 0}) == 14);
   }
 
   TEST_CASE("coords_of: tp fastest, then cp, ep, dp, pp; rank_of is its inverse") {
-    CHECK(coords_of({2, 2, 2}, 5) == Coords{1, 0, 1});
-    CHECK(coords_of({2, 2, 2}, 6) == Coords{1, 1, 0});
-    CHECK(coords_of({4, 2, 2}, 13) == Coords{3, 0, 1});
-    CHECK(coords_of({2, 3, 4}, 23) == Coords{1, 2, 3});
-    CHECK(coords_of({2, 3, 4}, 4) == Coords{0, 1, 0});
+    CHECK(coords_of({.pp = 2, .dp = 2, .tp = 2}, 5) == Coords{.pp = 1, .dp = 0, .tp = 1});
+    CHECK(coords_of({.pp = 2, .dp = 2, .tp = 2}, 6) == Coords{.pp = 1, .dp = 1, .tp = 0});
+    CHECK(coords_of({.pp = 4, .dp = 2, .tp = 2}, 13) == Coords{.pp = 3, .dp = 0, .tp = 1});
+    CHECK(coords_of({.pp = 2, .dp = 3, .tp = 4}, 23) == Coords{.pp = 1, .dp = 2, .tp = 3});
+    CHECK(coords_of({.pp = 2, .dp = 3, .tp = 4}, 4) == Coords{.pp = 0, .dp = 1, .tp = 0});
     for (const MeshShape& s : shapes)
       for (int r = 0; r < s.ranks(); ++r) {
         const Coords c = coords_of(s, r);
@@ -254,9 +254,11 @@ TEST_SUITE("ch08 mesh") {
   }
 
   TEST_CASE("the mesh's communicators hold the groups, each rank at its coordinate") {
-    for (const MeshShape shape : {MeshShape{2, 2, 2}, MeshShape{1, 2, 3}, MeshShape{3, 1, 1},
-                                  MeshShape{.pp = 1, .dp = 2, .tp = 1, .cp = 2, .ep = 2},
-                                  MeshShape{.pp = 2, .dp = 1, .tp = 2, .cp = 2, .ep = 1}}) {
+    for (const MeshShape shape :
+         {MeshShape{.pp = 2, .dp = 2, .tp = 2}, MeshShape{.pp = 1, .dp = 2, .tp = 3},
+          MeshShape{.pp = 3, .dp = 1, .tp = 1},
+          MeshShape{.pp = 1, .dp = 2, .ep = 2, .cp = 2, .tp = 1},
+          MeshShape{.pp = 2, .dp = 1, .ep = 1, .cp = 2, .tp = 2}}) {
       CAPTURE(sizes(shape));
       on_ranks(shape.ranks(), [&](Communicator& world) {
         Mesh mesh(world, shape);
@@ -301,7 +303,7 @@ TEST_SUITE("ch08 mesh") {
   TEST_CASE("3-D training on your mesh (and your chapters 02, 04, 05) equals one device") {
     for (const int zero : {0, 1}) {
       HybridConfig c;
-      c.mesh = {2, 2, 2};
+      c.mesh = {.pp = 2, .dp = 2, .tp = 2};
       c.blocks = 4;
       c.hidden = 8;
       c.ffn = 24;

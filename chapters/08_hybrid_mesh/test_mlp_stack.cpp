@@ -59,7 +59,8 @@ Outcome train_and_compare(const HybridConfig& c) {
     const AxisBytes want = formula_bytes(c, mesh.coords());
     // The first rank whose bytes differ from the formula, and its numbers.
     std::vector<std::int64_t> got;
-    for (std::uint64_t v : {run.bytes.tp, want.tp, run.bytes.dp, want.dp, run.bytes.pp, want.pp})
+    for (std::uint64_t v : {run.bytes[Axis::tp], want[Axis::tp], run.bytes[Axis::dp],
+                            want[Axis::dp], run.bytes[Axis::pp], want[Axis::pp]})
       got.push_back(static_cast<std::int64_t>(v));
     std::vector<std::vector<std::int64_t>> all;
     for (std::int64_t v : got) all.push_back(world.gather_values(v));
@@ -86,9 +87,11 @@ Outcome train_and_compare(const HybridConfig& c) {
 
 TEST_SUITE("ch08 hybrid") {
   TEST_CASE("every factorisation of 8 ranks, and 1 x 1 x 1, trains like one device") {
-    const std::vector<MeshShape> meshes = {{1, 1, 1}, {1, 1, 8}, {1, 8, 1}, {8, 1, 1},
-                                           {2, 2, 2}, {1, 2, 4}, {1, 4, 2}, {2, 1, 4},
-                                           {4, 1, 2}, {2, 4, 1}, {4, 2, 1}};
+    const std::vector<MeshShape> meshes = {
+        {.pp = 1, .dp = 1, .tp = 1}, {.pp = 1, .dp = 1, .tp = 8}, {.pp = 1, .dp = 8, .tp = 1},
+        {.pp = 8, .dp = 1, .tp = 1}, {.pp = 2, .dp = 2, .tp = 2}, {.pp = 1, .dp = 2, .tp = 4},
+        {.pp = 1, .dp = 4, .tp = 2}, {.pp = 2, .dp = 1, .tp = 4}, {.pp = 4, .dp = 1, .tp = 2},
+        {.pp = 2, .dp = 4, .tp = 1}, {.pp = 4, .dp = 2, .tp = 1}};
     for (const MeshShape& m : meshes) {
       const std::string name =
           std::to_string(m.pp) + " x " + std::to_string(m.dp) + " x " + std::to_string(m.tp);
@@ -108,7 +111,7 @@ TEST_SUITE("ch08 hybrid") {
   }
 
   TEST_CASE("uneven replicas and microbatches (batch 13 over dp 2, m 3) still agree") {
-    HybridConfig c = small({2, 2, 2});
+    HybridConfig c = small({.pp = 2, .dp = 2, .tp = 2});
     c.batch = 13;
     c.microbatches = 3;
     const Outcome o = train_and_compare(c);
@@ -120,7 +123,7 @@ TEST_SUITE("ch08 hybrid") {
   TEST_CASE("every one-chunk schedule of chapter 04 runs the tensor-parallel blocks") {
     for (const char* schedule : {"gpipe", "1f1b", "zb1"}) {
       CAPTURE(schedule);
-      HybridConfig c = small({4, 1, 2});
+      HybridConfig c = small({.pp = 4, .dp = 1, .tp = 2});
       c.schedule = schedule;
       const Outcome o = train_and_compare(c);
       CHECK_MESSAGE(o.loss_diff <= 1e-5, schedule << ": loss differs by " << o.loss_diff);
@@ -129,7 +132,9 @@ TEST_SUITE("ch08 hybrid") {
   }
 
   TEST_CASE("ZeRO-1 over dp (chapter 05) gives the weights of plain data parallelism") {
-    for (const MeshShape m : {MeshShape{2, 2, 2}, MeshShape{1, 4, 2}, MeshShape{1, 8, 1}}) {
+    for (const MeshShape m :
+         {MeshShape{.pp = 2, .dp = 2, .tp = 2}, MeshShape{.pp = 1, .dp = 4, .tp = 2},
+          MeshShape{.pp = 1, .dp = 8, .tp = 1}}) {
       HybridConfig plain = small(m), zero = small(m);
       zero.zero = 1;
       Tensor plain_w, zero_w;
@@ -151,20 +156,20 @@ TEST_SUITE("ch08 hybrid") {
 
   TEST_CASE("formula_bytes, worked by hand for rank 5 of a 2 x 2 x 2 mesh") {
     // Rank 5 is at pp 1, dp 0, tp 1: B_r = 16 rows in 4 microbatches of 4; 4 blocks here.
-    HybridConfig c = small({2, 2, 2});
+    HybridConfig c = small({.pp = 2, .dp = 2, .tp = 2});
     c.blocks = 8;  // 4 per stage
     const AxisBytes b = formula_bytes(c, coords_of(c.mesh, 5));
     // tp: 2 allreduces x 4 blocks x 4 microbatches of 4 x 8 floats; 2 (t-1)/t = 1 of 128 B.
-    CHECK(b.tp == 2u * 4 * 4 * 128);
+    CHECK(b[Axis::tp] == 2u * 4 * 4 * 128);
     // dp: 4 blocks x (2 x 8 x 16 + 16 + 8) = 1120 floats, allreduced over 2: 1120 x 4 B.
-    CHECK(b.dp == 1120u * 4);
+    CHECK(b[Axis::dp] == 1120u * 4);
     // pp: the last stage sends only gradients back: 16 rows x 8 x 4 B.
-    CHECK(b.pp == 16u * 8 * 4);
+    CHECK(b[Axis::pp] == 16u * 8 * 4);
   }
 
   TEST_CASE("a mesh that does not hold the ranks is refused") {
     on_ranks(4, [](Communicator& world) {
-      CHECK_THROWS_AS(Mesh(world, MeshShape{2, 1, 3}), UsageError);
+      CHECK_THROWS_AS(Mesh(world, MeshShape{.pp = 2, .dp = 1, .tp = 3}), UsageError);
     });
   }
 }

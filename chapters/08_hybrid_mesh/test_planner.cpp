@@ -37,7 +37,8 @@
 //   crosses_nodes for tp as tp > GPUs per node (instead of GPUs per node % tp != 0)
 //     -> "tp 2 x dp 1 x pp 2 on nodes of 3: tp crosses"
 //   tp always on NVLink
-//     -> across.tp.seconds == inside's x 300/25 (2.02937 == 24.3525), then "across.total_s()
+//     -> across.axes[Axis::tp].seconds == inside's x 300/25 (2.02937 == 24.3525), then
+//     "across.total_s()
 //        > inside.total_s()"
 //   the ring sending (n-1)/n instead of 2(n-1)/n
 //     -> "tp bytes by hand" (4096 == 8192)
@@ -210,7 +211,8 @@ TEST_SUITE("ch08 planner") {
 
   TEST_CASE("Korthikanti et al. Figure 1: the first stage's activations for 1T and 22B") {
     // 1T (Table 3): tp 8, pp 64, b 1, B = 512 on 512 GPUs: dp 1, m = 512 >= p.
-    Layout L{.dp = 1, .tp = 8, .pp = 64, .microbatches = 512, .recompute = Recompute::none};
+    Layout L{
+        .mesh = {.pp = 64, .dp = 1, .tp = 8}, .microbatches = 512, .recompute = Recompute::none};
     CHECK_MESSAGE(memory_per_gpu(preset("1t"), L).activations / GiB == doctest::Approx(131.25),
                   "1T, tp 8, no sp, no recompute");
     L.sequence_parallel = true;
@@ -218,9 +220,7 @@ TEST_SUITE("ch08 planner") {
     CHECK_MESSAGE(memory_per_gpu(preset("1t"), L).activations / GiB == doctest::Approx(26.5625),
                   "1T, tp 8, sp + selective");
     // 22B: tp 8, pp 1, b 4, B = 4: one microbatch through its 48 layers.
-    Layout K{.dp = 1,
-             .tp = 8,
-             .pp = 1,
+    Layout K{.mesh = {.pp = 1, .dp = 1, .tp = 8},
              .microbatches = 1,
              .microbatch_size = 4,
              .recompute = Recompute::none};
@@ -238,7 +238,7 @@ TEST_SUITE("ch08 planner") {
     const ModelSpec m = tiny();
     CHECK_MESSAGE(stage_parameters(m, 2, 2) == 1256, "stage parameters by hand");
     CHECK(stage_parameters(m, 1, 1) == doctest::Approx(parameters(m)));
-    Layout L{.dp = 2, .tp = 2, .pp = 2, .microbatches = 4, .recompute = Recompute::none};
+    Layout L{.mesh = {.pp = 2, .dp = 2, .tp = 2}, .microbatches = 4, .recompute = Recompute::none};
     MemoryEstimate e = memory_per_gpu(m, L);
     CHECK(e.params == 2 * 1256);
     CHECK(e.grads == 2 * 1256);
@@ -272,36 +272,38 @@ TEST_SUITE("ch08 planner") {
     ClusterSpec c = a100();
     c.achieved_tflops = 1e-9;  // 1000 FLOP/s
     c.gpus_per_node = 8;
-    Layout L{.dp = 2, .tp = 2, .pp = 2, .microbatches = 4, .recompute = Recompute::none};
+    Layout L{.mesh = {.pp = 2, .dp = 2, .tp = 2}, .microbatches = 4, .recompute = Recompute::none};
     StepEstimate st = step_time(m, c, L);
-    CHECK_MESSAGE(st.tp.bytes == 8192, "tp bytes by hand");
-    CHECK(st.dp.bytes == 2512);
-    CHECK_MESSAGE(st.pp.bytes == 1024, "pp bytes, pp 2");
-    CHECK((!st.tp.crosses_nodes && !st.dp.crosses_nodes && !st.pp.crosses_nodes));
-    CHECK(st.tp.seconds == doctest::Approx(8192 / 300e9));
+    CHECK_MESSAGE(st.axes[Axis::tp].bytes == 8192, "tp bytes by hand");
+    CHECK(st.axes[Axis::dp].bytes == 2512);
+    CHECK_MESSAGE(st.axes[Axis::pp].bytes == 1024, "pp bytes, pp 2");
+    CHECK((!st.axes[Axis::tp].crosses_nodes && !st.axes[Axis::dp].crosses_nodes &&
+           !st.axes[Axis::pp].crosses_nodes));
+    CHECK(st.axes[Axis::tp].seconds == doctest::Approx(8192 / 300e9));
     CHECK(st.flops == step_flops(m, 8, Recompute::none));
     CHECK(st.compute_s == doctest::Approx(st.flops / (8 * 1000.0)));
     CHECK_MESSAGE(st.bubble_fraction == 0.25, "bubble (p-1)/m");
     CHECK(st.bubble_s == doctest::Approx(0.25 * st.compute_s));
-    CHECK(st.total_s() ==
-          doctest::Approx(st.compute_s * 1.25 + st.tp.seconds + st.dp.seconds + st.pp.seconds));
+    CHECK(st.total_s() == doctest::Approx(st.compute_s * 1.25 + st.axes[Axis::tp].seconds +
+                                          st.axes[Axis::dp].seconds + st.axes[Axis::pp].seconds));
     L.recompute = Recompute::full;
-    CHECK_MESSAGE(step_time(m, c, L).tp.bytes == 12288, "tp bytes with full recomputation");
+    CHECK_MESSAGE(step_time(m, c, L).axes[Axis::tp].bytes == 12288,
+                  "tp bytes with full recomputation");
     L.recompute = Recompute::none;
     L.zero = 3;
-    CHECK(step_time(m, c, L).dp.bytes == 3768);  // 3 (d-1)/d x 1256 x 2
+    CHECK(step_time(m, c, L).axes[Axis::dp].bytes == 3768);  // 3 (d-1)/d x 1256 x 2
     L.zero = 0;
     L.sequence_parallel = true;
     st = step_time(m, c, L);
     // tp: the forward's all-gathers and reduce-scatters move what its allreduces did, the
     // backward gathers the two column-parallel inputs again: 5 allreduces' worth, 10240.
-    CHECK_MESSAGE(st.tp.bytes == 10240, "tp bytes with sequence parallelism");
-    CHECK_MESSAGE(st.pp.bytes == 512, "pp bytes with sequence parallelism: / t");
+    CHECK_MESSAGE(st.axes[Axis::tp].bytes == 10240, "tp bytes with sequence parallelism");
+    CHECK_MESSAGE(st.axes[Axis::pp].bytes == 512, "pp bytes with sequence parallelism: / t");
     // An inner stage of 4 (1 layer each, on 16 GPUs) sends both ways: 2 x 4 x 256.
-    L = {.dp = 2, .tp = 2, .pp = 4, .microbatches = 4, .recompute = Recompute::none};
+    L = {.mesh = {.pp = 4, .dp = 2, .tp = 2}, .microbatches = 4, .recompute = Recompute::none};
     st = step_time(m, c, L);
-    CHECK(st.pp.bytes == 2048);
-    CHECK(st.pp.crosses_nodes);  // 16 GPUs on nodes of 8
+    CHECK(st.axes[Axis::pp].bytes == 2048);
+    CHECK(st.axes[Axis::pp].crosses_nodes);  // 16 GPUs on nodes of 8
     CHECK(ring_allreduce_bytes(100, 1) == 0);
     CHECK(ring_allreduce_bytes(100, 4) == 150);
   }
@@ -312,27 +314,31 @@ TEST_SUITE("ch08 planner") {
         for (int tp = 1; tp <= 8; ++tp)
           for (int pp = 1; pp <= 8; ++pp) {
             if (dp * tp * pp > 96) continue;
-            const NodeCrossings c = crosses_nodes({.dp = dp, .tp = tp, .pp = pp}, g);
+            const NodeCrossings c = crosses_nodes({.mesh = {.pp = pp, .dp = dp, .tp = tp}}, g);
             const std::string mesh = "tp " + std::to_string(tp) + " x dp " + std::to_string(dp) +
                                      " x pp " + std::to_string(pp) + " on nodes of " +
                                      std::to_string(g);
-            CHECK_MESSAGE(c.tp == any_group_crosses(dp, tp, pp, 2, g), mesh << ": tp crosses");
-            CHECK_MESSAGE(c.dp == any_group_crosses(dp, tp, pp, 1, g), mesh << ": dp crosses");
-            CHECK_MESSAGE(c.pp == any_group_crosses(dp, tp, pp, 0, g), mesh << ": pp crosses");
+            CHECK_MESSAGE(c[Axis::tp] == any_group_crosses(dp, tp, pp, 2, g),
+                          mesh << ": tp crosses");
+            CHECK_MESSAGE(c[Axis::dp] == any_group_crosses(dp, tp, pp, 1, g),
+                          mesh << ": dp crosses");
+            CHECK_MESSAGE(c[Axis::pp] == any_group_crosses(dp, tp, pp, 0, g),
+                          mesh << ": pp crosses");
           }
   }
 
   TEST_CASE("a tp group that crosses nodes takes the network and is slower than inside one") {
     const ModelSpec& m = preset("gpt3-175b");
     ClusterSpec c = a100();
-    const Layout L{.dp = 8, .tp = 8, .pp = 16, .microbatches = 192};
+    const Layout L{.mesh = {.pp = 16, .dp = 8, .tp = 8}, .microbatches = 192};
     const StepEstimate inside = step_time(m, c, L);
     c.gpus_per_node = 4;
     const StepEstimate across = step_time(m, c, L);
-    CHECK(!inside.tp.crosses_nodes);
-    CHECK_MESSAGE(across.tp.crosses_nodes, "tp 8 on nodes of 4 takes the network");
-    CHECK(across.tp.bytes == inside.tp.bytes);
-    CHECK(across.tp.seconds == doctest::Approx(inside.tp.seconds * 300 / 25));
+    CHECK(!inside.axes[Axis::tp].crosses_nodes);
+    CHECK_MESSAGE(across.axes[Axis::tp].crosses_nodes, "tp 8 on nodes of 4 takes the network");
+    CHECK(across.axes[Axis::tp].bytes == inside.axes[Axis::tp].bytes);
+    CHECK(across.axes[Axis::tp].seconds ==
+          doctest::Approx(inside.axes[Axis::tp].seconds * 300 / 25));
     CHECK(across.total_s() > inside.total_s());
   }
 
@@ -354,11 +360,11 @@ TEST_SUITE("ch08 planner") {
         }
     for (const Candidate& k : found) {
       const Layout& L = k.layout;
-      CHECK(L.ep == 1);
-      got.insert({L.dp, L.cp, L.tp, L.pp, L.microbatches});
+      CHECK(L.mesh.ep == 1);
+      got.insert({L.mesh.dp, L.mesh.cp, L.mesh.tp, L.mesh.pp, L.microbatches});
       CHECK(L.gpus() == 1024);
       CHECK(L.batch() == 1536);
-      CHECK((m.heads % L.tp == 0 && m.hidden % L.tp == 0 && m.layers % L.pp == 0));
+      CHECK((m.heads % L.mesh.tp == 0 && m.hidden % L.mesh.tp == 0 && m.layers % L.mesh.pp == 0));
       CHECK((L.zero == 0 && L.recompute == Recompute::selective && L.microbatch_size == 1));
       CHECK(k.memory.total() == memory_per_gpu(m, L).total());
       CHECK(k.step.total_s() == step_time(m, a100(), L).total_s());
@@ -373,9 +379,10 @@ TEST_SUITE("ch08 planner") {
     const auto misfits = std::count_if(found.begin(), found.end(), [](auto& k) { return !k.fits; });
     CHECK_MESSAGE(misfits > 0, "the search keeps the layouts that do not fit");
     CHECK(misfits < std::ptrdiff_t(found.size()));
-    CHECK_MESSAGE(std::any_of(found.begin(), found.end(),
-                              [](auto& k) { return k.layout.tp > 8 && k.crossings.tp; }),
-                  "tp crossing nodes are listed, and marked");
+    CHECK_MESSAGE(
+        std::any_of(found.begin(), found.end(),
+                    [](auto& k) { return k.layout.mesh.tp > 8 && k.crossings[Axis::tp]; }),
+        "tp crossing nodes are listed, and marked");
   }
 
   TEST_CASE("DeepSpeed-MoE's two models: 13B and 52B, and the parameters a token meets") {
@@ -409,7 +416,7 @@ TEST_SUITE("ch08 planner") {
     PlanSettings s;
     s.model = "1.3b-moe128";
     const ResolvedPlan plan = resolve_plan(s);
-    CHECK((plan.layout.ep == 128 && plan.layout.dp == 1 && plan.layout.batch() == 512));
+    CHECK((plan.layout.mesh.ep == 128 && plan.layout.mesh.dp == 1 && plan.layout.batch() == 512));
   }
 
   TEST_CASE("cp and ep by hand: 1/c of the activations, the ring's bytes, the experts over ep") {
@@ -422,19 +429,21 @@ TEST_SUITE("ch08 planner") {
                       "cp 4 keeps a quarter: recompute " << recompute_name(r) << ", sp " << sp);
     ClusterSpec c = a100();
     c.gpus_per_node = 64;
-    Layout L{.dp = 1, .tp = 2, .pp = 1, .microbatches = 2, .recompute = Recompute::none, .cp = 4};
+    Layout L{.mesh = {.pp = 1, .dp = 1, .cp = 4, .tp = 2},
+             .microbatches = 2,
+             .recompute = Recompute::none};
     StepEstimate st = step_time(m, c, L);
     // A block of k or v: s/c b h/t = 4 x 1 x 4 values, 32 bytes; forward 2 (c-1) = 6 blocks,
     // backward 4 (c-1) + 2 = 14; x 4 layers x 2 microbatches = 32 x 20 x 8.
-    CHECK_MESSAGE(st.cp.bytes == 32 * 20 * 8, "cp bytes by hand");
+    CHECK_MESSAGE(st.axes[Axis::cp].bytes == 32 * 20 * 8, "cp bytes by hand");
     L.recompute = Recompute::selective;  // the forward again in the backward
-    CHECK(step_time(m, c, L).cp.bytes == 32 * 26 * 8);
+    CHECK(step_time(m, c, L).axes[Axis::cp].bytes == 32 * 26 * 8);
     // tp's b s h values are a GPU's: s/c of them. 4 allreduces of 4 x 8 values (64 bytes),
     // 2 (t-1)/t = 1 each, 4 layers, 2 microbatches.
-    CHECK(st.tp.bytes == 4 * 64 * 4 * 2);
+    CHECK(st.axes[Axis::tp].bytes == 4 * 64 * 4 * 2);
     // dp: the replicas are dp x cp = 4 GPUs (d 1 here): 2 (n-1)/n of the stage's weights.
-    CHECK(st.dp.size == 4);
-    CHECK(st.dp.bytes == doctest::Approx(2.0 * 2 * 3 / 4 * stage_parameters(m, 2, 1)));
+    CHECK(st.axes[Axis::dp].size == 4);
+    CHECK(st.axes[Axis::dp].bytes == doctest::Approx(2.0 * 2 * 3 / 4 * stage_parameters(m, 2, 1)));
 
     // A MoE tiny: 4 experts, top-2, in every other layer (layers 0 and 2).
     ModelSpec moe = m;
@@ -450,14 +459,17 @@ TEST_SUITE("ch08 planner") {
     // The dense weights lose the MoE layers' MLPs and gain their routers.
     CHECK(stage_parameters(moe, 1, 1) ==
           stage_parameters(m, 1, 1) - 2 * (8 * 64 + 5 * 8) + 2 * 8 * 4);
-    Layout E{.dp = 2, .tp = 1, .pp = 1, .microbatches = 2, .recompute = Recompute::none, .ep = 2};
+    Layout E{.mesh = {.pp = 1, .dp = 2, .ep = 2, .tp = 1},
+             .microbatches = 2,
+             .recompute = Recompute::none};
     st = step_time(moe, c, E);
     // ep: 4 passes x k 2 x b s h (16 x 8 values, 256 bytes) x (e-1)/e, 2 MoE layers, 2
     // microbatches.
-    CHECK_MESSAGE(st.ep.bytes == 4 * 2 * 256 / 2 * 2 * 2, "ep bytes by hand");
+    CHECK_MESSAGE(st.axes[Axis::ep].bytes == 4 * 2 * 256 / 2 * 2 * 2, "ep bytes by hand");
     // dp: the dense weights over d e = 4 GPUs, the experts over d = 2.
-    CHECK(st.dp.bytes == doctest::Approx(2.0 * (2 * 3.0 / 4 * stage_parameters(moe, 1, 1) +
-                                                2 * 1.0 / 2 * expert_parameters(moe, 1, 1, 2))));
+    CHECK(st.axes[Axis::dp].bytes ==
+          doctest::Approx(2.0 * (2 * 3.0 / 4 * stage_parameters(moe, 1, 1) +
+                                 2 * 1.0 / 2 * expert_parameters(moe, 1, 1, 2))));
     // Memory: the experts' states over d (2), the dense weights' over d e (4), ZeRO 1.
     E.zero = 1;
     const MemoryEstimate mem = memory_per_gpu(moe, E);
@@ -470,7 +482,7 @@ TEST_SUITE("ch08 planner") {
   TEST_CASE("five axes' node crossings equal an enumeration of every group") {
     // rank = (((pp_i d + dp_i) e + ep_i) c + cp_i) t + tp_i, every group of every axis.
     auto enumerate = [](const Layout& L, int axis, int g) {  // axis: 0 pp 1 dp 2 ep 3 cp 4 tp
-      const int size[5] = {L.pp, L.dp, L.ep, L.cp, L.tp};
+      const int size[5] = {L.mesh.pp, L.mesh.dp, L.mesh.ep, L.mesh.cp, L.mesh.tp};
       const int n = int(L.gpus());
       for (int rank = 0; rank < n; ++rank) {
         int coord[5], rest = rank;
@@ -490,17 +502,17 @@ TEST_SUITE("ch08 planner") {
           for (int ep : {1, 2})
             for (int dp : {1, 2})
               for (int pp : {1, 2}) {
-                const Layout L{.dp = dp, .tp = tp, .pp = pp, .cp = cp, .ep = ep};
+                const Layout L{.mesh = {.pp = pp, .dp = dp, .ep = ep, .cp = cp, .tp = tp}};
                 const NodeCrossings c = crosses_nodes(L, g);
                 const std::string mesh = "tp " + std::to_string(tp) + " cp " + std::to_string(cp) +
                                          " ep " + std::to_string(ep) + " dp " + std::to_string(dp) +
                                          " pp " + std::to_string(pp) + " on nodes of " +
                                          std::to_string(g);
-                CHECK_MESSAGE(c.tp == enumerate(L, 4, g), mesh << ": tp");
-                CHECK_MESSAGE(c.cp == enumerate(L, 3, g), mesh << ": cp");
-                CHECK_MESSAGE(c.ep == enumerate(L, 2, g), mesh << ": ep");
-                CHECK_MESSAGE(c.dp == enumerate(L, 1, g), mesh << ": dp (the replicas)");
-                CHECK_MESSAGE(c.pp == enumerate(L, 0, g), mesh << ": pp");
+                CHECK_MESSAGE(c[Axis::tp] == enumerate(L, 4, g), mesh << ": tp");
+                CHECK_MESSAGE(c[Axis::cp] == enumerate(L, 3, g), mesh << ": cp");
+                CHECK_MESSAGE(c[Axis::ep] == enumerate(L, 2, g), mesh << ": ep");
+                CHECK_MESSAGE(c[Axis::dp] == enumerate(L, 1, g), mesh << ": dp (the replicas)");
+                CHECK_MESSAGE(c[Axis::pp] == enumerate(L, 0, g), mesh << ": pp");
               }
   }
 
@@ -512,28 +524,28 @@ TEST_SUITE("ch08 planner") {
       const Layout& L = k.layout;
       CHECK(L.gpus() == 128);
       CHECK(L.batch() == 512);
-      CHECK((m.experts % L.ep == 0 && 2048 % (2 * L.cp) == 0));
-      some_ep |= L.ep > 1;
-      some_cp |= L.cp > 1;
+      CHECK((m.experts % L.mesh.ep == 0 && 2048 % (2 * L.mesh.cp) == 0));
+      some_ep |= L.mesh.ep > 1;
+      some_cp |= L.mesh.cp > 1;
     }
     CHECK(some_ep);
     CHECK(some_cp);
     CHECK(std::any_of(found.begin(), found.end(),
-                      [](const Candidate& k) { return k.layout.ep == 128; }));
+                      [](const Candidate& k) { return k.layout.mesh.ep == 128; }));
   }
 
   TEST_CASE("the plan's defaults: the seeds' layouts and the paper's runs") {
     const ResolvedPlan gpt3 = resolve_plan({});
     CHECK(gpt3.model.name == "gpt3-175b");
     CHECK(gpt3.gpus == 1024);
-    CHECK((gpt3.layout.dp == 8 && gpt3.layout.tp == 8 && gpt3.layout.pp == 16));
+    CHECK((gpt3.layout.mesh.dp == 8 && gpt3.layout.mesh.tp == 8 && gpt3.layout.mesh.pp == 16));
     CHECK((gpt3.layout.microbatches == 192 && gpt3.layout.batch() == 1536));
     CHECK((gpt3.cluster.achieved_tflops == 140 && gpt3.tokens == 300e9));
     PlanSettings s;
     s.model = "1t";
     const ResolvedPlan one_t = resolve_plan(s);
     CHECK(one_t.gpus == 3072);
-    CHECK((one_t.layout.dp == 6 && one_t.layout.tp == 8 && one_t.layout.pp == 64));
+    CHECK((one_t.layout.mesh.dp == 6 && one_t.layout.mesh.tp == 8 && one_t.layout.mesh.pp == 64));
     CHECK((one_t.cluster.achieved_tflops == 163 && one_t.tokens == 450e9));
     s.model = "22b";  // Table 3's one microbatch of b = 4, not four of 1
     const ResolvedPlan k22 = resolve_plan(s);
@@ -548,8 +560,8 @@ TEST_SUITE("ch08 planner") {
     s.cluster = "h100-80gb";  // the run's X was on A100s: the cluster's own
     CHECK(resolve_plan(s).cluster.achieved_tflops == 400);
     s = {};
-    s.tp = 4;  // dp follows: 1024 / (4 x 16)
-    CHECK(resolve_plan(s).layout.dp == 16);
+    s.mesh.tp = 4;  // dp follows: 1024 / (4 x 16)
+    CHECK(resolve_plan(s).layout.mesh.dp == 16);
     s = {};
     s.search = true;  // the search's fastest that fits
     const ResolvedPlan searched = resolve_plan(s);
@@ -557,9 +569,9 @@ TEST_SUITE("ch08 planner") {
     const auto first_fit = std::find_if(searched.candidates.begin(), searched.candidates.end(),
                                         [](auto& k) { return k.fits; });
     REQUIRE(first_fit != searched.candidates.end());
-    CHECK(searched.layout.dp == first_fit->layout.dp);
-    CHECK(searched.layout.tp == first_fit->layout.tp);
-    CHECK(searched.layout.pp == first_fit->layout.pp);
+    CHECK(searched.layout.mesh.dp == first_fit->layout.mesh.dp);
+    CHECK(searched.layout.mesh.tp == first_fit->layout.mesh.tp);
+    CHECK(searched.layout.mesh.pp == first_fit->layout.mesh.pp);
   }
 
   TEST_CASE("the flags: quantities parse, absurd ones are refused") {
@@ -581,11 +593,11 @@ TEST_SUITE("ch08 planner") {
     add_plan_options(layout, l);
     layout.parse(
         std::vector<std::string>{"8", "--microbatches", "16", "--pp", "8", "--tp", "8", "--dp"});
-    CHECK(l.dp == 8);
-    CHECK(l.tp == 8);
-    CHECK(l.pp == 16);
+    CHECK(l.mesh.dp == 8);
+    CHECK(l.mesh.tp == 8);
+    CHECK(l.mesh.pp == 16);
     CHECK(l.microbatches == 8);
-    CHECK(resolve_plan(l).layout.tp == 8);
+    CHECK(resolve_plan(l).layout.mesh.tp == 8);
   }
 
   TEST_CASE("bad input is a UsageError of one line") {
@@ -601,15 +613,15 @@ TEST_SUITE("ch08 planner") {
       CHECK_MESSAGE(threw, what << " (no exception thrown)");
     };
     PlanSettings s;
-    s.tp = 5;
+    s.mesh.tp = 5;
     s.gpus = 1280;
     refused(s, "tp 5 on 96 heads");
     s = {};
-    s.pp = 5;
+    s.mesh.pp = 5;
     s.gpus = 640;
     refused(s, "pp 5 on 96 layers");
     s = {};
-    s.dp = 4;
+    s.mesh.dp = 4;
     s.gpus = 1024;
     refused(s, "dp 4 x tp 8 x pp 16 on 1024 GPUs");
     s = {};
@@ -620,7 +632,7 @@ TEST_SUITE("ch08 planner") {
     s.gpus = 2.5;
     refused(s, "2.5 GPUs");
     s = {};
-    s.dp = 1 << 20;
+    s.mesh.dp = 1 << 20;
     refused(s, "2^20 x 8 x 16 GPUs");
     s = {};
     s.model = "gpt5";
@@ -672,7 +684,8 @@ TEST_SUITE("ch08 planner") {
     refused(s, "--search on 1009 GPUs");
     CHECK_THROWS_AS(search(preset("1t"), a100(), {.gpus = 1'000'000'000'000, .batch = 8}),
                     UsageError);
-    CHECK_THROWS_AS(check_layout(preset("gpt3-175b"), {.dp = 8, .tp = 8, .pp = 0}, 0), UsageError);
+    CHECK_THROWS_AS(check_layout(preset("gpt3-175b"), {.mesh = {.pp = 0, .dp = 8, .tp = 8}}, 0),
+                    UsageError);
     CHECK_THROWS_AS(parse_recompute("partial"), UsageError);
   }
 
@@ -693,8 +706,8 @@ TEST_SUITE("ch08 planner") {
     };
     PlanSettings s;
     s.search = true;
-    s.tp = 8;
-    s.pp = 16;
+    s.mesh.tp = 8;
+    s.mesh.pp = 16;
     const nlohmann::json j = report(s);
     const ResolvedPlan p = resolve_plan(s);
     CHECK(j["params"].get<double>() == parameters(p.model));
@@ -705,8 +718,8 @@ TEST_SUITE("ch08 planner") {
     CHECK(j["memory_per_gpu_bytes"]["activations"].get<double>() == mem.activations);
     CHECK(j["fits"].get<bool>());
     const StepEstimate st = step_time(p.model, p.cluster, p.layout);
-    CHECK(j["communication_bytes"]["tp"].get<double>() == st.tp.bytes);
-    CHECK(j["communication_time_s"]["pp"].get<double>() == st.pp.seconds);
+    CHECK(j["communication_bytes"]["tp"].get<double>() == st.axes[Axis::tp].bytes);
+    CHECK(j["communication_time_s"]["pp"].get<double>() == st.axes[Axis::pp].seconds);
     CHECK(j["bubble_fraction"].get<double>() == doctest::Approx(15.0 / 192));
     CHECK(j["step_time_s"].get<double>() == st.total_s());
     REQUIRE(j["search"].is_array());

@@ -1,6 +1,7 @@
 // Chapter 09's model (gpt.hpp), and the blocks attention_and_loss.hpp declares for it.
 #include "gpt.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "shardlab/check.hpp"
@@ -314,87 +315,160 @@ void check_shape(const GptShape& s, const MeshShape& mesh, int chunks,
   context->check(s.context, mesh.cp);
 }
 
-std::vector<Piece> pieces_of(const GptShape& s, const MeshShape& mesh, const Coords& at,
-                             int chunks) {
-  const std::int64_t C = s.channels;
-  const int t = mesh.tp, r = at.tp;
-  const bool first = at.pp == 0, lead = r == 0;
-  std::vector<Piece> out;
-  auto whole = [&](std::string name, Shape shape) {  // the same on every tp rank
-    out.push_back({std::move(name), shape, Cut::whole, {0, 0}, false, lead});
-  };
-  auto cut = [&](std::string name, Shape shape, Cut how, bool qkv = false) {
-    const std::int64_t n = how == Cut::rows ? shape[0] : shape[1];
-    out.push_back({std::move(name), shape, how, shard_range(n, t, r), qkv, true});
-  };
-  const int per = s.layers / (mesh.pp * chunks), last_k = mesh.pp * chunks - 1;
+std::vector<ChunkBlocks> chunks_of(const GptShape& shape, const MeshShape& mesh, const Coords& at,
+                                   int chunks) {
+  const int p = mesh.pp, per = shape.layers / (p * chunks);
+  std::vector<ChunkBlocks> out;
   for (int c = 0; c < chunks; ++c) {
-    const int k = c * mesh.pp + at.pp;  // the virtual stage
-    if (k == 0) {
-      cut("transformer.wte.weight", {s.vocab, C}, Cut::rows);
-      whole("transformer.wpe.weight", {s.context, C});
-    }
-    for (int b = k * per; b < (k + 1) * per; ++b) {
-      const std::string h = "transformer.h." + std::to_string(b) + ".";
-      whole(h + "ln_1.weight", {1, C});
-      whole(h + "ln_1.bias", {1, C});
-      cut(h + "attn.c_attn.weight", {C, 3 * C}, Cut::columns, true);
-      cut(h + "attn.c_attn.bias", {1, 3 * C}, Cut::columns, true);
-      cut(h + "attn.c_proj.weight", {C, C}, Cut::rows);
-      whole(h + "attn.c_proj.bias", {1, C});
-      whole(h + "ln_2.weight", {1, C});
-      whole(h + "ln_2.bias", {1, C});
-      if (s.moe(b)) {  // the router; the experts are expert_pieces_of's
-        whole(h + "mlp.router.weight", {C, s.experts});
-        out.back().rows_part = false;  // the MoE layer runs whole on every tp rank
-        continue;
-      }
-      cut(h + "mlp.c_fc.weight", {C, 4 * C}, Cut::columns);
-      cut(h + "mlp.c_fc.bias", {1, 4 * C}, Cut::columns);
-      cut(h + "mlp.c_proj.weight", {4 * C, C}, Cut::rows);
-      whole(h + "mlp.c_proj.bias", {1, C});
-    }
-    if (k == last_k) {
-      whole("transformer.ln_f.weight", {1, C});
-      whole("transformer.ln_f.bias", {1, C});
-      if (!first) {  // the head's copy of wte: the first stage counts the weight
-        cut("transformer.wte.weight", {s.vocab, C}, Cut::rows);
-        out.back().counted = false;
-      }
-    }
+    const int k = ch04::virtual_stage(at.pp, c, p);
+    out.push_back({.chunk = c,
+                   .stage = k,
+                   .first = k * per,
+                   .count = per,
+                   .embeds = k == 0,
+                   .is_last = k == p * chunks - 1});
   }
   return out;
 }
 
-std::vector<Piece> expert_pieces_of(const GptShape& s, const MeshShape& mesh, const Coords& at,
-                                    int chunks) {
-  const std::int64_t C = s.channels;
-  const int t = mesh.tp, r = at.tp;
-  const int per_rank = s.experts / mesh.ep;
+namespace {
+
+/// One tensor of a block as tensor parallelism cuts it (Megatron-LM's plan): its name after
+/// "transformer.h.B.", its shape in multiples of C (0: 1), and its cut over tp.
+struct PlanRow {
+  const char* name;
+  int rows, cols;
+  Cut cut;
+  bool qkv = false;  // c_attn: cut by whole heads, q, k, v side by side
+};
+/// A block's attention and LayerNorms: c_attn column-parallel (f before it), c_proj
+/// row-parallel (g after it, its bias whole), the norms whole.
+constexpr PlanRow kBlockPlan[] = {
+    {"ln_1.weight", 0, 1, Cut::whole},
+    {"ln_1.bias", 0, 1, Cut::whole},
+    {"attn.c_attn.weight", 1, 3, Cut::columns, true},
+    {"attn.c_attn.bias", 0, 3, Cut::columns, true},
+    {"attn.c_proj.weight", 1, 1, Cut::rows},
+    {"attn.c_proj.bias", 0, 1, Cut::whole},
+    {"ln_2.weight", 0, 1, Cut::whole},
+    {"ln_2.bias", 0, 1, Cut::whole},
+};
+/// A dense MLP (after "mlp.") and each expert of a MoE one (after "mlp.experts.e."): c_fc
+/// column-parallel, c_proj row-parallel.
+constexpr PlanRow kMlpPlan[] = {
+    {"c_fc.weight", 1, 4, Cut::columns},
+    {"c_fc.bias", 0, 4, Cut::columns},
+    {"c_proj.weight", 4, 1, Cut::rows},
+    {"c_proj.bias", 0, 1, Cut::whole},
+};
+
+/// The pieces of a rank at tp rank r of t.
+class PieceList {
+ public:
+  PieceList(std::int64_t C, int t, int r) : C_(C), t_(t), r_(r) {}
+  /// The row's tensor under `prefix`; a whole tensor counted in the norm on tp rank 0 only,
+  /// and its gradient a part of each tp rank's rows under sequence parallelism unless the
+  /// layer runs whole on every tp rank (`rows_part`).
+  void add(const std::string& prefix, const PlanRow& row, bool rows_part = true) {
+    const Shape whole{row.rows ? row.rows * C_ : 1, row.cols ? row.cols * C_ : 1};
+    add(prefix + row.name, whole, row.cut, row.qkv, rows_part);
+  }
+  /// A tensor of the given shape and cut.
+  void add(std::string name, Shape whole, Cut cut, bool qkv = false, bool rows_part = true) {
+    const std::int64_t n = cut == Cut::rows ? whole[0] : whole[1];
+    out.push_back({std::move(name), whole, cut,
+                   cut == Cut::whole ? ShardRange{0, 0} : shard_range(n, t_, r_), qkv,
+                   cut != Cut::whole || r_ == 0, rows_part});
+  }
   std::vector<Piece> out;
-  auto add = [&](std::string name, Shape shape, Cut how) {
-    const std::int64_t n = how == Cut::rows ? shape[0] : shape[1];
-    out.push_back({std::move(name), shape, how,
-                   how == Cut::whole ? ShardRange{0, 0} : shard_range(n, t, r), false,
-                   how != Cut::whole || r == 0, false});
-  };
-  const int per = s.layers / (mesh.pp * chunks);
-  for (int c = 0; c < chunks; ++c) {
-    const int k = c * mesh.pp + at.pp;  // the virtual stage
-    for (int b = k * per; b < (k + 1) * per; ++b) {
-      if (!s.moe(b)) continue;
-      for (int e = at.ep * per_rank; e < (at.ep + 1) * per_rank; ++e) {
-        const std::string x =
-            "transformer.h." + std::to_string(b) + ".mlp.experts." + std::to_string(e) + ".";
-        add(x + "c_fc.weight", {C, 4 * C}, Cut::columns);
-        add(x + "c_fc.bias", {1, 4 * C}, Cut::columns);
-        add(x + "c_proj.weight", {4 * C, C}, Cut::rows);
-        add(x + "c_proj.bias", {1, C}, Cut::whole);
+
+ private:
+  std::int64_t C_;
+  int t_, r_;
+};
+
+}  // namespace
+
+std::vector<Piece> pieces_of(const GptShape& s, const MeshShape& mesh, const Coords& at,
+                             int chunks) {
+  const std::int64_t C = s.channels;
+  PieceList list(C, mesh.tp, at.tp);
+  for (const ChunkBlocks& chunk : chunks_of(s, mesh, at, chunks)) {
+    if (chunk.embeds) {
+      list.add("transformer.wte.weight", {s.vocab, C}, Cut::rows);
+      list.add("transformer.wpe.weight", {s.context, C}, Cut::whole);
+    }
+    for (int b = chunk.first; b < chunk.first + chunk.count; ++b) {
+      const std::string h = "transformer.h." + std::to_string(b) + ".";
+      for (const PlanRow& row : kBlockPlan) list.add(h, row);
+      if (s.moe(b))  // the router, whole; the experts are expert_pieces_of's
+        list.add(h + "mlp.router.weight", {C, s.experts}, Cut::whole, false, false);
+      else
+        for (const PlanRow& row : kMlpPlan) list.add(h + "mlp.", row);
+    }
+    if (chunk.is_last) {
+      list.add("transformer.ln_f.weight", {1, C}, Cut::whole);
+      list.add("transformer.ln_f.bias", {1, C}, Cut::whole);
+      if (at.pp != 0) {  // the head's copy of wte: the first stage counts the weight
+        list.add("transformer.wte.weight", {s.vocab, C}, Cut::rows);
+        list.out.back().counted = false;
       }
     }
   }
+  return std::move(list.out);
+}
+
+std::vector<Piece> expert_pieces_of(const GptShape& s, const MeshShape& mesh, const Coords& at,
+                                    int chunks) {
+  PieceList list(s.channels, mesh.tp, at.tp);
+  const int per_rank = s.experts / mesh.ep;
+  for (const ChunkBlocks& chunk : chunks_of(s, mesh, at, chunks))
+    for (int b = chunk.first; b < chunk.first + chunk.count; ++b) {
+      if (!s.moe(b)) continue;
+      for (int e = at.ep * per_rank; e < (at.ep + 1) * per_rank; ++e)
+        for (const PlanRow& row : kMlpPlan)  // the MoE layer runs whole on every tp rank
+          list.add("transformer.h." + std::to_string(b) + ".mlp.experts." + std::to_string(e) + ".",
+                   row, false);
+    }
+  return std::move(list.out);
+}
+
+namespace {
+
+/// Every cp rank's positions of a sequence (chapter 10's split; whole sequences: one empty
+/// list), for the MoE routing that gathers a sequence from them.
+std::vector<std::vector<std::int64_t>> cp_positions_of(const MeshShape& mesh, const GptShape& shape,
+                                                       const ContextParallel* context) {
+  std::vector<std::vector<std::int64_t>> out;
+  for (int q = 0; q < mesh.cp; ++q)
+    out.push_back(mesh.cp > 1 ? context->positions(shape.context, mesh.cp, q)
+                              : std::vector<std::int64_t>{});
   return out;
 }
+
+/// A check that the layers put into `store` what the plan says this rank holds
+/// (`pieces`): a parallel_attention holding other parameters than Megatron-LM's cut would
+/// save and load checkpoints wrongly.
+void check_store(nn::ParameterStore& store, const std::vector<Piece>& pieces) {
+  const std::vector<nn::Parameter*> params = store.parameters();
+  for (std::size_t i = 0; i < std::max(params.size(), pieces.size()); ++i) {
+    const std::string built =
+        i < params.size()
+            ? params[i]->name + " of " + std::to_string(params[i]->value.size()) + " elements"
+            : "nothing";
+    const std::string planned =
+        i < pieces.size() ? pieces[i].name + " of " + std::to_string(pieces[i].size()) + " elements"
+                          : "nothing";
+    require(i < params.size() && i < pieces.size() && params[i]->value.size() == pieces[i].size(),
+            [&] {
+              return "GptModel: parameter " + std::to_string(i) + " of this rank is " + built +
+                     ", where Megatron-LM's cut (pieces_of) has " + planned +
+                     ": do the blocks (parallel_attention) hold their heads' parameters only?";
+            });
+  }
+}
+
+}  // namespace
 
 GptModel::GptModel(Mesh& mesh, const GptShape& shape, const ModelOptions& options)
     : shape_(shape),
@@ -406,12 +480,9 @@ GptModel::GptModel(Mesh& mesh, const GptShape& shape, const ModelOptions& option
   const bool split = mesh.shape().cp > 1;  // each sequence cut over the cp ranks
   check_shape(shape, mesh.shape(), chunks, context.get());
   const Coords& at = mesh.coords();
-  const int p = mesh.shape().pp, per = shape.layers / (p * chunks);
   Communicator& tp = mesh.tp();
-  std::vector<std::vector<std::int64_t>> cp_positions;  // every cp rank's (MoE routing)
-  for (int q = 0; q < mesh.shape().cp; ++q)
-    cp_positions.push_back(split ? context->positions(shape.context, mesh.shape().cp, q)
-                                 : std::vector<std::int64_t>{});
+  const std::vector<std::vector<std::int64_t>> cp_positions =
+      cp_positions_of(mesh.shape(), shape, context.get());
   if (split)
     positions_ = cp_positions[static_cast<std::size_t>(at.cp)];
   else
@@ -420,16 +491,12 @@ GptModel::GptModel(Mesh& mesh, const GptShape& shape, const ModelOptions& option
                             .recompute_core = recompute == Recompute::selective,
                             .context = split ? context.get() : nullptr,
                             .cp = split ? &mesh.cp() : nullptr};
-  for (int c = 0; c < chunks; ++c) {
-    chunks_.push_back(std::make_unique<nn::Sequential>());
-    nn::Sequential& chunk = *chunks_.back();
-    const int k = c * p + at.pp;  // the virtual stage
-    if (k == 0) {
-      auto& embedding =
-          chunk.add<VocabParallelEmbedding>(store_, tp, shape, sequence_parallel_, positions_);
-      tied_ = &embedding.wte();
-    }
-    for (int b = k * per; b < (k + 1) * per; ++b) {
+  for (const ChunkBlocks& blocks_of : chunks_of(shape, mesh.shape(), at, chunks)) {
+    nn::Sequential& chunk = *chunks_.emplace_back(std::make_unique<nn::Sequential>());
+    if (blocks_of.embeds)
+      tied_ = &chunk.add<VocabParallelEmbedding>(store_, tp, shape, sequence_parallel_, positions_)
+                   .wte();
+    for (int b = blocks_of.first; b < blocks_of.first + blocks_of.count; ++b) {
       const std::string name = "transformer.h." + std::to_string(b);
       auto attention =
           std::make_shared<nn::Residual>(parallel_attention(store_, tp, name, shape, b, blocks));
@@ -437,7 +504,7 @@ GptModel::GptModel(Mesh& mesh, const GptShape& shape, const ModelOptions& option
           shape.moe(b)
               ? moe_mlp(store_, expert_store_, mesh, shape, b, blocks.tp, moe_log_, cp_positions)
               : ch08::parallel_mlp(store_, tp, mlp_spec(name, shape, b), blocks.tp));
-      if (recompute == Recompute::full) {
+      if (recompute == Recompute::full) {  // the block's input kept alone: one Checkpoint
         auto both = std::make_shared<nn::Sequential>();
         both->add(attention);
         both->add(mlp);
@@ -447,7 +514,7 @@ GptModel::GptModel(Mesh& mesh, const GptShape& shape, const ModelOptions& option
         chunk.add(mlp);
       }
     }
-    if (k == p * chunks - 1) {
+    if (blocks_of.is_last) {
       chunk.add<nn::LayerNorm>(store_, "transformer.ln_f", shape.channels);
       if (!first_) tied_ = &store_.add("lm_head.weight", wte_init(shape, tp.size(), tp.rank()));
       head_ = std::make_unique<TiedHead>(tp, *tied_, blocks.tp);
@@ -457,17 +524,8 @@ GptModel::GptModel(Mesh& mesh, const GptShape& shape, const ModelOptions& option
   expert_store_.allocate(memory);
   pieces_ = pieces_of(shape, mesh.shape(), at, chunks);
   expert_pieces_ = expert_pieces_of(shape, mesh.shape(), at, chunks);
-  for (auto [store, pieces] :
-       {std::pair{&store_, &pieces_}, std::pair{&expert_store_, &expert_pieces_}}) {
-    const std::vector<nn::Parameter*> params = store->parameters();
-    require(params.size() == pieces->size(), "GptModel: a store and its pieces disagree");
-    for (std::size_t i = 0; i < params.size(); ++i)
-      require(params[i]->value.size() == (*pieces)[i].size(), [&] {
-        return "GptModel: " + params[i]->name + " holds " +
-               std::to_string(params[i]->value.size()) + " elements, the pieces say " +
-               (*pieces)[i].name + " has " + std::to_string((*pieces)[i].size());
-      });
-  }
+  check_store(store_, pieces_);
+  check_store(expert_store_, expert_pieces_);
 }
 
 }  // namespace ch09

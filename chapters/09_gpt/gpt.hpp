@@ -1,5 +1,5 @@
 // Chapter 09's model: GPT-2 (Radford et al. 2019; Hugging Face's GPT2LMHeadModel) built from
-// the common layers and chapter 08's tensor-parallel ones, cut over a pp x dp x tp mesh.
+// the common layers and chapter 08's tensor-parallel ones, cut over chapter 08's five-axis mesh.
 //
 //   ids -> wte[id] + wpe[position] -> L x ( x + attn(ln_1(x)),  x + mlp(ln_2(x)) )
 //       -> ln_f -> logits = x wte^T -> cross-entropy against the next byte
@@ -35,6 +35,7 @@
 #include "mesh.hpp"
 #include "moe.hpp"
 #include "planner.hpp"
+#include "schedule.hpp"  // ch04::virtual_stage
 #include "shardlab/memory.hpp"
 
 namespace ch09 {
@@ -167,8 +168,27 @@ struct Piece {
   std::int64_t size() const;  ///< elements this rank holds
 };
 
+/// Chunk c of a rank's pipeline stage: its virtual stage k = ch04::virtual_stage(pp_i, c, p)
+/// and the blocks it holds, [first, first + count) with count = L / (p v); virtual stage 0
+/// begins with the embedding, the last one (p v - 1) ends with ln_f and the LM head.
+struct ChunkBlocks {
+  int chunk = 0;         ///< c, 0 .. v - 1
+  int stage = 0;         ///< k, the virtual stage
+  int first = 0;         ///< its first block
+  int count = 0;         ///< its blocks
+  bool embeds = false;   ///< k = 0: the embedding first
+  bool is_last = false;  ///< k = p v - 1: ln_f and the LM head last
+};
+/// The `chunks` chunks rank `at` of `mesh` holds, in order: where every walk over a rank's
+/// blocks (the model, its pieces, the formulas, the checkpoint) takes them from.
+std::vector<ChunkBlocks> chunks_of(const GptShape& shape, const MeshShape& mesh, const Coords& at,
+                                   int chunks = 1);
+
 /// Every parameter rank `at` of `mesh` holds, in the order of its store, with `chunks`
 /// model chunks per pipeline stage: the dense weights (the experts' are expert_pieces_of).
+/// Each block's rows come from one plan (gpt.cpp's kBlockPlan, Megatron-LM's cut written as
+/// picotron writes it: a tensor a row, its shape and how tp cuts it), which the model's
+/// store is checked against when it is built.
 std::vector<Piece> pieces_of(const GptShape& shape, const MeshShape& mesh, const Coords& at,
                              int chunks = 1);
 /// The experts' parameters rank `at` holds, in the order of its expert store: of each MoE

@@ -101,16 +101,12 @@ inline Run train(TrainConfig c, int first, int steps, const std::string& load = 
           const RoutingCounts routing =
               c.model.experts > 0 ? ep_routing(world, c.mesh, mesh.coords(), r) : RoutingCounts{};
           const ch08::AxisBytes want = formula_bytes(c, mesh.coords(), routing);
-          const std::uint64_t ch08::AxisBytes::*axes[] = {
-              &ch08::AxisBytes::tp, &ch08::AxisBytes::dp, &ch08::AxisBytes::pp,
-              &ch08::AxisBytes::cp, &ch08::AxisBytes::ep};
-          const char* names[] = {"tp", "dp", "pp", "cp", "ep"};
-          for (std::size_t a = 0; a < 5; ++a)
-            if (r.bytes.*axes[a] != want.*axes[a] && mine.bytes_mismatch.empty())
-              mine.bytes_mismatch = "rank " + std::to_string(world.rank()) + " sent " +
-                                    std::to_string(r.bytes.*axes[a]) + " bytes on " + names[a] +
-                                    " at step " + std::to_string(t + 1) + ", the formula says " +
-                                    std::to_string(want.*axes[a]);
+          for (ch08::Axis a : ch08::kAxes)
+            if (r.bytes[a] != want[a] && mine.bytes_mismatch.empty())
+              mine.bytes_mismatch =
+                  "rank " + std::to_string(world.rank()) + " sent " + std::to_string(r.bytes[a]) +
+                  " bytes on " + std::string(ch08::axis_name(a)) + " at step " +
+                  std::to_string(t + 1) + ", the formula says " + std::to_string(want[a]);
         }
         if (steps > 1) {
           const std::uint64_t taken = shardlab::host_storage_allocations() - after_first;
@@ -135,7 +131,7 @@ inline Run train(TrainConfig c, int first, int steps, const std::string& load = 
 
 /// c trained on one device (a 1 x 1 x 1 mesh, one microbatch) for `steps` steps.
 inline Run one_device(TrainConfig c, int steps) {
-  c.mesh = {1, 1, 1};
+  c.mesh = {.pp = 1, .dp = 1, .tp = 1};
   c.microbatches = 1;
   return train(c, 0, steps);
 }

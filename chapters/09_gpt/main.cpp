@@ -31,6 +31,7 @@
 #include "context_parallel.hpp"  // chapter 10's ring, for --cp
 #include "measurements.hpp"
 #include "mesh_checks.hpp"
+#include "mesh_flags.hpp"
 #include "options.hpp"
 #include "profile.hpp"
 #include "references.hpp"
@@ -155,8 +156,10 @@ int main(int argc, char** argv) {
   // 8 ranks, or as many as the axes given ask for (--cp 2 --ep 2 with the default tp 2
   // and pp 2: 16).
   program.default_ranks([&](const Options&) {
-    const double asked = double(s.tp) * s.pp * s.cp * s.ep * std::max(1, s.dp);
-    return asked > 8 && asked <= 1024 ? static_cast<int>(asked) : 8;  // more: the mesh says no
+    ch08::MeshShape asked = s.mesh;
+    asked.dp = std::max(1, asked.dp);
+    const double ranks = ch08::product(asked, {std::begin(ch08::kAxes), std::end(ch08::kAxes)});
+    return ranks > 8 && ranks <= 1024 ? static_cast<int>(ranks) : 8;  // more: the mesh says no
   });
   program.world_size([&](const Options&, int ranks) {
     if (c.schedule == "interleaved" && !program.cli().count("--chunks")) c.chunks = 2;
@@ -166,7 +169,7 @@ int main(int argc, char** argv) {
     else if (cli.count("--top-k"))
       c.model.top_k = s.top_k;
     if (s.benchmark) return;  // every mesh shape of the ranks, in turn
-    c.mesh = ch08::settle_mesh({.pp = s.pp, .dp = s.dp, .tp = s.tp, .cp = s.cp, .ep = s.ep}, ranks);
+    c.mesh = ch08::mesh_for_ranks(s.mesh, ranks);
     if (c.mesh.cp > 1) c.context = ch10::ring_context();
     check_config(c);
   });

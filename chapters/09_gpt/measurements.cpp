@@ -135,17 +135,13 @@ void report_planner(Context& ctx, const TrainConfig& c, const StepResult& last,
   model.experts = g.experts;
   model.top_k = g.top_k;
   model.moe_every = g.moe_every;
-  const ch08::Layout layout{.dp = c.mesh.dp,
-                            .tp = c.mesh.tp,
-                            .pp = c.mesh.pp,
+  const ch08::Layout layout{.mesh = c.mesh,
                             .microbatches = c.microbatches,
                             .microbatch_size = static_cast<int>(std::max<std::int64_t>(
                                 1, c.batch / (c.replicas() * c.microbatches))),
                             .zero = c.zero,
                             .recompute = c.recompute,
-                            .sequence_parallel = c.sequence_parallel && c.mesh.tp > 1,
-                            .cp = c.mesh.cp,
-                            .ep = c.mesh.ep};
+                            .sequence_parallel = c.sequence_parallel && c.mesh.tp > 1};
   const ch08::MemoryEstimate mem = ch08::memory_per_gpu(model, layout, ch05::Precision::fp32);
   const ch08::StepEstimate step = ch08::step_time(model, *ch08::find_cluster("a100-80gb"), layout);
   using memory::Category;
@@ -163,13 +159,9 @@ void report_planner(Context& ctx, const TrainConfig& c, const StepResult& last,
       static_cast<double>(used.live(Category::optimizer) + used.live(Category::master)));
   row("activation bytes (x2: fp32)", 2 * mem.activations,
       static_cast<double>(used.peak(Category::activations)));
-  row("tp bytes sent (x2: fp32)", 2 * step.tp.bytes, static_cast<double>(last.bytes.tp));
-  row("dp bytes sent (x2: fp32)", 2 * step.dp.bytes, static_cast<double>(last.bytes.dp));
-  row("pp bytes sent (x2: fp32)", 2 * step.pp.bytes, static_cast<double>(last.bytes.pp));
-  if (c.mesh.cp > 1)
-    row("cp bytes sent (x2: fp32)", 2 * step.cp.bytes, static_cast<double>(last.bytes.cp));
-  if (c.mesh.ep > 1)
-    row("ep bytes sent (x2: fp32)", 2 * step.ep.bytes, static_cast<double>(last.bytes.ep));
+  for (ch08::Axis a : ch08::shown_axes(c.mesh))
+    row(std::string(ch08::axis_name(a)) + " bytes sent (x2: fp32)", 2 * step.axes[a].bytes,
+        static_cast<double>(last.bytes[a]));
   row("bubble (idle / busy)", step.bubble_fraction, measured_bubble);
   ctx.report(t, "planner",
              "\nchapter 08's planner on this model and mesh, for rank 0 (the first stage), next to "
@@ -186,7 +178,7 @@ void run_benchmark(Context& ctx, const TrainConfig& base, const Corpus& data, in
     for (int tp = 1; tp <= N / pp; ++tp) {
       if (N % (pp * tp)) continue;
       TrainConfig c = base;
-      c.mesh = {pp, N / (pp * tp), tp};
+      c.mesh = {.pp = pp, .dp = N / (pp * tp), .tp = tp};
       try {
         check_config(c);
       } catch (const shardlab::UsageError&) {

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "mesh_flags.hpp"
 #include "shardlab/check.hpp"
 
 namespace ch09 {
@@ -15,14 +16,8 @@ void add_flags(CLI::App& app, Settings& s) {
   auto option = [&](const char* flag, auto& value, const char* what, auto check) {
     return app.add_option(flag, value, what)->check(check)->capture_default_str();
   };
-  option("--dp", s.dp, "data-parallel replicas (default: the ranks the other axes leave)",
-         CLI::Range(0, 1 << 20));
-  option("--tp", s.tp, "tensor-parallel ranks (heads, vocabulary)", CLI::Range(1, 1 << 20));
-  option("--pp", s.pp, "pipeline stages", CLI::Range(1, 1 << 20));
-  option("--cp", s.cp, "context-parallel ranks: each sequence cut over a ring (chapter 10)",
-         CLI::Range(1, 1 << 20));
-  option("--ep", s.ep, "expert-parallel ranks: the experts split, carved out of dp (chapter 07)",
-         CLI::Range(1, 1 << 20));
+  ch08::add_mesh_flags(app, s.mesh, {std::begin(ch08::kAxes), std::end(ch08::kAxes)},
+                       "the ranks the other axes leave");
   option("--experts", c.model.experts,
          "a Mixture-of-Experts MLP of E experts in every --moe-every-th block (0: dense)",
          CLI::Range(0, 256));

@@ -12,12 +12,9 @@ namespace ch09 {
 
 /// What the ch09_gpt program's flags set.
 struct Settings {
-  TrainConfig run;         ///< The training's configuration, as the flags set it.
-  int dp = 0;              ///< --dp; 0: the ranks the other axes leave.
-  int tp = 2;              ///< --tp.
-  int pp = 2;              ///< --pp.
-  int cp = 1;              ///< --cp.
-  int ep = 1;              ///< --ep.
+  TrainConfig run;  ///< The training's configuration, as the flags set it.
+  /// --pp, --dp, --ep, --cp, --tp; dp 0: the ranks the other axes leave.
+  MeshShape mesh{.pp = 2, .dp = 0, .tp = 2};
   int steps = 200;         ///< --steps.
   int log_every = 20;      ///< --log-every.
   int sample = 0;          ///< --sample: bytes to generate (0: train).

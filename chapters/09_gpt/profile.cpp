@@ -21,9 +21,13 @@ double total(const std::vector<Span>& spans, const std::string& axis) {
   return sum;
 }
 
-/// The axes whose calls happen inside a layer's pass, so inside a compute span: tp's
-/// allreduces, cp's ring, ep's all-to-alls.
-bool nested(const std::string& axis) { return axis == "tp" || axis == "cp" || axis == "ep"; }
+/// Whether the spans of `axis` ("compute", "tp", ...) happen inside a layer's pass, so
+/// inside a compute span: tp's allreduces, cp's ring, ep's all-to-alls.
+bool nested(const std::string& axis) {
+  for (const ch08::AxisInfo& info : ch08::kAxisInfo)
+    if (info.name == axis) return info.inside_layer;
+  return false;
+}
 
 /// The spans that do not nest in another (compute, dp, pp), in time order.
 std::vector<Span> outer(const std::vector<Span>& spans) {
@@ -69,23 +73,25 @@ class Timed final : public nn::Layer {
 }  // namespace
 
 StepRecorder::StepRecorder(Profile* profile, Communicator& world,
-                           std::vector<std::pair<Communicator*, const char*>> axes)
+                           std::vector<std::pair<ch08::Axis, Communicator*>> axes)
     : profile_(profile), axes_(std::move(axes)) {
   // Every rank takes part in the agreement, recording or not: they all call it or none.
   if (!profile_) return;
   origin_ = world.agree(ns(Clock::now()), shardlab::ReduceOp::min);
   profile_->spans.clear();
-  for (auto [comm, axis] : axes_)
-    comm->time_calls([this, axis](shardlab::Op op, Clock::time_point start, Clock::time_point) {
-      note(std::string(axis) + " " +
+  for (auto [axis, comm] : axes_) {
+    const char* name = ch08::axis_name(axis).data();
+    comm->time_calls([this, name](shardlab::Op op, Clock::time_point start, Clock::time_point) {
+      note(std::string(name) + " " +
                (op == shardlab::Op::count_ ? "wait" : std::string(shardlab::op_name(op))),
-           axis, start);
+           name, start);
     });
+  }
 }
 
 StepRecorder::~StepRecorder() {
   if (profile_)
-    for (auto [comm, axis] : axes_) comm->time_calls({});
+    for (auto [axis, comm] : axes_) comm->time_calls({});
 }
 
 nn::Layer* StepRecorder::wrap(nn::Layer& chunk) {
@@ -103,17 +109,27 @@ void StepRecorder::note(std::string name, const char* axis, Clock::time_point st
 void StepRecorder::finish() {
   if (!profile_) return;
   profile_->step = static_cast<double>(ns(Clock::now()) - origin_) * 1e-9;
-  for (auto [comm, axis] : axes_) comm->time_calls({});
+  for (auto [axis, comm] : axes_) comm->time_calls({});
   profile_ = nullptr;
 }
 
-double Profile::tp() const { return total(spans, "tp"); }
-double Profile::dp() const { return total(spans, "dp"); }
-double Profile::pp() const { return total(spans, "pp"); }
-double Profile::cp() const { return total(spans, "cp"); }
-double Profile::ep() const { return total(spans, "ep"); }
-double Profile::compute() const { return total(spans, "compute") - tp() - cp() - ep(); }
-double Profile::wait() const { return std::max(0.0, step - total(spans, "compute") - dp() - pp()); }
+double Profile::seconds(ch08::Axis axis) const {
+  return total(spans, std::string(ch08::axis_name(axis)));
+}
+
+double Profile::compute() const {
+  double inside = 0;
+  for (const ch08::AxisInfo& info : ch08::kAxisInfo)
+    if (info.inside_layer) inside += seconds(info.axis);
+  return total(spans, "compute") - inside;
+}
+
+double Profile::wait() const {
+  double between = 0;
+  for (const ch08::AxisInfo& info : ch08::kAxisInfo)
+    if (!info.inside_layer) between += seconds(info.axis);
+  return std::max(0.0, step - total(spans, "compute") - between);
+}
 
 void write_profile_trace(Context& ctx, const MeshShape& mesh, const Profile& mine,
                          const std::string& path) {
@@ -154,29 +170,46 @@ void write_profile_trace(Context& ctx, const MeshShape& mesh, const Profile& min
   ctx.say("wrote " + path + " (open it in ui.perfetto.dev or chrome://tracing)");
 }
 
+namespace {
+
+/// The profile's diagnosis (the CS336 notes' two rules of thumb): the axes whose
+/// communication takes over 30 % of some rank's step (`most`: each shown axis's largest
+/// share), and the rank that computes under 70 % of its step.
+std::string diagnosis(const std::vector<ch08::Axis>& axes, const std::vector<double>& most,
+                      double worst_busy, int idlest) {
+  std::string out;
+  for (std::size_t k = 0; k < axes.size(); ++k)
+    if (most[k] > 0.3)
+      out += "\n  " + std::string(ch08::axis_name(axes[k])) + " communication takes " +
+             shardlab::format_number(100 * most[k], 3) +
+             " % of a rank's step (over 30 %): look at the " +
+             std::string(ch08::axis_name(axes[k])) + " " +
+             std::string(ch08::kAxisInfo[ch08::index_of(axes[k])].sends);
+  if (worst_busy < 0.7)
+    out += "\n  rank " + std::to_string(idlest) + " computes " +
+           shardlab::format_number(100 * worst_busy, 3) +
+           " % of its step (under 70 %): more microbatches, or another schedule";
+  return out.empty() ? std::string("\n  nothing over 30 % or under 70 %") : out;
+}
+
+}  // namespace
+
 void report_profile(Context& ctx, const MeshShape& mesh, const Profile& mine) {
-  // The communication columns: tp, dp and pp always, cp and ep where the mesh has them.
-  struct Axis {
-    const char* name;
-    double (Profile::*seconds)() const;
-  };
-  std::vector<Axis> axes{{"tp", &Profile::tp}, {"dp", &Profile::dp}, {"pp", &Profile::pp}};
-  if (mesh.cp > 1) axes.push_back({"cp", &Profile::cp});
-  if (mesh.ep > 1) axes.push_back({"ep", &Profile::ep});
+  // The coordinates and the communication columns: the axes the mesh shows.
+  const std::vector<ch08::Axis> shown = ch08::shown_axes(mesh);
   std::vector<double> values{mine.step, mine.compute(), mine.wait()};
-  for (const Axis& a : axes) values.push_back((mine.*a.seconds)());
+  for (ch08::Axis a : shown) values.push_back(mine.seconds(a));
   std::vector<std::vector<double>> every;
   for (double v : values) every.push_back(ctx.comm().gather_values(v));
-  const std::vector<ch08::Axis> shown = ch08::shown_axes(mesh);
   std::vector<std::string> columns{"rank"};
   for (ch08::Axis a : shown) columns.emplace_back(ch08::axis_name(a));
   columns.insert(columns.end(), {"step_ms", "compute"});
-  for (const Axis& a : axes) columns.push_back(std::string(a.name) + "_comm");
+  for (ch08::Axis a : shown) columns.push_back(std::string(ch08::axis_name(a)) + "_comm");
   columns.emplace_back("wait");
   Table t(columns);
   double worst_busy = 1;
   int idlest = 0;
-  std::vector<double> most(axes.size(), 0.0);  // per axis: the largest share of any rank
+  std::vector<double> most(shown.size(), 0.0);  // per axis: the largest share of any rank
   for (int r = 0; r < ctx.size(); ++r) {
     const auto i = static_cast<std::size_t>(r);
     const double step = every[0][i];
@@ -185,7 +218,7 @@ void report_profile(Context& ctx, const MeshShape& mesh, const Profile& mine) {
     std::vector<shardlab::Cell> row{r};
     for (ch08::Axis a : shown) row.emplace_back(q.at(a));
     row.insert(row.end(), {1e3 * step, share(1)});
-    for (std::size_t k = 0; k < axes.size(); ++k) {
+    for (std::size_t k = 0; k < shown.size(); ++k) {
       row.emplace_back(share(3 + k));
       most[k] = std::max(most[k], share(3 + k));
     }
@@ -196,21 +229,8 @@ void report_profile(Context& ctx, const MeshShape& mesh, const Profile& mine) {
   ctx.report(t, "profile",
              "\nthe last step, rank by rank: the shares of its time spent computing, in each "
              "axis' communication, and waiting (for a neighbour stage, or for the others)");
-  std::string diagnosis;
-  for (std::size_t k = 0; k < axes.size(); ++k)
-    if (most[k] > 0.3)
-      diagnosis += "\n  " + std::string(axes[k].name) + " communication takes " +
-                   shardlab::format_number(100 * most[k], 3) +
-                   " % of a rank's step (over 30 %): look at the " + axes[k].name +
-                   (std::string(axes[k].name) == "cp"   ? " ring's passes"
-                    : std::string(axes[k].name) == "ep" ? " all-to-alls"
-                                                        : " allreduces");
-  if (worst_busy < 0.7)
-    diagnosis += "\n  rank " + std::to_string(idlest) + " computes " +
-                 shardlab::format_number(100 * worst_busy, 3) +
-                 " % of its step (under 70 %): more microbatches, or another schedule";
   ctx.say("the profile's diagnosis (CS336 notes §6.1):" +
-          (diagnosis.empty() ? std::string("\n  nothing over 30 % or under 70 %") : diagnosis));
+          diagnosis(shown, most, worst_busy, idlest));
 }
 
 }  // namespace ch09

@@ -4,9 +4,8 @@
 //            stage's chunks, and the loss (the head and the cross-entropy), as the
 //            pipeline runs them; the tp allreduces, the cp ring's waits and the ep
 //            all-to-alls inside them are their own spans
-//   tp, dp   every blocking call on the mesh's tp and dp communicators (the embedding
-//   cp, ep   group's allreduce of wte's gradient counts as pp; dp is the replicas', and
-//            the expert replicas')
+//   an axis  every blocking call on its communicators (dp's: the replicas' and the expert
+//            replicas'; pp's: the embedding group's allreduce of wte's gradient)
 //   wait     the rest of the step: waiting for a neighbour's activations or gradients
 //            (the pipeline's bubble and its messages), or for the others to arrive
 // The diagnosis applies the notes' two rules of thumb: communication above 30 % of the
@@ -28,7 +27,7 @@ namespace ch09 {
 /// One interval of a rank's step, in seconds from the step's start (the earliest rank's).
 struct Span {
   std::string name;  ///< "F", "B", "W", "loss", "tp allreduce", "dp wait", ...
-  std::string axis;  ///< "compute", "tp", "dp", "pp"
+  std::string axis;  ///< "compute", or the axis whose communicator the call was on ("tp", ...)
   double start = 0;  ///< seconds from the step's start
   double end = 0;    ///< seconds from the step's start
 };
@@ -37,18 +36,12 @@ struct Span {
 struct Profile {
   std::vector<Span> spans;  ///< in the order they ended
   double step = 0;          ///< seconds, from the common start to this rank's end
-  /// Seconds of compute, less the tp, cp and ep calls inside it.
+  /// Seconds of compute, less the communication inside it (the axes whose calls happen
+  /// inside a layer's pass: AxisInfo::inside_layer).
   double compute() const;
-  /// Seconds in blocking calls on the tp communicator.
-  double tp() const;
-  /// Seconds in blocking calls on the dp communicator.
-  double dp() const;
-  /// Seconds in blocking calls on the embedding group's communicator (the pp share).
-  double pp() const;
-  /// Seconds in blocking calls on the cp communicator (the ring's waits, inside compute).
-  double cp() const;
-  /// Seconds in blocking calls on the ep communicator (the all-to-alls, inside compute).
-  double ep() const;
+  /// Seconds in blocking calls of `axis`'s communicators (pp: the embedding group's
+  /// allreduce; the pipeline's own messages are waits).
+  double seconds(ch08::Axis axis) const;
   /// Seconds of the rest of the step (waiting), never below 0.
   double wait() const;
 };
@@ -63,9 +56,9 @@ class StepRecorder {
   using Clock = std::chrono::steady_clock;
   /// Starts the step into `profile` (nullptr: records nothing), at the earliest rank's
   /// start on `world`, timing every blocking call of each communicator of `axes`, named by
-  /// its axis ("tp", "dp", "pp").
+  /// its axis.
   StepRecorder(Profile* profile, Communicator& world,
-               std::vector<std::pair<Communicator*, const char*>> axes);
+               std::vector<std::pair<ch08::Axis, Communicator*>> axes);
   ~StepRecorder();
   StepRecorder(const StepRecorder&) = delete;
   StepRecorder& operator=(const StepRecorder&) = delete;
@@ -80,7 +73,7 @@ class StepRecorder {
 
  private:
   Profile* profile_;
-  std::vector<std::pair<Communicator*, const char*>> axes_;
+  std::vector<std::pair<ch08::Axis, Communicator*>> axes_;
   std::int64_t origin_ = 0;  // ns, the earliest rank's start
   std::vector<std::unique_ptr<nn::Layer>> timed_;
 };

@@ -21,7 +21,7 @@ namespace {
 
 Curve train_one_device(Communicator& self, TrainConfig c, int microbatches, const Corpus& data,
                        int steps) {
-  c.mesh = {1, 1, 1};
+  c.mesh = {.pp = 1, .dp = 1, .tp = 1};
   c.microbatches = microbatches;
   c.zero = 0;
   c.schedule = "1f1b";

@@ -65,12 +65,13 @@ using shardlab::testing::on_ranks;
 namespace fs = std::filesystem;
 
 TEST_CASE("every factorisation of 8 ranks trains like one device") {
-  const Run want = one_device(small({1, 1, 1}), 3);
+  const Run want = one_device(small({.pp = 1, .dp = 1, .tp = 1}), 3);
   REQUIRE(want.loss.size() == 3);
   CHECK(want.loss[0] > 5.0);  // ln 256 = 5.55 at the start
   CHECK(want.norm[0] > 0.5);  // so that the clipping is at work
-  for (MeshShape m : {MeshShape{8, 1, 1}, MeshShape{1, 8, 1}, MeshShape{1, 1, 8},
-                      MeshShape{2, 2, 2}, MeshShape{4, 1, 2}, MeshShape{1, 2, 4}}) {
+  for (MeshShape m : {MeshShape{.pp = 8, .dp = 1, .tp = 1}, MeshShape{.pp = 1, .dp = 8, .tp = 1},
+                      MeshShape{.pp = 1, .dp = 1, .tp = 8}, MeshShape{.pp = 2, .dp = 2, .tp = 2},
+                      MeshShape{.pp = 4, .dp = 1, .tp = 2}, MeshShape{.pp = 1, .dp = 2, .tp = 4}}) {
     const std::string mesh_shape =
         std::to_string(m.pp) + "x" + std::to_string(m.dp) + "x" + std::to_string(m.tp);
     CAPTURE(mesh_shape);
@@ -85,8 +86,9 @@ TEST_CASE("every factorisation of 8 ranks trains like one device") {
 }
 
 TEST_CASE("ZeRO-1 clips by the norm of its shards and trains like one device") {
-  const Run want = one_device(small({1, 1, 1}), 3);
-  for (MeshShape m : {MeshShape{1, 8, 1}, MeshShape{2, 2, 2}, MeshShape{1, 4, 2}}) {
+  const Run want = one_device(small({.pp = 1, .dp = 1, .tp = 1}), 3);
+  for (MeshShape m : {MeshShape{.pp = 1, .dp = 8, .tp = 1}, MeshShape{.pp = 2, .dp = 2, .tp = 2},
+                      MeshShape{.pp = 1, .dp = 4, .tp = 2}}) {
     CAPTURE(m.dp);
     CAPTURE(m.tp);
     TrainConfig c = small(m);
@@ -133,7 +135,7 @@ std::vector<MeshShape> meshes_of_8() {
   for (int pp = 1; pp <= 8; pp *= 2)
     for (int dp = 1; pp * dp <= 8; dp *= 2)
       for (int ep = 1; pp * dp * ep <= 8; ep *= 2)
-        out.push_back({.pp = pp, .dp = dp, .tp = 8 / (pp * dp * ep), .ep = ep});
+        out.push_back({.pp = pp, .dp = dp, .ep = ep, .tp = 8 / (pp * dp * ep)});
   return out;
 }
 
@@ -142,7 +144,7 @@ std::vector<MeshShape> meshes_of_8() {
 TEST_CASE(
     "a MoE GPT on every factorisation of 8 ranks over pp, dp, ep and tp routes and trains "
     "like one device") {
-  const Run want = one_device(small_moe({1, 1, 1}), 3);
+  const Run want = one_device(small_moe({.pp = 1, .dp = 1, .tp = 1}), 3);
   REQUIRE(want.dropped.size() == 3);
   CHECK(want.dropped[0] > 0);  // the capacity is at work from the first step
   CHECK(want.aux[0] > 0);
@@ -154,10 +156,10 @@ TEST_CASE(
     check_same_training(train(small_moe(m), 0, 3), want, 1e-5);
   }
   // A MoE MLP in every other block only, on meshes where stages differ in how many they hold.
-  const Run sparse = one_device(small_moe({1, 1, 1}, 2), 3);
-  for (MeshShape m : {MeshShape{.pp = 8, .dp = 1, .tp = 1, .ep = 1},
-                      MeshShape{.pp = 2, .dp = 1, .tp = 2, .ep = 2},
-                      MeshShape{.pp = 1, .dp = 2, .tp = 1, .ep = 4}}) {
+  const Run sparse = one_device(small_moe({.pp = 1, .dp = 1, .tp = 1}, 2), 3);
+  for (MeshShape m : {MeshShape{.pp = 8, .dp = 1, .ep = 1, .tp = 1},
+                      MeshShape{.pp = 2, .dp = 1, .ep = 2, .tp = 2},
+                      MeshShape{.pp = 1, .dp = 2, .ep = 4, .tp = 1}}) {
     const std::string mesh_shape = ch08::mesh_name(m);
     CAPTURE(mesh_shape);
     check_same_training(train(small_moe(m, 2), 0, 3), sparse, 1e-5);
@@ -172,11 +174,11 @@ TEST_CASE("a MoE GPT with sequence parallelism, recomputation, ZeRO-1 or top-1 t
     int zero, k;
   };
   for (const Case& k :
-       {Case{{.pp = 2, .dp = 1, .tp = 2, .ep = 2}, true, Recompute::none, 0, 2},
-        Case{{.pp = 1, .dp = 1, .tp = 4, .ep = 2}, true, Recompute::full, 0, 2},
-        Case{{.pp = 2, .dp = 2, .tp = 1, .ep = 2}, false, Recompute::selective, 1, 2},
-        Case{{.pp = 1, .dp = 2, .tp = 2, .ep = 2}, false, Recompute::full, 1, 1},
-        Case{{.pp = 1, .dp = 1, .tp = 1, .ep = 8}, false, Recompute::none, 0, 1}}) {
+       {Case{{.pp = 2, .dp = 1, .ep = 2, .tp = 2}, true, Recompute::none, 0, 2},
+        Case{{.pp = 1, .dp = 1, .ep = 2, .tp = 4}, true, Recompute::full, 0, 2},
+        Case{{.pp = 2, .dp = 2, .ep = 2, .tp = 1}, false, Recompute::selective, 1, 2},
+        Case{{.pp = 1, .dp = 2, .ep = 2, .tp = 2}, false, Recompute::full, 1, 1},
+        Case{{.pp = 1, .dp = 1, .ep = 8, .tp = 1}, false, Recompute::none, 0, 1}}) {
     TrainConfig c = small_moe(k.mesh);
     c.model.top_k = k.k;
     const Run want = one_device(c, 3);
@@ -197,7 +199,7 @@ TEST_CASE("the loss scale multiplies the aux loss's gradient too") {
   // In f32, a loss scale of 2^16 is exact both ways (times it, then over it): a run with
   // one is the run without, bit for bit, only if every part of the loss's gradient was
   // scaled, the load-balancing loss's included (Megatron-LM's MoEAuxLossAutoScaler).
-  TrainConfig c = small_moe({.pp = 1, .dp = 1, .tp = 2, .ep = 4});
+  TrainConfig c = small_moe({.pp = 1, .dp = 1, .ep = 4, .tp = 2});
   const Run plain = train(c, 0, 3);
   c.scaler = ch06::Scaler::fixed;
   const Run scaled = train(c, 0, 3);
@@ -213,15 +215,16 @@ TEST_CASE("the loss scale multiplies the aux loss's gradient too") {
 }
 
 TEST_CASE("sequence parallelism trains like one device, keeping fewer activations") {
-  const Run want = one_device(small({1, 1, 1}), 3);
+  const Run want = one_device(small({.pp = 1, .dp = 1, .tp = 1}), 3);
   struct Case {
     MeshShape mesh;
     Recompute recompute;
     std::string schedule;
   };
-  for (const Case& k :
-       {Case{{1, 1, 8}, Recompute::none, "1f1b"}, Case{{2, 2, 2}, Recompute::none, "1f1b"},
-        Case{{2, 1, 4}, Recompute::full, "zb1"}, Case{{1, 2, 4}, Recompute::selective, "gpipe"}}) {
+  for (const Case& k : {Case{{.pp = 1, .dp = 1, .tp = 8}, Recompute::none, "1f1b"},
+                        Case{{.pp = 2, .dp = 2, .tp = 2}, Recompute::none, "1f1b"},
+                        Case{{.pp = 2, .dp = 1, .tp = 4}, Recompute::full, "zb1"},
+                        Case{{.pp = 1, .dp = 2, .tp = 4}, Recompute::selective, "gpipe"}}) {
     const std::string mesh_shape = std::to_string(k.mesh.pp) + "x" + std::to_string(k.mesh.dp) +
                                    "x" + std::to_string(k.mesh.tp) + " " + k.schedule;
     CAPTURE(mesh_shape);
@@ -240,7 +243,7 @@ TEST_CASE("sequence parallelism trains like one device, keeping fewer activation
     double forward = 0, step_peak = 0;
   };
   auto kept = [&](bool split) {
-    TrainConfig c = small({1, 1, 4});
+    TrainConfig c = small({.pp = 1, .dp = 1, .tp = 4});
     c.sequence_parallel = split;
     const Corpus data = Corpus::load(text_file(), c.model.context);
     Kept out;
@@ -267,7 +270,7 @@ TEST_CASE("sequence parallelism trains like one device, keeping fewer activation
   // 2022, Table 2), for the 32 tokens and the 8 blocks. On the rows it no longer holds, it
   // also saves what the formula leaves out: each LayerNorm's mean and 1/sigma (2 floats a
   // row, 2 LayerNorms a block), ln_f's input and statistics, and the chunk's output.
-  const GptShape g = small({1, 1, 4}).model;
+  const GptShape g = small({.pp = 1, .dp = 1, .tp = 4}).model;
   const double C = static_cast<double>(g.channels), tokens = 32, rows_gone = tokens - tokens / 4;
   const double saved = 4.0 * tokens * g.layers *
                        (block_activation_floats(g, 4, Recompute::none, false) -
@@ -287,10 +290,10 @@ TEST_CASE("sequence parallelism trains like one device, keeping fewer activation
 }
 
 TEST_CASE("16-bit products (autocast) train on the mesh like one device with them") {
-  const Run fp32 = one_device(small({1, 1, 1}), 3);
+  const Run fp32 = one_device(small({.pp = 1, .dp = 1, .tp = 1}), 3);
   for (shardlab::DType type : {shardlab::DType::f16, shardlab::DType::bf16}) {
     CAPTURE(shardlab::dtype_name(type));
-    TrainConfig c = small({1, 1, 1});
+    TrainConfig c = small({.pp = 1, .dp = 1, .tp = 1});
     c.precision = type;
     c.scaler = type == shardlab::DType::f16 ? ch06::Scaler::dynamic : ch06::Scaler::none;
     const Run want = one_device(c, 3);
@@ -299,7 +302,8 @@ TEST_CASE("16-bit products (autocast) train on the mesh like one device with the
     CAPTURE(off);
     CHECK(off > 1e-5);
     CHECK(off < 3e-2);
-    for (MeshShape m : {MeshShape{2, 2, 2}, MeshShape{1, 2, 4}}) {
+    for (MeshShape m :
+         {MeshShape{.pp = 2, .dp = 2, .tp = 2}, MeshShape{.pp = 1, .dp = 2, .tp = 4}}) {
       CAPTURE(m.pp);
       CAPTURE(m.tp);
       TrainConfig on = c;
@@ -316,7 +320,7 @@ TEST_CASE("16-bit products (autocast) train on the mesh like one device with the
 TEST_CASE("the loss scaler skips a step whose fp16 gradients overflow, on every rank") {
   // A first scale of 2^40 overflows fp16 (65504) in the backward; GradScaler's rule halves
   // it each time, and a skipped step leaves the weights as they were.
-  TrainConfig c = small({2, 2, 2});
+  TrainConfig c = small({.pp = 2, .dp = 2, .tp = 2});
   c.precision = shardlab::DType::f16;
   c.scaler = ch06::Scaler::dynamic;
   c.scaler_config.init_scale = 0x1p40f;
@@ -347,8 +351,8 @@ TEST_CASE("the loss scaler skips a step whose fp16 gradients overflow, on every 
 }
 
 TEST_CASE("the interleaved schedule (2 chunks a stage) trains like one device") {
-  const Run want = one_device(small({1, 1, 1}), 3);
-  for (MeshShape m : {MeshShape{4, 2, 1}, MeshShape{2, 2, 2}}) {
+  const Run want = one_device(small({.pp = 1, .dp = 1, .tp = 1}), 3);
+  for (MeshShape m : {MeshShape{.pp = 4, .dp = 2, .tp = 1}, MeshShape{.pp = 2, .dp = 2, .tp = 2}}) {
     TrainConfig c = small(m);
     c.schedule = "interleaved";
     c.chunks = 2;
@@ -364,7 +368,7 @@ TEST_CASE("the interleaved schedule (2 chunks a stage) trains like one device") 
 }
 
 TEST_CASE("recomputing activations (selective, full) gives the same training, bit for bit") {
-  TrainConfig c = small({2, 1, 2});
+  TrainConfig c = small({.pp = 2, .dp = 1, .tp = 2});
   const Run none = train(c, 0, 3);
   for (Recompute r : {Recompute::selective, Recompute::full}) {
     c.recompute = r;
@@ -381,8 +385,8 @@ TEST_CASE("recomputing activations (selective, full) gives the same training, bi
 TEST_CASE("a checkpoint resumes on the same mesh bit for bit, and on another to rounding") {
   const std::string dir = (fs::temp_directory_path() / "shardlab_ch09_ckpt").string();
   fs::remove_all(dir);
-  const Run whole = train(small({2, 2, 2}), 0, 4);
-  train(small({2, 2, 2}), 0, 2, "", dir);
+  const Run whole = train(small({.pp = 2, .dp = 2, .tp = 2}), 0, 4);
+  train(small({.pp = 2, .dp = 2, .tp = 2}), 0, 2, "", dir);
   // One file per pipeline stage, and the indexes; the rank files are gone.
   for (const char* file : {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
                            "model.safetensors.index.json", "optimizer-00002-of-00002.safetensors",
@@ -390,11 +394,12 @@ TEST_CASE("a checkpoint resumes on the same mesh bit for bit, and on another to 
     CHECK_MESSAGE(fs::exists(fs::path(dir) / file), file);
   CHECK_FALSE(fs::exists(fs::path(dir) / "ranks"));
   CHECK_FALSE(fs::exists(dir + ".partial"));
-  const Run same = train(small({2, 2, 2}), 2, 2, dir);
+  const Run same = train(small({.pp = 2, .dp = 2, .tp = 2}), 2, 2, dir);
   REQUIRE(same.loss.size() == 2);
   CHECK(same.loss[0] == whole.loss[2]);
   CHECK(same.loss[1] == whole.loss[3]);
-  for (MeshShape m : {MeshShape{1, 4, 2}, MeshShape{1, 1, 1}, MeshShape{4, 1, 1}}) {
+  for (MeshShape m : {MeshShape{.pp = 1, .dp = 4, .tp = 2}, MeshShape{.pp = 1, .dp = 1, .tp = 1},
+                      MeshShape{.pp = 4, .dp = 1, .tp = 1}}) {
     const std::string mesh_shape =
         std::to_string(m.pp) + "x" + std::to_string(m.dp) + "x" + std::to_string(m.tp);
     CAPTURE(mesh_shape);
@@ -404,7 +409,7 @@ TEST_CASE("a checkpoint resumes on the same mesh bit for bit, and on another to 
   }
   // The loss scaler's state goes with it: a scale of 2^40 halves on each skipped step,
   // and the resumed run goes on from 2^38 (not GradScaler's first 2^16).
-  TrainConfig half = small({2, 2, 2});
+  TrainConfig half = small({.pp = 2, .dp = 2, .tp = 2});
   half.precision = shardlab::DType::f16;
   half.scaler = ch06::Scaler::dynamic;
   half.scaler_config.init_scale = 0x1p40f;
@@ -418,13 +423,13 @@ TEST_CASE("a checkpoint resumes on the same mesh bit for bit, and on another to 
   }
   // ZeRO-1 saves each replica's range of Adam's state and resumes from it, on its own mesh
   // and on one without ZeRO (and back).
-  TrainConfig zero = small({2, 2, 2});
+  TrainConfig zero = small({.pp = 2, .dp = 2, .tp = 2});
   zero.zero = 1;
   const Run zero_whole = train(zero, 0, 4);
   train(zero, 0, 2, "", dir);
   for (bool sharded : {true, false}) {
     CAPTURE(sharded);
-    TrainConfig c = small({1, 4, 2});
+    TrainConfig c = small({.pp = 1, .dp = 4, .tp = 2});
     c.zero = sharded ? 1 : 0;
     check_resumed(train(c, 2, 2, dir), zero_whole, "ZeRO-1 resumed");
   }
@@ -434,7 +439,7 @@ TEST_CASE("a checkpoint resumes on the same mesh bit for bit, and on another to 
 TEST_CASE("a MoE checkpoint resumes on any mesh, and no dense model takes it") {
   const std::string dir = (fs::temp_directory_path() / "shardlab_ch09_moe_ckpt").string();
   fs::remove_all(dir);
-  const TrainConfig c = small_moe({.pp = 2, .dp = 1, .tp = 2, .ep = 2});
+  const TrainConfig c = small_moe({.pp = 2, .dp = 1, .ep = 2, .tp = 2});
   const Run whole = train(c, 0, 4);
   train(c, 0, 2, "", dir);
   // The experts' tensors, each whole, in the documented layout.
@@ -443,9 +448,10 @@ TEST_CASE("a MoE checkpoint resumes on any mesh, and no dense model takes it") {
   CHECK(index["weight_map"].contains("transformer.h.0.mlp.router.weight"));
   CHECK(index["weight_map"].contains("transformer.h.7.mlp.experts.7.c_proj.bias"));
   CHECK_FALSE(index["weight_map"].contains("transformer.h.0.mlp.c_fc.weight"));
-  for (MeshShape m : {MeshShape{.pp = 2, .dp = 1, .tp = 2, .ep = 2}, MeshShape{1, 1, 1},
-                      MeshShape{.pp = 1, .dp = 1, .tp = 1, .ep = 8},
-                      MeshShape{.pp = 4, .dp = 2, .tp = 1, .ep = 1}}) {
+  for (MeshShape m :
+       {MeshShape{.pp = 2, .dp = 1, .ep = 2, .tp = 2}, MeshShape{.pp = 1, .dp = 1, .tp = 1},
+        MeshShape{.pp = 1, .dp = 1, .ep = 8, .tp = 1},
+        MeshShape{.pp = 4, .dp = 2, .ep = 1, .tp = 1}}) {
     const std::string mesh_shape = ch08::mesh_name(m);
     CAPTURE(mesh_shape);
     TrainConfig on = c;
@@ -455,22 +461,22 @@ TEST_CASE("a MoE checkpoint resumes on any mesh, and no dense model takes it") {
   }
   TrainConfig zero = c;
   zero.zero = 1;
-  zero.mesh = {.pp = 1, .dp = 2, .tp = 1, .ep = 4};
+  zero.mesh = {.pp = 1, .dp = 2, .ep = 4, .tp = 1};
   check_resumed(train(zero, 2, 2, dir), whole, "resumed with ZeRO-1");
   // A dense model, or one with other experts, is told what the checkpoint holds.
   auto load_into = [&](const TrainConfig& into) { return load_error(dir, into); };
-  const std::string dense = load_into(small({1, 1, 2}));
+  const std::string dense = load_into(small({.pp = 1, .dp = 1, .tp = 2}));
   CHECK_MESSAGE(dense.find("a Mixture-of-Experts model (8 experts, top-2") != std::string::npos,
                 dense);
   CHECK(dense.find("a dense model cannot take it; give --experts 8 --top-k 2") !=
         std::string::npos);
-  TrainConfig fewer = small_moe({1, 1, 2});
+  TrainConfig fewer = small_moe({.pp = 1, .dp = 1, .tp = 2});
   fewer.model.experts = 4;
   CHECK(load_into(fewer).find("num_local_experts is 8, this model's 4") != std::string::npos);
   fs::remove_all(dir);
   // And the other way round: a MoE model does not take a dense checkpoint.
-  train(small({1, 1, 2}), 0, 1, "", dir);
-  CHECK(load_into(small_moe({1, 1, 2})).find("a dense GPT-2, without experts") !=
+  train(small({.pp = 1, .dp = 1, .tp = 2}), 0, 1, "", dir);
+  CHECK(load_into(small_moe({.pp = 1, .dp = 1, .tp = 2})).find("a dense GPT-2, without experts") !=
         std::string::npos);
   fs::remove_all(dir);
 }
@@ -478,24 +484,24 @@ TEST_CASE("a MoE checkpoint resumes on any mesh, and no dense model takes it") {
 TEST_CASE("a corrupt, foreign or missing checkpoint is refused with a usage error") {
   const std::string dir = (fs::temp_directory_path() / "shardlab_ch09_bad").string();
   fs::remove_all(dir);
-  train(small({1, 1, 2}), 0, 1, "", dir);
+  train(small({.pp = 1, .dp = 1, .tp = 2}), 0, 1, "", dir);
   auto load_into = [&](const TrainConfig& c) { return load_error(dir, c); };
-  CHECK(load_into(small({1, 1, 2})).empty());
-  TrainConfig wider = small({1, 1, 2});
+  CHECK(load_into(small({.pp = 1, .dp = 1, .tp = 2})).empty());
+  TrainConfig wider = small({.pp = 1, .dp = 1, .tp = 2});
   wider.model.channels = 64;
   CHECK(load_into(wider).find("n_embd") != std::string::npos);
   // Cut the model file short, then garble its header.
   const fs::path file = fs::path(dir) / "model-00001-of-00001.safetensors";
   fs::resize_file(file, fs::file_size(file) / 2);
-  CHECK(load_into(small({1, 1, 2})).find("byte range") != std::string::npos);
+  CHECK(load_into(small({.pp = 1, .dp = 1, .tp = 2})).find("byte range") != std::string::npos);
   {
     std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(9);
     f << "garbage";
   }
-  CHECK(load_into(small({1, 1, 2})).find("not JSON") != std::string::npos);
+  CHECK(load_into(small({.pp = 1, .dp = 1, .tp = 2})).find("not JSON") != std::string::npos);
   fs::remove_all(dir);
-  CHECK(load_into(small({1, 1, 2})).find("no such folder") != std::string::npos);
+  CHECK(load_into(small({.pp = 1, .dp = 1, .tp = 2})).find("no such folder") != std::string::npos);
 }
 
 TEST_CASE("a save replaces nothing but an earlier checkpoint") {
@@ -524,9 +530,9 @@ TEST_CASE("a save replaces nothing but an earlier checkpoint") {
 TEST_CASE("a save that fails on one rank leaves the last checkpoint as it was") {
   const std::string dir = (fs::temp_directory_path() / "shardlab_ch09_kill").string();
   fs::remove_all(dir);
-  train(small({1, 2, 1}), 0, 1, "", dir);
+  train(small({.pp = 1, .dp = 2, .tp = 1}), 0, 1, "", dir);
   const Corpus data = Corpus::load(text_file(), 8);
-  const TrainConfig c = small({1, 2, 1});
+  const TrainConfig c = small({.pp = 1, .dp = 2, .tp = 1});
   CHECK_THROWS(run_threads(
       2,
       [&](Communicator& world) {
@@ -547,7 +553,7 @@ TEST_CASE("a save that fails on one rank leaves the last checkpoint as it was") 
 
 TEST_CASE("a step's profile accounts for the whole step, on every axis") {
   const Corpus data = Corpus::load(text_file(), 8);
-  const TrainConfig c = small({2, 2, 2});
+  const TrainConfig c = small({.pp = 2, .dp = 2, .tp = 2});
   on_ranks(8, [&](Communicator& world) {
     Mesh mesh(world, c.mesh);
     GptModel model(mesh, c.model);
@@ -565,10 +571,11 @@ TEST_CASE("a step's profile accounts for the whole step, on every axis") {
       passes += s.axis == "compute" && s.name != "loss";
     }
     CHECK(passes == 3 * c.microbatches);  // F, B and W of each microbatch
-    CHECK(p.tp() > 0);
-    CHECK(p.dp() > 0);
-    CHECK(p.pp() > 0);  // the embedding group: first and last stage
-    CHECK(std::abs(p.compute() + p.tp() + p.dp() + p.pp() + p.wait() - p.step) < 1e-6 * 8);
+    CHECK(p.seconds(ch08::Axis::tp) > 0);
+    CHECK(p.seconds(ch08::Axis::dp) > 0);
+    CHECK(p.seconds(ch08::Axis::pp) > 0);  // the embedding group: first and last stage
+    CHECK(std::abs(p.compute() + p.seconds(ch08::Axis::tp) + p.seconds(ch08::Axis::dp) +
+                   p.seconds(ch08::Axis::pp) + p.wait() - p.step) < 1e-6 * 8);
     trainer.step(2);  // profiled once only
     CHECK(p.spans.size() > 0);
   });
@@ -603,8 +610,8 @@ TEST_CASE("sampling gives the same text on one device and on a mesh") {
     });
     return out;
   };
-  const std::string greedy = text_on({1, 1, 1}, 0);
+  const std::string greedy = text_on({.pp = 1, .dp = 1, .tp = 1}, 0);
   CHECK(greedy.size() == 12);
-  CHECK(text_on({2, 2, 2}, 0) == greedy);
-  CHECK(text_on({2, 1, 4}, 0.8f) == text_on({1, 1, 1}, 0.8f));
+  CHECK(text_on({.pp = 2, .dp = 2, .tp = 2}, 0) == greedy);
+  CHECK(text_on({.pp = 2, .dp = 1, .tp = 4}, 0.8f) == text_on({.pp = 1, .dp = 1, .tp = 1}, 0.8f));
 }

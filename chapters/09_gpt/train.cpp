@@ -18,19 +18,11 @@
 namespace ch09 {
 
 namespace memory = shardlab::memory;
-using shardlab::CommStats;
+using ch08::Axis;
 using shardlab::ReduceOp;
 using shardlab::require;
 using shardlab::require_usage;
 using shardlab::shard_range;
-
-namespace {
-
-std::uint64_t sent_since(Communicator& comm, const CommStats& before) {
-  return comm.stats().since(before).total().bytes_sent;
-}
-
-}  // namespace
 
 namespace {
 /// --precision's names of the element types.
@@ -101,53 +93,116 @@ Trainer::Trainer(Mesh& mesh, GptModel& model, const TrainConfig& c, const Corpus
 
 Trainer::~Trainer() = default;
 
+// ---------------------------------------------------------------------------
+// A step
+
+/// What a step measures besides its work: the bytes each axis sends (one AxisMeter, the
+/// pipeline's channels and the embedding group as pp), where the time goes (a
+/// StepRecorder, when the step is profiled), and the routing of the MoE blocks (their log,
+/// cleared and weighted for the step).
+class Trainer::Meter {
+ public:
+  Meter(Trainer& t)
+      : trainer_(t),
+        recorder_(t.profile_, t.mesh_.world(), timed_communicators(t)),
+        bytes_(t.mesh_) {
+    for (Communicator* channel : t.pipeline_.channels()) bytes_.count_as(Axis::pp, *channel);
+    bytes_.count_as(Axis::pp, *t.embedding_group_);
+    t.profile_ = nullptr;
+    // The MoE blocks' aux loss: each sequence's counts 1/B of it, and its gradient is
+    // scaled as the rest of the loss's (nothing happens in a dense model).
+    ch07::MoeLog& log = *t.model_.moe_log();
+    log.clear();
+    log.weight = 1.0 / static_cast<double>(t.c_.batch);
+    log.grad_scale = t.c_.scaler != ch06::Scaler::none ? t.scaler_.scale() : 1.0f;
+  }
+  /// The recorder of the step's spans.
+  StepRecorder& recorder() { return recorder_; }
+  /// The step's result, its loss and bytes and routing filled in from `ran`.
+  StepResult finish(StepResult result, ch04::StageRun& ran) {
+    recorder_.finish();
+    Trainer& t = trainer_;
+    result.bytes = bytes_.sent();
+    result.events = std::move(ran.events);
+    // The batch's loss: the last stage's shares, once per replica (tp rank 0), summed.
+    const bool counts = t.model_.last() && t.mesh_.coords().tp == 0;
+    result.loss = t.mesh_.world().agree(counts ? ran.loss : 0.0, ReduceOp::sum);
+    if (t.c_.model.experts == 0) return result;
+    // The routing: every group once (its first cp rank logged it; tp rank 0 counts).
+    const ch07::MoeLog& log = *t.model_.moe_log();
+    ch07::RoutingStats counted;
+    counted.wanted.assign(static_cast<std::size_t>(t.c_.model.experts), 0);
+    counted.kept = counted.wanted;
+    if (t.mesh_.coords().tp == 0) counted += log.stats;
+    result.routing = ch07::combined(t.mesh_.world(), counted);
+    result.dispatched = log.kept;
+    return result;
+  }
+
+ private:
+  /// The communicators whose calls the profile times: the mesh's but the pipeline's own
+  /// (its waits are the bubble's), and the embedding group as pp.
+  static std::vector<std::pair<Axis, Communicator*>> timed_communicators(Trainer& t) {
+    std::vector<std::pair<Axis, Communicator*>> out;
+    for (auto [axis, comm] : t.mesh_.communicators())
+      if (comm != &t.mesh_.pp()) out.emplace_back(axis, comm);
+    out.emplace_back(Axis::pp, t.embedding_group_.get());
+    return out;
+  }
+
+  Trainer& trainer_;
+  StepRecorder recorder_;
+  ch08::AxisMeter bytes_;
+};
+
 StepResult Trainer::step(int step) {
-  const Coords& at = mesh_.coords();
-  const std::int64_t T = c_.model.context, C = c_.model.channels;
+  Meter meter(*this);
+  const std::vector<std::vector<std::int64_t>> microbatches = microbatches_of(step);  // 1.
+  ch04::StageRun ran = run_pipeline(microbatches, meter);                             // 2.
+  sync_gradients();                                                                   // 3.
+  StepResult result;
+  unscale_and_clip(result);  // 4.
+  update(result);            // 5.
+  return meter.finish(std::move(result), ran);
+}
+
+std::vector<std::vector<std::int64_t>> Trainer::microbatches_of(int step) const {
   const std::vector<std::int64_t> all = data_.batch(step, c_.batch, c_.model.seed);
-  const shardlab::ShardRange mine = shard_range(c_.batch, c_.replicas(), c_.replica(at));
-  const std::vector<std::int64_t>& positions = model_.positions();  // of each sequence
-  auto starts_of = [&](int j) {
+  const shardlab::ShardRange mine =
+      shard_range(c_.batch, c_.replicas(), c_.replica(mesh_.coords()));
+  std::vector<std::vector<std::int64_t>> out;
+  for (int j = 0; j < c_.microbatches; ++j) {
     const shardlab::ShardRange mb = shard_range(mine.length, c_.microbatches, j);
     const auto begin = all.begin() + mine.offset + mb.offset;
-    return std::vector<std::int64_t>(begin, begin + mb.length);
-  };
-  const double tokens = static_cast<double>(c_.batch * T);
-  // The MoE blocks' aux loss: each sequence's counts 1/B of it, and its gradient is
-  // scaled as the rest of the loss's (MoeLog; nothing happens in a dense model).
-  const bool scaled = c_.scaler != ch06::Scaler::none;
-  ch07::MoeLog& log = *model_.moe_log();
-  log.clear();
-  log.weight = 1.0 / static_cast<double>(c_.batch);
-  log.grad_scale = scaled ? scaler_.scale() : 1.0f;
+    out.emplace_back(begin, begin + mb.length);
+  }
+  return out;
+}
 
-  // A profile (profile_next_step), or nothing: every span from the step's common start.
-  StepRecorder recorder(profile_, mesh_.world(),
-                        {{&mesh_.tp(), "tp"},
-                         {&mesh_.replicas(), "dp"},
-                         {&mesh_.expert_replicas(), "dp"},
-                         {embedding_group_.get(), "pp"},
-                         {&mesh_.cp(), "cp"},
-                         {&mesh_.ep(), "ep"}});
-  profile_ = nullptr;
+ch04::StageRun Trainer::run_pipeline(const std::vector<std::vector<std::int64_t>>& microbatches,
+                                     Meter& meter) {
+  const std::vector<std::int64_t>& positions = model_.positions();  // of each sequence
+  const double tokens = static_cast<double>(c_.batch * c_.model.context);
+  StepRecorder& recorder = meter.recorder();
   ch04::Stage stage;
   for (int c = 0; c < model_.chunks(); ++c) stage.chunks.push_back(recorder.wrap(model_.chunk(c)));
-  stage.input = [&](int j) { return data_.ids(starts_of(j), 0, positions); };  // host ids
+  stage.input = [&](int j) { return data_.ids(microbatches[j], 0, positions); };  // host ids
   stage.memory = c_.memory;
   const std::int64_t split = model_.sequence_parallel() ? c_.mesh.tp : 1;  // rows held: n / split
   const auto held = static_cast<std::int64_t>(positions.size());           // tokens of a sequence
   stage.boundary = [&](int j, int) {
-    return ch04::Boundary{{static_cast<std::int64_t>(starts_of(j).size()) * held / split, C}};
+    return ch04::Boundary{
+        {static_cast<std::int64_t>(microbatches[j].size()) * held / split, c_.model.channels}};
   };
   stage.loss = [&](const Tensor& out, int j) {
     const auto start = StepRecorder::Clock::now();
     TiedHead& head = *model_.head();
     nn::Forward logits = head.forward(out);
-    const VocabLoss loss =
-        vocab_parallel_cross_entropy(mesh_.tp(), logits.out.to(Memory::host),
-                                     data_.ids(starts_of(j), 1, positions), model_.vocab(), tokens);
+    const VocabLoss loss = vocab_parallel_cross_entropy(mesh_.tp(), logits.out.to(Memory::host),
+                                                        data_.ids(microbatches[j], 1, positions),
+                                                        model_.vocab(), tokens);
     Tensor dlogits = vocab_parallel_cross_entropy_backward(loss).to(c_.memory);
-    if (scaled) scale_in_place(dlogits, scaler_.scale());
+    if (c_.scaler != ch06::Scaler::none) scale_in_place(dlogits, scaler_.scale());
     Tensor dx = head.backward(dlogits, logits.saved);
     recorder.note("loss", "compute", start);
     return ch04::MicrobatchLoss{loss.value, std::move(dx)};
@@ -155,42 +210,41 @@ StepResult Trainer::step(int step) {
   ch04::Hooks hooks;
   replicas_->accumulate(hooks);
   if (experts_) experts_->accumulate(hooks);
-
-  const CommStats tp0 = mesh_.tp().stats(), dp0 = mesh_.replicas().stats(),
-                  edp0 = mesh_.expert_replicas().stats(), emb0 = embedding_group_->stats(),
-                  cp0 = mesh_.cp().stats(), ep0 = mesh_.ep().stats();
   model_.store().zero_grad();
   model_.expert_store().zero_grad();
-  ch04::StageRun ran;
-  {
-    memory::Scope scope(memory::Category::activations);
-    ran = pipeline_.run(schedule_, stage, hooks);
-  }
+  memory::Scope scope(memory::Category::activations);
+  return pipeline_.run(schedule_, stage, hooks);
+}
+
+void Trainer::sync_gradients() {
   // Sequence parallel: a weight every tp rank holds whole has each rank's rows' gradient.
   if (model_.sequence_parallel()) sum_replicated_gradients();
   // The two copies of wte are one weight: each gets the sum of both gradients.
   if (c_.mesh.pp > 1 && model_.tied()) embedding_group_->allreduce(model_.tied()->grad);
-  StepResult result;
   replicas_->reduce();
   if (experts_) experts_->reduce();
-  // The summed gradients: unscaled and checked (every rank agrees to skip a step with an
-  // inf or NaN anywhere), their norm taken and clipped. ZeRO-1 without either reduces
-  // inside its update (chapter 05's zero1_step): no norm then.
+}
+
+void Trainer::unscale_and_clip(StepResult& result) {
+  // ZeRO-1 without clipping or a scaler reduces inside its update (chapter 05's
+  // zero1_step): no norm then.
+  const bool scaled = c_.scaler != ch06::Scaler::none;
   result.loss_scale = scaler_.scale();
-  if (c_.zero == 0 || c_.clip > 0 || scaled) {
-    ch08::ReplicaOptimizer::Reduced reduced = replicas_->reduced(), expert_reduced;
-    if (experts_) expert_reduced = experts_->reduced();
-    if (scaled)
-      for (Tensor* grads : {&reduced.grads, &expert_reduced.grads}) {
-        if (!grads->defined()) continue;
-        Tensor unscaled(Shape{grads->size()}, shardlab::DType::f32, grads->memory());
-        result.skipped =
-            scaler_.unscale_and_check(mesh_.world(), *grads, unscaled) || result.skipped;
-        grads->copy_from(unscaled);
-      }
-    if (!result.skipped)
-      result.grad_norm = clip_gradients(reduced, experts_ ? &expert_reduced : nullptr);
-  }
+  if (c_.zero != 0 && c_.clip <= 0 && !scaled) return;
+  ch08::ReplicaOptimizer::Reduced reduced = replicas_->reduced(), expert_reduced;
+  if (experts_) expert_reduced = experts_->reduced();
+  if (scaled)
+    for (Tensor* grads : {&reduced.grads, &expert_reduced.grads}) {
+      if (!grads->defined()) continue;
+      Tensor unscaled(Shape{grads->size()}, shardlab::DType::f32, grads->memory());
+      result.skipped = scaler_.unscale_and_check(mesh_.world(), *grads, unscaled) || result.skipped;
+      grads->copy_from(unscaled);
+    }
+  if (!result.skipped)
+    result.grad_norm = clip_gradients(reduced, experts_ ? &expert_reduced : nullptr);
+}
+
+void Trainer::update(const StepResult& result) {
   for (ch08::ReplicaOptimizer* o : {replicas_.get(), experts_.get()}) {
     if (!o) continue;
     if (result.skipped)
@@ -199,27 +253,6 @@ StepResult Trainer::step(int step) {
       o->update();
   }
   scaler_.update(result.skipped);
-  recorder.finish();
-  result.bytes = {
-      .tp = sent_since(mesh_.tp(), tp0),
-      .dp = sent_since(mesh_.replicas(), dp0) + sent_since(mesh_.expert_replicas(), edp0),
-      .pp = ran.bytes_sent + sent_since(*embedding_group_, emb0),
-      .cp = sent_since(mesh_.cp(), cp0),
-      .ep = sent_since(mesh_.ep(), ep0)};
-  result.events = std::move(ran.events);
-  // The batch's loss: the last stage's shares, once per replica (tp rank 0), summed.
-  const bool counts = model_.last() && at.tp == 0;
-  result.loss = mesh_.world().agree(counts ? ran.loss : 0.0, ReduceOp::sum);
-  if (c_.model.experts > 0) {
-    // The routing: every group once (its first cp rank logged it; tp rank 0 counts).
-    ch07::RoutingStats counted;
-    counted.wanted.assign(static_cast<std::size_t>(c_.model.experts), 0);
-    counted.kept = counted.wanted;
-    if (at.tp == 0) counted += log.stats;
-    result.routing = ch07::combined(mesh_.world(), counted);
-    result.dispatched = log.kept;
-  }
-  return result;
 }
 
 RoutingCounts ep_routing(Communicator& world, const MeshShape& mesh, const Coords& at,
@@ -420,100 +453,156 @@ std::string describe(const TrainConfig& c, std::string_view backend) {
               : "");
 }
 
-ch08::AxisBytes formula_bytes(const TrainConfig& c, const Coords& at,
-                              const RoutingCounts& routing) {
+namespace {
+
+/// What rank `rank` of `ranks` sends in a ring allreduce of `elements` floats
+/// (shardlab::collective_traffic, exactly).
+std::uint64_t allreduce_bytes(std::int64_t elements, int rank, int ranks) {
+  return shardlab::collective_traffic(shardlab::Op::allreduce, static_cast<std::size_t>(elements),
+                                      4, rank, ranks)
+      .sent;
+}
+
+/// The MoE blocks among rank `at`'s blocks.
+std::int64_t moe_blocks_of(const TrainConfig& c, const Coords& at) {
+  std::int64_t n = 0;
+  for (const ChunkBlocks& chunk : chunks_of(c.model, c.mesh, at, c.chunks))
+    for (int b = chunk.first; b < chunk.first + chunk.count; ++b) n += c.model.moe(b);
+  return n;
+}
+
+/// tp's bytes for one microbatch of n tokens. Its collectives of n x C elements, in halves of
+/// an allreduce (an all-gather or a reduce-scatter moves half of one): the attention's f and
+/// g, forward and backward (2 allreduces; full recompute's second forward 1 more), and a
+/// dense MLP's the same; sequence parallel, each of the two an all-gather and a
+/// reduce-scatter forward and backward plus the column-parallel input's second gather (5
+/// halves; full recompute 2 more); the embedding's and the head's one allreduce each. A MoE
+/// MLP has no f and g at its edges (its experts have theirs: expert_bytes); sequence
+/// parallel, its rows are gathered before it and dL/dy's after (2 halves; full recompute 1
+/// more). The last stage's cross-entropy: 3 allreduces of n numbers.
+std::uint64_t tp_bytes(const TrainConfig& c, const Coords& at, std::int64_t n) {
+  const MeshShape& m = c.mesh;
+  const bool full = c.recompute == Recompute::full, split = c.sequence_parallel && m.tp > 1;
+  const bool first = at.pp == 0, last = at.pp == m.pp - 1;
+  const std::int64_t blocks = c.model.layers / m.pp, moe = moe_blocks_of(c, at);
+  const std::int64_t per_block = split ? (full ? 7 : 5) : 2 * (full ? 3 : 2);
+  const std::int64_t halves =
+      per_block * (2 * blocks - moe) + (split ? (full ? 3 : 2) * moe : 0) + 2 * (first + last);
+  std::uint64_t out =
+      static_cast<std::uint64_t>(halves) * allreduce_bytes(n * c.model.channels, at.tp, m.tp) / 2;
+  if (last) out += 3 * allreduce_bytes(n, at.tp, m.tp);
+  return out;
+}
+
+/// pp's bytes for one microbatch of n tokens: its n x C activation to the next virtual stage
+/// and their gradient to the one before, from each chunk (n/t rows under sequence
+/// parallelism), to other stages only.
+std::uint64_t pp_bytes(const TrainConfig& c, const Coords& at, std::int64_t n) {
+  const MeshShape& m = c.mesh;
+  if (m.pp == 1) return 0;
+  const std::int64_t rows = n / (c.sequence_parallel && m.tp > 1 ? m.tp : 1);
+  std::uint64_t out = 0;
+  for (const ChunkBlocks& chunk : chunks_of(c.model, m, at, c.chunks))
+    out +=
+        static_cast<std::uint64_t>((!chunk.embeds + !chunk.is_last) * rows * c.model.channels * 4);
+  return out;
+}
+
+/// cp's bytes for one microbatch of `sequences` sequences: every block's core, a forward and
+/// a backward of the ring's bytes (recomputation, selective or full, runs its forward again);
+/// each MoE block's gather of the router's probabilities of its n tokens, (cp - 1) n E floats
+/// a forward.
+std::uint64_t cp_bytes(const TrainConfig& c, const Coords& at, std::int64_t sequences) {
+  const MeshShape& m = c.mesh;
+  if (m.cp == 1) return 0;
+  const GptShape& g = c.model;
+  const std::int64_t heads = g.heads / m.tp, head_dim = g.channels / g.heads;
+  const std::int64_t n = sequences * (g.context / m.cp);
+  const int forwards = c.recompute == Recompute::none ? 1 : 2;
+  const int moe_forwards = c.recompute == Recompute::full ? 2 : 1;
+  return static_cast<std::uint64_t>(g.layers / m.pp) *
+             (forwards * c.context->forward_bytes(m.cp, g.context, sequences, heads, head_dim) +
+              c.context->backward_bytes(m.cp, g.context, sequences, heads, head_dim)) +
+         static_cast<std::uint64_t>(moe_blocks_of(c, at) * moe_forwards * (m.cp - 1) * n *
+                                    g.experts * 4);
+}
+
+/// ep's bytes and the experts' tp bytes, from `routing` (every ep rank's kept choices per
+/// expert, per MoE backward): each call's all-to-alls forward, the counts ((ep - 1) E/ep of
+/// 8 bytes) and the rows to the experts' ranks and back (the kept choices whose expert is on
+/// another rank, and those of the others for this rank's experts, C floats each); backward
+/// the rows again both ways; full recompute's second forward once more. Each local expert's
+/// g (forward, again under full recompute) and f (backward) are tp allreduces of its rows.
+void add_expert_bytes(const TrainConfig& c, const Coords& at, const RoutingCounts& routing,
+                      ch08::AxisBytes& out) {
   const GptShape& g = c.model;
   const MeshShape& m = c.mesh;
-  const bool first = at.pp == 0, last = at.pp == m.pp - 1;
-  auto allreduce = [](std::int64_t elements, int rank, int ranks) {
-    return shardlab::collective_traffic(shardlab::Op::allreduce, static_cast<std::size_t>(elements),
-                                        4, rank, ranks)
-        .sent;
+  const int per_rank = g.experts / m.ep, me = at.ep,
+            moe_forwards = c.recompute == Recompute::full ? 2 : 1;
+  const auto C = static_cast<std::uint64_t>(g.channels);
+  auto rows_of = [&](int q, std::size_t call, int e) {
+    return routing[static_cast<std::size_t>(q)][call][static_cast<std::size_t>(e)];
   };
-  const shardlab::ShardRange mine = shard_range(c.batch, c.replicas(), c.replica(at));
-  ch08::AxisBytes out;
-  const bool full = c.recompute == Recompute::full, split = c.sequence_parallel && m.tp > 1;
-  // This stage's blocks, and how many of them have a MoE MLP.
-  const std::int64_t blocks = g.layers / m.pp, per = g.layers / (m.pp * c.chunks);
-  std::int64_t moe_blocks = 0;
-  for (int chunk = 0; chunk < c.chunks; ++chunk)
-    for (std::int64_t b = (chunk * m.pp + at.pp) * per; b < (chunk * m.pp + at.pp + 1) * per; ++b)
-      moe_blocks += g.moe(static_cast<int>(b));
-  // Per microbatch, the collectives of n x C elements, in halves of an allreduce (an
-  // all-gather or a reduce-scatter moves half of one): the attention's f and g, forward
-  // and backward (2 allreduces; full recompute's second forward 1 more), and a dense MLP's
-  // the same; sequence parallel, each of the two an all-gather and a reduce-scatter
-  // forward and backward plus the column-parallel input's second gather (5 halves; full
-  // recompute 2 more); the embedding's and the head's one allreduce each. A MoE MLP has no
-  // f and g at its edges (its experts have theirs, below); sequence parallel, its rows
-  // are gathered before it and dL/dy's after (2 halves; full recompute 1 more).
-  const std::int64_t half_block = split ? (full ? 7 : 5) : 2 * (full ? 3 : 2);
-  const std::int64_t halves = half_block * (2 * blocks - moe_blocks) +
-                              (split ? (full ? 3 : 2) * moe_blocks : 0) + 2 * (first + last);
-  // cp: every block's core, a forward and a backward; recomputation (selective: the core,
-  // full: the whole block) runs its forward again in the backward.
-  const int forwards = c.recompute == Recompute::none ? 1 : 2, moe_forwards = full ? 2 : 1;
-  const std::int64_t tokens = g.context / m.cp;  // of each sequence, on this rank
-  for (int j = 0; j < c.microbatches; ++j) {
-    const std::int64_t sequences = shard_range(mine.length, c.microbatches, j).length,
-                       n = sequences * tokens;
-    out.tp += static_cast<std::uint64_t>(halves) * allreduce(n * g.channels, at.tp, m.tp) / 2;
-    if (last) out.tp += 3 * allreduce(n, at.tp, m.tp);
-    for (int chunk = 0; chunk < c.chunks && m.pp > 1; ++chunk) {  // to other stages only
-      const int k = chunk * m.pp + at.pp, last_k = m.pp * c.chunks - 1;
-      out.pp += static_cast<std::uint64_t>(((k > 0) + (k < last_k)) * n * g.channels * 4 /
-                                           (split ? m.tp : 1));
-    }
-    if (m.cp > 1) {
-      const std::int64_t heads = g.heads / m.tp, head_dim = g.channels / g.heads;
-      out.cp += static_cast<std::uint64_t>(blocks) *
-                (forwards * c.context->forward_bytes(m.cp, g.context, sequences, heads, head_dim) +
-                 c.context->backward_bytes(m.cp, g.context, sequences, heads, head_dim));
-      // Each MoE block gathers the router's probabilities of its sequences' tokens.
-      out.cp +=
-          static_cast<std::uint64_t>(moe_blocks * moe_forwards * (m.cp - 1) * n * g.experts * 4);
-    }
-  }
-  // The MoE blocks' calls (a backward each, microbatch by microbatch): the experts' rows,
-  // from every ep rank's kept choices per expert.
-  if (g.experts > 0 && !routing.empty()) {
-    const int per_rank = g.experts / m.ep, me = at.ep;
-    const auto C = static_cast<std::uint64_t>(g.channels);
-    for (std::size_t call = 0; call < routing[static_cast<std::size_t>(me)].size(); ++call) {
-      std::uint64_t sent = 0, received = 0;
-      for (int q = 0; q < m.ep; ++q)
-        for (int e = 0; e < g.experts; ++e) {
-          const auto rows = static_cast<std::uint64_t>(
-              routing[static_cast<std::size_t>(q)][call][static_cast<std::size_t>(e)]);
-          const bool here = e / per_rank == me;
-          if (q == me && !here) sent += rows;
-          if (q != me && here) received += rows;
-        }
-      const std::uint64_t counts = static_cast<std::uint64_t>((m.ep - 1) * per_rank) * 8;
-      out.ep += moe_forwards * (counts + (sent + received) * C * 4) + (sent + received) * C * 4;
-      // Each local expert's g (forward, again under full recompute) and f (backward).
-      for (int e = me * per_rank; e < (me + 1) * per_rank; ++e) {
-        std::int64_t rows = 0;
-        for (int q = 0; q < m.ep; ++q)
-          rows += routing[static_cast<std::size_t>(q)][call][static_cast<std::size_t>(e)];
-        out.tp += static_cast<std::uint64_t>(moe_forwards + 1) *
-                  allreduce(rows * g.channels, at.tp, m.tp);
+  for (std::size_t call = 0; call < routing[static_cast<std::size_t>(me)].size(); ++call) {
+    std::uint64_t sent = 0, received = 0;
+    for (int q = 0; q < m.ep; ++q)
+      for (int e = 0; e < g.experts; ++e) {
+        const bool here = e / per_rank == me;
+        if (q == me && !here) sent += static_cast<std::uint64_t>(rows_of(q, call, e));
+        if (q != me && here) received += static_cast<std::uint64_t>(rows_of(q, call, e));
       }
+    const std::uint64_t counts = static_cast<std::uint64_t>((m.ep - 1) * per_rank) * 8;
+    out[Axis::ep] +=
+        moe_forwards * (counts + (sent + received) * C * 4) + (sent + received) * C * 4;
+    for (int e = me * per_rank; e < (me + 1) * per_rank; ++e) {
+      std::int64_t rows = 0;
+      for (int q = 0; q < m.ep; ++q) rows += rows_of(q, call, e);
+      out[Axis::tp] += static_cast<std::uint64_t>(moe_forwards + 1) *
+                       allreduce_bytes(rows * g.channels, at.tp, m.tp);
     }
   }
-  std::int64_t params = 0, whole = 0, expert_params = 0;
-  for (const Piece& p : pieces_of(g, m, at, c.chunks)) {
-    params += p.size();
-    if (p.cut == Cut::whole && p.rows_part) whole += p.size();
+}
+
+/// dp's bytes: one allreduce of the rank's dense parameters over the dp x ep x cp replicas
+/// (this rank at (dp_i ep + ep_i) cp + cp_i), and of its experts' over the dp x cp expert
+/// replicas (at dp_i cp + cp_i).
+std::uint64_t dp_bytes(const TrainConfig& c, const Coords& at) {
+  const MeshShape& m = c.mesh;
+  std::int64_t params = 0, expert_params = 0;
+  for (const Piece& p : pieces_of(c.model, m, at, c.chunks)) params += p.size();
+  for (const Piece& p : expert_pieces_of(c.model, m, at, c.chunks)) expert_params += p.size();
+  std::uint64_t out = allreduce_bytes(params, c.replica(at) * m.cp + at.cp, c.replicas() * m.cp);
+  if (c.model.experts > 0) out += allreduce_bytes(expert_params, at.dp * m.cp + at.cp, m.dp * m.cp);
+  return out;
+}
+
+}  // namespace
+
+ch08::AxisBytes formula_bytes(const TrainConfig& c, const Coords& at,
+                              const RoutingCounts& routing) {
+  const MeshShape& m = c.mesh;
+  const shardlab::ShardRange mine = shard_range(c.batch, c.replicas(), c.replica(at));
+  const std::int64_t tokens = c.model.context / m.cp;  // of each sequence, on this rank
+  ch08::AxisBytes out;
+  for (int j = 0; j < c.microbatches; ++j) {
+    const std::int64_t sequences = shard_range(mine.length, c.microbatches, j).length;
+    out[Axis::tp] += tp_bytes(c, at, sequences * tokens);
+    out[Axis::pp] += pp_bytes(c, at, sequences * tokens);
+    out[Axis::cp] += cp_bytes(c, at, sequences);
   }
-  for (const Piece& p : expert_pieces_of(g, m, at, c.chunks)) expert_params += p.size();
-  if (split) out.tp += allreduce(whole, at.tp, m.tp);  // the rows' parts of the whole weights
-  // The replicas: dp x ep x cp ranks, this one at (dp_i ep + ep_i) cp + cp_i; the experts'
-  // replicas dp x cp, at dp_i cp + cp_i.
-  out.dp = allreduce(params, c.replica(at) * m.cp + at.cp, c.replicas() * m.cp);
-  if (g.experts > 0) out.dp += allreduce(expert_params, at.dp * m.cp + at.cp, m.dp * m.cp);
-  if (m.pp > 1 && (first || last))
-    out.pp += allreduce(shard_range(g.vocab, m.tp, at.tp).length * g.channels, last, 2);
+  if (c.model.experts > 0 && !routing.empty()) add_expert_bytes(c, at, routing, out);
+  // Sequence parallel: the rows' parts of the weights every tp rank holds whole, summed.
+  if (c.sequence_parallel && m.tp > 1) {
+    std::int64_t whole = 0;
+    for (const Piece& p : pieces_of(c.model, m, at, c.chunks))
+      if (p.cut == Cut::whole && p.rows_part) whole += p.size();
+    out[Axis::tp] += allreduce_bytes(whole, at.tp, m.tp);
+  }
+  out[Axis::dp] = dp_bytes(c, at);
+  // wte's gradient, summed between the first and the last stage.
+  if (m.pp > 1 && (at.pp == 0 || at.pp == m.pp - 1))
+    out[Axis::pp] += allreduce_bytes(
+        shard_range(c.model.vocab, m.tp, at.tp).length * c.model.channels, at.pp == m.pp - 1, 2);
   return out;
 }
 

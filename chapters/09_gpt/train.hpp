@@ -44,7 +44,7 @@ struct Profile;  // profile.hpp
 /// precision.
 struct TrainConfig {
   GptShape model;                         ///< the model's shape
-  MeshShape mesh;                         ///< pp x dp x tp
+  MeshShape mesh;                         ///< its five axes
   std::int64_t batch = 16;                ///< B sequences per step, all replicas together
   int microbatches = 2;                   ///< m per replica
   std::string schedule = "1f1b";          ///< chapter 04's pipeline schedule, by name
@@ -138,6 +138,23 @@ class Trainer {
   ch06::LossScaler& scaler() { return scaler_; }
 
  private:
+  class Meter;  // what a step measures besides its work (train.cpp)
+
+  /// 1. The starts of this replica's sequences of step `step`'s batch, microbatch by
+  /// microbatch.
+  std::vector<std::vector<std::int64_t>> microbatches_of(int step) const;
+  /// 2. The pipeline over `microbatches`, each microbatch's loss its share of the batch's
+  /// mean (its gradient times the loss scale), the chunks timed by `meter`.
+  ch04::StageRun run_pipeline(const std::vector<std::vector<std::int64_t>>& microbatches,
+                              Meter& meter);
+  /// 3. The gradients summed: sequence parallel's over tp, wte's two copies, the replicas'
+  /// (and the experts' replicas').
+  void sync_gradients();
+  /// 4. The summed gradients unscaled and checked (every rank skips a step with an inf or
+  /// NaN anywhere), their norm taken and clipped, into `result`.
+  void unscale_and_clip(StepResult& result);
+  /// 5. Adam, or the skipped step; the loss scale's update.
+  void update(const StepResult& result);
   /// Forward only through the stages for `ids` (whole sequences, every replica the same
   /// or its own): the last stage's ln_f output (empty elsewhere).
   Tensor forward_only(const Tensor& ids);

@@ -30,14 +30,14 @@ std::string mesh_text(const MeshShape& m) { return ch08::mesh_name(m); }
 
 TEST_CASE("the GPT with its sequences cut over a ring trains like one device") {
   // T 16: cp up to 8 (the zigzag cuts a sequence into 2 cp chunks).
-  const Run want = one_device(small({1, 1, 1}, 16), 3);
+  const Run want = one_device(small({.pp = 1, .dp = 1, .tp = 1}, 16), 3);
   REQUIRE(want.loss.size() == 3);
-  for (MeshShape m : {MeshShape{.pp = 1, .dp = 1, .tp = 1, .cp = 8},
-                      MeshShape{.pp = 2, .dp = 1, .tp = 2, .cp = 2},
-                      MeshShape{.pp = 1, .dp = 2, .tp = 2, .cp = 2},
-                      MeshShape{.pp = 1, .dp = 1, .tp = 2, .cp = 4},
-                      MeshShape{.pp = 4, .dp = 1, .tp = 1, .cp = 2},
-                      MeshShape{.pp = 2, .dp = 2, .tp = 1, .cp = 2}}) {
+  for (MeshShape m : {MeshShape{.pp = 1, .dp = 1, .cp = 8, .tp = 1},
+                      MeshShape{.pp = 2, .dp = 1, .cp = 2, .tp = 2},
+                      MeshShape{.pp = 1, .dp = 2, .cp = 2, .tp = 2},
+                      MeshShape{.pp = 1, .dp = 1, .cp = 4, .tp = 2},
+                      MeshShape{.pp = 4, .dp = 1, .cp = 2, .tp = 1},
+                      MeshShape{.pp = 2, .dp = 2, .cp = 2, .tp = 1}}) {
     const std::string mesh = mesh_text(m);
     CAPTURE(mesh);
     TrainConfig c = small(m, 16);
@@ -54,7 +54,7 @@ TEST_CASE(
   // Megatron-LM's five axes: tp, cp, ep, dp, pp. 8 experts (ep up to 8), 8 heads and 8
   // layers (tp and pp up to 8), T 16 (cp up to 8), a batch of 16 (8 replicas of 2
   // microbatches).
-  TrainConfig base = small({1, 1, 1}, 16);
+  TrainConfig base = small({.pp = 1, .dp = 1, .tp = 1}, 16);
   base.model.experts = 8;
   base.batch = 16;
   base.context = ch10::ring_context();
@@ -66,7 +66,7 @@ TEST_CASE(
     for (int dp = 1; pp * dp <= 8; dp *= 2)
       for (int ep = 1; pp * dp * ep <= 8; ep *= 2)
         for (int cp = 1; pp * dp * ep * cp <= 8; cp *= 2) {
-          const MeshShape m{.pp = pp, .dp = dp, .tp = 8 / (pp * dp * ep * cp), .cp = cp, .ep = ep};
+          const MeshShape m{.pp = pp, .dp = dp, .ep = ep, .cp = cp, .tp = 8 / (pp * dp * ep * cp)};
           const std::string mesh = mesh_text(m);
           CAPTURE(mesh);
           TrainConfig c = base;
@@ -78,17 +78,17 @@ TEST_CASE(
 }
 
 TEST_CASE("with sequence parallelism, recomputation and ZeRO-1 too") {
-  const Run want = one_device(small({1, 1, 1}, 16), 3);
+  const Run want = one_device(small({.pp = 1, .dp = 1, .tp = 1}, 16), 3);
   struct Case {
     MeshShape mesh;
     bool sequence_parallel;
     Recompute recompute;
     int zero;
   };
-  for (const Case& k : {Case{{.pp = 2, .dp = 1, .tp = 2, .cp = 2}, true, Recompute::none, 0},
-                        Case{{.pp = 1, .dp = 2, .tp = 2, .cp = 2}, true, Recompute::full, 1},
-                        Case{{.pp = 2, .dp = 1, .tp = 1, .cp = 4}, false, Recompute::selective, 0},
-                        Case{{.pp = 1, .dp = 2, .tp = 1, .cp = 4}, false, Recompute::none, 1}}) {
+  for (const Case& k : {Case{{.pp = 2, .dp = 1, .cp = 2, .tp = 2}, true, Recompute::none, 0},
+                        Case{{.pp = 1, .dp = 2, .cp = 2, .tp = 2}, true, Recompute::full, 1},
+                        Case{{.pp = 2, .dp = 1, .cp = 4, .tp = 1}, false, Recompute::selective, 0},
+                        Case{{.pp = 1, .dp = 2, .cp = 4, .tp = 1}, false, Recompute::none, 1}}) {
     const std::string mesh = mesh_text(k.mesh);
     CAPTURE(mesh);
     CAPTURE(k.sequence_parallel);
@@ -105,7 +105,7 @@ TEST_CASE("with sequence parallelism, recomputation and ZeRO-1 too") {
 
 TEST_CASE("a step sends over cp what the ring's formula says, on every rank") {
   for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
-    TrainConfig c = small({.pp = 2, .dp = 1, .tp = 2, .cp = 2}, 16);
+    TrainConfig c = small({.pp = 2, .dp = 1, .cp = 2, .tp = 2}, 16);
     c.context = ch10::ring_context();
     c.recompute = r;
     CAPTURE(ch08::recompute_name(r));
@@ -116,17 +116,17 @@ TEST_CASE("a step sends over cp what the ring's formula says, on every rank") {
       Trainer trainer(mesh, model, c, data);
       const StepResult step = trainer.step(0);
       const ch08::AxisBytes want = formula_bytes(c, mesh.coords());
-      CHECK(step.bytes.cp > 0);
-      CHECK(step.bytes.cp == want.cp);
-      CHECK(step.bytes.tp == want.tp);
-      CHECK(step.bytes.dp == want.dp);
-      CHECK(step.bytes.pp == want.pp);
+      CHECK(step.bytes[ch08::Axis::cp] > 0);
+      CHECK(step.bytes[ch08::Axis::cp] == want[ch08::Axis::cp]);
+      CHECK(step.bytes[ch08::Axis::tp] == want[ch08::Axis::tp]);
+      CHECK(step.bytes[ch08::Axis::dp] == want[ch08::Axis::dp]);
+      CHECK(step.bytes[ch08::Axis::pp] == want[ch08::Axis::pp]);
       // By hand: 4 blocks a stage, 2 microbatches of 4 sequences, 8 tokens of each on this
       // rank, 4 heads of 4 (tp 2): a block of k or v is 4 x 8 x 16 floats; the forward
       // passes k and v once (cp - 1 = 1), the backward k, v, their gradients, and the
       // gradients home: 2 + 4 blocks; recomputation runs the forward again.
       const std::uint64_t block = 4 * 8 * 16 * 4, forwards = r == Recompute::none ? 1 : 2;
-      CHECK(step.bytes.cp == 4 * 2 * (forwards * 2 + 6) * block);
+      CHECK(step.bytes[ch08::Axis::cp] == 4 * 2 * (forwards * 2 + 6) * block);
     });
   }
 }
