@@ -151,7 +151,7 @@ shardlab::Table bubble_table(const Schedule& s, const std::vector<Event>& events
 
 /// What bubble_table's columns are, in one line. Idle over busy time does not depend on
 /// the backward's cost against the forward for GPipe, 1F1B and the interleaved schedule
-/// (each stage idles p - 1 forward-and-backward slots, or (p - 1)/v of them); zb1's
+/// (each stage idles p - 1 forward-and-backward slots, or (p - 1)/v of them); ZB-H1's
 /// (p - 1)/(3m) needs t_f = t_b = t_w.
 std::string bubble_caption();
 
