@@ -18,7 +18,11 @@ import pandas as pd  # noqa: E402
 from plotting import save  # noqa: E402
 
 COLORS = {"F": "#4c9bd6", "B": "#5cb85c", "W": "#f0ad4e"}
-ORDER = ["naive", "gpipe", "1f1b", "interleaved", "zb1"]
+
+
+def in_order(names) -> list:
+    """The schedules of a column, in the order the program wrote them (its registry's)."""
+    return list(dict.fromkeys(names))
 
 
 def _title(df) -> str:
@@ -29,7 +33,7 @@ def _title(df) -> str:
 def gantt(csv_dir: Path) -> Path:
     ev = pd.read_csv(csv_dir / "04_pipeline_bubbles_events.csv")
     ev = ev[ev["source"] == "measured"]
-    names = [n for n in ORDER if n in set(ev["schedule"])]
+    names = in_order(ev["schedule"])
     p = int(ev["stages"].iloc[0])
     fig, axes = plt.subplots(len(names), 1, figsize=(10, 1.0 + (0.6 + 0.3 * p) * len(names)),
                              squeeze=False)
@@ -61,7 +65,7 @@ def bubble(csv_dir: Path) -> Path:
     df = pd.read_csv(csv_dir / "04_pipeline_bubbles.csv")
     p = int(df["stages"].iloc[0])
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for name in [n for n in ORDER if n in set(df["schedule"])]:
+    for name in in_order(df["schedule"]):
         rows = df[df["schedule"] == name]
         line, = ax.plot(rows["microbatches"], rows["measured_bubble"], marker="o", label=f"{name} measured")
         ax.plot(rows["microbatches"], rows["simulated_bubble"], linestyle=":", color=line.get_color(),
@@ -86,7 +90,7 @@ def memory(csv_dir: Path) -> Path:
     if rows.empty:
         m = int(df["microbatches"].max())
         rows = df[df["microbatches"] == m]
-    names = [n for n in ORDER if n in set(rows["schedule"])]
+    names = in_order(rows["schedule"])
     fig, ax = plt.subplots(figsize=(8, 4))
     width = 0.8 / max(1, len(names))
     for i, name in enumerate(names):

@@ -37,6 +37,10 @@ import sys
 import tempfile
 import time
 
+# In a flag's values: each value the program's --help lists for it ({a,b,c}), so that a
+# list the program owns (chapter 04's schedules) is written once, there.
+CHOICES = "<the values --help lists>"
+
 # Flags every program has (launch.cpp). Values are strings, as on a command line.
 COMMON = {
     "--ranks": ["1", "2", "3", "4", "7", "0", "-1", "1025", "abc", "", "2.5", "64"],
@@ -94,7 +98,7 @@ CHAPTERS = {
         "--link-gbit": ["1", "0.25", "0", "-1", "nan", "inf", "1e7", "abc"],
     },
     "ch04": {
-        "--schedule": ["naive", "gpipe", "1f1b", "interleaved", "zb1", "all", "zigzag", ""],
+        "--schedule": [CHOICES, "zigzag", ""],
         "-m": ["1", "3", "8", "0", "4097", "4096", "64"],
         "--microbatches": ["2", "abc"],
         "-v": ["1", "2", "3", "0", "65", "64"],
@@ -170,7 +174,7 @@ CHAPTERS = {
         "--steps": ["1", "2", "5", "0", "10001", "x"],
         "--lr": ["0.01", "1e-9", "1", "0", "1.5", "nan", "inf", "x"],
         "--sgd": None,
-        "--schedule": ["gpipe", "1f1b", "zb1", "interleaved", ""],
+        "--schedule": [CHOICES, "interleaved", ""],
         "--hidden": ["16", "8", "32", "15", "0", "4097", "x"],
         "--batch": ["32", "8", "1", "64", "256", "2.5", "0", "65537", "x"],
         "--zero": ["0", "1", "2", "-1", "x"],
@@ -234,7 +238,7 @@ CHAPTERS = {
         "--steps": ["1", "2", "3", "0", "100001", "x"],
         "--lr": ["0.003", "1e-9", "10", "0", "11", "nan", "inf", "x"],
         "--clip": ["1", "0", "1e-9", "-1", "nan", "inf", "x"],
-        "--schedule": ["gpipe", "1f1b", "zb1", "interleaved", "naive", ""],
+        "--schedule": [CHOICES, "interleaved", "naive", ""],
         "--chunks": ["1", "2", "4", "0", "65", "x"],
         "--zero": ["0", "1", "2", "-1", "x"],
         "--log-every": ["1", "10", "0", "x"],
@@ -304,16 +308,18 @@ TIME_LIMIT_S = 60
 
 
 def help_flags(program):
-    """The flags a program's --help lists (both spellings where it has two)."""
+    """The flags a program's --help lists (both spellings where it has two), each with the
+    values it lists for it ({a,b,c}; empty where it lists none)."""
     out = subprocess.run([program, "--help"], capture_output=True, text=True, timeout=30).stdout
-    flags = set()
+    flags = {}
     for line in out.splitlines():
         m = re.match(r"\s+(-[^\s]+)", line)
         if not m:
             continue
+        listed = re.search(r":\{([^}]*)\}", line)
         for flag in m.group(1).split(","):
             if flag not in ("-h", "--help", "--version"):
-                flags.add(flag)
+                flags[flag] = listed.group(1).split(",") if listed else []
     return flags
 
 
@@ -324,9 +330,15 @@ def table_for(program):
         sys.exit(f"fuzz_args.py: no values for {name}: add its flags to CHAPTERS")
     table = dict(COMMON)
     table.update(CHAPTERS[chapter])
-    missing = sorted(help_flags(program) - set(table))
+    listed = help_flags(program)
+    missing = sorted(set(listed) - set(table))
     if missing:
         sys.exit(f"fuzz_args.py: {name} has flags without values here: {' '.join(missing)}")
+    for flag, values in table.items():
+        if values and CHOICES in values:
+            if not listed.get(flag):
+                sys.exit(f"fuzz_args.py: {name}'s --help lists no values for {flag}")
+            table[flag] = [v for v in values if v != CHOICES] + listed[flag]
     return table, PAIRS.get(chapter, [])
 
 

@@ -40,7 +40,7 @@ struct Op {
 
 /// One list of ops per stage, in the order that stage runs them.
 struct Schedule {
-  std::string name;                  ///< naive, gpipe, 1f1b, interleaved or zb1
+  std::string name;                  ///< its row's name in schedules()
   int stages = 1;                    ///< p
   int microbatches = 1;              ///< m: how many pieces the batch is cut into
   int chunks = 1;                    ///< v: model chunks per stage
@@ -79,13 +79,14 @@ Schedule interleaved(int stages, int microbatches, int chunks);
 /// were bubbles; at most p microbatches are in flight on any stage.
 Schedule zb_h1(int stages, int microbatches);
 
-/// The schedule called `name` (naive, gpipe, 1f1b, interleaved, zb1). UsageError for an
-/// unknown name or shape the schedule cannot take.
+/// The schedule called `name` (a row of schedules()), named so. UsageError for an unknown
+/// name or a shape the schedule cannot take.
 Schedule make_schedule(const std::string& name, int stages, int microbatches, int chunks);
 
 /// UsageError unless a pipeline of `stages` can run `schedule` ("all": each schedule
-/// the shape allows) with `microbatches` and `chunks`: interleaved needs m a multiple of p;
-/// on ranks (`layers` > 0) every chunk a layer of the model; and at most a million ops.
+/// the shape allows) with `microbatches` and `chunks`: what the schedule's row says it
+/// cannot run; on ranks (`layers` > 0) every chunk a layer of the model; and at most a
+/// million ops.
 void require_shape(const std::string& schedule, int stages, int microbatches, int chunks,
                    int layers);
 
@@ -99,8 +100,8 @@ std::string validate(const Schedule& s);
 std::string label(const Op& op, int chunks);
 
 /// The schedules a run shows: `choice` alone, or with "all" every schedule the shape
-/// allows (interleaved needs m a multiple of p and, when `layers` > 0, a layer for each
-/// of its p v chunks); what is left out is added to `skipped`, saying why.
+/// allows (a chunked one needs, when `layers` > 0, a layer for each of its p v chunks);
+/// what is left out is added to `skipped`, saying why.
 std::vector<std::string> schedules_to_show(const std::string& choice, int stages, int microbatches,
                                            int chunks, int layers,
                                            std::vector<std::string>& skipped);
@@ -125,13 +126,14 @@ std::string costs_text(const Schedule& s, const Costs& costs);
 /// t_b = 2 t_f: (p - 1) / (m + p - 1).
 double bubble_fraction_formula(int stages, int microbatches);
 
-/// What the papers' formulas say of schedule `s` with these costs, where they say
+/// What the papers' formulas say of a schedule with these costs, where they say
 /// something: the bubble over the ideal time, and the microbatches in flight per stage.
-///   naive         p - 1                (its one op carries all m microbatches)
-///   gpipe, 1f1b   (p - 1) / m          GPipe holds m on every stage, 1F1B min(p - s, m)
-///   interleaved   (p - 1) / (v m)      with t_b = 2 t_f, t_w = 0 (Megatron-LM §2.2.2)
-///   zb1           (p - 1) / (3 m)      with t_f = t_b = t_w and m >= p; p held everywhere
-///                                      (Zero Bubble §2.1)
+///   the naive one     p - 1                (its one op carries all m microbatches)
+///   GPipe, 1F1B       (p - 1) / m          GPipe holds m on every stage, 1F1B min(p - s, m)
+///   interleaved 1F1B  (p - 1) / (v m)      with t_b = 2 t_f, t_w = 0 (Megatron-LM §2.2.2)
+///   ZB-H1             (p - 1) / (3 m)      with t_f = t_b = t_w and m >= p; p held
+///                                          everywhere (Zero Bubble §2.1)
+/// Each is its schedule's row's formula (schedules()).
 struct Formula {
   std::string text;          ///< "(p-1)/m"; "" when no formula applies
   double over_ideal = -1;    ///< the bubble over the ideal time; -1: none
@@ -140,5 +142,30 @@ struct Formula {
 /// `batch_microbatches`: the m of the run; the naive schedule's one op carries all m, and
 /// its stages hold them all (its own microbatches is 1).
 Formula formula_for(const Schedule& s, const Costs& costs, int batch_microbatches);
+
+// ---------------------------------------------------------------------------
+// Every schedule, one row each
+
+/// One schedule the chapters know. make_schedule, formula_for, schedules_to_show and
+/// every program's --schedule read these rows, so a new schedule (ZB-V, DualPipe) is its
+/// builder and one row of schedules() in schedules.cpp.
+struct ScheduleInfo {
+  const char* name;  ///< its name on every command line and in every table
+  /// Builds it for stages, microbatches and chunks (one that takes no chunks ignores them).
+  Schedule (*build)(int stages, int microbatches, int chunks);
+  /// Its paper's formula with these costs, where one applies (Formula::text "" where not).
+  Formula (*formula)(const Schedule& s, const Costs& costs, int batch_microbatches);
+  bool chunked = false;      ///< it runs several model chunks per stage (--chunks)
+  bool whole_batch = false;  ///< it runs the batch as one piece, not in microbatches
+  /// "" when it can run `microbatches` on `stages`, else why not (one line); nullptr: any.
+  std::string (*cannot)(int stages, int microbatches) = nullptr;
+};
+/// Every schedule, in the order the chapters show them.
+const std::vector<ScheduleInfo>& schedules();
+/// The row called `name`; UsageError naming every schedule when there is none.
+const ScheduleInfo& schedule_info(const std::string& name);
+/// The names of the schedules, in order: with `chunked` false those that run one chunk
+/// per stage only, with `whole_batch` false those that cut the batch into microbatches.
+std::vector<std::string> schedule_names(bool chunked = true, bool whole_batch = true);
 
 }  // namespace ch04

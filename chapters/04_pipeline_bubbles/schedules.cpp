@@ -11,6 +11,10 @@ namespace ch04 {
 
 using shardlab::UsageError;
 
+namespace {
+std::string interleaved_cannot(int stages, int microbatches);
+}  // namespace
+
 bool Schedule::split_backward() const {
   for (const auto& stage : ops)
     for (const Op& op : stage)
@@ -36,9 +40,7 @@ Schedule gpipe(int stages, int microbatches) {
 
 Schedule interleaved(int stages, int microbatches, int chunks) {
   const int p = stages, m = microbatches, v = chunks;
-  if (m % p != 0)
-    throw UsageError("the interleaved schedule takes microbatches p at a time: --microbatches " +
-                     std::to_string(m) + " is not a multiple of " + std::to_string(p) + " stages");
+  if (const std::string why = interleaved_cannot(p, m); !why.empty()) throw UsageError(why);
   Schedule s{"interleaved", p, m, v, {}};
   s.ops.resize(static_cast<std::size_t>(p));
   // The k-th forward of every stage: microbatches p at a time through chunk 0, the same p
@@ -84,16 +86,13 @@ Schedule make_schedule(const std::string& name, int stages, int microbatches, in
   if (stages < 1) throw UsageError("a pipeline needs at least 1 stage");
   if (microbatches < 1) throw UsageError("--microbatches must be at least 1");
   if (chunks < 1) throw UsageError("--chunks must be at least 1");
-  if (name == "naive") return naive(stages);
-  if (name == "gpipe") return gpipe(stages, microbatches);
-  if (name == "1f1b") {
-    Schedule s = one_f_one_b(stages, microbatches);
-    s.name = "1f1b";
-    return s;
-  }
-  if (name == "interleaved") return interleaved(stages, microbatches, chunks);
-  if (name == "zb1") return zb_h1(stages, microbatches);
-  throw UsageError("unknown schedule '" + name + "' (naive, gpipe, 1f1b, interleaved, zb1)");
+  const ScheduleInfo& info = schedule_info(name);
+  if (info.cannot)
+    if (const std::string why = info.cannot(stages, microbatches); !why.empty())
+      throw UsageError(why);
+  Schedule s = info.build(stages, microbatches, chunks);
+  s.name = info.name;
+  return s;
 }
 
 std::string label(const Op& op, int chunks) {
@@ -162,14 +161,14 @@ std::vector<std::string> schedules_to_show(const std::string& choice, int stages
   if (choice != "all") return {choice};
   const int p = stages;
   std::vector<std::string> names;
-  for (const std::string name : {"naive", "gpipe", "1f1b", "interleaved", "zb1"}) {
-    if (name == "interleaved" && microbatches % p != 0) {
-      skipped.push_back("interleaved (--microbatches " + std::to_string(microbatches) +
-                        " is not a multiple of " + std::to_string(p) + " stages)");
+  for (const ScheduleInfo& info : schedules()) {
+    const std::string name = info.name;
+    if (const std::string why = info.cannot ? info.cannot(p, microbatches) : ""; !why.empty()) {
+      skipped.push_back(name + " (" + why + ")");
       continue;
     }
-    if (name == "interleaved" && layers > 0 && layers < p * chunks) {
-      skipped.push_back("interleaved (--layers " + std::to_string(layers) + " cannot give " +
+    if (info.chunked && layers > 0 && layers < p * chunks) {
+      skipped.push_back(name + " (--layers " + std::to_string(layers) + " cannot give " +
                         std::to_string(p) + " stages x " + std::to_string(chunks) +
                         " chunks a block each)");
       continue;
@@ -182,7 +181,7 @@ std::vector<std::string> schedules_to_show(const std::string& choice, int stages
 void require_shape(const std::string& schedule, int stages, int microbatches, int chunks,
                    int layers) {
   const int p = stages, m = microbatches;
-  const bool chunked = schedule == "interleaved";
+  const bool chunked = schedule != "all" && schedule_info(schedule).chunked;
   const int pieces = p * (chunked ? chunks : 1);
   if (layers > 0 && layers < pieces)
     throw UsageError("--layers " + std::to_string(layers) + " cannot give " +
@@ -195,9 +194,9 @@ void require_shape(const std::string& schedule, int stages, int microbatches, in
   if (ops > 1e6)
     throw UsageError(shardlab::format_number(ops, 3) +
                      " ops (stages x microbatches x chunks x 3): more than a million; use fewer");
-  if (schedule == "interleaved" && m % p != 0)
-    throw UsageError("the interleaved schedule takes microbatches p at a time: --microbatches " +
-                     std::to_string(m) + " is not a multiple of " + std::to_string(p) + " stages");
+  if (schedule == "all") return;
+  if (const ScheduleInfo& info = schedule_info(schedule); info.cannot)
+    if (const std::string why = info.cannot(p, m); !why.empty()) throw UsageError(why);
 }
 
 // ---------------------------------------------------------------------------
@@ -218,22 +217,84 @@ double bubble_fraction_formula(int stages, int microbatches) {
 }
 
 Formula formula_for(const Schedule& s, const Costs& c, int batch_microbatches) {
-  const int p = s.stages, m = s.microbatches, v = s.chunks;
-  Formula f;
-  if (s.name == "naive" || s.name == "gpipe" || s.name == "1f1b") {
-    f.text = s.name == "naive" ? "p-1" : "(p-1)/m";
-    f.over_ideal = static_cast<double>(p - 1) / m;
-    for (int st = 0; st < p; ++st)
-      f.peak.push_back(s.name == "1f1b" ? std::min(p - st, m) : batch_microbatches);
-  } else if (s.name == "interleaved" && c.backward == 2 * c.forward && c.weight == 0) {
-    f.text = "(p-1)/(v m)";
-    f.over_ideal = static_cast<double>(p - 1) / (v * m);
-  } else if (s.name == "zb1" && c.forward == c.backward && c.backward == c.weight && m >= p) {
-    f.text = "(p-1)/(3m)";
-    f.over_ideal = static_cast<double>(p - 1) / (3.0 * m);
-    f.peak.assign(static_cast<std::size_t>(p), static_cast<double>(p));
-  }
+  const ScheduleInfo& info = schedule_info(s.name);
+  return info.formula ? info.formula(s, c, batch_microbatches) : Formula{};
+}
+
+// ---------------------------------------------------------------------------
+// Every schedule, one row each
+
+namespace {
+
+/// GPipe's and 1F1B's bubble, (p - 1)/m whatever t_b / t_f (the naive schedule's m is 1),
+/// with `held(stage)` microbatches in flight on each stage.
+template <class Held>
+Formula flush_formula(const Schedule& s, const char* text, Held held) {
+  Formula f{text, static_cast<double>(s.stages - 1) / s.microbatches, {}};
+  for (int st = 0; st < s.stages; ++st) f.peak.push_back(held(st));
   return f;
+}
+
+Formula naive_formula(const Schedule& s, const Costs&, int batch_microbatches) {
+  return flush_formula(s, "p-1", [&](int) { return batch_microbatches; });
+}
+
+Formula gpipe_formula(const Schedule& s, const Costs&, int batch_microbatches) {
+  return flush_formula(s, "(p-1)/m", [&](int) { return batch_microbatches; });
+}
+
+Formula one_f_one_b_formula(const Schedule& s, const Costs&, int) {
+  return flush_formula(s, "(p-1)/m",
+                       [&](int st) { return std::min(s.stages - st, s.microbatches); });
+}
+
+/// Megatron-LM §2.2.2: (p - 1)/(v m) with t_b = 2 t_f and no W.
+Formula interleaved_formula(const Schedule& s, const Costs& c, int) {
+  if (c.backward != 2 * c.forward || c.weight != 0) return {};
+  return {"(p-1)/(v m)", static_cast<double>(s.stages - 1) / (s.chunks * s.microbatches), {}};
+}
+
+/// Zero Bubble §2.1: (p - 1)/(3 m) with t_f = t_b = t_w and m >= p; p held everywhere.
+Formula zb_h1_formula(const Schedule& s, const Costs& c, int) {
+  const int p = s.stages, m = s.microbatches;
+  if (c.forward != c.backward || c.backward != c.weight || m < p) return {};
+  return {"(p-1)/(3m)", static_cast<double>(p - 1) / (3.0 * m),
+          std::vector<double>(static_cast<std::size_t>(p), static_cast<double>(p))};
+}
+
+std::string interleaved_cannot(int stages, int microbatches) {
+  if (microbatches % stages == 0) return "";
+  return "the interleaved schedule takes microbatches p at a time: --microbatches " +
+         std::to_string(microbatches) + " is not a multiple of " + std::to_string(stages) +
+         " stages";
+}
+
+}  // namespace
+
+const std::vector<ScheduleInfo>& schedules() {
+  static const std::vector<ScheduleInfo> all = {
+      {"naive", [](int p, int, int) { return naive(p); }, naive_formula, false, true},
+      {"gpipe", [](int p, int m, int) { return gpipe(p, m); }, gpipe_formula},
+      {"1f1b", [](int p, int m, int) { return one_f_one_b(p, m); }, one_f_one_b_formula},
+      {"interleaved", interleaved, interleaved_formula, true, false, interleaved_cannot},
+      {"zb1", [](int p, int m, int) { return zb_h1(p, m); }, zb_h1_formula},
+  };
+  return all;
+}
+
+const ScheduleInfo& schedule_info(const std::string& name) {
+  for (const ScheduleInfo& info : schedules())
+    if (name == info.name) return info;
+  std::string names;
+  for (const std::string& n : schedule_names()) names += (names.empty() ? "" : ", ") + n;
+  throw UsageError("unknown schedule '" + name + "' (" + names + ")");
+}
+
+std::vector<std::string> schedule_names(bool chunked, bool whole_batch) {
+  std::vector<std::string> out;
+  for (const ScheduleInfo& info : schedules())
+    if ((chunked || !info.chunked) && (whole_batch || !info.whole_batch)) out.push_back(info.name);
+  return out;
 }
 
 }  // namespace ch04

@@ -13,11 +13,25 @@ namespace ch04 {
 
 using shardlab::require_usage;
 
+namespace {
+/// The schedules that run several chunks per stage, by name.
+std::string chunked_names() {
+  std::string out;
+  for (const ScheduleInfo& info : schedules())
+    if (info.chunked) out += (out.empty() ? "" : ", ") + std::string(info.name);
+  return out;
+}
+}  // namespace
+
 void add_flags(shardlab::Program& program, Settings& s) {
   CLI::App& app = program.cli();
+  std::vector<std::string> names = schedule_names();
+  names.emplace_back("all");
+  std::string listed;
+  for (const std::string& n : names) listed += (listed.empty() ? "" : ", ") + n;
   for (CLI::Option* option :
-       {app.add_option("--schedule", s.schedule, "naive, gpipe, 1f1b, interleaved, zb1 or all")
-            ->check(CLI::IsMember({"naive", "gpipe", "1f1b", "interleaved", "zb1", "all"})),
+       {app.add_option("--schedule", s.schedule, "a schedule, or all of them: " + listed)
+            ->check(CLI::IsMember(names)),
         app.add_option("-m,--microbatches", s.microbatches, "pieces the batch is cut into")
             ->check(CLI::Range(1, 4096)),
         app.add_option("-v,--chunks", s.chunks, "model chunks per stage (interleaved)")
@@ -47,9 +61,10 @@ void add_flags(shardlab::Program& program, Settings& s) {
 
   const CLI::Option* chunks = app.get_option("--chunks");
   program.validate([&s, trace, chunks](const shardlab::Options& o) {
-    require_usage(chunks->count() == 0 || s.schedule == "interleaved" || s.schedule == "all",
+    require_usage(chunks->count() == 0 || s.schedule == "all" || schedule_info(s.schedule).chunked,
                   "--chunks " + std::to_string(s.chunks) + ": " + s.schedule +
-                      " runs one chunk per stage; --chunks is for --schedule interleaved");
+                      " runs one chunk per stage; --chunks is for a schedule of chunks (" +
+                      chunked_names() + ")");
     s.model.seed = o.seed;
     require_usage(!(s.simulate && s.benchmark), "--benchmark runs on ranks: drop --simulate");
     require_usage(s.simulate || s.model.batch >= s.microbatches,

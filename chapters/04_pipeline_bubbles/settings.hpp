@@ -14,7 +14,7 @@ namespace ch04 {
 
 /// The chapter program's flags, as add_flags fills them.
 struct Settings {
-  std::string schedule = "all";  ///< --schedule: naive, gpipe, 1f1b, interleaved, zb1 or all
+  std::string schedule = "all";  ///< --schedule: a row of schedules(), or all
   int microbatches = 8;          ///< --microbatches: m, the pieces the batch is cut into
   int chunks = 2;                ///< --chunks: v, model chunks per stage; interleaved only
   /// --stages: p; 0: 4 in simulation, the number of ranks on ranks.

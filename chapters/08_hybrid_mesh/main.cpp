@@ -96,8 +96,9 @@ int main(int argc, char** argv) {
   option("--steps", c.steps, "training steps", CLI::Range(1, 10000));
   cli.add_flag("--sgd", c.sgd, "plain SGD instead of Adam");
   option("--lr", c.adam.lr, "Adam's learning rate", cli::between(1e-9, 1.0));
-  option("--schedule", c.schedule, "pipeline schedule (chapter 04): gpipe, 1f1b or zb1",
-         CLI::IsMember({"gpipe", "1f1b", "zb1"}));
+  // The schedules with one chunk per stage that cut the batch into microbatches.
+  option("--schedule", c.schedule, "pipeline schedule (chapter 04)",
+         CLI::IsMember(ch04::schedule_names(false, false)));
   option("--hidden", c.hidden, "the blocks' width h (tp must divide it)", CLI::Range(1, 4096));
   option("--batch", c.batch, "rows a step, all replicas together", CLI::Range(1, 1 << 16));
   option("--zero", c.zero, "0: chapter 02's GradSync and Adam; 1: chapter 05's ZeRO-1 over dp",

@@ -162,7 +162,7 @@ int main(int argc, char** argv) {
     return ranks > 8 && ranks <= 1024 ? static_cast<int>(ranks) : 8;  // more: the mesh says no
   });
   program.world_size([&](const Options&, int ranks) {
-    if (c.schedule == "interleaved" && !program.cli().count("--chunks")) c.chunks = 2;
+    if (ch04::schedule_info(c.schedule).chunked && !program.cli().count("--chunks")) c.chunks = 2;
     // Sampling: --top-k is how it draws, and the model's experts are its checkpoint's.
     if (s.sample && !s.load.empty())
       adopt_experts(s.load, c.model);

@@ -38,7 +38,7 @@ void add_flags(CLI::App& app, Settings& s) {
   option("--lr", c.adam.lr, "Adam's learning rate", cli::between(1e-9, 10.0));
   option("--clip", c.clip, "max global gradient norm (0: no clipping)", cli::between(0, 1e9));
   option("--schedule", c.schedule, "pipeline schedule (chapter 04)",
-         CLI::IsMember({"gpipe", "1f1b", "interleaved", "zb1"}));
+         CLI::IsMember(ch04::schedule_names(true, false)));
   option("--chunks", c.chunks, "model chunks per stage (interleaved; default 2 there)",
          CLI::Range(1, 64));
   option("--recompute", s.recompute, "what the blocks recompute in the backward",

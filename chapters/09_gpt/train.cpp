@@ -47,10 +47,9 @@ void set_precision(TrainConfig& c, const std::string& precision, const std::stri
 
 void check_config(const TrainConfig& c) {
   check_shape(c.model, c.mesh, c.chunks, c.context.get());
-  require_usage(c.chunks == 1 || c.schedule == "interleaved",
-                "--chunks " + std::to_string(c.chunks) +
-                    ": only the interleaved schedule runs "
-                    "several chunks per stage");
+  require_usage(c.chunks == 1 || ch04::schedule_info(c.schedule).chunked,
+                "--chunks " + std::to_string(c.chunks) + ": the " + c.schedule +
+                    " schedule runs one chunk per stage");
   ch04::require_shape(c.schedule, c.mesh.pp, c.microbatches, c.chunks, c.model.layers);
   const std::int64_t tokens = c.model.context / c.mesh.cp;  // of a sequence, on one cp rank
   require_usage(!c.sequence_parallel || tokens % c.mesh.tp == 0,
