@@ -230,16 +230,16 @@ namespace {
 /// Each whole tensor of the model: the pipeline stage whose file holds it (the first stage
 /// with a piece of it: wte's is stage 0, where the embedding is; the last stage's head
 /// holds a copy), and its elements.
-/// The two kinds of weights a rank holds, each saved by the first of the ranks that hold
-/// the same: the dense ones (model.store(), the same on the replicas, dp x ep x cp) and the
-/// experts' (model.expert_store(), the same on the expert replicas, dp x cp).
-struct Kind {
-  const char* prefix;              // of its entries in a rank file: "" or "expert_"
-  std::vector<ch08::Axis> copies;  // the axes its copies lie along
+/// The two sets of weights a rank holds, each saved by the first of the ranks that hold
+/// the same: the dense ones (model.store(), the same on the replicas) and the experts'
+/// (model.expert_store(), the same on the expert replicas).
+struct WeightSet {
+  const char* prefix;                     // of its entries in a rank file: "" or "expert_"
+  const std::vector<ch08::Axis>& copies;  // the axes its copies lie along
   std::vector<Piece> (*pieces)(const GptShape&, const MeshShape&, const Coords&, int);
 };
-const Kind kKinds[] = {{"", {ch08::Axis::dp, ch08::Axis::ep, ch08::Axis::cp}, &pieces_of},
-                       {"expert_", {ch08::Axis::dp, ch08::Axis::cp}, &expert_pieces_of}};
+const WeightSet kWeightSets[] = {{"", ch08::kReplicaAxes, &pieces_of},
+                                 {"expert_", ch08::kExpertReplicaAxes, &expert_pieces_of}};
 
 struct WholeTensor {
   int stage = 0;
@@ -250,8 +250,8 @@ std::map<std::string, WholeTensor> whole_tensors(const GptShape& g, const MeshSh
   std::map<std::string, WholeTensor> out;
   for (int r = 0; r < shape.ranks(); ++r) {
     const Coords q = ch08::coords_of(shape, r);
-    for (const Kind& kind : kKinds)
-      for (const Piece& p : kind.pieces(g, shape, q, chunks)) {
+    for (const WeightSet& set : kWeightSets)
+      for (const Piece& p : set.pieces(g, shape, q, chunks)) {
         const auto [it, fresh] = out.try_emplace(p.name, WholeTensor{q.pp, p.whole.numel()});
         if (!fresh) it->second.stage = std::min(it->second.stage, q.pp);
       }
@@ -293,18 +293,18 @@ void assemble_stage(const fs::path& partial, const MeshShape& shape, const GptSh
   std::map<std::string, Tensor> whole[3];  // values, exp_avg, exp_avg_sq: our layout
   std::map<std::string, Piece> kind_of;
   const char* state_names[3] = {"values", "exp_avg", "exp_avg_sq"};
-  for (const Kind& kind : kKinds)
+  for (const WeightSet& set : kWeightSets)
     for (int r = 0; r < shape.ranks(); ++r) {
       const Coords q = ch08::coords_of(shape, r);
-      const std::vector<int> copies = ch08::ranks_across(shape, q, kind.copies);
-      const std::vector<Piece> pieces = kind.pieces(g, shape, q, chunks);
+      const std::vector<int> copies = ch08::ranks_across(shape, q, set.copies);
+      const std::vector<Piece> pieces = set.pieces(g, shape, q, chunks);
       if (q.pp != s || copies.front() != r || pieces.empty()) continue;
       const std::int64_t n = pieces_size(pieces);
       const auto R = static_cast<int>(copies.size());
       for (int k = 0; k < states; ++k) {
         // This rank's flat buffer of state k: its own file's, or (ZeRO-1's m and v) each
         // copy's range of it.
-        const std::string entry = kind.prefix + std::string(state_names[k]);
+        const std::string entry = set.prefix + std::string(state_names[k]);
         Tensor flat(shardlab::Shape{n}, shardlab::DType::f32);
         for (int d = 0; d < (k > 0 && sharded ? R : 1); ++d) {
           const int from = copies[static_cast<std::size_t>(d)];
@@ -394,14 +394,81 @@ nlohmann::json checksums(const std::map<std::string, Tensor>& tensors) {
 
 }  // namespace
 
+namespace {
+
+/// Step 1 of a save: this rank's shard in DIR.partial/ranks: of each set of weights, the
+/// first of the ranks that hold the same its pieces' values, and Adam's m and v as this
+/// rank keeps them (that rank all of them; under ZeRO-1 every copy its range). Returns
+/// whether it wrote the dense weights (its stage's files are then its to assemble).
+bool write_shard(const fs::path& partial, Mesh& mesh, GptModel& model,
+                 const ch08::ReplicaOptimizer* optimizer, const ch08::ReplicaOptimizer* experts,
+                 int states) {
+  Communicator& world = mesh.world();
+  std::map<std::string, Tensor> mine;
+  bool lead = false;
+  for (const WeightSet& set : kWeightSets) {
+    const bool dense = std::string(set.prefix).empty();
+    const ch08::ReplicaOptimizer* o = dense ? optimizer : experts;
+    nn::ParameterStore& store = dense ? model.store() : model.expert_store();
+    if (!dense && model.expert_pieces().empty()) continue;
+    const ch08::ReplicaOptimizer::State st = o ? o->state() : ch08::ReplicaOptimizer::State{};
+    const bool first =
+        ch08::ranks_across(mesh.shape(), mesh.coords(), set.copies).front() == world.rank();
+    if (dense) lead = first;
+    const std::string prefix = set.prefix;
+    if (first) mine.emplace(prefix + "values", store.values().to(Memory::host));
+    if (states == 3 && (first || !st.every_replica)) {
+      mine.emplace(prefix + "exp_avg", st.m.to(Memory::host));
+      mine.emplace(prefix + "exp_avg_sq", st.v.to(Memory::host));
+    }
+  }
+  if (!mine.empty()) write_safetensors(rank_file(partial, world.rank()).string(), mine);
+  return lead;
+}
+
+/// Step 3 of a save, on rank 0: the indexes, config.json and trainer.json into DIR.partial,
+/// then DIR.partial becomes DIR.
+void finish_save(const fs::path& partial, const fs::path& final_dir, const GptModel& model,
+                 const MeshShape& shape, int states, int step, int adam_steps,
+                 const ch06::LossScaler* scaler) {
+  const GptShape& g = model.shape();
+  fs::remove_all(partial / "ranks");
+  write_json(partial / "model.safetensors.index.json",
+             index_json(g, shape, model.chunks(), "model", {""}));
+  if (states == 3)
+    write_json(partial / "optimizer.safetensors.index.json",
+               index_json(g, shape, model.chunks(), "optimizer", {"exp_avg.", "exp_avg_sq."}));
+  write_json(partial / "config.json", config_json(g));
+  nlohmann::json trainer = {{"step", step}, {"adam_steps", adam_steps}, {"seed", g.seed}};
+  trainer[kChecksums] = checksums(read_tensors(partial, "model"));
+  if (scaler && scaler->kind() != ch06::Scaler::none) {
+    trainer["loss_scale"] = scaler->scale();
+    trainer["growth_tracker"] = scaler->dynamic().growth_tracker();
+  }
+  write_json(partial / "trainer.json", trainer);
+  // The new folder and the old swap names in one step (renameat2's RENAME_EXCHANGE), so a
+  // save killed at any moment leaves DIR a whole checkpoint, the old one or the new. Where
+  // the filesystem cannot swap, the old one moves aside to DIR.old first.
+  if (fs::exists(final_dir) &&
+      ::renameat2(AT_FDCWD, partial.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
+    fs::remove_all(partial);  // the old checkpoint, now
+    return;
+  }
+  const fs::path old = final_dir.string() + ".old";
+  fs::remove_all(old);
+  if (fs::exists(final_dir)) fs::rename(final_dir, old);
+  fs::rename(partial, final_dir);
+  fs::remove_all(old);
+}
+
+}  // namespace
+
 void save_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
                      const ch08::ReplicaOptimizer* optimizer, int step,
                      const ch06::LossScaler* scaler, const ch08::ReplicaOptimizer* experts) {
   Communicator& world = mesh.world();
-  Communicator::Uncounted quiet(world);
-  const MeshShape& shape = mesh.shape();
-  const Coords at = mesh.coords();
-  const fs::path partial = dir + ".partial", final_dir = dir, old = dir + ".old";
+  Communicator::Uncounted not_counted(world);
+  const fs::path partial = dir + ".partial";
   // 0. Every rank is here (one that died before the save leaves nothing behind); rank 0
   //    makes the scratch folder.
   world.barrier();
@@ -411,71 +478,24 @@ void save_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
     fs::create_directories(partial / "ranks");
   }
   world.barrier();
-  // 1. Each rank writes its shard: of each kind of weights, the first of the ranks that
-  //    hold the same its pieces' values, and Adam's m and v as this rank keeps them (that
-  //    rank all of them; under ZeRO-1 every copy its range).
+  // 1. Each rank writes its shard.
   const ch08::ReplicaOptimizer::State state =
       optimizer ? optimizer->state() : ch08::ReplicaOptimizer::State{};
   const int states = state.m.defined() ? 3 : 1;
-  std::map<std::string, Tensor> mine;
-  bool lead = false;  // of the dense weights: writes its stage's files below (tp 0)
-  for (const Kind& kind : kKinds) {
-    const bool dense = std::string(kind.prefix).empty();
-    const ch08::ReplicaOptimizer* o = dense ? optimizer : experts;
-    nn::ParameterStore& store = dense ? model.store() : model.expert_store();
-    if (!dense && model.expert_pieces().empty()) continue;
-    const ch08::ReplicaOptimizer::State st = o ? o->state() : ch08::ReplicaOptimizer::State{};
-    const bool first = ch08::ranks_across(shape, at, kind.copies).front() == world.rank();
-    if (dense) lead = first;
-    const std::string prefix = kind.prefix;
-    if (first) mine.emplace(prefix + "values", store.values().to(Memory::host));
-    if (states == 3 && (first || !st.every_replica)) {
-      mine.emplace(prefix + "exp_avg", st.m.to(Memory::host));
-      mine.emplace(prefix + "exp_avg_sq", st.v.to(Memory::host));
-    }
-  }
-  if (!mine.empty()) write_safetensors(rank_file(partial, world.rank()).string(), mine);
+  const bool lead = write_shard(partial, mesh, model, optimizer, experts, states);
   world.barrier();
   // 2. The first rank of each pipeline stage assembles the stage's whole tensors.
-  if (lead && at.tp == 0)
-    assemble_stage(partial, shape, model.shape(), model.chunks(), at.pp, states,
+  if (lead && mesh.coords().tp == 0)
+    assemble_stage(partial, mesh.shape(), model.shape(), model.chunks(), mesh.coords().pp, states,
                    !state.every_replica);
   world.barrier();
-  // 3. Rank 0 writes the indexes and the rest, and only now does DIR change: the old one
-  //    moves aside, the new one takes its name.
-  if (world.rank() == 0) {
-    const GptShape& g = model.shape();
-    fs::remove_all(partial / "ranks");
-    write_json(partial / "model.safetensors.index.json",
-               index_json(g, shape, model.chunks(), "model", {""}));
-    if (states == 3)
-      write_json(partial / "optimizer.safetensors.index.json",
-                 index_json(g, shape, model.chunks(), "optimizer", {"exp_avg.", "exp_avg_sq."}));
-    write_json(partial / "config.json", config_json(g));
-    nlohmann::json trainer = {{"step", step}, {"adam_steps", state.steps}, {"seed", g.seed}};
-    trainer[kChecksums] = checksums(read_tensors(partial, "model"));
-    if (scaler && scaler->kind() != ch06::Scaler::none) {
-      trainer["loss_scale"] = scaler->scale();
-      trainer["growth_tracker"] = scaler->dynamic().growth_tracker();
-    }
-    write_json(partial / "trainer.json", trainer);
-    // The new folder and the old swap names in one step (renameat2's RENAME_EXCHANGE), so
-    // a save killed at any moment leaves DIR a whole checkpoint, the old one or the new.
-    // Where the filesystem cannot swap, the old one moves aside to DIR.old first.
-    if (fs::exists(final_dir) &&
-        ::renameat2(AT_FDCWD, partial.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
-      fs::remove_all(partial);  // the old checkpoint, now
-    } else {
-      fs::remove_all(old);
-      if (fs::exists(final_dir)) fs::rename(final_dir, old);
-      fs::rename(partial, final_dir);
-      fs::remove_all(old);
-    }
-  }
+  // 3. Rank 0 writes the indexes and the rest, and only now does DIR change.
+  if (world.rank() == 0)
+    finish_save(partial, dir, model, mesh.shape(), states, step, state.steps, scaler);
   world.barrier();
 }
 
-void adopt_experts(const std::string& dir, GptShape& shape) {
+void read_expert_config(const std::string& dir, GptShape& shape) {
   const fs::path path = fs::path(dir) / "config.json";
   std::error_code error;
   if (!fs::is_regular_file(path, error)) return;  // load_checkpoint says what is wrong
@@ -498,120 +518,160 @@ void adopt_experts(const std::string& dir, GptShape& shape) {
   shape.aux_alpha = number("router_aux_loss_coef", shape.aux_alpha);
 }
 
-int load_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
-                    ch08::ReplicaOptimizer* optimizer, ch06::LossScaler* scaler,
-                    ch08::ReplicaOptimizer* experts) {
-  const fs::path d = dir;
-  const GptShape& g = model.shape();
-  require_usage(fs::is_directory(d), "--load " + dir + ": no such folder");
-  nlohmann::json config, trainer;
-  for (auto [file, into] :
-       {std::pair{"config.json", &config}, std::pair{"trainer.json", &trainer}}) {
-    require_usage(fs::exists(d / file),
-                  "--load " + dir + ": no " + file + " (not a checkpoint of this chapter)");
-    const std::string text = read_file(d / file, "--load " + dir + ": " + file);
-    try {
-      *into = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::exception&) {
-      require_usage(false, "--load " + dir + ": " + file + " is not JSON");
-    }
-    require_usage(into->is_object(), "--load " + dir + ": " + file + " is not a JSON object");
+namespace {
+
+/// One --load of DIR: its files and its checks, every message "--load DIR: ...".
+class Loading {
+ public:
+  explicit Loading(std::string dir) : d_(dir), dir_(std::move(dir)) {
+    need(fs::is_directory(d_), "no such folder");
   }
-  // trainer.json's counts: absent (0), or whole numbers from 0 to 2^31 - 1.
-  auto whole_number = [&](const nlohmann::json& j, const char* key) {
+  /// UsageError "--load DIR: what" unless `ok`.
+  void need(bool ok, const std::string& what) const {
+    require_usage(ok, "--load " + dir_ + ": " + what);
+  }
+  /// The JSON object in `file`.
+  nlohmann::json json_file(const char* file) const {
+    need(fs::exists(d_ / file), std::string("no ") + file + " (not a checkpoint of this chapter)");
+    const std::string text = read_file(d_ / file, "--load " + dir_ + ": " + file);
+    nlohmann::json out;
+    try {
+      out = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception&) {
+      need(false, std::string(file) + " is not JSON");
+    }
+    need(out.is_object(), std::string(file) + " is not a JSON object");
+    return out;
+  }
+  /// `file`'s `key`: absent (0), or a whole number from 0 to 2^31 - 1.
+  int whole_number(const nlohmann::json& j, const char* file, const char* key) const {
     if (!j.contains(key)) return 0;
     const nlohmann::json& x = j[key];
-    require_usage(x.is_number_integer() && x.get<std::int64_t>() >= 0 &&
-                      x.get<std::int64_t>() <= std::numeric_limits<int>::max(),
-                  "--load " + dir + ": trainer.json's " + key + " is " + x.dump() +
-                      ", not a whole number from 0");
+    need(x.is_number_integer() && x.get<std::int64_t>() >= 0 &&
+             x.get<std::int64_t>() <= std::numeric_limits<int>::max(),
+         std::string(file) + "'s " + key + " is " + x.dump() +
+             ", not a whole number from 0 to 2^31 - 1");
     return static_cast<int>(x.get<std::int64_t>());
-  };
+  }
+  /// The whole tensors of `what` ("model" or "optimizer").
+  std::map<std::string, Tensor> tensors(const char* what) const { return read_tensors(d_, what); }
+  /// The folder, as given.
+  const std::string& dir() const { return dir_; }
+
+ private:
+  fs::path d_;
+  std::string dir_;
+};
+
+/// config.json against the model `g`: its sizes, and its experts (a Mixture-of-Experts
+/// checkpoint and a dense model, or the other way round, are two models: said so, not
+/// loaded half).
+void check_config(const Loading& load, const nlohmann::json& config, const GptShape& g) {
   const nlohmann::json want = config_json(g);
   for (const char* key : {"n_layer", "n_embd", "n_head", "n_positions", "vocab_size"})
-    require_usage(config.value(key, nlohmann::json()) == want[key],
-                  "--load " + dir + ": the checkpoint's " + key + " is " +
-                      config.value(key, nlohmann::json()).dump() + ", this model's " +
-                      want[key].dump() + " (give the same --layers --channels --heads --context)");
-  // A Mixture-of-Experts checkpoint and a dense model (or the other way round) are two
-  // models: said so, not loaded half.
+    load.need(config.value(key, nlohmann::json()) == want[key],
+              std::string("the checkpoint's ") + key + " is " +
+                  config.value(key, nlohmann::json()).dump() + ", this model's " +
+                  want[key].dump() + " (give the same --layers --channels --heads --context)");
+  const nlohmann::json experts = config.value("num_local_experts", nlohmann::json(0));
+  load.need(
+      experts.is_number_integer() && experts.get<std::int64_t>() >= 0,
+      "config.json's num_local_experts is " + experts.dump() + ", not a whole number of experts");
   GptShape stored = g;
   stored.experts = 0;
-  adopt_experts(dir, stored);
-  require_usage(g.experts > 0 || stored.experts == 0,
-                "--load " + dir + ": a Mixture-of-Experts model (" + describe_experts(stored) +
-                    "): a dense model cannot take it; give " + experts_flags(stored));
-  require_usage(g.experts == 0 || stored.experts > 0,
-                "--load " + dir + ": a dense GPT-2, without experts: leave out --experts");
+  read_expert_config(load.dir(), stored);
+  load.need(g.experts > 0 || stored.experts == 0,
+            "a Mixture-of-Experts model (" + describe_experts(stored) +
+                "): a dense model cannot take it; give " + experts_flags(stored));
+  load.need(g.experts == 0 || stored.experts > 0,
+            "a dense GPT-2, without experts: leave out --experts");
   if (g.experts > 0)
     for (const char* key : kMoeKeys)
-      require_usage(config.value(key, nlohmann::json()) == want[key],
-                    "--load " + dir + ": the checkpoint's " + key + " is " +
-                        config.value(key, nlohmann::json()).dump() + ", this model's " +
-                        want[key].dump() + " (give " + experts_flags(stored) + ")");
-  const auto tensors = read_tensors(d, "model");
-  // The values must be the ones saved, where trainer.json says what they were (a
-  // checkpoint written elsewhere, without it, loads as it is).
-  if (trainer.contains(kChecksums)) {
-    const nlohmann::json& saved = trainer[kChecksums];
-    require_usage(saved.is_object(),
-                  "--load " + dir + ": trainer.json's " + kChecksums + " is not a JSON object");
-    const nlohmann::json now = checksums(tensors);
-    for (const auto& [name, sum] : saved.items())  // a missing one: "no NAME" below
-      require_usage(!now.contains(name) || now[name] == sum,
-                    "--load " + dir + ": " + name + " is not the tensor saved with it (" +
-                        "its FNV-1a differs from trainer.json's: transposed, or changed; " +
-                        "remove " + kChecksums + " from trainer.json to load it anyway)");
+      load.need(config.value(key, nlohmann::json()) == want[key],
+                std::string("the checkpoint's ") + key + " is " +
+                    config.value(key, nlohmann::json()).dump() + ", this model's " +
+                    want[key].dump() + " (give " + experts_flags(stored) + ")");
+}
+
+/// The values must be the ones saved, where trainer.json says what they were (a checkpoint
+/// written elsewhere, without it, loads as it is).
+void check_checksums(const Loading& load, const nlohmann::json& trainer,
+                     const std::map<std::string, Tensor>& tensors) {
+  if (!trainer.contains(kChecksums)) return;
+  const nlohmann::json& saved = trainer[kChecksums];
+  load.need(saved.is_object(),
+            std::string("trainer.json's ") + kChecksums + " is not a JSON object");
+  const nlohmann::json now = checksums(tensors);
+  for (const auto& [name, sum] : saved.items())  // a missing one: "no NAME" below
+    load.need(!now.contains(name) || now[name] == sum,
+              name + " is not the tensor saved with it (its FNV-1a differs from trainer.json's: " +
+                  "transposed, or changed; remove " + kChecksums +
+                  " from trainer.json to load it anyway)");
+}
+
+/// One store's pieces cut out of the whole tensors into it, and (with `adam`) Adam's m and
+/// v from `state` to optimizer `o`.
+void load_store(const Loading& load, nn::ParameterStore& store, const std::vector<Piece>& pieces,
+                std::int64_t heads, const std::map<std::string, Tensor>& tensors,
+                const std::map<std::string, Tensor>& state, ch08::ReplicaOptimizer* o,
+                int adam_steps) {
+  const std::vector<nn::Parameter*> params = store.parameters();
+  const std::int64_t P = store.size();
+  Tensor m(shardlab::Shape{P}, shardlab::DType::f32), v(shardlab::Shape{P}, shardlab::DType::f32);
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const Piece& p = pieces[i];
+    // Hugging Face's shape of the tensor: a bias (1 x n here) is a vector there.
+    const shardlab::Shape want =
+        p.whole.ndim() == 2 && p.whole[0] == 1 ? shardlab::Shape{p.whole[1]} : p.whole;
+    auto take = [&](const std::map<std::string, Tensor>& from, const std::string& name) {
+      const auto it = from.find(name);
+      load.need(it != from.end(), "no " + name);
+      load.need(it->second.shape() == want, name + " is " + it->second.shape().str() +
+                                                ", this model's is " + want.str() +
+                                                " (transposed, or another model)");
+      load.need(shardlab::all_finite(it->second), name + " holds NaN or infinite values");
+      return piece_of(p, it->second, heads);
+    };
+    params[i]->value.copy_from(take(tensors, p.name).reshape(params[i]->value.shape()));
+    if (!o) continue;
+    m.slice(params[i]->offset, p.size()).copy_from(take(state, "exp_avg." + p.name).flat());
+    v.slice(params[i]->offset, p.size()).copy_from(take(state, "exp_avg_sq." + p.name).flat());
   }
+  if (o) o->restore(m, v, adam_steps);
+}
+
+/// A scaler's state, where both the checkpoint and this run have one.
+void load_scaler(const Loading& load, const nlohmann::json& trainer, ch06::LossScaler* scaler) {
+  if (!scaler || scaler->kind() == ch06::Scaler::none || !trainer.contains("loss_scale")) return;
+  load.need(trainer["loss_scale"].is_number(), "trainer.json's loss_scale is not a number");
+  const double scale = trainer["loss_scale"].get<double>();
+  const int tracker = load.whole_number(trainer, "trainer.json", "growth_tracker");
+  load.need(scale > 0 && scale <= 3.4e38 && tracker >= 0 &&
+                tracker < scaler->dynamic().config().growth_interval,
+            "trainer.json's loss_scale or growth_tracker is out of range");
+  scaler->restore(static_cast<float>(scale), tracker);
+}
+
+}  // namespace
+
+int load_checkpoint(const std::string& dir, GptModel& model, ch08::ReplicaOptimizer* optimizer,
+                    ch06::LossScaler* scaler, ch08::ReplicaOptimizer* experts) {
+  const Loading load(dir);
+  const nlohmann::json config = load.json_file("config.json"),
+                       trainer = load.json_file("trainer.json");
+  check_config(load, config, model.shape());
+  const std::map<std::string, Tensor> tensors = load.tensors("model");
+  check_checksums(load, trainer, tensors);
   const bool adam = optimizer && optimizer->state().m.defined();
-  std::map<std::string, Tensor> state;
-  if (adam) state = read_tensors(d, "optimizer");
-  // Each kind of weights: its pieces cut out of the whole tensors, into its store, and
-  // Adam's m and v to its optimizer.
-  for (auto [store, pieces, o] :
-       {std::tuple{&model.store(), &model.pieces(), optimizer},
-        std::tuple{&model.expert_store(), &model.expert_pieces(), experts}}) {
-    const std::vector<nn::Parameter*> params = store->parameters();
-    const std::int64_t P = store->size();
-    Tensor m(shardlab::Shape{P}, shardlab::DType::f32), v(shardlab::Shape{P}, shardlab::DType::f32);
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      const Piece& p = (*pieces)[i];
-      // Hugging Face's shape of the tensor: a bias (1 x n here) is a vector there.
-      const shardlab::Shape want_shape =
-          p.whole.ndim() == 2 && p.whole[0] == 1 ? shardlab::Shape{p.whole[1]} : p.whole;
-      auto take = [&](const std::map<std::string, Tensor>& from, const std::string& name) {
-        const auto it = from.find(name);
-        require_usage(it != from.end(), "--load " + dir + ": no " + name);
-        require_usage(it->second.shape() == want_shape,
-                      "--load " + dir + ": " + name + " is " + it->second.shape().str() +
-                          ", this model's is " + want_shape.str() +
-                          " (transposed, or another model)");
-        require_usage(shardlab::all_finite(it->second),
-                      "--load " + dir + ": " + name + " holds NaN or infinite values");
-        return piece_of(p, it->second, g.heads);
-      };
-      params[i]->value.copy_from(take(tensors, p.name).reshape(params[i]->value.shape()));
-      if (adam && o) {
-        m.slice(params[i]->offset, p.size()).copy_from(take(state, "exp_avg." + p.name).flat());
-        v.slice(params[i]->offset, p.size()).copy_from(take(state, "exp_avg_sq." + p.name).flat());
-      }
-    }
-    if (adam && o) o->restore(m, v, whole_number(trainer, "adam_steps"));
-  }
-  // A scaler's state, where both the checkpoint and this run have one.
-  if (scaler && scaler->kind() != ch06::Scaler::none && trainer.contains("loss_scale")) {
-    require_usage(trainer["loss_scale"].is_number(),
-                  "--load " + dir + ": trainer.json's loss_scale is not a number");
-    const double scale = trainer["loss_scale"].get<double>();
-    const int tracker = whole_number(trainer, "growth_tracker");
-    require_usage(
-        scale > 0 && scale <= 3.4e38 && tracker >= 0 &&
-            tracker < scaler->dynamic().config().growth_interval,
-        "--load " + dir + ": trainer.json's loss_scale or growth_tracker is out of range");
-    scaler->restore(static_cast<float>(scale), tracker);
-  }
-  (void)mesh;
-  return whole_number(trainer, "step");
+  const std::map<std::string, Tensor> state =
+      adam ? load.tensors("optimizer") : std::map<std::string, Tensor>{};
+  const int adam_steps = load.whole_number(trainer, "trainer.json", "adam_steps");
+  load_store(load, model.store(), model.pieces(), model.shape().heads, tensors, state,
+             adam ? optimizer : nullptr, adam_steps);
+  load_store(load, model.expert_store(), model.expert_pieces(), model.shape().heads, tensors, state,
+             adam ? experts : nullptr, adam_steps);
+  load_scaler(load, trainer, scaler);
+  return load.whole_number(trainer, "trainer.json", "step");
 }
 
 }  // namespace ch09

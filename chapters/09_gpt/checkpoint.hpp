@@ -68,14 +68,13 @@ void save_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
 /// experts' into `experts`); returns the step to go on from. UsageError (exit 2) for a
 /// folder that is not such a checkpoint, a model of another shape (a MoE checkpoint into a
 /// dense model included, and the other way round), or a corrupt file. Every rank calls it.
-int load_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
-                    ch08::ReplicaOptimizer* optimizer, ch06::LossScaler* scaler = nullptr,
-                    ch08::ReplicaOptimizer* experts = nullptr);
+int load_checkpoint(const std::string& dir, GptModel& model, ch08::ReplicaOptimizer* optimizer,
+                    ch06::LossScaler* scaler = nullptr, ch08::ReplicaOptimizer* experts = nullptr);
 /// The Mixture-of-Experts settings of the checkpoint in `dir` (its config.json: experts,
 /// experts a token, layer frequency, capacity factor, aux loss weight) into `shape`, for a
 /// program that takes its model from there (--sample); nothing if there is none to read
 /// (load_checkpoint says why).
-void adopt_experts(const std::string& dir, GptShape& shape);
+void read_expert_config(const std::string& dir, GptShape& shape);
 
 /// The safetensors format (Hugging Face): an 8-byte little-endian header length, a JSON
 /// header naming each tensor's dtype, shape and byte range, then the data. F32 only.
