@@ -41,11 +41,15 @@ int main(int argc, char** argv) {
   Program program("ch01_matmul_split",
                   "Chapter 01: one matmul, split by rows, by columns, and by the inner dimension");
   ch01::Dims d{4, 5, 8};
-  program.cli().add_option("--rows", d.M, "M, rows of x and out")->check(CLI::Range(1, 4096));
+  program.cli()
+      .add_option("--rows", d.M, "M, rows of x and out")
+      ->check(shardlab::cli::whole(1, 4096));
   program.cli()
       .add_option("--inner", d.K, "K, columns of x = rows of w")
-      ->check(CLI::Range(1, 4096));
-  program.cli().add_option("--cols", d.N, "N, columns of w and out")->check(CLI::Range(1, 4096));
+      ->check(shardlab::cli::whole(1, 4096));
+  program.cli()
+      .add_option("--cols", d.N, "N, columns of w and out")
+      ->check(shardlab::cli::whole(1, 4096));
   for (const char* flag : {"--rows", "--inner", "--cols"})
     program.cli().get_option(flag)->capture_default_str();
   program.supports_cuda();

@@ -123,16 +123,18 @@ int main(int argc, char** argv) {
   for (CLI::Option* option :
        {cli.add_option("--sync", sync, "none, allreduce, bucketed or overlap")
             ->check(CLI::IsMember({"none", "allreduce", "bucketed", "overlap"})),
-        cli.add_option("--steps", cfg.steps, "training steps")->check(CLI::Range(1, 1000000)),
+        cli.add_option("--steps", cfg.steps, "training steps")
+            ->check(shardlab::cli::whole(1, 1000000)),
         cli.add_option("--batch", cfg.batch, "global batch B, split across the ranks")
-            ->check(CLI::Range(1, 1 << 20)),
+            ->check(shardlab::cli::whole(1, 1 << 20)),
         cli.add_option("--bucket-kb", cfg.bucket_kb, "bucket capacity in KiB (bucketed, overlap)")
             ->check(cli::between(0.001, 1048576.0)),
         cli.add_option("--accum-steps", cfg.accum_steps, "micro-batches per step, one sync")
-            ->check(CLI::Range(1, 4096)),
+            ->check(shardlab::cli::whole(1, 4096)),
         cli.add_option("--lr", cfg.lr, "SGD learning rate")->check(cli::between(0.0, 10.0)),
-        cli.add_option("--in", cfg.in, "input features I")->check(CLI::Range(1, 65536)),
-        cli.add_option("--hidden", cfg.hidden, "hidden units H")->check(CLI::Range(1, 65536))})
+        cli.add_option("--in", cfg.in, "input features I")->check(shardlab::cli::whole(1, 65536)),
+        cli.add_option("--hidden", cfg.hidden, "hidden units H")
+            ->check(shardlab::cli::whole(1, 65536))})
     option->capture_default_str();
   cli.add_flag("--benchmark", bench, "time every sync mode and bucket size, write CSV");
   // The ranks of a threads job share this machine (trainer.hpp says what a rank holds).

@@ -21,7 +21,7 @@ T sum_of(const std::vector<T>& v) {
 /// Bytes sent on this host's network interfaces, read by every rank once the others have
 /// stopped sending (a barrier, uncounted).
 std::uint64_t wire_now(Communicator& comm) {
-  Communicator::Uncounted quiet(comm);
+  Communicator::Uncounted not_counted(comm);
   comm.barrier();
   return shardlab::network_bytes_sent();
 }

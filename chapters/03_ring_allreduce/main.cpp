@@ -160,23 +160,23 @@ int main(int argc, char** argv) {
           {"naive", "ring", "pipelined", "recursive_doubling", "hierarchical", "native", "all"}))
       ->capture_default_str();
   cli.add_option("--count", s.count, "floats in the correctness run")
-      ->check(CLI::Range(std::size_t{0}, std::size_t{1} << 30))
+      ->check(shardlab::cli::whole(0, 1LL << 30))
       ->capture_default_str();
   cli.add_flag("--benchmark", s.benchmark, "benchmark over the sizes -b..-e (implied by -b or -e)");
   auto* b = cli.add_option("-b,--minbytes", s.min_bytes, "smallest message, bytes (64K, 1M, 2^20)")
                 ->transform(cli::quantity(cli::Units::binary))
-                ->check(CLI::Range(std::size_t{4}, std::size_t{1} << 32));
+                ->check(shardlab::cli::whole(4, 1LL << 32));
   auto* e = cli.add_option("-e,--maxbytes", s.max_bytes, "largest message, bytes (64M, 1G, 2^26)")
                 ->transform(cli::quantity(cli::Units::binary))
-                ->check(CLI::Range(std::size_t{4}, std::size_t{1} << 32));
+                ->check(shardlab::cli::whole(4, 1LL << 32));
   cli.add_option("-f,--stepfactor", s.factor, "size multiplier between rows")
       ->check(cli::between(2.0, 1024.0))
       ->capture_default_str();
   cli.add_option("-n,--iters", s.iters, "timed iterations per size")
-      ->check(CLI::Range(1, 100000))
+      ->check(shardlab::cli::whole(1, 100000))
       ->capture_default_str();
   cli.add_option("-w,--warmup_iters", s.warmup, "untimed iterations first")
-      ->check(CLI::Range(0, 100000))
+      ->check(shardlab::cli::whole(0, 100000))
       ->capture_default_str();
   cli.add_option("--segment-kb", s.segment_kb, "pipelined ring: segment size in KiB")
       ->check(cli::between(0.004, 1048576.0))
@@ -184,7 +184,7 @@ int main(int argc, char** argv) {
   cli.add_option("--ranks-per-node", s.ranks_per_node,
                  "hosts simulated on one machine: ranks 0..K-1 on the first, ... (default: the "
                  "hosts the ranks run on)")
-      ->check(CLI::Range(1, 1024));
+      ->check(shardlab::cli::whole(1, 1024));
   cli.add_option("--link-gbit", s.link_gbit,
                  "the link between hosts, Gbit/s each way (scripts/cluster.sh gives it): the "
                  "benchmark compares busbw with what it allows")

@@ -202,7 +202,7 @@ void align_clocks(Communicator& comm, const shardlab::Stopwatch& clock,
                   std::vector<Event>& events) {
   const auto mine = clock.started().time_since_epoch();
   const std::int64_t started = std::chrono::duration_cast<std::chrono::nanoseconds>(mine).count();
-  shardlab::Communicator::Uncounted quiet(comm);
+  shardlab::Communicator::Uncounted not_counted(comm);
   const std::int64_t first = comm.agree(started, shardlab::ReduceOp::min);
   const double late = static_cast<double>(started - first) * 1e-9;
   for (Event& e : events) e.start += late, e.end += late;

@@ -33,9 +33,9 @@ void add_flags(shardlab::Program& program, Settings& s) {
        {app.add_option("--schedule", s.schedule, "a schedule, or all of them: " + listed)
             ->check(CLI::IsMember(names)),
         app.add_option("-m,--microbatches", s.microbatches, "pieces the batch is cut into")
-            ->check(CLI::Range(1, 4096)),
+            ->check(shardlab::cli::whole(1, 4096)),
         app.add_option("-v,--chunks", s.chunks, "model chunks per stage (interleaved)")
-            ->check(CLI::Range(1, 64)),
+            ->check(shardlab::cli::whole(1, 64)),
         app.add_option("--fwd-cost", s.costs.forward, "simulation: time of a forward (F)")
             ->check(shardlab::cli::between(1e-6, 1e6)),
         app.add_option("--bwd-cost", s.costs.backward,
@@ -46,14 +46,14 @@ void add_flags(shardlab::Program& program, Settings& s) {
                        "split)")
             ->check(shardlab::cli::between(0.0, 1e6)),
         app.add_option("--layers", s.model.layers, "blocks of the model (on ranks)")
-            ->check(CLI::Range(1, 4096)),
+            ->check(shardlab::cli::whole(1, 4096)),
         app.add_option("--width", s.model.width, "width of every block")
-            ->check(CLI::Range(1, 8192)),
+            ->check(shardlab::cli::whole(1, 8192)),
         app.add_option("--batch", s.model.batch, "rows of the batch")
-            ->check(CLI::Range(1, 1 << 20))})
+            ->check(shardlab::cli::whole(1, 1 << 20))})
     option->capture_default_str();
   app.add_option("-p,--stages", s.stages, "stages (simulation: default 4; on ranks: the ranks)")
-      ->check(CLI::Range(1, 1024));
+      ->check(shardlab::cli::whole(1, 1024));
   app.add_flag("--simulate", s.simulate, "on paper only, with the op costs above");
   CLI::Option* trace =
       app.add_option("--trace", s.trace, "write the timelines as Chrome trace JSON (Perfetto)");

@@ -108,7 +108,7 @@ void add_events(shardlab::Table& table, const Schedule& s, const std::string& so
 }
 
 std::vector<Event> gather_events(shardlab::Communicator& comm, const std::vector<Event>& mine) {
-  shardlab::Communicator::Uncounted quiet(comm);
+  shardlab::Communicator::Uncounted not_counted(comm);
   constexpr std::size_t fields = 6;
   std::vector<double> packed;
   for (const Event& e : mine)

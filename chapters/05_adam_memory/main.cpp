@@ -197,12 +197,14 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"fp32", "mixed"}));
   cli.add_flag("--train", s.train, "train on the ranks instead of the calculator");
   cli.add_option("--stage", s.stage, "training: one ZeRO stage (0-3) next to stage 0; default all")
-      ->check(CLI::Range(0, 3));
-  cli.add_option("--steps", s.steps, "training: Adam steps")->check(CLI::Range(1, 1000));
-  cli.add_option("--blocks", s.model.blocks, "training: MLP blocks L")->check(CLI::Range(1, 1024));
-  cli.add_option("--width", s.model.width, "training: width d")->check(CLI::Range(1, 4096));
+      ->check(shardlab::cli::whole(0, 3));
+  cli.add_option("--steps", s.steps, "training: Adam steps")->check(shardlab::cli::whole(1, 1000));
+  cli.add_option("--blocks", s.model.blocks, "training: MLP blocks L")
+      ->check(shardlab::cli::whole(1, 1024));
+  cli.add_option("--width", s.model.width, "training: width d")
+      ->check(shardlab::cli::whole(1, 4096));
   cli.add_option("--batch", s.model.batch, "training: B rows a rank")
-      ->check(CLI::Range(1, 1 << 20));
+      ->check(shardlab::cli::whole(1, 1 << 20));
   cli.add_flag("--benchmark", s.benchmark, "training: step times and bytes per stage, as CSV");
   program.validate([&](const Options& o) {
     s.model.seed = o.seed;

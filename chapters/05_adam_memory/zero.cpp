@@ -360,7 +360,7 @@ void ZeroOptimizer::restore(const Tensor& m, const Tensor& v, int steps) {
 }
 
 Tensor ZeroOptimizer::weights() {
-  Communicator::Uncounted quiet(comm_);
+  Communicator::Uncounted not_counted(comm_);
   const std::int64_t P = store_.size();
   if (config_.stage == 0) return master_.clone();
   Tensor all(Shape{P}, DType::f32, memory_);

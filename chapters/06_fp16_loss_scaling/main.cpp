@@ -173,17 +173,17 @@ int main(int argc, char** argv) {
       ->check(cli::between(0.0, 1.0));
   cli.add_option("--growth-interval", dynamic.growth_interval,
                  "dynamic scaler: finite steps before growing")
-      ->check(CLI::Range(1, 1000000));
+      ->check(shardlab::cli::whole(1, 1000000));
   cli.add_option("--inject-overflow", s.inject,
                  "make the gradients non-finite at these steps (30,31)");
-  cli.add_option("--steps", s.run.steps, "training steps")->check(CLI::Range(1, 100000));
+  cli.add_option("--steps", s.run.steps, "training steps")->check(shardlab::cli::whole(1, 100000));
   cli.add_option("--lr", s.run.lr, "Adam's learning rate")->check(cli::between(1e-9, 1.0));
   cli.add_option("--target-scale", s.model.target_scale,
                  "size of the targets (small: small gradients)")
       ->check(cli::between(1e-30, 1e4));
   cli.add_option("--batch", s.model.rows, "rows of the batch, all ranks together")
-      ->check(CLI::Range(1, 1 << 20));
-  cli.add_option("--hidden", s.model.hidden, "hidden width")->check(CLI::Range(1, 4096));
+      ->check(shardlab::cli::whole(1, 1 << 20));
+  cli.add_option("--hidden", s.model.hidden, "hidden width")->check(shardlab::cli::whole(1, 4096));
   cli.add_flag("--csv", s.csv, "write the histogram and the loss curves as CSV (for the notebook)");
 
   program.validate([&](const Options& o) {

@@ -199,21 +199,23 @@ int main(int argc, char** argv) {
   Settings s;
   auto& cli = program.cli();
   MoeConfig& c = s.moe;
-  auto option = [&](const char* flag, auto& value, const char* what, auto check) {
-    cli.add_option(flag, value, what)->check(check)->capture_default_str();
-  };
-  option("--tokens", c.tokens, "tokens T, all ranks together", CLI::Range(1, 1 << 16));
-  option("--hidden", c.hidden, "width d of a token", CLI::Range(1, 4096));
-  option("--ffn", c.ffn, "hidden width h of an expert", CLI::Range(1, 16384));
-  option("--experts", c.experts, "experts E (a multiple of the ranks)", CLI::Range(1, 1024));
-  option("--top-k", c.k, "experts per token k (1 Switch, 2 GShard)", CLI::Range(1, 1024));
-  option("--capacity-factor", c.capacity_factor, "C = ceil(k T/E x this)", cli::between(1e-6, 1e6));
-  option("--aux-alpha", c.aux_alpha, "weight of the load-balancing loss", cli::between(0.0, 1e3));
-  option("--train", s.train, "train this many steps, with/without aux loss", CLI::Range(1, 100000));
-  option("--lr", s.lr, "training: Adam's learning rate", cli::between(1e-9, 1.0));
+  cli::option(cli, "--tokens", c.tokens, "tokens T, all ranks together", cli::whole(1, 1 << 16));
+  cli::option(cli, "--hidden", c.hidden, "width d of a token", cli::whole(1, 4096));
+  cli::option(cli, "--ffn", c.ffn, "hidden width h of an expert", cli::whole(1, 16384));
+  cli::option(cli, "--experts", c.experts, "experts E (a multiple of the ranks)",
+              cli::whole(1, 1024));
+  cli::option(cli, "--top-k", c.k, "experts per token k (1 Switch, 2 GShard)", cli::whole(1, 1024));
+  cli::option(cli, "--capacity-factor", c.capacity_factor, "C = ceil(k T/E x this)",
+              cli::between(1e-6, 1e6));
+  cli::option(cli, "--aux-alpha", c.aux_alpha, "weight of the load-balancing loss",
+              cli::between(0.0, 1e3));
+  cli::option(cli, "--train", s.train, "train this many steps, with/without aux loss",
+              cli::whole(1, 100000));
+  cli::option(cli, "--lr", s.lr, "training: Adam's learning rate", cli::between(1e-9, 1.0));
   cli.add_flag("--csv", s.csv, "training: write tokens per expert and dropped choices as CSV");
   cli.add_flag("--benchmark", s.benchmark, "time the all-to-all, nccl-tests style (CSV)");
-  option("--max-mib", s.max_mib, "benchmark: largest size, MiB (from 1, x4)", CLI::Range(1, 4096));
+  cli::option(cli, "--max-mib", s.max_mib, "benchmark: largest size, MiB (from 1, x4)",
+              cli::whole(1, 4096));
 
   program.validate([&](const Options& o) {
     c.seed = o.seed;

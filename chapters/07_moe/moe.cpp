@@ -166,7 +166,7 @@ RoutingStats routing_stats(const MoeConfig& c, const Routing& r, const Tensor& p
 }
 
 RoutingStats combined(Communicator& comm, const RoutingStats& mine) {
-  Communicator::Uncounted quiet(comm);
+  Communicator::Uncounted not_counted(comm);
   RoutingStats all = mine;
   std::vector<std::int32_t> counts;
   for (const auto* v : {&mine.wanted, &mine.kept})

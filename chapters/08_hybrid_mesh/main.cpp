@@ -85,24 +85,24 @@ int main(int argc, char** argv) {
   Settings s;
   HybridConfig& c = s.run;
   auto& cli = program.cli();
-  auto option = [&](const char* flag, auto& value, const char* what, auto check) {
-    return cli.add_option(flag, value, what)->check(check)->capture_default_str();
-  };
   add_mesh_flags(cli, s.mesh, {Axis::pp, Axis::dp, Axis::tp}, "the ranks / (tp x pp)");
-  option("--microbatches", c.microbatches, "microbatches per step and replica",
-         CLI::Range(1, 4096));
-  option("--blocks", c.blocks, "MLP blocks L (pp must divide them)", CLI::Range(1, 1024));
-  option("--ffn", c.ffn, "the blocks' inner width", CLI::Range(1, 16384));
-  option("--steps", c.steps, "training steps", CLI::Range(1, 10000));
+  cli::option(cli, "--microbatches", c.microbatches, "microbatches per step and replica",
+              cli::whole(1, 4096));
+  cli::option(cli, "--blocks", c.blocks, "MLP blocks L (pp must divide them)", cli::whole(1, 1024));
+  cli::option(cli, "--ffn", c.ffn, "the blocks' inner width", cli::whole(1, 16384));
+  cli::option(cli, "--steps", c.steps, "training steps", cli::whole(1, 10000));
   cli.add_flag("--sgd", c.sgd, "plain SGD instead of Adam");
-  option("--lr", c.adam.lr, "Adam's learning rate", cli::between(1e-9, 1.0));
+  cli::option(cli, "--lr", c.adam.lr, "Adam's learning rate", cli::between(1e-9, 1.0));
   // The schedules with one chunk per stage that cut the batch into microbatches.
-  option("--schedule", c.schedule, "pipeline schedule (chapter 04)",
-         CLI::IsMember(ch04::schedule_names(false, false)));
-  option("--hidden", c.hidden, "the blocks' width h (tp must divide it)", CLI::Range(1, 4096));
-  option("--batch", c.batch, "rows a step, all replicas together", CLI::Range(1, 1 << 16));
-  option("--zero", c.zero, "0: chapter 02's GradSync and Adam; 1: chapter 05's ZeRO-1 over dp",
-         CLI::Range(0, 1));
+  cli::option(cli, "--schedule", c.schedule, "pipeline schedule (chapter 04)",
+              CLI::IsMember(ch04::schedule_names(false, false)));
+  cli::option(cli, "--hidden", c.hidden, "the blocks' width h (tp must divide it)",
+              cli::whole(1, 4096));
+  cli::option(cli, "--batch", c.batch, "rows a step, all replicas together",
+              cli::whole(1, 1 << 16));
+  cli::option(cli, "--zero", c.zero,
+              "0: chapter 02's GradSync and Adam; 1: chapter 05's ZeRO-1 over dp",
+              cli::whole(0, 1));
 
   program.validate([&](const Options& o) { c.seed = o.seed; });
   program.world_size([&](const Options&, int ranks) {  // runs before validate()

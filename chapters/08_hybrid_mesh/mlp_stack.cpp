@@ -168,7 +168,7 @@ HybridRun train_hybrid(Mesh& mesh, HybridModel& model, const HybridConfig& c, Me
   // Each step starts when the last one's loss is agreed, every rank's traffic done: the
   // moment this rank reads its host's network counters and its clock.
   {
-    Communicator::Uncounted quiet(mesh.world());
+    Communicator::Uncounted not_counted(mesh.world());
     mesh.world().barrier();
   }
   StepClock clock;

@@ -84,7 +84,7 @@ inline Run train(TrainConfig c, int first, int steps, const std::string& load = 
         GptModel model(mesh, c.model, c.model_options());
         Trainer trainer(mesh, model, c, data);
         if (!load.empty())
-          CHECK(load_checkpoint(load, mesh, model, &trainer.optimizer(), &trainer.scaler(),
+          CHECK(load_checkpoint(load, model, &trainer.optimizer(), &trainer.scaler(),
                                 trainer.expert_optimizer()) == first);
         Run mine;
         std::uint64_t after_first = 0;

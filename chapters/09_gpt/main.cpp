@@ -63,7 +63,7 @@ void train(Context& ctx, const Settings& s) {
   Trainer trainer(mesh, model, c, data);
   int first = 0;
   if (!s.load.empty())
-    first = load_checkpoint(s.load, mesh, model, &trainer.optimizer(), &trainer.scaler(),
+    first = load_checkpoint(s.load, model, &trainer.optimizer(), &trainer.scaler(),
                             trainer.expert_optimizer());
   // 3. Step by step, the mesh against one device (rank 0 holds the references' curves).
   CurveTable curve(c, reference && ctx.rank() == 0 ? &ref : nullptr);
@@ -130,7 +130,7 @@ void generate(Context& ctx, const Settings& s) {
   Mesh mesh(ctx.comm(), c.mesh);
   GptModel model(mesh, c.model, c.model_options());
   Trainer trainer(mesh, model, c, data);
-  if (!s.load.empty()) load_checkpoint(s.load, mesh, model, nullptr);
+  if (!s.load.empty()) load_checkpoint(s.load, model, nullptr);
   const std::string text = sample(trainer, s.prompt, s.sample, s.temperature, s.top_k, c.model.seed,
                                   sample_progress(s.sample, ctx.rank() == 0 && ctx.talking()));
   // JSON strings are UTF-8: the text with U+FFFD for each byte that is not, and the bytes
@@ -165,7 +165,7 @@ int main(int argc, char** argv) {
     if (ch04::schedule_info(c.schedule).chunked && !program.cli().count("--chunks")) c.chunks = 2;
     // Sampling: --top-k is how it draws, and the model's experts are its checkpoint's.
     if (s.sample && !s.load.empty())
-      adopt_experts(s.load, c.model);
+      read_expert_config(s.load, c.model);
     else if (cli.count("--top-k"))
       c.model.top_k = s.top_k;
     if (s.benchmark) return;  // every mesh shape of the ranks, in turn

@@ -11,72 +11,91 @@ namespace ch09 {
 using shardlab::require_usage;
 namespace cli = shardlab::cli;
 
-void add_flags(CLI::App& app, Settings& s) {
-  TrainConfig& c = s.run;
-  auto option = [&](const char* flag, auto& value, const char* what, auto check) {
-    return app.add_option(flag, value, what)->check(check)->capture_default_str();
-  };
+namespace {
+
+/// The mesh, and the model's shape and experts.
+void add_model_flags(CLI::App& app, Settings& s) {
+  GptShape& g = s.run.model;
   ch08::add_mesh_flags(app, s.mesh, {std::begin(ch08::kAxes), std::end(ch08::kAxes)},
                        "the ranks the other axes leave");
-  option("--experts", c.model.experts,
-         "a Mixture-of-Experts MLP of E experts in every --moe-every-th block (0: dense)",
-         CLI::Range(0, 256));
-  option("--moe-every", c.model.moe_every, "1: every block's MLP a MoE; 2: every other block's",
-         CLI::Range(1, 64));
-  option("--capacity-factor", c.model.capacity_factor,
-         "an expert takes ceil(k T / E x this) of a sequence's tokens", cli::between(1e-3, 1e3));
-  option("--aux-alpha", c.model.aux_alpha, "the load-balancing loss's weight (Switch: 0.01)",
-         cli::between(0, 1e3));
-  option("--layers", c.model.layers, "transformer blocks L", CLI::Range(1, 64));
-  option("--channels", c.model.channels, "channels C", CLI::Range(1, 2048));
-  option("--heads", c.model.heads, "attention heads H", CLI::Range(1, 256));
-  option("--context", c.model.context, "tokens per sequence T", CLI::Range(1, 1024));
-  option("--batch", c.batch, "sequences per step, all replicas", CLI::Range(1, 4096));
-  option("--microbatches", c.microbatches, "microbatches per step and replica",
-         CLI::Range(1, 4096));
-  option("--steps", s.steps, "training steps", CLI::Range(1, 100000));
-  option("--lr", c.adam.lr, "Adam's learning rate", cli::between(1e-9, 10.0));
-  option("--clip", c.clip, "max global gradient norm (0: no clipping)", cli::between(0, 1e9));
-  option("--schedule", c.schedule, "pipeline schedule (chapter 04)",
-         CLI::IsMember(ch04::schedule_names(true, false)));
-  option("--chunks", c.chunks, "model chunks per stage (interleaved; default 2 there)",
-         CLI::Range(1, 64));
-  option("--recompute", s.recompute, "what the blocks recompute in the backward",
-         CLI::IsMember({"none", "selective", "full"}));
-  option("--zero", c.zero, "1: ZeRO-1 over dp (chapter 05)", CLI::Range(0, 1));
-  option("--precision", s.precision,
-         "fp16 or bf16: the products in 16 bits on f32 weights (torch.autocast)",
-         CLI::IsMember({"fp32", "fp16", "bf16"}));
-  option("--scaler", s.scaler,
-         "the loss scaler (chapter 06): none, static (2^16) or dynamic (default with fp16)",
-         CLI::IsMember({"none", "static", "dynamic"}));
-  option("--init-scale", c.scaler_config.init_scale, "the dynamic scaler's first scale (2^16)",
-         cli::between(1e-30, 1e30));
+  cli::option(app, "--layers", g.layers, "transformer blocks L", cli::whole(1, 64));
+  cli::option(app, "--channels", g.channels, "channels C", cli::whole(1, 2048));
+  cli::option(app, "--heads", g.heads, "attention heads H", cli::whole(1, 256));
+  cli::option(app, "--context", g.context, "tokens per sequence T", cli::whole(1, 1024));
+  cli::option(app, "--experts", g.experts,
+              "a Mixture-of-Experts MLP of E experts in every --moe-every-th block (0: dense)",
+              cli::whole(0, 256));
+  cli::option(app, "--moe-every", g.moe_every, "1: every block's MLP a MoE; 2: every other block's",
+              cli::whole(1, 64));
+  cli::option(app, "--capacity-factor", g.capacity_factor,
+              "an expert takes ceil(k T / E x this) of a sequence's tokens",
+              cli::between(1e-3, 1e3));
+  cli::option(app, "--aux-alpha", g.aux_alpha, "the load-balancing loss's weight (Switch: 0.01)",
+              cli::between(0, 1e3));
+}
+
+/// The batch, the schedule, the optimizer, recomputation and precision.
+void add_training_flags(CLI::App& app, Settings& s) {
+  TrainConfig& c = s.run;
+  cli::option(app, "--batch", c.batch, "sequences per step, all replicas", cli::whole(1, 4096));
+  cli::option(app, "--microbatches", c.microbatches, "microbatches per step and replica",
+              cli::whole(1, 4096));
+  cli::option(app, "--steps", s.steps, "training steps", cli::whole(1, 100000));
+  cli::option(app, "--lr", c.adam.lr, "Adam's learning rate", cli::between(1e-9, 10.0));
+  cli::option(app, "--clip", c.clip, "max global gradient norm (0: no clipping)",
+              cli::between(0, 1e9));
+  cli::option(app, "--schedule", c.schedule, "pipeline schedule (chapter 04)",
+              CLI::IsMember(ch04::schedule_names(true, false)));
+  cli::option(app, "--chunks", c.chunks, "model chunks per stage (interleaved; default 2 there)",
+              cli::whole(1, 64));
+  cli::option(app, "--recompute", s.recompute, "what the blocks recompute in the backward",
+              CLI::IsMember({"none", "selective", "full"}));
+  cli::option(app, "--zero", c.zero, "1: ZeRO-1 over dp (chapter 05)", cli::whole(0, 1));
+  cli::option(app, "--precision", s.precision,
+              "fp16 or bf16: the products in 16 bits on f32 weights (torch.autocast)",
+              CLI::IsMember({"fp32", "fp16", "bf16"}));
+  cli::option(app, "--scaler", s.scaler,
+              "the loss scaler (chapter 06): none, static (2^16) or dynamic (default with fp16)",
+              CLI::IsMember({"none", "static", "dynamic"}));
+  cli::option(app, "--init-scale", c.scaler_config.init_scale,
+              "the dynamic scaler's first scale (2^16)", cli::between(1e-30, 1e30));
   app.add_flag("--sequence-parallel", c.sequence_parallel,
                "split the rows between the tensor-parallel regions over tp (Korthikanti et al.)");
-  option("--log-every", s.log_every, "a row of the loss curve every N steps",
-         CLI::Range(1, 100000));
-  option("--data", s.data, "the text to learn (the chapters' READMEs)", CLI::Validator());
-  option("--trace", s.trace, "write a Chrome trace of the last step, every rank, here",
-         CLI::Validator());
-  option("--save", s.save, "write a checkpoint (Hugging Face's GPT-2 layout) here",
-         CLI::Validator());
-  option("--load", s.load, "start from this checkpoint", CLI::Validator());
-  option("--sample", s.sample, "generate N bytes (from --load's model) instead of training",
-         CLI::Range(0, 100000));
-  option("--prompt", s.prompt, "the text --sample continues", CLI::Validator());
-  option("--temperature", s.temperature, "how --sample draws: 0 greedy, else softmax(logits / T)",
-         cli::between(0, 100));
-  option("--top-k", s.top_k,
-         "with --experts, the experts a token goes to (2); with --sample, how it draws: from the "
-         "k most likely bytes (0: all)",
-         CLI::Range(0, 1 << 20));
+}
+
+/// What the run reads and writes, the sampling, the benchmark, the reference.
+void add_run_flags(CLI::App& app, Settings& s) {
+  cli::option(app, "--log-every", s.log_every, "a row of the loss curve every N steps",
+              cli::whole(1, 100000));
+  cli::option(app, "--data", s.data, "the text to learn (the chapters' READMEs)", CLI::Validator());
+  cli::option(app, "--trace", s.trace, "write a Chrome trace of the last step, every rank, here",
+              CLI::Validator());
+  cli::option(app, "--save", s.save, "write a checkpoint (Hugging Face's GPT-2 layout) here",
+              CLI::Validator());
+  cli::option(app, "--load", s.load, "start from this checkpoint", CLI::Validator());
+  cli::option(app, "--sample", s.sample,
+              "generate N bytes (from --load's model) instead of training", cli::whole(0, 100000));
+  cli::option(app, "--prompt", s.prompt, "the text --sample continues", CLI::Validator());
+  cli::option(app, "--temperature", s.temperature,
+              "how --sample draws: 0 greedy, else softmax(logits / T)", cli::between(0, 100));
+  cli::option(app, "--top-k", s.top_k,
+              "with --experts, the experts a token goes to (2); with --sample, how it draws: "
+              "from the k most likely bytes (0: all)",
+              cli::whole(0, 1 << 20));
   app.add_flag("--benchmark", s.benchmark,
                "train every mesh shape of the ranks in turn (--steps each, default 6): tokens/s "
                "and loss curves, as CSV for the notebook");
   app.add_flag(
       "--no-reference", [&](std::int64_t) { s.reference = false; },
       "skip one device's training (nothing to compare with)");
+}
+
+}  // namespace
+
+void add_flags(CLI::App& app, Settings& s) {
+  add_model_flags(app, s);
+  add_training_flags(app, s);
+  add_run_flags(app, s);
 }
 
 void check_flags(const CLI::App& app, Settings& s) {

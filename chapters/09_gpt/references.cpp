@@ -42,7 +42,7 @@ References train_references(Context& ctx, const TrainConfig& c, const Corpus& da
   Communicator::Patience wait(
       ctx.comm(),
       std::chrono::milliseconds(static_cast<long>(ctx.options().timeout_s * 1000 * (steps + 2))));
-  Communicator::Uncounted quiet(ctx.comm());
+  Communicator::Uncounted not_counted(ctx.comm());
   const int pieces = c.mesh.dp * c.microbatches, maker = ctx.size() > 1 ? 1 : 0;
   References ref;
   if (ctx.rank() == 0) ref.whole = train_one_device(*self, c, 1, data, steps);

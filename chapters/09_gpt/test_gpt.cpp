@@ -121,7 +121,7 @@ std::string load_error(const std::string& dir, const TrainConfig& c) {
     GptModel model(mesh, c.model);
     Trainer trainer(mesh, model, c, data);
     try {
-      load_checkpoint(dir, mesh, model, &trainer.optimizer(), nullptr, trainer.expert_optimizer());
+      load_checkpoint(dir, model, &trainer.optimizer(), nullptr, trainer.expert_optimizer());
     } catch (const UsageError& e) {
       if (world.rank() == 0) error = e.what();
     }

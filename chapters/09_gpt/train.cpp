@@ -256,7 +256,7 @@ void Trainer::update(const StepResult& result) {
 
 RoutingCounts ep_routing(Communicator& world, const MeshShape& mesh, const Coords& at,
                          const StepResult& result) {
-  Communicator::Uncounted quiet(world);
+  Communicator::Uncounted not_counted(world);
   std::vector<std::int64_t> mine;  // calls, then each call's counts
   for (const auto& call : result.dispatched) mine.insert(mine.end(), call.begin(), call.end());
   const std::vector<std::int64_t> sizes =

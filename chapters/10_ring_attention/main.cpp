@@ -203,13 +203,13 @@ int main(int argc, char** argv) {
   Settings s;
   auto& cli = program.cli();
   cli.add_option("--seq", s.seq, "sequence length T (2 cp must divide it under zigzag)")
-      ->check(CLI::Range(1, 4096))
+      ->check(shardlab::cli::whole(1, 4096))
       ->capture_default_str();
   cli.add_option("--heads", s.heads, "attention heads")
-      ->check(CLI::Range(1, 64))
+      ->check(shardlab::cli::whole(1, 64))
       ->capture_default_str();
   cli.add_option("--head-dim", s.head_dim, "width of a head")
-      ->check(CLI::Range(1, 256))
+      ->check(shardlab::cli::whole(1, 256))
       ->capture_default_str();
   cli.add_option("--split", s.split, "how the sequence is cut: zigzag or plain")
       ->check(CLI::IsMember({"zigzag", "plain"}))

@@ -114,7 +114,7 @@ std::vector<Row> run(Context& ctx, const Config& c, const std::vector<Case>& cas
         }
         if (c.synchronize) c.synchronize();
         {
-          Communicator::Uncounted quiet(comm);
+          Communicator::Uncounted not_counted(comm);
           comm.barrier();
         }
         std::optional<cuda::EventTimer> gpu_clock;

@@ -415,7 +415,7 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key) {
 // Bookkeeping helpers (uncounted).
 
 std::vector<std::string> Communicator::gather_strings(const std::string& mine, int root) {
-  Uncounted quiet(*this);
+  Uncounted not_counted(*this);
   check_root(root, "gather_strings");
   // First the lengths, then the characters.
   const std::vector<std::int64_t> lengths = gather_values(static_cast<std::int64_t>(mine.size()));
@@ -435,7 +435,7 @@ std::vector<std::string> Communicator::gather_strings(const std::string& mine, i
 }
 
 double replica_divergence(Communicator& comm, const Tensor& mine) {
-  Communicator::Uncounted quiet(comm);
+  Communicator::Uncounted not_counted(comm);
   const Tensor host = mine.to(Memory::host);
   Tensor rank0 = host.clone();
   comm.broadcast(rank0, 0);
@@ -459,7 +459,7 @@ bool one_machine(Communicator& comm) {
 }
 
 std::vector<std::string> host_names(Communicator& comm) {
-  Communicator::Uncounted quiet(comm);
+  Communicator::Uncounted not_counted(comm);
   char host[256] = {};
   if (gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "?");
   // Rank 0 gathers the names and hands them all back, one per line.

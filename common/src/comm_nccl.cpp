@@ -597,7 +597,7 @@ std::unique_ptr<Communicator> create(Communicator& host, int device) {
   std::vector<std::uint8_t> bytes(sizeof id);
   std::memcpy(bytes.data(), &id, sizeof id);
   {
-    Communicator::Uncounted quiet(host);
+    Communicator::Uncounted not_counted(host);
     host.broadcast(bytes, 0);
   }
   std::memcpy(&id, bytes.data(), sizeof id);

@@ -22,8 +22,17 @@ namespace shardlab::cli {
 /// A finite number in [lo, hi]: NaN, infinity and anything outside are refused.
 CLI::Validator between(double lo, double hi);
 /// A whole number in [lo, hi]: "2.0" is "not a whole number" (CLI11's Range would call it
-/// out of range), "1e3" too.
+/// out of range), "1e3" too. Every integer flag of the chapters takes it.
 CLI::Validator whole(long long lo, long long hi);
+
+/// A flag the chapters declare: `flag` sets `value`, `what` says how (--help shows its
+/// default), `check` refuses what it cannot take.
+///   cli::option(app, "--steps", s.steps, "training steps", cli::whole(1, 100000));
+template <class T>
+CLI::Option* option(CLI::App& app, const std::string& flag, T& value, const std::string& what,
+                    const CLI::Validator& check) {
+  return app.add_option(flag, value, what)->check(check)->capture_default_str();
+}
 
 /// What the suffixes of a quantity (K, M, ...) mean.
 enum class Units {

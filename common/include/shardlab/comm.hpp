@@ -424,7 +424,7 @@ class Communicator {
   /// Every rank's `mine`, in rank order, on every rank.
   template <Element T>
   std::vector<T> gather_values(T mine) {
-    Uncounted quiet(*this);
+    Uncounted not_counted(*this);
     std::vector<T> all(static_cast<std::size_t>(size_));
     allgather(std::span<const T>(&mine, 1), all);
     return all;
