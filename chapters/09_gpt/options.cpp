@@ -39,7 +39,8 @@ void add_flags(CLI::App& app, Settings& s) {
   option("--batch", c.batch, "sequences per step, all replicas", CLI::Range(1, 4096));
   option("--microbatches", c.microbatches, "microbatches per step and replica",
          CLI::Range(1, 4096));
-  option("--steps", s.steps, "training steps", CLI::Range(1, 100000));
+  option("--steps", s.steps, "training steps (200; 20 in the learner build, under the sanitizers)",
+         CLI::Range(1, 100000));
   option("--lr", c.adam.lr, "Adam's learning rate", cli::between(1e-9, 10.0));
   option("--clip", c.clip, "max global gradient norm (0: no clipping)", cli::between(0, 1e9));
   option("--schedule", c.schedule, "pipeline schedule (chapter 04)",
