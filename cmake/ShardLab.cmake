@@ -157,7 +157,7 @@ endfunction()
 #                         CHAPTER_SOURCES, which call the API: compiled once, in both)
 #   chNN_<slug>_exercise  library from exercises/NN_slug/<SOURCES> (the learner's stubs)
 #   chNN_<slug>           the chapter program (links the solution; the exercise when
-#                         SHARDLAB_LEARNER is on)
+#                         SHARDLAB_LEARNER is on), from chNN_<slug>_main, its main.cpp
 #   test_chNN_solution / test_chNN_exercise   the TESTS files (compiled once) linked with each
 # CTest: the program runs, prints JSON, rejects the common bad usages and the chapter's
 # BAD_USAGE ones with exit 2 (and MPI_BAD_USAGE under mpirun -np 2, in one line), and under
@@ -236,10 +236,15 @@ function(shardlab_add_chapter chapter)
     set(program_impl ${target}_solution)
   endif()
   add_library(shardlab::${short} ALIAS ${program_impl})
-  add_executable(${target} ${chapter_dir}/main.cpp)
+  # main.cpp compiled once, into the program and into the wrong versions' programs
+  # (shardlab_add_wrong_version).
+  add_library(${target}_main OBJECT ${chapter_dir}/main.cpp)
+  target_link_libraries(${target}_main PRIVATE ${program_impl})
+  shardlab_warnings(${target}_main)
+  shardlab_glue_code(${target}_main)
+  add_executable(${target} $<TARGET_OBJECTS:${target}_main>)
   target_link_libraries(${target} PRIVATE ${program_impl})
   shardlab_warnings(${target})
-  shardlab_glue_code(${target})
   set_property(GLOBAL APPEND PROPERTY SHARDLAB_PROGRAMS ${target})
 
   if(NOT SHARDLAB_TESTS)
@@ -366,5 +371,82 @@ function(shardlab_add_chapter chapter)
       EXIT nonzero
       MATCH "test cases: *[0-9]+ \\| *0 passed" "TODO\\(${short}"
       LABELS "${short};exercise")
+  endif()
+endfunction()
+
+# shardlab_add_wrong_version(<NN_slug> <name> FILE <file> REPLACE <text> WITH <text>
+#                            (TESTS | PROGRAM <arg>...) MATCH <regex>...
+#                            [SUFFIX <suffix>] [LIBRARIES <target>...])
+#
+# A plausible wrong version of a chapter's exercise, kept as a test that it is caught:
+# solutions/NN_slug/FILE with REPLACE's text replaced by WITH's (when the solution no
+# longer holds that text, the test fails and says so: the wrong version is to update),
+# compiled with the chapter's own code into a library of its own, chNN_<slug>_wrong_<name>.
+# Then either the chapter's exercise tests (TESTS: what `make check` runs, stopped at the
+# first failure) or its program (PROGRAM: run with these arguments, also linked with
+# LIBRARIES) must fail and print every MATCH regex: the message that points at the
+# mistake. CTest chNN.wrong_<name><SUFFIX>, label wrong_version. A second call with the
+# same name and another SUFFIX runs the same wrong version again. Neither text may hold a
+# ';' (CMake would split it). Only where the chapters below are the solutions (not in the
+# learner's build).
+function(shardlab_add_wrong_version chapter name)
+  cmake_parse_arguments(ARG "TESTS" "FILE;REPLACE;WITH;SUFFIX" "PROGRAM;MATCH;LIBRARIES" ${ARGN})
+  if(SHARDLAB_LEARNER OR NOT SHARDLAB_TESTS)
+    return()
+  endif()
+  string(SUBSTRING ${chapter} 0 2 number)
+  set(target ch${chapter})
+  set(short ch${number})
+  set(wrong ${target}_wrong_${name})
+  set(solution ${PROJECT_SOURCE_DIR}/solutions/${chapter}/${ARG_FILE})
+  set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${solution})
+  file(READ ${solution} text)
+  string(FIND "${text}" "${ARG_REPLACE}" at)
+  if(at EQUAL -1)  # the solution changed under it: a test that fails, saying so
+    set(stale "the wrong version ${short}.wrong_${name} replaces '${ARG_REPLACE}', which "
+              "solutions/${chapter}/${ARG_FILE} no longer holds: update it")
+    string(JOIN "" stale ${stale})
+    message(WARNING "${stale}")
+    shardlab_add_expect_test(${short}.wrong_${name}${ARG_SUFFIX}
+      COMMAND ${CMAKE_COMMAND} -E echo "${stale}" EXIT 1 LABELS "${short};wrong_version")
+    return()
+  endif()
+  if(NOT TARGET ${wrong})
+    string(REPLACE "${ARG_REPLACE}" "${ARG_WITH}" text "${text}")
+    set(source ${CMAKE_CURRENT_BINARY_DIR}/wrong_versions/${name}/${ARG_FILE})
+    file(WRITE ${source}.new "${text}")
+    configure_file(${source}.new ${source} COPYONLY)  # rewritten only when it changes
+    # The solution's sources (its file and the chapter's own objects) with the one file
+    # replaced, linked as the solution is.
+    get_target_property(solution_sources ${target}_solution SOURCES)
+    set(sources)
+    foreach(file IN LISTS solution_sources)
+      if(file STREQUAL solution)
+        list(APPEND sources ${source})
+      else()
+        list(APPEND sources ${file})
+      endif()
+    endforeach()
+    get_target_property(libraries ${target}_solution LINK_LIBRARIES)
+    add_library(${wrong} STATIC ${sources})
+    target_include_directories(${wrong} PUBLIC ${PROJECT_SOURCE_DIR}/chapters/${chapter})
+    target_link_libraries(${wrong} PUBLIC ${libraries})
+    shardlab_warnings(${wrong})
+  endif()
+  if(ARG_TESTS AND NOT TARGET test_${wrong})
+    add_executable(test_${wrong} $<TARGET_OBJECTS:test_${short}_objects>)
+    target_link_libraries(test_${wrong} PRIVATE ${wrong} shardlab::testing)
+  elseif(NOT ARG_TESTS AND NOT TARGET ${wrong}_program)
+    add_executable(${wrong}_program $<TARGET_OBJECTS:${target}_main>)
+    target_link_libraries(${wrong}_program PRIVATE ${wrong} ${ARG_LIBRARIES})
+  endif()
+  if(ARG_TESTS)
+    shardlab_add_expect_test(${short}.wrong_${name}${ARG_SUFFIX}
+      COMMAND $<TARGET_FILE:test_${wrong}> --abort-after=1 EXIT nonzero MATCH ${ARG_MATCH}
+      LABELS "${short};wrong_version" TIMEOUT 120)
+  else()
+    shardlab_add_expect_test(${short}.wrong_${name}${ARG_SUFFIX}
+      COMMAND $<TARGET_FILE:${wrong}_program> ${ARG_PROGRAM} EXIT 1 MATCH ${ARG_MATCH}
+      LABELS "${short};wrong_version" TIMEOUT 120)
   endif()
 endfunction()

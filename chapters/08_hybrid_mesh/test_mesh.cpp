@@ -5,23 +5,26 @@
 // training on them (on the learner's chapters 02, 04 and 05 in the learner build: a stub
 // there is named by `make check` as the chapter to do first).
 //
+// The coordinates run first: the groups are made of them, so a wrong coords_of or rank_of
+// is named before it shows as wrong groups.
+//
 // Wrong versions these tests were checked against (each fails with the message shown):
-//   - axis order swapped (pp fastest, as a (tp, dp, pp) grid): "tp groups of 16 ranks,
-//     tp 2, pp 4" lists [0, 8] where Megatron-LM lists [0, 1];
-//   - dp and tp swapped in coords_of (dp fastest): the pp groups come in another order,
-//     and the mesh refuses to start ("rank_of(coords_of(1)) is 2, not 1");
-//   - rank_of with the dp stride tp * pp: the tp groups list [0, 1] [8, 9] [4, 5] ...;
+//   - axis order swapped in coords_of (pp fastest): "CHECK( coords_of({.pp = 2, .dp = 2,
+//     .tp = 2}, 6) == Coords{.pp = 1, .dp = 1, .tp = 0} )" with the values "(pp 0, dp 1, ep 0, cp
+//     0, tp 1) == (pp 1, dp 1, ep 0, cp 0, tp 0)";
+//   - rank_of with the dp stride tp * pp (pp before dp): "rank_of(coords_of(2)) is 4, not
+//     2" on the 2 x 2 x 2 mesh;
 //   - groups ordered by rank within but the groups in another order (by last rank): the
 //     listed groups differ; a group built with the axis' size off by one: a group of 1
 //     rank too few (the dropped last member);
-//   - cp and ep swapped (ep faster than cp): "cp groups of the 1 x 2 x 2 x 2 x 2 mesh: got
-//     [0, 4] [1, 5] ...; expected [0, 2] [1, 3] ...";
-//   - ep carved from dp's slow end (dp faster than ep): the ep groups list [0, 8] where
-//     [0, 4] is expected, and the dp groups [0, 4];
-//   - coords_of and rank_of written for three axes (cp and ep left at 0): "tp groups of the
-//     1 x 2 x 2 x 2 x 2 mesh: got [0, 1] [2, 3] [0, 1] [2, 3] ...", cp groups [0, 0] [1, 1];
-//   - allreduce in both f and g: f's forward doubles x ("f_forward changed x"); and the
-//     block's output is tp times too large;
+//   - cp and ep swapped in coords_of (ep faster than cp): "coords_of(1) is (pp 0, dp 0, ep
+//     1, cp 0, tp 0), which Megatron-LM's order makes rank 2" (sizes 1 x 2 x 2 x 2 x 1);
+//   - ep carved from dp's slow end (dp faster than ep): "coords_of(2) is (pp 0, dp 1, ep 0,
+//     cp 0, tp 0), which Megatron-LM's order makes rank 4";
+//   - coords_of written for three axes (cp and ep left at 0): "coords_of(1) is (pp 0, dp
+//     1, ep 0, cp 0, tp 0), which Megatron-LM's order makes rank 4";
+//   - allreduce in both f and g: f's forward doubles x ("f_forward: x on return (the
+//     header: ...)"); and the block's output is tp times too large;
 //   - identity in both: g_forward leaves the partial sum; the block differs for tp > 1;
 //   - f and g swapped (allreduce in f's forward, g's backward): named by the f/g case;
 //   - f_backward averaging (allreduce then / tp) instead of summing: dL/dx differs.
@@ -93,7 +96,47 @@ const std::vector<MeshShape> shapes = {{.pp = 1, .dp = 1, .tp = 1},
 
 }  // namespace
 
+namespace doctest {
+/// A failed CHECK on coordinates prints them: "(pp 1, dp 0, ep 0, cp 0, tp 1)".
+template <>
+struct StringMaker<ch08::Coords> {
+  static String convert(const ch08::Coords& c) {
+    std::string out;
+    for (Axis axis : kAxes)
+      out += (out.empty() ? "(" : ", ") + std::string(axis_name(axis)) + " " +
+             std::to_string(c.at(axis));
+    return (out + ")").c_str();
+  }
+};
+}  // namespace doctest
+
 TEST_SUITE("ch08 mesh") {
+  // First: the groups are made of coordinates and ranks, so a wrong coords_of or rank_of
+  // is named here before it shows as wrong groups.
+  TEST_CASE("coords_of: tp fastest, then cp, ep, dp, pp; rank_of is its inverse") {
+    CHECK(coords_of({.pp = 2, .dp = 2, .tp = 2}, 5) == Coords{.pp = 1, .dp = 0, .tp = 1});
+    CHECK(coords_of({.pp = 2, .dp = 2, .tp = 2}, 6) == Coords{.pp = 1, .dp = 1, .tp = 0});
+    CHECK(coords_of({.pp = 4, .dp = 2, .tp = 2}, 13) == Coords{.pp = 3, .dp = 0, .tp = 1});
+    CHECK(coords_of({.pp = 2, .dp = 3, .tp = 4}, 23) == Coords{.pp = 1, .dp = 2, .tp = 3});
+    CHECK(coords_of({.pp = 2, .dp = 3, .tp = 4}, 4) == Coords{.pp = 0, .dp = 1, .tp = 0});
+    for (const MeshShape& s : shapes)
+      for (int r = 0; r < s.ranks(); ++r) {
+        const Coords c = coords_of(s, r);
+        CAPTURE(r);
+        CAPTURE(sizes(s));
+        for (Axis axis : kAxes)
+          REQUIRE_MESSAGE((c.at(axis) >= 0 && c.at(axis) < s.size(axis)),
+                          "coords_of(" << r << ") puts it at " << axis_name(axis) << " "
+                                       << c.at(axis) << ", outside the mesh");
+        REQUIRE_MESSAGE(megatron_rank(s, c) == r, "coords_of("
+                                                      << r << ") is " << doctest::toString(c)
+                                                      << ", which Megatron-LM's order makes rank "
+                                                      << megatron_rank(s, c));
+        REQUIRE_MESSAGE(rank_of(s, c) == r,
+                        "rank_of(coords_of(" << r << ")) is " << rank_of(s, c) << ", not " << r);
+      }
+  }
+
   TEST_CASE("Megatron-LM's example: 16 GPUs, tp 2, pp 4 (dp 2) has its documented groups") {
     // megatron/core/parallel_state.py, initialize_model_parallel's docstring.
     const MeshShape shape{.pp = 4, .dp = 2, .tp = 2};
@@ -131,27 +174,6 @@ TEST_SUITE("ch08 mesh") {
     CHECK(rank_of(shape, Coords{.pp = 0, .dp = 1, .ep = 1, .cp = 1, .tp = 0}) == 14);
   }
 
-  TEST_CASE("coords_of: tp fastest, then cp, ep, dp, pp; rank_of is its inverse") {
-    CHECK(coords_of({.pp = 2, .dp = 2, .tp = 2}, 5) == Coords{.pp = 1, .dp = 0, .tp = 1});
-    CHECK(coords_of({.pp = 2, .dp = 2, .tp = 2}, 6) == Coords{.pp = 1, .dp = 1, .tp = 0});
-    CHECK(coords_of({.pp = 4, .dp = 2, .tp = 2}, 13) == Coords{.pp = 3, .dp = 0, .tp = 1});
-    CHECK(coords_of({.pp = 2, .dp = 3, .tp = 4}, 23) == Coords{.pp = 1, .dp = 2, .tp = 3});
-    CHECK(coords_of({.pp = 2, .dp = 3, .tp = 4}, 4) == Coords{.pp = 0, .dp = 1, .tp = 0});
-    for (const MeshShape& s : shapes)
-      for (int r = 0; r < s.ranks(); ++r) {
-        const Coords c = coords_of(s, r);
-        CAPTURE(r);
-        CAPTURE(sizes(s));
-        for (Axis axis : kAxes)
-          REQUIRE_MESSAGE((c.at(axis) >= 0 && c.at(axis) < s.size(axis)),
-                          "coords_of(" << r << ") puts it at " << axis_name(axis) << " "
-                                       << c.at(axis) << ", outside the mesh");
-        REQUIRE_MESSAGE(megatron_rank(s, c) == r,
-                        "coords_of(" << r << ") is not where Megatron-LM's order puts it");
-        REQUIRE_MESSAGE(rank_of(s, c) == r, "rank_of(coords_of(" << r << ")) != " << r);
-      }
-  }
-
   TEST_CASE("every rank is in exactly one group per axis, at its own coordinate") {
     for (const MeshShape& s : shapes)
       for (Axis axis : kAxes) {
@@ -186,7 +208,7 @@ TEST_SUITE("ch08 mesh") {
       }
   }
 
-  TEST_CASE("f is the identity forward and a sum backward; g the other way round") {
+  TEST_CASE("f and g, forward and backward, each leave what the header promises") {
     for (int n : {1, 2, 3, 4}) {
       on_ranks(n, [n](Communicator& tp) {
         const int r = tp.rank();
@@ -196,16 +218,24 @@ TEST_SUITE("ch08 mesh") {
           axpy(1.0f, randn(3, 5, 10 + static_cast<std::uint64_t>(q)), sum);
         Tensor t = mine.clone();
         f_forward(tp, t);
-        check_close(t, mine, 0, 0, "f_forward changed x (it is the identity)");
+        check_close(t, mine, 0, 0,
+                    "f_forward: x on return (the header: what this rank's columns of W multiply; "
+                    "every rank was given all of x)");
         t = mine.clone();
         f_backward(tp, t);
-        check_close(t, sum, 1e-6f, 1e-6f, "f_backward: dL/dx summed over the tp ranks");
+        check_close(t, sum, 1e-6f, 1e-6f,
+                    "f_backward: dL/dx on return (the header: the block's whole dL/dx, the same on "
+                    "every tp rank)");
         t = mine.clone();
         g_forward(tp, t);
-        check_close(t, sum, 1e-6f, 1e-6f, "g_forward: y summed over the tp ranks");
+        check_close(
+            t, sum, 1e-6f, 1e-6f,
+            "g_forward: y on return (the header: the block's y, the same on every tp rank)");
         t = mine.clone();
         g_backward(tp, t);
-        check_close(t, mine, 0, 0, "g_backward changed dL/dy (it is the identity)");
+        check_close(t, mine, 0, 0,
+                    "g_backward: dL/dy on return (the header: what this rank's rows of W need; "
+                    "every rank was given all of dL/dy)");
       });
     }
   }

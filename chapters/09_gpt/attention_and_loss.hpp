@@ -126,7 +126,7 @@ struct VocabLoss {
 VocabLoss vocab_parallel_cross_entropy(Communicator& tp, const Tensor& logits,
                                        const Tensor& targets, ShardRange vocab, double denominator);
 /// dL/dlogits for this rank's columns: (softmax - one_hot(target)) / denominator, n x V_i.
-/// No communication: every rank has what it needs.
+/// No communication: every rank has what it needs. `saved` is left as it was.
 Tensor vocab_parallel_cross_entropy_backward(const VocabLoss& saved);
 // [exercise]
 

@@ -95,12 +95,9 @@ void train(Context& ctx, const Settings& s) {
     compare_with_one_device(ctx, ref, curve.mesh(), validation);
   else
     ctx.say("\nvalidation loss " + format_number(validation));
-  // Guessing uniformly costs ln 256 = 5.55 nats a byte: a run that ends a nat above it
-  // has diverged, whatever the reference did.
-  ctx.verify(std::isfinite(last.loss) && last.loss < std::log(256.0) + 1,
-             "the training diverged: the last step's loss is " + format_number(last.loss) +
-                 " (guessing uniformly gives 5.55; try a lower --lr)");
-  ctx.verify(curve.dead_run().empty(), curve.dead_run());
+  // What holds of any training, whatever computed it: not diverged, not negative, from
+  // ln 256 down.
+  check_training(ctx, curve, c.model.vocab, s.load.empty(), validation);
 
   // 4. What the last step sent per axis, what each rank holds, how long the stages
   // waited: each next to its prediction (measurements.hpp).

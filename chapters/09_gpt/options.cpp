@@ -40,7 +40,9 @@ void add_training_flags(CLI::App& app, Settings& s) {
   cli::option(app, "--batch", c.batch, "sequences per step, all replicas", cli::whole(1, 4096));
   cli::option(app, "--microbatches", c.microbatches, "microbatches per step and replica",
               cli::whole(1, 4096));
-  cli::option(app, "--steps", s.steps, "training steps", cli::whole(1, 100000));
+  cli::option(app, "--steps", s.steps,
+              "training steps (200; 20 in the learner build, under the sanitizers)",
+              cli::whole(1, 100000));
   cli::option(app, "--lr", c.adam.lr, "Adam's learning rate", cli::between(1e-9, 10.0));
   cli::option(app, "--clip", c.clip, "max global gradient norm (0: no clipping)",
               cli::between(0, 1e9));

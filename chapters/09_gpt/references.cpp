@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <memory>
 
 #include "mesh_checks.hpp"
 #include "shardlab/format.hpp"
@@ -19,19 +20,127 @@ double relative(double a, double b) { return std::abs(a - b) / std::max(1.0, std
 
 namespace {
 
-Curve train_one_device(Communicator& self, TrainConfig c, int microbatches, const Corpus& data,
-                       int steps) {
-  c.mesh = {.pp = 1, .dp = 1, .tp = 1};
-  c.microbatches = microbatches;
-  c.zero = 0;
-  c.schedule = "1f1b";
-  c.chunks = 1;
-  Mesh mesh(self, c.mesh);
-  GptModel model(mesh, c.model, c.model_options());
-  Trainer trainer(mesh, model, c, data);
+/// One device's training, written here apart from the mesh's Trainer and from the
+/// exercise: GptModel on a 1 x 1 x 1 mesh, the loss the library's nn::cross_entropy (each
+/// microbatch its share of the batch's mean), the loss scaler of chapter 06, the gradients
+/// clipped to their global norm, the library's Adam; nothing recomputed.
+class OneDevice {
+ public:
+  OneDevice(Communicator& self, TrainConfig c, int microbatches, const Corpus& data)
+      : c_(with_one_device(c, microbatches)),
+        data_(data),
+        mesh_(self, c_.mesh),
+        model_(mesh_, c_.model, c_.model_options()),
+        scaler_(c_.scaler, c_.scaler_config) {
+    for (nn::ParameterStore* store : stores())
+      adam_.push_back(std::make_unique<nn::Adam>(store->size(), c_.adam, c_.memory));
+  }
+
+  /// Trains step `step` (which batch), as Trainer::step defines one.
+  StepResult step(int step) {
+    const std::int64_t B = c_.batch;
+    const std::vector<std::int64_t> all = data_.batch(step, B, c_.model.seed);
+    const float scale = scaler_.scale();
+    ch07::MoeLog& log = *model_.moe_log();
+    log.clear();
+    log.weight = 1.0 / static_cast<double>(B);
+    log.grad_scale = scale;
+    for (nn::ParameterStore* store : stores()) store->zero_grad();
+    StepResult result;
+    for (int j = 0; j < c_.microbatches; ++j) {
+      const shardlab::ShardRange rows = shardlab::shard_range(B, c_.microbatches, j);
+      const std::vector<std::int64_t> starts(all.begin() + rows.offset,
+                                             all.begin() + rows.offset + rows.length);
+      const double share = static_cast<double>(rows.length) / static_cast<double>(B);
+      const nn::Loss loss = forward(starts);
+      result.loss += loss.value * share;
+      Tensor dlogits = nn::cross_entropy_backward(loss.saved).to(c_.memory);
+      scale_in_place(dlogits, static_cast<float>(share) * scale);
+      model_.chunk().backward(model_.head()->backward(dlogits, logits_.saved), body_.saved);
+    }
+    result.loss_scale = scale;
+    result.skipped = unscale();
+    if (!result.skipped) {
+      result.grad_norm = clip();
+      for (std::size_t i = 0; i < adam_.size(); ++i)
+        adam_[i]->step(stores()[i]->values(), stores()[i]->grads());
+    }
+    scaler_.update(result.skipped);
+    if (c_.model.experts > 0) {
+      result.routing.wanted.assign(static_cast<std::size_t>(c_.model.experts), 0);
+      result.routing.kept = result.routing.wanted;
+      result.routing += log.stats;
+    }
+    return result;
+  }
+
+  /// The mean loss over `starts`' sequences, forward only.
+  double evaluate(const std::vector<std::int64_t>& starts) { return forward(starts).value; }
+
+ private:
+  static TrainConfig with_one_device(TrainConfig c, int microbatches) {
+    c.mesh = {.pp = 1, .dp = 1, .tp = 1};
+    c.microbatches = microbatches;
+    c.zero = 0;
+    c.schedule = "1f1b";
+    c.chunks = 1;
+    c.recompute = Recompute::none;
+    c.sequence_parallel = false;
+    c.context = nullptr;
+    return c;
+  }
+  std::vector<nn::ParameterStore*> stores() {
+    std::vector<nn::ParameterStore*> out{&model_.store()};
+    if (c_.model.experts > 0) out.push_back(&model_.expert_store());
+    return out;
+  }
+  /// The model on `starts`' sequences and the library's cross-entropy of its logits (the
+  /// mean over their tokens); what the backward needs in body_ and logits_.
+  nn::Loss forward(const std::vector<std::int64_t>& starts) {
+    body_ = model_.chunk().forward(data_.ids(starts, 0));
+    logits_ = model_.head()->forward(body_.out);
+    return nn::cross_entropy(logits_.out.to(Memory::host), data_.ids(starts, 1));
+  }
+  /// The summed gradients over the loss scale, in place; true when one is inf or NaN.
+  bool unscale() {
+    if (c_.scaler == ch06::Scaler::none) return false;
+    bool found = false;
+    for (nn::ParameterStore* store : stores()) {
+      Tensor& grads = store->grads();
+      Tensor unscaled(shardlab::Shape{grads.size()}, shardlab::DType::f32, grads.memory());
+      found = scaler_.unscale_and_check(mesh_.world(), grads, unscaled) || found;
+      grads.copy_from(unscaled);
+    }
+    return found;
+  }
+  /// The global norm of the gradients, and the gradients scaled to c.clip when above it
+  /// (PyTorch's clip_grad_norm_).
+  double clip() {
+    double squares = 0;
+    for (nn::ParameterStore* store : stores())
+      for (float g : store->grads().to(Memory::host).span()) squares += static_cast<double>(g) * g;
+    const double norm = std::sqrt(squares);
+    const auto coef = static_cast<float>(c_.clip / (norm + 1e-6));
+    if (c_.clip > 0 && coef < 1.0f)
+      for (nn::ParameterStore* store : stores()) scale_in_place(store->grads(), coef);
+    return norm;
+  }
+
+  TrainConfig c_;
+  const Corpus& data_;
+  Mesh mesh_;
+  GptModel model_;
+  ch06::LossScaler scaler_;
+  std::vector<std::unique_ptr<nn::Adam>> adam_;
+  nn::Forward body_, logits_;
+};
+
+Curve train_one_device(Communicator& self, const TrainConfig& c, int microbatches,
+                       const Corpus& data, int steps) {
+  OneDevice one(self, c, microbatches, data);
   Curve out;
-  for (int t = 0; t < steps; ++t) out.add(trainer.step(t));
-  out.validation = trainer.evaluate(data.validation(16));
+  for (int t = 0; t < steps; ++t) out.add(one.step(t));
+  out.validation = one.evaluate(data.validation(16));
   return out;
 }
 
@@ -180,6 +289,49 @@ void compare_with_one_device(Context& ctx, const References& ref, const Curve& m
           (rows.size() > 2 ? "; the first step's routing is held to its own order alone, the "
                              "dropped choices exactly"
                            : ""));
+}
+
+void check_training(Context& ctx, const CurveTable& curve, std::int64_t vocab, bool from_scratch,
+                    double validation) {
+  const std::vector<double>& loss = curve.mesh().loss;
+  if (loss.empty()) return;
+  const double uniform = std::log(static_cast<double>(vocab));
+  const std::string ln =
+      "ln " + std::to_string(vocab) + " = " + shardlab::format_number(uniform, 3);
+  // Guessing uniformly costs ln V nats a byte: a run that ends a nat above it has
+  // diverged, whatever the reference did. Once that or a dead run is said, nothing more.
+  const double last = loss.back();
+  if (!ctx.verify(std::isfinite(last) && last < uniform + 1,
+                  "the training diverged: the last step's loss is " +
+                      shardlab::format_number(last) + " (guessing uniformly gives " +
+                      shardlab::format_number(uniform, 3) + "; try a lower --lr)") ||
+      !ctx.verify(curve.dead_run().empty(), curve.dead_run()))
+    return;
+  // A cross-entropy is -log of a probability: never below 0, in float too (the row's
+  // maximum is one of its terms, so the log of the sum is at least 0).
+  for (std::size_t t = 0; t < loss.size(); ++t)
+    if (!ctx.verify(loss[t] >= 0, "step " + std::to_string(t + 1) + "'s loss is " +
+                                      shardlab::format_number(loss[t]) +
+                                      ": a cross-entropy is -log of a probability, never "
+                                      "negative (vocab_parallel_cross_entropy)"))
+      return;
+  ctx.verify(validation >= 0, "the validation loss is " + shardlab::format_number(validation) +
+                                  ": a cross-entropy is never negative");
+  if (!from_scratch) return;
+  ctx.verify(std::abs(loss[0] - uniform) <= kFirstStepSpread,
+             "the first step's loss is " + shardlab::format_number(loss[0]) + ", not within " +
+                 shardlab::format_number(kFirstStepSpread) + " of " + ln +
+                 ": fresh weights give every byte about the same logit");
+  if (static_cast<int>(loss.size()) < kLearnSteps) return;
+  const double best =
+      *std::min_element(loss.begin() + static_cast<std::ptrdiff_t>(loss.size() / 2), loss.end());
+  ctx.verify(best < uniform,
+             "in the last " + std::to_string(loss.size() - loss.size() / 2) + " of " +
+                 std::to_string(loss.size()) + " steps the loss never fell below " + ln +
+                 ", a uniform guess's (step 1: " + shardlab::format_number(loss[0]) + ", step " +
+                 std::to_string(loss.size()) + ": " + shardlab::format_number(loss.back()) +
+                 "): the model did not learn from its targets (the loss's gradient, or too low "
+                 "a --lr)");
 }
 
 }  // namespace ch09

@@ -2,6 +2,7 @@
 #include "ring_attention.hpp"
 
 #include <cmath>
+#include <string>
 
 #include "ring_allreduce.hpp"
 #include "shardlab/check.hpp"
@@ -33,12 +34,31 @@ std::vector<float> random_rows(std::int64_t rows, std::int64_t width, std::uint6
   return {t.data(), t.data() + t.size()};
 }
 
+std::vector<int> rank_chunks(int cp, int rank, Split split) {
+  if (split == Split::plain) return {rank};
+  // The exercise's answer, checked before anything is indexed by it: a chunk outside the
+  // sequence would read past the end of every rank's rows.
+  const std::vector<int> chunks = zigzag_chunks(cp, rank);
+  std::string listed;
+  for (int c : chunks) listed += (listed.empty() ? "" : ", ") + std::to_string(c);
+  const std::string call = "zigzag_chunks(" + std::to_string(cp) + ", " + std::to_string(rank) +
+                           ") returned {" + listed + "}: ";
+  shardlab::require(chunks.size() == 2, [&] { return call + "a rank holds two chunks"; });
+  for (int c : chunks)
+    shardlab::require(c >= 0 && c < 2 * cp, [&] {
+      return call + "chunk " + std::to_string(c) + " is outside the sequence's chunks 0 to " +
+             std::to_string(2 * cp - 1);
+    });
+  shardlab::require(chunks[0] < chunks[1],
+                    [&] { return call + "the header promises the chunks in increasing order"; });
+  return chunks;
+}
+
 std::vector<std::int64_t> rank_positions(std::int64_t T, int cp, int rank, Split split) {
   const int chunks = split == Split::zigzag ? 2 * cp : cp;
   require_usage(T % chunks == 0, "the sequence of " + std::to_string(T) + " tokens must cut into " +
                                      std::to_string(chunks) + " equal chunks");
-  return split == Split::zigzag ? positions(T, chunks, zigzag_chunks(cp, rank))
-                                : positions(T, chunks, {rank});
+  return positions(T, chunks, rank_chunks(cp, rank, split));
 }
 
 namespace {

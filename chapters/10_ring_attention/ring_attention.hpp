@@ -75,7 +75,13 @@ std::vector<float> random_rows(std::int64_t rows, std::int64_t width, std::uint6
 /// (cp chunks, rank i the i-th).
 enum class Split { zigzag, plain };
 
-/// The positions rank `rank` of cp holds under `split` (T must split evenly).
+/// The chunks rank `rank` of cp holds under `split`: zigzag_chunks(cp, rank), checked
+/// (shardlab::Error, one line naming the function and what it returned, unless they are
+/// two chunks of the 2 cp, in increasing order), or the plain split's {rank}.
+std::vector<int> rank_chunks(int cp, int rank, Split split);
+
+/// The positions rank `rank` of cp holds under `split` (T must split evenly): those of its
+/// rank_chunks.
 std::vector<std::int64_t> rank_positions(std::int64_t T, int cp, int rank, Split split);
 
 /// q against the keys k and values v (all rows x heads x head_dim, row-major), causal by

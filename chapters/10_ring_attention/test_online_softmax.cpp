@@ -13,12 +13,29 @@
 //     merged with an empty row: not empty" (its sum is NaN)
 //   neighbouring chunks 2r and 2r + 1 instead of mirrored ones: "cp 2: rank 1 does
 //     2.88235x the work of rank 0"
-//   the plain split's one chunk a rank ({r}): "rank 0 holds 1 chunks"
+//   the plain split's one chunk a rank ({r}): "zigzag_chunks(1, 0) = {0}: a rank holds two
+//     chunks"
+//   the mirrored chunks in decreasing order ({2 cp - 1 - r, r}), though the header
+//     promises increasing: "zigzag_chunks(1, 0) = {1, 0}: the header promises increasing
+//     order" (CTest ch10.wrong_zigzag_decreasing, CMakeLists.txt: these tests built on it)
+//
+// The program (main.cpp) linked with a wrong version, as CTests:
+//   a merge that normalises inside (out = (a out1 + b out2) / sum): "the attention's
+//     output differs from the exact result's by 0.93 (tolerance 1e-05)": the tolerance
+//     comes from one device's float result, which runs no merge
+//     (ch10.wrong_merge_normalises)
+//   a chunk past the end ({r, 2 cp - r}): "zigzag_chunks(4, 0) returned {0, 8}: chunk 8
+//     is outside the sequence's chunks 0 to 7", one line and exit 1, where rows_at read
+//     past the end (ch10.wrong_chunk_out_of_range)
+//   neighbouring chunks, whose results are right: "under the zigzag rank 3 computes
+//     6.76x the scores of rank 0: zigzag_chunks must give every rank the same causal
+//     work" (ch10.wrong_zigzag_neighbours)
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <set>
+#include <string>
 
 #include "ring_attention.hpp"
 
@@ -56,6 +73,13 @@ std::vector<double> reference(const std::vector<float>& q, const std::vector<flo
         for (std::int64_t d = 0; d < D; ++d)
           out[i * H * D + h * D + d] += s[jj] / sum * v[keys[jj] * H * D + h * D + d];
     }
+  return out;
+}
+
+/// "3, 4"
+std::string listed(const std::vector<int>& chunks) {
+  std::string out;
+  for (int c : chunks) out += (out.empty() ? "" : ", ") + std::to_string(c);
   return out;
 }
 
@@ -128,12 +152,15 @@ TEST_CASE("zigzag_chunks: two chunks a rank, all 2 cp covered once, equal causal
     const std::int64_t T = 16 * cp;
     for (int r = 0; r < cp; ++r) {
       const std::vector<int> chunks = zigzag_chunks(cp, r);
-      REQUIRE_MESSAGE(chunks.size() == 2, "rank " << r << " holds " << chunks.size() << " chunks");
+      const std::string call = "zigzag_chunks(" + std::to_string(cp) + ", " + std::to_string(r) +
+                               ") = {" + listed(chunks) + "}";
+      REQUIRE_MESSAGE(chunks.size() == 2, call << ": a rank holds two chunks");
       for (int c : chunks) {
         REQUIRE_MESSAGE((c >= 0 && c < 2 * cp),
-                        "rank " << r << ": chunk " << c << " of " << 2 * cp);
-        REQUIRE_MESSAGE(seen.insert(c).second, "chunk " << c << " is held twice");
+                        call << ": chunk " << c << " is outside 0 to " << 2 * cp - 1);
+        REQUIRE_MESSAGE(seen.insert(c).second, call << ": chunk " << c << " is held twice");
       }
+      REQUIRE_MESSAGE(chunks[0] < chunks[1], call << ": the header promises increasing order");
       // The causal work of its queries: how many keys each position sees.
       std::int64_t w = 0;
       for (std::int64_t p : positions(T, 2 * cp, chunks)) w += p + 1;

@@ -1,11 +1,14 @@
 // Chapter 08 exercise, part 2: f and g, the two ends of a tensor-parallel block
-// (tensor_parallel.hpp). Check your work with `make check CH=08`.
+// (tensor_parallel.hpp says what each must leave in its tensor). Check your work with
+// `make check CH=08`.
 //
-// A Megatron MLP block is x -> f -> column-parallel Linear -> GELU -> row-parallel Linear
-// -> g -> y. Each tp rank holds a slice of the weights: what does it hold of the input,
-// of the output, and of each gradient, and what must happen so that every rank ends up
-// with what the next step needs? Useful: `tp.allreduce(t)` sums t over the tp ranks, in
-// place.
+// Draw a Megatron MLP block on two tp ranks,
+//   x -> f -> column-parallel Linear -> GELU -> row-parallel Linear -> g -> y,
+// and beside each arrow, forward and backward, write what each rank holds there: the same
+// tensor as the other rank, or a piece of its own (a slice? a partial sum?). f and g stand
+// where that changes. For each of the four functions: is the tensor it is given already
+// what the header says it returns? If not, how do the ranks' tensors make it?
+// The collectives a communicator offers are in common/include/shardlab/comm.hpp.
 //
 // Stuck? The chapter README's Exercise section has hints, one at a time.
 #include "shardlab/check.hpp"
