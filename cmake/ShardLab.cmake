@@ -74,6 +74,32 @@ function(shardlab_add_expect_test name)
   endif()
 endfunction()
 
+# shardlab_usage_faults(<prefix> <program> [LABELS ...] CASES <name> <args> <regex> ...)
+# Bad input a careless user gave and what the program must say of it: for each triple, the
+# test <prefix>.<name> runs `program args` and wants exit 2 and one line
+# "<program's name>: error: ..." on which `regex` matches (the message that names the
+# mistake, not any error).
+function(shardlab_usage_faults prefix program)
+  cmake_parse_arguments(ARG "" "" "LABELS;CASES" ${ARGN})
+  get_filename_component(shown ${program} NAME)
+  if(TARGET ${program})
+    set(shown ${program})
+    set(program $<TARGET_FILE:${program}>)
+  endif()
+  list(LENGTH ARG_CASES n)
+  math(EXPR last "${n} - 1")
+  foreach(i RANGE 0 ${last} 3)
+    math(EXPR j "${i} + 1")
+    math(EXPR k "${i} + 2")
+    list(GET ARG_CASES ${i} name)
+    list(GET ARG_CASES ${j} args)
+    list(GET ARG_CASES ${k} regex)
+    separate_arguments(args UNIX_COMMAND "${args}")
+    shardlab_add_expect_test(${prefix}.${name} COMMAND ${program} ${args}
+      EXIT 2 MATCH "^${shown}: error: [^\n]*${regex}[^\n]*\n$" LABELS ${ARG_LABELS})
+  endforeach()
+endfunction()
+
 # mpirun with what a 2-core CI box running as root needs: more ranks than cores, and
 # permission to run as root (through the environment, so nothing changes for other users).
 # Under the debug preset's sanitizers, OpenMPI's own start-up allocations (some in plugins

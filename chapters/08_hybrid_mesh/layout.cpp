@@ -8,6 +8,23 @@ namespace ch08 {
 
 using shardlab::Table;
 
+namespace {
+
+/// A group's ranks as the table shows them: all of a group of up to 16, else the first 8,
+/// "...", the last 4 and how many ("0 1 ... 7 ... 65532 65533 65534 65535 (65536 ranks)"):
+/// a column as wide as 65536 ranks would make every row of the table as wide.
+std::string members_text(const std::vector<int>& group) {
+  std::string out;
+  const std::size_t n = group.size(), shown = n <= 16 ? n : 8;
+  for (std::size_t i = 0; i < shown; ++i) out += (i ? " " : "") + std::to_string(group[i]);
+  if (n == shown) return out;
+  out += " ...";
+  for (std::size_t i = n - 4; i < n; ++i) out += " " + std::to_string(group[i]);
+  return out + " (" + std::to_string(n) + " ranks)";
+}
+
+}  // namespace
+
 void report_layout(shardlab::Context& ctx, const MeshShape& shape, int gpus_per_node, bool csv) {
   const std::vector<Axis> axes = shown_axes(shape);
   const std::string name = mesh_name(shape), formula = rank_formula(shape);
@@ -35,11 +52,8 @@ void report_layout(shardlab::Context& ctx, const MeshShape& shape, int gpus_per_
     all[axis_text] = gs;
     for (std::size_t g = 0; g < gs.size(); ++g) {
       std::set<int> nodes;
-      std::string members;
-      for (int r : gs[g]) {
-        nodes.insert(node_of(r, gpus_per_node));
-        members += (members.empty() ? "" : " ") + std::to_string(r);
-      }
+      for (int r : gs[g]) nodes.insert(node_of(r, gpus_per_node));
+      const std::string members = members_text(gs[g]);
       const std::string span = nodes.size() == 1 ? std::to_string(*nodes.begin())
                                                  : std::to_string(*nodes.begin()) + "-" +
                                                        std::to_string(*nodes.rbegin());

@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
       "ch08_layout",
       "Chapter 08 on paper: the ranks and groups of a pp x dp x ep x cp x tp mesh, node "
       "by node");
+  program.on_paper();
   MeshShape mesh{.pp = 2, .dp = 2, .tp = 2};
   int gpus_per_node = 8;
   bool csv = false;

@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   Program program("ch08_plan",
                   "Chapter 08 on paper: a model's training planned over dp x tp x pp GPUs "
                   "(memory, step time, days)");
+  program.on_paper();
   PlanSettings s;
   add_plan_options(program.cli(), s);
   program.validate([&](const Options&) {

@@ -212,6 +212,10 @@ void check_model(const ModelSpec& m) {
   require_usage(m.hidden % m.heads == 0, "the hidden size " + str(m.hidden) +
                                              " does not split into " + str(m.heads) +
                                              " heads: h must be a multiple of a");
+  require_usage(m.experts >= 0 && m.moe_every >= 1, "the experts and --moe-every must be positive");
+  require_usage(m.experts == 0 || (m.top_k >= 1 && m.top_k <= m.experts),
+                "--top-k " + str(m.top_k) + ": a token goes to 1 to the " + str(m.experts) +
+                    " experts there are");
 }
 
 void check_layout(const ModelSpec& m, const Layout& L, std::int64_t gpus) {

@@ -344,6 +344,11 @@ void Program::default_ranks(int ranks) {
   app_->get_option("--ranks")->description(ranks_help(ranks));
 }
 
+void Program::on_paper() {
+  options_.ranks = 1;
+  app_->remove_option(app_->get_option("--ranks"));
+}
+
 int Program::run(int argc, char** argv, const Body& body) {
   const bool under_mpirun = started_by_mpirun();
   // Under mpirun only rank 0 reports usage errors, so the message appears once.

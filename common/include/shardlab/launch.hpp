@@ -153,6 +153,9 @@ class Program {
   /// The number of ranks when --ranks is not given (2 unless a chapter says otherwise:
   /// chapter 08's 2 x 2 x 2 mesh wants 8).
   void default_ranks(int ranks);
+  /// A program on paper (chapter 08's planner and layout): it computes on one rank, so it
+  /// has no --ranks to give (more ranks would only do the same work again).
+  void on_paper();
   /// The same, worked out from the other flags once they are parsed (chapter 09: a mesh
   /// whose axes ask for more ranks than its default gets them); not under mpirun, whose
   /// processes are the ranks.
