@@ -19,19 +19,23 @@
 # and --timeout are added unless given).
 #
 # Options:
-#   --link-gbit G       the link's bandwidth, Gbit/s each way (default 1)
+#   --link-gbit G       the link's bandwidth, 0.001 to 100 Gbit/s each way (default 1)
 #   --ranks-per-node K  ranks on each host (default 2)
 #   --map-by slot|node  slot: ranks 0..K-1 on node0, the next K on node1 (the default);
 #                       node: round robin, rank 0 on node0, rank 1 on node1, ...
-#   --timeout S         seconds a blocking call may wait before the job fails (default 20)
+#   --timeout S         seconds a blocking call may wait before the job fails, 0.001 to
+#                       86400 (default 20)
 #   --fault link-down@T node1's link goes down T seconds into the run
 #   --fault kill@R@T    rank R is killed (SIGKILL) T seconds into the run
+#                       (R a whole number, T a decimal one such as 2 or 0.5: no sign,
+#                       exponent or leading zero)
 #   --build DIR         where the programs were built (default build/default)
 #
 # Needs root (or CAP_SYS_ADMIN and CAP_NET_ADMIN), iproute2 (ip, tc with tbf), util-linux's
 # unshare and Open MPI. Without the rights to make namespaces it says so in one line and
-# exits 77 (CTest: skipped). Everything it makes — namespaces, the link, the processes in
-# them, /etc/netns/node0 and node1 — is removed on exit, on Ctrl-C and on failure.
+# exits 77 (CTest: skipped); bad options, one line and exit 2, before anything is made.
+# Everything it makes — namespaces, the link, the processes in them, /etc/netns/node0 and
+# node1 — is removed on exit, on Ctrl-C and on failure.
 # The kernel's tbf limits bandwidth only: where delay would matter (small messages), say
 # so — netem, which adds delay, is not in every kernel (not in this project's CI's).
 set -uo pipefail
@@ -41,15 +45,35 @@ say() { echo "cluster: $*" >&2; }
 usage() { say "error: $* (usage: scripts/cluster.sh [options] ch03|ch08|ch09|run [program options]; the options are in its first lines)"; exit 2; }
 
 link_gbit=1 per_node=2 map_by=slot timeout=20 fault="" build="$root/build/default"
-number='^[0-9]+([.][0-9]+)?$'
+# Numbers as the user writes them: digits, a point and digits; no sign, no exponent, and no
+# leading zero (bash's arithmetic reads 08 as octal, and `08` is no way to write a rank).
+whole='(0|[1-9][0-9]*)'
+decimal="$whole([.][0-9]+)?"
+in_range() {  # in_range VALUE LO HI: LO <= VALUE <= HI
+  awk -v v="$1" -v lo="$2" -v hi="$3" 'BEGIN { exit !(v + 0 >= lo && v + 0 <= hi) }'
+}
+fault_kind="" fault_at="" victim=""
+parse_fault() {  # parse_fault SPEC: fault_kind, fault_at and victim, or a usage error
+  local spec=$1
+  if [[ $spec =~ ^link-down@($decimal)$ ]]; then
+    fault_kind=link-down fault_at=${BASH_REMATCH[1]}
+  elif [[ $spec =~ ^kill@($whole)@($decimal)$ ]]; then
+    fault_kind=kill victim=${BASH_REMATCH[1]} fault_at=${BASH_REMATCH[3]}
+  else
+    usage "--fault $spec: link-down@SECONDS or kill@RANK@SECONDS (RANK a whole number such as 3, SECONDS a decimal number such as 2 or 0.5; no sign, exponent or leading zero)"
+  fi
+  in_range "$fault_at" 0 86400 || usage "--fault $spec: $fault_at s is more than a day"
+}
 while [[ $# -gt 0 && "$1" == --* ]]; do
   [[ $# -ge 2 ]] || usage "$1 needs a value"
   case "$1" in
-    --link-gbit) link_gbit=$2; [[ $2 =~ $number ]] && awk "BEGIN{exit !($2 > 0 && $2 <= 100)}" || usage "--link-gbit $2: a number of Gbit/s, above 0 and at most 100" ;;
+    # The ranges are the programs' own (chapter 03's --link-gbit takes 0.001 and more,
+    # every program's --timeout 0.001 to 86400): refused here, before a cluster is made.
+    --link-gbit) link_gbit=$2; [[ $2 =~ ^$decimal$ ]] && in_range "$2" 0.001 100 || usage "--link-gbit $2: a number of Gbit/s from 0.001 to 100" ;;
     --ranks-per-node) per_node=$2; [[ $2 =~ ^[1-9][0-9]?$ ]] || usage "--ranks-per-node $2: 1 to 99" ;;
     --map-by) map_by=$2; [[ $2 == slot || $2 == node ]] || usage "--map-by $2: slot or node" ;;
-    --timeout) timeout=$2; [[ $2 =~ $number ]] && awk "BEGIN{exit !($2 > 0)}" || usage "--timeout $2: a number of seconds above 0" ;;
-    --fault) fault=$2; [[ $2 =~ ^(link-down@[0-9.]+|kill@[0-9]+@[0-9.]+)$ ]] || usage "--fault $2: link-down@SECONDS or kill@RANK@SECONDS" ;;
+    --timeout) timeout=$2; [[ $2 =~ ^$decimal$ ]] && in_range "$2" 0.001 86400 || usage "--timeout $2: a number of seconds from 0.001 to 86400" ;;
+    --fault) fault=$2; parse_fault "$2" ;;
     --build) build=$(cd "$2" 2>/dev/null && pwd) || usage "--build $2: no such folder" ;;
     *) usage "unknown option $1" ;;
   esac
@@ -60,9 +84,9 @@ what=$1
 shift
 case "$what" in ch03|ch08|ch09|run) ;; *) usage "unknown $what: ch03, ch08, ch09 or run PROGRAM" ;; esac
 ranks=$((2 * per_node))
-if [[ $fault == kill@* ]]; then
-  victim=${fault#kill@}; victim=${victim%@*}
-  [[ $victim -lt $ranks ]] || usage "--fault $fault: there are only $ranks ranks"
+[[ $what == ch09 ]] && ranks=2  # chapter 09's comparison runs one tp group of two ranks
+if [[ $fault_kind == kill ]] && ! ((${#victim} <= 3 && victim < ranks)); then
+  usage "--fault $fault: there are only $ranks ranks (0 to $((ranks - 1)))"
 fi
 
 # --- the rights, and the tools ------------------------------------------------------------
@@ -182,10 +206,10 @@ mpirun_on_cluster() {  # mpirun_on_cluster MAP_BY PROGRAM ARGS...
 # --- faults ---------------------------------------------------------------------------------
 start_fault() {
   [[ -z "$fault" ]] && return
-  local at=${fault##*@}
+  local at=$fault_at
   (
     sleep "$at"
-    if [[ $fault == link-down@* ]]; then
+    if [[ $fault_kind == link-down ]]; then
       ip -n node1 link set veth1 down && say "at ${at} s: node1's link is down (ip link set veth1 down)"
     else
       for ns in node0 node1; do
@@ -203,7 +227,7 @@ start_fault() {
   # However the job takes the fault, it ends: its --timeout after the fault, and a margin
   # for mpirun to notice; past that, this script ends it.
   local limit
-  limit=$(awk "BEGIN{print $at + $timeout + 15}")
+  limit=$(awk -v at="$at" -v t="$timeout" 'BEGIN { print at + t + 15 }')
   (
     sleep "$limit"
     say "the job still runs ${limit} s in (the fault, then --timeout $timeout, then 15 s): ending it"
