@@ -35,7 +35,8 @@
 # unshare and Open MPI. Without the rights to make namespaces it says so in one line and
 # exits 77 (CTest: skipped); bad options, one line and exit 2, before anything is made.
 # Everything it makes — namespaces, the link, the processes in them, /etc/netns/node0 and
-# node1 — is removed on exit, on Ctrl-C and on failure.
+# node1 — is removed on exit and on failure, and within a second or so on Ctrl-C (exit
+# 130), SIGTERM (143) or SIGHUP (129), each said in one line.
 # The kernel's tbf limits bandwidth only: where delay would matter (small messages), say
 # so — netem, which adds delay, is not in every kernel (not in this project's CI's).
 set -uo pipefail
@@ -89,16 +90,77 @@ if [[ $fault_kind == kill ]] && ! ((${#victim} <= 3 && victim < ranks)); then
   usage "--fault $fault: there are only $ranks ranks (0 to $((ranks - 1)))"
 fi
 
+# --- the end, however it comes ---------------------------------------------------------------
+# The main shell owns the cleanup: on exit, on failure, on Ctrl-C (exit 130), SIGTERM (143)
+# or a closed terminal (129), it ends the fault's and the watch's timers, every process on
+# either host, the hosts themselves and their /etc/netns files, and so releases the lock.
+# The job runs in the background and the shell waits for it with `wait`, which a signal
+# interrupts at once (a foreground mpirun would delay the trap until it had finished).
+probe="" made="" fault_pid="" watch_pid="" job_pid="" signalled=""
+stop_timers() {  # the fault's and the watch's subshells first (so that neither goes on to
+  local p kids  # print or act once its sleep is ended), then the sleep each waits in
+  for p in $fault_pid $watch_pid; do
+    kids=$(pgrep -P "$p" 2> /dev/null)
+    kill -KILL "$p" $kids 2> /dev/null
+    wait "$p" 2> /dev/null
+  done
+  fault_pid="" watch_pid=""
+}
+host_pids() { (ip netns pids node0; ip netns pids node1) 2> /dev/null; }
+teardown() {
+  local code=$?
+  # Nothing stops the cleanup halfway: not a second Ctrl-C, not an output whose reader is
+  # gone (a write to it fails instead of ending the shell with SIGPIPE).
+  trap '' INT TERM HUP PIPE
+  trap - EXIT
+  stop_timers
+  # The job ends below, killed: no "Killed" line from this shell about it.
+  [[ -n $job_pid ]] && disown "$job_pid" 2> /dev/null
+  [[ -n $probe ]] && ip netns del "$probe" 2> /dev/null
+  if [[ -n $made ]]; then
+    # Every process on either host: TERM, half a second, then KILL; after a signal, KILL
+    # at once (the job's own handlers would spend the user's time).
+    local attempt attempts=(TERM KILL) pids
+    [[ -n $signalled ]] && attempts=(KILL)
+    for attempt in "${attempts[@]}"; do
+      pids=$(host_pids)
+      [[ -z "$pids" ]] && break
+      kill -"$attempt" $pids 2> /dev/null
+      for _ in 1 2 3 4 5 6 7 8 9 10; do
+        sleep 0.05
+        [[ -z "$(host_pids)" ]] && break
+      done
+    done
+    # The job itself: mpirun, or the shell about to become it.
+    [[ -n $job_pid ]] && kill -KILL "$job_pid" 2> /dev/null
+    for ns in node0 node1; do ip netns del "$ns" 2> /dev/null; done
+    rm -rf /etc/netns/node0 /etc/netns/node1 "$state/made" "$state/hostfile" "$state/slot.json" "$state/node.json"
+  fi
+  exit "$code"
+}
+on_signal() {  # on_signal WHAT CODE
+  trap '' INT TERM HUP PIPE
+  signalled=1
+  say "$1${made:+: taking the cluster down}"
+  exit "$2"
+}
+trap teardown EXIT
+trap 'on_signal interrupted 130' INT
+trap 'on_signal terminated 143' TERM
+trap 'on_signal "hung up" 129' HUP
+
 # --- the rights, and the tools ------------------------------------------------------------
 for tool in ip tc unshare mpirun awk; do
   command -v "$tool" > /dev/null || { say "skipped: $tool is not installed (scripts/setup.sh installs it)"; exit 77; }
 done
 probe="shardlab-probe-$$"
 if ! why=$(ip netns add "$probe" 2>&1); then
+  probe=""
   say "skipped: cannot make network namespaces here (ip netns add: ${why:-refused}); run as root, or with CAP_SYS_ADMIN and CAP_NET_ADMIN"
   exit 77
 fi
 ip netns del "$probe"
+probe=""
 
 # One cluster at a time: the names node0 and node1 are the machine's.
 state=/run/shardlab-cluster
@@ -121,35 +183,8 @@ for ns in node0 node1; do
   fi
 done
 
-# --- making the cluster, and taking it down -------------------------------------------------
-fault_pid="" watch_pid=""
-teardown() {
-  local code=$?
-  trap - EXIT INT TERM
-  # The fault and the watch wait in a `sleep` each: end it too (it holds the output open).
-  local p
-  for p in $fault_pid $watch_pid; do
-    pkill -P "$p" 2> /dev/null
-    kill "$p" 2> /dev/null
-  done
-  # Every process on either host: TERM, a moment, then KILL.
-  local pids
-  for attempt in TERM KILL; do
-    pids=$( (ip netns pids node0; ip netns pids node1) 2> /dev/null)
-    [[ -z "$pids" ]] && break
-    kill -"$attempt" $pids 2> /dev/null
-    for _ in 1 2 3 4 5 6 7 8 9 10; do
-      sleep 0.1
-      [[ -z "$( (ip netns pids node0; ip netns pids node1) 2> /dev/null)" ]] && break
-    done
-  done
-  for ns in node0 node1; do ip netns del "$ns" 2> /dev/null; done
-  rm -rf /etc/netns/node0 /etc/netns/node1 "$state/made" "$state/hostfile"
-  exit "$code"
-}
-trap teardown EXIT
-trap 'say "interrupted: taking the cluster down"; exit 130' INT
-trap 'say "terminated: taking the cluster down"; exit 143' TERM
+# --- making the cluster --------------------------------------------------------------------
+made=1
 touch "$state/made"
 
 make_cluster() {
@@ -191,10 +226,10 @@ if [[ $(id -u) -eq 0 ]]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_
 # wait yield their core (each host has as many slots as ranks, so Open MPI would spin, but
 # the two hosts share this machine's cores: a spinning rank takes the core of the rank it
 # waits for, and steps took 0.2 s or 0.8 s by chance).
-mpirun_on_cluster() {  # mpirun_on_cluster MAP_BY PROGRAM ARGS...
+mpirun_on_cluster() {  # mpirun_on_cluster MAP_BY PROGRAM ARGS... &: becomes mpirun (exec)
   local map=$1
   shift
-  ip netns exec node0 unshare --uts /bin/sh -c 'printf node0 > /proc/sys/kernel/hostname && exec "$@"' sh \
+  exec ip netns exec node0 unshare --uts /bin/sh -c 'printf node0 > /proc/sys/kernel/hostname && exec "$@"' sh \
     mpirun --hostfile "$state/hostfile" -np "$ranks" --map-by "$map" \
     --mca plm_rsh_agent "$root/scripts/cluster_agent.sh" \
     --mca btl self,vader,tcp --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24 \
@@ -204,35 +239,36 @@ mpirun_on_cluster() {  # mpirun_on_cluster MAP_BY PROGRAM ARGS...
 }
 
 # --- faults ---------------------------------------------------------------------------------
+# Two timers beside the job, each a subshell in a `sleep`: the fault, at its time, and the
+# watch, which ends a job that outlives the fault by its --timeout and a margin. Both end
+# with the job (stop_timers).
 start_fault() {
   [[ -z "$fault" ]] && return
-  local at=$fault_at
   (
-    sleep "$at"
+    sleep "$fault_at"
     if [[ $fault_kind == link-down ]]; then
-      ip -n node1 link set veth1 down && say "at ${at} s: node1's link is down (ip link set veth1 down)"
+      ip -n node1 link set veth1 down && say "at ${fault_at} s: node1's link is down (ip link set veth1 down)"
     else
       for ns in node0 node1; do
         for pid in $(ip netns pids "$ns" 2> /dev/null); do
           if tr '\0' '\n' < "/proc/$pid/environ" 2> /dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$victim"; then
-            kill -KILL "$pid" && say "at ${at} s: killed rank $victim on $ns (pid $pid)"
+            kill -KILL "$pid" && say "at ${fault_at} s: killed rank $victim on $ns (pid $pid)"
             exit 0
           fi
         done
       done
-      say "at ${at} s: rank $victim is not running (finished already?)"
+      say "at ${fault_at} s: rank $victim is not running (finished already?)"
     fi
   ) &
   fault_pid=$!
   # However the job takes the fault, it ends: its --timeout after the fault, and a margin
   # for mpirun to notice; past that, this script ends it.
   local limit
-  limit=$(awk -v at="$at" -v t="$timeout" 'BEGIN { print at + t + 15 }')
+  limit=$(awk -v at="$fault_at" -v t="$timeout" 'BEGIN { print at + t + 15 }')
   (
     sleep "$limit"
     say "the job still runs ${limit} s in (the fault, then --timeout $timeout, then 15 s): ending it"
-    ip netns pids node0 2> /dev/null | xargs -r kill -KILL
-    ip netns pids node1 2> /dev/null | xargs -r kill -KILL
+    host_pids | xargs -r kill -KILL
   ) &
   watch_pid=$!
 }
@@ -276,7 +312,10 @@ link_report() {
   [[ -n "$text" ]] && say "the link carried $text"
 }
 
-# Runs one program across the hosts: its exit code.
+# Runs one program across the hosts: its exit code. The job runs in the background, the
+# shell waits for it (so that a signal's trap runs at once), and mpirun's messages pass
+# through name_lost_ranks, which outlives a signal to the process group to pass on the
+# last of them. Neither holds the cluster's lock (fd 9): only this shell does.
 run_program() {  # run_program MAP_BY PROGRAM ARGS...
   local map=$1 program=$2
   shift 2
@@ -287,11 +326,20 @@ run_program() {  # run_program MAP_BY PROGRAM ARGS...
   local args=("$@")
   [[ " ${args[*]} " == *" --timeout "* ]] || args+=(--timeout "$timeout")
   start_fault
-  local start=$SECONDS code
-  mpirun_on_cluster "$map" "$path" "${args[@]}" 2> >(name_lost_ranks >&2)
+  local start=$SECONDS started code
+  started=$(date +%s.%N)
+  mpirun_on_cluster "$map" "$path" "${args[@]}" 9>&- 2> >(trap '' INT TERM HUP; name_lost_ranks >&2) &
+  job_pid=$!
+  wait "$job_pid"
   code=$?
+  job_pid=""
+  stop_timers
   link_report
-  [[ -n "$fault" ]] && say "the job ended with exit code $code, $((SECONDS - start)) s after it started"
+  if [[ -n "$fault" ]]; then
+    awk -v t0="$started" -v t1="$(date +%s.%N)" -v at="$fault_at" 'BEGIN { exit !(t1 - t0 < at) }' &&
+      say "the job ended before the fault's time (${fault_at} s): there was no fault"
+    say "the job ended with exit code $code, $((SECONDS - start)) s after it started"
+  fi
   return "$code"
 }
 
