@@ -44,8 +44,9 @@ void prepare_hierarchical(shardlab::Context& ctx, Hosts& hosts, std::vector<std:
 /// One algorithm's run, watched from construction to stop(): the bytes this rank sent to
 /// each other rank, counted message by message on the communicator and on the
 /// hierarchical allreduce's groups (their ranks mapped back); the statistics of all of
-/// them; and what this rank's host sent on its network interfaces (read after a barrier,
-/// uncounted, once the other ranks have stopped sending). Every rank makes one.
+/// them; and what this rank's host sent on its network interfaces, read between barriers
+/// (uncounted) with no rank sending: over TCP/IP, at least the bytes counted. Every rank
+/// makes one.
 class Traffic {
  public:
   /// Starts watching `comm` and `hosts`' groups.
