@@ -368,7 +368,9 @@ compare() {  # compare ch08|ch09 [program options]
   python3 - "$state/slot.json" "$state/node.json" "$link_gbit" "$program $*" >&2 <<'PY'
 import json, sys
 runs = [json.load(open(path)) for path in sys.argv[1:3]]
-link = float(sys.argv[3]) * 1e9 / 8  # bytes per second, each way
+# The link's data rate, bytes per second each way: TCP carries 1448 bytes of data in each
+# 1514-byte frame, and tbf charges the frame (chapter 03's payload_per_frame).
+link = float(sys.argv[3]) * 1e9 / 8 * 1448 / 1514
 print(f"\ncluster: {sys.argv[4]}, the same model on the same 2 hosts, two placements")
 print(f"  {'placement':<34}{'tp groups across':>17}{'bytes between hosts':>21}{'on the wire':>13}"
       f"{'link time':>11}{'step':>10}" + (f"{'tp_comm':>9}  30 % rule" if "profile" in runs[0] else ""))
@@ -389,7 +391,8 @@ for name, run in zip(["tp inside a host (--map-by slot)", "tp across (--map-by n
 (b0, s0, l0), (b1, s1, l1) = rows
 bytes = f"{b1 / b0:.3g} x the bytes between hosts" if b0 else f"{b1} bytes between hosts instead of none"
 print(f"  tp across / tp inside: {bytes}, {s1 / s0:.3g} x the step time; the link alone adds "
-      f"{l1 - l0:.0f} ms a step (half the bytes each way at {float(sys.argv[3]):g} Gbit/s), the "
+      f"{l1 - l0:.0f} ms a step (half the bytes each way at {float(sys.argv[3]):g} Gbit/s, "
+      f"{link / 1e9:.4g} GB/s of data), the "
       f"step took {s1 - s0:.0f} ms longer")
 PY
 }

@@ -178,6 +178,7 @@ void BetweenHosts::report(Context& ctx) const {
 void report_link_bound(Context& ctx, const std::vector<std::string>& names, double link_gbit,
                        const Hosts& hosts, const std::vector<shardlab::bench::Row>& rows) {
   const double N = ctx.size(), link = link_gbit * 1e9 / 8;  // bytes per second, each way
+  const double payload = link * payload_per_frame;          // what busbw can count of it
   shardlab::Table t(
       {"algorithm", "busbw_GBps", "busiest_host_sends_S", "busbw_bound_GBps", "of_bound"});
   for (const std::string& name : names) {
@@ -188,15 +189,17 @@ void report_link_bound(Context& ctx, const std::vector<std::string>& names, doub
         formula_link_bytes(name, static_cast<std::size_t>(last.count), hosts.placement);
     const double busiest = static_cast<double>(*std::max_element(from.begin(), from.end()));
     const double S = static_cast<double>(last.bytes);
-    const double bound = busiest > 0 ? 2 * (N - 1) / N * S / (busiest / link) / 1e9 : 0;
+    const double bound = busiest > 0 ? 2 * (N - 1) / N * S / (busiest / payload) / 1e9 : 0;
     t.add({name, last.busbw_GBps, busiest / S, bound, bound > 0 ? last.busbw_GBps / bound : 0});
   }
   ctx.report(t, "link_bound",
              "#\n# against the link (" + shardlab::format_number(link_gbit) +
-                 " Gbit/s each way = " + shardlab::format_number(link / 1e9, 4) + " GB/s) at " +
+                 " Gbit/s each way = " + shardlab::format_number(link / 1e9, 4) +
+                 " GB/s of frames; TCP's 1448 bytes of data in each 1514-byte frame leave " +
+                 shardlab::format_number(payload / 1e9, 4) + " GB/s of data) at " +
                  shardlab::format_number(static_cast<double>(rows.back().bytes), 10) +
                  " bytes: the busiest host sends busiest_host_sends_S x S to the others, "
-                 "so busbw <= 2(N-1)/N S / (that / the link)");
+                 "so busbw <= 2(N-1)/N S / (that / the data rate)");
 }
 
 }  // namespace ch03
