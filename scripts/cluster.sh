@@ -297,17 +297,24 @@ name_lost_ranks() {
 
 # What the link carried since the last report, each way, from the tbf qdiscs' counters:
 # bytes, packets, and packets dropped because the queue was full (TCP then sends them
-# again, slower).
+# again, slower); and what the sending interface counted (/proc/net/dev's figures). The
+# two differ: TCP hands the interface segments of up to 64 KiB with one set of headers
+# (GSO), which the interface counts as one packet, while tbf charges each of the frames it
+# stands for, headers and all (1514 bytes for 1448 of data).
 declare -A link_seen=()
 link_report() {
-  local n line bytes packets dropped text=""
+  local n line bytes packets dropped sent frames text=""
   for n in 0 1; do
     line=$(ip netns exec node$n tc -s qdisc show dev veth$n 2> /dev/null | grep -m1 "Sent")
     [[ $line =~ Sent\ ([0-9]+)\ bytes\ ([0-9]+)\ pkt\ \(dropped\ ([0-9]+) ]] || continue
     bytes=${BASH_REMATCH[1]} packets=${BASH_REMATCH[2]} dropped=${BASH_REMATCH[3]}
-    read -r b0 p0 d0 <<< "${link_seen[$n]:-0 0 0}"
-    link_seen[$n]="$bytes $packets $dropped"
+    read -r sent frames < <(ip netns exec node$n cat /sys/class/net/veth$n/statistics/tx_bytes \
+      /sys/class/net/veth$n/statistics/tx_packets 2> /dev/null | paste -sd ' ')
+    [[ ${sent:-} =~ ^[0-9]+$ && ${frames:-} =~ ^[0-9]+$ ]] || sent=0 frames=0
+    read -r b0 p0 d0 s0 f0 <<< "${link_seen[$n]:-0 0 0 0 0}"
+    link_seen[$n]="$bytes $packets $dropped $sent $frames"
     text+="${text:+; }node$n -> node$((1 - n)): $((bytes - b0)) bytes in $((packets - p0)) packets, $((dropped - d0)) dropped"
+    text+=" (its interface: $((sent - s0)) bytes in $((frames - f0)) packets)"
   done
   [[ -n "$text" ]] && say "the link carried $text"
 }
