@@ -118,6 +118,9 @@ teardown() {
   [[ -n $job_pid ]] && disown "$job_pid" 2> /dev/null
   [[ -n $probe ]] && ip netns del "$probe" 2> /dev/null
   if [[ -n $made ]]; then
+    # The job, if it still runs, first: mpirun, or the shell about to become it (which,
+    # killed, never starts it).
+    [[ -n $job_pid ]] && kill -KILL "$job_pid" 2> /dev/null
     # Every process on either host: TERM, half a second, then KILL; after a signal, KILL
     # at once (the job's own handlers would spend the user's time).
     local attempt attempts=(TERM KILL) pids
@@ -131,8 +134,6 @@ teardown() {
         [[ -z "$(host_pids)" ]] && break
       done
     done
-    # The job itself: mpirun, or the shell about to become it.
-    [[ -n $job_pid ]] && kill -KILL "$job_pid" 2> /dev/null
     for ns in node0 node1; do ip netns del "$ns" 2> /dev/null; done
     rm -rf /etc/netns/node0 /etc/netns/node1 "$state/made" "$state/hostfile" "$state/slot.json" "$state/node.json"
   fi
