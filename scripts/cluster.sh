@@ -334,7 +334,7 @@ run_program() {  # run_program MAP_BY PROGRAM ARGS...
   local args=("$@")
   [[ " ${args[*]} " == *" --timeout "* ]] || args+=(--timeout "$timeout")
   start_fault
-  local start=$SECONDS started code
+  local started code took
   started=$(date +%s.%N)
   mpirun_on_cluster "$map" "$path" "${args[@]}" 9>&- 2> >(trap '' INT TERM HUP; name_lost_ranks >&2) &
   job_pid=$!
@@ -344,9 +344,12 @@ run_program() {  # run_program MAP_BY PROGRAM ARGS...
   stop_timers
   link_report
   if [[ -n "$fault" ]]; then
-    awk -v t0="$started" -v t1="$(date +%s.%N)" -v at="$fault_at" 'BEGIN { exit !(t1 - t0 < at) }' &&
+    # Whole seconds, rounded down, from the clock (bash's SECONDS, itself whole seconds,
+    # would make a 7.3 s job 8 s when it spans 8 of its ticks).
+    took=$(awk -v t0="$started" -v t1="$(date +%s.%N)" 'BEGIN { print t1 - t0 }')
+    awk -v t="$took" -v at="$fault_at" 'BEGIN { exit !(t < at) }' &&
       say "the job ended before the fault's time (${fault_at} s): there was no fault"
-    say "the job ended with exit code $code, $((SECONDS - start)) s after it started"
+    say "the job ended with exit code $code, $(awk -v t="$took" 'BEGIN { printf "%d", t }') s after it started"
   fi
   return "$code"
 }
