@@ -19,19 +19,24 @@
 # and --timeout are added unless given).
 #
 # Options:
-#   --link-gbit G       the link's bandwidth, Gbit/s each way (default 1)
+#   --link-gbit G       the link's bandwidth, 0.001 to 100 Gbit/s each way (default 1)
 #   --ranks-per-node K  ranks on each host (default 2)
 #   --map-by slot|node  slot: ranks 0..K-1 on node0, the next K on node1 (the default);
 #                       node: round robin, rank 0 on node0, rank 1 on node1, ...
-#   --timeout S         seconds a blocking call may wait before the job fails (default 20)
+#   --timeout S         seconds a blocking call may wait before the job fails, 0.001 to
+#                       86400 (default 20)
 #   --fault link-down@T node1's link goes down T seconds into the run
 #   --fault kill@R@T    rank R is killed (SIGKILL) T seconds into the run
+#                       (R a whole number, T a decimal one such as 2 or 0.5: no sign,
+#                       exponent or leading zero)
 #   --build DIR         where the programs were built (default build/default)
 #
 # Needs root (or CAP_SYS_ADMIN and CAP_NET_ADMIN), iproute2 (ip, tc with tbf), util-linux's
 # unshare and Open MPI. Without the rights to make namespaces it says so in one line and
-# exits 77 (CTest: skipped). Everything it makes — namespaces, the link, the processes in
-# them, /etc/netns/node0 and node1 — is removed on exit, on Ctrl-C and on failure.
+# exits 77 (CTest: skipped); bad options, one line and exit 2, before anything is made.
+# Everything it makes — namespaces, the link, the processes in them, /etc/netns/node0 and
+# node1 — is removed on exit and on failure, and within a second or so on Ctrl-C (exit
+# 130), SIGTERM (143) or SIGHUP (129), each said in one line.
 # The kernel's tbf limits bandwidth only: where delay would matter (small messages), say
 # so — netem, which adds delay, is not in every kernel (not in this project's CI's).
 set -uo pipefail
@@ -41,15 +46,35 @@ say() { echo "cluster: $*" >&2; }
 usage() { say "error: $* (usage: scripts/cluster.sh [options] ch03|ch08|ch09|run [program options]; the options are in its first lines)"; exit 2; }
 
 link_gbit=1 per_node=2 map_by=slot timeout=20 fault="" build="$root/build/default"
-number='^[0-9]+([.][0-9]+)?$'
+# Numbers as the user writes them: digits, a point and digits; no sign, no exponent, and no
+# leading zero (bash's arithmetic reads 08 as octal, and `08` is no way to write a rank).
+whole='(0|[1-9][0-9]*)'
+decimal="$whole([.][0-9]+)?"
+in_range() {  # in_range VALUE LO HI: LO <= VALUE <= HI
+  awk -v v="$1" -v lo="$2" -v hi="$3" 'BEGIN { exit !(v + 0 >= lo && v + 0 <= hi) }'
+}
+fault_kind="" fault_at="" victim=""
+parse_fault() {  # parse_fault SPEC: fault_kind, fault_at and victim, or a usage error
+  local spec=$1
+  if [[ $spec =~ ^link-down@($decimal)$ ]]; then
+    fault_kind=link-down fault_at=${BASH_REMATCH[1]}
+  elif [[ $spec =~ ^kill@($whole)@($decimal)$ ]]; then
+    fault_kind=kill victim=${BASH_REMATCH[1]} fault_at=${BASH_REMATCH[3]}
+  else
+    usage "--fault $spec: link-down@SECONDS or kill@RANK@SECONDS (RANK a whole number such as 3, SECONDS a decimal number such as 2 or 0.5; no sign, exponent or leading zero)"
+  fi
+  in_range "$fault_at" 0 86400 || usage "--fault $spec: $fault_at s is more than a day"
+}
 while [[ $# -gt 0 && "$1" == --* ]]; do
   [[ $# -ge 2 ]] || usage "$1 needs a value"
   case "$1" in
-    --link-gbit) link_gbit=$2; [[ $2 =~ $number ]] && awk "BEGIN{exit !($2 > 0 && $2 <= 100)}" || usage "--link-gbit $2: a number of Gbit/s, above 0 and at most 100" ;;
+    # The ranges are the programs' own (chapter 03's --link-gbit takes 0.001 and more,
+    # every program's --timeout 0.001 to 86400): refused here, before a cluster is made.
+    --link-gbit) link_gbit=$2; [[ $2 =~ ^$decimal$ ]] && in_range "$2" 0.001 100 || usage "--link-gbit $2: a number of Gbit/s from 0.001 to 100" ;;
     --ranks-per-node) per_node=$2; [[ $2 =~ ^[1-9][0-9]?$ ]] || usage "--ranks-per-node $2: 1 to 99" ;;
     --map-by) map_by=$2; [[ $2 == slot || $2 == node ]] || usage "--map-by $2: slot or node" ;;
-    --timeout) timeout=$2; [[ $2 =~ $number ]] && awk "BEGIN{exit !($2 > 0)}" || usage "--timeout $2: a number of seconds above 0" ;;
-    --fault) fault=$2; [[ $2 =~ ^(link-down@[0-9.]+|kill@[0-9]+@[0-9.]+)$ ]] || usage "--fault $2: link-down@SECONDS or kill@RANK@SECONDS" ;;
+    --timeout) timeout=$2; [[ $2 =~ ^$decimal$ ]] && in_range "$2" 0.001 86400 || usage "--timeout $2: a number of seconds from 0.001 to 86400" ;;
+    --fault) fault=$2; parse_fault "$2" ;;
     --build) build=$(cd "$2" 2>/dev/null && pwd) || usage "--build $2: no such folder" ;;
     *) usage "unknown option $1" ;;
   esac
@@ -60,10 +85,70 @@ what=$1
 shift
 case "$what" in ch03|ch08|ch09|run) ;; *) usage "unknown $what: ch03, ch08, ch09 or run PROGRAM" ;; esac
 ranks=$((2 * per_node))
-if [[ $fault == kill@* ]]; then
-  victim=${fault#kill@}; victim=${victim%@*}
-  [[ $victim -lt $ranks ]] || usage "--fault $fault: there are only $ranks ranks"
+[[ $what == ch09 ]] && ranks=2  # chapter 09's comparison runs one tp group of two ranks
+if [[ $fault_kind == kill ]] && ! ((${#victim} <= 3 && victim < ranks)); then
+  usage "--fault $fault: there are only $ranks ranks (0 to $((ranks - 1)))"
 fi
+
+# --- the end, however it comes ---------------------------------------------------------------
+# The main shell owns the cleanup: on exit, on failure, on Ctrl-C (exit 130), SIGTERM (143)
+# or a closed terminal (129), it ends the fault's and the watch's timers, every process on
+# either host, the hosts themselves and their /etc/netns files, and so releases the lock.
+# The job runs in the background and the shell waits for it with `wait`, which a signal
+# interrupts at once (a foreground mpirun would delay the trap until it had finished).
+probe="" made="" fault_pid="" watch_pid="" job_pid="" signalled=""
+stop_timers() {  # the fault's and the watch's subshells first (so that neither goes on to
+  local p kids  # print or act once its sleep is ended), then the sleep each waits in
+  for p in $fault_pid $watch_pid; do
+    kids=$(pgrep -P "$p" 2> /dev/null)
+    kill -KILL "$p" $kids 2> /dev/null
+    wait "$p" 2> /dev/null
+  done
+  fault_pid="" watch_pid=""
+}
+host_pids() { (ip netns pids node0; ip netns pids node1) 2> /dev/null; }
+teardown() {
+  local code=$?
+  # Nothing stops the cleanup halfway: not a second Ctrl-C, not an output whose reader is
+  # gone (a write to it fails instead of ending the shell with SIGPIPE).
+  trap '' INT TERM HUP PIPE
+  trap - EXIT
+  stop_timers
+  # The job ends below, killed: no "Killed" line from this shell about it.
+  [[ -n $job_pid ]] && disown "$job_pid" 2> /dev/null
+  [[ -n $probe ]] && ip netns del "$probe" 2> /dev/null
+  if [[ -n $made ]]; then
+    # The job, if it still runs, first: mpirun, or the shell about to become it (which,
+    # killed, never starts it).
+    [[ -n $job_pid ]] && kill -KILL "$job_pid" 2> /dev/null
+    # Every process on either host: TERM, half a second, then KILL; after a signal, KILL
+    # at once (the job's own handlers would spend the user's time).
+    local attempt attempts=(TERM KILL) pids
+    [[ -n $signalled ]] && attempts=(KILL)
+    for attempt in "${attempts[@]}"; do
+      pids=$(host_pids)
+      [[ -z "$pids" ]] && break
+      kill -"$attempt" $pids 2> /dev/null
+      for _ in 1 2 3 4 5 6 7 8 9 10; do
+        sleep 0.05
+        [[ -z "$(host_pids)" ]] && break
+      done
+    done
+    for ns in node0 node1; do ip netns del "$ns" 2> /dev/null; done
+    rm -rf /etc/netns/node0 /etc/netns/node1 "$state/made" "$state/hostfile" "$state/slot.json" "$state/node.json"
+  fi
+  exit "$code"
+}
+on_signal() {  # on_signal WHAT CODE
+  trap '' INT TERM HUP PIPE
+  signalled=1
+  say "$1${made:+: taking the cluster down}"
+  exit "$2"
+}
+trap teardown EXIT
+trap 'on_signal interrupted 130' INT
+trap 'on_signal terminated 143' TERM
+trap 'on_signal "hung up" 129' HUP
 
 # --- the rights, and the tools ------------------------------------------------------------
 for tool in ip tc unshare mpirun awk; do
@@ -71,10 +156,12 @@ for tool in ip tc unshare mpirun awk; do
 done
 probe="shardlab-probe-$$"
 if ! why=$(ip netns add "$probe" 2>&1); then
+  probe=""
   say "skipped: cannot make network namespaces here (ip netns add: ${why:-refused}); run as root, or with CAP_SYS_ADMIN and CAP_NET_ADMIN"
   exit 77
 fi
 ip netns del "$probe"
+probe=""
 
 # One cluster at a time: the names node0 and node1 are the machine's.
 state=/run/shardlab-cluster
@@ -97,35 +184,8 @@ for ns in node0 node1; do
   fi
 done
 
-# --- making the cluster, and taking it down -------------------------------------------------
-fault_pid="" watch_pid=""
-teardown() {
-  local code=$?
-  trap - EXIT INT TERM
-  # The fault and the watch wait in a `sleep` each: end it too (it holds the output open).
-  local p
-  for p in $fault_pid $watch_pid; do
-    pkill -P "$p" 2> /dev/null
-    kill "$p" 2> /dev/null
-  done
-  # Every process on either host: TERM, a moment, then KILL.
-  local pids
-  for attempt in TERM KILL; do
-    pids=$( (ip netns pids node0; ip netns pids node1) 2> /dev/null)
-    [[ -z "$pids" ]] && break
-    kill -"$attempt" $pids 2> /dev/null
-    for _ in 1 2 3 4 5 6 7 8 9 10; do
-      sleep 0.1
-      [[ -z "$( (ip netns pids node0; ip netns pids node1) 2> /dev/null)" ]] && break
-    done
-  done
-  for ns in node0 node1; do ip netns del "$ns" 2> /dev/null; done
-  rm -rf /etc/netns/node0 /etc/netns/node1 "$state/made" "$state/hostfile"
-  exit "$code"
-}
-trap teardown EXIT
-trap 'say "interrupted: taking the cluster down"; exit 130' INT
-trap 'say "terminated: taking the cluster down"; exit 143' TERM
+# --- making the cluster --------------------------------------------------------------------
+made=1
 touch "$state/made"
 
 make_cluster() {
@@ -167,10 +227,10 @@ if [[ $(id -u) -eq 0 ]]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_
 # wait yield their core (each host has as many slots as ranks, so Open MPI would spin, but
 # the two hosts share this machine's cores: a spinning rank takes the core of the rank it
 # waits for, and steps took 0.2 s or 0.8 s by chance).
-mpirun_on_cluster() {  # mpirun_on_cluster MAP_BY PROGRAM ARGS...
+mpirun_on_cluster() {  # mpirun_on_cluster MAP_BY PROGRAM ARGS... &: becomes mpirun (exec)
   local map=$1
   shift
-  ip netns exec node0 unshare --uts /bin/sh -c 'printf node0 > /proc/sys/kernel/hostname && exec "$@"' sh \
+  exec ip netns exec node0 unshare --uts /bin/sh -c 'printf node0 > /proc/sys/kernel/hostname && exec "$@"' sh \
     mpirun --hostfile "$state/hostfile" -np "$ranks" --map-by "$map" \
     --mca plm_rsh_agent "$root/scripts/cluster_agent.sh" \
     --mca btl self,vader,tcp --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24 \
@@ -180,35 +240,36 @@ mpirun_on_cluster() {  # mpirun_on_cluster MAP_BY PROGRAM ARGS...
 }
 
 # --- faults ---------------------------------------------------------------------------------
+# Two timers beside the job, each a subshell in a `sleep`: the fault, at its time, and the
+# watch, which ends a job that outlives the fault by its --timeout and a margin. Both end
+# with the job (stop_timers).
 start_fault() {
   [[ -z "$fault" ]] && return
-  local at=${fault##*@}
   (
-    sleep "$at"
-    if [[ $fault == link-down@* ]]; then
-      ip -n node1 link set veth1 down && say "at ${at} s: node1's link is down (ip link set veth1 down)"
+    sleep "$fault_at"
+    if [[ $fault_kind == link-down ]]; then
+      ip -n node1 link set veth1 down && say "at ${fault_at} s: node1's link is down (ip link set veth1 down)"
     else
       for ns in node0 node1; do
         for pid in $(ip netns pids "$ns" 2> /dev/null); do
           if tr '\0' '\n' < "/proc/$pid/environ" 2> /dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$victim"; then
-            kill -KILL "$pid" && say "at ${at} s: killed rank $victim on $ns (pid $pid)"
+            kill -KILL "$pid" && say "at ${fault_at} s: killed rank $victim on $ns (pid $pid)"
             exit 0
           fi
         done
       done
-      say "at ${at} s: rank $victim is not running (finished already?)"
+      say "at ${fault_at} s: rank $victim is not running (finished already?)"
     fi
   ) &
   fault_pid=$!
   # However the job takes the fault, it ends: its --timeout after the fault, and a margin
   # for mpirun to notice; past that, this script ends it.
   local limit
-  limit=$(awk "BEGIN{print $at + $timeout + 15}")
+  limit=$(awk -v at="$fault_at" -v t="$timeout" 'BEGIN { print at + t + 15 }')
   (
     sleep "$limit"
     say "the job still runs ${limit} s in (the fault, then --timeout $timeout, then 15 s): ending it"
-    ip netns pids node0 2> /dev/null | xargs -r kill -KILL
-    ip netns pids node1 2> /dev/null | xargs -r kill -KILL
+    host_pids | xargs -r kill -KILL
   ) &
   watch_pid=$!
 }
@@ -237,22 +298,32 @@ name_lost_ranks() {
 
 # What the link carried since the last report, each way, from the tbf qdiscs' counters:
 # bytes, packets, and packets dropped because the queue was full (TCP then sends them
-# again, slower).
+# again, slower); and what the sending interface counted (/proc/net/dev's figures). The
+# two differ: TCP hands the interface segments of up to 64 KiB with one set of headers
+# (GSO), which the interface counts as one packet, while tbf charges each of the frames it
+# stands for, headers and all (1514 bytes for 1448 of data).
 declare -A link_seen=()
 link_report() {
-  local n line bytes packets dropped text=""
+  local n line bytes packets dropped sent frames text=""
   for n in 0 1; do
     line=$(ip netns exec node$n tc -s qdisc show dev veth$n 2> /dev/null | grep -m1 "Sent")
     [[ $line =~ Sent\ ([0-9]+)\ bytes\ ([0-9]+)\ pkt\ \(dropped\ ([0-9]+) ]] || continue
     bytes=${BASH_REMATCH[1]} packets=${BASH_REMATCH[2]} dropped=${BASH_REMATCH[3]}
-    read -r b0 p0 d0 <<< "${link_seen[$n]:-0 0 0}"
-    link_seen[$n]="$bytes $packets $dropped"
+    read -r sent frames < <(ip netns exec node$n cat /sys/class/net/veth$n/statistics/tx_bytes \
+      /sys/class/net/veth$n/statistics/tx_packets 2> /dev/null | paste -sd ' ')
+    [[ ${sent:-} =~ ^[0-9]+$ && ${frames:-} =~ ^[0-9]+$ ]] || sent=0 frames=0
+    read -r b0 p0 d0 s0 f0 <<< "${link_seen[$n]:-0 0 0 0 0}"
+    link_seen[$n]="$bytes $packets $dropped $sent $frames"
     text+="${text:+; }node$n -> node$((1 - n)): $((bytes - b0)) bytes in $((packets - p0)) packets, $((dropped - d0)) dropped"
+    text+=" (its interface: $((sent - s0)) bytes in $((frames - f0)) packets)"
   done
   [[ -n "$text" ]] && say "the link carried $text"
 }
 
-# Runs one program across the hosts: its exit code.
+# Runs one program across the hosts: its exit code. The job runs in the background, the
+# shell waits for it (so that a signal's trap runs at once), and mpirun's messages pass
+# through name_lost_ranks, which outlives a signal to the process group to pass on the
+# last of them. Neither holds the cluster's lock (fd 9): only this shell does.
 run_program() {  # run_program MAP_BY PROGRAM ARGS...
   local map=$1 program=$2
   shift 2
@@ -263,11 +334,23 @@ run_program() {  # run_program MAP_BY PROGRAM ARGS...
   local args=("$@")
   [[ " ${args[*]} " == *" --timeout "* ]] || args+=(--timeout "$timeout")
   start_fault
-  local start=$SECONDS code
-  mpirun_on_cluster "$map" "$path" "${args[@]}" 2> >(name_lost_ranks >&2)
+  local started code took
+  started=$(date +%s.%N)
+  mpirun_on_cluster "$map" "$path" "${args[@]}" 9>&- 2> >(trap '' INT TERM HUP; name_lost_ranks >&2) &
+  job_pid=$!
+  wait "$job_pid"
   code=$?
+  job_pid=""
+  stop_timers
   link_report
-  [[ -n "$fault" ]] && say "the job ended with exit code $code, $((SECONDS - start)) s after it started"
+  if [[ -n "$fault" ]]; then
+    # Whole seconds, rounded down, from the clock (bash's SECONDS, itself whole seconds,
+    # would make a 7.3 s job 8 s when it spans 8 of its ticks).
+    took=$(awk -v t0="$started" -v t1="$(date +%s.%N)" 'BEGIN { print t1 - t0 }')
+    awk -v t="$took" -v at="$fault_at" 'BEGIN { exit !(t < at) }' &&
+      say "the job ended before the fault's time (${fault_at} s): there was no fault"
+    say "the job ended with exit code $code, $(awk -v t="$took" 'BEGIN { printf "%d", t }') s after it started"
+  fi
   return "$code"
 }
 
@@ -296,7 +379,9 @@ compare() {  # compare ch08|ch09 [program options]
   python3 - "$state/slot.json" "$state/node.json" "$link_gbit" "$program $*" >&2 <<'PY'
 import json, sys
 runs = [json.load(open(path)) for path in sys.argv[1:3]]
-link = float(sys.argv[3]) * 1e9 / 8  # bytes per second, each way
+# The link's data rate, bytes per second each way: TCP carries 1448 bytes of data in each
+# 1514-byte frame, and tbf charges the frame (chapter 03's payload_per_frame).
+link = float(sys.argv[3]) * 1e9 / 8 * 1448 / 1514
 print(f"\ncluster: {sys.argv[4]}, the same model on the same 2 hosts, two placements")
 print(f"  {'placement':<34}{'tp groups across':>17}{'bytes between hosts':>21}{'on the wire':>13}"
       f"{'link time':>11}{'step':>10}" + (f"{'tp_comm':>9}  30 % rule" if "profile" in runs[0] else ""))
@@ -317,7 +402,8 @@ for name, run in zip(["tp inside a host (--map-by slot)", "tp across (--map-by n
 (b0, s0, l0), (b1, s1, l1) = rows
 bytes = f"{b1 / b0:.3g} x the bytes between hosts" if b0 else f"{b1} bytes between hosts instead of none"
 print(f"  tp across / tp inside: {bytes}, {s1 / s0:.3g} x the step time; the link alone adds "
-      f"{l1 - l0:.0f} ms a step (half the bytes each way at {float(sys.argv[3]):g} Gbit/s), the "
+      f"{l1 - l0:.0f} ms a step (half the bytes each way at {float(sys.argv[3]):g} Gbit/s, "
+      f"{link / 1e9:.4g} GB/s of data), the "
       f"step took {s1 - s0:.0f} ms longer")
 PY
 }

@@ -44,8 +44,9 @@ void prepare_hierarchical(shardlab::Context& ctx, Hosts& hosts, std::vector<std:
 /// One algorithm's run, watched from construction to stop(): the bytes this rank sent to
 /// each other rank, counted message by message on the communicator and on the
 /// hierarchical allreduce's groups (their ranks mapped back); the statistics of all of
-/// them; and what this rank's host sent on its network interfaces (read after a barrier,
-/// uncounted, once the other ranks have stopped sending). Every rank makes one.
+/// them; and what this rank's host sent on its network interfaces, read between barriers
+/// (uncounted) with no rank sending: over TCP/IP, at least the bytes counted. Every rank
+/// makes one.
 class Traffic {
  public:
   /// Starts watching `comm` and `hosts`' groups.
@@ -93,11 +94,17 @@ class BetweenHosts {
   shardlab::Table table_;
 };
 
+/// The share of a link's bytes that is data, for TCP over Ethernet with the usual 1500-byte
+/// MTU: each 1514-byte frame (14 bytes of Ethernet header, 20 of IP, 32 of TCP with its
+/// timestamps) carries 1448 bytes of data. A link's rate counts frames (tbf, which limits
+/// scripts/cluster.sh's link, charges each frame's 1514 bytes); busbw counts data.
+inline constexpr double payload_per_frame = 1448.0 / 1514.0;
+
 /// Between hosts, the link is the bottleneck: an algorithm that sends B bytes out of its
-/// busiest host needs at least B / (the link's bytes per second), so its busbw is at most
-/// 2(N-1)/N S over that. The table "link_bound": at the benchmark's largest size, what each
-/// from-scratch algorithm of `names` reached of its bound in `rows`, over a link of `link_gbit`
-/// Gbit/s each way.
+/// busiest host needs at least B / (the link's data rate: its bytes per second times
+/// payload_per_frame), so its busbw is at most 2(N-1)/N S over that. The table
+/// "link_bound": at the benchmark's largest size, what each from-scratch algorithm of
+/// `names` reached of its bound in `rows`, over a link of `link_gbit` Gbit/s each way.
 void report_link_bound(shardlab::Context& ctx, const std::vector<std::string>& names,
                        double link_gbit, const Hosts& hosts,
                        const std::vector<shardlab::bench::Row>& rows);
