@@ -125,12 +125,17 @@ double HybridModel::max_weight_diff(nn::Sequential& reference) {
   return worst;
 }
 
-void StepClock::start() {
-  started_ = std::chrono::steady_clock::now();
+void StepClock::start(Communicator& world) {
+  Communicator::Uncounted not_counted(world);
+  world.barrier();
   wire_at_start_ = shardlab::network_bytes_sent();
+  world.barrier();
+  started_ = std::chrono::steady_clock::now();
 }
 
-void StepClock::stop() {
+void StepClock::stop(Communicator& world) {
+  Communicator::Uncounted not_counted(world);
+  world.barrier();
   seconds_.push_back(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count());
   last_wire_ = shardlab::network_bytes_sent() - wire_at_start_;
@@ -165,15 +170,9 @@ HybridRun train_hybrid(Mesh& mesh, HybridModel& model, const HybridConfig& c, Me
   const shardlab::ShardRange mine = shard_range(c.batch, c.mesh.dp, at.dp);
   const auto B = static_cast<double>(c.batch);
   run.parameters = store.size();
-  // Each step starts when the last one's loss is agreed, every rank's traffic done: the
-  // moment this rank reads its host's network counters and its clock.
-  {
-    Communicator::Uncounted not_counted(mesh.world());
-    mesh.world().barrier();
-  }
   StepClock clock;
   for (int step = 0; step < c.steps; ++step) {
-    clock.start();
+    clock.start(mesh.world());
     const shardlab::toy::Batch batch = teacher.batch(c.batch, step);
     const Tensor x = batch.x.slice(mine.offset, mine.length);
     const Tensor y = batch.y.slice(mine.offset, mine.length);
@@ -210,7 +209,7 @@ HybridRun train_hybrid(Mesh& mesh, HybridModel& model, const HybridConfig& c, Me
     // The step's loss: the last stage's shares, once per replica (tp rank 0), summed.
     const bool counts = at.pp == c.mesh.pp - 1 && at.tp == 0;
     run.loss.push_back(mesh.world().agree(counts ? ran.loss : 0.0, shardlab::ReduceOp::sum));
-    clock.stop();
+    clock.stop(mesh.world());
   }
   run.step = clock.measure();
   return run;

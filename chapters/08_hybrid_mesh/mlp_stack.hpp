@@ -106,13 +106,16 @@ struct StepMeasure {
 };
 
 /// Times each step and reads the host's network counters around it (chapters 08 and 09):
-/// start() before a step, stop() after it.
+/// start() before a step, stop() after it, on every rank of `world`. The counters are read
+/// with no step running anywhere: start() reads between two barriers (so no rank sends its
+/// first message before every host's counter is read), stop() after one (every rank has
+/// received all it was sent). The barriers are not counted as any axis's bytes.
 class StepClock {
  public:
-  /// A step begins.
-  void start();
-  /// The step ends.
-  void stop();
+  /// A step begins: a barrier, the reading, a barrier, the clock.
+  void start(Communicator& world);
+  /// The step ends: a barrier, the clock, the reading.
+  void stop(Communicator& world);
   /// The median step's time and the last step's bytes on the wire.
   StepMeasure measure() const;
 

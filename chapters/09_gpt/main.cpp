@@ -74,9 +74,9 @@ void train(Context& ctx, const Settings& s) {
   for (int t = first; t < first + s.steps; ++t) {
     if (t == first + s.steps - 1) trainer.profile_next_step(&profile);  // the last step's
     const std::uint64_t storages = host_storage_allocations();
-    clock.start();
+    clock.start(mesh.world());
     last = trainer.step(t);
-    clock.stop();
+    clock.stop(mesh.world());
     // From the second step on, every tensor's storage is one the step before freed.
     ctx.json()["last_step_allocations"] = host_storage_allocations() - storages;
     curve.add(static_cast<std::size_t>(t - first), t + 1, last,
