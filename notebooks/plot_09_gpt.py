@@ -2,7 +2,7 @@
 second each shape trains at (CS336's "compare the strategies' throughput").
 
 Reads the CSVs written by `ch09_gpt --benchmark --csv-dir DIR` (09_gpt_loss.csv: mesh,
-step, loss; 09_gpt_throughput.csv: mesh, pp, dp, tp, tokens_per_second, ...) and saves
+step, loss; 09_gpt_throughput.csv: mesh, pp, dp, ep, cp, tp, tokens_per_second, ...) and saves
 DIR/09_gpt_loss.png and DIR/09_gpt_throughput.png.
 
     .venv/bin/python notebooks/plot_09_gpt.py results
@@ -23,7 +23,7 @@ def plot_loss(loss, csv_dir):
     the lines lie on top of each other (they part only in the last bits)."""
     fig, ax = plt.subplots(figsize=(7, 4))
     for mesh, rows in loss.groupby("mesh", sort=False):
-        ax.plot(rows["step"], rows["loss"], marker="o", markersize=3, label=f"pp x dp x tp = {mesh}")
+        ax.plot(rows["step"], rows["loss"], marker="o", markersize=3, label=mesh)
     ax.set_xlabel("step")
     ax.set_ylabel("training loss (nats per byte)")
     ax.set_title("the same model on every mesh shape")
@@ -38,7 +38,7 @@ def plot_throughput(rate, csv_dir):
     ax.barh(rate["mesh"], rate["tokens_per_second"], color="#4c9bd6")
     ax.invert_yaxis()
     ax.set_xlabel("tokens per second")
-    ax.set_ylabel("pp x dp x tp")
+    ax.set_ylabel("mesh")
     ax.set_title("throughput of each way to cut the model")
     return save(fig, Path(csv_dir) / "09_gpt_throughput.png")
 

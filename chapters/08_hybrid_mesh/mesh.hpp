@@ -200,6 +200,11 @@ std::string mesh_name(const MeshShape& shape, const std::vector<Axis>& axes);
 /// "pp x dp x ep x cp x tp = 1 x 2 x 2 x 2 x 1".
 std::string mesh_name(const MeshShape& shape);
 
+/// Every mesh of `ranks` ranks over `axes` (the others of size 1): each size along them a
+/// divisor, their product `ranks`; in the grid's order, the slowest axis's size growing
+/// slowest.
+std::vector<MeshShape> meshes_of(int ranks, const std::vector<Axis>& axes);
+
 /// The rank at a place of the mesh, over shown_axes(shape): "(pp_i * dp + dp_i) * tp + tp_i".
 std::string rank_formula(const MeshShape& shape);
 

@@ -37,6 +37,26 @@ std::string mesh_name(const MeshShape& shape, const std::vector<Axis>& axes) {
 
 std::string mesh_name(const MeshShape& shape) { return mesh_name(shape, shown_axes(shape)); }
 
+std::vector<MeshShape> meshes_of(int ranks, const std::vector<Axis>& axes) {
+  std::vector<MeshShape> out;
+  // Axis by axis in the grid's order: each divisor of what the axes before it left.
+  auto fill = [&](auto&& self, std::size_t next, MeshShape mesh, int left) -> void {
+    if (next == kAxisCount) {
+      if (left == 1) out.push_back(mesh);
+      return;
+    }
+    const Axis axis = kAxes[next];
+    const bool free = std::find(axes.begin(), axes.end(), axis) != axes.end();
+    for (int size = 1; size <= (free ? left : 1); ++size) {
+      if (left % size) continue;
+      mesh.size(axis) = size;
+      self(self, next + 1, mesh, left / size);
+    }
+  };
+  fill(fill, 0, MeshShape{}, ranks);
+  return out;
+}
+
 std::string rank_formula(const MeshShape& shape) {
   std::string rank;
   for (Axis axis : shown_axes(shape)) {

@@ -78,6 +78,27 @@ run("step as text", load + [edit_trainer("text", lambda s: {**s, "step": "12"})]
     r"trainer\.json's step is \"12\", not a whole number")
 run("trainer state a list", load + [edit_trainer("list", lambda s: [s])],
     r"trainer\.json is not a JSON object")
+# A step the run would take past the counter's range: refused at the load (it had run, and
+# failed as "a rank sent other than its axis' formula").
+run("step near the counter's end", ["--steps", "2", "--no-reference", "--load",
+                                    edit_trainer("last_steps", lambda s: {**s, "step": 2147483646})],
+    r"is at step 2147483646: --steps 2 more would pass the step counter's 2\^31 - 1")
+
+
+def edit_config(name, change):
+    where = copy(name)
+    path = os.path.join(where, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    with open(path, "w") as f:
+        json.dump(change(config), f)
+    return where
+
+
+# An expert count that is no number: said so (it was read as a dense model's config and
+# ended in two lines about missing tensors).
+run("experts as a word", load + [edit_config("four", lambda c: {**c, "num_local_experts": "four"})],
+    r"config\.json's num_local_experts is \"four\", not a whole number of experts")
 
 where = copy("transposed")
 def transpose(header):
@@ -160,5 +181,5 @@ if done.returncode != 0:
 
 for failure in failures:
     print("FAILED", failure)
-print(f"{len(failures)} of 16 cases mishandled")
+print(f"{len(failures)} of 18 cases mishandled")
 sys.exit(1 if failures else 0)

@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint.hpp"
@@ -45,6 +46,63 @@ using namespace ch09;
 
 namespace {
 
+/// The checkpoint --load names into the model, Adam and the scaler; the step it is at.
+/// UsageError when --steps more would pass the step counter (2^31 - 1).
+int resume(const Settings& s, GptModel& model, Trainer& trainer) {
+  const int first = load_checkpoint(s.load, model, &trainer.optimizer(), &trainer.scaler(),
+                                    trainer.expert_optimizer());
+  require_usage(first <= std::numeric_limits<int>::max() - s.steps,
+                "--load " + s.load + " is at step " + std::to_string(first) + ": --steps " +
+                    std::to_string(s.steps) + " more would pass the step counter's 2^31 - 1");
+  return first;
+}
+
+/// What the mesh's steps measured.
+struct MeshSteps {
+  StepResult last;          ///< the last step
+  Profile profile;          ///< where the last step's time went, rank by rank
+  ch08::StepMeasure clock;  ///< the median step's time, the last step's wire bytes
+  double seconds = 0;       ///< the steps' time in all
+};
+
+/// 3. Steps first .. first + steps - 1 of the mesh, each into `curve` (rank 0 holds the
+/// references' curves); the last one profiled.
+MeshSteps train_steps(Context& ctx, const Settings& s, Mesh& mesh, Trainer& trainer, int first,
+                      CurveTable& curve) {
+  MeshSteps out;
+  ch08::StepClock clock;
+  const auto start = std::chrono::steady_clock::now();
+  for (int t = first; t < first + s.steps; ++t) {
+    if (t == first + s.steps - 1) trainer.profile_next_step(&out.profile);  // the last step's
+    const std::uint64_t storages = host_storage_allocations();
+    clock.start(mesh.world());
+    out.last = trainer.step(t);
+    clock.stop(mesh.world());
+    // From the second step on, every tensor's storage is one the step before freed.
+    ctx.json()["last_step_allocations"] = host_storage_allocations() - storages;
+    curve.add(static_cast<std::size_t>(t - first), t + 1, out.last,
+              (t - first + 1) % s.log_every == 0 || t == first || t == first + s.steps - 1);
+  }
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  out.clock = clock.measure();
+  return out;
+}
+
+/// 4. What the last step sent per axis, what each rank holds, how long the stages waited:
+/// each next to its prediction (measurements.hpp).
+void report_measurements(Context& ctx, const Settings& s, Mesh& mesh, GptModel& model,
+                         const memory::Usage& used, const MeshSteps& run) {
+  const TrainConfig& c = s.run;
+  report_bytes(ctx, c, run.last);
+  ch08::report_hosts(ctx, c.mesh, run.last.bytes, run.clock);
+  report_memory(ctx, c, mesh, model, used);
+  const double bubble = report_bubble(ctx, c, mesh, run.last.events);
+  report_planner(ctx, c, run.last, used, bubble);
+  report_profile(ctx, c.mesh, run.profile);
+  if (!s.trace.empty()) write_profile_trace(ctx, c.mesh, run.profile, s.trace);
+  report_throughput(ctx, c, s.steps, run.seconds);
+}
+
 void train(Context& ctx, const Settings& s) {
   const TrainConfig& c = s.run;
   const Corpus data = Corpus::load(s.data, c.model.context);
@@ -61,29 +119,11 @@ void train(Context& ctx, const Settings& s) {
   Mesh mesh(ctx.comm(), c.mesh);
   GptModel model(mesh, c.model, c.model_options());
   Trainer trainer(mesh, model, c, data);
-  int first = 0;
-  if (!s.load.empty())
-    first = load_checkpoint(s.load, model, &trainer.optimizer(), &trainer.scaler(),
-                            trainer.expert_optimizer());
-  // 3. Step by step, the mesh against one device (rank 0 holds the references' curves).
+  const int first = s.load.empty() ? 0 : resume(s, model, trainer);
+
+  // 3. Step by step, the mesh against one device.
   CurveTable curve(c, reference && ctx.rank() == 0 ? &ref : nullptr);
-  const auto start = std::chrono::steady_clock::now();
-  StepResult last;
-  Profile profile;
-  ch08::StepClock clock;
-  for (int t = first; t < first + s.steps; ++t) {
-    if (t == first + s.steps - 1) trainer.profile_next_step(&profile);  // the last step's
-    const std::uint64_t storages = host_storage_allocations();
-    clock.start(mesh.world());
-    last = trainer.step(t);
-    clock.stop(mesh.world());
-    // From the second step on, every tensor's storage is one the step before freed.
-    ctx.json()["last_step_allocations"] = host_storage_allocations() - storages;
-    curve.add(static_cast<std::size_t>(t - first), t + 1, last,
-              (t - first + 1) % s.log_every == 0 || t == first || t == first + s.steps - 1);
-  }
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const MeshSteps run = train_steps(ctx, s, mesh, trainer, first, curve);
   ctx.report(curve.table(), "loss_curve",
              "Chapter 09 - " + describe(c, ctx.comm().backend()) +
                  "\n\nthe training loss (the batch's mean, nats per byte) on one device and "
@@ -99,26 +139,16 @@ void train(Context& ctx, const Settings& s) {
   // ln 256 down.
   check_training(ctx, curve, c.model.vocab, s.load.empty(), validation);
 
-  // 4. What the last step sent per axis, what each rank holds, how long the stages
-  // waited: each next to its prediction (measurements.hpp).
-  report_bytes(ctx, c, last);
-  ch08::report_hosts(ctx, c.mesh, last.bytes, clock.measure());
-  report_memory(ctx, c, mesh, model, tracker.usage());
-  const double bubble = report_bubble(ctx, c, mesh, last.events);
-  report_planner(ctx, c, last, tracker.usage(), bubble);
-  report_profile(ctx, c.mesh, profile);
-  if (!s.trace.empty()) write_profile_trace(ctx, c.mesh, profile, s.trace);
-
-  report_throughput(ctx, c, s.steps, seconds);
-  // A run that failed a check (diverged, or off one device's curve) leaves the folder as
-  // it was: a bad model does not replace a good one.
-  if (!s.save.empty() && !ctx.comm().all_true(ctx.ok())) {
-    ctx.say("not saved: the run failed its checks, so " + s.save + " is left as it was");
-  } else if (!s.save.empty()) {
-    save_checkpoint(s.save, mesh, model, &trainer.optimizer(), first + s.steps, &trainer.scaler(),
-                    trainer.expert_optimizer());
-    ctx.say("saved " + s.save + " (step " + std::to_string(first + s.steps) + ")");
-  }
+  // 4. Every measurement next to its prediction.
+  report_measurements(ctx, s, mesh, model, tracker.usage(), run);
+  // 5. A run that failed a check (diverged, or off one device's curve) leaves the folder
+  // as it was: a bad model does not replace a good one.
+  if (s.save.empty()) return;
+  if (!ctx.comm().all_true(ctx.ok()))
+    return ctx.say("not saved: the run failed its checks, so " + s.save + " is left as it was");
+  save_checkpoint(s.save, mesh, model, &trainer.optimizer(), first + s.steps, &trainer.scaler(),
+                  trainer.expert_optimizer());
+  ctx.say("saved " + s.save + " (step " + std::to_string(first + s.steps) + ")");
 }
 
 void generate(Context& ctx, const Settings& s) {
@@ -165,7 +195,14 @@ int main(int argc, char** argv) {
       read_expert_config(s.load, c.model);
     else if (cli.count("--top-k"))
       c.model.top_k = s.top_k;
-    if (s.benchmark) return;  // every mesh shape of the ranks, in turn
+    if (s.benchmark) {  // every mesh of the ranks, in turn
+      c.context = ch10::ring_context();
+      require_usage(!benchmark_meshes(c, ranks).empty(),
+                    "--benchmark: no mesh of " + std::to_string(ranks) +
+                        " ranks can run this model and batch (each needs tp to divide the "
+                        "heads, pp the layers, and every replica's microbatches a sequence)");
+      return;
+    }
     c.mesh = ch08::mesh_for_ranks(s.mesh, ranks);
     if (c.mesh.cp > 1) c.context = ch10::ring_context();
     check_config(c);

@@ -170,44 +170,60 @@ void report_planner(Context& ctx, const TrainConfig& c, const StepResult& last,
              "wte's between the first and last stage), and its bubble is (p-1)/m");
 }
 
-void run_benchmark(Context& ctx, const TrainConfig& base, const Corpus& data, int steps) {
-  Table rate({"mesh", "pp", "dp", "tp", "tokens_per_second", "step_ms", "first_loss", "last_loss"});
-  Table curve({"mesh", "step", "loss"});
-  const int N = ctx.size();
-  for (int pp = 1; pp <= N; ++pp)
-    for (int tp = 1; tp <= N / pp; ++tp) {
-      if (N % (pp * tp)) continue;
-      TrainConfig c = base;
-      c.mesh = {.pp = pp, .dp = N / (pp * tp), .tp = tp};
-      try {
-        check_config(c);
-      } catch (const shardlab::UsageError&) {
-        continue;  // this model cannot be cut this way
-      }
-      const std::string name =
-          std::to_string(pp) + "x" + std::to_string(c.mesh.dp) + "x" + std::to_string(tp);
-      Mesh mesh(ctx.comm(), c.mesh);
-      GptModel model(mesh, c.model, c.model_options());
-      Trainer trainer(mesh, model, c, data);
-      std::vector<double> loss;
-      auto start = std::chrono::steady_clock::now();
-      for (int t = 0; t < steps; ++t) {
-        if (t == 1) start = std::chrono::steady_clock::now();  // the first step warms up
-        loss.push_back(trainer.step(t).loss);
-        curve.add({name, t + 1, loss.back()});
-      }
-      const double seconds = ctx.comm().agree(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
-          shardlab::ReduceOp::max);
-      const double timed = std::max(1, steps - 1);
-      rate.add({name, pp, c.mesh.dp, tp,
-                timed * static_cast<double>(c.batch * c.model.context) / seconds,
-                1e3 * seconds / timed, loss.front(), loss.back()});
+std::vector<MeshShape> benchmark_meshes(const TrainConfig& c, int ranks) {
+  std::vector<MeshShape> out;
+  for (const MeshShape& mesh :
+       ch08::meshes_of(ranks, {std::begin(ch08::kAxes), std::end(ch08::kAxes)})) {
+    TrainConfig t = c;
+    t.mesh = mesh;
+    try {
+      check_config(t);
+      out.push_back(mesh);
+    } catch (const shardlab::UsageError&) {
+      // this model cannot be cut this way
     }
+  }
+  return out;
+}
+
+void run_benchmark(Context& ctx, const TrainConfig& base, const Corpus& data, int steps) {
+  std::vector<std::string> columns{"mesh"};
+  for (ch08::Axis a : ch08::kAxes) columns.emplace_back(ch08::axis_name(a));
+  for (const char* column : {"tokens_per_second", "step_ms", "first_loss", "last_loss"})
+    columns.emplace_back(column);
+  Table rate(columns);
+  Table curve({"mesh", "step", "loss"});
+  for (const MeshShape& shape : benchmark_meshes(base, ctx.size())) {
+    TrainConfig c = base;
+    c.mesh = shape;
+    const std::string name = ch08::mesh_name(shape);
+    Mesh mesh(ctx.comm(), c.mesh);
+    GptModel model(mesh, c.model, c.model_options());
+    Trainer trainer(mesh, model, c, data);
+    std::vector<double> loss;
+    auto start = std::chrono::steady_clock::now();
+    for (int t = 0; t < steps; ++t) {
+      if (t == 1) start = std::chrono::steady_clock::now();  // the first step warms up
+      loss.push_back(trainer.step(t).loss);
+      curve.add({name, t + 1, loss.back()});
+    }
+    const double seconds = ctx.comm().agree(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+        shardlab::ReduceOp::max);
+    const double timed = std::max(1, steps - 1);
+    std::vector<shardlab::Cell> row{name};
+    for (ch08::Axis a : ch08::kAxes) row.emplace_back(shape.size(a));
+    for (shardlab::Cell cell : std::vector<shardlab::Cell>{
+             timed * static_cast<double>(c.batch * c.model.context) / seconds,
+             1e3 * seconds / timed, loss.front(), loss.back()})
+      row.push_back(cell);
+    rate.add(row);
+  }
   ctx.report(rate, "throughput",
-             "Chapter 09 - every mesh shape of " + std::to_string(N) + " ranks, " +
-                 std::to_string(steps) + " steps each (the first not timed); " +
-                 describe(base, ctx.comm().backend()));
+             "Chapter 09 - every mesh of " + std::to_string(ctx.size()) +
+                 " ranks over the five axes, " + std::to_string(steps) +
+                 " steps each (the first not timed); " +
+                 describe(base, ctx.comm().backend(), false));
   ctx.save_csv(rate, "09_gpt_throughput");
   ctx.save_csv(curve, "09_gpt_loss");
 }

@@ -64,9 +64,13 @@ void report_planner(shardlab::Context& ctx, const TrainConfig& c, const StepResu
 /// the GPU's FP32 peak, times their number).
 void report_throughput(shardlab::Context& ctx, const TrainConfig& c, int steps, double seconds);
 
-/// --benchmark: every mesh shape of the ranks that can run `c`'s model, `steps` steps each
-/// (the first not timed), one after another: tokens per second and the loss curve, as
-/// tables and as CSV files (09_gpt_throughput.csv, 09_gpt_loss.csv) for the notebook.
+/// The meshes of `ranks` ranks over the five axes that can run `c`'s model (check_config:
+/// cp needs c.context, ep a model with experts), in the grid's order.
+std::vector<MeshShape> benchmark_meshes(const TrainConfig& c, int ranks);
+
+/// --benchmark: every mesh of benchmark_meshes, `steps` steps each (the first not timed),
+/// one after another: tokens per second and the loss curve, as tables and as CSV files
+/// (09_gpt_throughput.csv, 09_gpt_loss.csv) for the notebook.
 void run_benchmark(shardlab::Context& ctx, const TrainConfig& c, const Corpus& data, int steps);
 
 }  // namespace ch09

@@ -118,6 +118,13 @@ void check_flags(const CLI::App& app, Settings& s) {
     require_usage(!s.sample || !app.count(flag),
                   std::string(flag) + " is for training, not with --sample");
   if (s.benchmark && !app.count("--steps")) s.steps = 6;
+  for (const ch08::AxisInfo& axis : ch08::kAxisInfo)
+    require_usage(!s.benchmark || !app.count("--" + std::string(axis.name)),
+                  "--" + std::string(axis.name) +
+                      " with --benchmark: it trains every mesh of the ranks in turn");
+  require_usage(!app.count("--init-scale") || c.scaler == ch06::Scaler::dynamic,
+                "--init-scale is the dynamic loss scaler's first scale: give --precision fp16 "
+                "(its scaler is dynamic) or --scaler dynamic");
   require_usage(!(s.benchmark && (s.sample || !s.save.empty() || !s.load.empty())),
                 "--benchmark trains fresh models: not with --sample, --save or --load");
 }

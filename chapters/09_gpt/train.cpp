@@ -426,7 +426,7 @@ std::string experts_flags(const GptShape& s) {
          shardlab::format_number(s.aux_alpha);
 }
 
-std::string describe(const TrainConfig& c, std::string_view backend) {
+std::string describe(const TrainConfig& c, std::string_view backend, bool with_mesh) {
   const GptShape& s = c.model;
   const MeshShape& m = c.mesh;
   auto n = [](auto v) { return std::to_string(v); };
@@ -438,10 +438,11 @@ std::string describe(const TrainConfig& c, std::string_view backend) {
                                   static_cast<double>(parameter_count(s, s.top_k)) / 1e6) +
                               "M a token; " + describe_experts(s)
                         : "") +
-         ") on " + ch08::mesh_name(m) + " (" + std::string(backend) + "), " +
-         (m.cp > 1 && c.context ? c.context->name() + ", " : "") + c.schedule + ", " +
-         n(c.microbatches) + " microbatches; batch " + n(c.batch) + " x " + n(s.context) +
-         " bytes, " + (c.zero ? "ZeRO-1" : "Adam") + " lr " + shardlab::format_number(c.adam.lr) +
+         ")" + (with_mesh ? " on " + ch08::mesh_name(m) : std::string()) + " (" +
+         std::string(backend) + "), " + (m.cp > 1 && c.context ? c.context->name() + ", " : "") +
+         c.schedule + ", " + n(c.microbatches) + " microbatches; batch " + n(c.batch) + " x " +
+         n(s.context) + " bytes, " + (c.zero ? "ZeRO-1" : "Adam") + " lr " +
+         shardlab::format_number(c.adam.lr) +
          (c.clip > 0 ? ", clip " + shardlab::format_number(c.clip) : "") +
          (c.sequence_parallel ? ", sequence parallel" : "") +
          (c.precision != shardlab::DType::f32

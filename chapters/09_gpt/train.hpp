@@ -189,8 +189,9 @@ namespace ch09 {
 std::string describe_experts(const GptShape& shape);
 /// The flags that give a model `shape`'s experts: "--experts 8 --top-k 2 --moe-every 1 ...".
 std::string experts_flags(const GptShape& shape);
-/// "GPT (L 4, C 128, H 4, T 64; 0.8M parameters) on pp x dp x tp = 2 x 2 x 2 (threads), ..."
-std::string describe(const TrainConfig& c, std::string_view backend);
+/// "GPT (L 4, C 128, H 4, T 64; 0.8M parameters) on pp x dp x tp = 2 x 2 x 2 (threads), ...";
+/// without `with_mesh`, "GPT (...) (threads), ..." (a run of many meshes).
+std::string describe(const TrainConfig& c, std::string_view backend, bool with_mesh = true);
 /// About how many bytes a run holds at most (the memory check before the ranks start):
 /// one device's run, and under threads the mesh's ranks of this process too.
 double run_bytes(const TrainConfig& c, bool threads);
