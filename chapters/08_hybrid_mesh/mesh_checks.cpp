@@ -99,6 +99,32 @@ AxisBytes between_hosts(const MeshShape& mesh, int rank, const AxisBytes& sent,
   return out;
 }
 
+namespace {
+
+/// The hosts of a run: which ranks each holds, and what their interfaces sent.
+struct HostsOf {
+  std::string placement;  // "node0: 0 1 | node1: 2 3"
+  nlohmann::json ranks;   // host name -> its ranks
+  std::int64_t wire = 0;  // bytes every host's interfaces sent, each host read once
+};
+HostsOf hosts_of(const std::vector<int>& host, const std::vector<std::string>& distinct,
+                 const std::vector<std::int64_t>& wires) {
+  HostsOf out;
+  out.ranks = nlohmann::json::object();
+  for (std::size_t h = 0; h < distinct.size(); ++h) {
+    std::vector<int> ranks;
+    for (std::size_t r = 0; r < host.size(); ++r)
+      if (host[r] == static_cast<int>(h)) ranks.push_back(static_cast<int>(r));
+    out.wire += wires[static_cast<std::size_t>(ranks.front())];  // the host's first rank's
+    out.placement += (h ? " | " : "") + distinct[h] + ":";
+    for (int r : ranks) out.placement += " " + std::to_string(r);
+    out.ranks[distinct[h]] = ranks;
+  }
+  return out;
+}
+
+}  // namespace
+
 void report_hosts(Context& ctx, const MeshShape& mesh, const AxisBytes& sent,
                   const StepMeasure& step) {
   shardlab::Communicator& comm = ctx.comm();
@@ -118,18 +144,7 @@ void report_hosts(Context& ctx, const MeshShape& mesh, const AxisBytes& sent,
   }
 
   // One reading of the wire per host (its ranks share its interfaces): its first rank's.
-  std::int64_t on_wire = 0;
-  std::string placement;
-  nlohmann::json hosts = nlohmann::json::object();
-  for (std::size_t h = 0; h < distinct.size(); ++h) {
-    std::vector<int> ranks;
-    for (int r = 0; r < ctx.size(); ++r)
-      if (host[static_cast<std::size_t>(r)] == static_cast<int>(h)) ranks.push_back(r);
-    on_wire += wires[static_cast<std::size_t>(ranks.front())];
-    placement += (h ? " | " : "") + distinct[h] + ":";
-    for (int r : ranks) placement += " " + std::to_string(r);
-    hosts[distinct[h]] = ranks;
-  }
+  const HostsOf hosts = hosts_of(host, distinct, wires);
   Table t({"axis", "groups", "groups_across_hosts", "bytes_between_hosts"});
   std::int64_t all = 0;
   for (std::size_t k = 0; k < shown.size(); ++k) {
@@ -144,12 +159,13 @@ void report_hosts(Context& ctx, const MeshShape& mesh, const AxisBytes& sent,
     all += crossing[k];
   }
   t.add({std::string("all"), std::string(""), std::string(""), all});
-  ctx.json()["hosts"] = hosts;
+  ctx.json()["hosts"] = hosts.ranks;
   ctx.report(t, "between_hosts",
-             "\nthe ranks on " + std::to_string(distinct.size()) + " hosts (" + placement +
+             "\nthe ranks on " + std::to_string(distinct.size()) + " hosts (" + hosts.placement +
                  "); bytes that went between hosts in the last step, per axis: each rank's bytes "
                  "of the axis where the next rank of its group (its neighbour stage, for pp) is "
                  "on another host");
+  const std::int64_t on_wire = hosts.wire;
   ctx.json()["wire_bytes"] = on_wire;
   ctx.say(
       "on the wire in that step (what the hosts' network interfaces sent, headers and "

@@ -148,9 +148,52 @@ StepMeasure StepClock::measure() const {
   return {sorted[sorted.size() / 2], last_wire_};
 }
 
+namespace {
+
+/// One training step of this rank on batch `batch`'s rows `mine`: the pipeline over its
+/// microbatches, the replicas' gradients summed, the update. Its loss (the last stage's
+/// share), bytes per axis and ops into `ran` and `bytes`.
+void train_step(Mesh& mesh, HybridModel& model, const HybridConfig& c, Memory memory,
+                ch04::Pipeline& pipeline, const ch04::Schedule& schedule, ReplicaOptimizer* opt,
+                const shardlab::toy::Batch& batch, ch04::StageRun& ran, AxisBytes& bytes) {
+  nn::ParameterStore& store = model.store();
+  const shardlab::ShardRange mine = shard_range(c.batch, c.mesh.dp, mesh.coords().dp);
+  const Tensor x = batch.x.slice(mine.offset, mine.length);
+  const Tensor y = batch.y.slice(mine.offset, mine.length);
+  const auto B = static_cast<double>(c.batch);
+  auto rows_of = [&](int j) { return shard_range(mine.length, c.microbatches, j); };
+
+  // [pipeline_step]
+  ch04::Stage stage;
+  stage.chunks = {&model.chunk()};
+  stage.memory = memory;
+  stage.input = [&](int j) { return x.slice(rows_of(j).offset, rows_of(j).length).to(memory); };
+  stage.boundary = [&](int j, int) { return ch04::Boundary{{rows_of(j).length, c.hidden}}; };
+  stage.loss = [&](const Tensor& out, int j) {
+    const Tensor target = y.slice(rows_of(j).offset, rows_of(j).length).to(memory);
+    return ch04::MicrobatchLoss{nn::squared_error(out, target) / (2 * B),
+                                nn::mse_backward(out, target, B)};
+  };
+  ch04::Hooks hooks;
+  opt->accumulate(hooks);
+
+  AxisMeter meter(mesh);  // the pipeline's messages are pp's
+  for (Communicator* channel : pipeline.channels()) meter.count_as(Axis::pp, *channel);
+  store.zero_grad();
+  {
+    memory::Scope scope(memory::Category::activations);
+    ran = pipeline.run(schedule, stage, hooks);
+  }
+  opt->reduce();
+  // [pipeline_step]
+  opt->update();
+  bytes = meter.sent();
+}
+
+}  // namespace
+
 HybridRun train_hybrid(Mesh& mesh, HybridModel& model, const HybridConfig& c, Memory memory) {
   const Coords& at = mesh.coords();
-  nn::ParameterStore& store = model.store();
   const ch04::Schedule schedule = ch04::make_schedule(c.schedule, c.mesh.pp, c.microbatches, 1);
   ch04::Pipeline pipeline(mesh.pp());
 
@@ -161,49 +204,20 @@ HybridRun train_hybrid(Mesh& mesh, HybridModel& model, const HybridConfig& c, Me
   {
     memory::Tracker states;
     memory::Scope scope(memory::Category::optimizer);
-    opt = std::make_unique<ReplicaOptimizer>(mesh.dp(), store, c.zero, c.adam, c.sgd, memory);
+    opt =
+        std::make_unique<ReplicaOptimizer>(mesh.dp(), model.store(), c.zero, c.adam, c.sgd, memory);
     run.optimizer_bytes = states.usage().live(memory::Category::optimizer) +
                           states.usage().live(memory::Category::master);
   }
+  run.parameters = model.store().size();
 
   const shardlab::toy::Teacher teacher = teacher_of(c);
-  const shardlab::ShardRange mine = shard_range(c.batch, c.mesh.dp, at.dp);
-  const auto B = static_cast<double>(c.batch);
-  run.parameters = store.size();
   StepClock clock;
   for (int step = 0; step < c.steps; ++step) {
     clock.start(mesh.world());
-    const shardlab::toy::Batch batch = teacher.batch(c.batch, step);
-    const Tensor x = batch.x.slice(mine.offset, mine.length);
-    const Tensor y = batch.y.slice(mine.offset, mine.length);
-    auto rows_of = [&](int j) { return shard_range(mine.length, c.microbatches, j); };
-
-    // [pipeline_step]
-    ch04::Stage stage;
-    stage.chunks = {&model.chunk()};
-    stage.memory = memory;
-    stage.input = [&](int j) { return x.slice(rows_of(j).offset, rows_of(j).length).to(memory); };
-    stage.boundary = [&](int j, int) { return ch04::Boundary{{rows_of(j).length, c.hidden}}; };
-    stage.loss = [&](const Tensor& out, int j) {
-      const Tensor target = y.slice(rows_of(j).offset, rows_of(j).length).to(memory);
-      return ch04::MicrobatchLoss{nn::squared_error(out, target) / (2 * B),
-                                  nn::mse_backward(out, target, B)};
-    };
-    ch04::Hooks hooks;
-    opt->accumulate(hooks);
-
-    AxisMeter meter(mesh);
-    for (Communicator* channel : pipeline.channels()) meter.count_as(Axis::pp, *channel);
-    store.zero_grad();
     ch04::StageRun ran;
-    {
-      memory::Scope scope(memory::Category::activations);
-      ran = pipeline.run(schedule, stage, hooks);
-    }
-    opt->reduce();
-    // [pipeline_step]
-    opt->update();
-    run.bytes = meter.sent();
+    train_step(mesh, model, c, memory, pipeline, schedule, opt.get(), teacher.batch(c.batch, step),
+               ran, run.bytes);
     if (step == c.steps - 1)
       run.events = ch04::gather_events(mesh.pp(), ran.events);  // every stage's (uncounted)
     // The step's loss: the last stage's shares, once per replica (tp rank 0), summed.

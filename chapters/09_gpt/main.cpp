@@ -1,5 +1,6 @@
-// Chapter 09 — a GPT trained with everything: data x tensor x pipeline parallelism, on CPU
-// threads, equal to one device, with checkpoints Hugging Face loads.
+// Chapter 09 — a GPT trained with everything: Megatron-LM's five axes (pipeline, data,
+// expert, context and tensor parallelism), on CPU threads, equal to one device, with
+// checkpoints Hugging Face loads.
 //
 // The course (CS336 lecture 7's advanced exercise, "train GPT-2 on 4-8 devices and
 // compare the strategies"; so-large-lm's distributed-training chapter §6 "混合并行"):
@@ -168,11 +169,35 @@ void generate(Context& ctx, const Settings& s) {
   ctx.say(s.prompt + text);
 }
 
+/// What the flags ask of `ranks` ranks: the mesh (dp what the others leave), chapter 10's
+/// ring where it has cp, the interleaved schedule's chunks, the experts (--sample: its
+/// checkpoint's); --benchmark: a mesh of the ranks that can run the model.
+void fit_to_ranks(Settings& s, const CLI::App& cli, int ranks) {
+  TrainConfig& c = s.run;
+  if (ch04::schedule_info(c.schedule).chunked && !cli.count("--chunks")) c.chunks = 2;
+  // Sampling: --top-k is how it draws, and the model's experts are its checkpoint's.
+  if (s.sample && !s.load.empty())
+    read_expert_config(s.load, c.model);
+  else if (cli.count("--top-k"))
+    c.model.top_k = s.top_k;
+  if (s.benchmark) {  // every mesh of the ranks, in turn
+    c.context = ch10::ring_context();
+    require_usage(!benchmark_meshes(c, ranks).empty(),
+                  "--benchmark: no mesh of " + std::to_string(ranks) +
+                      " ranks can run this model and batch (each needs tp to divide the "
+                      "heads, pp the layers, and every replica's microbatches a sequence)");
+    return;
+  }
+  c.mesh = ch08::mesh_for_ranks(s.mesh, ranks);
+  if (c.mesh.cp > 1) c.context = ch10::ring_context();
+  check_config(c);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   Program program("ch09_gpt",
-                  "Chapter 09: a GPT trained with data x tensor x pipeline parallelism, "
+                  "Chapter 09: a GPT trained on Megatron-LM's five axes (pp x dp x ep x cp x tp), "
                   "equal to one device");
   program.default_ranks(8);
   Settings s;
@@ -188,25 +213,7 @@ int main(int argc, char** argv) {
     const double ranks = ch08::product(asked, {std::begin(ch08::kAxes), std::end(ch08::kAxes)});
     return ranks > 8 && ranks <= 1024 ? static_cast<int>(ranks) : 8;  // more: the mesh says no
   });
-  program.world_size([&](const Options&, int ranks) {
-    if (ch04::schedule_info(c.schedule).chunked && !program.cli().count("--chunks")) c.chunks = 2;
-    // Sampling: --top-k is how it draws, and the model's experts are its checkpoint's.
-    if (s.sample && !s.load.empty())
-      read_expert_config(s.load, c.model);
-    else if (cli.count("--top-k"))
-      c.model.top_k = s.top_k;
-    if (s.benchmark) {  // every mesh of the ranks, in turn
-      c.context = ch10::ring_context();
-      require_usage(!benchmark_meshes(c, ranks).empty(),
-                    "--benchmark: no mesh of " + std::to_string(ranks) +
-                        " ranks can run this model and batch (each needs tp to divide the "
-                        "heads, pp the layers, and every replica's microbatches a sequence)");
-      return;
-    }
-    c.mesh = ch08::mesh_for_ranks(s.mesh, ranks);
-    if (c.mesh.cp > 1) c.context = ch10::ring_context();
-    check_config(c);
-  });
+  program.world_size([&](const Options&, int ranks) { fit_to_ranks(s, cli, ranks); });
   program.validate([&](const Options& o) {
     c.model.seed = o.seed;
     c.memory = o.memory();

@@ -224,71 +224,61 @@ std::string CurveTable::dead_run() const {
   return scaled_ ? ch06::no_step_taken(scaler_, skipped_, steps_, first_scale_) : "";
 }
 
+namespace {
+
+/// The larger of m and d, NaN when either is.
+void most(double& m, double d) { m = std::isnan(d) || std::isnan(m) ? NAN : std::max(m, d); }
+
+/// A per-step quantity on the mesh and on one device again in pieces, each against one
+/// device (rank 0's: it holds the curves): at its worst step, or (`first_only`) at step 1.
+ch08::Agreement agreement(const Context& ctx, const References& ref, const Curve& mesh,
+                          std::vector<double> Curve::*of, std::string what, bool first_only) {
+  ch08::Agreement row{.what = std::move(what)};
+  if (ctx.rank() != 0) return row;
+  const std::size_t steps = first_only ? 1 : (mesh.*of).size();
+  for (std::size_t t = 0; t < steps; ++t) {
+    most(row.diff, relative((mesh.*of)[t], (ref.whole.*of)[t]));
+    most(row.order_alone, relative((ref.pieces.*of)[t], (ref.whole.*of)[t]));
+  }
+  if (first_only) row.one_device = (ref.whole.*of)[0], row.mesh = (mesh.*of)[0];
+  return row;
+}
+
+}  // namespace
+
 void compare_with_one_device(Context& ctx, const References& ref, const Curve& mesh,
                              double validation) {
-  // The worst step of a per-step quantity, on the mesh and one device again in pieces, each
-  // against one device (rank 0's: it holds the curves).
-  struct Worst {
-    double diff = 0, order = 0;
-  };
-  auto most = [](double& m, double d) {
-    m = std::isnan(d) || std::isnan(m) ? NAN : std::max(m, d);
-  };
-  auto worst = [&](std::vector<double> Curve::*of) {
-    Worst w;
-    if (ctx.rank() != 0) return w;
-    for (std::size_t t = 0; t < (mesh.*of).size(); ++t) {
-      most(w.diff, relative((mesh.*of)[t], (ref.whole.*of)[t]));
-      most(w.order, relative((ref.pieces.*of)[t], (ref.whole.*of)[t]));
-    }
-    return w;
-  };
-  const Worst loss = worst(&Curve::loss);
-  double vdiff = 0, vorder = 0;
-  if (ctx.rank() == 0) {
-    vdiff = relative(validation, ref.whole.validation);
-    vorder = relative(ref.pieces.validation, ref.whole.validation);
-  }
   std::vector<ch08::Agreement> rows{
-      {.what = "the training loss, worst step", .diff = loss.diff, .order_alone = loss.order},
-      {.what = "the validation loss",
-       .diff = vdiff,
-       .order_alone = vorder,
-       .one_device = ref.whole.validation,
-       .mesh = validation}};
+      agreement(ctx, ref, mesh, &Curve::loss, "the training loss, worst step", false),
+      {.what = "the validation loss", .one_device = ref.whole.validation, .mesh = validation}};
+  if (ctx.rank() == 0) {
+    rows[1].diff = relative(validation, ref.whole.validation);
+    rows[1].order_alone = relative(ref.pieces.validation, ref.whole.validation);
+  }
   // With experts, the routing of the first step: from the same weights, each sequence
   // routed on its own, the mesh drops exactly the choices one device drops, and its aux
   // loss is one device's but for the order of its sums. (Later steps route from weights
   // that differ by what the order of additions does, and the routing, a choice, turns
   // those bits into whole tokens sent elsewhere: the curve's table shows both.)
-  if (ctx.comm().agree(mesh.aux.empty() || mesh.aux.front() == 0 ? 0.0 : 1.0,
-                       shardlab::ReduceOp::max) > 0) {
-    auto first = [&](std::vector<double> Curve::*of, double& diff, double& order) {
-      if (ctx.rank() != 0) return;
-      diff = relative((mesh.*of)[0], (ref.whole.*of)[0]);
-      order = relative((ref.pieces.*of)[0], (ref.whole.*of)[0]);
-    };
-    ch08::Agreement aux{.what = "the aux loss, first step", .own_least = kTolerance},
-        dropped{.what = "the dropped choices, first step", .own_least = 0.0};
-    first(&Curve::aux, aux.diff, aux.order_alone);
-    first(&Curve::dropped, dropped.diff, dropped.order_alone);
-    if (ctx.rank() == 0) {
-      aux.one_device = ref.whole.aux[0], aux.mesh = mesh.aux[0];
-      dropped.one_device = ref.whole.dropped[0], dropped.mesh = mesh.dropped[0];
-    }
-    rows.push_back(aux);
-    rows.push_back(dropped);
+  const bool experts = ctx.comm().agree(mesh.aux.empty() || mesh.aux.front() == 0 ? 0.0 : 1.0,
+                                        shardlab::ReduceOp::max) > 0;
+  if (experts) {
+    rows.push_back(agreement(ctx, ref, mesh, &Curve::aux, "the aux loss, first step", true));
+    rows.back().own_least = kTolerance;
+    rows.push_back(
+        agreement(ctx, ref, mesh, &Curve::dropped, "the dropped choices, first step", true));
+    rows.back().own_least = 0.0;
   }
-  const double times = rows.size() > 2 ? kOrderExperts : kOrder;
+  const double times = experts ? kOrderExperts : kOrder;
   ch08::report_vs_one_device(
       ctx, rows, {.least = kTolerance, .times = times, .worst_of_all = true},
       "\nthe mesh against one device, relative; order alone: one device with the batch in the "
       "mesh's pieces (the worst, step or validation, x " +
           shardlab::format_number(times) + " is the tolerance; at least " +
           shardlab::format_number(kTolerance) + ")" +
-          (rows.size() > 2 ? "; the first step's routing is held to its own order alone, the "
-                             "dropped choices exactly"
-                           : ""));
+          (experts ? "; the first step's routing is held to its own order alone, the "
+                     "dropped choices exactly"
+                   : ""));
 }
 
 void check_training(Context& ctx, const CurveTable& curve, std::int64_t vocab, bool from_scratch,

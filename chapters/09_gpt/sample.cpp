@@ -12,6 +12,32 @@ namespace ch09 {
 
 using shardlab::Shape;
 
+namespace {
+
+/// The next byte from `row`, the whole vocabulary's logits: the most likely (temperature 0),
+/// or drawn from softmax(logits / temperature) over the top_k most likely (0: all), by a
+/// generator seeded with (seed, i), the same on every platform.
+int draw(const Tensor& row, float temperature, int top_k, std::uint64_t seed, int i) {
+  std::vector<int> order(static_cast<std::size_t>(row.size()));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return row[a] > row[b]; });
+  if (temperature <= 0) return order[0];
+  const std::size_t k = top_k > 0
+                            ? std::min<std::size_t>(static_cast<std::size_t>(top_k), order.size())
+                            : order.size();
+  std::vector<double> w(k);
+  for (std::size_t q = 0; q < k; ++q)
+    w[q] = std::exp((row[order[q]] - row[order[0]]) / static_cast<double>(temperature));
+  std::uint64_t state = seed * 0x9E3779B97F4A7C15ULL + static_cast<std::uint64_t>(i);
+  double u = static_cast<double>(shardlab::splitmix64(state) >> 11) * 0x1.0p-53 *
+             std::accumulate(w.begin(), w.end(), 0.0);
+  std::size_t q = 0;
+  while (q + 1 < k && u >= w[q]) u -= w[q++];
+  return order[q];
+}
+
+}  // namespace
+
 std::string sample(Trainer& trainer, const std::string& prompt, int count, float temperature,
                    int top_k, std::uint64_t seed, const std::function<void(int)>& progress) {
   Mesh& mesh = trainer.mesh_;
@@ -41,7 +67,6 @@ std::string sample(Trainer& trainer, const std::string& prompt, int count, float
       const auto at = std::find(held.begin(), held.end(), len - 1);
       if (at != held.end()) speaker.cp = r, at_row = at - held.begin();
     }
-    const int root = ch08::rank_of(shape, speaker);
     Tensor next(Shape{1}, shardlab::DType::f32);
     if (model.last() && mesh.coords().cp == speaker.cp) {
       // That row's logits (sequence parallel: the head gathers the rows first).
@@ -51,27 +76,9 @@ std::string sample(Trainer& trainer, const std::string& prompt, int count, float
       Tensor row(Shape{V}, shardlab::DType::f32);
       mesh.tp().allgatherv(logits.to(Memory::host).flat(), row,
                            shardlab::shard_counts(V, mesh.shape().tp));
-      std::vector<int> order(static_cast<std::size_t>(V));
-      std::iota(order.begin(), order.end(), 0);
-      std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return row[a] > row[b]; });
-      int pick = order[0];
-      if (temperature > 0) {
-        const std::size_t k =
-            top_k > 0 ? std::min<std::size_t>(static_cast<std::size_t>(top_k), order.size())
-                      : order.size();
-        std::vector<double> w(k);
-        for (std::size_t q = 0; q < k; ++q)
-          w[q] = std::exp((row[order[q]] - row[order[0]]) / static_cast<double>(temperature));
-        std::uint64_t state = seed * 0x9E3779B97F4A7C15ULL + static_cast<std::uint64_t>(i);
-        double u = static_cast<double>(shardlab::splitmix64(state) >> 11) * 0x1.0p-53 *
-                   std::accumulate(w.begin(), w.end(), 0.0);
-        std::size_t q = 0;
-        while (q + 1 < k && u >= w[q]) u -= w[q++];
-        pick = order[q];
-      }
-      next[0] = static_cast<float>(pick);
+      next[0] = static_cast<float>(draw(row, temperature, top_k, seed, i));
     }
-    mesh.world().broadcast(next, root);
+    mesh.world().broadcast(next, ch08::rank_of(shape, speaker));
     text.push_back(static_cast<char>(static_cast<int>(next[0])));
     if (progress) progress(i + 1);
   }

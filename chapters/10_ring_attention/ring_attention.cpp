@@ -113,6 +113,11 @@ Partial attend(std::span<const float> q, std::span<const float> k, std::span<con
 namespace {
 
 constexpr int kTag = 10'000;
+/// The tags of the ring's messages at step `step`: the forward's blocks, the backward's
+/// blocks, and the backward's gradients going on with them (never the same two).
+int forward_tag(int step) { return kTag + step; }
+int backward_tag(int step) { return kTag + 100 + 2 * step; }
+int gradients_tag(int step) { return kTag + 101 + 2 * step; }
 
 /// The rank whose block this rank holds at step s of the ring: r - s mod cp. The blocks
 /// travel as chapter 03's ring all-gather moves its chunks (ch03::wrap: a ring index).
@@ -157,7 +162,7 @@ std::vector<float> ring_attention(Communicator& cp, const std::vector<float>& q,
   for (int step = 0; step < P; ++step) {
     Pass pass;
     const bool more = step + 1 < P;
-    if (more) pass = start_pass(cp, held, arriving, kTag + step);
+    if (more) pass = start_pass(cp, held, arriving, forward_tag(step));
     const std::vector<std::int64_t> keys = rank_positions(T, P, source(r, step, P), shape.split);
     const std::span<const float> block(held), queries(q);  // block: every k, then every v
     for (std::int64_t s = 0; s < S; ++s) {
@@ -187,12 +192,52 @@ std::vector<float> ring_attention(Communicator& cp, const std::vector<float>& q,
   return out;
 }
 
+namespace {
+
+/// One sequence's rows of the backward against one block of keys: this rank's n queries
+/// and the block's n keys and values, every row and head. The pointers are to the
+/// sequence's rows (n x C, heads side by side; lse and delta n x H).
+struct BlockRows {
+  const float *q, *lse, *k, *v, *dy, *delta;
+  float *dq, *dk, *dv;
+};
+
+/// The backward from the log-sum-exp (FlashAttention-2, Dao 2023 §3.1.1): each allowed pair
+/// (a key at or before the query's position) has p = exp(q.k scale - lse) and
+/// ds = p (dy.v - delta) scale, and adds p dy into dv, ds k into dq and ds q into dk.
+void block_backward(const BlockRows& b, const std::vector<std::int64_t>& queries,
+                    const std::vector<std::int64_t>& keys, std::int64_t H, std::int64_t D) {
+  const auto n = static_cast<std::int64_t>(queries.size());
+  const std::int64_t C = H * D;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  for (std::int64_t i = 0; i < n; ++i)
+    for (std::int64_t h = 0; h < H; ++h) {
+      const std::int64_t row = i * H + h;
+      for (std::int64_t j = 0; j < n; ++j) {
+        if (keys[at(j)] > queries[at(i)]) continue;
+        float sc = 0, dp = 0;
+        for (std::int64_t d = 0; d < D; ++d) {
+          sc += b.q[i * C + h * D + d] * b.k[j * C + h * D + d];
+          dp += b.dy[i * C + h * D + d] * b.v[j * C + h * D + d];
+        }
+        const float p = std::exp(sc * scale - b.lse[row]);
+        const float ds = p * (dp - b.delta[row]) * scale;
+        for (std::int64_t d = 0; d < D; ++d) {
+          b.dv[j * C + h * D + d] += p * b.dy[i * C + h * D + d];
+          b.dq[i * C + h * D + d] += ds * b.k[j * C + h * D + d];
+          b.dk[j * C + h * D + d] += ds * b.q[i * C + h * D + d];
+        }
+      }
+    }
+}
+
+}  // namespace
+
 RingGrads ring_attention_backward(Communicator& cp, const RingSaved& saved,
                                   const std::vector<float>& dout, const RingShape& shape) {
   const int P = cp.size(), r = cp.rank();
   const auto n = static_cast<std::int64_t>(saved.pos.size());
   const std::int64_t H = shape.heads, D = shape.head_dim, C = H * D, S = shape.sequences;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   shardlab::require(dout.size() == at(S * n * C) && saved.q.size() == S * n * C,
                     "ring_attention_backward: dL/dout must be the rank's rows x heads x head_dim, "
                     "as the forward's");
@@ -211,39 +256,21 @@ RingGrads ring_attention_backward(Communicator& cp, const RingSaved& saved,
   for (int step = 0; step < P; ++step) {
     Pass pass;
     const bool more = step + 1 < P;
-    if (more) pass = start_pass(cp, kv, kv_next, kTag + 100 + 2 * step);
+    if (more) pass = start_pass(cp, kv, kv_next, backward_tag(step));
     const std::vector<std::int64_t> keys =
         rank_positions(shape.T, P, source(r, step, P), shape.split);
     for (std::int64_t s = 0; s < S; ++s) {
       const std::int64_t first = s * n * C;  // this sequence's rows, in every array
-      const float* q = saved.q.data() + first;
-      const float* lse = saved.lse.data() + s * n * H;
-      const float* k = kv.data() + first;
-      const float* v = kv.data() + S * n * C + first;
-      const float* dy = dout.data() + first;
-      const float* dl = delta.data() + s * n * H;
-      float* dq = g.dq.data() + first;
-      float* dk = grads.data() + first;
-      float* dv = grads.data() + S * n * C + first;
-      for (std::int64_t i = 0; i < n; ++i)
-        for (std::int64_t h = 0; h < H; ++h) {
-          const std::int64_t row = i * H + h;
-          for (std::int64_t j = 0; j < n; ++j) {
-            if (keys[at(j)] > saved.pos[at(i)]) continue;
-            float sc = 0, dp = 0;
-            for (std::int64_t d = 0; d < D; ++d) {
-              sc += q[i * C + h * D + d] * k[j * C + h * D + d];
-              dp += dy[i * C + h * D + d] * v[j * C + h * D + d];
-            }
-            const float p = std::exp(sc * scale - lse[row]);
-            const float ds = p * (dp - dl[row]) * scale;
-            for (std::int64_t d = 0; d < D; ++d) {
-              dv[j * C + h * D + d] += p * dy[i * C + h * D + d];
-              dq[i * C + h * D + d] += ds * k[j * C + h * D + d];
-              dk[j * C + h * D + d] += ds * q[i * C + h * D + d];
-            }
-          }
-        }
+      block_backward({.q = saved.q.data() + first,
+                      .lse = saved.lse.data() + s * n * H,
+                      .k = kv.data() + first,
+                      .v = kv.data() + S * n * C + first,
+                      .dy = dout.data() + first,
+                      .delta = delta.data() + s * n * H,
+                      .dq = g.dq.data() + first,
+                      .dk = grads.data() + first,
+                      .dv = grads.data() + S * n * C + first},
+                     saved.pos, keys, H, D);
     }
     if (more) {
       finish(cp, pass);
@@ -252,7 +279,7 @@ RingGrads ring_attention_backward(Communicator& cp, const RingSaved& saved,
     // The gradients go on with the block: after the last step, home to the rank whose
     // keys they are (the next one).
     if (P > 1) {
-      Pass home = start_pass(cp, grads, grads_next, kTag + 101 + 2 * step);
+      Pass home = start_pass(cp, grads, grads_next, gradients_tag(step));
       finish(cp, home);
       grads.swap(grads_next);
     }
