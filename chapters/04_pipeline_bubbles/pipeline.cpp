@@ -92,13 +92,13 @@ class StageRunner {
     nn::Layer& chunk = *stage_.chunks[static_cast<std::size_t>(op.chunk)];
     const int k = virtual_stage(st_, op.chunk, p_);
     switch (op.kind) {
-      case Kind::forward:
+      case OpKind::forward:
         forward_op(op, k, chunk, e);
         break;
-      case Kind::backward:
+      case OpKind::backward:
         backward_op(op, k, chunk, e, run);
         break;
-      case Kind::weight:
+      case OpKind::weight:
         e.start = clock_.seconds();
         chunk.backward_weight(held_.at({op.microbatch, op.chunk}).saved);
         e.end = finished();
@@ -224,7 +224,7 @@ StageRun Pipeline::run(const Schedule& s, const Stage& stage, const Hooks& hooks
   const auto& ops = s.ops[static_cast<std::size_t>(st)];
   // The ops that add weight gradients: the last one gets the hook before it, and each
   // chunk's count says when its gradients are final.
-  const Kind adds_weights = s.split_backward() ? Kind::weight : Kind::backward;
+  const OpKind adds_weights = s.split_backward() ? OpKind::weight : OpKind::backward;
   std::size_t last_backward = ops.size();
   std::vector<int> backwards_left(static_cast<std::size_t>(s.chunks), 0);
   for (std::size_t i = 0; i < ops.size(); ++i)
@@ -298,7 +298,7 @@ Timed time_schedule(Pipeline& pipeline, const Schedule& s, const Stage& stage,
 }
 
 std::function<double(int, const Op&)> measured_costs(const std::vector<Event>& events) {
-  std::map<std::tuple<int, Kind, int, int>, double> took;
+  std::map<std::tuple<int, OpKind, int, int>, double> took;
   for (const Event& e : events)
     took[{e.stage, e.op.kind, e.op.microbatch, e.op.chunk}] = e.end - e.start;
   return [took](int stage, const Op& op) {

@@ -23,7 +23,7 @@
 namespace ch04 {
 
 /// What an op computes.
-enum class Kind {
+enum class OpKind {
   forward,   ///< F: the forward of a microbatch through a chunk
   backward,  ///< B: the input gradient (and the weight gradient when there are no W ops)
   weight     ///< W: the weight gradient, split off B
@@ -31,7 +31,7 @@ enum class Kind {
 
 /// One operation of a stage: F, B or W of microbatch j through chunk c.
 struct Op {
-  Kind kind;       ///< F, B or W
+  OpKind kind;       ///< F, B or W
   int microbatch;  ///< j, 0 <= j < microbatches
   int chunk = 0;   ///< c, 0 <= c < chunks
   /// Equal when kind, microbatch and chunk all are.

@@ -18,7 +18,7 @@ std::string interleaved_cannot(int stages, int microbatches);
 bool Schedule::split_backward() const {
   for (const auto& stage : ops)
     for (const Op& op : stage)
-      if (op.kind == Kind::weight) return true;
+      if (op.kind == OpKind::weight) return true;
   return false;
 }
 
@@ -32,8 +32,8 @@ Schedule gpipe(int stages, int microbatches) {
   Schedule s{"gpipe", stages, microbatches, 1, {}};
   s.ops.resize(static_cast<std::size_t>(stages));
   for (auto& stage : s.ops) {
-    for (int j = 0; j < microbatches; ++j) stage.push_back({Kind::forward, j});
-    for (int j = 0; j < microbatches; ++j) stage.push_back({Kind::backward, j});
+    for (int j = 0; j < microbatches; ++j) stage.push_back({OpKind::forward, j});
+    for (int j = 0; j < microbatches; ++j) stage.push_back({OpKind::backward, j});
   }
   return s;
 }
@@ -47,8 +47,8 @@ Schedule interleaved(int stages, int microbatches, int chunks) {
   // through chunk 1, ..., then the next p. Backwards go through the chunks in reverse.
   const int total = m * v;
   auto microbatch = [&](int k) { return (k / (p * v)) * p + k % p; };
-  auto forward = [&](int k) { return Op{Kind::forward, microbatch(k), (k / p) % v}; };
-  auto backward = [&](int k) { return Op{Kind::backward, microbatch(k), v - 1 - (k / p) % v}; };
+  auto forward = [&](int k) { return Op{OpKind::forward, microbatch(k), (k / p) % v}; };
+  auto backward = [&](int k) { return Op{OpKind::backward, microbatch(k), v - 1 - (k / p) % v}; };
   for (int st = 0; st < p; ++st) {
     // The warm-up of Megatron-LM (get_pp_rank_microbatches, microbatch groups of p) and
     // of PyTorch's ScheduleInterleaved1F1B: (v - 1) p forwards on every stage, enough for
@@ -74,9 +74,9 @@ Schedule zb_h1(int stages, int microbatches) {
   for (int st = 0; st < p; ++st) {
     auto& ops = s.ops[static_cast<std::size_t>(st)];
     for (int x = 0; x < m + p - 1; ++x) {
-      if (x < m) ops.push_back({Kind::forward, x});
-      if (const int b = x - (p - 1 - st); b >= 0 && b < m) ops.push_back({Kind::backward, b});
-      if (const int w = x - (p - 1); w >= 0 && w < m) ops.push_back({Kind::weight, w});
+      if (x < m) ops.push_back({OpKind::forward, x});
+      if (const int b = x - (p - 1 - st); b >= 0 && b < m) ops.push_back({OpKind::backward, b});
+      if (const int w = x - (p - 1); w >= 0 && w < m) ops.push_back({OpKind::weight, w});
     }
   }
   return s;
@@ -96,7 +96,7 @@ Schedule make_schedule(const std::string& name, int stages, int microbatches, in
 }
 
 std::string label(const Op& op, int chunks) {
-  const char kind = op.kind == Kind::forward ? 'F' : op.kind == Kind::backward ? 'B' : 'W';
+  const char kind = op.kind == OpKind::forward ? 'F' : op.kind == OpKind::backward ? 'B' : 'W';
   std::string text = kind + std::to_string(op.microbatch);
   if (chunks > 1) text += "." + std::to_string(op.chunk);
   return text;
@@ -124,13 +124,13 @@ std::string validate(const Schedule& s) {
         return what + ": chunk " + std::to_string(op.chunk) + " does not exist (chunks 0.." +
                std::to_string(s.chunks - 1) + ")";
       int& at = state[{op.microbatch, op.chunk}];
-      const int want = op.kind == Kind::forward ? 0 : op.kind == Kind::backward ? 1 : 2;
+      const int want = op.kind == OpKind::forward ? 0 : op.kind == OpKind::backward ? 1 : 2;
       if (at == want) {
         ++at;
         continue;
       }
-      const std::string first = op.kind == Kind::forward    ? "the forward"
-                                : op.kind == Kind::backward ? "the backward"
+      const std::string first = op.kind == OpKind::forward    ? "the forward"
+                                : op.kind == OpKind::backward ? "the backward"
                                                             : "the weight gradient";
       if (at > want)
         return what + ": " + first + " of this microbatch is already done (an op twice)";
@@ -144,7 +144,7 @@ std::string validate(const Schedule& s) {
         const auto it = state.find({j, c});
         const int at = it == state.end() ? 0 : it->second;
         if (at == last) continue;
-        const Op missing{at == 0 ? Kind::forward : at == 1 ? Kind::backward : Kind::weight, j, c};
+        const Op missing{at == 0 ? OpKind::forward : at == 1 ? OpKind::backward : OpKind::weight, j, c};
         return where + "no " + label(missing, s.chunks) + ": microbatch " + std::to_string(j) +
                (s.chunks > 1 ? " of chunk " + std::to_string(c) : std::string()) +
                (at == 0   ? " never goes forward"

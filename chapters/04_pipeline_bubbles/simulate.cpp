@@ -38,8 +38,8 @@ Timeline timeline_of(std::vector<Event> events, int stages, int chunks, bool spl
     t.busy[st] += e.end - e.start;
     // A microbatch's activations are held from its forward until its backward is done
     // (its W, when the backward is split: the weight gradient needs them too).
-    if (e.op.kind == Kind::forward) ++held[st];
-    if ((e.op.kind == Kind::backward && !split_backward) || e.op.kind == Kind::weight) --held[st];
+    if (e.op.kind == OpKind::forward) ++held[st];
+    if ((e.op.kind == OpKind::backward && !split_backward) || e.op.kind == OpKind::weight) --held[st];
     t.peak_in_flight[st] = std::max(t.peak_in_flight[st], static_cast<double>(held[st]) / chunks);
   }
   t.makespan = last - first;
@@ -52,22 +52,22 @@ Timeline simulate(const Schedule& s, const std::function<double(int, const Op&)>
   std::vector<std::size_t> next(static_cast<std::size_t>(p), 0);
   std::vector<double> free_at(static_cast<std::size_t>(p), 0.0);
   // When (kind, microbatch, virtual stage) finished.
-  std::map<std::tuple<Kind, int, int>, double> done;
+  std::map<std::tuple<OpKind, int, int>, double> done;
 
   // What op `op` on stage `st` needs first: (kind, microbatch, virtual stage), or nothing
   // (the first virtual stage's forward).
-  auto needs = [&](int st, const Op& op) -> std::tuple<bool, Kind, int, int> {
+  auto needs = [&](int st, const Op& op) -> std::tuple<bool, OpKind, int, int> {
     const int vs = virtual_stage(st, op.chunk, p);
     switch (op.kind) {
-      case Kind::forward:
-        return {vs > 0, Kind::forward, op.microbatch, vs - 1};
-      case Kind::backward:
-        return vs == last ? std::tuple{true, Kind::forward, op.microbatch, vs}
-                          : std::tuple{true, Kind::backward, op.microbatch, vs + 1};
-      case Kind::weight:
-        return {true, Kind::backward, op.microbatch, vs};
+      case OpKind::forward:
+        return {vs > 0, OpKind::forward, op.microbatch, vs - 1};
+      case OpKind::backward:
+        return vs == last ? std::tuple{true, OpKind::forward, op.microbatch, vs}
+                          : std::tuple{true, OpKind::backward, op.microbatch, vs + 1};
+      case OpKind::weight:
+        return {true, OpKind::backward, op.microbatch, vs};
     }
-    return {false, Kind::forward, 0, 0};
+    return {false, OpKind::forward, 0, 0};
   };
 
   std::size_t remaining = 0;
@@ -123,8 +123,8 @@ Timeline simulate(const Schedule& s, const std::function<double(int, const Op&)>
 Timeline simulate(const Schedule& s, const Costs& costs, double scale) {
   const bool split = s.split_backward();
   return simulate(s, [&](int, const Op& op) {
-    const double c = op.kind == Kind::forward    ? costs.forward
-                     : op.kind == Kind::backward ? costs.backward + (split ? 0 : costs.weight)
+    const double c = op.kind == OpKind::forward    ? costs.forward
+                     : op.kind == OpKind::backward ? costs.backward + (split ? 0 : costs.weight)
                                                  : costs.weight;
     return scale * c / s.chunks;
   });

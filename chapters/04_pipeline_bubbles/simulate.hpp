@@ -15,7 +15,7 @@ namespace ch04 {
 /// One op as it ran: on which stage, from when to when.
 struct Event {
   int stage = 0;               ///< the stage (rank) that ran it
-  Op op{Kind::forward, 0, 0};  ///< the op
+  Op op{OpKind::forward, 0, 0};  ///< the op
   double start = 0;            ///< when it started: simulated time units, or seconds when measured
   double end = 0;              ///< when it ended, in the same units
 };

@@ -42,13 +42,13 @@ std::string order_error(const ch04::Schedule& s) {
   for (int st = 0; st < s.stages; ++st) {
     int forward = -1, backward = -1;
     for (const ch04::Op& op : s.ops[static_cast<std::size_t>(st)]) {
-      int& last = op.kind == ch04::Kind::forward ? forward : backward;
+      int& last = op.kind == ch04::OpKind::forward ? forward : backward;
       if (op.microbatch != last + 1) {
         std::ostringstream out;
-        out << "microbatches go " << (op.kind == ch04::Kind::forward ? "forward" : "backward")
+        out << "microbatches go " << (op.kind == ch04::OpKind::forward ? "forward" : "backward")
             << " in order 0, 1, ..., m - 1: stage " << st << " runs " << ch04::label(op, 1) << " "
             << (last < 0 ? std::string("first")
-                         : "after " + std::string(op.kind == ch04::Kind::forward ? "F" : "B") +
+                         : "after " + std::string(op.kind == ch04::OpKind::forward ? "F" : "B") +
                                std::to_string(last));
         return out.str();
       }

@@ -21,7 +21,7 @@
 #include "toy_stage.hpp"
 
 using namespace shardlab;
-using ch04::Kind;
+using ch04::OpKind;
 using shardlab::testing::on_ranks;
 
 using ch04::Schedule;
@@ -119,7 +119,7 @@ TEST_SUITE("ch04.chapter") {
             const auto& ops = s.ops[static_cast<std::size_t>(st)];
             int warmup = 0;
             while (warmup < static_cast<int>(ops.size()) &&
-                   ops[static_cast<std::size_t>(warmup)].kind == Kind::forward)
+                   ops[static_cast<std::size_t>(warmup)].kind == OpKind::forward)
               ++warmup;
             CHECK(warmup == std::min(2 * (p - 1 - st) + (v - 1) * p + 1, v * m));
           }
@@ -154,8 +154,8 @@ TEST_SUITE("ch04.chapter") {
     // stage 0: F0 [0,1) F1 [1,2) ........ B0 [5,7) B1 [7,9)
     // stage 1: .  F0 [1,2) F1 [2,3) B0 [3,5) B1 [5,7)
     REQUIRE(t.events.size() == 8);
-    CHECK(t.events[0].op == ch04::Op{Kind::forward, 0, 0});
-    CHECK(t.events[2].op == ch04::Op{Kind::backward, 0, 0});
+    CHECK(t.events[0].op == ch04::Op{OpKind::forward, 0, 0});
+    CHECK(t.events[2].op == ch04::Op{OpKind::backward, 0, 0});
     CHECK(t.events[2].start == 5);
     CHECK(t.events[4].stage == 1);
     CHECK(t.events[4].start == 1);
@@ -165,7 +165,7 @@ TEST_SUITE("ch04.chapter") {
     // A slower last stage: everybody waits for it.
     const ch04::Timeline slow =
         ch04::simulate(ch04::gpipe(2, 2), [](int stage, const ch04::Op& op) {
-          return (op.kind == Kind::forward ? 1.0 : 2.0) * (stage == 1 ? 2 : 1);
+          return (op.kind == OpKind::forward ? 1.0 : 2.0) * (stage == 1 ? 2 : 1);
         });
     CHECK(slow.makespan == 1 + 2 + 2 + 4 + 4 + 2);
   }
@@ -173,14 +173,14 @@ TEST_SUITE("ch04.chapter") {
   TEST_CASE("validate names the stage and the op") {
     Schedule s = ch04::gpipe(2, 2);
     CHECK(ch04::validate(s).empty());
-    s.ops[1][0] = ch04::Op{Kind::backward, 0, 0};
+    s.ops[1][0] = ch04::Op{OpKind::backward, 0, 0};
     CHECK(ch04::validate(s).find("stage 1: op 0, B0: comes before its forward") !=
           std::string::npos);
     s = ch04::gpipe(2, 2);
     s.ops[0].pop_back();
     CHECK(ch04::validate(s) == "stage 0: no B1: microbatch 1 never goes backward");
     s = ch04::gpipe(2, 2);
-    s.ops[0].push_back(ch04::Op{Kind::forward, 2, 0});
+    s.ops[0].push_back(ch04::Op{OpKind::forward, 2, 0});
     CHECK(ch04::validate(s).find("microbatch 2 does not exist") != std::string::npos);
     s = ch04::zb_h1(2, 2);
     s.ops[1].erase(s.ops[1].end() - 1);
@@ -190,8 +190,8 @@ TEST_SUITE("ch04.chapter") {
   TEST_CASE("a schedule whose stages wait for each other: named on paper and on ranks") {
     // Stage 0 wants B0 back before it sends F1; stage 1 wants F1 before it runs B0.
     Schedule s{"circular", 2, 2, 1, {}};
-    s.ops = {{{Kind::forward, 0}, {Kind::backward, 0}, {Kind::forward, 1}, {Kind::backward, 1}},
-             {{Kind::forward, 0}, {Kind::forward, 1}, {Kind::backward, 0}, {Kind::backward, 1}}};
+    s.ops = {{{OpKind::forward, 0}, {OpKind::backward, 0}, {OpKind::forward, 1}, {OpKind::backward, 1}},
+             {{OpKind::forward, 0}, {OpKind::forward, 1}, {OpKind::backward, 0}, {OpKind::backward, 1}}};
     REQUIRE(ch04::validate(s).empty());
     const ch04::Timeline t = ch04::simulate(s, ch04::Costs{});
     CHECK(t.deadlock ==

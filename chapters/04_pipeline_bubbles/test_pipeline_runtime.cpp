@@ -63,7 +63,7 @@
 #include "shardlab/toy.hpp"
 
 using namespace shardlab;
-using ch04::Kind;
+using ch04::OpKind;
 using ch04::Schedule;
 using shardlab::testing::on_ranks;
 
@@ -271,7 +271,7 @@ TEST_SUITE("ch04.runtime") {
         on_ranks(p, [&](Communicator& comm) {
           // What must happen, from the schedule alone: the ops that add weight gradients in
           // order ('*' on each chunk's last), with "hook" just before the last of them.
-          const Kind adds = s.split_backward() ? Kind::weight : Kind::backward;
+          const OpKind adds = s.split_backward() ? OpKind::weight : OpKind::backward;
           const auto& ops = s.ops[static_cast<std::size_t>(comm.rank())];
           std::vector<std::string> want;
           for (std::size_t i = 0; i < ops.size(); ++i) {

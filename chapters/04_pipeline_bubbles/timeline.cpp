@@ -128,7 +128,7 @@ std::vector<Event> gather_events(shardlab::Communicator& comm, const std::vector
   std::vector<Event> events;
   for (std::size_t i = 0; i + fields <= all.size(); i += fields)
     events.push_back({static_cast<int>(all[i]),
-                      {static_cast<Kind>(static_cast<int>(all[i + 1])),
+                      {static_cast<OpKind>(static_cast<int>(all[i + 1])),
                        static_cast<int>(all[i + 2]), static_cast<int>(all[i + 3])},
                       all[i + 4],
                       all[i + 5]});

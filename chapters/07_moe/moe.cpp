@@ -78,14 +78,14 @@ Routing concatenated(const std::vector<Routing>& routings) {
 /// rank 0's tokens in slot order, then rank 1's, ... (as choices of the whole batch:
 /// concatenated()'s indices) — and each choice's row when the experts' outputs are laid
 /// one expert after the other (-1 for a dropped choice).
-struct Layout {
+struct ExpertRows {
   std::vector<std::vector<int>> rows;
   std::vector<int> row;
   std::int64_t kept = 0;
 };
-Layout layout_of(const std::vector<Routing>& routings) {
+ExpertRows expert_rows_of(const std::vector<Routing>& routings) {
   const int E = routings.front().experts, k = routings.front().k;
-  Layout l;
+  ExpertRows l;
   l.rows.resize(at(E));
   int first = 0;  // the rank's first choice in the whole batch
   for (const Routing& r : routings) {
@@ -208,7 +208,7 @@ Result moe_reference(const MoeConfig& c, const Weights& all, const Tensor& x, co
   }
   out.stats = stats;
   const Routing r = concatenated(out.routings);
-  const Layout layout = layout_of(out.routings);
+  const ExpertRows layout = expert_rows_of(out.routings);
   // Each expert runs its rows, gathered straight from x: by source rank, then slot.
   Tensor outs(layout.kept, c.hidden);
   std::vector<ExpertRun> runs;
@@ -217,7 +217,7 @@ Result moe_reference(const MoeConfig& c, const Weights& all, const Tensor& x, co
     const auto& mine = layout.rows[at(e)];
     std::vector<int> tokens;
     for (int ch : mine) tokens.push_back(ch / c.k);
-    runs.push_back(expert_forward(gather_rows(x, index_of(tokens, Memory::host)), all.w1[at(e)],
+    runs.push_back(expert_forward(index_rows(x, index_of(tokens, Memory::host)), all.w1[at(e)],
                                   all.w2[at(e)]));
     const auto count = static_cast<std::int64_t>(mine.size());
     if (count) outs.slice(offset, count).copy_from(runs.back().out);
@@ -289,7 +289,7 @@ Tolerance tolerance(const MoeConfig& c, const Weights& all, const Tensor& x, con
   if (!gpu) return t;
   constexpr float u = 0x1.0p-24f;
   const Routing r = concatenated(ref.routings);
-  const Layout layout = layout_of(ref.routings);
+  const ExpertRows layout = expert_rows_of(ref.routings);
   const auto& rows = layout.rows;
   const std::vector<int>& row = layout.row;
   const Tensor& outs = ref.outs;
@@ -333,7 +333,7 @@ Tolerance tolerance(const MoeConfig& c, const Weights& all, const Tensor& x, con
         e_dout(i, d) = eg[ch] * std::fabs(dy(tokens.back(), d)) + u * std::fabs(dout(i, d));
       }
     }
-    const Tensor X = gather_rows(x, index_of(tokens, Memory::host));
+    const Tensor X = index_rows(x, index_of(tokens, Memory::host));
     const Tensor &w1 = all.w1[at(e)], &w2 = all.w2[at(e)];
     const Tensor a = tanh(matmul(X, w1));
     const std::int64_t first = row[at(mine[0])];

@@ -69,7 +69,7 @@ struct Places {
   std::vector<std::size_t> send_elems, recv_elems;
 };
 /// Checks of the two plans (the exercise's), so that a wrong one is named
-/// here and not found later as a bad row index inside gather_rows.
+/// here and not found later as a bad row index inside index_rows.
 void check_plans(const Routing& r, const Dispatch& plan, const Arrivals& arrivals,
                  const std::vector<std::int64_t>& received, int rank, int ranks) {
   const std::string who = "rank " + std::to_string(rank) + ": ";
@@ -391,14 +391,14 @@ nn::Forward MoeLayer::forward(const Tensor& x_in) const {
   std::int64_t n_recv = 0;
   for (std::size_t n : arrivals.recv_counts) n_recv += static_cast<std::int64_t>(n);
   // 3. Dispatch: this rank's token rows, in send order, to their experts' ranks.
-  const Tensor send = gather_rows(x, index_of(p.send_tokens, memory));
+  const Tensor send = index_rows(x, index_of(p.send_tokens, memory));
   Tensor recv(Shape{n_recv, d}, DType::f32, memory);
   comm_.alltoallv(send, p.send_elems, recv, p.recv_elems);
   // 4. Each local expert runs its rows: by source rank, then slot (as on one device).
   nn::Forward f;
   Tensor outs(Shape{n_recv, d}, DType::f32, memory);
   for (std::size_t l = 0; l < experts_.size(); ++l) {
-    nn::Forward e = experts_[l]->forward(gather_rows(recv, p.expert_rows[l]));
+    nn::Forward e = experts_[l]->forward(index_rows(recv, p.expert_rows[l]));
     if (e.out.rows()) scatter_add_rows(outs, p.expert_rows[l], e.out);
     f.saved.children.push_back(std::move(e.saved));
   }
@@ -457,7 +457,7 @@ Tensor MoeLayer::backward_input(const Tensor& dy_in, nn::Saved& saved) const {
   // 2. Each local expert's B; their dL/dx rows go back.
   Tensor dins_recv(Shape{n_recv, d}, DType::f32, memory);
   for (int l = 0; l < per; ++l) {
-    const Tensor dxe = experts_[at(l)]->backward_input(gather_rows(grads, p.expert_rows[at(l)]),
+    const Tensor dxe = experts_[at(l)]->backward_input(index_rows(grads, p.expert_rows[at(l)]),
                                                        saved.children[at(l)]);
     if (dxe.rows()) scatter_add_rows(dins_recv, p.expert_rows[at(l)], dxe);
   }

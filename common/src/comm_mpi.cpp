@@ -155,11 +155,11 @@ int as_int(std::size_t n, const char* what) {
 }
 
 /// Counts and displacements (in elements) for the v-collectives.
-struct Layout {
+struct VCounts {
   std::vector<int> counts, displs;
 };
-Layout layout(std::span<const std::size_t> counts, const char* what) {
-  Layout l;
+VCounts v_counts(std::span<const std::size_t> counts, const char* what) {
+  VCounts l;
   std::size_t offset = 0;
   for (std::size_t c : counts) {
     l.counts.push_back(as_int(c, what));
@@ -480,7 +480,7 @@ struct MpiCollective final : Request::Impl {
   MPI_Request request = MPI_REQUEST_NULL;
   std::unique_ptr<Check> check;  // every rank's signature, settled first at wait()
   std::string what;
-  Layout layout;  // the v-collectives' counts must live until completion
+  VCounts layout;  // the v-collectives' counts must live until completion
   std::vector<int> recv_counts;
   std::function<void()> finish;
   std::chrono::milliseconds timeout{60000};
@@ -600,21 +600,21 @@ class MpiComm final : public Communicator {
         MPI_CHECK(MPI_Bcast(c.out, as_int(c.count, "broadcast"), t, c.root, comm_));
         return;
       case Op::reduce_scatter: {
-        const Layout l =
-            layout(shard_counts(static_cast<std::int64_t>(c.count), size()), "reduce_scatter");
+        const VCounts l =
+            v_counts(shard_counts(static_cast<std::int64_t>(c.count), size()), "reduce_scatter");
         MPI_CHECK(
             MPI_Reduce_scatter(c.in, c.out, l.counts.data(), t, mpi_op(c.reduce, c.type), comm_));
         return finish_avg(c.out, l.counts[static_cast<std::size_t>(rank())], c.type, c.reduce,
                           size());
       }
       case Op::allgather: {
-        const Layout l = layout(c.counts, "allgather");
+        const VCounts l = v_counts(c.counts, "allgather");
         MPI_CHECK(MPI_Allgatherv(c.in, l.counts[static_cast<std::size_t>(rank())], t, c.out,
                                  l.counts.data(), l.displs.data(), t, comm_));
         return;
       }
       case Op::gather: {
-        const Layout l = layout(c.counts, "gather");
+        const VCounts l = v_counts(c.counts, "gather");
         MPI_CHECK(MPI_Gatherv(c.in, l.counts[static_cast<std::size_t>(rank())], t, c.out,
                               l.counts.data(), l.displs.data(), t, c.root, comm_));
         return;
@@ -625,7 +625,7 @@ class MpiComm final : public Communicator {
           MPI_CHECK(MPI_Alltoall(c.in, n, t, c.out, n, t, comm_));
           return;
         }
-        const Layout s = layout(c.counts, "alltoallv"), r = layout(c.recv_counts, "alltoallv");
+        const VCounts s = v_counts(c.counts, "alltoallv"), r = v_counts(c.recv_counts, "alltoallv");
         MPI_CHECK(MPI_Alltoallv(c.in, s.counts.data(), s.displs.data(), t, c.out, r.counts.data(),
                                 r.displs.data(), t, comm_));
         return;
@@ -653,7 +653,7 @@ class MpiComm final : public Communicator {
         break;
       case Op::reduce_scatter: {
         r->layout =
-            layout(shard_counts(static_cast<std::int64_t>(c.count), size()), "reduce_scatter");
+            v_counts(shard_counts(static_cast<std::int64_t>(c.count), size()), "reduce_scatter");
         MPI_CHECK(MPI_Ireduce_scatter(c.in, c.out, r->layout.counts.data(), t,
                                       mpi_op(c.reduce, c.type), comm_, &r->request));
         const auto mine =
@@ -662,7 +662,7 @@ class MpiComm final : public Communicator {
         break;
       }
       case Op::allgather:
-        r->layout = layout(c.counts, "allgather");
+        r->layout = v_counts(c.counts, "allgather");
         MPI_CHECK(MPI_Iallgatherv(c.in, r->layout.counts[static_cast<std::size_t>(rank())], t,
                                   c.out, r->layout.counts.data(), r->layout.displs.data(), t, comm_,
                                   &r->request));

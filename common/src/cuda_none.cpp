@@ -78,7 +78,7 @@ void cross_entropy_backward(float*, const void*, DType, std::int64_t, std::int64
 void cast(const void*, DType, void*, DType, std::int64_t) { no_cuda(); }
 double max_abs_diff(const void*, const void*, DType, std::int64_t) { no_cuda(); }
 bool all_finite(const void*, DType, std::int64_t) { no_cuda(); }
-bool gather_rows(const void*, std::int64_t, std::size_t, const void*, DType, std::int64_t, void*) {
+bool index_rows(const void*, std::int64_t, std::size_t, const void*, DType, std::int64_t, void*) {
   no_cuda();
 }
 bool scatter_add_rows(float*, std::int64_t, std::int64_t, const void*, DType, std::int64_t,

@@ -347,7 +347,7 @@ Embedding::Embedding(ParameterStore& store, const std::string& name, std::int64_
       weight_(&store.add(name + ".weight", scale(randn(Shape{vocab, channels}, seed), scale_by))) {}
 
 Forward Embedding::forward(const Tensor& x) const {
-  Forward f{gather_rows(weight_->value, x), {}};
+  Forward f{index_rows(weight_->value, x), {}};
   f.saved.tensors = {x};
   return f;
 }

@@ -141,14 +141,14 @@ void check_writable_file(const std::filesystem::path& file, const std::string& f
 }
 
 std::string Cell::str(int digits) const {
-  switch (kind_) {
-    case Kind::number:
+  switch (type_) {
+    case Type::number:
       return format_number(number_, digits);
-    case Kind::integer:
+    case Type::integer:
       return std::to_string(integer_);
-    case Kind::flag:
+    case Type::flag:
       return integer_ ? "true" : "false";
-    case Kind::text:
+    case Type::text:
       break;
   }
   return text_;
@@ -209,8 +209,8 @@ std::string Table::text(int digits, const std::string& indent) const {
       const std::string& s = shown[r][c];
       const std::string pad(width[c] - s.size(), ' ');
       // Words to the left, numbers to the right (the header follows its column).
-      const bool right = (r == 0 ? !rows_.empty() && rows_[0][c].kind() != Cell::Kind::text
-                                 : rows_[r - 1][c].kind() != Cell::Kind::text);
+      const bool right = (r == 0 ? !rows_.empty() && rows_[0][c].type() != Cell::Type::text
+                                 : rows_[r - 1][c].type() != Cell::Type::text);
       if (c) line += "  ";
       line += right ? pad + s : (c + 1 < columns_.size() ? s + pad : s);
     }
@@ -225,17 +225,17 @@ nlohmann::json Table::json() const {
     nlohmann::json object = nlohmann::json::object();
     for (std::size_t c = 0; c < columns_.size(); ++c) {
       const Cell& cell = row[c];
-      switch (cell.kind()) {
-        case Cell::Kind::number:
+      switch (cell.type()) {
+        case Cell::Type::number:
           object[columns_[c]] = cell.number();
           break;
-        case Cell::Kind::integer:
+        case Cell::Type::integer:
           object[columns_[c]] = cell.integer();
           break;
-        case Cell::Kind::flag:
+        case Cell::Type::flag:
           object[columns_[c]] = cell.integer() != 0;
           break;
-        case Cell::Kind::text:
+        case Cell::Type::text:
           object[columns_[c]] = cell.text();
           break;
       }

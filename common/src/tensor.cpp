@@ -865,23 +865,23 @@ std::int64_t index_at(const Tensor& index, std::int64_t i) {
 }
 }  // namespace
 
-Tensor gather_rows(const Tensor& src, const Tensor& index) {
-  require_index(index, "gather_rows");
+Tensor index_rows(const Tensor& src, const Tensor& index) {
+  require_index(index, "index_rows");
   require(index.memory() == src.memory(),
-          "gather_rows: the index and the rows are in different memory");
+          "index_rows: the index and the rows are in different memory");
   const std::int64_t rows = src.dim(0), n = index.size();
   Tensor out = empty(with_dim(src.shape(), 0, n), src.dtype(), src.memory());
   const std::size_t row_bytes = rows ? src.bytes() / static_cast<std::size_t>(rows)
                                      : static_cast<std::size_t>(src.ndim() > 1 ? src.size() : 0);
   if (src.on_device()) {
     if (n &&
-        !kernels::gather_rows(src.raw(), rows, row_bytes, index.raw(), index.dtype(), n, out.raw()))
-      throw Error("gather_rows: an index is outside 0.." + std::to_string(rows - 1));
+        !kernels::index_rows(src.raw(), rows, row_bytes, index.raw(), index.dtype(), n, out.raw()))
+      throw Error("index_rows: an index is outside 0.." + std::to_string(rows - 1));
     return out;
   }
   for (std::int64_t i = 0; i < n; ++i) {
     const std::int64_t r = index_at(index, i);
-    if (r < 0 || r >= rows) bad_index("gather_rows", i, r, rows);
+    if (r < 0 || r >= rows) bad_index("index_rows", i, r, rows);
     std::memcpy(static_cast<char*>(out.raw()) + static_cast<std::size_t>(i) * row_bytes,
                 static_cast<const char*>(src.raw()) + static_cast<std::size_t>(r) * row_bytes,
                 row_bytes);

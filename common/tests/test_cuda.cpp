@@ -157,13 +157,13 @@ TEST_SUITE("cuda") {
     cuda::set_device(0);
     const Tensor table = randn(10, 6, 11);
     const Tensor index = Tensor::from_vector<std::int64_t>({9, 0, 3, 3, 7});
-    check_equal(host(gather_rows(dev(table), dev(index))), gather_rows(table, index), "gather");
+    check_equal(host(index_rows(dev(table), dev(index))), index_rows(table, index), "gather");
     Tensor into = dev(zeros(10, 6)), into_ref = zeros(10, 6);
     const Tensor src = randn(5, 6, 12);
     scatter_add_rows(into, dev(index), dev(src));
     scatter_add_rows(into_ref, index, src);
     check_equal(host(into), into_ref, "scatter-add (same order)");
-    CHECK_THROWS_AS(gather_rows(dev(table), dev(Tensor::from_vector<std::int64_t>({10}))), Error);
+    CHECK_THROWS_AS(index_rows(dev(table), dev(Tensor::from_vector<std::int64_t>({10}))), Error);
   }
 
   TEST_CASE("layers, the loss and Adam on the GPU match the host") {

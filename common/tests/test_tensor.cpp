@@ -3,7 +3,7 @@
 //
 // Wrong versions this suite was checked against: a slice that copies instead of viewing
 // (views share memory); shard along dim 1 taking the wrong column offset (split/concat
-// round trip); gather_rows reading row i instead of row index[i], scatter_add_rows
+// round trip); index_rows reading row i instead of row index[i], scatter_add_rows
 // overwriting instead of adding (gather and scatter-add); max_abs_diff dropping NaN
 // (NaN never compares equal); a freed block handed back without zeroing it, no cache at
 // all, a cache that keeps blocks past its capacity.
@@ -198,24 +198,24 @@ TEST_SUITE("tensor") {
     }
   }
 
-  TEST_CASE("gather_rows picks rows by index; scatter_add_rows adds them back, repeats included") {
+  TEST_CASE("index_rows picks rows by index; scatter_add_rows adds them back, repeats included") {
     const Tensor table = Tensor::from({{0, 1}, {10, 11}, {20, 21}, {30, 31}});
     for (DType index_type : {DType::i32, DType::i64}) {
       CAPTURE(dtype_name(index_type));
       const Tensor index = cast(Tensor::from_vector<std::int64_t>({2, 0, 2, 3}), index_type);
-      const Tensor rows = gather_rows(table, index);
-      check_equal(rows, Tensor::from({{20, 21}, {0, 1}, {20, 21}, {30, 31}}), "gather_rows");
+      const Tensor rows = index_rows(table, index);
+      check_equal(rows, Tensor::from({{20, 21}, {0, 1}, {20, 21}, {30, 31}}), "index_rows");
       Tensor into(4, 2);
       scatter_add_rows(into, index, Tensor::from({{1, 2}, {3, 4}, {5, 6}, {7, 8}}));
       // Row 2 gets rows 0 and 2 of src added; row 1 nothing.
       check_equal(into, Tensor::from({{3, 4}, {0, 0}, {6, 8}, {7, 8}}), "scatter_add_rows");
       const Tensor bad = cast(Tensor::from_vector<std::int64_t>({1, 4}), index_type);
-      CHECK_THROWS_WITH_AS(gather_rows(table, bad), doctest::Contains("index[1] = 4"), Error);
+      CHECK_THROWS_WITH_AS(index_rows(table, bad), doctest::Contains("index[1] = 4"), Error);
       CHECK_THROWS_AS(scatter_add_rows(into, bad, zeros(2, 2)), Error);
     }
     // Any element type gathers: ids of an f16 table.
     const Tensor halves = cast(table, DType::f16);
-    check_equal(cast(gather_rows(halves, Tensor::from_vector<std::int32_t>({3})), DType::f32),
+    check_equal(cast(index_rows(halves, Tensor::from_vector<std::int32_t>({3})), DType::f32),
                 Tensor::from({{30, 31}}), "gather of f16 rows");
   }
 

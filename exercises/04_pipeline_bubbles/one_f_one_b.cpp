@@ -12,8 +12,8 @@
 // Useful (schedule.hpp):
 //   Schedule s{"1f1b", p, m, 1, {}};       a schedule of p stages, m microbatches, 1 chunk
 //   s.ops.resize(p);                        one list of ops per stage
-//   s.ops[st].push_back({Kind::forward, j});   F of microbatch j on stage st
-//   s.ops[st].push_back({Kind::backward, j});  B of microbatch j
+//   s.ops[st].push_back({OpKind::forward, j});   F of microbatch j on stage st
+//   s.ops[st].push_back({OpKind::backward, j});  B of microbatch j
 //
 // What must hold, on every stage:
 //   - every microbatch goes forward once and backward once, its forward first;

@@ -13,14 +13,14 @@ Schedule one_f_one_b(int stages, int microbatches) {
     auto& ops = s.ops[static_cast<std::size_t>(st)];
     // Warm-up: enough forwards to fill the stages after this one.
     const int warmup = std::min(p - st - 1, m);
-    for (int j = 0; j < warmup; ++j) ops.push_back({Kind::forward, j});
+    for (int j = 0; j < warmup; ++j) ops.push_back({OpKind::forward, j});
     // Steady state: one in, one out.
     for (int i = 0; i < m - warmup; ++i) {
-      ops.push_back({Kind::forward, warmup + i});
-      ops.push_back({Kind::backward, i});
+      ops.push_back({OpKind::forward, warmup + i});
+      ops.push_back({OpKind::backward, i});
     }
     // Cool-down: the backwards still owed.
-    for (int j = m - warmup; j < m; ++j) ops.push_back({Kind::backward, j});
+    for (int j = m - warmup; j < m; ++j) ops.push_back({OpKind::backward, j});
   }
   return s;
 }

@@ -52,31 +52,31 @@ std::filesystem::path beside_program(const std::string& name);
 class Cell {
  public:
   /// What a cell holds.
-  enum class Kind {
+  enum class Type {
     number,   ///< A floating-point number (a double).
     integer,  ///< A whole number (an int64).
     text,     ///< A string.
     flag      ///< A bool: "true" or "false".
   };
   /// A text cell.
-  Cell(const char* text) : kind_(Kind::text), text_(text) {}
+  Cell(const char* text) : type_(Type::text), text_(text) {}
   /// A text cell.
-  Cell(std::string text) : kind_(Kind::text), text_(std::move(text)) {}
+  Cell(std::string text) : type_(Type::text), text_(std::move(text)) {}
   /// A flag cell.
-  Cell(bool flag) : kind_(Kind::flag), integer_(flag) {}
+  Cell(bool flag) : type_(Type::flag), integer_(flag) {}
   /// An integer cell, from any integral type but bool.
   template <class T>
   requires(std::is_integral_v<T> && !std::is_same_v<T, bool>) Cell(T value)
-      : kind_(Kind::integer), integer_(static_cast<std::int64_t>(value)) {}
+      : type_(Type::integer), integer_(static_cast<std::int64_t>(value)) {}
   /// A number cell, from any floating-point type.
   template <class T>
   requires std::is_floating_point_v<T> Cell(T value)
-      : kind_(Kind::number), number_(static_cast<double>(value)) {}
+      : type_(Type::number), number_(static_cast<double>(value)) {}
 
   /// What the cell holds.
-  Kind kind() const { return kind_; }
+  Type type() const { return type_; }
   /// The value as a double: a number's, an integer's, a flag's 0 or 1; 0 for text.
-  double number() const { return kind_ == Kind::number ? number_ : static_cast<double>(integer_); }
+  double number() const { return type_ == Type::number ? number_ : static_cast<double>(integer_); }
   /// An integer's value, a flag's 0 or 1; 0 for a number or text.
   std::int64_t integer() const { return integer_; }
   /// A text cell's string; empty for the other kinds.
@@ -85,7 +85,7 @@ class Cell {
   std::string str(int digits = 6) const;
 
  private:
-  Kind kind_;
+  Type type_;
   double number_ = 0;
   std::int64_t integer_ = 0;
   std::string text_;

@@ -325,9 +325,9 @@ Tensor cast(const Tensor& t, DType type);
 Tensor round_to(const Tensor& t, DType type);
 /// out[i] = src[index[i]]: rows of src (R x C, any type) picked by an i32/i64 index
 /// vector of n entries; out is n x C. An index outside 0..R-1 is an Error.
-Tensor gather_rows(const Tensor& src, const Tensor& index);
+Tensor index_rows(const Tensor& src, const Tensor& index);
 /// dst[index[i]] += src[i] for every row i of src (n x C, f32), in order of i: the
-/// inverse of gather_rows for gradients, and an MoE layer's combine.
+/// inverse of index_rows for gradients, and an MoE layer's combine.
 void scatter_add_rows(Tensor& dst, const Tensor& index, const Tensor& src);
 
 // ---------------------------------------------------------------------------
