@@ -16,10 +16,10 @@ std::uint64_t formula_alltoall_bytes(const std::vector<Routing>& routings, int r
   const int per = routings.front().experts / ranks;
   std::uint64_t rows = 0;
   for (int q = 0; q < ranks; ++q) {
-    const Routing& r = routings[at(q)];
+    const Routing& r = routings[idx(q)];
     for (int c = 0; c < r.tokens * r.k; ++c) {
-      if (r.slot[at(c)] < 0) continue;  // dropped: travels nowhere
-      const int owner = r.expert[at(c)] / per;
+      if (r.slot[idx(c)] < 0) continue;  // dropped: travels nowhere
+      const int owner = r.expert[idx(c)] / per;
       // Rank q's token to another rank's expert: received by that rank in the dispatch
       // and by q in the combine.
       if (owner != q && (owner == rank || q == rank)) ++rows;
@@ -40,15 +40,15 @@ void pairwise_alltoallv(Communicator& comm, const Tensor& in,
                         std::span<const std::size_t> recv_counts) {
   const int N = comm.size(), r = comm.rank();
   auto offsets = [&](std::span<const std::size_t> counts) {
-    std::vector<std::int64_t> o(at(N + 1), 0);
-    for (std::size_t q = 0; q < counts.size() && q < at(N); ++q)
+    std::vector<std::int64_t> o(idx(N + 1), 0);
+    for (std::size_t q = 0; q < counts.size() && q < idx(N); ++q)
       o[q + 1] = o[q] + static_cast<std::int64_t>(counts[q]);
     return o;
   };
   const std::vector<std::int64_t> send_at = offsets(send_counts), recv_at = offsets(recv_counts);
-  require(send_counts.size() == at(N) && recv_counts.size() == at(N) &&
+  require(send_counts.size() == idx(N) && recv_counts.size() == idx(N) &&
               send_at.back() == in.size() && recv_at.back() == out.size() &&
-              send_counts[at(r)] == recv_counts[at(r)],
+              send_counts[idx(r)] == recv_counts[idx(r)],
           [&] {
             return "pairwise_alltoallv on rank " + std::to_string(r) + " of " + std::to_string(N) +
                    ": counts for " + std::to_string(send_counts.size()) + " and " +
@@ -59,7 +59,7 @@ void pairwise_alltoallv(Communicator& comm, const Tensor& in,
   const Tensor src = in.flat();
   Tensor dst = out.flat();
   auto block = [](const Tensor& t, const std::vector<std::int64_t>& starts, int q) {
-    return t.slice(starts[at(q)], starts[at(q + 1)] - starts[at(q)]);
+    return t.slice(starts[idx(q)], starts[idx(q + 1)] - starts[idx(q)]);
   };
   block(dst, recv_at, r).copy_from(block(src, send_at, r));
   // Step s: send to rank r + s, receive from r - s; every rank pairs up with two others.
@@ -79,7 +79,7 @@ std::vector<bench::Case> alltoall_cases(Communicator& comm, Memory memory) {
   const int N = comm.size(), r = comm.rank();
   auto prepare = [b, N, r, memory](std::int64_t count) {
     const std::int64_t block = count / N;
-    b->counts.assign(at(N), static_cast<std::size_t>(block));
+    b->counts.assign(idx(N), static_cast<std::size_t>(block));
     Tensor h(block * N);
     for (std::int64_t i = 0; i < h.size(); ++i) h[i] = static_cast<float>(r * 1000003 + i);
     b->in = h.to(memory);

@@ -26,9 +26,9 @@ Tensor router_probs(const Tensor& x, const Tensor& router) {
 }
 
 std::vector<float> first_choice_fractions(const Routing& r) {
-  std::vector<float> f(at(r.experts), 0.0f);
+  std::vector<float> f(idx(r.experts), 0.0f);
   for (int t = 0; t < r.tokens; ++t)
-    f[at(r.expert[at(r.at(t, 0))])] += 1.0f / static_cast<float>(r.tokens);
+    f[idx(r.expert[idx(r.at(t, 0))])] += 1.0f / static_cast<float>(r.tokens);
   return f;
 }
 
@@ -44,7 +44,7 @@ Tensor combine(const Tensor& x, const Routing& r, std::int64_t offset, const std
   const std::int64_t d = y.cols();
   for (std::int64_t t = 0; t < y.rows(); ++t)
     for (int j = 0; j < r.k; ++j) {
-      const Index c = at(r.at(static_cast<int>(offset + t), j));
+      const Index c = idx(r.at(static_cast<int>(offset + t), j));
       if (row[c] < 0) continue;
       const float g = r.gate[c];
       for (std::int64_t i = 0; i < d; ++i) y(t, i) += g * o(row[c], i);
@@ -54,11 +54,11 @@ Tensor combine(const Tensor& x, const Routing& r, std::int64_t offset, const std
 
 std::vector<float> gate_grads(const Tensor& dy, const Routing& r, std::int64_t offset,
                               const std::vector<int>& row, const Tensor& outs) {
-  std::vector<float> dg(at(r.tokens * r.k), 0.0f);
+  std::vector<float> dg(idx(r.tokens * r.k), 0.0f);
   const Tensor o = outs.to(Memory::host), g = dy.to(Memory::host);
   for (std::int64_t t = 0; t < g.rows(); ++t)
     for (int j = 0; j < r.k; ++j) {
-      const Index c = at(r.at(static_cast<int>(offset + t), j));
+      const Index c = idx(r.at(static_cast<int>(offset + t), j));
       if (row[c] < 0) continue;
       float s = 0;
       for (std::int64_t i = 0; i < g.cols(); ++i) s += g(t, i) * o(row[c], i);
@@ -71,25 +71,25 @@ Tensor router_grad(const MoeConfig& c, const Routing& r, std::int64_t offset, co
                    const std::vector<float>& dgate, const std::vector<float>& f) {
   const std::int64_t rows = probs.rows(), E = c.experts;
   Tensor dlogits(rows, E);
-  std::vector<float> dp(at(c.experts));
+  std::vector<float> dp(idx(c.experts));
   const float aux = static_cast<float>(c.aux_alpha * c.experts / c.tokens);
   for (std::int64_t t = 0; t < rows; ++t) {
-    for (int e = 0; e < c.experts; ++e) dp[at(e)] = aux * f[at(e)];
+    for (int e = 0; e < c.experts; ++e) dp[idx(e)] = aux * f[idx(e)];
     const int tt = static_cast<int>(offset + t);
     if (c.k == 1) {
-      const Index ch = at(r.at(tt, 0));
-      dp[at(r.expert[ch])] += dgate[ch];
+      const Index ch = idx(r.at(tt, 0));
+      dp[idx(r.expert[ch])] += dgate[ch];
     } else {
       // gate_j = p_j / S, S = sum of the chosen p: dgate_j/dp_i = [i == j] / S - p_j / S^2.
       float S = 0, weighted = 0;
-      for (int j = 0; j < c.k; ++j) S += probs(t, r.expert[at(r.at(tt, j))]);
+      for (int j = 0; j < c.k; ++j) S += probs(t, r.expert[idx(r.at(tt, j))]);
       for (int j = 0; j < c.k; ++j) {
-        const Index ch = at(r.at(tt, j));
+        const Index ch = idx(r.at(tt, j));
         weighted += dgate[ch] * probs(t, r.expert[ch]);
       }
       for (int j = 0; j < c.k; ++j) {
-        const Index ch = at(r.at(tt, j));
-        dp[at(r.expert[ch])] += dgate[ch] / S - weighted / (S * S);
+        const Index ch = idx(r.at(tt, j));
+        dp[idx(r.expert[ch])] += dgate[ch] / S - weighted / (S * S);
       }
     }
     float dot = 0;
@@ -107,7 +107,7 @@ Tensor input_grad(const Tensor& dy, const Routing& r, std::int64_t offset,
   const Tensor di = dins.to(Memory::host);
   for (std::int64_t t = 0; t < dx.rows(); ++t)
     for (int j = 0; j < r.k; ++j) {
-      const Index c = at(r.at(static_cast<int>(offset + t), j));
+      const Index c = idx(r.at(static_cast<int>(offset + t), j));
       if (row[c] < 0) continue;
       for (std::int64_t i = 0; i < dx.cols(); ++i) dx(t, i) += di(row[c], i);
     }

@@ -86,20 +86,20 @@ struct ExpertRows {
 ExpertRows expert_rows_of(const std::vector<Routing>& routings) {
   const int E = routings.front().experts, k = routings.front().k;
   ExpertRows l;
-  l.rows.resize(at(E));
+  l.rows.resize(idx(E));
   int first = 0;  // the rank's first choice in the whole batch
   for (const Routing& r : routings) {
-    std::vector<std::vector<int>> by_slot(at(E), std::vector<int>(at(r.capacity), -1));
+    std::vector<std::vector<int>> by_slot(idx(E), std::vector<int>(idx(r.capacity), -1));
     for (int c = 0; c < r.tokens * k; ++c)
-      if (r.slot[at(c)] >= 0) by_slot[at(r.expert[at(c)])][at(r.slot[at(c)])] = first + c;
+      if (r.slot[idx(c)] >= 0) by_slot[idx(r.expert[idx(c)])][idx(r.slot[idx(c)])] = first + c;
     for (int e = 0; e < E; ++e)
-      for (int c : by_slot[at(e)])
-        if (c >= 0) l.rows[at(e)].push_back(c);
+      for (int c : by_slot[idx(e)])
+        if (c >= 0) l.rows[idx(e)].push_back(c);
     first += r.tokens * k;
   }
-  l.row.assign(at(first), -1);
+  l.row.assign(idx(first), -1);
   for (const auto& mine : l.rows)
-    for (int c : mine) l.row[at(c)] = static_cast<int>(l.kept++);
+    for (int c : mine) l.row[idx(c)] = static_cast<int>(l.kept++);
   return l;
 }
 
@@ -135,13 +135,13 @@ RoutingStats& RoutingStats::operator+=(const RoutingStats& o) {
 RoutingStats routing_stats(const MoeConfig& c, const Routing& r, const Tensor& probs) {
   const int E = c.experts;
   RoutingStats s;
-  s.wanted.assign(at(E), 0);
-  s.kept.assign(at(E), 0);
+  s.wanted.assign(idx(E), 0);
+  s.kept.assign(idx(E), 0);
   for (int t = 0; t < r.tokens; ++t) {
     bool any = false;
     for (int j = 0; j < c.k; ++j) {
-      const Index ch = at(r.at(t, j));
-      const Index e = at(r.expert[ch]);
+      const Index ch = idx(r.at(t, j));
+      const Index e = idx(r.expert[ch]);
       ++s.wanted[e];
       if (r.slot[ch] >= 0) {
         ++s.kept[e];
@@ -159,7 +159,7 @@ RoutingStats routing_stats(const MoeConfig& c, const Routing& r, const Tensor& p
   for (int e = 0; e < E; ++e) {
     double P = 0;
     for (int t = 0; t < r.tokens; ++t) P += probs(t, e);
-    aux += f[at(e)] * (P / c.tokens);
+    aux += f[idx(e)] * (P / c.tokens);
   }
   s.aux_loss = c.aux_alpha * E * aux;
   return s;
@@ -214,11 +214,11 @@ Result moe_reference(const MoeConfig& c, const Weights& all, const Tensor& x, co
   std::vector<ExpertRun> runs;
   std::int64_t offset = 0;
   for (int e = 0; e < c.experts; ++e) {
-    const auto& mine = layout.rows[at(e)];
+    const auto& mine = layout.rows[idx(e)];
     std::vector<int> tokens;
     for (int ch : mine) tokens.push_back(ch / c.k);
-    runs.push_back(expert_forward(index_rows(x, index_of(tokens, Memory::host)), all.w1[at(e)],
-                                  all.w2[at(e)]));
+    runs.push_back(expert_forward(index_rows(x, index_of(tokens, Memory::host)), all.w1[idx(e)],
+                                  all.w2[idx(e)]));
     const auto count = static_cast<std::int64_t>(mine.size());
     if (count) outs.slice(offset, count).copy_from(runs.back().out);
     offset += count;
@@ -231,15 +231,16 @@ Result moe_reference(const MoeConfig& c, const Weights& all, const Tensor& x, co
   Tensor dins(layout.kept, c.hidden);
   offset = 0;
   for (int e = 0; e < c.experts; ++e) {
-    const auto& mine = layout.rows[at(e)];
+    const auto& mine = layout.rows[idx(e)];
     const auto count = static_cast<std::int64_t>(mine.size());
     Tensor dout(count, c.hidden);
     for (std::int64_t i = 0; i < count; ++i)
       for (std::int64_t d = 0; d < c.hidden; ++d)
-        dout(i, d) =
-            r.gate[at(mine[at(static_cast<int>(i))])] * dy(mine[at(static_cast<int>(i))] / c.k, d);
+        dout(i, d) = r.gate[idx(mine[idx(static_cast<int>(i))])] *
+                     dy(mine[idx(static_cast<int>(i))] / c.k, d);
     Tensor dw1, dw2;
-    const Tensor dxe = expert_backward(runs[at(e)], dout, all.w1[at(e)], all.w2[at(e)], dw1, dw2);
+    const Tensor dxe =
+        expert_backward(runs[idx(e)], dout, all.w1[idx(e)], all.w2[idx(e)], dw1, dw2);
     out.dw1.push_back(dw1);
     out.dw2.push_back(dw2);
     if (count) dins.slice(offset, count).copy_from(dxe);
@@ -248,11 +249,11 @@ Result moe_reference(const MoeConfig& c, const Weights& all, const Tensor& x, co
   // The router: each rank's tokens with that rank's f.
   out.dlogits = Tensor(c.tokens, c.experts);
   for (int q = 0; q < ranks; ++q) {
-    const ShardRange& sh = shards[at(q)];
+    const ShardRange& sh = shards[idx(q)];
     if (sh.length == 0) continue;
     out.dlogits.slice(sh.offset, sh.length)
         .copy_from(router_grad(c, r, sh.offset, probs.slice(sh.offset, sh.length), dgate,
-                               first_choice_fractions(out.routings[at(q)])));
+                               first_choice_fractions(out.routings[idx(q)])));
   }
   out.drouter = matmul(x, out.dlogits, true, false);
   out.dx = input_grad(dy, r, 0, layout.row, dins, out.dlogits, all.router);
@@ -261,7 +262,7 @@ Result moe_reference(const MoeConfig& c, const Weights& all, const Tensor& x, co
 
 namespace {
 /// |t|, element by element (host, f32).
-Tensor magnitude(const Tensor& t) {
+Tensor absolute(const Tensor& t) {
   Tensor m = t.to(Memory::host).clone();
   for (float& v : m) v = std::fabs(v);
   return m;
@@ -270,10 +271,10 @@ Tensor magnitude(const Tensor& t) {
 /// by element, matrices; undefined: 0) with the sums in any order: |C' - C| is at most
 /// 2 gamma_K |A||B| (Higham §3.1, matmul_reorder_bound's, element by element) + ea |B| +
 /// |A| eb, to first order.
-Tensor carried(const Tensor& a, const Tensor& ea, const Tensor& b, const Tensor& eb) {
+Tensor product_error_bound(const Tensor& a, const Tensor& ea, const Tensor& b, const Tensor& eb) {
   constexpr double u = 0x1.0p-24;
   const double K = static_cast<double>(a.cols());
-  const Tensor abs_a = magnitude(a), abs_b = magnitude(b);
+  const Tensor abs_a = absolute(a), abs_b = absolute(b);
   Tensor e = scale(matmul(abs_a, abs_b), static_cast<float>(2 * K * u / (1 - K * u)));
   if (ea.defined()) axpy(1.0f, matmul(ea, abs_b), e);
   if (eb.defined()) axpy(1.0f, matmul(abs_a, eb), e);
@@ -302,31 +303,32 @@ Tolerance tolerance(const MoeConfig& c, const Weights& all, const Tensor& x, con
   // The router and the gates: z = x Wr; the softmax moves p_i by at most
   // p_i (ez_i + sum_j p_j ez_j); a gate p_j / S (S the chosen p's sum) by g_j (dp_j / p_j +
   // dS / S).
-  const Tensor ez = carried(x, Tensor(), all.router, Tensor());
+  const Tensor ez = product_error_bound(x, Tensor(), all.router, Tensor());
   Tensor ep(c.tokens, c.experts);
-  std::vector<float> eg(at(c.tokens * c.k), 0.0f), es(at(c.tokens), 0.0f);
+  std::vector<float> eg(idx(c.tokens * c.k), 0.0f), es(idx(c.tokens), 0.0f);
   for (int tk = 0; tk < c.tokens; ++tk) {
     float mean = 0, chosen = 0;
     for (int e = 0; e < c.experts; ++e) mean += probs(tk, e) * ez(tk, e);
     for (int e = 0; e < c.experts; ++e) ep(tk, e) = probs(tk, e) * (ez(tk, e) + mean);
     for (int j = 0; j < c.k; ++j) {
-      const int e = r.expert[at(r.at(tk, j))];
-      chosen += probs(tk, e), es[at(tk)] += ep(tk, e);
+      const int e = r.expert[idx(r.at(tk, j))];
+      chosen += probs(tk, e), es[idx(tk)] += ep(tk, e);
     }
     for (int j = 0; j < c.k; ++j) {
-      const Index ch = at(r.at(tk, j));
+      const Index ch = idx(r.at(tk, j));
       const int e = r.expert[ch];
-      eg[ch] = c.k == 1 ? ep(tk, e) : r.gate[ch] * (ep(tk, e) / probs(tk, e) + es[at(tk)] / chosen);
+      eg[ch] =
+          c.k == 1 ? ep(tk, e) : r.gate[ch] * (ep(tk, e) / probs(tk, e) + es[idx(tk)] / chosen);
     }
   }
   for (int e = 0; e < c.experts; ++e) {
-    const auto& mine = rows[at(e)];
+    const auto& mine = rows[idx(e)];
     if (mine.empty()) continue;
     const auto count = static_cast<std::int64_t>(mine.size());
     std::vector<int> tokens;
     Tensor dout(count, c.hidden), e_dout(count, c.hidden);
     for (std::int64_t i = 0; i < count; ++i) {
-      const Index ch = at(mine[at(static_cast<int>(i))]);
+      const Index ch = idx(mine[idx(static_cast<int>(i))]);
       tokens.push_back(static_cast<int>(ch) / c.k);
       for (std::int64_t d = 0; d < c.hidden; ++d) {
         dout(i, d) = r.gate[ch] * dy(tokens.back(), d);
@@ -334,32 +336,32 @@ Tolerance tolerance(const MoeConfig& c, const Weights& all, const Tensor& x, con
       }
     }
     const Tensor X = index_rows(x, index_of(tokens, Memory::host));
-    const Tensor &w1 = all.w1[at(e)], &w2 = all.w2[at(e)];
+    const Tensor &w1 = all.w1[idx(e)], &w2 = all.w2[idx(e)];
     const Tensor a = tanh(matmul(X, w1));
-    const std::int64_t first = row[at(mine[0])];
-    Tensor ea = carried(X, Tensor(), w1, Tensor());
+    const std::int64_t first = row[idx(mine[0])];
+    Tensor ea = product_error_bound(X, Tensor(), w1, Tensor());
     for (float& v : ea) v += 0x1.0p-22f;
-    e_outs.slice(first, count).copy_from(carried(a, ea, w2, Tensor()));
+    e_outs.slice(first, count).copy_from(product_error_bound(a, ea, w2, Tensor()));
     const Tensor da = matmul(dout, w2, false, true), dh = tanh_backward(a, da);
-    Tensor edh = carried(dout, e_dout, transpose(w2), Tensor());
+    Tensor edh = product_error_bound(dout, e_dout, transpose(w2), Tensor());
     for (std::int64_t i = 0; i < edh.size(); ++i)
       edh[i] += 2 * std::fabs(a[i] * da[i]) * ea[i] + 2 * u * std::fabs(dh[i]);
-    e_dins.slice(first, count).copy_from(carried(dh, edh, transpose(w1), Tensor()));
-    t.dw = std::max({t.dw, max_abs(carried(transpose(X), Tensor(), dh, edh)),
-                     max_abs(carried(transpose(a), transpose(ea), dout, e_dout))});
+    e_dins.slice(first, count).copy_from(product_error_bound(dh, edh, transpose(w1), Tensor()));
+    t.dw = std::max({t.dw, max_abs(product_error_bound(transpose(X), Tensor(), dh, edh)),
+                     max_abs(product_error_bound(transpose(a), transpose(ea), dout, e_dout))});
   }
   // dL/dgate = dy . o; dL/dp through the renormalisation (dp_i = dg_i / S - W / S^2, W =
   // sum_j dg_j p_j, plus the aux loss's constant); dL/dz = p (dp - p . dp).
   const std::vector<float> dgate = gate_grads(dy, r, 0, row, outs);
   const Tensor& dlogits = ref.dlogits;
   const double hu = c.hidden * double{u}, gamma_d = hu / (1 - hu);
-  std::vector<float> edg(at(c.tokens * c.k), 0.0f);
+  std::vector<float> edg(idx(c.tokens * c.k), 0.0f);
   Tensor edl(c.tokens, c.experts);
   for (int tk = 0; tk < c.tokens; ++tk) {
-    std::vector<float> dp(at(c.experts), 0.0f), edp(at(c.experts), 0.0f);
+    std::vector<float> dp(idx(c.experts), 0.0f), edp(idx(c.experts), 0.0f);
     float S = 0, W = 0, eW = 0;
     for (int j = 0; j < c.k; ++j) {
-      const Index ch = at(r.at(tk, j));
+      const Index ch = idx(r.at(tk, j));
       if (row[ch] < 0) continue;
       float err = 0, mag = 0;
       for (std::int64_t d = 0; d < c.hidden; ++d) {
@@ -369,33 +371,34 @@ Tolerance tolerance(const MoeConfig& c, const Weights& all, const Tensor& x, con
       edg[ch] = err + static_cast<float>(2 * gamma_d) * mag;
     }
     for (int j = 0; j < c.k; ++j) {
-      const Index ch = at(r.at(tk, j));
+      const Index ch = idx(r.at(tk, j));
       const float p = probs(tk, r.expert[ch]);
       S += p, W += dgate[ch] * p, eW += edg[ch] * p + std::fabs(dgate[ch]) * ep(tk, r.expert[ch]);
     }
     for (int j = 0; j < c.k; ++j) {
-      const Index ch = at(r.at(tk, j));
-      const auto e = at(r.expert[ch]);
+      const Index ch = idx(r.at(tk, j));
+      const auto e = idx(r.expert[ch]);
       dp[e] += c.k == 1 ? dgate[ch] : dgate[ch] / S - W / (S * S);
       edp[e] += c.k == 1 ? edg[ch]
-                         : edg[ch] / S + std::fabs(dgate[ch]) * es[at(tk)] / (S * S) +
-                               eW / (S * S) + 2 * std::fabs(W) * es[at(tk)] / (S * S * S);
+                         : edg[ch] / S + std::fabs(dgate[ch]) * es[idx(tk)] / (S * S) +
+                               eW / (S * S) + 2 * std::fabs(W) * es[idx(tk)] / (S * S * S);
     }
     float dot = 0, edot = 0;
     for (int e = 0; e < c.experts; ++e) {
-      dot += probs(tk, e) * dp[at(e)];
-      edot += ep(tk, e) * std::fabs(dp[at(e)]) + probs(tk, e) * edp[at(e)];
+      dot += probs(tk, e) * dp[idx(e)];
+      edot += ep(tk, e) * std::fabs(dp[idx(e)]) + probs(tk, e) * edp[idx(e)];
     }
     for (int e = 0; e < c.experts; ++e)
-      edl(tk, e) = ep(tk, e) * std::fabs(dp[at(e)] - dot) + probs(tk, e) * (edp[at(e)] + edot) +
+      edl(tk, e) = ep(tk, e) * std::fabs(dp[idx(e)] - dot) + probs(tk, e) * (edp[idx(e)] + edot) +
                    4 * u * std::fabs(dlogits(tk, e));
   }
   // y = x + the k choices' gate o; dx = dy + the k choices' dx_e + dlogits Wr^T; each
   // addition rounded (an ulp of the result).
-  Tensor ey(c.tokens, c.hidden), edx = carried(dlogits, edl, transpose(all.router), Tensor());
+  Tensor ey(c.tokens, c.hidden),
+      edx = product_error_bound(dlogits, edl, transpose(all.router), Tensor());
   for (int tk = 0; tk < c.tokens; ++tk)
     for (int j = 0; j < c.k; ++j) {
-      const Index ch = at(r.at(tk, j));
+      const Index ch = idx(r.at(tk, j));
       if (row[ch] < 0) continue;
       for (std::int64_t d = 0; d < c.hidden; ++d) {
         ey(tk, d) += r.gate[ch] * e_outs(row[ch], d) + eg[ch] * std::fabs(outs(row[ch], d));
@@ -405,7 +408,7 @@ Tolerance tolerance(const MoeConfig& c, const Weights& all, const Tensor& x, con
   const double k = c.k;
   t.y = max_abs(ey) + 2 * k * u * max_abs(ref.y);
   t.dx = max_abs(edx) + 2 * (k + 1) * u * max_abs(ref.dx);
-  t.drouter = max_abs(carried(transpose(x), Tensor(), dlogits, edl));
+  t.drouter = max_abs(product_error_bound(transpose(x), Tensor(), dlogits, edl));
   return t;
 }
 

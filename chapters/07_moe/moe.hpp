@@ -42,11 +42,9 @@ struct Case;  // bench.hpp
 
 namespace ch07 {
 
-/// A vector's index from an int (a token's choice, an expert, a rank): the cast in one
-/// place.
+/// A vector's index (a token's choice, an expert, a rank); shardlab::idx casts to it.
 using Index = std::size_t;
-/// `i` as an Index.
-inline Index at(int i) { return static_cast<Index>(i); }
+using shardlab::idx;
 
 using shardlab::Communicator;
 using shardlab::Memory;

@@ -81,12 +81,12 @@ void check_plans(const Routing& r, const Dispatch& plan, const Arrivals& arrival
                    " per rank, for " + std::to_string(E) + " experts on " + std::to_string(ranks) +
                    " ranks";
           });
-  std::vector<int> seen(at(r.tokens * r.k), 0);
+  std::vector<int> seen(idx(r.tokens * r.k), 0);
   for (int c : plan.send_order) {
-    require(c >= 0 && c < r.tokens * r.k && r.slot[at(c)] >= 0 && seen[at(c)]++ == 0, [&] {
+    require(c >= 0 && c < r.tokens * r.k && r.slot[idx(c)] >= 0 && seen[idx(c)]++ == 0, [&] {
       return who + "plan_dispatch sends choice " + std::to_string(c) +
              (c < 0 || c >= r.tokens * r.k ? ", which does not exist"
-              : r.slot[at(c)] < 0          ? ", which was dropped"
+              : r.slot[idx(c)] < 0         ? ", which was dropped"
                                            : " twice");
     });
   }
@@ -123,7 +123,7 @@ void check_plans(const Routing& r, const Dispatch& plan, const Arrivals& arrival
   std::vector<int> used(coming, 0);
   for (std::size_t l = 0; l < per; ++l)
     for (int row : arrivals.expert_rows[l])
-      require(row >= 0 && static_cast<std::size_t>(row) < coming && used[at(row)]++ == 0, [&] {
+      require(row >= 0 && static_cast<std::size_t>(row) < coming && used[idx(row)]++ == 0, [&] {
         return who + "plan_arrivals gives local expert " + std::to_string(l) + " row " +
                std::to_string(row) +
                (row < 0 || static_cast<std::size_t>(row) >= coming
@@ -135,9 +135,9 @@ void check_plans(const Routing& r, const Dispatch& plan, const Arrivals& arrival
 Places places_of(const MoeConfig& c, const Routing& r, const Dispatch& plan,
                  const Arrivals& arrivals, Memory memory) {
   Places p;
-  p.send_row.assign(at(r.tokens * c.k), -1);
+  p.send_row.assign(idx(r.tokens * c.k), -1);
   for (std::size_t i = 0; i < plan.send_order.size(); ++i) {
-    p.send_row[at(plan.send_order[i])] = static_cast<int>(i);
+    p.send_row[idx(plan.send_order[i])] = static_cast<int>(i);
     p.send_tokens.push_back(plan.send_order[i] / c.k);
   }
   for (const std::vector<int>& rows : arrivals.expert_rows)
@@ -170,7 +170,7 @@ MoeOptions tanh_experts(const MoeConfig& config, const Weights& init, const Comm
   options.expert = [config, init, name](nn::ParameterStore& store, int e) {
     const std::int64_t d = config.hidden, h = config.ffn;
     const std::string prefix = name + ".expert" + std::to_string(e);
-    const Index l = at(e - init.first);
+    const Index l = idx(e - init.first);
     auto net = std::make_shared<nn::Sequential>();
     net->add<nn::Linear>(store, prefix + ".w1", d, h, expert_seed(config, e), false)
         .weight()
@@ -220,10 +220,10 @@ MoeLayer::MoeLayer(nn::ParameterStore& store, Communicator& comm, const MoeConfi
 }
 
 nn::Parameter& MoeLayer::w1(int l) {
-  return dynamic_cast<nn::Linear&>(dynamic_cast<nn::Sequential&>(*experts_.at(at(l)))[0]).weight();
+  return dynamic_cast<nn::Linear&>(dynamic_cast<nn::Sequential&>(*experts_.at(idx(l)))[0]).weight();
 }
 nn::Parameter& MoeLayer::w2(int l) {
-  return dynamic_cast<nn::Linear&>(dynamic_cast<nn::Sequential&>(*experts_.at(at(l)))[2]).weight();
+  return dynamic_cast<nn::Linear&>(dynamic_cast<nn::Sequential&>(*experts_.at(idx(l)))[2]).weight();
 }
 
 std::vector<nn::Parameter*> MoeLayer::parameters() const {
@@ -265,28 +265,28 @@ struct MoeLayer::Routed {
 
 namespace {
 
-std::size_t stats_width(int experts) { return 2 * at(experts) + 3; }
+std::size_t stats_width(int experts) { return 2 * idx(experts) + 3; }
 
 Tensor pack(const RoutingStats& s, int experts) {
   std::vector<double> v(stats_width(experts), 0.0);
   for (std::size_t e = 0; e < s.wanted.size(); ++e) v[e] = s.wanted[e];
-  for (std::size_t e = 0; e < s.kept.size(); ++e) v[at(experts) + e] = s.kept[e];
-  v[2 * at(experts)] = s.dropped;
-  v[2 * at(experts) + 1] = s.passed_through;
-  v[2 * at(experts) + 2] = s.aux_loss;
+  for (std::size_t e = 0; e < s.kept.size(); ++e) v[idx(experts) + e] = s.kept[e];
+  v[2 * idx(experts)] = s.dropped;
+  v[2 * idx(experts) + 1] = s.passed_through;
+  v[2 * idx(experts) + 2] = s.aux_loss;
   return Tensor::from_vector(v);
 }
 
 RoutingStats unpack(const Tensor& t, int experts) {
   const std::span<const double> v = t.span<double>();
   RoutingStats s;
-  for (Index e = 0; e < at(experts); ++e) {
+  for (Index e = 0; e < idx(experts); ++e) {
     s.wanted.push_back(static_cast<int>(v[e]));
-    s.kept.push_back(static_cast<int>(v[at(experts) + e]));
+    s.kept.push_back(static_cast<int>(v[idx(experts) + e]));
   }
-  s.dropped = static_cast<int>(v[2 * at(experts)]);
-  s.passed_through = static_cast<int>(v[2 * at(experts) + 1]);
-  s.aux_loss = v[2 * at(experts) + 2];
+  s.dropped = static_cast<int>(v[2 * idx(experts)]);
+  s.passed_through = static_cast<int>(v[2 * idx(experts) + 1]);
+  s.aux_loss = v[2 * idx(experts) + 2];
   return s;
 }
 
@@ -308,7 +308,7 @@ MoeLayer::Routed MoeLayer::route_rows(const Tensor& probs) const {
   // rows: its positions there).
   const int E = c.experts;
   const int me = g.split ? g.split->rank() : 0;
-  const auto n = g.split ? static_cast<std::int64_t>(g.positions[at(me)].size()) : g.tokens;
+  const auto n = g.split ? static_cast<std::int64_t>(g.positions[idx(me)].size()) : g.tokens;
   const std::int64_t G = n > 0 ? probs.rows() / n : 0;
   const int capacity = expert_capacity(static_cast<int>(g.tokens), c.k, E, c.capacity_factor);
   Tensor every;  // every rank's probabilities of its parts, rank by rank
@@ -322,23 +322,23 @@ MoeLayer::Routed MoeLayer::route_rows(const Tensor& probs) const {
   r = Routing{static_cast<int>(G * n), E, c.k, static_cast<int>(G) * capacity, {}, {}, {}};
   out.fractions = Tensor(Shape{G, E}, DType::f32);
   RoutingStats stats;
-  stats.wanted.assign(at(E), 0);
-  stats.kept.assign(at(E), 0);
+  stats.wanted.assign(idx(E), 0);
+  stats.kept.assign(idx(E), 0);
   for (std::int64_t q = 0; q < G; ++q) {
     Tensor whole(Shape{g.tokens, E}, DType::f32);
     if (g.split) {
       for (int rank = 0; rank < g.split->size(); ++rank)
         for (std::int64_t i = 0; i < n; ++i)
-          whole.slice(g.positions[at(rank)][at(static_cast<int>(i))], 1)
+          whole.slice(g.positions[idx(rank)][idx(static_cast<int>(i))], 1)
               .copy_from(every.slice((rank * G + q) * n + i, 1));
     } else {
       whole.copy_from(probs.slice(q * n, n));
     }
     const Routing group_routing = route(whole, c.k, capacity);
     for (std::int64_t i = 0; i < n; ++i) {
-      const auto t = static_cast<int>(g.split ? g.positions[at(me)][at(static_cast<int>(i))] : i);
+      const auto t = static_cast<int>(g.split ? g.positions[idx(me)][idx(static_cast<int>(i))] : i);
       for (int j = 0; j < c.k; ++j) {
-        const Index ch = at(group_routing.at(t, j));
+        const Index ch = idx(group_routing.at(t, j));
         r.expert.push_back(group_routing.expert[ch]);
         r.gate.push_back(group_routing.gate[ch]);
         const int slot = group_routing.slot[ch];
@@ -359,7 +359,7 @@ nn::Forward MoeLayer::forward(const Tensor& x_in) const {
   const MoeGroups& g = options_.groups;
   const ShardRange tokens = shard_range(c.tokens, N, rank);
   const std::int64_t part =  // a group's rows on this rank
-      g.split ? static_cast<std::int64_t>(g.positions[at(g.split->rank())].size()) : g.tokens;
+      g.split ? static_cast<std::int64_t>(g.positions[idx(g.split->rank())].size()) : g.tokens;
   require(x_in.ndim() == 2 && x_in.cols() == c.hidden &&
               (g.tokens == 0 ? x_in.rows() == tokens.length : part > 0 && x_in.rows() % part == 0),
           [&] {
@@ -424,7 +424,7 @@ nn::Forward MoeLayer::forward(const Tensor& x_in) const {
 Tensor MoeLayer::backward_input(const Tensor& dy_in, nn::Saved& saved) const {
   const MoeConfig& c = config_;
   const int N = comm_.size(), per = experts_here();
-  require(saved.tensors.size() == forward_saved && saved.children.size() == at(per), [&] {
+  require(saved.tensors.size() == forward_saved && saved.children.size() == idx(per), [&] {
     return options_.name + " backward: a Saved from this layer's forward (" +
            std::to_string(saved.tensors.size()) + " tensors), before any backward_input";
   });
@@ -448,8 +448,8 @@ Tensor MoeLayer::backward_input(const Tensor& dy_in, nn::Saved& saved) const {
   const std::vector<float> dgate = gate_grads(dy, r, 0, p.send_row, saved.tensors[saved_returned]);
   Tensor scaled(n_send, d);
   for (std::int64_t i = 0; i < n_send; ++i) {
-    const float g = r.gate[at(plan.send_order[at(static_cast<int>(i))])];
-    const std::int64_t t = p.send_tokens[at(static_cast<int>(i))];
+    const float g = r.gate[idx(plan.send_order[idx(static_cast<int>(i))])];
+    const std::int64_t t = p.send_tokens[idx(static_cast<int>(i))];
     for (std::int64_t e = 0; e < d; ++e) scaled(i, e) = g * dy(t, e);
   }
   Tensor grads(Shape{n_recv, d}, DType::f32, memory);
@@ -457,9 +457,9 @@ Tensor MoeLayer::backward_input(const Tensor& dy_in, nn::Saved& saved) const {
   // 2. Each local expert's B; their dL/dx rows go back.
   Tensor dins_recv(Shape{n_recv, d}, DType::f32, memory);
   for (int l = 0; l < per; ++l) {
-    const Tensor dxe = experts_[at(l)]->backward_input(index_rows(grads, p.expert_rows[at(l)]),
-                                                       saved.children[at(l)]);
-    if (dxe.rows()) scatter_add_rows(dins_recv, p.expert_rows[at(l)], dxe);
+    const Tensor dxe = experts_[idx(l)]->backward_input(index_rows(grads, p.expert_rows[idx(l)]),
+                                                        saved.children[idx(l)]);
+    if (dxe.rows()) scatter_add_rows(dins_recv, p.expert_rows[idx(l)], dxe);
   }
   Tensor dins(Shape{n_send, d}, DType::f32, memory);
   comm_.alltoallv(dins_recv, p.recv_elems, dins, p.send_elems);
@@ -475,7 +475,7 @@ Tensor MoeLayer::backward_input(const Tensor& dy_in, nn::Saved& saved) const {
   const std::int64_t G = fractions.rows(), n = G > 0 ? probs.rows() / G : 0;
   for (std::int64_t q = 0; q < G; ++q) {
     const std::span<const float> f =
-        fractions.span().subspan(at(static_cast<int>(q * c.experts)), at(c.experts));
+        fractions.span().subspan(idx(static_cast<int>(q * c.experts)), idx(c.experts));
     dlogits.slice(q * n, n).copy_from(router_grad(aux, r, q * n, probs.slice(q * n, n), dgate,
                                                   std::vector<float>(f.begin(), f.end())));
   }

@@ -216,7 +216,7 @@ void check_mesh_size(const MeshShape& shape, double most);
 /// The ranks that differ from `at` only along `across` (at itself among them), in the
 /// order of those coordinates, slowest axis first: the members of a group that spans
 /// several axes (Mesh::replicas: kReplicaAxes). From coords_of and rank_of.
-std::vector<int> ranks_across(const MeshShape& shape, const Coords& at, std::vector<Axis> across);
+std::vector<int> group_along(const MeshShape& shape, const Coords& at, std::vector<Axis> across);
 
 // ---------------------------------------------------------------------------
 // The mesh on real ranks

@@ -79,7 +79,7 @@ AxisBytes between_hosts(const MeshShape& mesh, int rank, const AxisBytes& sent,
   AxisBytes out;
   for (Axis axis : kAxes) {
     if (axis == Axis::ep) {  // an all-to-all: evenly to the others of the group
-      const std::vector<int> ep = ranks_across(mesh, at, {Axis::ep});
+      const std::vector<int> ep = group_along(mesh, at, {Axis::ep});
       for (int q : ep)
         if (off(q)) out[axis] += sent[axis] / (ep.size() - 1);
     } else if (axis == Axis::pp) {  // half to each neighbouring stage
@@ -92,7 +92,7 @@ AxisBytes between_hosts(const MeshShape& mesh, int rank, const AxisBytes& sent,
       for (int q : neighbours)
         if (off(q)) out[axis] += sent[axis] / neighbours.size();
     } else {  // a ring over the axis's group (dp's: the replicas)
-      out[axis] = ring(ranks_across(mesh, at, axis == Axis::dp ? kReplicaAxes : std::vector{axis}),
+      out[axis] = ring(group_along(mesh, at, axis == Axis::dp ? kReplicaAxes : std::vector{axis}),
                        sent[axis]);
     }
   }

@@ -10,7 +10,7 @@ namespace ch08 {
 using shardlab::Error;
 using shardlab::require_usage;
 
-std::vector<int> ranks_across(const MeshShape& shape, const Coords& at, std::vector<Axis> across) {
+std::vector<int> group_along(const MeshShape& shape, const Coords& at, std::vector<Axis> across) {
   // In kAxes' order, slowest first, whatever order they were given in.
   std::vector<Axis> axes;
   for (Axis axis : kAxes)
@@ -36,7 +36,7 @@ namespace {
 /// the group's first rank, the key this rank's place in it.
 std::unique_ptr<Communicator> split_across(Communicator& world, const MeshShape& shape,
                                            const Coords& me, std::vector<Axis> across) {
-  const std::vector<int> members = ranks_across(shape, me, std::move(across));
+  const std::vector<int> members = group_along(shape, me, std::move(across));
   const auto place = std::find(members.begin(), members.end(), world.rank()) - members.begin();
   return world.split(members.front(), static_cast<int>(place));
 }

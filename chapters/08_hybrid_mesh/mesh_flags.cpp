@@ -37,9 +37,10 @@ MeshShape mesh_for_ranks(MeshShape shape, int ranks) {
                               ") must divide the " + N + " ranks");
   if (shape.dp == 0) shape.dp = ranks / static_cast<int>(rest);
   const std::vector<Axis> all(std::begin(kAxes), std::end(kAxes));
-  shardlab::require_usage(product(shape, all) == ranks, mesh_name(shape, all) + " (" +
-                                                            shardlab::format_number(product(shape, all)) +
-                                                            ") must be the " + N + " ranks");
+  shardlab::require_usage(product(shape, all) == ranks,
+                          mesh_name(shape, all) + " (" +
+                              shardlab::format_number(product(shape, all)) + ") must be the " + N +
+                              " ranks");
   return shape;
 }
 

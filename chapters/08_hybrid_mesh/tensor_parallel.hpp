@@ -62,8 +62,8 @@ void g_backward(Communicator& tp, Tensor& dy);
 
 /// Sequence parallelism's two moves over the rows of a 2-D tensor, rank i holding rows
 /// shard_range(n, t, i) of n (t must divide n): gather_rows all-gathers the ranks' n/t rows
-/// into n (chapter 01's gather_rows); scatter_rows sums each rank's n-row partial and returns this rank's n/t rows of
-/// the sum (a reduce-scatter). Each is the other's backward.
+/// into n (chapter 01's gather_rows); scatter_rows sums each rank's n-row partial and returns this
+/// rank's n/t rows of the sum (a reduce-scatter). Each is the other's backward.
 Tensor gather_rows(Communicator& tp, const Tensor& mine);
 /// The reduce-scatter: this rank's n/t rows of the sum over tp of the ranks' n-row
 /// `partial`s. Error unless t divides n.

@@ -296,7 +296,7 @@ void assemble_stage(const fs::path& partial, const MeshShape& shape, const GptSh
   for (const WeightSet& set : kWeightSets)
     for (int r = 0; r < shape.ranks(); ++r) {
       const Coords q = ch08::coords_of(shape, r);
-      const std::vector<int> copies = ch08::ranks_across(shape, q, set.copies);
+      const std::vector<int> copies = ch08::group_along(shape, q, set.copies);
       const std::vector<Piece> pieces = set.pieces(g, shape, q, chunks);
       if (q.pp != s || copies.front() != r || pieces.empty()) continue;
       const std::int64_t n = pieces_size(pieces);
@@ -413,7 +413,7 @@ bool write_shard(const fs::path& partial, Mesh& mesh, GptModel& model,
     if (!dense && model.expert_pieces().empty()) continue;
     const ch08::ReplicaOptimizer::State st = o ? o->state() : ch08::ReplicaOptimizer::State{};
     const bool first =
-        ch08::ranks_across(mesh.shape(), mesh.coords(), set.copies).front() == world.rank();
+        ch08::group_along(mesh.shape(), mesh.coords(), set.copies).front() == world.rank();
     if (dense) lead = first;
     const std::string prefix = set.prefix;
     if (first) mine.emplace(prefix + "values", store.values().to(Memory::host));

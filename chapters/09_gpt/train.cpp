@@ -271,7 +271,7 @@ RoutingCounts ep_routing(Communicator& world, const MeshShape& mesh, const Coord
   for (std::size_t r = 1; r < counts.size(); ++r) offset[r] = offset[r - 1] + counts[r - 1];
   const std::size_t E = result.dispatched.empty() ? 1 : result.dispatched.front().size();
   RoutingCounts out;
-  for (int r : ch08::ranks_across(mesh, at, {ch08::Axis::ep})) {
+  for (int r : ch08::group_along(mesh, at, {ch08::Axis::ep})) {
     const auto q = static_cast<std::size_t>(r);
     auto& calls = out.emplace_back();
     for (std::size_t i = 0; i < counts[q]; i += E)
@@ -281,24 +281,27 @@ RoutingCounts ep_routing(Communicator& world, const MeshShape& mesh, const Coord
 }
 
 void Trainer::sum_replicated_gradients() {
-  // One allreduce over tp of them all, packed (Megatron-LM's sequence-parallel gradients).
-  const std::vector<nn::Parameter*> params = model_.store().parameters();
+  // One allreduce over tp of them all, packed (Megatron-LM's sequence-parallel gradients):
+  // the gradients of the weights every tp rank holds, each rank's its rows' part.
+  std::vector<Tensor> grads;
   std::int64_t n = 0;
-  auto summed = [&](std::size_t i) {  // a weight every tp rank holds, its rows' part here
-    return model_.pieces()[i].cut == Cut::whole && model_.pieces()[i].rows_part;
-  };
+  const std::vector<nn::Parameter*> params = model_.store().parameters();
   for (std::size_t i = 0; i < params.size(); ++i)
-    if (summed(i)) n += params[i]->grad.size();
-  Tensor packed(Shape{n}, shardlab::DType::f32, c_.memory);
-  for (int way : {0, 1}) {  // pack, then unpack
-    std::int64_t at = 0;
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      if (!summed(i)) continue;
-      Tensor grad = params[i]->grad.flat(), slot = packed.slice(at, grad.size());
-      way == 0 ? slot.copy_from(grad) : grad.copy_from(slot);
-      at += grad.size();
+    if (model_.pieces()[i].cut == Cut::whole && model_.pieces()[i].rows_part) {
+      grads.push_back(params[i]->grad.flat());
+      n += grads.back().size();
     }
-    if (way == 0) mesh_.tp().allreduce(packed);
+  Tensor packed(Shape{n}, shardlab::DType::f32, c_.memory);
+  std::int64_t at = 0;
+  for (const Tensor& grad : grads) {  // pack
+    packed.slice(at, grad.size()).copy_from(grad);
+    at += grad.size();
+  }
+  mesh_.tp().allreduce(packed);
+  at = 0;
+  for (Tensor& grad : grads) {  // unpack
+    grad.copy_from(packed.slice(at, grad.size()));
+    at += grad.size();
   }
 }
 

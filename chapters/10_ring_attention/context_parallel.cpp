@@ -12,13 +12,13 @@ namespace nn = shardlab::nn;
 
 namespace {
 
-std::size_t at(std::int64_t i) { return static_cast<std::size_t>(i); }
+using shardlab::idx;
 
 /// Column `part` (0 q, 1 k, 2 v) of every head of `x` (rows x 3 heads D, each head's q, k,
 /// v side by side), as rows x heads x D.
 std::vector<float> take(const Tensor& x, std::int64_t heads, int part) {
   const std::int64_t rows = x.rows(), D = x.cols() / (3 * heads);
-  std::vector<float> out(at(rows * heads * D));
+  std::vector<float> out(idx(rows * heads * D));
   const float* in = x.data();
   for (std::int64_t i = 0; i < rows; ++i)
     for (std::int64_t h = 0; h < heads; ++h)

@@ -63,7 +63,7 @@ std::vector<std::int64_t> rank_positions(std::int64_t T, int cp, int rank, Split
 
 namespace {
 
-std::size_t at(std::int64_t i) { return static_cast<std::size_t>(i); }
+using shardlab::idx;
 
 shardlab::Tensor tensor_of(const std::vector<float>& v) {
   shardlab::Tensor t(shardlab::Shape{static_cast<std::int64_t>(v.size())}, shardlab::DType::f32);
@@ -81,29 +81,29 @@ Partial attend(std::span<const float> q, std::span<const float> k, std::span<con
   const std::int64_t H = heads, D = head_dim, C = H * D;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   Partial p = Partial::empty(n, H, D);
-  std::vector<float> s(at(m));
+  std::vector<float> s(idx(m));
   for (std::int64_t i = 0; i < n; ++i)
     for (std::int64_t h = 0; h < H; ++h) {
-      const std::size_t r = at(i * H + h);
+      const std::size_t r = idx(i * H + h);
       float top = -INFINITY;
       for (std::int64_t j = 0; j < m; ++j) {
-        if (key_pos[at(j)] > query_pos[at(i)]) continue;
+        if (key_pos[idx(j)] > query_pos[idx(i)]) continue;
         float dot = 0;
         for (std::int64_t d = 0; d < D; ++d)
-          dot += q[at(i * C + h * D + d)] * k[at(j * C + h * D + d)];
-        s[at(j)] = dot * scale;
-        top = std::max(top, s[at(j)]);
+          dot += q[idx(i * C + h * D + d)] * k[idx(j * C + h * D + d)];
+        s[idx(j)] = dot * scale;
+        top = std::max(top, s[idx(j)]);
         if (work) ++*work;
       }
       if (top == -INFINITY) continue;  // every key lies after this query
       p.max[r] = top;
       float sum = 0;
       for (std::int64_t j = 0; j < m; ++j) {
-        if (key_pos[at(j)] > query_pos[at(i)]) continue;
-        const float e = std::exp(s[at(j)] - top);
+        if (key_pos[idx(j)] > query_pos[idx(i)]) continue;
+        const float e = std::exp(s[idx(j)] - top);
         sum += e;
         for (std::int64_t d = 0; d < D; ++d)
-          p.out[at(r * at(D) + at(d))] += e * v[at(j * C + h * D + d)];
+          p.out[idx(r * idx(D) + idx(d))] += e * v[idx(j * C + h * D + d)];
       }
       p.sum[r] = sum;
     }
@@ -152,13 +152,13 @@ std::vector<float> ring_attention(Communicator& cp, const std::vector<float>& q,
                      S = shape.sequences;
   const std::vector<std::int64_t> mine = rank_positions(T, P, r, shape.split);
   const auto n = static_cast<std::int64_t>(mine.size());
-  shardlab::require(q.size() == at(S * n * C) && k.size() == q.size() && v.size() == q.size(),
+  shardlab::require(q.size() == idx(S * n * C) && k.size() == q.size() && v.size() == q.size(),
                     "ring_attention: q, k and v must be the rank's rows (of each sequence) x "
                     "heads x head_dim");
   // The block in hand, k and v side by side (every sequence's), and the one arriving.
   std::vector<float> held(k), arriving;
   held.insert(held.end(), v.begin(), v.end());
-  std::vector<Partial> acc(at(S), Partial::empty(n, H, D));
+  std::vector<Partial> acc(idx(S), Partial::empty(n, H, D));
   for (int step = 0; step < P; ++step) {
     Pass pass;
     const bool more = step + 1 < P;
@@ -166,24 +166,25 @@ std::vector<float> ring_attention(Communicator& cp, const std::vector<float>& q,
     const std::vector<std::int64_t> keys = rank_positions(T, P, source(r, step, P), shape.split);
     const std::span<const float> block(held), queries(q);  // block: every k, then every v
     for (std::int64_t s = 0; s < S; ++s) {
-      const std::size_t rows = at(s * n * C), size = at(n * C);
-      merge(acc[at(s)], attend(queries.subspan(rows, size), block.subspan(rows, size),
-                               block.subspan(at(S * n * C) + rows, size), mine, keys, H, D, work));
+      const std::size_t rows = idx(s * n * C), size = idx(n * C);
+      merge(acc[idx(s)],
+            attend(queries.subspan(rows, size), block.subspan(rows, size),
+                   block.subspan(idx(S * n * C) + rows, size), mine, keys, H, D, work));
     }
     if (more) {
       finish(cp, pass);
       held.swap(arriving);
     }
   }
-  std::vector<float> out(at(S * n * C));
-  std::vector<float> lse(at(S * n * H));
+  std::vector<float> out(idx(S * n * C));
+  std::vector<float> lse(idx(S * n * H));
   for (std::int64_t s = 0; s < S; ++s)
     for (std::int64_t i = 0; i < n * H; ++i) {
-      const Partial& a = acc[at(s)];
-      const float l = a.sum[at(i)];
-      lse[at(s * n * H + i)] = a.max[at(i)] + std::log(l);
+      const Partial& a = acc[idx(s)];
+      const float l = a.sum[idx(i)];
+      lse[idx(s * n * H + i)] = a.max[idx(i)] + std::log(l);
       for (std::int64_t d = 0; d < D; ++d)
-        out[at((s * n * H + i) * D + d)] = a.out[at(i * D + d)] / l;
+        out[idx((s * n * H + i) * D + d)] = a.out[idx(i * D + d)] / l;
     }
   if (saved) {
     shardlab::memory::Scope kept(shardlab::memory::Category::activations);
@@ -214,7 +215,7 @@ void block_backward(const BlockRows& b, const std::vector<std::int64_t>& queries
     for (std::int64_t h = 0; h < H; ++h) {
       const std::int64_t row = i * H + h;
       for (std::int64_t j = 0; j < n; ++j) {
-        if (keys[at(j)] > queries[at(i)]) continue;
+        if (keys[idx(j)] > queries[idx(i)]) continue;
         float sc = 0, dp = 0;
         for (std::int64_t d = 0; d < D; ++d) {
           sc += b.q[i * C + h * D + d] * b.k[j * C + h * D + d];
@@ -238,21 +239,21 @@ RingGrads ring_attention_backward(Communicator& cp, const RingSaved& saved,
   const int P = cp.size(), r = cp.rank();
   const auto n = static_cast<std::int64_t>(saved.pos.size());
   const std::int64_t H = shape.heads, D = shape.head_dim, C = H * D, S = shape.sequences;
-  shardlab::require(dout.size() == at(S * n * C) && saved.q.size() == S * n * C,
+  shardlab::require(dout.size() == idx(S * n * C) && saved.q.size() == S * n * C,
                     "ring_attention_backward: dL/dout must be the rank's rows x heads x head_dim, "
                     "as the forward's");
   // delta = rowsum(dout * out) per row and head: the softmax's backward needs it.
   const float* o = saved.out.data();
-  std::vector<float> delta(at(S * n * H), 0.0f);
+  std::vector<float> delta(idx(S * n * H), 0.0f);
   for (std::int64_t i = 0; i < S * n * H; ++i)
-    for (std::int64_t d = 0; d < D; ++d) delta[at(i)] += dout[at(i * D + d)] * o[i * D + d];
+    for (std::int64_t d = 0; d < D; ++d) delta[idx(i)] += dout[idx(i * D + d)] * o[i * D + d];
   RingGrads g;
-  g.dq.assign(at(S * n * C), 0.0f);
+  g.dq.assign(idx(S * n * C), 0.0f);
   // What travels: k and v side by side, passed on while this rank computes with them;
   // then the gradients of them gathered so far, once the rank has added its part.
   std::vector<float> kv(saved.k.data(), saved.k.data() + S * n * C), kv_next;
   kv.insert(kv.end(), saved.v.data(), saved.v.data() + S * n * C);
-  std::vector<float> grads(at(2 * S * n * C), 0.0f), grads_next;
+  std::vector<float> grads(idx(2 * S * n * C), 0.0f), grads_next;
   for (int step = 0; step < P; ++step) {
     Pass pass;
     const bool more = step + 1 < P;

@@ -27,6 +27,10 @@
 
 namespace shardlab {
 
+/// `i` (an int, a count) as an index into a std::vector, which counts in size_t: the one
+/// cast the chapters' loops need, written once.
+constexpr std::size_t idx(std::int64_t i) { return static_cast<std::size_t>(i); }
+
 /// Where shard p of P parts of a length-`size` dimension starts, and how long it is.
 /// Uneven sizes: the first size % P shards get one element more (PyTorch's
 /// tensor_split and Megatron's divide do the same).
