@@ -110,8 +110,12 @@ ClusterSpec resolve_cluster(const PlanSettings& s, const ModelSpec& m) {
 // ---------------------------------------------------------------------------
 // The flags
 
-void add_plan_options(CLI::App& cli, PlanSettings& s) {
-  namespace sc = shardlab::cli;
+namespace {
+
+namespace sc = shardlab::cli;
+
+/// The model's flags: a preset or a custom shape, and its experts.
+void add_model_flags(CLI::App& cli, PlanSettings& s) {
   std::vector<std::string> models = model_names();
   models.push_back("custom");
   cli.add_option("--model", s.model, "a model (" + joined(models) + ")")
@@ -136,12 +140,27 @@ void add_plan_options(CLI::App& cli, PlanSettings& s) {
       ->check(sc::whole(1, 100000));
   cli.add_option("--moe-every", s.moe_every, "every this many layers a MoE one (default: 1)")
       ->check(sc::whole(1, 100000));
+}
+
+/// The cluster's flags: a preset, and what of it to change.
+void add_cluster_flags(CLI::App& cli, PlanSettings& s) {
   cli.add_option("--cluster", s.cluster, "the GPUs (" + joined(cluster_names()) + ")")
       ->check(CLI::IsMember(cluster_names()))
       ->capture_default_str();
   cli.add_option("--gpus", s.gpus, "GPUs n (1024, 3K, 2^12; default: the preset's run)")
       ->transform(sc::quantity())
       ->check(sc::between(1, double(kMaxGpus)));
+  cli.add_option("--achieved-tflops", s.achieved_tflops,
+                 "X, TFLOP/s a GPU (default: the preset's run on A100s, else the cluster's)")
+      ->check(sc::between(1e-3, 1e6));
+  cli.add_option("--gpu-memory-gb", s.gpu_memory_gb, "GB (1e9 bytes) a GPU (default: 80)")
+      ->check(sc::between(1e-3, 1e6));
+  cli.add_option("--gpus-per-node", s.gpus_per_node, "GPUs a node (default: the cluster's, 8)")
+      ->check(sc::whole(1, 1 << 20));
+}
+
+/// The run's flags: tokens, batch, memory savers, the layout and the search.
+void add_run_flags(CLI::App& cli, PlanSettings& s) {
   cli.add_option("--tokens", s.tokens, "training tokens T (300B; default: the preset's)")
       ->transform(sc::quantity())
       ->check(sc::between(1, 1e16));
@@ -150,13 +169,6 @@ void add_plan_options(CLI::App& cli, PlanSettings& s) {
       ->check(sc::between(1, INT_MAX));
   cli.add_option("--microbatch-size", s.microbatch_size,
                  "microbatch size b (default: the preset's run's, else 1)")
-      ->check(sc::whole(1, 1 << 20));
-  cli.add_option("--achieved-tflops", s.achieved_tflops,
-                 "X, TFLOP/s a GPU (default: the preset's run on A100s, else the cluster's)")
-      ->check(sc::between(1e-3, 1e6));
-  cli.add_option("--gpu-memory-gb", s.gpu_memory_gb, "GB (1e9 bytes) a GPU (default: 80)")
-      ->check(sc::between(1e-3, 1e6));
-  cli.add_option("--gpus-per-node", s.gpus_per_node, "GPUs a node (default: the cluster's, 8)")
       ->check(sc::whole(1, 1 << 20));
   cli.add_option("--zero", s.zero, "ZeRO stage over dp, 0-3")
       ->check(sc::whole(0, 3))
@@ -175,6 +187,14 @@ void add_plan_options(CLI::App& cli, PlanSettings& s) {
       ->check(sc::whole(0, 1 << 20))
       ->capture_default_str();
   cli.add_flag("--csv", s.csv, "with --search: also write the ranking as CSV");
+}
+
+}  // namespace
+
+void add_plan_options(CLI::App& cli, PlanSettings& s) {
+  add_model_flags(cli, s);
+  add_cluster_flags(cli, s);
+  add_run_flags(cli, s);
 }
 
 // ---------------------------------------------------------------------------

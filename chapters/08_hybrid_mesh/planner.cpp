@@ -35,68 +35,84 @@ std::string str(std::int64_t n) { return std::to_string(n); }
 // ---------------------------------------------------------------------------
 // The model and the cluster
 
+namespace {
+
+// GPT-3's shape (Brown et al. 2020, Table 2.1) with Narayanan's vocabulary; the run is
+// Narayanan §5.1's estimate (1024 A100s at 140 TFLOP/s, B = 1536, 300B tokens: 34 days), laid
+// out as CS336 lecture 7 §5.1's example: dp 8 x tp 8 (a DGX node) x pp 16. No layout of
+// GPT-3's own training was published.
+ModelSpec gpt3_preset() {
+  return {.name = "gpt3-175b",
+          .layers = 96,
+          .hidden = 12288,
+          .heads = 96,
+          .source = "GPT-3 175B (Brown et al. 2020, Table 2.1), V as Narayanan et al.",
+          .run = {.mesh = {.pp = 16, .dp = 8, .tp = 8},
+                  .batch = 1536,
+                  .achieved_tflops = 140,
+                  .tokens = 300e9}};
+}
+
+// Narayanan et al. 2021, Table 1, every row, and Korthikanti et al. 2022's 22B.
+void add_table_presets(std::vector<ModelSpec>& v) {
+  // heads, hidden, layers, tp, pp, GPUs, batch, TFLOP/s
+  v.push_back(table_1_row("1.7b", 24, 2304, 24, 1, 1, 32, 512, 137));
+  v.push_back(table_1_row("3.6b", 32, 3072, 30, 2, 1, 64, 512, 138));
+  v.push_back(table_1_row("7.5b", 32, 4096, 36, 4, 1, 128, 512, 142));
+  v.push_back(table_1_row("18.4b", 48, 6144, 40, 8, 1, 256, 1024, 135));
+  v.push_back(table_1_row("39.1b", 64, 8192, 48, 8, 2, 512, 1536, 138));
+  v.push_back(table_1_row("76.1b", 80, 10240, 60, 8, 4, 1024, 1792, 140));
+  v.push_back(table_1_row("145.6b", 96, 12288, 80, 8, 8, 1536, 2304, 148));
+  v.push_back(table_1_row("310.1b", 128, 16384, 96, 8, 16, 1920, 2160, 155));
+  v.push_back(table_1_row("529.6b", 128, 20480, 105, 8, 35, 2520, 2520, 163));
+  // NVIDIA's 1T model: the 64 x 6 x 8 = 3072 layout so-large-lm §6 calls GPT-3's. §5.1's
+  // estimate: 450B tokens on 3072 GPUs at 163 TFLOP/s, 84 days.
+  v.push_back(table_1_row("1t", 160, 25600, 128, 8, 64, 3072, 3072, 163));
+  v.back().source = "NVIDIA's 1T model: Narayanan et al. 2021, Table 1's last row (1008.0B)";
+  v.back().run.tokens = 450e9;
+  // Korthikanti et al. 2022, Table 3's smallest (8 GPUs, tp 8, B = 4, b = 4: one microbatch
+  // of 4 sequences).
+  v.push_back({.name = "22b",
+               .layers = 48,
+               .hidden = 6144,
+               .heads = 64,
+               .source = "Korthikanti et al. 2022, Table 3",
+               .run = {.mesh = {.pp = 1, .dp = 1, .tp = 8},
+                       .batch = 4,
+                       .microbatch_size = 4,
+                       .tokens = 300e9}});
+}
+
+// DeepSpeed-MoE's GPT-3-style MoE models (Rajbhandari et al. 2022: Tables 2 and 4 print 13B
+// and 52B; their text: 128 experts on every other feed-forward layer, 12 MoE layers, top-1,
+// 300B tokens on 128 A100s); the base models' 24 layers, 1024 or 2048 wide, 16 heads, and the
+// batch and sequence of Megatron-DeepSpeed's examples_deepspeed/MoE scripts
+// (ds_pretrain_gpt_350M_MoE128.sh, ds_pretrain_gpt_1.3B_MoE128.sh: 2048 tokens, B 256 and
+// 512); V GPT-2's 50257 padded to a multiple of 128. Laid out as Table 6 lays 1.3B+MoE-128
+// out: EP degree 128, MP 1, every expert on a GPU of its own.
+void add_moe_presets(std::vector<ModelSpec>& v) {
+  for (auto [name, hidden, batch, printed] :
+       {std::tuple{"350m-moe128", 1024, 256, "13B"}, std::tuple{"1.3b-moe128", 2048, 512, "52B"}})
+    v.push_back({.name = name,
+                 .layers = 24,
+                 .hidden = hidden,
+                 .heads = 16,
+                 .vocab = 50304,
+                 .source = std::string("DeepSpeed-MoE (Rajbhandari et al. 2022): ") + printed +
+                           ", 128 experts in every other layer, top-1",
+                 .run = {.mesh = {.dp = 1, .ep = 128}, .batch = batch, .tokens = 300e9},
+                 .experts = 128,
+                 .top_k = 1,
+                 .moe_every = 2});
+}
+
+}  // namespace
+
 const std::vector<ModelSpec>& model_presets() {
   static const std::vector<ModelSpec> all = [] {
-    std::vector<ModelSpec> v;
-    // GPT-3's shape (Brown et al. 2020, Table 2.1) with Narayanan's vocabulary; the run is
-    // Narayanan §5.1's estimate (1024 A100s at 140 TFLOP/s, B = 1536, 300B tokens: 34 days),
-    // laid out as CS336 lecture 7 §5.1's example: dp 8 x tp 8 (a DGX node) x pp 16. No
-    // layout of GPT-3's own training was published.
-    v.push_back({.name = "gpt3-175b",
-                 .layers = 96,
-                 .hidden = 12288,
-                 .heads = 96,
-                 .source = "GPT-3 175B (Brown et al. 2020, Table 2.1), V as Narayanan et al.",
-                 .run = {.mesh = {.pp = 16, .dp = 8, .tp = 8},
-                         .batch = 1536,
-                         .achieved_tflops = 140,
-                         .tokens = 300e9}});
-    // Narayanan et al. 2021, Table 1: heads, hidden, layers, tp, pp, GPUs, batch, TFLOP/s.
-    v.push_back(table_1_row("1.7b", 24, 2304, 24, 1, 1, 32, 512, 137));
-    v.push_back(table_1_row("3.6b", 32, 3072, 30, 2, 1, 64, 512, 138));
-    v.push_back(table_1_row("7.5b", 32, 4096, 36, 4, 1, 128, 512, 142));
-    v.push_back(table_1_row("18.4b", 48, 6144, 40, 8, 1, 256, 1024, 135));
-    v.push_back(table_1_row("39.1b", 64, 8192, 48, 8, 2, 512, 1536, 138));
-    v.push_back(table_1_row("76.1b", 80, 10240, 60, 8, 4, 1024, 1792, 140));
-    v.push_back(table_1_row("145.6b", 96, 12288, 80, 8, 8, 1536, 2304, 148));
-    v.push_back(table_1_row("310.1b", 128, 16384, 96, 8, 16, 1920, 2160, 155));
-    v.push_back(table_1_row("529.6b", 128, 20480, 105, 8, 35, 2520, 2520, 163));
-    // NVIDIA's 1T model: the 64 x 6 x 8 = 3072 layout so-large-lm §6 calls GPT-3's. §5.1's
-    // estimate: 450B tokens on 3072 GPUs at 163 TFLOP/s, 84 days.
-    v.push_back(table_1_row("1t", 160, 25600, 128, 8, 64, 3072, 3072, 163));
-    v.back().source = "NVIDIA's 1T model: Narayanan et al. 2021, Table 1's last row (1008.0B)";
-    v.back().run.tokens = 450e9;
-    // Korthikanti et al. 2022, Table 3's smallest (8 GPUs, tp 8, B = 4, b = 4: one
-    // microbatch of 4 sequences).
-    v.push_back({.name = "22b",
-                 .layers = 48,
-                 .hidden = 6144,
-                 .heads = 64,
-                 .source = "Korthikanti et al. 2022, Table 3",
-                 .run = {.mesh = {.pp = 1, .dp = 1, .tp = 8},
-                         .batch = 4,
-                         .microbatch_size = 4,
-                         .tokens = 300e9}});
-    // DeepSpeed-MoE's GPT-3-style MoE models (Rajbhandari et al. 2022: Tables 2 and 4 print
-    // 13B and 52B; their text: 128 experts on every other feed-forward layer, 12 MoE layers,
-    // top-1, 300B tokens on 128 A100s); the base models' 24 layers, 1024 or 2048 wide, 16
-    // heads, and the batch and sequence of Megatron-DeepSpeed's examples_deepspeed/MoE
-    // scripts (ds_pretrain_gpt_350M_MoE128.sh, ds_pretrain_gpt_1.3B_MoE128.sh: 2048 tokens,
-    // B 256 and 512); V GPT-2's 50257 padded to a multiple of 128. Laid out as Table 6 lays
-    // 1.3B+MoE-128 out: EP degree 128, MP 1, every expert on a GPU of its own.
-    for (auto [name, hidden, batch, printed] :
-         {std::tuple{"350m-moe128", 1024, 256, "13B"}, std::tuple{"1.3b-moe128", 2048, 512, "52B"}})
-      v.push_back({.name = name,
-                   .layers = 24,
-                   .hidden = hidden,
-                   .heads = 16,
-                   .vocab = 50304,
-                   .source = std::string("DeepSpeed-MoE (Rajbhandari et al. 2022): ") + printed +
-                             ", 128 experts in every other layer, top-1",
-                   .run = {.mesh = {.dp = 1, .ep = 128}, .batch = batch, .tokens = 300e9},
-                   .experts = 128,
-                   .top_k = 1,
-                   .moe_every = 2});
+    std::vector<ModelSpec> v{gpt3_preset()};
+    add_table_presets(v);
+    add_moe_presets(v);
     return v;
   }();
   return all;
