@@ -128,7 +128,7 @@ const std::vector<ClusterSpec>& cluster_presets() {
   static const std::vector<ClusterSpec> all = {
       // A100 SXM 80GB datasheet: 312 TFLOP/s dense bf16, NVLink 3 at 600 GB/s a GPU (both
       // directions together); DGX A100: 8 GPUs, 8 ConnectX-6 HDR InfiniBand at 200 Gb/s,
-      // one a GPU = 25 GB/s. Achieved: Narayanan §5.1's 140 TFLOP/s for GPT-3.
+      // one a GPU = 25 GB/s, 200 GB/s a node. Achieved: Narayanan §5.1's 140 TFLOP/s for GPT-3.
       {.name = "a100-80gb",
        .gpu_memory_bytes = 80e9,
        .peak_tflops = 312,
@@ -136,10 +136,12 @@ const std::vector<ClusterSpec>& cluster_presets() {
        .gpus_per_node = 8,
        .nvlink_GBps = 300,
        .network_GBps = 25,
+       .nics_per_node = 8,
        .source = "DGX A100: 312 TFLOP/s bf16, NVLink 300 GB/s a direction, 8 x 200 Gb/s HDR"},
       // H100 SXM datasheet: 989 TFLOP/s dense bf16, NVLink 4 at 900 GB/s (both directions);
-      // DGX H100: 8 ConnectX-7 NDR at 400 Gb/s = 50 GB/s a GPU. Achieved: Llama 3's 400
-      // TFLOP/s a GPU on 16K H100s (Dubey et al. 2024, Table 4; the so-large-lm seed: > 400).
+      // DGX H100: 8 ConnectX-7 NDR at 400 Gb/s = 50 GB/s a GPU, 400 GB/s a node. Achieved:
+      // Llama 3's 400 TFLOP/s a GPU on 16K H100s (Dubey et al. 2024, Table 4; the so-large-lm
+      // seed: > 400).
       {.name = "h100-80gb",
        .gpu_memory_bytes = 80e9,
        .peak_tflops = 989,
@@ -147,6 +149,7 @@ const std::vector<ClusterSpec>& cluster_presets() {
        .gpus_per_node = 8,
        .nvlink_GBps = 450,
        .network_GBps = 50,
+       .nics_per_node = 8,
        .source = "DGX H100: 989 TFLOP/s bf16, NVLink 450 GB/s a direction, 8 x 400 Gb/s NDR"},
   };
   return all;
@@ -268,6 +271,7 @@ void check_cluster(const ClusterSpec& c) {
     require_usage(std::isfinite(value) && value > 0,
                   "the cluster's " + std::string(what) + " must be a positive number");
   require_usage(c.gpus_per_node >= 1, "a node has at least 1 GPU");
+  require_usage(c.nics_per_node >= 1, "a node has at least 1 network card");
 }
 
 double activation_bytes_per_layer(const ModelSpec& m, int b, int tp, bool sp, Recompute r, int cp) {
@@ -354,6 +358,37 @@ NodeCrossings crosses_nodes(const Layout& L, int g) {
   return c;
 }
 
+namespace {
+
+/// An axis's groups as ranks `stride` apart, `size` of them (dp's: the replicas, d e c at
+/// stride t).
+struct Strided {
+  std::int64_t stride = 1;
+  std::int64_t size = 1;
+};
+Strided strided(const MeshShape& mesh, Axis axis) {
+  if (axis == Axis::dp) return {mesh.tp, std::int64_t(product(mesh, kReplicaAxes))};
+  const std::vector<Axis> faster(std::begin(kAxes) + index_of(axis) + 1, std::end(kAxes));
+  return {std::int64_t(product(mesh, faster)), mesh.size(axis)};
+}
+
+/// cross_node_share, given whether the axis crosses nodes.
+double share_across(const MeshShape& mesh, Axis axis, int g, bool crosses) {
+  if (!crosses) return 0.0;
+  const auto [st, s] = strided(mesh, axis);
+  // pp sends point to point; a group with a node to each member, or one that does not tile
+  // the nodes: all of it.
+  if (axis == Axis::pp || st % g == 0 || g % st != 0 || (st * s) % g != 0) return 1.0;
+  const double members = double(g / st);  // of a group, on each of its s st / g nodes
+  return axis == Axis::ep ? (double(s) - members) / double(s - 1) : double(st) / g;
+}
+
+}  // namespace
+
+double cross_node_share(const Layout& L, Axis axis, int g) {
+  return share_across(L.mesh, axis, g, crosses_nodes(L, g)[axis]);
+}
+
 double step_flops(const ModelSpec& m, double B, Recompute r) {
   if (r == Recompute::full) return flops_per_iteration(m, B);
   // Without the second forward: 72 for 96 on the layers; the output layer 6 B s h V either
@@ -388,8 +423,13 @@ StepEstimate step_time(const ModelSpec& m, const ClusterSpec& c, const Layout& L
     const int size = axis == Axis::dp ? int(product(L.mesh, kReplicaAxes)) : L.mesh.size(axis);
     AxisCost& a = e.axes[axis];
     a = {.size = size, .bytes = size > 1 ? bytes : 0.0, .crosses_nodes = crossing[axis]};
-    a.link_GBps = a.crosses_nodes ? c.network_GBps : c.nvlink_GBps;
-    a.seconds = a.bytes / (a.link_GBps * 1e9);
+    a.cross_share = share_across(L.mesh, axis, c.gpus_per_node, a.crosses_nodes);
+    // The crossing share on the GPU's part of the node's NICs, the rest on NVLink, together.
+    a.seconds = std::max(a.cross_share * a.bytes / (c.network_GBps * 1e9),
+                         (1 - a.cross_share) * a.bytes / (c.nvlink_GBps * 1e9));
+    a.busbw_GBps = a.seconds > 0 ? a.bytes / a.seconds / 1e9 : 0.0;
+    const bool ring = axis == Axis::tp || axis == Axis::cp || axis == Axis::dp;
+    a.one_ring_s = ring && a.crosses_nodes ? a.bytes / (c.nic_GBps() * 1e9) : a.seconds;
   };
   // Half of a layer's allreduces are the MLP's: a MoE layer's k times (its experts' rows).
   const double allreduces =
