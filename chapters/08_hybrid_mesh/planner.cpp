@@ -1,3 +1,4 @@
+// Chapter 08's planner: a model's training on a cluster on paper (planner.hpp).
 #include "planner.hpp"
 
 #include <algorithm>
