@@ -84,7 +84,7 @@ void add_table_presets(std::vector<ModelSpec>& v) {
                        .tokens = 300e9}});
 }
 
-// DeepSpeed-MoE's GPT-3-style MoE models (Rajbhandari et al. 2022: Tables 2 and 4 print 13B
+// DeepSpeed-MoE's GPT-3-style MoE models (Rajbhandari et al. 2022 give them as 13B
 // and 52B; their text: 128 experts on every other feed-forward layer, 12 MoE layers, top-1,
 // 300B tokens on 128 A100s); the base models' 24 layers, 1024 or 2048 wide, 16 heads, and the
 // batch and sequence of Megatron-DeepSpeed's examples_deepspeed/MoE scripts

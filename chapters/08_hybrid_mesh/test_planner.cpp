@@ -534,7 +534,7 @@ TEST_SUITE("ch08 planner") {
   }
 
   TEST_CASE("DeepSpeed-MoE's two models: 13B and 52B, and the parameters a token meets") {
-    // Rajbhandari et al. 2022 print 13B and 52B (Tables 2 and 4): the base model (eq. 2) and
+    // Rajbhandari et al. 2022 give them as 13B and 52B: the base model (eq. 2) and
     // its 12 MoE layers' 127 more MLPs and routers, written out here.
     struct Row {
       const char* name;
