@@ -92,7 +92,8 @@ ClusterSpec resolve_cluster(const PlanSettings& s, const ModelSpec& m) {
                 "--cluster " + s.cluster + ": not a preset (" + joined(cluster_names()) + ")");
   ClusterSpec c = *preset;
   if (s.gpu_memory_gb != 0) c.gpu_memory_bytes = s.gpu_memory_gb * 1e9;
-  if (s.gpus_per_node != 0) c.gpus_per_node = s.gpus_per_node;
+  if (s.gpus_per_node != 0) c.gpus_per_node = c.nics_per_node = s.gpus_per_node;  // one a GPU
+  if (s.nics_per_node != 0) c.nics_per_node = s.nics_per_node;
   // The preset's measured X was on A100s; elsewhere the cluster's own.
   if (s.achieved_tflops != 0)
     c.achieved_tflops = s.achieved_tflops;
@@ -110,8 +111,12 @@ ClusterSpec resolve_cluster(const PlanSettings& s, const ModelSpec& m) {
 // ---------------------------------------------------------------------------
 // The flags
 
-void add_plan_options(CLI::App& cli, PlanSettings& s) {
-  namespace sc = shardlab::cli;
+namespace {
+
+namespace sc = shardlab::cli;
+
+/// The model's flags: a preset or a custom shape, and its experts.
+void add_model_flags(CLI::App& cli, PlanSettings& s) {
   std::vector<std::string> models = model_names();
   models.push_back("custom");
   cli.add_option("--model", s.model, "a model (" + joined(models) + ")")
@@ -136,12 +141,30 @@ void add_plan_options(CLI::App& cli, PlanSettings& s) {
       ->check(sc::whole(1, 100000));
   cli.add_option("--moe-every", s.moe_every, "every this many layers a MoE one (default: 1)")
       ->check(sc::whole(1, 100000));
+}
+
+/// The cluster's flags: a preset, and what of it to change.
+void add_cluster_flags(CLI::App& cli, PlanSettings& s) {
   cli.add_option("--cluster", s.cluster, "the GPUs (" + joined(cluster_names()) + ")")
       ->check(CLI::IsMember(cluster_names()))
       ->capture_default_str();
   cli.add_option("--gpus", s.gpus, "GPUs n (1024, 3K, 2^12; default: the preset's run)")
       ->transform(sc::quantity())
       ->check(sc::between(1, double(kMaxGpus)));
+  cli.add_option("--achieved-tflops", s.achieved_tflops,
+                 "X, TFLOP/s a GPU (default: the preset's run on A100s, else the cluster's)")
+      ->check(sc::between(1e-3, 1e6));
+  cli.add_option("--gpu-memory-gb", s.gpu_memory_gb, "GB (1e9 bytes) a GPU (default: 80)")
+      ->check(sc::between(1e-3, 1e6));
+  cli.add_option("--gpus-per-node", s.gpus_per_node, "GPUs a node (default: the cluster's, 8)")
+      ->check(sc::whole(1, 1 << 20));
+  cli.add_option("--nics-per-node", s.nics_per_node,
+                 "network cards a node, sharing its GPUs' network bandwidth (default: one a GPU)")
+      ->check(sc::whole(1, 1 << 20));
+}
+
+/// The run's flags: tokens, batch, memory savers, the layout and the search.
+void add_run_flags(CLI::App& cli, PlanSettings& s) {
   cli.add_option("--tokens", s.tokens, "training tokens T (300B; default: the preset's)")
       ->transform(sc::quantity())
       ->check(sc::between(1, 1e16));
@@ -150,13 +173,6 @@ void add_plan_options(CLI::App& cli, PlanSettings& s) {
       ->check(sc::between(1, INT_MAX));
   cli.add_option("--microbatch-size", s.microbatch_size,
                  "microbatch size b (default: the preset's run's, else 1)")
-      ->check(sc::whole(1, 1 << 20));
-  cli.add_option("--achieved-tflops", s.achieved_tflops,
-                 "X, TFLOP/s a GPU (default: the preset's run on A100s, else the cluster's)")
-      ->check(sc::between(1e-3, 1e6));
-  cli.add_option("--gpu-memory-gb", s.gpu_memory_gb, "GB (1e9 bytes) a GPU (default: 80)")
-      ->check(sc::between(1e-3, 1e6));
-  cli.add_option("--gpus-per-node", s.gpus_per_node, "GPUs a node (default: the cluster's, 8)")
       ->check(sc::whole(1, 1 << 20));
   cli.add_option("--zero", s.zero, "ZeRO stage over dp, 0-3")
       ->check(sc::whole(0, 3))
@@ -175,6 +191,14 @@ void add_plan_options(CLI::App& cli, PlanSettings& s) {
       ->check(sc::whole(0, 1 << 20))
       ->capture_default_str();
   cli.add_flag("--csv", s.csv, "with --search: also write the ranking as CSV");
+}
+
+}  // namespace
+
+void add_plan_options(CLI::App& cli, PlanSettings& s) {
+  add_model_flags(cli, s);
+  add_cluster_flags(cli, s);
+  add_run_flags(cli, s);
 }
 
 // ---------------------------------------------------------------------------
@@ -387,7 +411,7 @@ PerAxis<std::string> step_formulas(const ResolvedPlan& p) {
 
 Table step_table(const ResolvedPlan& p, const StepEstimate& st) {
   const Layout& L = p.layout;
-  Table t({"part", "size", "group", "link_GBps", "bytes", "seconds", "formula"});
+  Table t({"part", "size", "group", "busbw_GBps", "bytes", "seconds", "formula"});
   t.add({"compute", p.gpus, "-", 0.0, 0.0, st.compute_s,
          "F / (n X), F = " + num(st.flops) + " (recompute " + recompute_name(L.recompute) +
              "), X = " + num(p.cluster.achieved_tflops) + " TFLOP/s"});
@@ -398,7 +422,7 @@ Table step_table(const ResolvedPlan& p, const StepEstimate& st) {
   double bytes = 0;
   for (Axis axis : shown_axes(L.mesh)) {
     const AxisCost& a = st.axes[axis];
-    t.add({std::string(axis_name(axis)), a.size, group_words(a), a.size > 1 ? a.link_GBps : 0.0,
+    t.add({std::string(axis_name(axis)), a.size, group_words(a), a.size > 1 ? a.busbw_GBps : 0.0,
            a.bytes, a.seconds, a.size > 1 ? formulas[axis] : std::string("-")});
     parts += " + " + std::string(axis_name(axis));
     bytes += a.bytes;
@@ -455,6 +479,24 @@ Table seeds_table() {
   return t;
 }
 
+/// For each ring that crosses nodes with only a share of its bytes: NCCL's rings, and one.
+void say_rings(shardlab::Context& ctx, const ResolvedPlan& p, const StepEstimate& st) {
+  const ClusterSpec& c = p.cluster;
+  for (Axis axis : shown_axes(p.layout.mesh)) {
+    const AxisCost& a = st.axes[axis];
+    if (a.one_ring_s == a.seconds || a.cross_share >= 1) continue;
+    const double edges = a.size, across = a.cross_share * edges;
+    ctx.say("  " + std::string(axis_name(axis)) + " crosses nodes: a ring over its " + num(edges) +
+            " GPUs has " + num(across) + " edges between nodes; NCCL's rings (one a channel) " +
+            "cross at other GPUs, so every GPU sends " + num(a.cross_share, 3) + " of its " +
+            std::string(axis_name(axis)) + " bytes over its " + num(c.network_GBps) +
+            " GB/s share of the node's " + str(c.nics_per_node) +
+            " NICs and the rest over NVLink: " + num(a.seconds) +
+            " s. One ring, whose crossing GPU sends them all on one NIC of " + num(c.nic_GBps()) +
+            " GB/s: " + num(a.one_ring_s) + " s");
+  }
+}
+
 /// The plan's first lines: the model, the cluster and the layout.
 void say_plan(shardlab::Context& ctx, const PlanSettings& s, const ResolvedPlan& p) {
   const ModelSpec& m = p.model;
@@ -471,7 +513,8 @@ void say_plan(shardlab::Context& ctx, const PlanSettings& s, const ResolvedPlan&
   ctx.say("  cluster: " + num(c.gpu_memory_bytes / 1e9) +
           " GB a GPU, X = " + num(c.achieved_tflops) + " of " + num(c.peak_tflops) + " TFLOP/s, " +
           str(c.gpus_per_node) + " GPUs a node, NVLink " + num(c.nvlink_GBps) + " GB/s, network " +
-          num(c.network_GBps) + " GB/s a GPU (" + c.source + ")");
+          num(c.network_GBps) + " GB/s a GPU (" + str(c.nics_per_node) + " NICs of " +
+          num(c.nic_GBps()) + " GB/s a node; " + c.source + ")");
   ctx.say("  layout: " + layout_words(L) +
           (s.search && !p.layout_given ? ", the search's pick" : "") + "; ZeRO " + str(L.zero) +
           ", recompute " + recompute_name(L.recompute) + ", sequence parallel " +
@@ -532,6 +575,8 @@ void plan_json(nlohmann::json& j, const ResolvedPlan& p, const MemoryEstimate& m
     j["communication_bytes"][name] = st.axes[axis].bytes;
     j["communication_time_s"][name] = st.axes[axis].seconds;
     j["crosses_nodes"][name] = st.axes[axis].crosses_nodes;
+    j["cross_node_share"][name] = st.axes[axis].cross_share;
+    j["one_ring_time_s"][name] = st.axes[axis].one_ring_s;
   }
   j["compute_time_s"] = st.compute_s;
   j["bubble_fraction"] = st.bubble_fraction;
@@ -579,7 +624,9 @@ void report_plan(shardlab::Context& ctx, const PlanSettings& s) {
                               ", activations " + ch05::gb(mem.activations) + ")";
   ctx.say(mem.total() <= gpu ? "  fits: " + numbers : "  does not fit: " + numbers);
   ctx.report(step_table(p, st), "step",
-             "\nOne step, per GPU (communication all exposed, none overlapped: an upper bound):");
+             "\nOne step, per GPU (communication all exposed, none overlapped: an upper bound; "
+             "busbw: bytes over seconds, the speed of the bottleneck as nccl-tests reports it):");
+  say_rings(ctx, p, st);
   plan_json(ctx.json(), p, mem, st);
   if (s.search) report_search(ctx, s, p);
   ctx.report(seeds_table(), "seed_layouts",

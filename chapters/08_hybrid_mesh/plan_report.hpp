@@ -53,6 +53,7 @@ struct PlanSettings {
   double achieved_tflops = 0;         ///< X; 0: the preset's run on A100s, else the cluster's
   double gpu_memory_gb = 0;           ///< 0: the cluster's
   int gpus_per_node = 0;              ///< 0: the cluster's
+  int nics_per_node = 0;              ///< 0: the cluster's (one a GPU with --gpus-per-node)
   int zero = 0;                       ///< ZeRO stage over dp, 0-3
   /// none, selective or full (parse_recompute); full as Narayanan's runs (eq. 4's
   /// 8 T P / (n X)).
@@ -94,10 +95,11 @@ void validate_plan(const PlanSettings& settings);
 
 /// Prints the plan's tables from rank 0 and fills the JSON (every rank may call it; it does
 /// not communicate): params, flops_per_iteration, training_days, memory_per_gpu_bytes {params,
-/// grads, optimizer, activations, total}, fits, communication_bytes, communication_time_s and
-/// crosses_nodes per axis, compute_time_s, bubble_fraction, bubble_time_s, step_time_s, the
-/// tables estimate, memory, step, seed_layouts, and with --search `search` (the fastest
-/// `top` rows: the mesh, microbatches, step_time_s, memory_per_gpu_bytes, fits, ...).
+/// grads, optimizer, activations, total}, fits, communication_bytes, communication_time_s,
+/// crosses_nodes, cross_node_share and one_ring_time_s per axis, compute_time_s, bubble_fraction,
+/// bubble_time_s, step_time_s, the tables estimate, memory, step, seed_layouts, and with --search
+/// `search` (the fastest `top` rows: the mesh, microbatches, step_time_s, memory_per_gpu_bytes,
+/// fits, ...).
 void report_plan(shardlab::Context& ctx, const PlanSettings& settings);
 
 }  // namespace ch08

@@ -1,3 +1,4 @@
+// Chapter 08's planner: a model's training on a cluster on paper (planner.hpp).
 #include "planner.hpp"
 
 #include <algorithm>
@@ -35,68 +36,84 @@ std::string str(std::int64_t n) { return std::to_string(n); }
 // ---------------------------------------------------------------------------
 // The model and the cluster
 
+namespace {
+
+// GPT-3's shape (Brown et al. 2020, Table 2.1) with Narayanan's vocabulary; the run is
+// Narayanan §5.1's estimate (1024 A100s at 140 TFLOP/s, B = 1536, 300B tokens: 34 days), laid
+// out as CS336 lecture 7 §5.1's example: dp 8 x tp 8 (a DGX node) x pp 16. No layout of
+// GPT-3's own training was published.
+ModelSpec gpt3_preset() {
+  return {.name = "gpt3-175b",
+          .layers = 96,
+          .hidden = 12288,
+          .heads = 96,
+          .source = "GPT-3 175B (Brown et al. 2020, Table 2.1), V as Narayanan et al.",
+          .run = {.mesh = {.pp = 16, .dp = 8, .tp = 8},
+                  .batch = 1536,
+                  .achieved_tflops = 140,
+                  .tokens = 300e9}};
+}
+
+// Narayanan et al. 2021, Table 1, every row, and Korthikanti et al. 2022's 22B.
+void add_table_presets(std::vector<ModelSpec>& v) {
+  // heads, hidden, layers, tp, pp, GPUs, batch, TFLOP/s
+  v.push_back(table_1_row("1.7b", 24, 2304, 24, 1, 1, 32, 512, 137));
+  v.push_back(table_1_row("3.6b", 32, 3072, 30, 2, 1, 64, 512, 138));
+  v.push_back(table_1_row("7.5b", 32, 4096, 36, 4, 1, 128, 512, 142));
+  v.push_back(table_1_row("18.4b", 48, 6144, 40, 8, 1, 256, 1024, 135));
+  v.push_back(table_1_row("39.1b", 64, 8192, 48, 8, 2, 512, 1536, 138));
+  v.push_back(table_1_row("76.1b", 80, 10240, 60, 8, 4, 1024, 1792, 140));
+  v.push_back(table_1_row("145.6b", 96, 12288, 80, 8, 8, 1536, 2304, 148));
+  v.push_back(table_1_row("310.1b", 128, 16384, 96, 8, 16, 1920, 2160, 155));
+  v.push_back(table_1_row("529.6b", 128, 20480, 105, 8, 35, 2520, 2520, 163));
+  // NVIDIA's 1T model: the 64 x 6 x 8 = 3072 layout so-large-lm §6 calls GPT-3's. §5.1's
+  // estimate: 450B tokens on 3072 GPUs at 163 TFLOP/s, 84 days.
+  v.push_back(table_1_row("1t", 160, 25600, 128, 8, 64, 3072, 3072, 163));
+  v.back().source = "NVIDIA's 1T model: Narayanan et al. 2021, Table 1's last row (1008.0B)";
+  v.back().run.tokens = 450e9;
+  // Korthikanti et al. 2022, Table 3's smallest (8 GPUs, tp 8, B = 4, b = 4: one microbatch
+  // of 4 sequences).
+  v.push_back({.name = "22b",
+               .layers = 48,
+               .hidden = 6144,
+               .heads = 64,
+               .source = "Korthikanti et al. 2022, Table 3",
+               .run = {.mesh = {.pp = 1, .dp = 1, .tp = 8},
+                       .batch = 4,
+                       .microbatch_size = 4,
+                       .tokens = 300e9}});
+}
+
+// DeepSpeed-MoE's GPT-3-style MoE models (Rajbhandari et al. 2022 give them as 13B
+// and 52B; their text: 128 experts on every other feed-forward layer, 12 MoE layers, top-1,
+// 300B tokens on 128 A100s); the base models' 24 layers, 1024 or 2048 wide, 16 heads, and the
+// batch and sequence of Megatron-DeepSpeed's examples_deepspeed/MoE scripts
+// (ds_pretrain_gpt_350M_MoE128.sh, ds_pretrain_gpt_1.3B_MoE128.sh: 2048 tokens, B 256 and
+// 512); V GPT-2's 50257 padded to a multiple of 128. Laid out as Table 6 lays 1.3B+MoE-128
+// out: EP degree 128, MP 1, every expert on a GPU of its own.
+void add_moe_presets(std::vector<ModelSpec>& v) {
+  for (auto [name, hidden, batch, printed] :
+       {std::tuple{"350m-moe128", 1024, 256, "13B"}, std::tuple{"1.3b-moe128", 2048, 512, "52B"}})
+    v.push_back({.name = name,
+                 .layers = 24,
+                 .hidden = hidden,
+                 .heads = 16,
+                 .vocab = 50304,
+                 .source = std::string("DeepSpeed-MoE (Rajbhandari et al. 2022): ") + printed +
+                           ", 128 experts in every other layer, top-1",
+                 .run = {.mesh = {.dp = 1, .ep = 128}, .batch = batch, .tokens = 300e9},
+                 .experts = 128,
+                 .top_k = 1,
+                 .moe_every = 2});
+}
+
+}  // namespace
+
 const std::vector<ModelSpec>& model_presets() {
   static const std::vector<ModelSpec> all = [] {
-    std::vector<ModelSpec> v;
-    // GPT-3's shape (Brown et al. 2020, Table 2.1) with Narayanan's vocabulary; the run is
-    // Narayanan §5.1's estimate (1024 A100s at 140 TFLOP/s, B = 1536, 300B tokens: 34 days),
-    // laid out as CS336 lecture 7 §5.1's example: dp 8 x tp 8 (a DGX node) x pp 16. No
-    // layout of GPT-3's own training was published.
-    v.push_back({.name = "gpt3-175b",
-                 .layers = 96,
-                 .hidden = 12288,
-                 .heads = 96,
-                 .source = "GPT-3 175B (Brown et al. 2020, Table 2.1), V as Narayanan et al.",
-                 .run = {.mesh = {.pp = 16, .dp = 8, .tp = 8},
-                         .batch = 1536,
-                         .achieved_tflops = 140,
-                         .tokens = 300e9}});
-    // Narayanan et al. 2021, Table 1: heads, hidden, layers, tp, pp, GPUs, batch, TFLOP/s.
-    v.push_back(table_1_row("1.7b", 24, 2304, 24, 1, 1, 32, 512, 137));
-    v.push_back(table_1_row("3.6b", 32, 3072, 30, 2, 1, 64, 512, 138));
-    v.push_back(table_1_row("7.5b", 32, 4096, 36, 4, 1, 128, 512, 142));
-    v.push_back(table_1_row("18.4b", 48, 6144, 40, 8, 1, 256, 1024, 135));
-    v.push_back(table_1_row("39.1b", 64, 8192, 48, 8, 2, 512, 1536, 138));
-    v.push_back(table_1_row("76.1b", 80, 10240, 60, 8, 4, 1024, 1792, 140));
-    v.push_back(table_1_row("145.6b", 96, 12288, 80, 8, 8, 1536, 2304, 148));
-    v.push_back(table_1_row("310.1b", 128, 16384, 96, 8, 16, 1920, 2160, 155));
-    v.push_back(table_1_row("529.6b", 128, 20480, 105, 8, 35, 2520, 2520, 163));
-    // NVIDIA's 1T model: the 64 x 6 x 8 = 3072 layout so-large-lm §6 calls GPT-3's. §5.1's
-    // estimate: 450B tokens on 3072 GPUs at 163 TFLOP/s, 84 days.
-    v.push_back(table_1_row("1t", 160, 25600, 128, 8, 64, 3072, 3072, 163));
-    v.back().source = "NVIDIA's 1T model: Narayanan et al. 2021, Table 1's last row (1008.0B)";
-    v.back().run.tokens = 450e9;
-    // Korthikanti et al. 2022, Table 3's smallest (8 GPUs, tp 8, B = 4, b = 4: one
-    // microbatch of 4 sequences).
-    v.push_back({.name = "22b",
-                 .layers = 48,
-                 .hidden = 6144,
-                 .heads = 64,
-                 .source = "Korthikanti et al. 2022, Table 3",
-                 .run = {.mesh = {.pp = 1, .dp = 1, .tp = 8},
-                         .batch = 4,
-                         .microbatch_size = 4,
-                         .tokens = 300e9}});
-    // DeepSpeed-MoE's GPT-3-style MoE models (Rajbhandari et al. 2022: Tables 2 and 4 print
-    // 13B and 52B; their text: 128 experts on every other feed-forward layer, 12 MoE layers,
-    // top-1, 300B tokens on 128 A100s); the base models' 24 layers, 1024 or 2048 wide, 16
-    // heads, and the batch and sequence of Megatron-DeepSpeed's examples_deepspeed/MoE
-    // scripts (ds_pretrain_gpt_350M_MoE128.sh, ds_pretrain_gpt_1.3B_MoE128.sh: 2048 tokens,
-    // B 256 and 512); V GPT-2's 50257 padded to a multiple of 128. Laid out as Table 6 lays
-    // 1.3B+MoE-128 out: EP degree 128, MP 1, every expert on a GPU of its own.
-    for (auto [name, hidden, batch, printed] :
-         {std::tuple{"350m-moe128", 1024, 256, "13B"}, std::tuple{"1.3b-moe128", 2048, 512, "52B"}})
-      v.push_back({.name = name,
-                   .layers = 24,
-                   .hidden = hidden,
-                   .heads = 16,
-                   .vocab = 50304,
-                   .source = std::string("DeepSpeed-MoE (Rajbhandari et al. 2022): ") + printed +
-                             ", 128 experts in every other layer, top-1",
-                   .run = {.mesh = {.dp = 1, .ep = 128}, .batch = batch, .tokens = 300e9},
-                   .experts = 128,
-                   .top_k = 1,
-                   .moe_every = 2});
+    std::vector<ModelSpec> v{gpt3_preset()};
+    add_table_presets(v);
+    add_moe_presets(v);
     return v;
   }();
   return all;
@@ -112,7 +129,7 @@ const std::vector<ClusterSpec>& cluster_presets() {
   static const std::vector<ClusterSpec> all = {
       // A100 SXM 80GB datasheet: 312 TFLOP/s dense bf16, NVLink 3 at 600 GB/s a GPU (both
       // directions together); DGX A100: 8 GPUs, 8 ConnectX-6 HDR InfiniBand at 200 Gb/s,
-      // one a GPU = 25 GB/s. Achieved: Narayanan §5.1's 140 TFLOP/s for GPT-3.
+      // one a GPU = 25 GB/s, 200 GB/s a node. Achieved: Narayanan §5.1's 140 TFLOP/s for GPT-3.
       {.name = "a100-80gb",
        .gpu_memory_bytes = 80e9,
        .peak_tflops = 312,
@@ -120,10 +137,12 @@ const std::vector<ClusterSpec>& cluster_presets() {
        .gpus_per_node = 8,
        .nvlink_GBps = 300,
        .network_GBps = 25,
+       .nics_per_node = 8,
        .source = "DGX A100: 312 TFLOP/s bf16, NVLink 300 GB/s a direction, 8 x 200 Gb/s HDR"},
       // H100 SXM datasheet: 989 TFLOP/s dense bf16, NVLink 4 at 900 GB/s (both directions);
-      // DGX H100: 8 ConnectX-7 NDR at 400 Gb/s = 50 GB/s a GPU. Achieved: Llama 3's 400
-      // TFLOP/s a GPU on 16K H100s (Dubey et al. 2024, Table 4; the so-large-lm seed: > 400).
+      // DGX H100: 8 ConnectX-7 NDR at 400 Gb/s = 50 GB/s a GPU, 400 GB/s a node. Achieved:
+      // Llama 3's 400 TFLOP/s a GPU on 16K H100s (Dubey et al. 2024, Table 4; the so-large-lm
+      // seed: > 400).
       {.name = "h100-80gb",
        .gpu_memory_bytes = 80e9,
        .peak_tflops = 989,
@@ -131,6 +150,7 @@ const std::vector<ClusterSpec>& cluster_presets() {
        .gpus_per_node = 8,
        .nvlink_GBps = 450,
        .network_GBps = 50,
+       .nics_per_node = 8,
        .source = "DGX H100: 989 TFLOP/s bf16, NVLink 450 GB/s a direction, 8 x 400 Gb/s NDR"},
   };
   return all;
@@ -252,6 +272,7 @@ void check_cluster(const ClusterSpec& c) {
     require_usage(std::isfinite(value) && value > 0,
                   "the cluster's " + std::string(what) + " must be a positive number");
   require_usage(c.gpus_per_node >= 1, "a node has at least 1 GPU");
+  require_usage(c.nics_per_node >= 1, "a node has at least 1 network card");
 }
 
 double activation_bytes_per_layer(const ModelSpec& m, int b, int tp, bool sp, Recompute r, int cp) {
@@ -338,6 +359,37 @@ NodeCrossings crosses_nodes(const Layout& L, int g) {
   return c;
 }
 
+namespace {
+
+/// An axis's groups as ranks `stride` apart, `size` of them (dp's: the replicas, d e c at
+/// stride t).
+struct Strided {
+  std::int64_t stride = 1;
+  std::int64_t size = 1;
+};
+Strided strided(const MeshShape& mesh, Axis axis) {
+  if (axis == Axis::dp) return {mesh.tp, std::int64_t(product(mesh, kReplicaAxes))};
+  const std::vector<Axis> faster(std::begin(kAxes) + index_of(axis) + 1, std::end(kAxes));
+  return {std::int64_t(product(mesh, faster)), mesh.size(axis)};
+}
+
+/// cross_node_share, given whether the axis crosses nodes.
+double share_across(const MeshShape& mesh, Axis axis, int g, bool crosses) {
+  if (!crosses) return 0.0;
+  const auto [st, s] = strided(mesh, axis);
+  // pp sends point to point; a group with a node to each member, or one that does not tile
+  // the nodes: all of it.
+  if (axis == Axis::pp || st % g == 0 || g % st != 0 || (st * s) % g != 0) return 1.0;
+  const double members = double(g / st);  // of a group, on each of its s st / g nodes
+  return axis == Axis::ep ? (double(s) - members) / double(s - 1) : double(st) / g;
+}
+
+}  // namespace
+
+double cross_node_share(const Layout& L, Axis axis, int g) {
+  return share_across(L.mesh, axis, g, crosses_nodes(L, g)[axis]);
+}
+
 double step_flops(const ModelSpec& m, double B, Recompute r) {
   if (r == Recompute::full) return flops_per_iteration(m, B);
   // Without the second forward: 72 for 96 on the layers; the output layer 6 B s h V either
@@ -372,8 +424,13 @@ StepEstimate step_time(const ModelSpec& m, const ClusterSpec& c, const Layout& L
     const int size = axis == Axis::dp ? int(product(L.mesh, kReplicaAxes)) : L.mesh.size(axis);
     AxisCost& a = e.axes[axis];
     a = {.size = size, .bytes = size > 1 ? bytes : 0.0, .crosses_nodes = crossing[axis]};
-    a.link_GBps = a.crosses_nodes ? c.network_GBps : c.nvlink_GBps;
-    a.seconds = a.bytes / (a.link_GBps * 1e9);
+    a.cross_share = share_across(L.mesh, axis, c.gpus_per_node, a.crosses_nodes);
+    // The crossing share on the GPU's part of the node's NICs, the rest on NVLink, together.
+    a.seconds = std::max(a.cross_share * a.bytes / (c.network_GBps * 1e9),
+                         (1 - a.cross_share) * a.bytes / (c.nvlink_GBps * 1e9));
+    a.busbw_GBps = a.seconds > 0 ? a.bytes / a.seconds / 1e9 : 0.0;
+    const bool ring = axis == Axis::tp || axis == Axis::cp || axis == Axis::dp;
+    a.one_ring_s = ring && a.crosses_nodes ? a.bytes / (c.nic_GBps() * 1e9) : a.seconds;
   };
   // Half of a layer's allreduces are the MLP's: a MoE layer's k times (its experts' rows).
   const double allreduces =

@@ -78,6 +78,9 @@ const std::vector<ModelSpec>& model_presets();
 const ModelSpec* find_model(const std::string& name);
 
 /// A cluster of nodes of GPUs: memory, speed and the two links a GPU's traffic can take.
+/// Between nodes a node has `nics_per_node` network cards, together network_GBps x
+/// gpus_per_node a direction: a DGX A100's 8 HDR cards of 200 Gb/s are 200 GB/s a node,
+/// 25 GB/s a GPU.
 struct ClusterSpec {
   std::string name;             ///< the preset's name (find_cluster)
   double gpu_memory_bytes = 0;  ///< each GPU's memory, bytes
@@ -85,8 +88,11 @@ struct ClusterSpec {
   double achieved_tflops = 0;   ///< X, what a large run gets end to end
   int gpus_per_node = 8;        ///< GPUs per node, joined by NVLink
   double nvlink_GBps = 0;       ///< inside a node, per GPU, one direction
-  double network_GBps = 0;      ///< between nodes, per GPU, one direction
+  double network_GBps = 0;      ///< between nodes, per GPU: the node's NICs over its GPUs
+  int nics_per_node = 8;        ///< network cards a node, sharing the node's network_GBps x g
   std::string source;           ///< where the numbers come from (datasheets, papers)
+  /// One network card's speed, GB/s a direction: network_GBps x gpus_per_node / nics_per_node.
+  double nic_GBps() const { return network_GBps * gpus_per_node / nics_per_node; }
 };
 
 /// `a100-80gb` (DGX A100) and `h100-80gb` (DGX H100).
@@ -221,13 +227,35 @@ using NodeCrossings = PerAxis<bool>;
 /// The NodeCrossings of `layout` on nodes of `gpus_per_node` GPUs.
 NodeCrossings crosses_nodes(const Layout& layout, int gpus_per_node);
 
-/// One axis's traffic in a step, per GPU, and its time on the link it takes.
+/// The share of a GPU's bytes of `axis` that leave its node, as NCCL sends them: 0 for a
+/// group inside a node. For the rings (tp, cp, dp: its groups the replicas), the ring's
+/// edges between nodes over all its edges: NCCL runs one ring a channel, each crossing
+/// between the nodes at another GPU and its NIC (NVIDIA/nccl issue #601: "we can use NVLink
+/// to split the operations in N parts then balance the traffic onto the N NICs"), so every
+/// GPU sends that share of its ring traffic across. A group of s ranks at stride st (the
+/// product of the faster axes) on nodes of g: 1 when st is a multiple of g (every member on
+/// a node of its own), st/g when st divides g and g divides s st (s st/g nodes, each with
+/// g/st members: a ring over k nodes has k of its s edges between them); ep's all-to-all,
+/// the members on other nodes over the s - 1 others, (s - g/st)/(s - 1); pp's sends, 1 (a
+/// stage boundary's GPUs send all of theirs across). Groups that do not tile the nodes that
+/// way (tp 3 on nodes of 8): 1, the single ring's bound.
+double cross_node_share(const Layout& layout, Axis axis, int gpus_per_node);
+
+/// One axis's traffic in a step, per GPU, and its time on the links it takes.
 struct AxisCost {
   int size = 1;                ///< the axis's degree (the replicas', d e c, for dp)
   double bytes = 0;            ///< sent by one GPU per step
   bool crosses_nodes = false;  ///< some group of the axis leaves its node
-  double link_GBps = 0;        ///< NVLink inside a node, the network across
-  double seconds = 0;          ///< bytes / link
+  double cross_share = 0;      ///< of the bytes, the share that leaves the node (cross_node_share)
+  /// max(share x bytes / network_GBps, (1 - share) x bytes / nvlink_GBps): the bytes that
+  /// cross on the GPU's share of the node's NICs, the rest on NVLink at the same time.
+  double seconds = 0;
+  /// bytes / seconds, GB/s: nccl-tests' bus bandwidth of the axis's collective, the speed of
+  /// its bottleneck (NVIDIA/nccl-tests doc/PERFORMANCE.md)
+  double busbw_GBps = 0;
+  /// The time on one ring instead (tp, cp, dp): its edge between nodes is one GPU's, which
+  /// sends all its bytes on one NIC (nic_GBps); pp and ep: `seconds`.
+  double one_ring_s = 0;
 };
 
 /// Allreduces' worth of b s h values tp sends per layer and microbatch: 4 (2 forward, 2
@@ -258,9 +286,10 @@ int tp_allreduces_per_layer(const Layout& L);
 /// Time: compute F / (n X) (F: eq. 3 with full recomputation, 72 instead of 96 and the output
 /// layer's 6 B s h V without, plus the attention's 4 b s^2 h per layer and microbatch with
 /// selective); the 1F1B bubble adds (p - 1)/m of it; every axis's communication is exposed
-/// (none overlaps compute: an upper bound). X is used as the rate of the math alone: papers
-/// measure it end to end, bubble and communication included, so with their X the step time
-/// counts those twice. It ranks layouts; eq. 4 estimates the days.
+/// (none overlaps compute: an upper bound), each on NVLink inside a node and, across nodes,
+/// its cross_node_share on the node's NICs (AxisCost::seconds). X is used as the rate of the math
+/// alone: papers measure it end to end, bubble and communication included, so with their X the step
+/// time counts those twice. It ranks layouts; eq. 4 estimates the days.
 struct StepEstimate {
   double flops = 0;            ///< per step, all GPUs, recomputation included
   double compute_s = 0;        ///< F / (n X), seconds

@@ -9,7 +9,11 @@
 //     parallelism and selective recomputation; the 22B at tp 8, pp 1, b 4, 59.25 and 9.5625;
 //   - Table 2's coefficients, the memory categories, ZeRO's stages and the traffic of each axis
 //     for a small layout by hand; the search; the node crossings against an enumeration of
-//     every group; bad input.
+//     every group; bad input;
+//   - NCCL's rings over a node's NICs: a tp 4 ring on nodes of 2 and GPT-3's tp 16 over two
+//     DGX A100s by hand (6.523 s, one ring's 52.18 s), and the share of a GPU's bytes that
+//     leaves its node against an enumeration of every group's ring edges and all-to-all peers
+//     (the worst node's, exactly where the groups tile the nodes).
 //
 // Wrong versions this test was checked against (each planted alone in planner.cpp; the
 // first message it failed with, got == want):
@@ -68,11 +72,27 @@
 //     -> the dp bytes by hand with ep 2 (15888 == 13680)
 //   a cp group's crossing taken as a tp group's (g % c)
 //     -> "tp 2 cp 2 ep 1 dp 1 pp 1 on nodes of 2: cp"
+//   every byte of a group that crosses nodes on the network (one ring's per-GPU model)
+//     -> "tp 8 on nodes of 4" seconds (24.3525 == 6.08812), "GPT-3's tp 16 over two DGX
+//        A100s" (52.1839 == 6.52298)
+//   the share across and the share on NVLink added, not sent at the same time
+//     -> seconds (7.61015 == 6.08812), "GPT-3's tp 16 over two DGX A100s" (10.3281 == 6.52298)
+//   a ring's share 1/g, its stride forgotten
+//     -> "dp of tp 2 cp 1 ep 2 dp 2 pp 1 on nodes of 4: under the worst node" (1 >= 2)
+//   the replicas' stride taken as e c t (the product of the faster axes) instead of t
+//     -> "dp of tp 1 cp 1 ep 2 dp 2 pp 1 on nodes of 2: tiles the nodes" (2 == 1)
+//   st/g for groups that do not tile the nodes (tp 3 on nodes of 2: no bound)
+//     -> "dp of tp 1 cp 3 ep 1 dp 1 pp 2 on nodes of 2: under the worst node" (1 >= 2)
+//   ep's all-to-all given a ring's share (or its peers off the node over s, not s - 1)
+//     -> "ep of tp 1 cp 1 ep 4 dp 1 pp 1 on nodes of 2: under the worst node" (1 >= 1.33333)
+//   one ring's time on the node's NICs together, not on one card
+//     -> one_ring_s (6.08812 == 24.3525), (6.52298 == 52.1839)
 #include <doctest/doctest.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -332,14 +352,142 @@ TEST_SUITE("ch08 planner") {
     ClusterSpec c = a100();
     const Layout L{.mesh = {.pp = 16, .dp = 8, .tp = 8}, .microbatches = 192};
     const StepEstimate inside = step_time(m, c, L);
-    c.gpus_per_node = 4;
+    c.gpus_per_node = c.nics_per_node = 4;
     const StepEstimate across = step_time(m, c, L);
     CHECK(!inside.axes[Axis::tp].crosses_nodes);
     CHECK_MESSAGE(across.axes[Axis::tp].crosses_nodes, "tp 8 on nodes of 4 takes the network");
-    CHECK(across.axes[Axis::tp].bytes == inside.axes[Axis::tp].bytes);
-    CHECK(across.axes[Axis::tp].seconds ==
-          doctest::Approx(inside.axes[Axis::tp].seconds * 300 / 25));
+    const double bytes = inside.axes[Axis::tp].bytes;
+    CHECK(across.axes[Axis::tp].bytes == bytes);
+    CHECK(inside.axes[Axis::tp].seconds == doctest::Approx(bytes / 300e9));
+    CHECK(inside.axes[Axis::tp].one_ring_s == inside.axes[Axis::tp].seconds);
+    // A ring of 8 over 2 nodes: 2 of its 8 edges between them, a quarter of a GPU's bytes on
+    // its 25 GB/s; 3/4 on NVLink at 300 take a third of that time.
+    CHECK_MESSAGE(across.axes[Axis::tp].cross_share == 0.25, "tp 8 on nodes of 4: share");
+    CHECK(across.axes[Axis::tp].seconds == doctest::Approx(bytes / 4 / 25e9));
+    CHECK(across.axes[Axis::tp].one_ring_s == doctest::Approx(bytes / 25e9));
     CHECK(across.total_s() > inside.total_s());
+  }
+
+  TEST_CASE("NCCL's rings over a node's NICs, by hand: tp 4 on nodes of 2, GPT-3's tp 16") {
+    // tp: 4 layers x 4 allreduces of b s h = 256 bytes, 2 (t-1)/t = 1.5 of each: 6144 bytes
+    // a GPU. A ring 0 1 2 3 on nodes {0 1} {2 3}: edges 1-2 and 3-0 cross, 2 of 4, so half
+    // a GPU's bytes go on its 25 GB/s share of the node's NICs (1.2288e-7 s) and half on
+    // NVLink at the same time (1.024e-8 s). One ring: the GPU at its edge between the nodes
+    // sends all 6144 on one NIC of 25 GB/s (2.4576e-7 s), or 50 GB/s if the node's 50 GB/s
+    // are one card.
+    const ModelSpec m = tiny();
+    ClusterSpec c = a100();
+    c.gpus_per_node = c.nics_per_node = 2;
+    const Layout L{.mesh = {.tp = 4}, .microbatches = 1, .recompute = Recompute::none};
+    AxisCost tp = step_time(m, c, L).axes[Axis::tp];
+    CHECK(tp.bytes == 6144);
+    CHECK(tp.crosses_nodes);
+    CHECK_MESSAGE(tp.cross_share == 0.5, "2 of the ring's 4 edges cross");
+    CHECK_MESSAGE(tp.seconds == doctest::Approx(1.2288e-7),
+                  "half the bytes across, on a GPU's share of the NICs");
+    CHECK(tp.busbw_GBps == doctest::Approx(50));
+    CHECK_MESSAGE(tp.one_ring_s == doctest::Approx(2.4576e-7), "one ring: all of it on one NIC");
+    c.nics_per_node = 1;
+    tp = step_time(m, c, L).axes[Axis::tp];
+    CHECK_MESSAGE(tp.one_ring_s == doctest::Approx(1.2288e-7), "one ring on a node's one card");
+    CHECK(tp.seconds == doctest::Approx(1.2288e-7));
+    // NVLink slower than the network (10 GB/s): the half on it, 3072 / 10e9, sets the time.
+    c.nvlink_GBps = 10;
+    CHECK_MESSAGE(step_time(m, c, L).axes[Axis::tp].seconds == doctest::Approx(3.072e-7),
+                  "the two halves go at the same time: the slower one's time");
+
+    // GPT-3 on 1024 A100s as pp 8 x dp 8 x tp 16: 192 microbatches x 12 layers x 6
+    // allreduces of 2 x 2048 x 12288 bytes, 2 x 15/16 of each = 1 304 596 316 160 bytes a GPU;
+    // 1/8 of them between the two nodes at 25 GB/s: 6.5229815808 s (7/8 on NVLink: 3.8 s).
+    // One ring: 52.1838526464 s.
+    const StepEstimate st = step_time(preset("gpt3-175b"), a100(),
+                                      {.mesh = {.pp = 8, .dp = 8, .tp = 16}, .microbatches = 192});
+    const double bytes = 192.0 * 12 * 6 * 2 * 15 / 16 * 2 * 2048 * 12288;
+    CHECK(st.axes[Axis::tp].bytes == doctest::Approx(bytes));
+    CHECK(st.axes[Axis::tp].cross_share == 0.125);
+    CHECK_MESSAGE(st.axes[Axis::tp].seconds == doctest::Approx(6.5229815808),
+                  "GPT-3's tp 16 over two DGX A100s");
+    CHECK(st.axes[Axis::tp].one_ring_s == doctest::Approx(52.1838526464));
+    CHECK(st.axes[Axis::tp].busbw_GBps == doctest::Approx(200));  // the node's 8 x 25 GB/s
+    // pp and dp: a node to each member (strides 128 and 16 on nodes of 8), all across.
+    CHECK(st.axes[Axis::pp].cross_share == 1);
+    CHECK(st.axes[Axis::dp].cross_share == 1);
+    CHECK(st.axes[Axis::dp].one_ring_s == st.axes[Axis::dp].seconds);
+  }
+
+  TEST_CASE("the share that leaves a node is the worst node's, by an enumeration of every group") {
+    // For every group of every axis (rank = (((pp_i d + dp_i) e + ep_i) c + cp_i) t + tp_i),
+    // each GPU's traffic that leaves its node, in units of its bytes: a ring's member sends
+    // to the next (the last to the first), all of it across if they are on two nodes; an
+    // all-to-all's member sends (s - 1)ths to each other member. A node's NICs carry its
+    // GPUs' sum, so the worst node over g is what cross_node_share must give: exactly where
+    // the groups tile the nodes (each group on 2 or more nodes, the same number of members
+    // on each), never less anywhere.
+    for (int g : {1, 2, 3, 4, 6, 8})
+      for (int tp : {1, 2, 3, 4})
+        for (int cp : {1, 2, 3, 4})
+          for (int ep : {1, 2, 4})
+            for (int dp : {1, 2})
+              for (int pp : {1, 2}) {
+                const Layout L{.mesh = {.pp = pp, .dp = dp, .ep = ep, .cp = cp, .tp = tp}};
+                const int size[5] = {pp, dp, ep, cp, tp};
+                const int n = int(L.gpus());
+                for (int axis : {1, 2, 3, 4}) {  // dp (the replicas), ep, cp, tp
+                  // The groups: ranks with equal coordinates off the axis, in its order.
+                  std::vector<std::vector<int>> groups;
+                  std::vector<int> key_of;
+                  for (int rank = 0; rank < n; ++rank) {
+                    int coord[5], rest = rank;
+                    for (int a = 4; a >= 0; --a) coord[a] = rest % size[a], rest /= size[a];
+                    int key = 0;
+                    for (int a = 0; a < 5; ++a) {
+                      const bool along = a == axis || (axis == 1 && (a == 2 || a == 3));
+                      key = key * size[a] + (along ? 0 : coord[a]);
+                    }
+                    const auto at = std::find(key_of.begin(), key_of.end(), key);
+                    if (at == key_of.end()) {
+                      key_of.push_back(key);
+                      groups.push_back({rank});
+                    } else {
+                      groups[std::size_t(at - key_of.begin())].push_back(rank);
+                    }
+                  }
+                  std::vector<double> node(std::size_t((n + g - 1) / g), 0.0);
+                  bool tiles = groups.front().size() > 1;
+                  std::set<int> members_on_a_node;
+                  for (const std::vector<int>& grp : groups) {
+                    const int s = int(grp.size());
+                    std::map<int, int> per_node;
+                    for (int r : grp) ++per_node[r / g];
+                    tiles &= per_node.size() > 1;
+                    for (const auto& [_, count] : per_node) members_on_a_node.insert(count);
+                    for (int i = 0; i < s && s > 1; ++i) {
+                      const int r = grp[std::size_t(i)];
+                      if (axis == 2) {
+                        int off = 0;
+                        for (int o : grp) off += o / g != r / g;
+                        node[std::size_t(r / g)] += double(off) / (s - 1);
+                      } else {
+                        node[std::size_t(r / g)] += grp[std::size_t((i + 1) % s)] / g != r / g;
+                      }
+                    }
+                  }
+                  tiles &= members_on_a_node.size() == 1;
+                  const double worst = *std::max_element(node.begin(), node.end());
+                  const Axis a = kAxes[axis];
+                  const double share = cross_node_share(L, a, g);
+                  const std::string what = std::string(axis_name(a)) + " of tp " +
+                                           std::to_string(tp) + " cp " + std::to_string(cp) +
+                                           " ep " + std::to_string(ep) + " dp " +
+                                           std::to_string(dp) + " pp " + std::to_string(pp) +
+                                           " on nodes of " + std::to_string(g);
+                  CHECK_MESSAGE((share > 0) == crosses_nodes(L, g)[a], what << ": crosses");
+                  CHECK_MESSAGE(share * g >= worst - 1e-12, what << ": under the worst node");
+                  if (tiles)
+                    CHECK_MESSAGE(share * g == doctest::Approx(worst), what << ": tiles the nodes");
+                }
+                CHECK(cross_node_share(L, Axis::pp, g) == (crosses_nodes(L, g)[Axis::pp] ? 1 : 0));
+              }
   }
 
   TEST_CASE("the search: every valid layout, fastest first, the misfits kept and marked") {
@@ -386,7 +534,7 @@ TEST_SUITE("ch08 planner") {
   }
 
   TEST_CASE("DeepSpeed-MoE's two models: 13B and 52B, and the parameters a token meets") {
-    // Rajbhandari et al. 2022 print 13B and 52B (Tables 2 and 4): the base model (eq. 2) and
+    // Rajbhandari et al. 2022 give them as 13B and 52B: the base model (eq. 2) and
     // its 12 MoE layers' 127 more MLPs and routers, written out here.
     struct Row {
       const char* name;
@@ -720,6 +868,8 @@ TEST_SUITE("ch08 planner") {
     const StepEstimate st = step_time(p.model, p.cluster, p.layout);
     CHECK(j["communication_bytes"]["tp"].get<double>() == st.axes[Axis::tp].bytes);
     CHECK(j["communication_time_s"]["pp"].get<double>() == st.axes[Axis::pp].seconds);
+    CHECK(j["cross_node_share"]["dp"].get<double>() == st.axes[Axis::dp].cross_share);
+    CHECK(j["one_ring_time_s"]["dp"].get<double>() == st.axes[Axis::dp].one_ring_s);
     CHECK(j["bubble_fraction"].get<double>() == doctest::Approx(15.0 / 192));
     CHECK(j["step_time_s"].get<double>() == st.total_s());
     REQUIRE(j["search"].is_array());

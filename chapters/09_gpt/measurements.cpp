@@ -236,28 +236,35 @@ void report_throughput(Context& ctx, const TrainConfig& c, int steps, double sec
   ctx.say("\n" + shardlab::format_number(rate) + " tokens/s on the mesh (" +
           shardlab::format_number(seconds) + " s for " + std::to_string(steps) + " steps)");
   // PaLM's model FLOPs: 6 per parameter and token (2 forward, 4 backward) for the products,
-  // and 12 L H Q T for attention's two products (Q = C / H), recomputation not counted.
-  // A MoE block's experts count k times, not E: a token meets k of them (the router once).
+  // and 12 L H Q T for attention's two products (Q = C / H), recomputation not counted. N is
+  // every parameter but wpe's T C (LayerNorms and biases counted, the tied wte once); a MoE
+  // block's experts count k times, not E: a token meets k of them (the router once).
   const double N = static_cast<double>(parameter_count(g, g.top_k) - g.context * g.channels);
   const double per_token = 6.0 * N + 12.0 * g.layers * double(g.channels) * double(g.context);
   double peak = 0, devices = ctx.size();
-  std::string of;
+  std::string of, what;
   if (ctx.on_gpu()) {
     peak = shardlab::cuda::peak_fp32_tflops(shardlab::cuda::device_for_rank(0)) * 1e3;
-    of = "GPU FP32 peak";
+    of = "the GPU's FP32 peak";
+    what = "model FLOPs utilisation (PaLM's MFU, against FP32's peak) ";
   } else {
     devices = std::min<double>(ctx.size(), std::max(1u, std::thread::hardware_concurrency()));
     peak = shardlab::bench::host_gemm_peak_gflops();
-    of = "one core's measured GEMM peak";
+    of = "one core's best 512^3 GEMM, measured";
+    what =
+        "model FLOPs over the cores' measured GEMM rate (an upper bound on PaLM's MFU, which "
+        "divides by the hardware's peak) ";
   }
-  const double mfu = peak > 0 ? rate * per_token / (peak * 1e9 * devices) : 0;
+  const double share = peak > 0 ? rate * per_token / (peak * 1e9 * devices) : 0;
   ctx.json()["model_flops_per_token"] = per_token;
   ctx.json()["peak_gflops_per_device"] = peak;
-  ctx.json()["mfu"] = mfu;
-  ctx.say("model FLOPs utilisation " + shardlab::format_number(100 * mfu, 3) +
+  ctx.json()["peak_is"] = of;
+  ctx.json()["model_flops_over_peak"] = share;
+  ctx.say(what + shardlab::format_number(100 * share, 3) +
           " %: " + shardlab::format_number(per_token / 1e6, 4) +
-          " MFLOP a token (6N + 12LHQT) x tokens/s over " + shardlab::format_number(devices) +
-          " x " + shardlab::format_number(peak, 3) + " GFLOP/s (" + of + ")");
+          " MFLOP a token (6N + 12LHQT, N = " + shardlab::format_number(N, 6) +
+          " parameters but wpe's) x tokens/s over " + shardlab::format_number(devices) + " x " +
+          shardlab::format_number(peak, 3) + " GFLOP/s (" + of + ")");
 }
 
 }  // namespace ch09

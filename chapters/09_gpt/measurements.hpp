@@ -57,11 +57,13 @@ double report_bubble(shardlab::Context& ctx, const TrainConfig& c, Mesh& mesh,
 void report_planner(shardlab::Context& ctx, const TrainConfig& c, const StepResult& last,
                     const shardlab::memory::Usage& used, double measured_bubble);
 
-/// Tokens per second over the run's steps, and the model FLOPs utilisation (PaLM's MFU,
-/// Chowdhery et al. 2022, appendix B): (6 N + 12 L H Q T) FLOPs a token, N the parameters
-/// that take part in a product (all but the learned positions; the tied wte once, as the
-/// head), over the peak of the cores the ranks run on (one core's measured GEMM peak, or
-/// the GPU's FP32 peak, times their number).
+/// Tokens per second over the run's steps, and the model FLOPs (PaLM's, Chowdhery et al.
+/// 2022, appendix B: (6 N + 12 L H Q T) a token, N every parameter but the learned
+/// positions, the tied wte once, a MoE block's k experts a token) over a peak, times the
+/// devices: on a GPU its FP32 peak, which makes the share PaLM's MFU; on a CPU one core's
+/// measured GEMM rate, below its peak, which makes it an upper bound on the MFU. JSON:
+/// tokens_per_second, model_flops_per_token, peak_gflops_per_device, peak_is,
+/// model_flops_over_peak.
 void report_throughput(shardlab::Context& ctx, const TrainConfig& c, int steps, double seconds);
 
 /// The meshes of `ranks` ranks over the five axes that can run `c`'s model (check_config:
