@@ -31,7 +31,7 @@ enum class OpKind {
 
 /// One operation of a stage: F, B or W of microbatch j through chunk c.
 struct Op {
-  OpKind kind;       ///< F, B or W
+  OpKind kind;     ///< F, B or W
   int microbatch;  ///< j, 0 <= j < microbatches
   int chunk = 0;   ///< c, 0 <= c < chunks
   /// Equal when kind, microbatch and chunk all are.

@@ -131,7 +131,7 @@ std::string validate(const Schedule& s) {
       }
       const std::string first = op.kind == OpKind::forward    ? "the forward"
                                 : op.kind == OpKind::backward ? "the backward"
-                                                            : "the weight gradient";
+                                                              : "the weight gradient";
       if (at > want)
         return what + ": " + first + " of this microbatch is already done (an op twice)";
       return what + ": comes before " +
@@ -144,7 +144,10 @@ std::string validate(const Schedule& s) {
         const auto it = state.find({j, c});
         const int at = it == state.end() ? 0 : it->second;
         if (at == last) continue;
-        const Op missing{at == 0 ? OpKind::forward : at == 1 ? OpKind::backward : OpKind::weight, j, c};
+        const Op missing{at == 0   ? OpKind::forward
+                         : at == 1 ? OpKind::backward
+                                   : OpKind::weight,
+                         j, c};
         return where + "no " + label(missing, s.chunks) + ": microbatch " + std::to_string(j) +
                (s.chunks > 1 ? " of chunk " + std::to_string(c) : std::string()) +
                (at == 0   ? " never goes forward"

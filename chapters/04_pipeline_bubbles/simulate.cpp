@@ -39,7 +39,8 @@ Timeline timeline_of(std::vector<Event> events, int stages, int chunks, bool spl
     // A microbatch's activations are held from its forward until its backward is done
     // (its W, when the backward is split: the weight gradient needs them too).
     if (e.op.kind == OpKind::forward) ++held[st];
-    if ((e.op.kind == OpKind::backward && !split_backward) || e.op.kind == OpKind::weight) --held[st];
+    if ((e.op.kind == OpKind::backward && !split_backward) || e.op.kind == OpKind::weight)
+      --held[st];
     t.peak_in_flight[st] = std::max(t.peak_in_flight[st], static_cast<double>(held[st]) / chunks);
   }
   t.makespan = last - first;
@@ -125,7 +126,7 @@ Timeline simulate(const Schedule& s, const Costs& costs, double scale) {
   return simulate(s, [&](int, const Op& op) {
     const double c = op.kind == OpKind::forward    ? costs.forward
                      : op.kind == OpKind::backward ? costs.backward + (split ? 0 : costs.weight)
-                                                 : costs.weight;
+                                                   : costs.weight;
     return scale * c / s.chunks;
   });
 }

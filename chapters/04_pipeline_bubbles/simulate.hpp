@@ -14,10 +14,10 @@ namespace ch04 {
 
 /// One op as it ran: on which stage, from when to when.
 struct Event {
-  int stage = 0;               ///< the stage (rank) that ran it
+  int stage = 0;                 ///< the stage (rank) that ran it
   Op op{OpKind::forward, 0, 0};  ///< the op
-  double start = 0;            ///< when it started: simulated time units, or seconds when measured
-  double end = 0;              ///< when it ended, in the same units
+  double start = 0;  ///< when it started: simulated time units, or seconds when measured
+  double end = 0;    ///< when it ended, in the same units
 };
 
 /// A schedule's run, simulated or measured: its ops' times and what they add up to.

@@ -190,8 +190,9 @@ TEST_SUITE("ch04.chapter") {
   TEST_CASE("a schedule whose stages wait for each other: named on paper and on ranks") {
     // Stage 0 wants B0 back before it sends F1; stage 1 wants F1 before it runs B0.
     Schedule s{"circular", 2, 2, 1, {}};
-    s.ops = {{{OpKind::forward, 0}, {OpKind::backward, 0}, {OpKind::forward, 1}, {OpKind::backward, 1}},
-             {{OpKind::forward, 0}, {OpKind::forward, 1}, {OpKind::backward, 0}, {OpKind::backward, 1}}};
+    s.ops = {
+        {{OpKind::forward, 0}, {OpKind::backward, 0}, {OpKind::forward, 1}, {OpKind::backward, 1}},
+        {{OpKind::forward, 0}, {OpKind::forward, 1}, {OpKind::backward, 0}, {OpKind::backward, 1}}};
     REQUIRE(ch04::validate(s).empty());
     const ch04::Timeline t = ch04::simulate(s, ch04::Costs{});
     CHECK(t.deadlock ==

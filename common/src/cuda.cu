@@ -857,7 +857,7 @@ bool all_finite(const void* x, DType type, std::int64_t n) {
 }
 
 bool index_rows(const void* src, std::int64_t src_rows, std::size_t row_bytes, const void* index,
-                 DType index_type, std::int64_t n, void* out) {
+                DType index_type, std::int64_t n, void* out) {
   Flag bad;
   visit_index(index_type, [&](auto z) {
     using I = decltype(z);

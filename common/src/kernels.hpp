@@ -95,7 +95,7 @@ bool all_finite(const void* x, DType type, std::int64_t n);
 /// out[i] = src[index[i]], rows of `row_bytes`; returns false (and copies nothing
 /// meaningful) when an index is outside 0..src_rows-1.
 bool index_rows(const void* src, std::int64_t src_rows, std::size_t row_bytes, const void* index,
-                 DType index_type, std::int64_t n, void* out);
+                DType index_type, std::int64_t n, void* out);
 /// dst[index[i]] += src[i], rows of `cols` floats, in order of i; false on a bad index.
 bool scatter_add_rows(float* dst, std::int64_t dst_rows, std::int64_t cols, const void* index,
                       DType index_type, std::int64_t n, const float* src);
