@@ -9,13 +9,24 @@ function(shardlab_warnings target)
     $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<CXX_COMPILER_ID:GNU>>:-Wno-restrict>)
 endfunction()
 
-# A program's main.cpp (flags, dispatch, the report) and the tests' own code are compiled
+# A program's main.cpp (flags, dispatch, the report), the tests' own code and the glue of
+# the libraries (their flags, reports, tables and files: shardlab_glue_sources) are compiled
 # at -O1 in Release: a third less compile time, in the build a learner waits for first.
-# The work they call (kernels, layers, collectives, the chapters' code) keeps -O3, and
-# -ffp-contract=off keeps every result the same bits at any level.
+# The work they call (kernels, layers, collectives, the chapters' algorithms) keeps -O3, and
+# -ffp-contract=off keeps every result the same bits at any level. In the learner build the
+# glue goes without AddressSanitizer, which is there for the learner's code: a bad write into
+# a buffer the glue made is still caught where the learner's code makes it (ASan watches
+# every allocation, instrumented or not). CLI11's and nlohmann-json's templates under ASan
+# were half of that build's time.
+set(SHARDLAB_GLUE_OPTIONS "$<$<AND:$<COMPILE_LANGUAGE:CXX>,$<CONFIG:Release>>:-O1>")
+if(SHARDLAB_LEARNER)
+  list(APPEND SHARDLAB_GLUE_OPTIONS "$<$<COMPILE_LANGUAGE:CXX>:-fno-sanitize=address>")
+endif()
 function(shardlab_glue_code target)
-  target_compile_options(${target} PRIVATE
-    $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<CONFIG:Release>>:-O1>)
+  target_compile_options(${target} PRIVATE ${SHARDLAB_GLUE_OPTIONS})
+endfunction()
+function(shardlab_glue_sources)
+  set_source_files_properties(${ARGN} PROPERTIES COMPILE_OPTIONS "${SHARDLAB_GLUE_OPTIONS}")
 endfunction()
 
 # The learner build (the `learner` preset's flags: AddressSanitizer and UBSan, -g) keeps
@@ -73,6 +84,35 @@ function(shardlab_add_expect_test name)
     set_tests_properties(${name} PROPERTIES ENVIRONMENT "${ARG_ENVIRONMENT}")
   endif()
 endfunction()
+
+# Under the sanitizers every program runs several times slower (AddressSanitizer with UBSan
+# about 2-4x, ThreadSanitizer 5-15x): each directory's tests, once the directory has added
+# them all (a deferred call, shardlab_scale_timeouts_here), get their limits scaled by
+# SHARDLAB_TIMEOUT_SCALE (a test without a limit counts as 300 s, the default preset's).
+if(CMAKE_CXX_FLAGS MATCHES "-fsanitize=thread")
+  set(SHARDLAB_TIMEOUT_SCALE 10)
+elseif(CMAKE_CXX_FLAGS MATCHES "-fsanitize")
+  set(SHARDLAB_TIMEOUT_SCALE 4)
+else()
+  set(SHARDLAB_TIMEOUT_SCALE 1)
+endif()
+function(shardlab_scale_timeouts)
+  get_property(tests DIRECTORY PROPERTY TESTS)
+  foreach(test IN LISTS tests)
+    get_test_property(${test} TIMEOUT timeout)
+    if(NOT timeout)
+      set(timeout 300)
+    endif()
+    math(EXPR timeout "${timeout} * ${SHARDLAB_TIMEOUT_SCALE}")
+    set_tests_properties(${test} PROPERTIES TIMEOUT ${timeout})
+  endforeach()
+endfunction()
+# Scales the current directory's tests' limits when CMake is done with it.
+macro(shardlab_scale_timeouts_here)
+  if(NOT SHARDLAB_TIMEOUT_SCALE EQUAL 1)
+    cmake_language(DEFER CALL shardlab_scale_timeouts)
+  endif()
+endmacro()
 
 # shardlab_usage_faults(<prefix> <program> [LABELS ...] CASES <name> <args> <regex> ...)
 # Bad input a careless user gave and what the program must say of it: for each triple, the
@@ -192,6 +232,7 @@ endfunction()
 # on the untouched stubs (a test that passes on a stub is a bug); in learner mode it must
 # pass instead, because the learner has filled the stubs in.
 function(shardlab_add_chapter chapter)
+  shardlab_scale_timeouts_here()
   cmake_parse_arguments(ARG "" "MPI_RANKS;MPI_TIMED_KEYS;JSON_RANKS"
     "SOURCES;CHAPTER_SOURCES;TESTS;CHAPTER_TESTS;BAD_USAGE;MPI_BAD_USAGE;MPI_ARGS;GPU_ARGS;GPU_EXPECT;DEPENDS;LIBRARIES;RUN_ARGS"
     ${ARGN})
