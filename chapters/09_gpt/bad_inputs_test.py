@@ -45,14 +45,19 @@ def copy(name):
     return where
 
 
-def edit_trainer(name, change):
+def edit_json(name, file, change):
+    """A copy of the checkpoint with its JSON `file` rewritten through change(value)."""
     where = copy(name)
-    path = os.path.join(where, "trainer.json")
+    path = os.path.join(where, file)
     with open(path) as f:
-        state = json.load(f)
+        value = json.load(f)
     with open(path, "w") as f:
-        json.dump(change(state), f)
+        json.dump(change(value), f)
     return where
+
+
+def edit_trainer(name, change):
+    return edit_json(name, "trainer.json", change)
 
 
 def shards(where):
@@ -85,19 +90,9 @@ run("step near the counter's end", ["--steps", "2", "--no-reference", "--load",
     r"is at step 2147483646: --steps 2 more would pass the step counter's 2\^31 - 1")
 
 
-def edit_config(name, change):
-    where = copy(name)
-    path = os.path.join(where, "config.json")
-    with open(path) as f:
-        config = json.load(f)
-    with open(path, "w") as f:
-        json.dump(change(config), f)
-    return where
-
-
 # An expert count that is no number: said so (it was read as a dense model's config and
 # ended in two lines about missing tensors).
-run("experts as a word", load + [edit_config("four", lambda c: {**c, "num_local_experts": "four"})],
+run("experts as a word", load + [edit_json("four", "config.json", lambda c: {**c, "num_local_experts": "four"})],
     r"config\.json's num_local_experts is \"four\", not a whole number of experts")
 
 where = copy("transposed")
