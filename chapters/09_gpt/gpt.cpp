@@ -476,7 +476,10 @@ GptModel::GptModel(Mesh& mesh, const GptShape& shape, const ModelOptions& option
       first_(mesh.coords().pp == 0),
       last_(mesh.coords().pp == mesh.shape().pp - 1),
       sequence_parallel_(options.sequence_parallel && mesh.shape().tp > 1) {
-  const auto& [recompute, chunks, sequence_parallel, compute, memory, context] = options;
+  const auto& [recompute, chunks, sequence_parallel, compute, memory, context, library_attention] =
+      options;
+  require(!library_attention || mesh.shape().tp == 1,
+          "GptModel: one device's attention (library_attention) is for one tp rank");
   const bool split = mesh.shape().cp > 1;  // each sequence cut over the cp ranks
   check_shape(shape, mesh.shape(), chunks, context.get());
   const Coords& at = mesh.coords();
@@ -498,8 +501,9 @@ GptModel::GptModel(Mesh& mesh, const GptShape& shape, const ModelOptions& option
                    .wte();
     for (int b = blocks_of.first; b < blocks_of.first + blocks_of.count; ++b) {
       const std::string name = "transformer.h." + std::to_string(b);
-      auto attention =
-          std::make_shared<nn::Residual>(parallel_attention(store_, tp, name, shape, b, blocks));
+      auto attention = std::make_shared<nn::Residual>(
+          library_attention ? attention_block(store_, name, shape, b)
+                            : parallel_attention(store_, tp, name, shape, b, blocks));
       auto mlp = std::make_shared<nn::Residual>(
           shape.moe(b)
               ? moe_mlp(store_, expert_store_, mesh, shape, b, blocks.tp, moe_log_, cp_positions)

@@ -224,6 +224,10 @@ struct ModelOptions {
   /// Context parallelism over the mesh's cp ranks (context.hpp: chapter 10's ring); needed
   /// when cp > 1, unused on cp 1.
   std::shared_ptr<const ContextParallel> context;
+  /// The blocks' attention as one device builds it (attention_block: the library's layers),
+  /// not the exercise's parallel_attention: one device's reference, whose verdict on the mesh
+  /// must not rest on the learner's code. One tp rank only.
+  bool library_attention = false;
 };
 
 /// This rank's part of the model.

@@ -21,7 +21,8 @@ double relative(double a, double b) { return std::abs(a - b) / std::max(1.0, std
 namespace {
 
 /// One device's training, written here apart from the mesh's Trainer and from the
-/// exercise: GptModel on a 1 x 1 x 1 mesh, the loss the library's nn::cross_entropy (each
+/// exercise: GptModel on a 1 x 1 x 1 mesh with the library's attention (attention_block,
+/// not the exercise's parallel_attention), the loss the library's nn::cross_entropy (each
 /// microbatch its share of the batch's mean), the loss scaler of chapter 06, the gradients
 /// clipped to their global norm, the library's Adam; nothing recomputed.
 class OneDevice {
@@ -30,7 +31,7 @@ class OneDevice {
       : c_(with_one_device(c, microbatches)),
         data_(data),
         mesh_(self, c_.mesh),
-        model_(mesh_, c_.model, c_.model_options()),
+        model_(mesh_, c_.model, options_of(c_)),
         scaler_(c_.scaler, c_.scaler_config) {
     for (nn::ParameterStore* store : stores())
       adam_.push_back(std::make_unique<nn::Adam>(store->size(), c_.adam, c_.memory));
@@ -78,6 +79,12 @@ class OneDevice {
   double evaluate(const std::vector<std::int64_t>& starts) { return forward(starts).value; }
 
  private:
+  /// The model's options: the library's attention, not the exercise's (at tp 1).
+  static ModelOptions options_of(const TrainConfig& c) {
+    ModelOptions o = c.model_options();
+    o.library_attention = true;
+    return o;
+  }
   static TrainConfig with_one_device(TrainConfig c, int microbatches) {
     c.mesh = {.pp = 1, .dp = 1, .tp = 1};
     c.microbatches = microbatches;

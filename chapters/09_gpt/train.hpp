@@ -68,7 +68,7 @@ struct TrainConfig {
   std::shared_ptr<const ContextParallel> context;
   /// What GptModel needs of it besides the shape.
   ModelOptions model_options() const {
-    return {recompute, chunks, sequence_parallel, precision, memory, context};
+    return {recompute, chunks, sequence_parallel, precision, memory, context, false};
   }
   /// The replicas of the data: ep x dp, each on its own sequences of the batch (the cp
   /// ranks of a replica share its sequences, the tp and pp ranks its tokens).
