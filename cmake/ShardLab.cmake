@@ -89,6 +89,12 @@ endfunction()
 # about 2-4x, ThreadSanitizer 5-15x): each directory's tests, once the directory has added
 # them all (a deferred call, shardlab_scale_timeouts_here), get their limits scaled by
 # SHARDLAB_TIMEOUT_SCALE (a test without a limit counts as 300 s, the default preset's).
+# SHARDLAB_SANITIZED: a sanitizer's build, where an address-space cap (ulimit -v) cannot
+# hold (its shadow memory is terabytes of reserved address space).
+set(SHARDLAB_SANITIZED OFF)
+if(CMAKE_CXX_FLAGS MATCHES "-fsanitize=(address|thread)")
+  set(SHARDLAB_SANITIZED ON)
+endif()
 if(CMAKE_CXX_FLAGS MATCHES "-fsanitize=thread")
   set(SHARDLAB_TIMEOUT_SCALE 10)
 elseif(CMAKE_CXX_FLAGS MATCHES "-fsanitize")
