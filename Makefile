@@ -19,6 +19,7 @@ help:
 	@echo "make format | tidy  clang-format / clang-tidy over the sources"
 	@echo "make setup          install what is missing, build, run every chapter"
 	@echo "PRESET=debug make test   the same under AddressSanitizer and UBSan"
+	@echo "PRESET=tsan make test    the tests whose ranks are threads, under ThreadSanitizer"
 
 build:
 	cmake --preset $(PRESET) > /dev/null
