@@ -95,6 +95,13 @@ set(SHARDLAB_SANITIZED OFF)
 if(CMAKE_CXX_FLAGS MATCHES "-fsanitize=(address|thread)")
   set(SHARDLAB_SANITIZED ON)
 endif()
+# What AddressSanitizer changes in the code (the tensor cache is off, chapter 09 trains 20
+# steps by default) as a definition every file sees: in the learner build the glue is
+# compiled without ASan, so __SANITIZE_ADDRESS__ would differ between the files of one
+# program (options.cpp had read 200 steps where the library ran without its cache).
+if(CMAKE_CXX_FLAGS MATCHES "-fsanitize=address")
+  add_compile_definitions(SHARDLAB_ASAN_BUILD=1)
+endif()
 if(CMAKE_CXX_FLAGS MATCHES "-fsanitize=thread")
   set(SHARDLAB_TIMEOUT_SCALE 10)
 elseif(CMAKE_CXX_FLAGS MATCHES "-fsanitize")

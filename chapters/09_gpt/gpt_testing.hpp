@@ -62,7 +62,7 @@ struct Run {
   std::string bytes_mismatch;
 };
 
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(SHARDLAB_ASAN_BUILD)
 inline constexpr bool storage_is_cached = false;  // AddressSanitizer sees every allocation
 #else
 inline constexpr bool storage_is_cached = true;

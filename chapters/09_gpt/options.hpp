@@ -12,7 +12,7 @@ namespace ch09 {
 
 /// --steps' default: 200; 20 in a build under AddressSanitizer (the learner's), where a
 /// step takes some 25 times as long.
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(SHARDLAB_ASAN_BUILD)
 inline constexpr int kSteps = 20;
 #else
 inline constexpr int kSteps = 200;

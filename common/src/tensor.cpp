@@ -146,7 +146,7 @@ bool keep_freed_memory() {
 /// learner build), which must see every free to catch a use after it.
 class HostBlockCache {
  public:
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(SHARDLAB_ASAN_BUILD)
   static constexpr std::size_t capacity = 0;
 #else
   static constexpr std::size_t capacity = std::size_t{64} << 20;

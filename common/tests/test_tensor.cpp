@@ -249,7 +249,7 @@ TEST_SUITE("tensor") {
 
 TEST_CASE("freed host storage is taken back by the next tensor of its size, zeroed again") {
   // Under AddressSanitizer there is no cache: every storage comes from the system.
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(SHARDLAB_ASAN_BUILD)
   const std::uint64_t no_cache = 1;
 #else
   const std::uint64_t no_cache = 0;
