@@ -90,24 +90,22 @@ endfunction()
 # them all (a deferred call, shardlab_scale_timeouts_here), get their limits scaled by
 # SHARDLAB_TIMEOUT_SCALE (a test without a limit counts as 300 s, the default preset's).
 # SHARDLAB_SANITIZED: a sanitizer's build, where an address-space cap (ulimit -v) cannot
-# hold (its shadow memory is terabytes of reserved address space).
+# hold (its shadow memory is terabytes of reserved address space). What AddressSanitizer
+# changes in the code (the tensor cache is off, chapter 09 trains 20 steps by default) is a
+# definition every file sees, SHARDLAB_ASAN_BUILD: in the learner build the glue is compiled
+# without ASan, so __SANITIZE_ADDRESS__ would differ between the files of one program
+# (options.cpp had read 200 steps where the library ran without its cache).
 set(SHARDLAB_SANITIZED OFF)
-if(CMAKE_CXX_FLAGS MATCHES "-fsanitize=(address|thread)")
-  set(SHARDLAB_SANITIZED ON)
-endif()
-# What AddressSanitizer changes in the code (the tensor cache is off, chapter 09 trains 20
-# steps by default) as a definition every file sees: in the learner build the glue is
-# compiled without ASan, so __SANITIZE_ADDRESS__ would differ between the files of one
-# program (options.cpp had read 200 steps where the library ran without its cache).
-if(CMAKE_CXX_FLAGS MATCHES "-fsanitize=address")
-  add_compile_definitions(SHARDLAB_ASAN_BUILD=1)
-endif()
+set(SHARDLAB_TIMEOUT_SCALE 1)
 if(CMAKE_CXX_FLAGS MATCHES "-fsanitize=thread")
+  set(SHARDLAB_SANITIZED ON)
   set(SHARDLAB_TIMEOUT_SCALE 10)
+elseif(CMAKE_CXX_FLAGS MATCHES "-fsanitize=address")
+  set(SHARDLAB_SANITIZED ON)
+  set(SHARDLAB_TIMEOUT_SCALE 4)
+  add_compile_definitions(SHARDLAB_ASAN_BUILD=1)
 elseif(CMAKE_CXX_FLAGS MATCHES "-fsanitize")
   set(SHARDLAB_TIMEOUT_SCALE 4)
-else()
-  set(SHARDLAB_TIMEOUT_SCALE 1)
 endif()
 function(shardlab_scale_timeouts)
   get_property(tests DIRECTORY PROPERTY TESTS)
