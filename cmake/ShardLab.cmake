@@ -42,6 +42,25 @@ if(SHARDLAB_LEARNER)
   add_compile_options(
     "$<$<COMPILE_LANGUAGE:CXX>:-fno-sanitize=undefined;-g1;-Wno-maybe-uninitialized>")
 endif()
+# Uninitialised locals filled with a fixed pattern (-ftrivial-auto-var-init=pattern), so a
+# value never written fails the same way every run: only where the compiler copies
+# structures whole under it (cmake/probes/auto_var_init.cpp; GCC 12.2 does not).
+if(SHARDLAB_LEARNER AND NOT DEFINED SHARDLAB_AUTO_VAR_INIT)
+  try_run(auto_var_init_runs auto_var_init_compiles ${CMAKE_BINARY_DIR}/probes
+          ${CMAKE_CURRENT_LIST_DIR}/probes/auto_var_init.cpp
+          COMPILE_DEFINITIONS -ftrivial-auto-var-init=pattern CXX_STANDARD 20)
+  if(auto_var_init_compiles AND auto_var_init_runs EQUAL 0)
+    set(SHARDLAB_AUTO_VAR_INIT ON CACHE BOOL "Fill uninitialised locals with a pattern")
+  else()
+    set(SHARDLAB_AUTO_VAR_INIT OFF CACHE BOOL "Fill uninitialised locals with a pattern")
+    message(STATUS "Uninitialised locals are left as they are: ${CMAKE_CXX_COMPILER_ID} "
+                   "${CMAKE_CXX_COMPILER_VERSION} miscopies structures under "
+                   "-ftrivial-auto-var-init (cmake/probes/auto_var_init.cpp)")
+  endif()
+endif()
+if(SHARDLAB_LEARNER AND SHARDLAB_AUTO_VAR_INIT)
+  add_compile_options("$<$<COMPILE_LANGUAGE:CXX>:-ftrivial-auto-var-init=pattern>")
+endif()
 function(shardlab_learner_code target)
   target_compile_options(${target} PRIVATE "$<$<COMPILE_LANGUAGE:CXX>:-fsanitize=undefined;-g>")
 endfunction()

@@ -114,9 +114,9 @@ sanitizer_summary() {
 }
 
 # The compiler's warnings about your own files, when they were compiled just now: an
-# uninitialised variable or a narrowing is often the bug. (The learner build fills
-# uninitialised locals with a pattern, -ftrivial-auto-var-init=pattern, so that such a bug
-# fails the same way every run instead of now and then.)
+# uninitialised variable or a narrowing is often the bug. (Where the compiler does it
+# correctly, the learner build fills uninitialised locals with a pattern,
+# -ftrivial-auto-var-init=pattern, so that such a bug fails the same way every run.)
 warnings=$(grep -E "^[^ ]*exercises/[^ ]+: warning:" build/learner.log | sed -E 's|^.*/(exercises/)|\1|' |
            sort -u | head -10)
 if [[ -n "$warnings" ]]; then
