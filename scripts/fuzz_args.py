@@ -256,6 +256,7 @@ CHAPTERS = {
         "--recompute": ["none", "selective", "full", "some", ""],
         "--trace": ["out/t.json", "/proc/t.json", "/dev/full", ""],
         "--sequence-parallel": None,
+        "--overlap": ["all", "none", "dp", "pp,dp", "tp", "dp,,pp", "xp", ""],
         "--precision": ["fp32", "fp16", "bf16", "fp8", ""],
         "--scaler": ["none", "static", "dynamic", "some", ""],
         "--init-scale": ["65536", "1e12", "0", "-1", "nan", "x"],

@@ -153,6 +153,8 @@ class GradSync {
   /// on every rank. Disabled: nothing (the ready marks are dropped).
   void finish();
 
+  /// Whether `param` is one of this store's parameters (what ready() takes).
+  bool holds(const Parameter& param) const { return index_.count(&param) != 0; }
   /// The sync mode it was configured with.
   Sync mode() const { return config_.mode; }
   /// The bucket plan (bucketed and overlap; empty for the other modes).

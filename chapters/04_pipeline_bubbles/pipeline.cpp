@@ -35,9 +35,13 @@ class Channel {
   /// What enters chunk c for microbatch j, from stage `from`, of shape `want`.
   Tensor receive(int from, int j, int c, const Boundary& want) {
     if (from != stage_) {
-      Tensor in = shardlab::empty(want.shape, want.dtype, memory_);
-      comm_.recv(in, from, tag_of(j, c, chunks_));
-      return in;
+      const auto posted = early_.find({j, c});
+      if (posted == early_.end()) post(from, j, c, want);
+      auto& [in, request] = early_.at({j, c});
+      comm_.wait(request);
+      Tensor out = std::move(in);
+      early_.erase({j, c});
+      return out;
     }
     const auto it = to_self_.find({j, c});
     shardlab::require(it != to_self_.end(), "a message to this stage went missing");
@@ -48,6 +52,18 @@ class Channel {
              " tensor, its boundary says " + want.shape.str();
     });
     return t;
+  }
+  /// Posts the receive of what enters chunk c for microbatch j from stage `from` (not this
+  /// one), for receive() to wait for.
+  void post(int from, int j, int c, const Boundary& want) {
+    Tensor in = shardlab::empty(want.shape, want.dtype, memory_);
+    shardlab::Request request = comm_.irecv(in, from, tag_of(j, c, chunks_));
+    early_.emplace(std::pair{j, c}, std::pair{std::move(in), std::move(request)});
+  }
+  /// post(), unless `from` is this stage or the receive is posted already; `want` gives
+  /// the shape.
+  void post_once(int from, int j, int c, const std::function<Boundary()>& want) {
+    if (from != stage_ && !early_.count({j, c})) post(from, j, c, want());
   }
   /// `t` to chunk c of stage `to`, for microbatch j.
   void send(int to, int j, int c, const Tensor& t) {
@@ -66,6 +82,7 @@ class Channel {
   int stage_, chunks_;
   Memory memory_;
   std::map<std::pair<int, int>, Tensor> to_self_;
+  std::map<std::pair<int, int>, std::pair<Tensor, shardlab::Request>> early_;  // posted receives
   std::deque<Tensor> sending_;  // buffers of the pending sends
   std::vector<shardlab::Request> sends_;
 };
@@ -106,6 +123,18 @@ class StageRunner {
         break;
     }
     return e;
+  }
+  /// Posts the receive `op` waits for (Stage::early_receives), unless it has none, is
+  /// posted already, or its shape is not known yet (a B whose F has not run).
+  void post_receive(const Op& op) {
+    const int j = op.microbatch, c = op.chunk, k = virtual_stage(st_, c, p_);
+    if (op.kind == OpKind::forward && k > 0)
+      forward_.post_once((k - 1) % p_, j, c, [&] { return stage_.boundary(j, c); });
+    if (op.kind != OpKind::backward || k == last_) return;
+    const auto kept = held_.find({j, c});
+    if (kept == held_.end()) return;
+    const Tensor& out = kept->second.out;
+    backward_.post_once((k + 1) % p_, j, c, [&] { return Boundary{out.shape(), out.dtype()}; });
   }
   /// Waits for the sends still in flight.
   void finish() {
@@ -241,6 +270,10 @@ StageRun Pipeline::run(const Schedule& s, const Stage& stage, const Hooks& hooks
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
     try {
+      if (stage.early_receives) {  // this op's receive, then the next one's, in op order
+        runner.post_receive(op);
+        if (i + 1 < ops.size()) runner.post_receive(ops[i + 1]);
+      }
       if (i == last_backward && hooks.before_last_backward) hooks.before_last_backward();
       run.events.push_back(runner.run(op, run));
       if (op.kind == adds_weights && hooks.after_backward)

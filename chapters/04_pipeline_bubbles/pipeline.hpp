@@ -74,6 +74,10 @@ struct Stage {
   /// Where the activations live (the GPU's kernels are waited for before an op's clock
   /// stops).
   Memory memory = Memory::host;
+  /// Each op's receive (an activation, or its gradient) posted before the op before it
+  /// runs, and waited for only when the op needs it: the message can arrive while the
+  /// stage computes. Off: posted when needed (the same messages, in the same order).
+  bool early_receives = false;
 };
 
 /// Moments of a step a trainer can act at. Both run on the stage's own rank, outside the

@@ -12,18 +12,32 @@ namespace nn = shardlab::nn;
 
 ReplicaOptimizer::ReplicaOptimizer(shardlab::Communicator& dp, nn::ParameterStore& store, int zero,
                                    const nn::AdamConfig& adam, bool sgd, shardlab::Memory memory)
-    : store_(store), lr_(adam.lr) {
+    : store_(store), dp_(dp), lr_(adam.lr) {
   if (zero == 1) {
     zero_ = std::make_unique<ch05::ZeroOptimizer>(dp, store,
                                                   ch05::ZeroConfig{.stage = 1, .adam = adam});
     return;
   }
-  sync_ = std::make_unique<ch02::GradSync>(
-      dp, store,
-      ch02::GradSyncConfig{.mode = ch02::Sync::bucketed,
-                           .bucket_bytes = std::max<std::int64_t>(4 * store.size(), 1)});
-  sync_->set_batch(1, 1);  // each loss is already its share of the global mean: weight 1
+  set_buckets(0, false);
   if (!sgd) adam_ = std::make_unique<nn::Adam>(store.size(), adam, memory);
+}
+
+void ReplicaOptimizer::set_buckets(std::int64_t bucket_bytes, bool overlap) {
+  if (zero_) return;
+  const std::int64_t whole = std::max<std::int64_t>(4 * store_.size(), 1);
+  sync_ = std::make_unique<ch02::GradSync>(
+      dp_, store_,
+      ch02::GradSyncConfig{.mode = overlap ? ch02::Sync::overlap : ch02::Sync::bucketed,
+                           .bucket_bytes = bucket_bytes > 0 ? bucket_bytes : whole});
+  sync_->set_batch(1, 1);  // each loss is already its share of the global mean: weight 1
+}
+
+void ReplicaOptimizer::ready(const nn::Parameter& param) {
+  if (sync_ && sync_->holds(param)) sync_->ready(param);
+}
+
+void ReplicaOptimizer::ready(const nn::Layer& layer) {
+  for (const nn::Parameter* p : layer.parameters()) ready(*p);
 }
 
 ReplicaOptimizer::~ReplicaOptimizer() = default;

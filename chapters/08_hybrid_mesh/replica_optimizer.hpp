@@ -39,6 +39,16 @@ class ReplicaOptimizer {
   ReplicaOptimizer(shardlab::Communicator& dp, shardlab::nn::ParameterStore& store, int zero,
                    const shardlab::nn::AdamConfig& adam, bool sgd = false,
                    shardlab::Memory memory = shardlab::Memory::host);
+  /// How the gradients travel (without ZeRO): in buckets of `bucket_bytes` (0: one, the
+  /// whole store), each reduced as soon as ready() has announced all of its gradients
+  /// (`overlap`, chapter 02's Sync::overlap: Megatron-LM's overlap_grad_reduce) or all of
+  /// them in reduce() (Sync::bucketed). The same buckets either way, so the same sums.
+  void set_buckets(std::int64_t bucket_bytes, bool overlap);
+  /// Backward has finished these gradients for the step (the parameters of this store
+  /// among them; the others are ignored): with overlap, their buckets' reductions start.
+  void ready(const shardlab::nn::Parameter& param);
+  /// ready() for every parameter of `layer`.
+  void ready(const shardlab::nn::Layer& layer);
   ~ReplicaOptimizer();
   ReplicaOptimizer(const ReplicaOptimizer&) = delete;
   ReplicaOptimizer& operator=(const ReplicaOptimizer&) = delete;
@@ -83,6 +93,7 @@ class ReplicaOptimizer {
 
  private:
   shardlab::nn::ParameterStore& store_;
+  shardlab::Communicator& dp_;
   float lr_;
   std::unique_ptr<ch02::GradSync> sync_;
   std::unique_ptr<shardlab::nn::Adam> adam_;

@@ -61,6 +61,10 @@ void add_training_flags(CLI::App& app, Settings& s) {
               CLI::IsMember({"none", "static", "dynamic"}));
   cli::option(app, "--init-scale", c.scaler_config.init_scale,
               "the dynamic scaler's first scale (2^16)", cli::between(1e-30, 1e30));
+  cli::option(app, "--overlap", s.overlap,
+              "the axes whose communication runs under the computation: all, none, or a list "
+              "(dp: gradient buckets during backward; pp: receives posted early)",
+              CLI::Validator());
   app.add_flag("--sequence-parallel", c.sequence_parallel,
                "split the rows between the tensor-parallel regions over tp (Korthikanti et al.)");
 }
@@ -101,6 +105,7 @@ void add_flags(CLI::App& app, Settings& s) {
 }
 
 void check_flags(const CLI::App& app, Settings& s) {
+  s.run.overlap = overlap_of(s.overlap);
   const TrainConfig& c = s.run;
   // Flags that would do nothing are refused, not ignored.
   for (const char* flag : {"--prompt", "--temperature"})

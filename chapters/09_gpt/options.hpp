@@ -37,6 +37,7 @@ struct Settings {
   std::string recompute = "none";                                        ///< --recompute.
   std::string trace;                                                     ///< --trace.
   std::string precision = "fp32";                                        ///< --precision.
+  std::string overlap = "all";                                           ///< --overlap.
   std::string scaler;  ///< --scaler; "": dynamic with fp16, else none.
 };
 

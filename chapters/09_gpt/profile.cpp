@@ -81,10 +81,15 @@ StepRecorder::StepRecorder(Profile* profile, Communicator& world,
   profile_->spans.clear();
   for (auto [axis, comm] : axes_) {
     const char* name = ch08::axis_name(axis).data();
-    comm->time_calls([this, name](shardlab::Op op, Clock::time_point start, Clock::time_point) {
-      note(std::string(name) + " " +
-               (op == shardlab::Op::count_ ? "wait" : std::string(shardlab::op_name(op))),
-           name, start);
+    comm->time_calls([this, name](const Communicator::CallTimes& t) {
+      if (!profile_) return;
+      const std::string op(t.op == shardlab::Op::count_ ? "wait" : shardlab::op_name(t.op));
+      Span s{std::string(name) + " " + op + (t.blocking ? "" : " wait"), name, seconds(t.waited),
+             seconds(t.returned)};
+      s.work_start = seconds(t.began);
+      s.work_end = seconds(t.done);
+      s.hidden = t.hidden();
+      profile_->spans.push_back(std::move(s));
     });
   }
 }
@@ -100,10 +105,14 @@ nn::Layer* StepRecorder::wrap(nn::Layer& chunk) {
   return timed_.back().get();
 }
 
+double StepRecorder::seconds(Clock::time_point t) const {
+  return static_cast<double>(ns(t) - origin_) * 1e-9;
+}
+
 void StepRecorder::note(std::string name, const char* axis, Clock::time_point start) {
   if (!profile_) return;
-  profile_->spans.push_back({std::move(name), axis, static_cast<double>(ns(start) - origin_) * 1e-9,
-                             static_cast<double>(ns(Clock::now()) - origin_) * 1e-9});
+  const double from = seconds(start), to = seconds(Clock::now());
+  profile_->spans.push_back({std::move(name), axis, from, to, from, to, 0});
 }
 
 void StepRecorder::finish() {
@@ -115,6 +124,13 @@ void StepRecorder::finish() {
 
 double Profile::seconds(ch08::Axis axis) const {
   return total(spans, std::string(ch08::axis_name(axis)));
+}
+
+double Profile::hidden(ch08::Axis axis) const {
+  double sum = 0;
+  for (const Span& s : spans)
+    if (s.axis == ch08::axis_name(axis)) sum += s.hidden;
+  return sum;
 }
 
 double Profile::compute() const {
@@ -135,22 +151,28 @@ void write_profile_trace(Context& ctx, const MeshShape& mesh, const Profile& min
                          const std::string& path) {
   const int r = ctx.rank();
   nlohmann::json events = nlohmann::json::array();
-  auto add = [&](const std::string& name, const std::string& axis, double start, double end) {
+  const int comm_track = ctx.size() + r;  // under the rank's own
+  auto add = [&](const std::string& name, const std::string& axis, double start, double end,
+                 int tid) {
     events.push_back({{"name", name},
                       {"cat", axis},
                       {"ph", "X"},
                       {"pid", 0},
-                      {"tid", r},
+                      {"tid", tid},
                       {"ts", start * 1e6},
                       {"dur", (end - start) * 1e6}});
   };
   double at = 0;  // the gaps between the outer spans are waits
   for (const Span& s : outer(mine.spans)) {
-    if (s.start > at) add("wait", "wait", at, s.start);
+    if (s.start > at) add("wait", "wait", at, s.start, r);
     at = std::max(at, s.end);
   }
-  if (mine.step > at) add("wait", "wait", at, mine.step);
-  for (const Span& s : mine.spans) add(s.name, s.axis, s.start, s.end);
+  if (mine.step > at) add("wait", "wait", at, mine.step, r);
+  for (const Span& s : mine.spans) {
+    add(s.name, s.axis, s.start, s.end, r);
+    if (s.axis != "compute" && s.work_end > s.work_start)
+      add(s.name.substr(0, s.name.rfind(" wait")), s.axis, s.work_start, s.work_end, comm_track);
+  }
   const Coords q = ch08::coords_of(mesh, r);
   std::string where;  // "pp 0, dp 1, tp 0"
   for (ch08::Axis a : ch08::shown_axes(mesh))
@@ -161,6 +183,17 @@ void write_profile_trace(Context& ctx, const MeshShape& mesh, const Profile& min
                     {"pid", 0},
                     {"tid", r},
                     {"args", {{"name", "rank " + std::to_string(r) + " (" + where + ")"}}}});
+  events.push_back({{"name", "thread_name"},
+                    {"ph", "M"},
+                    {"pid", 0},
+                    {"tid", comm_track},
+                    {"args", {{"name", "rank " + std::to_string(r) + " communication"}}}});
+  for (int tid : {r, comm_track})
+    events.push_back({{"name", "thread_sort_index"},
+                      {"ph", "M"},
+                      {"pid", 0},
+                      {"tid", tid},
+                      {"args", {{"sort_index", 2 * r + (tid == comm_track)}}}});
   const std::vector<std::string> all = ctx.comm().gather_strings(events.dump());
   if (r != 0) return;
   nlohmann::json trace = nlohmann::json::array();
@@ -199,12 +232,16 @@ void report_profile(Context& ctx, const MeshShape& mesh, const Profile& mine) {
   const std::vector<ch08::Axis> shown = ch08::shown_axes(mesh);
   std::vector<double> values{mine.step, mine.compute(), mine.wait()};
   for (ch08::Axis a : shown) values.push_back(mine.seconds(a));
+  for (ch08::Axis a : shown) values.push_back(mine.hidden(a));
   std::vector<std::vector<double>> every;
   for (double v : values) every.push_back(ctx.comm().gather_values(v));
   std::vector<std::string> columns{"rank"};
   for (ch08::Axis a : shown) columns.emplace_back(ch08::axis_name(a));
   columns.insert(columns.end(), {"step_ms", "compute"});
-  for (ch08::Axis a : shown) columns.push_back(std::string(ch08::axis_name(a)) + "_comm");
+  for (ch08::Axis a : shown) {
+    columns.push_back(std::string(ch08::axis_name(a)) + "_exposed");
+    columns.push_back(std::string(ch08::axis_name(a)) + "_hidden");
+  }
   columns.emplace_back("wait");
   Table t(columns);
   double worst_busy = 1;
@@ -220,6 +257,7 @@ void report_profile(Context& ctx, const MeshShape& mesh, const Profile& mine) {
     row.insert(row.end(), {1e3 * step, share(1)});
     for (std::size_t k = 0; k < shown.size(); ++k) {
       row.emplace_back(share(3 + k));
+      row.emplace_back(share(3 + shown.size() + k));
       most[k] = std::max(most[k], share(3 + k));
     }
     row.emplace_back(share(2));
@@ -227,8 +265,10 @@ void report_profile(Context& ctx, const MeshShape& mesh, const Profile& mine) {
     if (share(1) < worst_busy) worst_busy = share(1), idlest = r;
   }
   ctx.report(t, "profile",
-             "\nthe last step, rank by rank: the shares of its time spent computing, in each "
-             "axis' communication, and waiting (for a neighbour stage, or for the others)");
+             "\nthe last step, rank by rank: the shares of its time spent computing, waiting "
+             "for each axis' communication (exposed), and waiting for a neighbour stage or for "
+             "the others; and the share of each axis' communication that ran while the rank "
+             "computed (hidden, --overlap)");
   ctx.say("the profile's diagnosis (CS336 notes §6.1):" +
           diagnosis(shown, most, worst_busy, idlest));
 }

@@ -4,8 +4,10 @@
 //            stage's chunks, and the loss (the head and the cross-entropy), as the
 //            pipeline runs them; the tp allreduces, the cp ring's waits and the ep
 //            all-to-alls inside them are their own spans
-//   an axis  every blocking call on its communicators (dp's: the replicas' and the expert
-//            replicas'; pp's: the embedding group's allreduce of wte's gradient)
+//   an axis  every blocking call on its communicators, and every wait for a non-blocking
+//            one (dp's: the replicas' and the expert replicas'; pp's: the embedding
+//            group's allreduce of wte's gradient): the exposed communication; the part of
+//            a non-blocking operation that ran before its wait is hidden (--overlap)
 //   wait     the rest of the step: waiting for a neighbour's activations or gradients
 //            (the pipeline's bubble and its messages), or for the others to arrive
 // The diagnosis applies the notes' two rules of thumb: communication above 30 % of the
@@ -30,6 +32,10 @@ struct Span {
   std::string axis;  ///< "compute", or the axis whose communicator the call was on ("tp", ...)
   double start = 0;  ///< seconds from the step's start
   double end = 0;    ///< seconds from the step's start
+  /// Communication: when the operation's work ran (a non-blocking one's can begin long
+  /// before the rank waits for it, at start), and the part of it before the wait, which
+  /// the rank's computation hid. A blocking call's work is the span itself, none hidden.
+  double work_start = 0, work_end = 0, hidden = 0;
 };
 
 /// What a rank's step was made of.
@@ -39,9 +45,13 @@ struct Profile {
   /// Seconds of compute, less the communication inside it (the axes whose calls happen
   /// inside a layer's pass: AxisInfo::inside_layer).
   double compute() const;
-  /// Seconds in blocking calls of `axis`'s communicators (pp: the embedding group's
+  /// Seconds the rank waited for `axis`'s communicators, in blocking calls and in waits
+  /// for non-blocking ones: the exposed communication (pp: the embedding group's
   /// allreduce; the pipeline's own messages are waits).
   double seconds(ch08::Axis axis) const;
+  /// Seconds of `axis`'s non-blocking operations' work that ran while the rank computed:
+  /// the hidden communication.
+  double hidden(ch08::Axis axis) const;
   /// Seconds of the rest of the step (waiting), never below 0.
   double wait() const;
 };
@@ -76,10 +86,13 @@ class StepRecorder {
   std::vector<std::pair<ch08::Axis, Communicator*>> axes_;
   std::int64_t origin_ = 0;  // ns, the earliest rank's start
   std::vector<std::unique_ptr<nn::Layer>> timed_;
+  double seconds(Clock::time_point t) const;  // from the origin
 };
 
 /// Chrome trace events (chrome://tracing, ui.perfetto.dev) of every rank's profile, one
-/// thread per rank, its waits drawn as spans of their own; written to `path` atomically
+/// thread per rank, its waits drawn as spans of their own, and under it a track of the
+/// rank's communication as it ran (a non-blocking operation under the computation it hid
+/// behind); written to `path` atomically
 /// by rank 0. Every rank calls it.
 void write_profile_trace(shardlab::Context& ctx, const MeshShape& mesh, const Profile& mine,
                          const std::string& path);

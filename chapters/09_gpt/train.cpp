@@ -29,7 +29,80 @@ namespace {
 const char* precision_name(shardlab::DType type) {
   return type == shardlab::DType::f16 ? "fp16" : type == shardlab::DType::bf16 ? "bf16" : "fp32";
 }
+
+/// The axes --overlap moves: their communication can run under the computation here.
+constexpr Axis kOverlapping[] = {Axis::dp, Axis::pp};
+
+/// A layer of a chunk whose gradients are announced as soon as its backward has made
+/// them. Unless the schedule splits the backward (B and W as ops of their own), the
+/// layer's weight gradients are made right after its input gradient, layer by layer (as
+/// autograd does), instead of the chunk's B for every layer and then its W for every layer:
+/// the same products in another order, so the last layers' buckets can go while the first
+/// layers' backward still runs.
+class Announced final : public nn::Layer {
+ public:
+  Announced(std::shared_ptr<nn::Layer> inner, bool eager, std::function<void(nn::Layer&)> done)
+      : inner_(std::move(inner)), eager_(eager), done_(std::move(done)) {}
+  std::string name() const override { return inner_->name(); }
+  nn::Forward forward(const Tensor& x) const override { return inner_->forward(x); }
+  Tensor backward_input(const Tensor& dy, nn::Saved& saved) const override {
+    Tensor dx = inner_->backward_input(dy, saved);
+    if (eager_) {
+      inner_->backward_weight(saved);
+      done_(*inner_);
+    }
+    return dx;
+  }
+  void backward_weight(nn::Saved& saved) override {
+    if (eager_) return;  // made in backward_input
+    inner_->backward_weight(saved);
+    done_(*inner_);
+  }
+  std::vector<nn::Parameter*> parameters() const override { return inner_->parameters(); }
+
+ private:
+  std::shared_ptr<nn::Layer> inner_;
+  bool eager_;
+  std::function<void(nn::Layer&)> done_;
+};
 }  // namespace
+
+ch08::PerAxis<bool> overlap_of(const std::string& list) {
+  ch08::PerAxis<bool> on;
+  if (list == "none") return on;
+  if (list == "all") {
+    for (Axis a : kOverlapping) on[a] = true;
+    return on;
+  }
+  std::string names;
+  for (Axis a : kOverlapping)
+    names += (names.empty() ? "" : ", ") + std::string(ch08::axis_name(a));
+  std::size_t at = 0;
+  while (at <= list.size()) {
+    const std::size_t comma = std::min(list.find(',', at), list.size());
+    const std::string name = list.substr(at, comma - at);
+    at = comma + 1;
+    bool found = false;
+    for (Axis a : kOverlapping)
+      if (ch08::axis_name(a) == name) found = on[a] = true;
+    if (found) continue;
+    for (Axis a : ch08::kAxes)
+      require_usage(ch08::axis_name(a) != name,
+                    "--overlap " + name + ": " + name +
+                        "'s communication runs inside a layer's pass here and waits for itself "
+                        "(the axes that overlap: " +
+                        names + ")");
+    throw shardlab::UsageError("--overlap: '" + name + "' is not all, none, or a list of " + names);
+  }
+  return on;
+}
+
+std::string overlap_name(const ch08::PerAxis<bool>& overlap) {
+  std::string out;
+  for (Axis a : kOverlapping)
+    if (overlap[a]) out += (out.empty() ? "" : ",") + std::string(ch08::axis_name(a));
+  return out.empty() ? "none" : out;
+}
 
 void set_precision(TrainConfig& c, const std::string& precision, const std::string& scaler) {
   c.precision = shardlab::DType::f32;
@@ -88,6 +161,36 @@ Trainer::Trainer(Mesh& mesh, GptModel& model, const TrainConfig& c, const Corpus
   if (c.model.experts > 0)
     experts_ = std::make_unique<ch08::ReplicaOptimizer>(
         mesh.expert_replicas(), model.expert_store(), c.zero, c.adam, false, c.memory);
+  // The gradients in four buckets per store, the last layers' first (DDP's and Megatron-LM's
+  // order), overlapping or not: the same buckets either way, so the same sums.
+  const bool overlap = c.overlap[Axis::dp];
+  for (ch08::ReplicaOptimizer* o : {replicas_.get(), experts_.get()})
+    if (o) o->set_buckets(0, false);
+  replicas_->set_buckets((4 * model.store().size() + 3) / 4, overlap);
+  if (experts_) experts_->set_buckets((4 * model.expert_store().size() + 3) / 4, overlap);
+  if (!overlap || c.zero != 0) return;
+  const bool eager = !schedule_.split_backward();
+  for (int k = 0; k < model.chunks(); ++k) {
+    const nn::Sequential& chunk = model.chunk(k);
+    auto& run =
+        announced_.emplace_back(std::make_unique<nn::Sequential>(chunk.slice(0, chunk.size())));
+    for (std::size_t i = 0; i < chunk.size(); ++i)
+      run->set(i, std::make_shared<Announced>(chunk.layer(i), eager, [this](nn::Layer& layer) {
+                 announce(layer.parameters());
+               }));
+  }
+}
+
+nn::Layer& Trainer::chunk_to_run(int c) {
+  if (announced_.empty()) return model_.chunk(c);
+  return *announced_.at(static_cast<std::size_t>(c));
+}
+
+void Trainer::announce(const std::vector<nn::Parameter*>& params) {
+  for (const nn::Parameter* p : params) {
+    replicas_->ready(*p);
+    if (experts_) experts_->ready(*p);
+  }
 }
 
 Trainer::~Trainer() = default;
@@ -184,7 +287,8 @@ ch04::StageRun Trainer::run_pipeline(const std::vector<std::vector<std::int64_t>
   const double tokens = static_cast<double>(c_.batch * c_.model.context);
   StepRecorder& recorder = meter.recorder();
   ch04::Stage stage;
-  for (int c = 0; c < model_.chunks(); ++c) stage.chunks.push_back(recorder.wrap(model_.chunk(c)));
+  for (int c = 0; c < model_.chunks(); ++c) stage.chunks.push_back(recorder.wrap(chunk_to_run(c)));
+  stage.early_receives = c_.overlap[Axis::pp];
   stage.input = [&](int j) { return data_.ids(microbatches[j], 0, positions); };  // host ids
   stage.memory = c_.memory;
   const std::int64_t split = model_.sequence_parallel() ? c_.mesh.tp : 1;  // rows held: n / split
@@ -203,6 +307,13 @@ ch04::StageRun Trainer::run_pipeline(const std::vector<std::vector<std::int64_t>
     Tensor dlogits = vocab_parallel_cross_entropy_backward(loss).to(c_.memory);
     if (c_.scaler != ch06::Scaler::none) scale_in_place(dlogits, scaler_.scale());
     Tensor dx = head.backward(dlogits, logits.saved);
+    // The head's gradients are final (the last microbatch's), but wte's where the
+    // embedding on this rank adds to it still.
+    if (!announced_.empty()) {
+      std::vector<nn::Parameter*> done = head.parameters();
+      if (model_.first()) std::erase(done, model_.tied());
+      announce(done);
+    }
     recorder.note("loss", "compute", start);
     return ch04::MicrobatchLoss{loss.value, std::move(dx)};
   };
@@ -216,12 +327,17 @@ ch04::StageRun Trainer::run_pipeline(const std::vector<std::vector<std::int64_t>
 }
 
 void Trainer::sync_gradients() {
+  // The replicas' sums first, then those over tp and between the stages, as Megatron-LM's
+  // finalize_model_grads orders them: the buckets can go while backward runs (--overlap
+  // dp), before those. ZeRO-1's reduce-scatter comes after them (in reduced()).
+  if (c_.zero == 0) {
+    replicas_->reduce();
+    if (experts_) experts_->reduce();
+  }
   // Sequence parallel: a weight every tp rank holds whole has each rank's rows' gradient.
   if (model_.sequence_parallel()) sum_replicated_gradients();
   // The two copies of wte are one weight: each gets the sum of both gradients.
   if (c_.mesh.pp > 1 && model_.tied()) embedding_group_->allreduce(model_.tied()->grad);
-  replicas_->reduce();
-  if (experts_) experts_->reduce();
 }
 
 void Trainer::unscale_and_clip(StepResult& result) {

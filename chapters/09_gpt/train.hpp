@@ -42,6 +42,12 @@ struct Profile;  // profile.hpp
 
 /// A training run: the model, the mesh, the batch, the schedule, the optimizer and the
 /// precision.
+/// --overlap's value: "all", "none", or axes by name, comma-separated ("dp,pp"); UsageError
+/// for any other name, and for an axis whose communication does not overlap here.
+ch08::PerAxis<bool> overlap_of(const std::string& list);
+/// "dp,pp", "none": the axes that overlap.
+std::string overlap_name(const ch08::PerAxis<bool>& overlap);
+
 struct TrainConfig {
   GptShape model;                         ///< the model's shape
   MeshShape mesh;                         ///< its five axes
@@ -64,6 +70,10 @@ struct TrainConfig {
   /// Where the mesh's tensors live: Memory::device under --device cuda (each rank's GPU;
   /// the embedding's row picking, the loss and the norm run on host copies).
   Memory memory = Memory::host;
+  /// The axes whose communication runs under the computation (--overlap): dp's gradient
+  /// buckets reduced while backward goes on, pp's receives posted before they are needed.
+  /// Only when things happen changes, never what is computed.
+  ch08::PerAxis<bool> overlap = overlap_of("all");
   /// The attention across the cp ranks when mesh.cp > 1 (context.hpp; chapter 10's ring).
   std::shared_ptr<const ContextParallel> context;
   /// What GptModel needs of it besides the shape.
@@ -177,6 +187,13 @@ class Trainer {
   std::unique_ptr<ch08::ReplicaOptimizer> experts_;   // the same over the expert replicas
   ch06::LossScaler scaler_;
   Profile* profile_ = nullptr;
+  // With dp overlapping: the chunks as the pipeline runs them, each layer announcing its
+  // gradients to the optimizers as soon as its backward has made them.
+  std::vector<std::unique_ptr<nn::Sequential>> announced_;
+  /// Chunk c as the pipeline runs it.
+  nn::Layer& chunk_to_run(int c);
+  /// Tells the optimizers the gradients of `params` are final for the step.
+  void announce(const std::vector<nn::Parameter*>& params);
 
   friend std::string sample(Trainer&, const std::string&, int, float, int, std::uint64_t,
                             const std::function<void(int)>&);

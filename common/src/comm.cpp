@@ -240,7 +240,7 @@ Request Communicator::isend(ConstBuffer buf, int peer, int tag) {
   if (counting_) ++stats_[Op::send].calls;
   count_traffic(Op::send, peer == rank_ ? 0 : buf.bytes(), 0);
   if (trace_) trace_({Op::send, peer, tag, buf.data, buf.bytes()});
-  return isend_impl(buf.data, buf.bytes(), buf.memory, peer, tag);
+  return posted(isend_impl(buf.data, buf.bytes(), buf.memory, peer, tag), Op::send, now());
 }
 
 Request Communicator::irecv(MutableBuffer buf, int peer, int tag) {
@@ -248,7 +248,7 @@ Request Communicator::irecv(MutableBuffer buf, int peer, int tag) {
   if (counting_) ++stats_[Op::recv].calls;
   count_traffic(Op::recv, 0, peer == rank_ ? 0 : buf.bytes());
   if (trace_) trace_({Op::recv, peer, tag, buf.data, buf.bytes()});
-  return irecv_impl(buf.data, buf.bytes(), buf.memory, peer, tag);
+  return posted(irecv_impl(buf.data, buf.bytes(), buf.memory, peer, tag), Op::recv, now());
 }
 
 void Communicator::send(ConstBuffer buf, int peer, int tag) {
@@ -283,15 +283,50 @@ void Communicator::sendrecv(ConstBuffer out, int dest, MutableBuffer in, int sou
 void Communicator::wait(Request& request) {
   if (!request.pending()) return;
   const auto start = std::chrono::steady_clock::now();
-  wait_impl(*request.impl());
+  Request::Impl& impl = *request.impl();
+  wait_impl(impl);
+  if (call_hook_) {
+    CallTimes t;
+    t.op = impl.op;
+    t.blocking = false;
+    t.posted = impl.posted;
+    t.waited = start;
+    t.returned = std::chrono::steady_clock::now();
+    const auto [began, done] = impl.ran();
+    using D = std::chrono::steady_clock::duration;
+    t.began = began
+                  ? CallTimes::Time(std::chrono::duration_cast<D>(std::chrono::nanoseconds(began)))
+                  : t.waited;
+    t.done = done ? CallTimes::Time(std::chrono::duration_cast<D>(std::chrono::nanoseconds(done)))
+                  : t.returned;
+    request.reset();
+    call_hook_(t);
+    return;
+  }
   request.reset();
-  if (call_hook_) call_hook_(Op::count_, start, std::chrono::steady_clock::now());
 }
 
 void Communicator::collective(const Collective& c) {
   const auto start = std::chrono::steady_clock::now();
   run_collective(c);
-  if (call_hook_) call_hook_(c.op, start, std::chrono::steady_clock::now());
+  if (call_hook_) {
+    const auto end = std::chrono::steady_clock::now();
+    call_hook_({c.op, true, start, start, end, start, end});
+  }
+}
+
+Request Communicator::start(Collective c) {
+  const auto at = now();
+  const Op op = c.op;
+  return posted(start_collective(std::move(c)), op, at);
+}
+
+Request Communicator::posted(Request request, Op op, std::chrono::steady_clock::time_point at) {
+  if (Request::Impl* impl = request.impl()) {
+    impl->op = op;
+    impl->posted = at;
+  }
+  return request;
 }
 
 void Communicator::wait_all(std::span<Request> requests) {
@@ -330,8 +365,8 @@ void Communicator::allreduce(MutableBuffer buf, ReduceOp op) {
 }
 
 Request Communicator::iallreduce(MutableBuffer buf, ReduceOp op) {
-  return start_collective(prepare(call(Op::allreduce, buf.data, buf.data, buf.type, op), buf.count,
-                                  buf.count, buf.memory, buf.memory, buf.type));
+  return start(prepare(call(Op::allreduce, buf.data, buf.data, buf.type, op), buf.count, buf.count,
+                       buf.memory, buf.memory, buf.type));
 }
 
 void Communicator::reduce(MutableBuffer buf, ReduceOp op, int root) {
@@ -350,8 +385,8 @@ void Communicator::reduce_scatter(ConstBuffer in, MutableBuffer out, ReduceOp op
 }
 
 Request Communicator::ireduce_scatter(ConstBuffer in, MutableBuffer out, ReduceOp op) {
-  return start_collective(prepare(call(Op::reduce_scatter, in.data, out.data, out.type, op),
-                                  in.count, out.count, in.memory, out.memory, in.type));
+  return start(prepare(call(Op::reduce_scatter, in.data, out.data, out.type, op), in.count,
+                       out.count, in.memory, out.memory, in.type));
 }
 
 void Communicator::allgather(ConstBuffer in, MutableBuffer out) {
@@ -375,8 +410,7 @@ Request Communicator::iallgatherv(ConstBuffer in, MutableBuffer out,
                                   std::span<const std::size_t> counts) {
   Collective c = call(Op::allgather, in.data, out.data, out.type);
   c.counts.assign(counts.begin(), counts.end());
-  return start_collective(
-      prepare(std::move(c), in.count, out.count, in.memory, out.memory, in.type));
+  return start(prepare(std::move(c), in.count, out.count, in.memory, out.memory, in.type));
 }
 
 void Communicator::gatherv(ConstBuffer in, MutableBuffer out, std::span<const std::size_t> counts,

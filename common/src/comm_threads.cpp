@@ -140,6 +140,11 @@ struct Message final : Request::Impl {
   Memory mem = Memory::host;
   std::atomic<int> state{queued};
   std::string error;  // set before `done` when sizes or tags disagree
+  std::atomic<std::int64_t> copied_from{0}, copied_to{0};  // the copy's steady-clock ns
+
+  std::pair<std::int64_t, std::int64_t> ran() const override {
+    return {copied_from.load(std::memory_order_acquire), copied_to.load(std::memory_order_acquire)};
+  }
 
   ~Message() override;
   std::string describe() const {
@@ -236,7 +241,14 @@ Message::~Message() {
   }
 }
 
+std::int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 void complete(Message& send, Message& recv) {
+  const std::int64_t from = steady_ns();
   if (send.bytes != recv.bytes) {
     const std::string why =
         "rank " + std::to_string(recv.me) + " posted a recv of " + std::to_string(recv.bytes) +
@@ -258,6 +270,11 @@ void complete(Message& send, Message& recv) {
   const std::shared_ptr<WorldState> world = send.group->world;
   const int send_owner = send.group->world_rank(send.me);
   const int recv_owner = recv.group->world_rank(recv.me);
+  const std::int64_t to = steady_ns();
+  for (Message* m : {&send, &recv}) {
+    m->copied_from.store(from, std::memory_order_release);
+    m->copied_to.store(to, std::memory_order_release);
+  }
   send.state.store(Message::done);
   recv.state.store(Message::done);
   world->wake(send_owner);
@@ -302,12 +319,18 @@ struct Task {
   std::atomic<bool> done{false};
   std::exception_ptr error;
   Traffic traffic;
+  std::int64_t began = 0,
+               ended = 0;  // the progress thread's run, steady-clock ns (read after done)
 };
 
 struct AsyncCollective final : Request::Impl {
   std::shared_ptr<Task> task;
   std::shared_ptr<WorldState> world;
   int world_rank = 0;
+  std::pair<std::int64_t, std::int64_t> ran() const override {
+    if (!task || !task->done.load(std::memory_order_acquire)) return {0, 0};
+    return {task->began, task->ended};
+  }
   ~AsyncCollective() override {
     // Other ranks may be reading this rank's buffers: wait until the collective is over
     // (it ends by itself: every wait inside it has the timeout, and an abort stops it).
@@ -779,12 +802,14 @@ class ThreadComm final : public Communicator {
         task = queue_.front();
         queue_.pop_front();
       }
+      task->began = steady_ns();
       try {
         if (task->device >= 0) cuda::set_device(task->device);
         run(task->call, task->traffic);
       } catch (...) {
         task->error = std::current_exception();
       }
+      task->ended = steady_ns();
       task->done.store(true, std::memory_order_release);
       --pending_;
       g_->world->wake(me_world());

@@ -232,6 +232,12 @@ class Request {
   /// A backend's state of one pending request; each backend derives its own.
   struct Impl {
     virtual ~Impl() = default;
+    Op op = Op::count_;  ///< the operation (Communicator sets it when it posts the request)
+    std::chrono::steady_clock::time_point posted;  ///< when it was posted
+    /// When the backend began and finished the operation's work, steady-clock nanoseconds
+    /// since its epoch, where the backend knows (threads: the progress thread's run of a
+    /// collective, the copy of a message); {0, 0} where it does not (MPI, NCCL).
+    virtual std::pair<std::int64_t, std::int64_t> ran() const { return {0, 0}; }
   };
   Request() = default;
   /// A pending request with a backend's state (what a backend's isend_impl, ... return).
@@ -407,14 +413,34 @@ class Communicator {
   /// An empty function stops tracing.
   void trace_messages(std::function<void(const MessageEvent&)> hook) { trace_ = std::move(hook); }
 
-  /// What time_calls calls: `hook(op, start, end)`, with one blocking call's operation
-  /// and the steady clock's times at its start and end.
-  using CallHook = std::function<void(Op, std::chrono::steady_clock::time_point,
-                                      std::chrono::steady_clock::time_point)>;
-  /// Calls `hook(op, start, end)` when each blocking call on this communicator returns (a
-  /// blocking collective, as `op`; a wait for a request, as Op::count_; send and recv are
-  /// a post and a wait), with the steady clock's times: where a rank spent its time
-  /// communicating, for a trace (chapter 09's --trace). An empty function stops it.
+  /// One call as time_calls reports it, in the steady clock's times. A blocking call
+  /// (a collective, or send and recv: a post and a wait) is communication the rank waited
+  /// for whole: posted = began = waited, done = returned. A wait for a non-blocking
+  /// request: posted when the request was made, its work from `began` to `done` (where the
+  /// backend knows; otherwise the wait's own), the rank waiting from `waited` to
+  /// `returned`. The work's part before `waited` ran under the rank's computation (hidden);
+  /// the wait is the exposed part.
+  struct CallTimes {
+    using Time = std::chrono::steady_clock::time_point;
+    Op op = Op::count_;    ///< the operation (a wait names its request's)
+    bool blocking = true;  ///< a blocking call; false: a wait for a non-blocking request
+    Time posted, began, done, waited, returned;
+    /// Seconds of the operation's work (done - began).
+    double seconds() const { return std::chrono::duration<double>(done - began).count(); }
+    /// Seconds the rank waited (returned - waited): the exposed part.
+    double exposed() const { return std::chrono::duration<double>(returned - waited).count(); }
+    /// Seconds of the work that ran before the rank began to wait: the hidden part.
+    double hidden() const {
+      const Time end = std::min(done, waited);
+      return end > began ? std::chrono::duration<double>(end - began).count() : 0.0;
+    }
+  };
+  /// What time_calls calls, once per blocking call and per wait for a request.
+  using CallHook = std::function<void(const CallTimes&)>;
+  /// Calls `hook` when each blocking call on this communicator returns and when each wait
+  /// for a request does: where a rank spent its time communicating, and how much of a
+  /// non-blocking operation ran while it computed (chapter 09's profile). An empty function
+  /// stops it.
   void time_calls(CallHook hook) { call_hook_ = std::move(hook); }
 
   // -- bookkeeping (uncounted) ---------------------------------------------------
@@ -552,6 +578,11 @@ class Communicator {
   CallHook call_hook_;
   /// run_collective, timed for call_hook_ when one is set.
   void collective(const Collective& c);
+  /// start_collective, the request marked with its operation and the time it was posted.
+  Request start(Collective c);
+  /// `request` marked with `op` and the time `at` it was posted (for call_hook_).
+  static Request posted(Request request, Op op, std::chrono::steady_clock::time_point at);
+  static std::chrono::steady_clock::time_point now() { return std::chrono::steady_clock::now(); }
 };
 
 // ---------------------------------------------------------------------------
