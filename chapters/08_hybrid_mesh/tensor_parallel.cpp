@@ -75,6 +75,44 @@ TpRegion::TpRegion(Communicator& tp, bool sequence_parallel)
       leave_(split_rows_ ? Edge{scatter_rows, gather_rows}
                          : Edge{in_place<g_forward>, on_copy<g_backward>}) {}
 
+TpRegion::TpRegion(Communicator& tp, const TpOptions& options)
+    : TpRegion(tp, options.sequence_parallel) {
+  if (split_rows_ || tp.size() == 1) return;  // nothing summed over tp, or rows split
+  chunks_ = std::max(1, options.chunks);
+  overlap_ = options.overlap;
+}
+
+Tensor TpRegion::summed_product(const Tensor& a, const Tensor& b, bool transpose_b,
+                                void (*sum)(Communicator&, Tensor&)) const {
+  Tensor y =
+      shardlab::empty(Shape{a.rows(), transpose_b ? b.rows() : b.cols()}, a.dtype(), a.memory());
+  const int parts =
+      static_cast<int>(std::min<std::int64_t>(chunks_, std::max<std::int64_t>(a.rows(), 1)));
+  std::vector<shardlab::Request> pending;
+  for (int c = 0; c < parts; ++c) {
+    const ShardRange rows = shard_range(a.rows(), parts, c);
+    Tensor part = y.slice(rows.offset, rows.length);
+    // A row part's product is those rows of the whole one, bit for bit (gemm.hpp).
+    shardlab::matmul_into(part, a.slice(rows.offset, rows.length), b, false, transpose_b);
+    if (overlap_)
+      pending.push_back(tp_.iallreduce(part, shardlab::ReduceOp::sum));
+    else
+      sum(tp_, part);  // the learner's f or g, on this part
+  }
+  tp_.wait_all(pending);
+  return y;
+}
+
+Tensor TpRegion::leave_product(const Tensor& x, const Tensor& w) const {
+  if (chunks_ > 1) return summed_product(x, w, false, g_forward);
+  return leave(shardlab::matmul(x, w));
+}
+
+Tensor TpRegion::enter_backward_product(const Tensor& dy, const Tensor& w) const {
+  if (chunks_ > 1) return summed_product(dy, w, true, f_backward);
+  return enter_backward(shardlab::matmul(dy, w, false, true));
+}
+
 Tensor TpRegion::enter_again(const Tensor& kept) const {
   return split_rows_ ? gather_rows(tp_, kept) : kept;
 }
@@ -87,7 +125,7 @@ ColumnParallelLinear::ColumnParallelLinear(nn::ParameterStore& store, Communicat
                                            const std::string& name, std::int64_t in,
                                            std::int64_t out, std::uint64_t seed, bool bias,
                                            const TpOptions& options)
-    : region_(tp, options.sequence_parallel),
+    : region_(tp, options),
       columns_(my_part(out, tp, name, "columns")),
       inner_(store, name, in, columns_.length, seed, bias),
       compute_(options.compute) {
@@ -117,6 +155,12 @@ Tensor ColumnParallelLinear::backward_input(const Tensor& dy, nn::Saved& saved) 
   // The input again, as the forward's product saw it (rounded under autocast).
   inner.tensors = {shardlab::round_to(region_.enter_again(saved.tensors[0]), compute_)};
   saved.tensors.clear();
+  if (region_.chunked()) {  // the product and its sum by parts of rows (Linear's, as they go)
+    inner.dy = shardlab::round_to(dy, compute_);
+    const Tensor& w = inner_.parameters()[0]->value;
+    return shardlab::round_to(
+        region_.enter_backward_product(inner.dy, shardlab::round_to(w, compute_)), compute_);
+  }
   return shardlab::round_to(region_.enter_backward(inner_.backward_input(dy, inner)), compute_);
 }
 
@@ -130,7 +174,7 @@ RowParallelLinear::RowParallelLinear(nn::ParameterStore& store, Communicator& tp
                                      const std::string& name, std::int64_t in, std::int64_t out,
                                      std::uint64_t seed, bool bias, float init_scale,
                                      const TpOptions& options)
-    : region_(tp, options.sequence_parallel),
+    : region_(tp, options),
       rows_(my_part(in, tp, name, "rows")),
       inner_(store, name, rows_.length, out, seed, false),
       compute_(options.compute) {
@@ -140,8 +184,16 @@ RowParallelLinear::RowParallelLinear(nn::ParameterStore& store, Communicator& tp
 }
 
 nn::Forward RowParallelLinear::forward(const Tensor& x) const {
-  nn::Forward partial = inner_.forward(x);
-  Tensor y = region_.leave(partial.out);
+  nn::Forward partial;
+  Tensor y;
+  if (region_.chunked()) {  // Linear's product (no bias, no rounding of y) and its sum, by parts
+    const Tensor xin = shardlab::round_to(x, compute_);
+    y = region_.leave_product(xin, shardlab::round_to(inner_.parameters()[0]->value, compute_));
+    partial.saved.tensors = {xin};
+  } else {
+    partial = inner_.forward(x);
+    y = region_.leave(partial.out);
+  }
   if (bias_) add_row(y, shardlab::round_to(bias_->value, compute_));
   nn::Forward f{shardlab::round_to(y, compute_), {}};
   f.saved.children.push_back(std::move(partial.saved));

@@ -77,6 +77,14 @@ struct TpOptions {
   /// Mixed precision (nn::Autocast, f16 or bf16): the products in 16 bits on the f32
   /// weights, each result rounded once, after its sum over tp.
   shardlab::DType compute = shardlab::DType::f32;
+  /// The collective matmul (Wang et al. 2023; Megatron-LM's tp-comm-overlap, PyTorch's
+  /// async TP): the products whose output is summed over tp (the row-parallel output, the
+  /// column-parallel input's gradient) made in `chunks` parts of rows, each part's
+  /// allreduce started as soon as it is made (`overlap`: while the next part is computed)
+  /// or waited for at once (the same parts, so the same sums). 1: one product, one
+  /// allreduce (the learner's f and g). Not under sequence parallelism.
+  int chunks = 1;
+  bool overlap = false;  ///< with chunks > 1: each part's allreduce runs under the next product
 };
 
 /// The two edges of a tensor-parallel region on the tp ranks, chosen once: f and g, or
@@ -88,6 +96,14 @@ class TpRegion {
  public:
   /// The region on `tp`: split rows when `sequence_parallel` and tp has more than one rank.
   TpRegion(Communicator& tp, bool sequence_parallel);
+  /// The region as `options` build it (sequence parallelism, the collective matmul).
+  TpRegion(Communicator& tp, const TpOptions& options);
+  /// The row-parallel product left: leave(x W), its sum over tp made part by part of rows
+  /// (TpOptions::chunks) where the region chunks, so that each part's allreduce can run
+  /// while the next part is multiplied. The same elements either way.
+  Tensor leave_product(const Tensor& x, const Tensor& w) const;
+  /// The column-parallel input's gradient: enter_backward(dy W^T), part by part alike.
+  Tensor enter_backward_product(const Tensor& dy, const Tensor& w) const;
   /// Into a column-parallel product: f(x), or the whole n rows gathered from n/t.
   Tensor enter(const Tensor& x) const { return enter_.forward(tp_, x); }
   /// enter's backward: f's (dL/dx summed over tp), or this rank's rows of the sum. May
@@ -109,15 +125,25 @@ class TpRegion {
   ShardRange rows(std::int64_t n) const;
   /// The tp communicator.
   Communicator& comm() const { return tp_; }
+  /// Whether the summed products go by parts of rows (TpOptions::chunks > 1, on more than
+  /// one tp rank, without sequence parallelism).
+  bool chunked() const { return chunks_ > 1; }
 
  private:
   struct Edge {
     Tensor (*forward)(Communicator&, const Tensor&);
     Tensor (*backward)(Communicator&, const Tensor&);
   };
+  /// y = sum over tp of a b (transposed b with `transpose_b`), by TpOptions::chunks parts
+  /// of a's rows: f's and g's sum, each part's allreduce overlapping the next product.
+  Tensor summed_product(const Tensor& a, const Tensor& b, bool transpose_b,
+                        void (*sum)(Communicator&, Tensor&)) const;
+
   Communicator& tp_;
   bool split_rows_;
   Edge enter_, leave_;
+  int chunks_ = 1;
+  bool overlap_ = false;
 };
 
 /// Megatron-LM's column-parallel Linear on the tp ranks: rank i holds the columns O_i of W

@@ -476,8 +476,8 @@ GptModel::GptModel(Mesh& mesh, const GptShape& shape, const ModelOptions& option
       first_(mesh.coords().pp == 0),
       last_(mesh.coords().pp == mesh.shape().pp - 1),
       sequence_parallel_(options.sequence_parallel && mesh.shape().tp > 1) {
-  const auto& [recompute, chunks, sequence_parallel, compute, memory, context, library_attention] =
-      options;
+  const auto& [recompute, chunks, sequence_parallel, compute, memory, context, library_attention,
+               tp_chunks, tp_overlap] = options;
   require(!library_attention || mesh.shape().tp == 1,
           "GptModel: one device's attention (library_attention) is for one tp rank");
   const bool split = mesh.shape().cp > 1;  // each sequence cut over the cp ranks
@@ -490,7 +490,10 @@ GptModel::GptModel(Mesh& mesh, const GptShape& shape, const ModelOptions& option
     positions_ = cp_positions[static_cast<std::size_t>(at.cp)];
   else
     for (std::int64_t t = 0; t < shape.context; ++t) positions_.push_back(t);
-  const BlockOptions blocks{.tp = {.sequence_parallel = sequence_parallel_, .compute = compute},
+  const BlockOptions blocks{.tp = {.sequence_parallel = sequence_parallel_,
+                                   .compute = compute,
+                                   .chunks = tp_chunks,
+                                   .overlap = tp_overlap},
                             .recompute_core = recompute == Recompute::selective,
                             .context = split ? context.get() : nullptr,
                             .cp = split ? &mesh.cp() : nullptr};

@@ -228,6 +228,11 @@ struct ModelOptions {
   /// not the exercise's parallel_attention: one device's reference, whose verdict on the mesh
   /// must not rest on the learner's code. One tp rank only.
   bool library_attention = false;
+  /// The tensor-parallel products summed over tp made in this many parts of rows, each
+  /// part's allreduce under the next part's product with `tp_overlap` (TpOptions::chunks:
+  /// the collective matmul), or waited for at once.
+  int tp_chunks = 1;
+  bool tp_overlap = false;  ///< with tp_chunks > 1: the parts' allreduces overlap
 };
 
 /// This rank's part of the model.

@@ -181,7 +181,7 @@ void fit_to_ranks(Settings& s, const CLI::App& cli, int ranks) {
   else if (cli.count("--top-k"))
     c.model.top_k = s.top_k;
   if (s.benchmark) {  // every mesh of the ranks, in turn
-    c.context = ch10::ring_context();
+    c.context = ch10::ring_context(ch10::Split::zigzag, c.overlap[ch08::Axis::cp]);
     require_usage(!benchmark_meshes(c, ranks).empty(),
                   "--benchmark: no mesh of " + std::to_string(ranks) +
                       " ranks can run this model and batch (each needs tp to divide the "
@@ -189,7 +189,7 @@ void fit_to_ranks(Settings& s, const CLI::App& cli, int ranks) {
     return;
   }
   c.mesh = ch08::mesh_for_ranks(s.mesh, ranks);
-  if (c.mesh.cp > 1) c.context = ch10::ring_context();
+  if (c.mesh.cp > 1) c.context = ch10::ring_context(ch10::Split::zigzag, c.overlap[ch08::Axis::cp]);
   check_config(c);
 }
 

@@ -31,7 +31,7 @@ const char* precision_name(shardlab::DType type) {
 }
 
 /// The axes --overlap moves: their communication can run under the computation here.
-constexpr Axis kOverlapping[] = {Axis::dp, Axis::pp};
+constexpr Axis kOverlapping[] = {Axis::dp, Axis::pp, Axis::cp, Axis::tp};
 
 /// A layer of a chunk whose gradients are announced as soon as its backward has made
 /// them. Unless the schedule splits the backward (B and W as ops of their own), the

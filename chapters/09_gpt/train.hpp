@@ -48,6 +48,10 @@ ch08::PerAxis<bool> overlap_of(const std::string& list);
 /// "dp,pp", "none": the axes that overlap.
 std::string overlap_name(const ch08::PerAxis<bool>& overlap);
 
+/// The tensor-parallel products summed over tp go in this many parts of rows, overlapping
+/// (--overlap tp) or not: the same parts either way, so the same sums.
+inline constexpr int kTpParts = 4;
+
 struct TrainConfig {
   GptShape model;                         ///< the model's shape
   MeshShape mesh;                         ///< its five axes
@@ -78,7 +82,8 @@ struct TrainConfig {
   std::shared_ptr<const ContextParallel> context;
   /// What GptModel needs of it besides the shape.
   ModelOptions model_options() const {
-    return {recompute, chunks, sequence_parallel, precision, memory, context, false};
+    return {recompute, chunks,   sequence_parallel,      precision, memory, context,
+            false,     kTpParts, overlap[ch08::Axis::tp]};
   }
   /// The replicas of the data: ep x dp, each on its own sequences of the batch (the cp
   /// ranks of a replica share its sequences, the tp and pp ranks its tokens).

@@ -41,7 +41,7 @@ std::vector<float> values_of(const Tensor& t) { return {t.data(), t.data() + t.s
 
 class RingContext final : public ch09::ContextParallel {
  public:
-  explicit RingContext(Split split) : split_(split) {}
+  RingContext(Split split, bool overlap) : split_(split), overlap_(overlap) {}
   std::string name() const override {
     return std::string("ring attention (chapter 10), ") +
            (split_ == Split::zigzag ? "zigzag" : "plain") + " split";
@@ -59,7 +59,7 @@ class RingContext final : public ch09::ContextParallel {
   }
   std::shared_ptr<nn::Layer> core(Communicator& cp, std::int64_t heads,
                                   std::int64_t T) const override {
-    return std::make_shared<RingAttentionCore>(cp, heads, T, split_);
+    return std::make_shared<RingAttentionCore>(cp, heads, T, split_, overlap_);
   }
   std::uint64_t forward_bytes(int cp, std::int64_t T, std::int64_t sequences, std::int64_t heads,
                               std::int64_t head_dim) const override {
@@ -78,13 +78,14 @@ class RingContext final : public ch09::ContextParallel {
     return static_cast<std::uint64_t>(sequences * (T / cp) * heads * head_dim) * sizeof(float);
   }
   Split split_;
+  bool overlap_;
 };
 
 }  // namespace
 
 RingAttentionCore::RingAttentionCore(Communicator& cp, std::int64_t heads, std::int64_t T,
-                                     Split split)
-    : cp_(cp), heads_(heads), T_(T), split_(split) {
+                                     Split split, bool overlap)
+    : cp_(cp), heads_(heads), T_(T), split_(split), overlap_(overlap) {
   shardlab::require(heads >= 1 && T >= 1, "ring attention: needs a head and a token");
 }
 
@@ -96,7 +97,7 @@ RingShape RingAttentionCore::shape_of(std::int64_t rows, std::int64_t columns) c
            "; expected whole sequences' " + std::to_string(n) + " rows on this rank x 3 x " +
            std::to_string(heads_) + " heads";
   });
-  return {T_, split_, heads_, columns / (3 * heads_), rows / n};
+  return {T_, split_, heads_, columns / (3 * heads_), rows / n, overlap_};
 }
 
 nn::Forward RingAttentionCore::forward(const Tensor& x_in) const {
@@ -130,8 +131,8 @@ Tensor RingAttentionCore::backward_input(const Tensor& dy, nn::Saved& saved) con
   return dx.to(dy.memory());
 }
 
-std::shared_ptr<const ch09::ContextParallel> ring_context(Split split) {
-  return std::make_shared<RingContext>(split);
+std::shared_ptr<const ch09::ContextParallel> ring_context(Split split, bool overlap) {
+  return std::make_shared<RingContext>(split, overlap);
 }
 
 }  // namespace ch10

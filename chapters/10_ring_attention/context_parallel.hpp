@@ -26,7 +26,7 @@ class RingAttentionCore final : public shardlab::nn::Layer {
  public:
   /// Over `heads` heads of sequences of T tokens, cut as `split` says.
   RingAttentionCore(Communicator& cp, std::int64_t heads, std::int64_t T,
-                    Split split = Split::zigzag);
+                    Split split = Split::zigzag, bool overlap = true);
   /// "ring attention".
   std::string name() const override { return "ring attention"; }
   shardlab::nn::Forward forward(const shardlab::Tensor& x) const override;
@@ -40,10 +40,13 @@ class RingAttentionCore final : public shardlab::nn::Layer {
   Communicator& cp_;
   std::int64_t heads_, T_;
   Split split_;
+  bool overlap_;
 };
 
 /// Chapter 09's ContextParallel made of the ring: the zigzag split's positions, the
-/// RingAttentionCore, and ring_forward_bytes / ring_backward_bytes for its bytes.
-std::shared_ptr<const ch09::ContextParallel> ring_context(Split split = Split::zigzag);
+/// RingAttentionCore, and ring_forward_bytes / ring_backward_bytes for its bytes. `overlap`:
+/// each block passed on while the rank computes (RingShape::overlap; --overlap cp).
+std::shared_ptr<const ch09::ContextParallel> ring_context(Split split = Split::zigzag,
+                                                          bool overlap = true);
 
 }  // namespace ch10

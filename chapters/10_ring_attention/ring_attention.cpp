@@ -163,6 +163,7 @@ std::vector<float> ring_attention(Communicator& cp, const std::vector<float>& q,
     Pass pass;
     const bool more = step + 1 < P;
     if (more) pass = start_pass(cp, held, arriving, forward_tag(step));
+    if (more && !shape.overlap) finish(cp, pass);
     const std::vector<std::int64_t> keys = rank_positions(T, P, source(r, step, P), shape.split);
     const std::span<const float> block(held), queries(q);  // block: every k, then every v
     for (std::int64_t s = 0; s < S; ++s) {
@@ -258,6 +259,7 @@ RingGrads ring_attention_backward(Communicator& cp, const RingSaved& saved,
     Pass pass;
     const bool more = step + 1 < P;
     if (more) pass = start_pass(cp, kv, kv_next, backward_tag(step));
+    if (more && !shape.overlap) finish(cp, pass);
     const std::vector<std::int64_t> keys =
         rank_positions(shape.T, P, source(r, step, P), shape.split);
     for (std::int64_t s = 0; s < S; ++s) {

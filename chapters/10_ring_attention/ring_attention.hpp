@@ -115,6 +115,9 @@ struct RingShape {
   std::int64_t heads = 1;       ///< attention heads
   std::int64_t head_dim = 1;    ///< a head's width
   std::int64_t sequences = 1;   ///< sequences side by side
+  /// Each block passed on while this rank computes with the one it holds; false: the
+  /// pass waited for first (the same messages and sums, nothing hidden).
+  bool overlap = true;
 };
 
 /// The forward on every rank of `cp` (the ring): this rank's rows of q, k and v (its
