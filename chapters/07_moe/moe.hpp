@@ -218,6 +218,12 @@ struct MoeOptions {
   MoeGroups groups;
   /// Where the routing is reported, and the aux loss's weight; nullptr: weight 1, scale 1.
   std::shared_ptr<MoeLog> log;
+  /// The dispatch and the combine (and their backward) as one all-to-all per local
+  /// expert, each expert's rows a part, instead of one all-to-all of every row: the same
+  /// rows to the same experts. With `overlap`, the next part travels while an expert runs
+  /// (chapter 09's --overlap ep); without, each all-to-all is waited for as it starts.
+  bool by_expert = false;
+  bool overlap = false;  ///< with by_expert: the parts' all-to-alls under the experts' work
 };
 
 /// The MoE layer over the ranks of `comm` (an expert-parallel group; one rank holds every

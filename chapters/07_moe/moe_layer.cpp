@@ -3,6 +3,7 @@
 // forward and backward (moe.hpp's MoeLayer).
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <memory>
 
 #include "combine.hpp"
@@ -146,6 +147,84 @@ Places places_of(const MoeConfig& c, const Routing& r, const Dispatch& plan,
   for (auto n : arrivals.recv_counts)
     p.recv_elems.push_back(n * static_cast<std::size_t>(c.hidden));
   return p;
+}
+
+/// The all-to-alls split by local expert (MoeOptions::by_expert): part l moves the rows of
+/// every rank's l-th local expert, so that expert l can run once its part has arrived
+/// while the next part travels. The send side's rows (send order: by destination rank,
+/// then by its local expert, then slot) are packed part by part; the expert side's part l
+/// is expert l's input exactly as the one exchange's receive buffer gives it (by source
+/// rank, then slot: Arrivals::expert_rows).
+struct Parts {
+  Tensor pack;    // send-order rows, part by part: index_rows(send, pack) is the packed buffer
+  Tensor unpack;  // the inverse: index_rows(packed, unpack) is in send order again
+  std::vector<std::int64_t> send_offset, send_rows, recv_rows;   // per part, rows
+  std::vector<std::vector<std::size_t>> send_elems, recv_elems;  // per part, per rank
+};
+Parts parts_of(const Dispatch& plan, const std::vector<std::int64_t>& received, int ranks,
+               std::int64_t d, Memory memory) {
+  const auto N = static_cast<std::size_t>(ranks), per = plan.per_expert.size() / N;
+  Parts p;
+  std::vector<int> pack, unpack(plan.send_order.size());
+  p.send_elems.assign(per, std::vector<std::size_t>(N));
+  p.recv_elems = p.send_elems;
+  for (std::size_t l = 0; l < per; ++l) {
+    p.send_offset.push_back(static_cast<std::int64_t>(pack.size()));
+    std::int64_t recv = 0;
+    std::size_t block = 0;  // where destination q's rows start in send order
+    for (std::size_t q = 0; q < N; ++q) {
+      std::size_t at = block;
+      for (std::size_t e = 0; e < l; ++e) at += plan.per_expert[q * per + e];
+      const std::size_t n = plan.per_expert[q * per + l];
+      for (std::size_t i = 0; i < n; ++i) {
+        unpack[at + i] = static_cast<int>(pack.size());
+        pack.push_back(static_cast<int>(at + i));
+      }
+      for (std::size_t e = 0; e < per; ++e) block += plan.per_expert[q * per + e];
+      p.send_elems[l][q] = n * static_cast<std::size_t>(d);
+      const auto from_q = static_cast<std::size_t>(received[q * per + l]);
+      p.recv_elems[l][q] = from_q * static_cast<std::size_t>(d);
+      recv += static_cast<std::int64_t>(from_q);
+    }
+    p.send_rows.push_back(static_cast<std::int64_t>(pack.size()) - p.send_offset.back());
+    p.recv_rows.push_back(recv);
+  }
+  p.pack = index_of(pack, memory);
+  p.unpack = index_of(unpack, memory);
+  return p;
+}
+
+/// Moves `from`'s rows through the exchange part by part and back: each part l of `sent`
+/// (send-order rows) goes to the experts' side, `work(l, rows)` makes what goes back, and
+/// the returned rows come back in send order. With `overlap` every part's first move is
+/// started at once and each part's return as soon as it is made, so that part l + 1
+/// travels while part l is worked on; without, each move is waited for as it starts (the
+/// same moves, in the same order, so the same rows).
+Tensor exchange_by_part(Communicator& comm, const Parts& p, const Tensor& sent, bool overlap,
+                        const std::function<Tensor(std::size_t, const Tensor&)>& work) {
+  const std::size_t parts = p.send_rows.size();
+  const std::int64_t d = sent.cols();
+  const Memory memory = sent.memory();
+  const Tensor packed = index_rows(sent, p.pack);
+  Tensor back(Shape{packed.rows(), d}, DType::f32, memory);
+  std::vector<Tensor> arrived;
+  std::vector<Request> going(parts), coming(parts);
+  for (std::size_t l = 0; l < parts; ++l) {
+    arrived.emplace_back(Shape{p.recv_rows[l], d}, DType::f32, memory);
+    going[l] = comm.ialltoallv(packed.slice(p.send_offset[l], p.send_rows[l]), p.send_elems[l],
+                               arrived[l], p.recv_elems[l]);
+    if (!overlap) comm.wait(going[l]);
+  }
+  std::vector<Tensor> made(parts);
+  for (std::size_t l = 0; l < parts; ++l) {
+    comm.wait(going[l]);
+    made[l] = work(l, arrived[l]);
+    Tensor into = back.slice(p.send_offset[l], p.send_rows[l]);
+    coming[l] = comm.ialltoallv(made[l], p.recv_elems[l], into, p.send_elems[l]);
+    if (!overlap) comm.wait(coming[l]);
+  }
+  comm.wait_all(coming);
+  return index_rows(back, p.unpack);
 }
 
 }  // namespace
@@ -392,19 +471,30 @@ nn::Forward MoeLayer::forward(const Tensor& x_in) const {
   for (std::size_t n : arrivals.recv_counts) n_recv += static_cast<std::int64_t>(n);
   // 3. Dispatch: this rank's token rows, in send order, to their experts' ranks.
   const Tensor send = index_rows(x, index_of(p.send_tokens, memory));
-  Tensor recv(Shape{n_recv, d}, DType::f32, memory);
-  comm_.alltoallv(send, p.send_elems, recv, p.recv_elems);
-  // 4. Each local expert runs its rows: by source rank, then slot (as on one device).
   nn::Forward f;
-  Tensor outs(Shape{n_recv, d}, DType::f32, memory);
-  for (std::size_t l = 0; l < experts_.size(); ++l) {
-    nn::Forward e = experts_[l]->forward(index_rows(recv, p.expert_rows[l]));
-    if (e.out.rows()) scatter_add_rows(outs, p.expert_rows[l], e.out);
-    f.saved.children.push_back(std::move(e.saved));
-  }
-  // 5. Combine: the outputs go back the way they came; y = x + gate x output.
   Tensor back(Shape{n_send, d}, DType::f32, memory);
-  comm_.alltoallv(outs, p.recv_elems, back, p.send_elems);
+  if (options_.by_expert) {  // 3.-5. part by part, one local expert's rows a part
+    f.saved.children.resize(experts_.size());
+    back = exchange_by_part(comm_, parts_of(plan, received, N, d, memory), send, options_.overlap,
+                            [&](std::size_t l, const Tensor& rows) {
+                              nn::Forward e = experts_[l]->forward(rows);
+                              f.saved.children[l] = std::move(e.saved);
+                              return e.out;
+                            });
+  } else {
+    Tensor recv(Shape{n_recv, d}, DType::f32, memory);
+    comm_.alltoallv(send, p.send_elems, recv, p.recv_elems);
+    // 4. Each local expert runs its rows: by source rank, then slot (as on one device).
+    Tensor outs(Shape{n_recv, d}, DType::f32, memory);
+    for (std::size_t l = 0; l < experts_.size(); ++l) {
+      nn::Forward e = experts_[l]->forward(index_rows(recv, p.expert_rows[l]));
+      if (e.out.rows()) scatter_add_rows(outs, p.expert_rows[l], e.out);
+      f.saved.children.push_back(std::move(e.saved));
+    }
+    // 5. Combine: the outputs go back the way they came.
+    comm_.alltoallv(outs, p.recv_elems, back, p.send_elems);
+  }
+  // y = x + gate x output.
   f.out = combine(options_.residual ? x : zeros(x.shape()), r, 0, p.send_row, back).to(memory);
   f.saved.tensors = {x,
                      probs,
@@ -452,17 +542,27 @@ Tensor MoeLayer::backward_input(const Tensor& dy_in, nn::Saved& saved) const {
     const std::int64_t t = p.send_tokens[idx(static_cast<int>(i))];
     for (std::int64_t e = 0; e < d; ++e) scaled(i, e) = g * dy(t, e);
   }
-  Tensor grads(Shape{n_recv, d}, DType::f32, memory);
-  comm_.alltoallv(scaled.to(memory), p.send_elems, grads, p.recv_elems);
-  // 2. Each local expert's B; their dL/dx rows go back.
-  Tensor dins_recv(Shape{n_recv, d}, DType::f32, memory);
-  for (int l = 0; l < per; ++l) {
-    const Tensor dxe = experts_[idx(l)]->backward_input(index_rows(grads, p.expert_rows[idx(l)]),
-                                                        saved.children[idx(l)]);
-    if (dxe.rows()) scatter_add_rows(dins_recv, p.expert_rows[idx(l)], dxe);
-  }
   Tensor dins(Shape{n_send, d}, DType::f32, memory);
-  comm_.alltoallv(dins_recv, p.recv_elems, dins, p.send_elems);
+  if (options_.by_expert) {  // 1.-2. part by part, one local expert's rows a part
+    dins = exchange_by_part(
+        comm_,
+        parts_of(plan, as_vector<std::int64_t, std::int64_t>(saved.tensors[saved_received]), N, d,
+                 memory),
+        scaled.to(memory), options_.overlap, [&](std::size_t l, const Tensor& rows) {
+          return experts_[l]->backward_input(rows, saved.children[l]);
+        });
+  } else {
+    Tensor grads(Shape{n_recv, d}, DType::f32, memory);
+    comm_.alltoallv(scaled.to(memory), p.send_elems, grads, p.recv_elems);
+    // 2. Each local expert's B; their dL/dx rows go back.
+    Tensor dins_recv(Shape{n_recv, d}, DType::f32, memory);
+    for (int l = 0; l < per; ++l) {
+      const Tensor dxe = experts_[idx(l)]->backward_input(index_rows(grads, p.expert_rows[idx(l)]),
+                                                          saved.children[idx(l)]);
+      if (dxe.rows()) scatter_add_rows(dins_recv, p.expert_rows[idx(l)], dxe);
+    }
+    comm_.alltoallv(dins_recv, p.recv_elems, dins, p.send_elems);
+  }
   // 3. Through the router (gates and the aux loss, group by group), and the residual.
   const MoeGroups& g = options_.groups;
   const std::shared_ptr<MoeLog>& log = options_.log;

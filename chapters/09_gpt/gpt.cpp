@@ -98,7 +98,7 @@ class AllRows final : public nn::Layer {
 nn::Residual moe_mlp(nn::ParameterStore& store, nn::ParameterStore& experts, Mesh& mesh,
                      const GptShape& shape, int block, const ch08::TpOptions& options,
                      const std::shared_ptr<ch07::MoeLog>& log,
-                     const std::vector<std::vector<std::int64_t>>& cp_positions) {
+                     const std::vector<std::vector<std::int64_t>>& cp_positions, bool ep_overlap) {
   const std::int64_t C = shape.channels;
   const std::string name = "transformer.h." + std::to_string(block) + ".mlp";
   Communicator& tp = mesh.tp();
@@ -117,7 +117,10 @@ nn::Residual moe_mlp(nn::ParameterStore& store, nn::ParameterStore& experts, Mes
   moe.expert_store = &experts;
   // Each expert a GPT-2 MLP on the tp ranks: every tp rank holds the microbatch's rows
   // whole inside the layer, so f and g (not sequence parallelism's gather and scatter).
-  const ch08::TpOptions inside{.sequence_parallel = false, .compute = options.compute};
+  const ch08::TpOptions inside{.sequence_parallel = false,
+                               .compute = options.compute,
+                               .chunks = options.chunks,
+                               .overlap = options.overlap};
   moe.expert = [&tp, shape, block, name, inside](nn::ParameterStore& into, int e) {
     // Chapter 08's parallel MLP without a norm, and without its residual (the block's).
     const std::string prefix = name + ".experts." + std::to_string(e);
@@ -138,6 +141,9 @@ nn::Residual moe_mlp(nn::ParameterStore& store, nn::ParameterStore& experts, Mes
     moe.groups.positions = cp_positions;
   }
   moe.log = log;
+  // One all-to-all per local expert over ep, overlapping or not (the same parts either way).
+  moe.by_expert = mesh.shape().ep > 1;
+  moe.overlap = ep_overlap;
   const Tensor router =
       scale(shardlab::randn(Shape{C, shape.experts}, param_seed(shape, block, 4)), 0.02f);
   nn::Sequential inner;
@@ -477,7 +483,7 @@ GptModel::GptModel(Mesh& mesh, const GptShape& shape, const ModelOptions& option
       last_(mesh.coords().pp == mesh.shape().pp - 1),
       sequence_parallel_(options.sequence_parallel && mesh.shape().tp > 1) {
   const auto& [recompute, chunks, sequence_parallel, compute, memory, context, library_attention,
-               tp_chunks, tp_overlap] = options;
+               tp_chunks, tp_overlap, ep_overlap] = options;
   require(!library_attention || mesh.shape().tp == 1,
           "GptModel: one device's attention (library_attention) is for one tp rank");
   const bool split = mesh.shape().cp > 1;  // each sequence cut over the cp ranks
@@ -508,9 +514,9 @@ GptModel::GptModel(Mesh& mesh, const GptShape& shape, const ModelOptions& option
           library_attention ? attention_block(store_, name, shape, b)
                             : parallel_attention(store_, tp, name, shape, b, blocks));
       auto mlp = std::make_shared<nn::Residual>(
-          shape.moe(b)
-              ? moe_mlp(store_, expert_store_, mesh, shape, b, blocks.tp, moe_log_, cp_positions)
-              : ch08::parallel_mlp(store_, tp, mlp_spec(name, shape, b), blocks.tp));
+          shape.moe(b) ? moe_mlp(store_, expert_store_, mesh, shape, b, blocks.tp, moe_log_,
+                                 cp_positions, ep_overlap)
+                       : ch08::parallel_mlp(store_, tp, mlp_spec(name, shape, b), blocks.tp));
       if (recompute == Recompute::full) {  // the block's input kept alone: one Checkpoint
         auto both = std::make_shared<nn::Sequential>();
         both->add(attention);

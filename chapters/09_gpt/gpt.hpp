@@ -73,10 +73,13 @@ std::uint64_t expert_seed(const GptShape& shape, int block, int expert, int whic
 /// Under sequence parallelism the layer runs on the whole microbatch on every tp rank: its
 /// rows are gathered from the tp ranks before it, and each rank keeps its own after.
 /// `cp`: the cp communicator and every cp rank's positions (nullptr: whole sequences).
+/// Over more than one ep rank the all-to-alls go one local expert's rows at a time
+/// (ch07::MoeOptions::by_expert), each under the previous expert's work with `ep_overlap`.
 nn::Residual moe_mlp(nn::ParameterStore& store, nn::ParameterStore& experts, Mesh& mesh,
                      const GptShape& shape, int block, const ch08::TpOptions& options,
                      const std::shared_ptr<ch07::MoeLog>& log,
-                     const std::vector<std::vector<std::int64_t>>& cp_positions);
+                     const std::vector<std::vector<std::int64_t>>& cp_positions,
+                     bool ep_overlap = false);
 
 /// wte[id] + wpe[position] with wte cut by vocabulary rows over tp (Megatron-LM's
 /// VocabParallelEmbedding): rank i holds the rows of tokens `vocab()`; each token's row
@@ -233,6 +236,9 @@ struct ModelOptions {
   /// the collective matmul), or waited for at once.
   int tp_chunks = 1;
   bool tp_overlap = false;  ///< with tp_chunks > 1: the parts' allreduces overlap
+  /// The MoE layers' all-to-alls, one per local expert, each under the previous expert's
+  /// work (moe_mlp).
+  bool ep_overlap = false;
 };
 
 /// This rank's part of the model.

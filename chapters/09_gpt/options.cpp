@@ -63,7 +63,7 @@ void add_training_flags(CLI::App& app, Settings& s) {
               "the dynamic scaler's first scale (2^16)", cli::between(1e-30, 1e30));
   cli::option(app, "--overlap", s.overlap,
               "the axes whose communication runs under the computation: all, none, or a list "
-              "(dp: gradient buckets during backward; pp: receives posted early)",
+              "of dp, pp, ep, cp, tp",
               CLI::Validator());
   app.add_flag("--sequence-parallel", c.sequence_parallel,
                "split the rows between the tensor-parallel regions over tp (Korthikanti et al.)");

@@ -30,8 +30,8 @@ const char* precision_name(shardlab::DType type) {
   return type == shardlab::DType::f16 ? "fp16" : type == shardlab::DType::bf16 ? "bf16" : "fp32";
 }
 
-/// The axes --overlap moves: their communication can run under the computation here.
-constexpr Axis kOverlapping[] = {Axis::dp, Axis::pp, Axis::cp, Axis::tp};
+/// The axes --overlap names, in its list's order.
+constexpr Axis kOverlapping[] = {Axis::dp, Axis::pp, Axis::ep, Axis::cp, Axis::tp};
 
 /// A layer of a chunk whose gradients are announced as soon as its backward has made
 /// them. Unless the schedule splits the backward (B and W as ops of their own), the
@@ -86,12 +86,6 @@ ch08::PerAxis<bool> overlap_of(const std::string& list) {
     for (Axis a : kOverlapping)
       if (ch08::axis_name(a) == name) found = on[a] = true;
     if (found) continue;
-    for (Axis a : ch08::kAxes)
-      require_usage(ch08::axis_name(a) != name,
-                    "--overlap " + name + ": " + name +
-                        "'s communication runs inside a layer's pass here and waits for itself "
-                        "(the axes that overlap: " +
-                        names + ")");
     throw shardlab::UsageError("--overlap: '" + name + "' is not all, none, or a list of " + names);
   }
   return on;

@@ -43,7 +43,7 @@ struct Profile;  // profile.hpp
 /// A training run: the model, the mesh, the batch, the schedule, the optimizer and the
 /// precision.
 /// --overlap's value: "all", "none", or axes by name, comma-separated ("dp,pp"); UsageError
-/// for any other name, and for an axis whose communication does not overlap here.
+/// for any other name.
 ch08::PerAxis<bool> overlap_of(const std::string& list);
 /// "dp,pp", "none": the axes that overlap.
 std::string overlap_name(const ch08::PerAxis<bool>& overlap);
@@ -75,15 +75,25 @@ struct TrainConfig {
   /// the embedding's row picking, the loss and the norm run on host copies).
   Memory memory = Memory::host;
   /// The axes whose communication runs under the computation (--overlap): dp's gradient
-  /// buckets reduced while backward goes on, pp's receives posted before they are needed.
-  /// Only when things happen changes, never what is computed.
+  /// buckets reduced while backward goes on, pp's receives posted before they are needed,
+  /// tp's summed products by parts of rows, ep's all-to-alls by local expert, cp's ring
+  /// passing blocks while it computes. Only when things happen changes, never what is
+  /// computed.
   ch08::PerAxis<bool> overlap = overlap_of("all");
   /// The attention across the cp ranks when mesh.cp > 1 (context.hpp; chapter 10's ring).
   std::shared_ptr<const ContextParallel> context;
   /// What GptModel needs of it besides the shape.
   ModelOptions model_options() const {
-    return {recompute, chunks,   sequence_parallel,      precision, memory, context,
-            false,     kTpParts, overlap[ch08::Axis::tp]};
+    return {recompute,
+            chunks,
+            sequence_parallel,
+            precision,
+            memory,
+            context,
+            false,
+            kTpParts,
+            overlap[ch08::Axis::tp],
+            overlap[ch08::Axis::ep]};
   }
   /// The replicas of the data: ep x dp, each on its own sequences of the batch (the cp
   /// ranks of a replica share its sequences, the tp and pp ranks its tokens).

@@ -434,6 +434,15 @@ void Communicator::alltoallv(ConstBuffer in, std::span<const std::size_t> send_c
   collective(prepare(std::move(c), in.count, out.count, in.memory, out.memory, in.type));
 }
 
+Request Communicator::ialltoallv(ConstBuffer in, std::span<const std::size_t> send_counts,
+                                 MutableBuffer out, std::span<const std::size_t> recv_counts) {
+  Collective c = call(Op::alltoall, in.data, out.data, out.type);
+  c.counts.assign(send_counts.begin(), send_counts.end());
+  c.recv_counts.assign(recv_counts.begin(), recv_counts.end());
+  c.vector = true;
+  return start(prepare(std::move(c), in.count, out.count, in.memory, out.memory, in.type));
+}
+
 void Communicator::barrier() {
   if (counting_) ++stats_[Op::barrier].calls;
   collective(call(Op::barrier, nullptr, nullptr, DType::u8));

@@ -480,7 +480,8 @@ struct MpiCollective final : Request::Impl {
   MPI_Request request = MPI_REQUEST_NULL;
   std::unique_ptr<Check> check;  // every rank's signature, settled first at wait()
   std::string what;
-  VCounts layout;  // the v-collectives' counts must live until completion
+  VCounts layout;    // the v-collectives' counts must live until completion
+  VCounts receives;  // alltoallv's receive side, alike
   std::vector<int> recv_counts;
   std::function<void()> finish;
   std::chrono::milliseconds timeout{60000};
@@ -666,6 +667,13 @@ class MpiComm final : public Communicator {
         MPI_CHECK(MPI_Iallgatherv(c.in, r->layout.counts[static_cast<std::size_t>(rank())], t,
                                   c.out, r->layout.counts.data(), r->layout.displs.data(), t, comm_,
                                   &r->request));
+        break;
+      case Op::alltoall:
+        r->layout = v_counts(c.counts, "alltoallv");
+        r->receives = v_counts(c.recv_counts, "alltoallv");
+        MPI_CHECK(MPI_Ialltoallv(c.in, r->layout.counts.data(), r->layout.displs.data(), t, c.out,
+                                 r->receives.counts.data(), r->receives.displs.data(), t, comm_,
+                                 &r->request));
         break;
       default:
         throw Error("mpi backend: no non-blocking " + std::string(op_name(c.op)));

@@ -326,6 +326,11 @@ class Communicator {
   /// here (exchange the counts first: an alltoall of one count per rank).
   void alltoallv(ConstBuffer in, std::span<const std::size_t> send_counts, MutableBuffer out,
                  std::span<const std::size_t> recv_counts);
+  /// Non-blocking alltoallv: started now, done when the request is waited for; `in`,
+  /// `out` and the counts' values must stay as they are until then (the counts are
+  /// copied).
+  [[nodiscard]] Request ialltoallv(ConstBuffer in, std::span<const std::size_t> send_counts,
+                                   MutableBuffer out, std::span<const std::size_t> recv_counts);
   /// Returns when every rank has called it.
   void barrier();
 
