@@ -316,8 +316,24 @@ inline void non_blocking_collectives(Communicator& comm) {
   }
   const std::vector<double> d_in = rank_data<double>(r, uneven_count(r));
   std::vector<double> d(want_d.size());
+  // ialltoallv: alltoall_every_type's counts, rank q's blocks back to back.
+  const auto N = static_cast<std::size_t>(n);
+  std::vector<std::size_t> send(N), recv(N);
+  std::size_t sent_total = 0;
+  std::vector<std::int32_t> want_f;
+  for (int j = 0; j < n; ++j) {
+    send[static_cast<std::size_t>(j)] = alltoallv_count(r, j);
+    recv[static_cast<std::size_t>(j)] = alltoallv_count(j, r);
+    sent_total += alltoallv_count(r, j);
+    std::size_t offset = 0;  // where rank j's block for me starts in its data
+    for (int q = 0; q < r; ++q) offset += alltoallv_count(j, q);
+    for (std::int32_t v : rank_data<std::int32_t>(j, alltoallv_count(j, r), offset))
+      want_f.push_back(v);
+  }
+  const std::vector<std::int32_t> f_in = rank_data<std::int32_t>(r, sent_total);
+  std::vector<std::int32_t> f(want_f.size());
 
-  // Four collectives in flight at once, a blocking one in between, then the waits (out of
+  // Five collectives in flight at once, a blocking one in between, then the waits (out of
   // order).
   Request ra = comm.iallreduce(a);
   Request rb = comm.ireduce_scatter(b_in, b);
@@ -326,10 +342,12 @@ inline void non_blocking_collectives(Communicator& comm) {
   for (std::size_t i = 0; i < 3; ++i) want_e[i] = reduced<float>(ReduceOp::max, n, i);
   comm.allreduce(e, ReduceOp::max);
   Request rd = comm.iallgatherv(d_in, d, counts);
+  Request rf = comm.ialltoallv(f_in, send, f, recv);
   comm.wait(rc);
   comm.wait(ra);
-  Request rest[] = {std::move(rb), std::move(rd)};
+  Request rest[] = {std::move(rf), std::move(rb), std::move(rd)};
   comm.wait_all(rest);
+  same(f, want_f, "ialltoallv of i32 with counts (from + 2 to) % 4", r);
   same(a, want_a, "iallreduce (sum)", r);
   same(b, want_b, "ireduce_scatter of f16 (uneven shards)", r);
   same(c, want_c, "iallgather of i64", r);

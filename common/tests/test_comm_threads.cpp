@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <stdexcept>
+#include <thread>
 
 #include "comm_cases.hpp"
 #include "shardlab/check.hpp"
@@ -48,6 +49,39 @@ TEST_SUITE("comm.threads") {
   }
   TEST_CASE("counters measure the bytes each collective moved, per rank and per operation") {
     for_each_world_size([](int n) { run_threads(n, cases::counters_measure_what_moved); });
+  }
+  TEST_CASE("time_calls: a blocking call is exposed whole; a request's work before its wait is hidden") {
+    // Each rank starts an allreduce, computes (sleeps) 50 ms and waits: the progress
+    // threads have done the work by then, so it ran before the wait (hidden) and the wait
+    // is short. A blocking allreduce after it: nothing hidden, its work its call.
+    // Wrong versions this fails: hidden() as the wait's length, the work stamped at the
+    // wait (the threads backend's times dropped), a wait named "count_" not its operation.
+    run_threads(2, [](Communicator& comm) {
+      std::vector<Communicator::CallTimes> seen;
+      comm.time_calls([&](const Communicator::CallTimes& t) { seen.push_back(t); });
+      std::vector<float> buf(1 << 16, 1.0f);
+      Request r = comm.iallreduce(buf);
+      std::this_thread::sleep_for(50ms);
+      comm.wait(r);
+      comm.allreduce(buf);
+      comm.time_calls({});
+      REQUIRE(seen.size() == 2);
+      const Communicator::CallTimes& nb = seen[0];
+      CHECK(!nb.blocking);
+      CHECK(nb.op == Op::allreduce);
+      CHECK(nb.posted <= nb.began);
+      CHECK(nb.done <= nb.waited);  // finished during the 50 ms
+      CHECK(nb.hidden() == doctest::Approx(nb.seconds()));
+      CHECK(nb.hidden() > 0);
+      CHECK(nb.exposed() < 0.045);
+      CHECK(nb.exposed() >= 0);
+      const Communicator::CallTimes& b = seen[1];
+      CHECK(b.blocking);
+      CHECK(b.op == Op::allreduce);
+      CHECK(b.hidden() == 0);
+      CHECK(b.exposed() == doctest::Approx(b.seconds()));
+      CHECK(buf[0] == 4.0f);
+    });
   }
   TEST_CASE("a non-blocking collective progresses while its rank is busy elsewhere") {
     // Rank 0 starts an allreduce and then blocks in a receive that rank 1 answers only
