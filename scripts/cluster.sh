@@ -384,7 +384,7 @@ runs = [json.load(open(path)) for path in sys.argv[1:3]]
 link = float(sys.argv[3]) * 1e9 / 8 * 1448 / 1514
 print(f"\ncluster: {sys.argv[4]}, the same model on the same 2 hosts, two placements")
 print(f"  {'placement':<34}{'tp groups across':>17}{'bytes between hosts':>21}{'on the wire':>13}"
-      f"{'link time':>11}{'step':>10}" + (f"{'tp_comm':>9}  30 % rule" if "profile" in runs[0] else ""))
+      f"{'link time':>11}{'step':>10}" + (f"{'tp_exposed':>11}  30 % rule" if "profile" in runs[0] else ""))
 rows = []
 for name, run in zip(["tp inside a host (--map-by slot)", "tp across (--map-by node)"], runs):
     # All the ranks on one host: no table, nothing between hosts.
@@ -395,8 +395,8 @@ for name, run in zip(["tp inside a host (--map-by slot)", "tp across (--map-by n
     line = (f"  {name:<34}{tp_across:>17}"
             f"{between:>21}{run['wire_bytes']:>13}{link_ms:>9.0f}ms{run['step_ms']:>8.0f}ms")
     if "profile" in run:  # chapter 09's profile: the share of the step in tp's allreduces
-        share = max(row["tp_comm"] for row in run["profile"])
-        line += f"{share:>9.2f}  " + ("fires (over 0.3)" if share > 0.3 else "quiet")
+        share = max(row["tp_exposed"] for row in run["profile"])
+        line += f"{share:>11.2f}  " + ("fires (over 0.3)" if share > 0.3 else "quiet")
     print(line)
     rows.append((between, run["step_ms"], link_ms))
 (b0, s0, l0), (b1, s1, l1) = rows

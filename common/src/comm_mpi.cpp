@@ -32,6 +32,7 @@ std::unique_ptr<Communicator> world(std::chrono::milliseconds) { missing(); }
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <climits>
 #include <cstdio>
 #include <cstring>
@@ -303,11 +304,97 @@ void back_off(int polls) {
     std::this_thread::yield();
 }
 
-/// Polls `request` until it completes or `deadline` passes (false).
-bool poll(MPI_Request& request, MPI_Status& status, Deadline deadline, int& code) {
+std::int64_t steady_ns(Clock::time_point t = Clock::now()) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
+/// A non-blocking request the progress thread tests, and what its tests found.
+struct Tested {
+  MPI_Request* request = nullptr;
+  bool complete = false;  // guarded by Progress's lock
+  MPI_Status status{};
+  int code = MPI_SUCCESS;
+  std::atomic<std::int64_t> done_ns{0};  // when a test first found it complete
+};
+
+/// The progress thread: Open MPI moves a non-blocking operation on only inside MPI calls
+/// (it has no asynchronous progress of its own: open-mpi/ompi#8436), so a rank that
+/// computes between starting an allreduce and waiting for it would find it barely begun.
+/// This thread tests every pending request every 100 microseconds while there are any (a
+/// test drives the whole library's progress), and notes when each completed: the work a
+/// rank's computation hid. Only with MPI_THREAD_MULTIPLE; it sleeps while none is pending.
+class Progress {
+ public:
+  void watch(Tested& t) {
+    if (!thread_multiple) return;
+    std::lock_guard<std::mutex> lock(m_);
+    pending_.push_back(&t);
+    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+    cv_.notify_one();
+  }
+  void unwatch(Tested& t) {
+    if (!thread_multiple) return;
+    std::lock_guard<std::mutex> lock(m_);
+    std::erase(pending_, &t);
+  }
+  /// A test of `t`'s request under the thread's lock: true once it is complete, with its
+  /// status and code.
+  bool test(Tested& t, MPI_Status& status, int& code) {
+    std::lock_guard<std::mutex> lock(m_);
+    test_locked(t);
+    status = t.status;
+    code = t.code;
+    return t.complete;
+  }
+  /// Ends the thread (before MPI_Finalize).
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+    stopping_ = false;
+  }
+
+ private:
+  void test_locked(Tested& t) {
+    if (t.complete) return;
+    int done = 0;
+    t.code = MPI_Test(t.request, &done, &t.status);
+    if (t.code != MPI_SUCCESS || done) {
+      t.complete = true;
+      t.done_ns.store(steady_ns(), std::memory_order_release);
+    }
+  }
+  void loop() {
+    std::unique_lock<std::mutex> lock(m_);
+    while (!stopping_) {
+      cv_.wait(lock, [&] { return stopping_ || !pending_.empty(); });
+      for (Tested* t : pending_) test_locked(*t);
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+      lock.lock();
+    }
+  }
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::vector<Tested*> pending_;
+  std::thread thread_;
+  bool stopping_ = false;
+};
+Progress progress;
+
+/// Polls `request` until it completes or `deadline` passes (false); through `tested` (the
+/// progress thread's record of it) where it is watched.
+bool poll(MPI_Request& request, MPI_Status& status, Deadline deadline, int& code,
+          Tested* tested = nullptr) {
   for (int polls = 0;; ++polls) {
     int done = 0;
-    code = MPI_Test(&request, &done, &status);
+    if (tested && thread_multiple)
+      done = progress.test(*tested, status, code);
+    else
+      code = MPI_Test(&request, &done, &status);
     if (code != MPI_SUCCESS || done) return true;
     if (deadline.passed()) return false;
     beat();
@@ -457,12 +544,23 @@ struct Check {
 
 // ---------------------------------------------------------------------------
 
+/// What ran() says of a request the progress thread watched: from its post to when a test
+/// found it complete (the operation's work, waiting for the peers included).
+std::pair<std::int64_t, std::int64_t> watched_run(const Request::Impl& r, const Tested& t) {
+  const std::int64_t done = t.done_ns.load(std::memory_order_acquire);
+  if (!done) return {0, 0};
+  return {steady_ns(r.posted), done};
+}
+
 struct MpiRequest final : Request::Impl {
   MPI_Request request = MPI_REQUEST_NULL;
   bool is_send = false;
   int peer = 0, tag = 0;
   std::size_t bytes = 0;
+  Tested tested;
+  std::pair<std::int64_t, std::int64_t> ran() const override { return watched_run(*this, tested); }
   ~MpiRequest() override {
+    progress.unwatch(tested);
     // Dropped unfinished (the rank is failing): cancel the receive; the job is ending.
     if (request != MPI_REQUEST_NULL) {
       if (!is_send) MPI_Cancel(&request);
@@ -485,7 +583,10 @@ struct MpiCollective final : Request::Impl {
   std::vector<int> recv_counts;
   std::function<void()> finish;
   std::chrono::milliseconds timeout{60000};
+  Tested tested;
+  std::pair<std::int64_t, std::int64_t> ran() const override { return watched_run(*this, tested); }
   ~MpiCollective() override {
+    progress.unwatch(tested);
     // Dropped unfinished (the rank is failing). Other ranks' collectives depend on this
     // one, so complete it if it can be (MPI cannot cancel it): a collective whose ranks
     // are all there finishes at once. One that does not within a tenth of a second has a
@@ -517,6 +618,8 @@ class MpiComm final : public Communicator {
     host_only(mem, "send");
     auto r = describe(true, peer, tag, bytes);
     MPI_CHECK(MPI_Isend(buf, as_int(bytes, "send"), MPI_BYTE, peer, tag, comm_, &r->request));
+    r->tested.request = &r->request;
+    progress.watch(r->tested);
     return Request(std::move(r));
   }
 
@@ -527,6 +630,8 @@ class MpiComm final : public Communicator {
     // non-overtaking rule), and the tag is checked when the message is in.
     MPI_CHECK(
         MPI_Irecv(buf, as_int(bytes, "recv"), MPI_BYTE, peer, MPI_ANY_TAG, comm_, &r->request));
+    r->tested.request = &r->request;
+    progress.watch(r->tested);
     return Request(std::move(r));
   }
 
@@ -535,7 +640,7 @@ class MpiComm final : public Communicator {
     auto& r = static_cast<MpiRequest&>(request);
     MPI_Status status;
     int code = MPI_SUCCESS;
-    if (!poll(r.request, status, Deadline(remaining()), code)) {
+    if (!poll(r.request, status, Deadline(remaining()), code, &r.tested)) {
       int order = 0;
       const std::string why = diagnose(comm_, {r.peer}, Waited::peer, order);
       throw CommError(
@@ -678,6 +783,8 @@ class MpiComm final : public Communicator {
       default:
         throw Error("mpi backend: no non-blocking " + std::string(op_name(c.op)));
     }
+    r->tested.request = &r->request;
+    progress.watch(r->tested);
     return Request(std::move(r));
   }
 
@@ -797,7 +904,7 @@ class MpiComm final : public Communicator {
     if (c.check) finish_check(*c.check);
     MPI_Status status;
     int code = MPI_SUCCESS;
-    if (!poll(c.request, status, Deadline(remaining()), code)) {
+    if (!poll(c.request, status, Deadline(remaining()), code, &c.tested)) {
       std::vector<int> others;
       for (int q = 0; q < size(); ++q)
         if (q != rank()) others.push_back(q);
@@ -916,6 +1023,7 @@ void finalize() {
   if (report_window != MPI_WIN_NULL) MPI_Win_free(&report_window);
   beats.store(nullptr);
   if (beat_window != MPI_WIN_NULL) MPI_Win_free(&beat_window);
+  progress.stop();
   {
     // MPI_Finalize waits for the other processes: watched like a collective.
     Watched w("MPI_Finalize (waiting for the other ranks to finish)", MPI_COMM_WORLD);
