@@ -14,6 +14,10 @@
 #          hierarchical one; bytes between hosts per algorithm, busbw against the link
 #   ch08   chapter 08's mesh twice, tp inside a host, then tp across the hosts
 #   ch09   chapter 09's GPT the same two ways, with its profile
+#   overlap  chapter 09's GPT on dp 2, one rank on each host, its gradients across the
+#          link: for each per-rank batch, the step with --overlap all and none beside
+#          compute, communication, their max and their sum, and the overlap condition's
+#          knee (program options, when given, are added to every run)
 #   run    PROGRAM [options]: any program under mpirun across the hosts
 # Program options, when given, replace the defaults of ch03, ch08 and ch09 (--link-gbit
 # and --timeout are added unless given).
@@ -30,6 +34,7 @@
 #                       (R a whole number, T a decimal one such as 2 or 0.5: no sign,
 #                       exponent or leading zero)
 #   --build DIR         where the programs were built (default build/default)
+#   --csv-dir DIR       overlap: also write its table to DIR/09_gpt_overlap.csv
 #
 # Needs root (or CAP_SYS_ADMIN and CAP_NET_ADMIN), iproute2 (ip, tc with tbf), util-linux's
 # unshare and Open MPI. Without the rights to make namespaces it says so in one line and
@@ -45,7 +50,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 say() { echo "cluster: $*" >&2; }
 usage() { say "error: $* (usage: scripts/cluster.sh [options] ch03|ch08|ch09|run [program options]; the options are in its first lines)"; exit 2; }
 
-link_gbit=1 per_node=2 map_by=slot timeout=20 fault="" build="$root/build/default"
+link_gbit=1 per_node=2 map_by=slot timeout=20 fault="" build="$root/build/default" csv_dir=""
 # Numbers as the user writes them: digits, a point and digits; no sign, no exponent, and no
 # leading zero (bash's arithmetic reads 08 as octal, and `08` is no way to write a rank).
 whole='(0|[1-9][0-9]*)'
@@ -76,16 +81,19 @@ while [[ $# -gt 0 && "$1" == --* ]]; do
     --timeout) timeout=$2; [[ $2 =~ ^$decimal$ ]] && in_range "$2" 0.001 86400 || usage "--timeout $2: a number of seconds from 0.001 to 86400" ;;
     --fault) fault=$2; parse_fault "$2" ;;
     --build) build=$(cd "$2" 2>/dev/null && pwd) || usage "--build $2: no such folder" ;;
+    --csv-dir) csv_dir=$(mkdir -p "$2" 2>/dev/null && cd "$2" && pwd) || usage "--csv-dir $2: cannot make that folder" ;;
     *) usage "unknown option $1" ;;
   esac
   shift 2
 done
-[[ $# -ge 1 ]] || usage "what to run: ch03, ch08, ch09 or run PROGRAM"
+[[ $# -ge 1 ]] || usage "what to run: ch03, ch08, ch09, overlap or run PROGRAM"
 what=$1
 shift
-case "$what" in ch03|ch08|ch09|run) ;; *) usage "unknown $what: ch03, ch08, ch09 or run PROGRAM" ;; esac
+case "$what" in ch03|ch08|ch09|overlap|run) ;; *) usage "unknown $what: ch03, ch08, ch09, overlap or run PROGRAM" ;; esac
 ranks=$((2 * per_node))
-[[ $what == ch09 ]] && ranks=2  # chapter 09's comparison runs one tp group of two ranks
+# chapter 09's comparison runs one tp group of two ranks; the overlap experiment one
+# data-parallel pair, a rank on each host
+[[ $what == ch09 || $what == overlap ]] && ranks=2
 if [[ $fault_kind == kill ]] && ! ((${#victim} <= 3 && victim < ranks)); then
   usage "--fault $fault: there are only $ranks ranks (0 to $((ranks - 1)))"
 fi
@@ -408,6 +416,76 @@ print(f"  tp across / tp inside: {bytes}, {s1 / s0:.3g} x the step time; the lin
 PY
 }
 
+overlap() {  # overlap [program options]: dp 2 across the link, each per-rank batch twice
+  local per code=0 mode
+  for per in 1 2 4 8 16; do
+    for mode in none all; do
+      say "ch09_gpt dp 2 across the hosts, $per sequences a rank, --overlap $mode"
+      run_program node ch09_gpt --pp 1 --dp 2 --tp 1 --batch $((2 * per)) --microbatches 1 \
+        --buckets 16 --steps 10 --no-reference --overlap "$mode" "$@" --json \
+        > "$state/overlap_${per}_$mode.json" || code=$?
+      [[ $code -eq 0 ]] || return "$code"
+    done
+  done
+  python3 - "$state" "$link_gbit" "$csv_dir" "$*" >&2 <<'PY'
+import csv, json, re, statistics, sys
+from pathlib import Path
+state, gbit, csv_dir = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+given = re.search(r"--context (\d+)", sys.argv[4])
+context = int(given.group(1)) if given else 64
+def load(per, mode):
+    return json.loads((state / f"overlap_{per}_{mode}.json").read_text())
+rows = []
+for per in (1, 2, 4, 8, 16):
+    none, both = load(per, "none"), load(per, "all")
+    tokens = per * context  # a rank's, a step
+    step = lambda run: 1e3 * 2 * tokens / run["tokens_per_second"]  # the run's mean step
+    # A share of the last step's profile (the median rank's), of the mean step.
+    ms = lambda run, column: step(run) * statistics.median(r[column] for r in run["profile"])
+    compute, comm = ms(none, "compute"), ms(none, "dp_exposed")
+    rows.append({
+        "sequences_per_rank": per, "tokens_per_rank": tokens,
+        "step_none_ms": round(step(none), 1), "step_all_ms": round(step(both), 1),
+        "compute_ms": round(compute, 1), "comm_ms": round(comm, 1),
+        "max_ms": round(max(compute, comm), 1), "sum_ms": round(compute + comm, 1),
+        "exposed_all_ms": round(ms(both, "dp_exposed"), 1),
+        "backward_ms": round(2 / 3 * compute, 1),
+        "dp_bytes": statistics.median(r["dp_bytes"] for r in none["bytes_per_axis"]),
+        "flops_per_token": none["model_flops_per_token"],
+    })
+print(f"\ncluster: ch09_gpt, dp 2 with a rank on each host, its gradients over the {gbit:g} Gbit/s link "
+      "(the steps' mean; compute and communication: their shares of the last step, the median rank's)")
+print(f"  {'seq/rank':>8}{'tokens':>8}{'compute':>9}{'comm':>8}{'max':>8}{'sum':>8}"
+      f"{'none':>8}{'all':>8}{'all/max':>9}{'none/all':>10}{'exposed':>9}{'comm-bwd':>10}")
+for r in rows:
+    print(f"  {r['sequences_per_rank']:>8}{r['tokens_per_rank']:>8}{r['compute_ms']:>7.0f}ms"
+          f"{r['comm_ms']:>6.0f}ms{r['max_ms']:>6.0f}ms{r['sum_ms']:>6.0f}ms{r['step_none_ms']:>6.0f}ms"
+          f"{r['step_all_ms']:>6.0f}ms{r['step_all_ms'] / r['max_ms']:>9.2f}"
+          f"{r['step_none_ms'] / r['step_all_ms']:>10.2f}{r['exposed_all_ms']:>7.0f}ms"
+          f"{max(0.0, r['comm_ms'] - r['backward_ms']):>8.0f}ms")
+# The overlap condition (the Ultra-Scale Playbook's A3, the Scaling Book's B/X > C/W): the
+# backward's 4 N T FLOPs take longer than the ring allreduce's 2 (d-1)/d 4N bytes when a
+# rank's tokens T > 2 (d-1)/d C / busbw, C the rank's FLOP rate, busbw the allreduce's.
+big = rows[-1]
+rate = big["flops_per_token"] * big["tokens_per_rank"] / (big["compute_ms"] / 1e3)
+busbw = big["dp_bytes"] / (big["comm_ms"] / 1e3)
+knee = rate / busbw  # d = 2: 2 (d-1)/d = 1
+print(f"  the knee by the formula: T > 2(d-1)/d C/busbw = {rate / 1e9:.3g} GFLOP/s / "
+      f"{busbw / 1e6:.3g} MB/s = {knee:.0f} tokens a rank (C and busbw measured at "
+      f"{big['sequences_per_rank']} sequences a rank)")
+print("  compute, comm: --overlap none's compute and dp wait; backward ~ 2/3 of compute "
+      "(4 of the 6 N FLOPs a token); exposed: --overlap all's dp wait")
+if csv_dir:
+    path = Path(csv_dir) / "09_gpt_overlap.csv"
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]) + ["knee_tokens", "link_gbit"])
+        w.writeheader()
+        for r in rows:
+            w.writerow({**r, "knee_tokens": round(knee), "link_gbit": gbit})
+    print(f"  wrote {path}")
+PY
+}
+
 with_link() {  # the program's options, with --link-gbit unless given
   local args=("$@")
   [[ " ${args[*]} " == *" --link-gbit "* ]] || args+=(--link-gbit "$link_gbit")
@@ -426,5 +504,8 @@ case "$what" in
     ;;
   ch08 | ch09)
     compare "$what" "$@"
+    ;;
+  overlap)
+    overlap "$@"
     ;;
 esac

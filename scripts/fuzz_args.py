@@ -257,6 +257,7 @@ CHAPTERS = {
         "--trace": ["out/t.json", "/proc/t.json", "/dev/full", ""],
         "--sequence-parallel": None,
         "--overlap": ["all", "none", "dp", "pp,dp", "tp", "dp,,pp", "xp", ""],
+        "--buckets": ["1", "4", "64", "0", "4097", "x"],
         "--precision": ["fp32", "fp16", "bf16", "fp8", ""],
         "--scaler": ["none", "static", "dynamic", "some", ""],
         "--init-scale": ["65536", "1e12", "0", "-1", "nan", "x"],

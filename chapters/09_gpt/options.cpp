@@ -61,6 +61,9 @@ void add_training_flags(CLI::App& app, Settings& s) {
               CLI::IsMember({"none", "static", "dynamic"}));
   cli::option(app, "--init-scale", c.scaler_config.init_scale,
               "the dynamic scaler's first scale (2^16)", cli::between(1e-30, 1e30));
+  cli::option(app, "--buckets", c.buckets,
+              "dp's gradients in this many buckets (each as the last layers' backward ends)",
+              cli::whole(1, 4096));
   cli::option(app, "--overlap", s.overlap,
               "the axes whose communication runs under the computation: all, none, or a list "
               "of dp, pp, ep, cp, tp",

@@ -88,7 +88,6 @@ StepRecorder::StepRecorder(Profile* profile, Communicator& world,
              seconds(t.returned)};
       s.work_start = seconds(t.began);
       s.work_end = seconds(t.done);
-      s.hidden = t.hidden();
       profile_->spans.push_back(std::move(s));
     });
   }
@@ -112,7 +111,7 @@ double StepRecorder::seconds(Clock::time_point t) const {
 void StepRecorder::note(std::string name, const char* axis, Clock::time_point start) {
   if (!profile_) return;
   const double from = seconds(start), to = seconds(Clock::now());
-  profile_->spans.push_back({std::move(name), axis, from, to, from, to, 0});
+  profile_->spans.push_back({std::move(name), axis, from, to, from, to});
 }
 
 void StepRecorder::finish() {
@@ -126,11 +125,63 @@ double Profile::seconds(ch08::Axis axis) const {
   return total(spans, std::string(ch08::axis_name(axis)));
 }
 
-double Profile::hidden(ch08::Axis axis) const {
+namespace {
+
+/// Disjoint intervals, in order.
+using Intervals = std::vector<std::pair<double, double>>;
+
+/// `v`'s union, as disjoint intervals in order.
+Intervals merged(Intervals v) {
+  std::sort(v.begin(), v.end());
+  Intervals out;
+  for (const auto& [a, b] : v) {
+    if (b <= a) continue;
+    if (!out.empty() && a <= out.back().second)
+      out.back().second = std::max(out.back().second, b);
+    else
+      out.emplace_back(a, b);
+  }
+  return out;
+}
+
+/// The parts of `a` in `b` (keep = true) or not in `b` (keep = false); both merged.
+Intervals overlay(const Intervals& a, const Intervals& b, bool keep) {
+  Intervals out;
+  for (auto [from, to] : a) {
+    double at = from;
+    for (const auto& [c, d] : b) {
+      if (d <= at || c >= to) continue;
+      if (!keep && c > at) out.emplace_back(at, c);
+      if (keep) out.emplace_back(std::max(at, c), std::min(to, d));
+      at = std::max(at, d);
+    }
+    if (!keep && at < to) out.emplace_back(at, to);
+  }
+  return out;
+}
+
+double length(const Intervals& v) {
   double sum = 0;
-  for (const Span& s : spans)
-    if (s.axis == ch08::axis_name(axis)) sum += s.hidden;
+  for (const auto& [a, b] : v) sum += b - a;
   return sum;
+}
+
+}  // namespace
+
+double Profile::hidden(ch08::Axis axis) const {
+  // The axis' operations at work (a union: buckets in flight together count once) while
+  // the rank computed: in a compute span, and not waiting on any axis inside it.
+  Intervals computing, waiting, work;
+  for (const Span& s : spans) {
+    if (s.axis == "compute") {
+      computing.emplace_back(s.start, s.end);
+      continue;
+    }
+    waiting.emplace_back(s.start, s.end);
+    if (s.axis == ch08::axis_name(axis)) work.emplace_back(s.work_start, s.work_end);
+  }
+  const Intervals busy = overlay(merged(computing), merged(waiting), false);
+  return length(overlay(merged(work), busy, true));
 }
 
 double Profile::compute() const {

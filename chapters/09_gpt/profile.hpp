@@ -33,9 +33,8 @@ struct Span {
   double start = 0;  ///< seconds from the step's start
   double end = 0;    ///< seconds from the step's start
   /// Communication: when the operation's work ran (a non-blocking one's can begin long
-  /// before the rank waits for it, at start), and the part of it before the wait, which
-  /// the rank's computation hid. A blocking call's work is the span itself, none hidden.
-  double work_start = 0, work_end = 0, hidden = 0;
+  /// before the rank waits for it, at start). A blocking call's work is the span itself.
+  double work_start = 0, work_end = 0;
 };
 
 /// What a rank's step was made of.
@@ -49,8 +48,9 @@ struct Profile {
   /// for non-blocking ones: the exposed communication (pp: the embedding group's
   /// allreduce; the pipeline's own messages are waits).
   double seconds(ch08::Axis axis) const;
-  /// Seconds of `axis`'s non-blocking operations' work that ran while the rank computed:
-  /// the hidden communication.
+  /// Seconds in which `axis`'s operations were at work while the rank computed (in a
+  /// compute span, waiting on no axis): the hidden communication. Operations in flight
+  /// together count once.
   double hidden(ch08::Axis axis) const;
   /// Seconds of the rest of the step (waiting), never below 0.
   double wait() const;

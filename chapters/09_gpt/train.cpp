@@ -155,13 +155,14 @@ Trainer::Trainer(Mesh& mesh, GptModel& model, const TrainConfig& c, const Corpus
   if (c.model.experts > 0)
     experts_ = std::make_unique<ch08::ReplicaOptimizer>(
         mesh.expert_replicas(), model.expert_store(), c.zero, c.adam, false, c.memory);
-  // The gradients in four buckets per store, the last layers' first (DDP's and Megatron-LM's
-  // order), overlapping or not: the same buckets either way, so the same sums.
+  // The gradients in c.buckets buckets per store, the last layers' first (DDP's and
+  // Megatron-LM's order), overlapping or not: the same buckets either way, so the same sums.
   const bool overlap = c.overlap[Axis::dp];
-  for (ch08::ReplicaOptimizer* o : {replicas_.get(), experts_.get()})
-    if (o) o->set_buckets(0, false);
-  replicas_->set_buckets((4 * model.store().size() + 3) / 4, overlap);
-  if (experts_) experts_->set_buckets((4 * model.expert_store().size() + 3) / 4, overlap);
+  auto bucket_bytes = [&](const nn::ParameterStore& store) {
+    return (4 * store.size() + c.buckets - 1) / c.buckets;
+  };
+  replicas_->set_buckets(bucket_bytes(model.store()), overlap);
+  if (experts_) experts_->set_buckets(bucket_bytes(model.expert_store()), overlap);
   if (!overlap || c.zero != 0) return;
   const bool eager = !schedule_.split_backward();
   for (int k = 0; k < model.chunks(); ++k) {
@@ -258,7 +259,9 @@ StepResult Trainer::step(int step) {
   sync_gradients();                                                                   // 3.
   StepResult result;
   unscale_and_clip(result);  // 4.
-  update(result);            // 5.
+  const auto start = StepRecorder::Clock::now();
+  update(result);  // 5.
+  meter.recorder().note("optimizer", "compute", start);
   return meter.finish(std::move(result), ran);
 }
 

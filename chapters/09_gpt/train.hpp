@@ -80,6 +80,9 @@ struct TrainConfig {
   /// passing blocks while it computes. Only when things happen changes, never what is
   /// computed.
   ch08::PerAxis<bool> overlap = overlap_of("all");
+  /// dp's gradients travel in this many buckets per store, the last layers' first
+  /// (overlapping or not: the same buckets either way).
+  int buckets = 4;
   /// The attention across the cp ranks when mesh.cp > 1 (context.hpp; chapter 10's ring).
   std::shared_ptr<const ContextParallel> context;
   /// What GptModel needs of it besides the shape.
