@@ -50,7 +50,7 @@ TEST_SUITE("comm.threads") {
   TEST_CASE("counters measure the bytes each collective moved, per rank and per operation") {
     for_each_world_size([](int n) { run_threads(n, cases::counters_measure_what_moved); });
   }
-  TEST_CASE("time_calls: a blocking call is exposed whole; a request's work before its wait is hidden") {
+  TEST_CASE("time_calls: a blocking call is exposed whole; work before a wait is hidden") {
     // Each rank starts an allreduce, computes (sleeps) 50 ms and waits: the progress
     // threads have done the work by then, so it ran before the wait (hidden) and the wait
     // is short. A blocking allreduce after it: nothing hidden, its work its call.
