@@ -3,7 +3,8 @@ second each shape trains at (CS336's "compare the strategies' throughput").
 
 Reads the CSVs written by `ch09_gpt --benchmark --csv-dir DIR` (09_gpt_loss.csv: mesh,
 step, loss; 09_gpt_throughput.csv: mesh, pp, dp, ep, cp, tp, tokens_per_second, ...) and saves
-DIR/09_gpt_loss.png and DIR/09_gpt_throughput.png.
+DIR/09_gpt_loss.png and DIR/09_gpt_throughput.png; and, where `scripts/cluster.sh --csv-dir
+DIR overlap` wrote 09_gpt_overlap.csv, DIR/09_gpt_overlap.png.
 
     .venv/bin/python notebooks/plot_09_gpt.py results
 """
@@ -43,13 +44,48 @@ def plot_throughput(rate, csv_dir):
     return save(fig, Path(csv_dir) / "09_gpt_throughput.png")
 
 
+def plot_overlap(sweep, csv_dir):
+    """scripts/cluster.sh overlap's sweep against a rank's tokens: left, the step with and
+    without overlap beside compute, communication and their max; right, the communication
+    left exposed with overlap beside what the overlap condition predicts, max(0, comm -
+    backward), whose knee is where a rank's backward lasts as long as the allreduce."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    x = sweep["tokens_per_rank"]
+    knee = sweep["knee_tokens"].iloc[0]
+    left.plot(x, sweep["step_none_ms"], marker="o", label="step, --overlap none")
+    left.plot(x, sweep["step_all_ms"], marker="o", label="step, --overlap all")
+    left.plot(x, sweep["max_ms"], linestyle="--", color="grey", label="max(compute, comm)")
+    left.plot(x, sweep["compute_ms"], linestyle=":", label="compute")
+    left.plot(x, sweep["comm_ms"], linestyle=":", label="comm (the allreduce alone)")
+    left.set_ylabel("ms a step")
+    left.set_title("the step")
+    predicted = (sweep["comm_ms"] - sweep["backward_ms"]).clip(lower=0)
+    right.plot(x, sweep["exposed_all_ms"], marker="o", label="exposed, measured (--overlap all)")
+    right.plot(x, predicted, marker="s", linestyle="--", label="max(0, comm - backward)")
+    right.set_ylabel("ms of communication the rank waited for")
+    right.set_title("what overlap cannot hide")
+    for ax in (left, right):
+        ax.axvline(knee, color="black", linewidth=0.8)
+        ax.text(knee, ax.get_ylim()[1] * 0.97, f" knee {knee:.0f}", fontsize=8, va="top")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("tokens per rank and step")
+    left.legend(fontsize=8, loc="upper left")
+    right.legend(fontsize=8, loc="center right")
+    fig.suptitle(f"dp 2 across a {sweep['link_gbit'].iloc[0]:g} Gbit/s link (knee: a rank's "
+                 "tokens T = 2(d-1)/d C/busbw)")
+    return save(fig, Path(csv_dir) / "09_gpt_overlap.png")
+
+
 def plot(csv_dir) -> list:
     csv_dir = Path(csv_dir)
     loss = pd.read_csv(csv_dir / "09_gpt_loss.csv")
     rate = pd.read_csv(csv_dir / "09_gpt_throughput.csv")
     if loss.empty or rate.empty:
         raise ValueError(f"{csv_dir}: the benchmark's CSVs hold no rows")
-    return [plot_loss(loss, csv_dir), plot_throughput(rate, csv_dir)]
+    out = [plot_loss(loss, csv_dir), plot_throughput(rate, csv_dir)]
+    if (csv_dir / "09_gpt_overlap.csv").exists():  # scripts/cluster.sh --csv-dir DIR overlap
+        out.append(plot_overlap(pd.read_csv(csv_dir / "09_gpt_overlap.csv"), csv_dir))
+    return out
 
 
 if __name__ == "__main__":

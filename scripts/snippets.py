@@ -33,6 +33,7 @@ from pathlib import Path
 
 MARK = re.compile(r"^<!-- snippet: (\S+) (\S+) -->\s*$")
 FIGURES = re.compile(r"^<!-- figures:.*-->\s*$")
+SHIPPED_IMAGE = re.compile(r"\]\((?:\.\./)+docs/images/")
 FENCE = re.compile(r"^```(\w*)\s*$")
 CODE_LANGS = {"cpp", "c++", "cc", "hpp"}
 TEXTS = ["README.md", "chapters/*/README.md", "docs/*.md"]
@@ -138,6 +139,9 @@ def doxygen_filter(path, figures=None):
             drawn = figures and Path(figures).is_file()
             out[i] = (Path(figures).read_text(encoding="utf-8") if drawn else
                       "No figures yet on this site: `make plots`, then `make docs`.")
+        # A chapter's figure from docs/images (../../docs/images/NAME on GitHub): Doxygen
+        # finds it by its name in IMAGE_PATH.
+        out[i] = SHIPPED_IMAGE.sub("](", out[i])
     return "\n".join(out) + "\n"
 
 
@@ -174,7 +178,10 @@ def self_test():
         (root / "figures.md").write_text("## Chapter 01\n")
         drawn = doxygen_filter(page, figures=root / "figures.md")
         none = doxygen_filter(page, figures=root / "missing.md")
-        ok_figures = "## Chapter 01" in drawn and "make plots" in none and "<!--" not in none
+        (root / "chapter.md").write_text("![a plot](../../docs/images/readme_x.png)\n")
+        image = doxygen_filter(root / "chapter.md")
+        ok_figures = ("## Chapter 01" in drawn and "make plots" in none and "<!--" not in none
+                      and image == "![a plot](readme_x.png)\n")
         print(f"{'ok' if ok_figures else 'FAILED'}: the figures marker: {drawn.splitlines()[2]!r}, "
               f"{none.splitlines()[2]!r}")
         return 1 if failed or not ok or not ok_figures else 0

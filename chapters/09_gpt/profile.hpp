@@ -32,9 +32,10 @@ struct Span {
   std::string axis;  ///< "compute", or the axis whose communicator the call was on ("tp", ...)
   double start = 0;  ///< seconds from the step's start
   double end = 0;    ///< seconds from the step's start
-  /// Communication: when the operation's work ran (a non-blocking one's can begin long
+  /// Communication: when the operation's work began (a non-blocking one's can begin long
   /// before the rank waits for it, at start). A blocking call's work is the span itself.
-  double work_start = 0, work_end = 0;
+  double work_start = 0;
+  double work_end = 0;  ///< when the operation's work was done
 };
 
 /// What a rank's step was made of.

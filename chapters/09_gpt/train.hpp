@@ -40,8 +40,6 @@ namespace ch09 {
 
 struct Profile;  // profile.hpp
 
-/// A training run: the model, the mesh, the batch, the schedule, the optimizer and the
-/// precision.
 /// --overlap's value: "all", "none", or axes by name, comma-separated ("dp,pp"); UsageError
 /// for any other name.
 ch08::PerAxis<bool> overlap_of(const std::string& list);
@@ -52,6 +50,8 @@ std::string overlap_name(const ch08::PerAxis<bool>& overlap);
 /// (--overlap tp) or not: the same parts either way, so the same sums.
 inline constexpr int kTpParts = 4;
 
+/// A training run: the model, the mesh, the batch, the schedule, the optimizer and the
+/// precision.
 struct TrainConfig {
   GptShape model;                         ///< the model's shape
   MeshShape mesh;                         ///< its five axes

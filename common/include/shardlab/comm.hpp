@@ -426,10 +426,14 @@ class Communicator {
   /// `returned`. The work's part before `waited` ran under the rank's computation (hidden);
   /// the wait is the exposed part.
   struct CallTimes {
-    using Time = std::chrono::steady_clock::time_point;
+    using Time = std::chrono::steady_clock::time_point;  ///< the steady clock's time
     Op op = Op::count_;    ///< the operation (a wait names its request's)
     bool blocking = true;  ///< a blocking call; false: a wait for a non-blocking request
-    Time posted, began, done, waited, returned;
+    Time posted;           ///< when the call was made, or the request posted
+    Time began;            ///< when the operation's work began
+    Time done;             ///< when it was done
+    Time waited;           ///< when the rank began to wait for it
+    Time returned;         ///< when the wait returned
     /// Seconds of the operation's work (done - began).
     double seconds() const { return std::chrono::duration<double>(done - began).count(); }
     /// Seconds the rank waited (returned - waited): the exposed part.
