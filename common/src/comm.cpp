@@ -425,22 +425,25 @@ void Communicator::alltoall(ConstBuffer in, MutableBuffer out) {
                      in.memory, out.memory, in.type));
 }
 
-void Communicator::alltoallv(ConstBuffer in, std::span<const std::size_t> send_counts,
-                             MutableBuffer out, std::span<const std::size_t> recv_counts) {
+Communicator::Collective Communicator::alltoallv_call(ConstBuffer in,
+                                                      std::span<const std::size_t> send_counts,
+                                                      MutableBuffer out,
+                                                      std::span<const std::size_t> recv_counts) {
   Collective c = call(Op::alltoall, in.data, out.data, out.type);
   c.counts.assign(send_counts.begin(), send_counts.end());
   c.recv_counts.assign(recv_counts.begin(), recv_counts.end());
   c.vector = true;
-  collective(prepare(std::move(c), in.count, out.count, in.memory, out.memory, in.type));
+  return prepare(std::move(c), in.count, out.count, in.memory, out.memory, in.type);
+}
+
+void Communicator::alltoallv(ConstBuffer in, std::span<const std::size_t> send_counts,
+                             MutableBuffer out, std::span<const std::size_t> recv_counts) {
+  collective(alltoallv_call(in, send_counts, out, recv_counts));
 }
 
 Request Communicator::ialltoallv(ConstBuffer in, std::span<const std::size_t> send_counts,
                                  MutableBuffer out, std::span<const std::size_t> recv_counts) {
-  Collective c = call(Op::alltoall, in.data, out.data, out.type);
-  c.counts.assign(send_counts.begin(), send_counts.end());
-  c.recv_counts.assign(recv_counts.begin(), recv_counts.end());
-  c.vector = true;
-  return start(prepare(std::move(c), in.count, out.count, in.memory, out.memory, in.type));
+  return start(alltoallv_call(in, send_counts, out, recv_counts));
 }
 
 void Communicator::barrier() {

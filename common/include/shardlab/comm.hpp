@@ -589,6 +589,9 @@ class Communicator {
   void collective(const Collective& c);
   /// start_collective, the request marked with its operation and the time it was posted.
   Request start(Collective c);
+  /// alltoallv's and ialltoallv's call, checked and counted.
+  Collective alltoallv_call(ConstBuffer in, std::span<const std::size_t> send_counts,
+                            MutableBuffer out, std::span<const std::size_t> recv_counts);
   /// `request` marked with `op` and the time `at` it was posted (for call_hook_).
   static Request posted(Request request, Op op, std::chrono::steady_clock::time_point at);
   static std::chrono::steady_clock::time_point now() { return std::chrono::steady_clock::now(); }
