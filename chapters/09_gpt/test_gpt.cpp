@@ -551,6 +551,23 @@ TEST_CASE("a save that fails on one rank leaves the last checkpoint as it was") 
   fs::remove_all(dir);
 }
 
+TEST_CASE("hidden communication: an axis' work while the rank computes, in flight together once") {
+  // Compute 0-10 s with a tp wait inside it (4-5); dp: one bucket at work 2-12, waited for
+  // 10-12, and another at work 5-8 alongside it. dp hid [2, 4] and [5, 10]: 7 s. Wrong
+  // versions this fails: the buckets' work added up (10 s: 8 + 3, less the wait), the
+  // waits inside compute not taken out (8 s), the wait's own span counted (9 s).
+  Profile p;
+  p.step = 12;
+  p.spans = {{"F", "compute", 0, 10, 0, 10},
+             {"tp allreduce", "tp", 4, 5, 4, 5},
+             {"dp allreduce wait", "dp", 10, 12, 2, 12},
+             {"dp allreduce wait", "dp", 10, 10, 5, 8}};
+  CHECK(p.hidden(ch08::Axis::dp) == doctest::Approx(7));
+  CHECK(p.hidden(ch08::Axis::tp) == doctest::Approx(0));  // a blocking call hides nothing
+  CHECK(p.seconds(ch08::Axis::dp) == doctest::Approx(2));
+  CHECK(p.hidden(ch08::Axis::pp) == 0);
+}
+
 TEST_CASE("a step's profile accounts for the whole step, on every axis") {
   const Corpus data = Corpus::load(text_file(), 8);
   const TrainConfig c = small({.pp = 2, .dp = 2, .tp = 2});
@@ -563,14 +580,21 @@ TEST_CASE("a step's profile accounts for the whole step, on every axis") {
     trainer.profile_next_step(&p);
     trainer.step(1);
     REQUIRE(p.step > 0);
-    int passes = 0;
+    int passes = 0, updates = 0;
     for (const Span& s : p.spans) {
       CHECK(s.start >= 0);
       CHECK(s.end <= p.step + 1e-9);
       CHECK(s.start <= s.end);
-      passes += s.axis == "compute" && s.name != "loss";
+      CHECK(s.work_start <= s.work_end);
+      passes += s.axis == "compute" && s.name != "loss" && s.name != "optimizer";
+      updates += s.name == "optimizer";
     }
     CHECK(passes == 3 * c.microbatches);  // F, B and W of each microbatch
+    CHECK(updates == 1);                  // Adam's step
+    for (ch08::Axis a : ch08::kAxes) {    // what ran under the computation fits in the step
+      CHECK(p.hidden(a) >= 0);
+      CHECK(p.hidden(a) <= p.step - p.wait() + 1e-9);
+    }
     CHECK(p.seconds(ch08::Axis::tp) > 0);
     CHECK(p.seconds(ch08::Axis::dp) > 0);
     CHECK(p.seconds(ch08::Axis::pp) > 0);  // the embedding group: first and last stage
