@@ -104,13 +104,11 @@ Tensor TpRegion::summed_product(const Tensor& a, const Tensor& b, bool transpose
 }
 
 Tensor TpRegion::leave_product(const Tensor& x, const Tensor& w) const {
-  if (chunks_ > 1) return summed_product(x, w, false, g_forward);
-  return leave(shardlab::matmul(x, w));
+  return summed_product(x, w, false, g_forward);
 }
 
 Tensor TpRegion::enter_backward_product(const Tensor& dy, const Tensor& w) const {
-  if (chunks_ > 1) return summed_product(dy, w, true, f_backward);
-  return enter_backward(shardlab::matmul(dy, w, false, true));
+  return summed_product(dy, w, true, f_backward);
 }
 
 Tensor TpRegion::enter_again(const Tensor& kept) const {

@@ -98,11 +98,12 @@ class TpRegion {
   TpRegion(Communicator& tp, bool sequence_parallel);
   /// The region as `options` build it (sequence parallelism, the collective matmul).
   TpRegion(Communicator& tp, const TpOptions& options);
-  /// The row-parallel product left: leave(x W), its sum over tp made part by part of rows
-  /// (TpOptions::chunks) where the region chunks, so that each part's allreduce can run
-  /// while the next part is multiplied. The same elements either way.
+  /// The row-parallel product left, where the region chunks (chunked()): leave(x W), its
+  /// sum over tp made part by part of rows (TpOptions::chunks), so that each part's
+  /// allreduce can run while the next part is multiplied. The elements of leave(x W).
   Tensor leave_product(const Tensor& x, const Tensor& w) const;
-  /// The column-parallel input's gradient: enter_backward(dy W^T), part by part alike.
+  /// The column-parallel input's gradient where the region chunks: enter_backward(dy W^T),
+  /// part by part alike.
   Tensor enter_backward_product(const Tensor& dy, const Tensor& w) const;
   /// Into a column-parallel product: f(x), or the whole n rows gathered from n/t.
   Tensor enter(const Tensor& x) const { return enter_.forward(tp_, x); }

@@ -561,9 +561,7 @@ std::string describe(const TrainConfig& c, std::string_view backend, bool with_m
          shardlab::format_number(c.adam.lr) +
          (c.clip > 0 ? ", clip " + shardlab::format_number(c.clip) : "") +
          (c.sequence_parallel ? ", sequence parallel" : "") +
-         (overlap_name(c.overlap) != overlap_name(overlap_of("all"))
-              ? ", overlapping " + overlap_name(c.overlap)
-              : "") +
+         (c.overlap != overlap_of("all") ? ", overlapping " + overlap_name(c.overlap) : "") +
          (c.precision != shardlab::DType::f32
               ? ", " + std::string(precision_name(c.precision)) + " products (autocast)" +
                     (c.scaler == ch06::Scaler::dynamic ? ", dynamic loss scale"

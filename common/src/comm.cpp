@@ -240,7 +240,8 @@ Request Communicator::isend(ConstBuffer buf, int peer, int tag) {
   if (counting_) ++stats_[Op::send].calls;
   count_traffic(Op::send, peer == rank_ ? 0 : buf.bytes(), 0);
   if (trace_) trace_({Op::send, peer, tag, buf.data, buf.bytes()});
-  return posted(isend_impl(buf.data, buf.bytes(), buf.memory, peer, tag), Op::send, now());
+  const auto at = now();  // before the backend, which may move the message at once
+  return posted(isend_impl(buf.data, buf.bytes(), buf.memory, peer, tag), Op::send, at);
 }
 
 Request Communicator::irecv(MutableBuffer buf, int peer, int tag) {
@@ -248,7 +249,8 @@ Request Communicator::irecv(MutableBuffer buf, int peer, int tag) {
   if (counting_) ++stats_[Op::recv].calls;
   count_traffic(Op::recv, 0, peer == rank_ ? 0 : buf.bytes());
   if (trace_) trace_({Op::recv, peer, tag, buf.data, buf.bytes()});
-  return posted(irecv_impl(buf.data, buf.bytes(), buf.memory, peer, tag), Op::recv, now());
+  const auto at = now();  // before the backend, which may move the message at once
+  return posted(irecv_impl(buf.data, buf.bytes(), buf.memory, peer, tag), Op::recv, at);
 }
 
 void Communicator::send(ConstBuffer buf, int peer, int tag) {
