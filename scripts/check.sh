@@ -12,8 +12,15 @@
 # ...): a chapter runs on YOUR code of the chapters below it, and a stub down there is
 # named as the reason it stops. USE_SOLUTIONS=04,05 (make check CH=09 USE_SOLUTIONS=04)
 # takes the reference of chapters you skip instead.
+#
+# scripts/check.sh --build-only [CH]: the build alone, nothing run (exit 0 when it built).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+build_only=false
+if [[ "${1:-}" == --build-only ]]; then
+  build_only=true
+  shift
+fi
 want=${1:-}
 want=${want#ch}
 if [[ -n "$want" && ! "$want" =~ ^[0-9]{1,2}$ ]]; then
@@ -59,6 +66,7 @@ if ! { { ! $configure ||
   echo "check: your exercise does not compile (full log: build/learner.log)" >&2
   exit 1
 fi
+$build_only && exit 0
 
 # The first failure in a doctest log, in the words of the check that failed: the test
 # case (and world size), then its own message — the "logged:" text of a CHECK_MESSAGE,
