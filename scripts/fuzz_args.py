@@ -209,6 +209,8 @@ CHAPTERS = {
         "--seq": ["2048", "1", "2^27", "2^28", "0", "x"],
         "--vocab": ["51200", "1", "1e8", "1e9", "0", "x"],
         "--cluster": ["a100-80gb", "h100-80gb", "tpu-v5", ""],
+        "--machine": ["/nonexistent", "a-file", "/proc", ""],
+        "--overlap": None,
         "--gpus": ["1024", "3K", "2^12", "3072", "1", "0", "1e12", "2^24", "nan", "x"],
         "--tokens": ["300B", "1", "1e16", "1e17", "0", "nan", "x"],
         "--batch": ["1536", "8", "1", "2.5", "0", "x"],
@@ -258,6 +260,9 @@ CHAPTERS = {
         "--sequence-parallel": None,
         "--overlap": ["none", "pp,dp", "dp,,pp", "xp"],
         "--buckets": ["1", "64", "0", "x"],
+        # Only the values refused at once: a whole calibration is not this test's work.
+        "--calibrate": ["/proc/m.json", "/dev/full/m.json", ""],
+        "--predict": ["/nonexistent", "a-file", "/proc", ""],
         "--precision": ["fp32", "fp16", "bf16", "fp8", ""],
         "--scaler": ["none", "static", "dynamic", "some", ""],
         "--init-scale": ["65536", "1e12", "0", "-1", "nan", "x"],

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "calculator.hpp"  // ch05::gb
+#include "machine.hpp"
 #include "mesh_flags.hpp"
 #include "shardlab/check.hpp"
 #include "shardlab/cli.hpp"
@@ -90,14 +91,14 @@ ClusterSpec resolve_cluster(const PlanSettings& s, const ModelSpec& m) {
   const ClusterSpec* preset = find_cluster(s.cluster);
   require_usage(preset != nullptr,
                 "--cluster " + s.cluster + ": not a preset (" + joined(cluster_names()) + ")");
-  ClusterSpec c = *preset;
+  ClusterSpec c = s.machine.empty() ? *preset : cluster_of(load_machine(s.machine));
   if (s.gpu_memory_gb != 0) c.gpu_memory_bytes = s.gpu_memory_gb * 1e9;
   if (s.gpus_per_node != 0) c.gpus_per_node = c.nics_per_node = s.gpus_per_node;  // one a GPU
   if (s.nics_per_node != 0) c.nics_per_node = s.nics_per_node;
   // The preset's measured X was on A100s; elsewhere the cluster's own.
   if (s.achieved_tflops != 0)
     c.achieved_tflops = s.achieved_tflops;
-  else if (m.run.achieved_tflops > 0 && c.name == "a100-80gb")
+  else if (m.run.achieved_tflops > 0 && c.name == "a100-80gb" && s.machine.empty())
     c.achieved_tflops = m.run.achieved_tflops;
   check_cluster(c);
   require_usage(c.achieved_tflops <= c.peak_tflops, "--achieved-tflops " + num(c.achieved_tflops) +
@@ -148,6 +149,12 @@ void add_cluster_flags(CLI::App& cli, PlanSettings& s) {
   cli.add_option("--cluster", s.cluster, "the GPUs (" + joined(cluster_names()) + ")")
       ->check(CLI::IsMember(cluster_names()))
       ->capture_default_str();
+  cli.add_option("--machine", s.machine,
+                 "a measured machine (ch09_gpt --calibrate FILE) instead of --cluster: a core a "
+                 "GPU, the host's ranks a node");
+  cli.add_flag("--overlap", s.overlap,
+               "each axis's communication under the computation where it can be (chapter 09's "
+               "--overlap all)");
   cli.add_option("--gpus", s.gpus, "GPUs n (1024, 3K, 2^12; default: the preset's run)")
       ->transform(sc::quantity())
       ->check(sc::between(1, double(kMaxGpus)));
@@ -247,6 +254,7 @@ bool search_layouts(const PlanSettings& s, ResolvedPlan& p, std::int64_t batch) 
                          .zero = s.zero,
                          .recompute = p.layout.recompute,
                          .sequence_parallel = p.layout.sequence_parallel,
+                         .overlap = s.overlap,
                          .keep = static_cast<std::size_t>(s.top)},
                         &p.counted);
   require_usage(!p.candidates.empty(), "--search: no layout of " + str(p.gpus) + " GPUs splits " +
@@ -306,7 +314,8 @@ ResolvedPlan resolve_plan(const PlanSettings& s) {
                                                     : 1,
        .zero = s.zero,
        .recompute = parse_recompute(s.recompute),
-       .sequence_parallel = s.sequence_parallel};
+       .sequence_parallel = s.sequence_parallel,
+       .overlap = s.overlap};
   p.gpus = resolve_gpus(s, p.model, L.mesh);
   p.tokens = s.tokens != 0 ? s.tokens : p.model.run.tokens;
   require_usage(std::isfinite(p.tokens) && p.tokens > 0,
@@ -427,7 +436,10 @@ Table step_table(const ResolvedPlan& p, const StepEstimate& st) {
     parts += " + " + std::string(axis_name(axis));
     bytes += a.bytes;
   }
-  t.add({"step", L.gpus(), "-", 0.0, bytes, st.total_s(), parts + " (no overlap)"});
+  t.add({"step", L.gpus(), "-", 0.0, bytes, st.total_s(),
+         parts + (L.overlap ? " (exposed: " + num(st.exposed_s()) + " s of " +
+                                  num(st.communication_s()) + " s communication)"
+                            : std::string(" (no overlap)"))});
   return t;
 }
 
@@ -577,6 +589,7 @@ void plan_json(nlohmann::json& j, const ResolvedPlan& p, const MemoryEstimate& m
     j["crosses_nodes"][name] = st.axes[axis].crosses_nodes;
     j["cross_node_share"][name] = st.axes[axis].cross_share;
     j["one_ring_time_s"][name] = st.axes[axis].one_ring_s;
+    j["hidden_time_s"][name] = st.axes[axis].hidden_s;
   }
   j["compute_time_s"] = st.compute_s;
   j["bubble_fraction"] = st.bubble_fraction;
@@ -623,9 +636,15 @@ void report_plan(shardlab::Context& ctx, const PlanSettings& s) {
                               " (model states " + ch05::gb(mem.params + mem.grads + mem.optimizer) +
                               ", activations " + ch05::gb(mem.activations) + ")";
   ctx.say(mem.total() <= gpu ? "  fits: " + numbers : "  does not fit: " + numbers);
-  ctx.report(step_table(p, st), "step",
-             "\nOne step, per GPU (communication all exposed, none overlapped: an upper bound; "
-             "busbw: bytes over seconds, the speed of the bottleneck as nccl-tests reports it):");
+  ctx.report(
+      step_table(p, st), "step",
+      std::string(p.layout.overlap ? "\nOne step, per GPU (with --overlap, each axis's hidden part "
+                                     "under the computation, the exposed rest added: hidden_time_s "
+                                     "in the JSON; "
+                                   : "\nOne step, per GPU (communication all exposed, none "
+                                     "overlapped: an upper bound; ") +
+          "busbw: bytes over seconds, the speed of the bottleneck as nccl-tests "
+          "reports it):");
   say_rings(ctx, p, st);
   plan_json(ctx.json(), p, mem, st);
   if (s.search) report_search(ctx, s, p);

@@ -46,6 +46,8 @@ struct PlanSettings {
   int top_k = 0;                      ///< k: the experts a token goes to, or 0: the preset's (2)
   int moe_every = 0;                  ///< every this many layers a MoE one, or 0: the preset's (1)
   std::string cluster = "a100-80gb";  ///< a preset (cluster_presets)
+  std::string machine;                ///< a measured machine's profile (machine.hpp), or ""
+  bool overlap = false;               ///< each axis's communication under the computation
   double gpus = 0;                    ///< 0: the preset's run, or dp x tp x pp
   double tokens = 0;                  ///< T; 0: the preset's (300B; 1t: 450B)
   double batch = 0;                   ///< B, sequences a step; 0: the preset's, or dp x m x b

@@ -407,11 +407,33 @@ int tp_allreduces_per_layer(const Layout& L) {
   return (L.recompute == Recompute::full ? 6 : 4) + (L.sequence_parallel ? 1 : 0);
 }
 
+double hidden_seconds(Axis axis, double seconds, double compute_s, double backward_s,
+                      const Layout& L, int local_experts) {
+  if (!L.overlap || seconds <= 0) return 0;
+  switch (axis) {
+    case Axis::dp:
+      return std::min(seconds * (1 - 1.0 / std::max(1, L.buckets)), backward_s);
+    case Axis::tp:
+      return std::min(seconds / 2, compute_s);
+    case Axis::pp:
+      return std::min(seconds * (1 - 1.0 / std::max(1, L.microbatches)), compute_s);
+    case Axis::cp:
+      return std::min(seconds, compute_s);
+    case Axis::ep:
+      return std::min(seconds * (1 - 1.0 / std::max(1, local_experts)), compute_s);
+  }
+  return 0;
+}
+
 StepEstimate step_time(const ModelSpec& m, const ClusterSpec& c, const Layout& L) {
   StepEstimate e;
   const double n = double(L.gpus()), X = c.achieved_tflops * 1e12;
   e.flops = step_flops(m, double(L.batch()), L.recompute);
   e.compute_s = e.flops / (n * X);
+  // More ranks on a node than it has cores: they take turns.
+  const double on_a_node = std::min<double>(n, c.gpus_per_node);
+  if (c.cores_per_node > 0 && on_a_node > c.cores_per_node)
+    e.compute_s *= on_a_node / c.cores_per_node;
   e.bubble_fraction = double(L.mesh.pp - 1) / L.microbatches;
   e.bubble_s = e.bubble_fraction * e.compute_s;
 
@@ -453,6 +475,16 @@ StepEstimate step_time(const ModelSpec& m, const ClusterSpec& c, const Layout& L
   // and backward (full recompute: the forward again).
   const double passes = L.recompute == Recompute::full ? 6 : 4;
   cost(Axis::ep, moe_layers * m_ * passes * m.top_k * bsh_bytes * (L.mesh.ep - 1) / L.mesh.ep);
+  // The overlap's share of each axis, together never more than the computation.
+  double room = e.compute_s;
+  const double backward_s = e.compute_s * 2 / 3 / m_;  // the last microbatch's backward
+  const int local_experts = m.experts > 0 ? std::max(1, m.experts / L.mesh.ep) : 1;
+  for (Axis axis : kAxes) {
+    AxisCost& a = e.axes[axis];
+    a.hidden_s =
+        std::min(room, hidden_seconds(axis, a.seconds, e.compute_s, backward_s, L, local_experts));
+    room -= a.hidden_s;
+  }
   return e;
 }
 
@@ -531,7 +563,8 @@ std::vector<Candidate> search(const ModelSpec& m, const ClusterSpec& c, const Se
                 .microbatch_size = spec.microbatch_size,
                 .zero = spec.zero,
                 .recompute = spec.recompute,
-                .sequence_parallel = spec.sequence_parallel};
+                .sequence_parallel = spec.sequence_parallel,
+                .overlap = spec.overlap};
     k.step = step_time(m, c, k.layout);
     k.memory = memory_per_gpu(m, k.layout);
     k.fits = k.memory.total() <= c.gpu_memory_bytes;

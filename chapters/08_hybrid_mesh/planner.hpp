@@ -22,7 +22,8 @@
 // holds 1 + (p - 1)/(p v) times the activations), Megatron's scatter/gather of the pipeline's
 // messages (Narayanan §4.1: 1/t of each crosses the network), the activations of the
 // embedding and output layers (Korthikanti §4.3: small next to l layers'), temporary buffers
-// and fragmentation (ZeRO §3.2), and any overlap of communication with computation.
+// and fragmentation (ZeRO §3.2). Overlap of communication with computation is a layout's
+// choice (Layout::overlap), as chapter 09 runs it.
 #pragma once
 
 #include <cstdint>
@@ -90,7 +91,11 @@ struct ClusterSpec {
   double nvlink_GBps = 0;       ///< inside a node, per GPU, one direction
   double network_GBps = 0;      ///< between nodes, per GPU: the node's NICs over its GPUs
   int nics_per_node = 8;        ///< network cards a node, sharing the node's network_GBps x g
-  std::string source;           ///< where the numbers come from (datasheets, papers)
+  /// Cores a node's GPUs share for their work; 0: each its own (a GPU). A machine's
+  /// profile (machine.hpp) makes every rank a "GPU" of one core's rate, and a host with
+  /// more ranks than cores runs them in turns: compute_s x ranks / cores.
+  int cores_per_node = 0;
+  std::string source;  ///< where the numbers come from (datasheets, papers)
   /// One network card's speed, GB/s a direction: network_GBps x gpus_per_node / nics_per_node.
   double nic_GBps() const { return network_GBps * gpus_per_node / nics_per_node; }
 };
@@ -148,6 +153,9 @@ struct Layout {
   int zero = 0;                           ///< ZeRO stage over the replicas, 0-3
   Recompute recompute = Recompute::full;  ///< what the backward recomputes
   bool sequence_parallel = false;  ///< Korthikanti §4.2.2: LayerNorm and dropout split over t
+  /// Each axis's communication under the computation where it can be (AxisCost::hidden_s).
+  bool overlap = false;
+  int buckets = 4;  ///< with overlap: dp's gradients in this many buckets
   /// n = d e c t p, the GPUs of the layout (its sizes checked: see check_mesh_size).
   std::int64_t gpus() const {
     std::int64_t n = 1;
@@ -256,7 +264,25 @@ struct AxisCost {
   /// The time on one ring instead (tp, cp, dp): its edge between nodes is one GPU's, which
   /// sends all its bytes on one NIC (nic_GBps); pp and ep: `seconds`.
   double one_ring_s = 0;
+  /// With Layout::overlap, the part of `seconds` under the computation (hidden_seconds);
+  /// the rest, the exposed part, adds to the step.
+  double hidden_s = 0;
+  /// seconds - hidden_s.
+  double exposed_s() const { return seconds - hidden_s; }
 };
+
+/// How much of an axis's `seconds` of communication a step can hide under its computation
+/// (`compute_s` a GPU, `backward_s` of it the last microbatch's backward), overlapped as
+/// chapter 09 does (`ch09_gpt --overlap`), each bounded by the computation it runs under:
+///   dp  the gradients' buckets go as the last microbatch's backward makes them: all but
+///       the last bucket, under that backward (Megatron-LM's overlap_grad_reduce)
+///   tp  the collective matmul in 2 parts: the first part's sum under the second's product
+///   pp  every receive posted ahead: all but the first message of the step's m
+///   cp  the ring's blocks pass while the block computes: all of it, under the computation
+///   ep  one local expert's tokens travel while another computes: all but one of E/e parts
+/// Without overlap: 0.
+double hidden_seconds(Axis axis, double seconds, double compute_s, double backward_s,
+                      const Layout& layout, int local_experts = 1);
 
 /// Allreduces' worth of b s h values tp sends per layer and microbatch: 4 (2 forward, 2
 /// backward), 6 with full recomputation, + 1 with sequence parallelism (step_time). Half of
@@ -283,13 +309,14 @@ int tp_allreduces_per_layer(const Layout& L);
 ///       backward (and forward again under full recomputation), h values each
 /// With cp or ep, a GPU's b s h values are its b s/c tokens', and dp sums the dense weights
 /// over d e c GPUs and the experts over d c.
-/// Time: compute F / (n X) (F: eq. 3 with full recomputation, 72 instead of 96 and the output
+/// Time: compute F / (n X) (x ranks / cores on a node with fewer cores than ranks:
+/// ClusterSpec::cores_per_node) (F: eq. 3 with full recomputation, 72 instead of 96 and the output
 /// layer's 6 B s h V without, plus the attention's 4 b s^2 h per layer and microbatch with
 /// selective); the 1F1B bubble adds (p - 1)/m of it; every axis's communication is exposed
-/// (none overlaps compute: an upper bound), each on NVLink inside a node and, across nodes,
-/// its cross_node_share on the node's NICs (AxisCost::seconds). X is used as the rate of the math
-/// alone: papers measure it end to end, bubble and communication included, so with their X the step
-/// time counts those twice. It ranks layouts; eq. 4 estimates the days.
+/// (an upper bound) unless the layout overlaps it (hidden_seconds), each on NVLink inside a node
+/// and, across nodes, its cross_node_share on the node's NICs (AxisCost::seconds). X is used as the
+/// rate of the math alone: papers measure it end to end, bubble and communication included, so with
+/// their X the step time counts those twice. It ranks layouts; eq. 4 estimates the days.
 struct StepEstimate {
   double flops = 0;            ///< per step, all GPUs, recomputation included
   double compute_s = 0;        ///< F / (n X), seconds
@@ -298,14 +325,20 @@ struct StepEstimate {
   /// Each axis's traffic: tp's allreduces, dp's gradient sums (or ZeRO's collectives),
   /// pp's activations and gradients between stages, cp's ring, ep's all-to-alls.
   PerAxis<AxisCost> axes;
-  /// Every axis's seconds, added up (none overlapped).
+  /// Every axis's seconds, added up (hidden or not).
   double communication_s() const {
     double s = 0;
     for (Axis axis : kAxes) s += axes[axis].seconds;
     return s;
   }
-  /// The step: compute, bubble and communication, seconds.
-  double total_s() const { return compute_s + bubble_s + communication_s(); }
+  /// Every axis's exposed seconds: all of communication_s() without overlap.
+  double exposed_s() const {
+    double s = 0;
+    for (Axis axis : kAxes) s += axes[axis].exposed_s();
+    return s;
+  }
+  /// The step: compute, bubble and the exposed communication, seconds.
+  double total_s() const { return compute_s + bubble_s + exposed_s(); }
 };
 /// The FLOPs of one step of `batch` sequences as the layout's recomputation makes them.
 double step_flops(const ModelSpec& model, double batch, Recompute recompute);
@@ -323,6 +356,7 @@ struct SearchSpec {
   int zero = 0;                           ///< ZeRO stage over dp, 0-3
   Recompute recompute = Recompute::full;  ///< what the backward recomputes
   bool sequence_parallel = false;         ///< Korthikanti §4.2.2's sequence parallelism
+  bool overlap = false;                   ///< Layout::overlap
   std::size_t keep = 0;                   ///< the fastest this many kept; 0: every one
 };
 /// One layout the search found, with its estimates.

@@ -98,6 +98,7 @@
 #include <string>
 #include <vector>
 
+#include "machine.hpp"
 #include "plan_report.hpp"
 #include "planner.hpp"
 #include "shardlab/check.hpp"
@@ -886,5 +887,128 @@ TEST_SUITE("ch08 planner") {
     const nlohmann::json misfit = report(tight);
     CHECK(!misfit["fits"].get<bool>());
     CHECK(misfit["memory_per_gpu_bytes"]["total"].get<double>() > 10e9);
+  }
+
+  TEST_CASE("overlap hides what each axis's rule allows, never more than the computation") {
+    // tiny on dp 2 x tp 2 x pp 2, m 4: by hand from the step without overlap.
+    const ModelSpec m = tiny();
+    ClusterSpec c = a100();
+    c.achieved_tflops = 1e-9;  // 1000 FLOP/s: the computation far longer than the traffic
+    Layout L{.mesh = {.pp = 2, .dp = 2, .tp = 2}, .microbatches = 4, .recompute = Recompute::none};
+    const StepEstimate plain = step_time(m, c, L);
+    for (Axis axis : kAxes) CHECK(plain.axes[axis].hidden_s == 0);
+    CHECK(plain.total_s() ==
+          doctest::Approx(plain.compute_s + plain.bubble_s + plain.communication_s()));
+    L.overlap = true;
+    const StepEstimate over = step_time(m, c, L);
+    CHECK(over.communication_s() == plain.communication_s());  // the same traffic
+    CHECK_MESSAGE(over.axes[Axis::tp].hidden_s == doctest::Approx(plain.axes[Axis::tp].seconds / 2),
+                  "tp: 2 parts, the first's sum hidden");
+    CHECK_MESSAGE(
+        over.axes[Axis::dp].hidden_s == doctest::Approx(plain.axes[Axis::dp].seconds * 3 / 4),
+        "dp: all but the last of 4 buckets");
+    CHECK_MESSAGE(
+        over.axes[Axis::pp].hidden_s == doctest::Approx(plain.axes[Axis::pp].seconds * 3 / 4),
+        "pp: all but the first of m = 4 messages");
+    CHECK(over.total_s() ==
+          doctest::Approx(plain.total_s() - over.axes[Axis::tp].hidden_s -
+                          over.axes[Axis::dp].hidden_s - over.axes[Axis::pp].hidden_s));
+    // A computation far shorter than the traffic: at most all of it hidden, together.
+    c.achieved_tflops = 1e6;
+    const StepEstimate fast = step_time(m, c, L);
+    double hidden = 0;
+    for (Axis axis : kAxes) hidden += fast.axes[axis].hidden_s;
+    CHECK_MESSAGE(hidden <= fast.compute_s * (1 + 1e-12), "hidden beyond the computation");
+    CHECK(hidden > 0);
+    CHECK(fast.total_s() >= fast.compute_s + fast.bubble_s);
+    // The rules one by one.
+    L.buckets = 8;
+    CHECK(hidden_seconds(Axis::dp, 8, 100, 100, L) == 7);
+    CHECK(hidden_seconds(Axis::dp, 8, 100, 1, L) == 1);  // only under the last backward
+    CHECK(hidden_seconds(Axis::cp, 8, 100, 0, L) == 8);
+    CHECK(hidden_seconds(Axis::cp, 8, 3, 0, L) == 3);
+    CHECK(hidden_seconds(Axis::ep, 8, 100, 0, L, 4) == 6);
+    L.overlap = false;
+    CHECK(hidden_seconds(Axis::cp, 8, 100, 0, L) == 0);
+  }
+
+  TEST_CASE("ranks sharing a node's cores take turns at the computation") {
+    const ModelSpec m = tiny();
+    ClusterSpec c = a100();
+    c.achieved_tflops = 1e-9;
+    const Layout L{.mesh = {.pp = 2, .dp = 2, .tp = 2}, .microbatches = 4};
+    const double own = step_time(m, c, L).compute_s;
+    c.cores_per_node = 2;  // 8 ranks a node, 2 cores
+    CHECK_MESSAGE(step_time(m, c, L).compute_s == doctest::Approx(own * 4), "8 ranks on 2 cores");
+    c.gpus_per_node = 4;  // 4 ranks a node, 2 cores
+    CHECK(step_time(m, c, L).compute_s == doctest::Approx(own * 2));
+    c.cores_per_node = 8;  // more cores than ranks: no turns
+    CHECK(step_time(m, c, L).compute_s == doctest::Approx(own));
+  }
+
+  TEST_CASE("a machine profile: Hockney's fit, the nearest shape, JSON both ways, the cluster") {
+    // t = 2 us + S / (4 GB/s), exactly, at three sizes.
+    const LinkFit fit =
+        fit_link({{1e3, 2e-6 + 1e3 / 4e9}, {1e5, 2e-6 + 1e5 / 4e9}, {1e6, 2e-6 + 1e6 / 4e9}});
+    CHECK(fit.alpha_s == doctest::Approx(2e-6));
+    CHECK(fit.beta_GBps == doctest::Approx(4));
+    CHECK(fit.seconds(4e9) == doctest::Approx(1 + 2e-6));
+    CHECK(fit.seconds(0) == 0);
+    CHECK_THROWS(fit_link({{1e3, 1.0}}));
+
+    MachineProfile p;
+    p.cpu = "test cpu";
+    p.cores = 2;
+    p.clock_ghz = 3;
+    p.fp32_lanes = 16;
+    p.memory_bytes = 8e9;
+    p.gemm_gflops = 100;
+    p.triad_GBps = 20;
+    p.gemm = {{512, 128, 128, 40}, {512, 512, 128, 80}};
+    p.costs = {{"block r512 t1 c1", 1e-3}};
+    p.backend = "threads";
+    p.ranks = 8;
+    p.ranks_per_host = 8;
+    p.ranks_per_machine = 8;
+    p.links["allreduce"][2] = {.alpha_s = 1e-5, .beta_GBps = 2};
+    p.links["allreduce"][8] = {.alpha_s = 3e-5, .beta_GBps = 1};
+    CHECK_MESSAGE(p.peak_gflops() == 2 * 3 * 16 * 2 * 2, "cores x clock x lanes x FMA units x 2");
+    CHECK(p.gemm_rate(500, 120, 130) == 40);
+    CHECK(p.gemm_rate(512, 400, 128) == 80);
+    CHECK(p.link("allreduce", 2).beta_GBps == 2);
+    CHECK_MESSAGE(p.link("allreduce", 4).alpha_s == 1e-5,
+                  "the nearest group, the smaller at a tie");
+    CHECK(p.link("allreduce", 16).beta_GBps == 1);
+    CHECK_THROWS(p.link("alltoall", 2));
+    CHECK(p.cost("block r512 t1 c1") == 1e-3);
+    CHECK_THROWS(p.cost("block r64 t1 c1"));
+
+    const MachineProfile back = machine_from_json(to_json(p), "test");
+    CHECK(back.cpu == p.cpu);
+    CHECK(back.peak_gflops() == p.peak_gflops());
+    CHECK(back.gemm.size() == 2);
+    CHECK(back.costs == p.costs);
+    CHECK(back.link("allreduce", 8).alpha_s == doctest::Approx(3e-5));
+    CHECK(back.link("allreduce", 8).beta_GBps == 1);
+
+    const ClusterSpec c = cluster_of(p);
+    check_cluster(c);
+    CHECK(c.gpus_per_node == 8);
+    CHECK(c.cores_per_node == 2);
+    CHECK(c.achieved_tflops == doctest::Approx(0.1));
+    CHECK(c.peak_tflops == doctest::Approx(0.192));  // a core: 3 x 16 x 2 x 2
+    CHECK(c.nvlink_GBps == 1);
+    CHECK(c.network_GBps == 1);  // one host: the same link
+
+    nlohmann::json j = to_json(p);
+    j.erase("cores");
+    CHECK_THROWS_AS(machine_from_json(j, "test"), UsageError);
+    j = to_json(p);
+    j["triad_GBps"] = -1;
+    CHECK_THROWS_AS(machine_from_json(j, "test"), UsageError);
+    j = to_json(p);
+    j["links"]["allreduce"]["two"] = {{"alpha_us", 1}, {"beta_GBps", 1}};
+    CHECK_THROWS_AS(machine_from_json(j, "test"), UsageError);
+    CHECK_THROWS_AS(load_machine("/nonexistent/machine.json"), UsageError);
   }
 }

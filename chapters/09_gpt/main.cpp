@@ -29,6 +29,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "calibrate.hpp"
 #include "checkpoint.hpp"
 #include "context_parallel.hpp"  // chapter 10's ring, for --cp
 #include "measurements.hpp"
@@ -180,7 +181,7 @@ void fit_to_ranks(Settings& s, const CLI::App& cli, int ranks) {
     read_expert_config(s.load, c.model);
   else if (cli.count("--top-k"))
     c.model.top_k = s.top_k;
-  if (s.benchmark) {  // every mesh of the ranks, in turn
+  if (s.benchmark || !s.calibrate.empty()) {  // every mesh of the ranks, in turn
     c.context = ch10::ring_context(ch10::Split::zigzag, c.overlap[ch08::Axis::cp]);
     require_usage(!benchmark_meshes(c, ranks).empty(),
                   "--benchmark: no mesh of " + std::to_string(ranks) +
@@ -202,6 +203,7 @@ int main(int argc, char** argv) {
   program.default_ranks(8);
   Settings s;
   TrainConfig& c = s.run;
+  ch08::MachineProfile machine;  // --predict's
   auto& cli = program.cli();
   add_flags(cli, s);
 
@@ -224,6 +226,8 @@ int main(int argc, char** argv) {
     if (cli.count("--save")) check_save_target(s.save);
     if (s.sample) s.reference = false;
     check_flags(cli, s);
+    if (!s.predict.empty()) machine = ch08::load_machine(s.predict, "--predict");
+    if (!s.calibrate.empty()) check_writable_file(s.calibrate, "--calibrate");
   });
   program.writes_csv([&] { return s.benchmark; });
   program.supports_cuda();
@@ -234,7 +238,10 @@ int main(int argc, char** argv) {
   return program.run(argc, argv, [&](Context& ctx) {
     ctx.json()["chapter"] = "09_gpt";
     if (s.sample) return generate(ctx, s);
-    if (s.benchmark) return run_benchmark(ctx, c, Corpus::load(s.data, c.model.context), s.steps);
+    if (!s.calibrate.empty()) return calibrate(ctx, c, s.calibrate);
+    if (s.benchmark)
+      return run_benchmark(ctx, c, Corpus::load(s.data, c.model.context), s.steps,
+                           s.predict.empty() ? nullptr : &machine);
     train(ctx, s);
   });
 }

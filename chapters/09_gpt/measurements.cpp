@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "calibrate.hpp"
 #include "mesh_checks.hpp"
 #include "shardlab/bench.hpp"
 #include "shardlab/cuda.hpp"
@@ -186,11 +187,16 @@ std::vector<MeshShape> benchmark_meshes(const TrainConfig& c, int ranks) {
   return out;
 }
 
-void run_benchmark(Context& ctx, const TrainConfig& base, const Corpus& data, int steps) {
+void run_benchmark(Context& ctx, const TrainConfig& base, const Corpus& data, int steps,
+                   const ch08::MachineProfile* machine) {
   std::vector<std::string> columns{"mesh"};
   for (ch08::Axis a : ch08::kAxes) columns.emplace_back(ch08::axis_name(a));
   for (const char* column : {"tokens_per_second", "step_ms", "first_loss", "last_loss"})
     columns.emplace_back(column);
+  if (machine)
+    for (const char* column : {"predicted_ms", "error", "pipeline_ms", "shared_ms", "exposed_ms"})
+      columns.emplace_back(column);
+  std::vector<double> measured, predicted, errors;
   Table rate(columns);
   Table curve({"mesh", "step", "loss"});
   for (const MeshShape& shape : benchmark_meshes(base, ctx.size())) {
@@ -217,6 +223,14 @@ void run_benchmark(Context& ctx, const TrainConfig& base, const Corpus& data, in
              timed * static_cast<double>(c.batch * c.model.context) / seconds,
              1e3 * seconds / timed, loss.front(), loss.back()})
       row.push_back(cell);
+    if (machine) {
+      const StepPrediction p = predict_step(c, *machine);
+      const double step = seconds / timed, error = p.step_s / step - 1;
+      measured.push_back(step), predicted.push_back(p.step_s), errors.push_back(std::fabs(error));
+      for (double x :
+           {1e3 * p.step_s, error, 1e3 * p.pipeline_s, 1e3 * p.shared_s, 1e3 * p.exposed_s})
+        row.emplace_back(x);
+    }
     rate.add(row);
   }
   ctx.report(rate, "throughput",
@@ -226,6 +240,22 @@ void run_benchmark(Context& ctx, const TrainConfig& base, const Corpus& data, in
                  describe(base, ctx.comm().backend(), false));
   ctx.save_csv(rate, "09_gpt_throughput");
   ctx.save_csv(curve, "09_gpt_loss");
+  if (!machine || errors.empty()) return;
+  std::vector<double> sorted = errors;
+  std::sort(sorted.begin(), sorted.end());
+  const std::size_t n = sorted.size();
+  const double median = n % 2 ? sorted[n / 2] : (sorted[n / 2 - 1] + sorted[n / 2]) / 2;
+  const double worst = sorted.back(), rho = spearman(measured, predicted);
+  ctx.json()["prediction"] = {{"median_error", median},
+                              {"max_error", worst},
+                              {"spearman", rho},
+                              {"meshes", n},
+                              {"machine", machine->cpu}};
+  ctx.say("\nthe prediction (--predict, from " + machine->cpu + ", " +
+          std::to_string(machine->cores) + " cores): median |predicted - measured| / measured " +
+          shardlab::format_number(100 * median, 3) + " %, largest " +
+          shardlab::format_number(100 * worst, 3) + " %, Spearman's rho of the meshes' order " +
+          shardlab::format_number(rho, 3) + " (" + std::to_string(n) + " meshes)");
 }
 
 void report_throughput(Context& ctx, const TrainConfig& c, int steps, double seconds) {

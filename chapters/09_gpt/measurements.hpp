@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "machine.hpp"
 #include "shardlab/launch.hpp"
 #include "shardlab/memory.hpp"
 #include "train.hpp"
@@ -72,7 +73,11 @@ std::vector<MeshShape> benchmark_meshes(const TrainConfig& c, int ranks);
 
 /// --benchmark: every mesh of benchmark_meshes, `steps` steps each (the first not timed),
 /// one after another: tokens per second and the loss curve, as tables and as CSV files
-/// (09_gpt_throughput.csv, 09_gpt_loss.csv) for the notebook.
-void run_benchmark(shardlab::Context& ctx, const TrainConfig& c, const Corpus& data, int steps);
+/// (09_gpt_throughput.csv, 09_gpt_loss.csv) for the notebook. With a `machine` profile
+/// (--predict): each mesh's predicted step beside the measured one (calibrate.hpp), and how
+/// well they agree: the median and largest |predicted - measured| / measured, and
+/// Spearman's correlation of the two orders.
+void run_benchmark(shardlab::Context& ctx, const TrainConfig& c, const Corpus& data, int steps,
+                   const ch08::MachineProfile* machine = nullptr);
 
 }  // namespace ch09

@@ -94,6 +94,15 @@ void add_run_flags(CLI::App& app, Settings& s) {
   app.add_flag("--benchmark", s.benchmark,
                "train every mesh shape of the ranks in turn (--steps each, default 6): tokens/s "
                "and loss curves, as CSV for the notebook");
+  cli::option(app, "--calibrate", s.calibrate,
+              "measure this machine for the model on every mesh of the ranks (GEMMs, memory, "
+              "the layers' shards, each collective's alpha and beta) and write its profile here "
+              "(JSON)",
+              CLI::Validator());
+  cli::option(app, "--predict", s.predict,
+              "with --benchmark: each mesh's step predicted from this machine profile "
+              "(--calibrate's), beside the measured one",
+              CLI::Validator());
   app.add_flag(
       "--no-reference", [&](std::int64_t) { s.reference = false; },
       "skip one device's training (nothing to compare with)");
@@ -135,6 +144,17 @@ void check_flags(const CLI::App& app, Settings& s) {
                 "(its scaler is dynamic) or --scaler dynamic");
   require_usage(!(s.benchmark && (s.sample || !s.save.empty() || !s.load.empty())),
                 "--benchmark trains fresh models: not with --sample, --save or --load");
+  require_usage(s.benchmark || !app.count("--predict"),
+                "--predict is for --benchmark (each mesh measured beside its prediction)");
+  if (app.count("--calibrate")) {
+    for (const char* flag : {"--benchmark", "--sample", "--save", "--load", "--trace"})
+      require_usage(!app.count(flag),
+                    std::string("--calibrate measures the machine: not with ") + flag);
+    for (const ch08::AxisInfo& axis : ch08::kAxisInfo)
+      require_usage(!app.count("--" + std::string(axis.name)),
+                    "--" + std::string(axis.name) +
+                        " with --calibrate: it measures every mesh's shapes of the ranks");
+  }
 }
 
 }  // namespace ch09

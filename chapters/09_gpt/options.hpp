@@ -38,7 +38,9 @@ struct Settings {
   std::string trace;                                                     ///< --trace.
   std::string precision = "fp32";                                        ///< --precision.
   std::string overlap = "all";                                           ///< --overlap.
-  std::string scaler;  ///< --scaler; "": dynamic with fp16, else none.
+  std::string calibrate;  ///< --calibrate: the machine profile to write.
+  std::string predict;    ///< --predict: the machine profile to predict from.
+  std::string scaler;     ///< --scaler; "": dynamic with fp16, else none.
 };
 
 /// The program's flags, on `app`, setting `s`.

@@ -50,6 +50,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "calibrate.hpp"
 #include "checkpoint.hpp"
 #include "gpt_testing.hpp"
 #include "measurements.hpp"
@@ -638,4 +639,79 @@ TEST_CASE("sampling gives the same text on one device and on a mesh") {
   CHECK(greedy.size() == 12);
   CHECK(text_on({.pp = 2, .dp = 2, .tp = 2}, 0) == greedy);
   CHECK(text_on({.pp = 2, .dp = 1, .tp = 4}, 0.8f) == text_on({.pp = 1, .dp = 1, .tp = 1}, 0.8f));
+}
+
+// The prediction (calibrate.hpp) against a machine whose every cost is a round number,
+// composed by hand. Wrong versions this was checked against: the W ops' time left out of
+// an unsplit backward (-> "one rank: every op's cost"), every rank on a core of its own
+// (-> "8 ranks on 2 cores"), the overlapped buckets waited for at once (-> "dp: the last
+// bucket exposed"), a receive that goes on before its message came (-> "the slower
+// stage's wait"), Spearman without the ties' mean rank (-> "ties").
+TEST_CASE("the step predicted from a machine's costs, by hand") {
+  TrainConfig c;
+  c.model.layers = 4;
+  c.batch = 4;
+  c.microbatches = 2;
+  c.mesh = {.pp = 1, .dp = 1, .tp = 1};
+  const Shard s = shard_of(c);
+  CHECK(s.rows == 2 * c.model.context);
+  ch08::MachineProfile m;
+  m.cores = 2;
+  m.ranks_per_machine = 8;
+  for (const char* what : {"attention", "mlp", "core_attention", "first_stage", "last_stage"})
+    for (const char* pass : {"_forward", "_backward_input", "_backward_weight"})
+      m.costs[cost_key(std::string(what) + pass, s)] = 1e-3;
+  m.costs["adam_per_parameter"] = 0;
+  for (const char* op : {"allreduce", "sendrecv", "alltoall"})
+    for (int g : {2, 4, 8}) m.links[op][g] = {.alpha_s = 0, .beta_GBps = 1e9};  // free
+  // One rank: per microbatch 4 layers x (2 + 2 + 2) ms of F, B and W, and the ends'
+  // 1 + 1 (first) and 1 + 2 (last): 24 + 5 = 29 ms; two microbatches, 58 ms.
+  const StepPrediction one = predict_step(c, m);
+  CHECK_MESSAGE(one.step_s == doctest::Approx(0.058), "one rank: every op's cost");
+  CHECK(one.exposed_s == 0);
+  // 8 replicas on 2 cores: the 8 ranks' 58 ms of work in turns, 232 ms.
+  c.batch = 32;
+  c.mesh = {.pp = 1, .dp = 8, .tp = 1};
+  CHECK(shard_of(c) == s);
+  const StepPrediction shared = predict_step(c, m);
+  CHECK_MESSAGE(shared.step_s == doctest::Approx(0.232).epsilon(1e-6), "8 ranks on 2 cores");
+  CHECK(shared.shared_s == doctest::Approx(0.232));
+  CHECK(shared.pipeline_s == doctest::Approx(0.058).epsilon(1e-6));
+  // dp 2 with cores to spare, a sum of alpha 0.1 ms + 834304 parameters x 4 bytes at
+  // 1 GB/s (3.337216 ms) in 4 buckets: overlapped, the first three go while the last
+  // microbatch's backward runs and the last one (0.1 + 0.834304 ms) is exposed, then the
+  // norm's sum (0.1 ms); without overlap, one sum of all of it.
+  m.cores = 8;
+  for (int g : {2, 4, 8}) m.links["allreduce"][g] = {.alpha_s = 1e-4, .beta_GBps = 1};
+  m.ranks_per_machine = 2;
+  c.batch = 4 * 2;
+  c.mesh = {.pp = 1, .dp = 2, .tp = 1};
+  c.buckets = 4;
+  const StepPrediction dp = predict_step(c, m);
+  CHECK_MESSAGE(dp.exposed[ch08::Axis::dp] == doctest::Approx(0.001034304),
+                "dp: the last bucket exposed");
+  CHECK(dp.step_s == doctest::Approx(0.058 + 0.001034304));
+  c.overlap = overlap_of("none");
+  CHECK_MESSAGE(predict_step(c, m).exposed[ch08::Axis::dp] == doctest::Approx(0.003537216),
+                "dp without overlap: one sum of all of it");
+  c.overlap = overlap_of("all");
+  // Two stages: the second waits for the first's forward (9 ms: 4 x 2 + 1) before its
+  // own; the pipeline's step is longer than either stage's work.
+  for (int g : {2, 4, 8}) m.links["allreduce"][g] = {.alpha_s = 0, .beta_GBps = 1e9};
+  c.batch = 4;
+  c.mesh = {.pp = 2, .dp = 1, .tp = 1};
+  c.model.layers = 8;  // 4 a stage: the same shard costs
+  const StepPrediction pipe = predict_step(c, m);
+  CHECK_MESSAGE(pipe.exposed[ch08::Axis::pp] > 0.009 - 1e-9, "the slower stage's wait");
+  CHECK(pipe.step_s > pipe.compute_s);
+  // A mesh the profile was not calibrated for: which cost is missing, by name.
+  c.model.layers = 4;
+  c.mesh = {.pp = 1, .dp = 1, .tp = 2};
+  CHECK_THROWS_WITH_AS(predict_step(c, m), doctest::Contains("r128 t2 c1"), shardlab::Error);
+
+  CHECK(spearman({1, 2, 3, 4}, {10, 20, 30, 40}) == doctest::Approx(1));
+  CHECK(spearman({1, 2, 3, 4}, {4, 3, 2, 1}) == doctest::Approx(-1));
+  // Ranks (1, 2, 3) and (1.5, 1.5, 3): rho = 1.5 / sqrt(2 x 1.5) = 0.866.
+  CHECK_MESSAGE(spearman({1, 2, 3}, {5, 5, 9}) == doctest::Approx(0.8660254), "ties");
+  CHECK(spearman({1}, {2}) == 0);
 }
