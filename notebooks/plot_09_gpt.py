@@ -3,10 +3,12 @@ second each shape trains at (CS336's "compare the strategies' throughput").
 
 Reads the CSVs written by `ch09_gpt --benchmark --csv-dir DIR` (09_gpt_loss.csv: mesh,
 step, loss; 09_gpt_throughput.csv: mesh, pp, dp, ep, cp, tp, tokens_per_second, ...) and saves
-DIR/09_gpt_loss.png and DIR/09_gpt_throughput.png; and, where `scripts/cluster.sh --csv-dir
-DIR overlap` wrote 09_gpt_overlap.csv, DIR/09_gpt_overlap.png.
+DIR/09_gpt_loss.png and DIR/09_gpt_throughput.png (and DIR/09_gpt_predicted.png, with
+--predict's columns); and, where `scripts/cluster.sh --csv-dir DIR overlap` wrote
+09_gpt_overlap.csv, DIR/09_gpt_overlap.png.
 
     .venv/bin/python notebooks/plot_09_gpt.py results
+    .venv/bin/python notebooks/plot_09_gpt.py --predicted OUT.png "LABEL=DIR" ...
 """
 import sys
 from pathlib import Path
@@ -76,6 +78,32 @@ def plot_overlap(sweep, csv_dir):
     return save(fig, Path(csv_dir) / "09_gpt_overlap.png")
 
 
+def plot_predicted(frames: dict, path):
+    """Each mesh's measured step against the one `--predict` put beside it, one marker per
+    set of runs (a dict label -> the throughput CSV's rows), on the diagonal where they
+    agree, with the band of 15 % either side."""
+    fig, ax = plt.subplots(figsize=(6.4, 5.6))
+    top = 0.0
+    for label, rate in frames.items():
+        ax.scatter(rate["step_ms"], rate["predicted_ms"], label=label, zorder=3)
+        for _, row in rate.iterrows():
+            short = "x".join(str(row[a]) for a in ("pp", "dp", "ep", "cp", "tp"))
+            ax.annotate(short, (row["step_ms"], row["predicted_ms"]), fontsize=6,
+                        xytext=(3, -8), textcoords="offset points")
+        top = max(top, rate["step_ms"].max(), rate["predicted_ms"].max())
+    line = [0, top * 1.1]
+    ax.plot(line, line, color="black", linewidth=1, label="predicted = measured")
+    ax.fill_between(line, [0.85 * x for x in line], [1.15 * x for x in line], color="grey",
+                    alpha=0.2, label="within 15 %")
+    ax.set_xlim(0, top * 1.1)
+    ax.set_ylim(0, top * 1.1)
+    ax.set_xlabel("measured step (ms)")
+    ax.set_ylabel("predicted step (ms), from the machine's profile")
+    ax.set_title("every mesh (pp x dp x ep x cp x tp), measured and predicted")
+    ax.legend(fontsize=8)
+    return save(fig, Path(path))
+
+
 def plot(csv_dir) -> list:
     csv_dir = Path(csv_dir)
     loss = pd.read_csv(csv_dir / "09_gpt_loss.csv")
@@ -83,11 +111,19 @@ def plot(csv_dir) -> list:
     if loss.empty or rate.empty:
         raise ValueError(f"{csv_dir}: the benchmark's CSVs hold no rows")
     out = [plot_loss(loss, csv_dir), plot_throughput(rate, csv_dir)]
+    if "predicted_ms" in rate:  # ch09_gpt --benchmark --predict FILE
+        out.append(plot_predicted({"measured, --predict": rate}, csv_dir / "09_gpt_predicted.png"))
     if (csv_dir / "09_gpt_overlap.csv").exists():  # scripts/cluster.sh --csv-dir DIR overlap
         out.append(plot_overlap(pd.read_csv(csv_dir / "09_gpt_overlap.csv"), csv_dir))
     return out
 
 
 if __name__ == "__main__":
-    for path in plot(sys.argv[1] if len(sys.argv) > 1 else "results"):
-        print("wrote", path)
+    if len(sys.argv) > 2 and sys.argv[1] == "--predicted":  # OUT.png LABEL=DIR ...
+        sets = dict(arg.split("=", 1) for arg in sys.argv[3:])
+        print("wrote", plot_predicted(
+            {label: pd.read_csv(Path(d) / "09_gpt_throughput.csv") for label, d in sets.items()},
+            sys.argv[2]))
+    else:
+        for path in plot(sys.argv[1] if len(sys.argv) > 1 else "results"):
+            print("wrote", path)

@@ -33,8 +33,10 @@ LinkFit fit_link(const std::vector<std::pair<double, double>>& bytes_seconds);
 
 /// One product's measured rate: C (m x n) = A (m x k) B (k x n), best of a few rounds.
 struct GemmRate {
-  int m = 0, n = 0, k = 0;
-  double gflops = 0;
+  int m = 0;          ///< rows of A and C
+  int n = 0;          ///< columns of B and C
+  int k = 0;          ///< the summed dimension
+  double gflops = 0;  ///< 2 m n k / seconds / 1e9
 };
 
 /// What `ch09_gpt --calibrate` measured (see the top).
@@ -73,6 +75,7 @@ struct MachineProfile {
   double cost(const std::string& name) const;
 };
 
+/// The profile as JSON (the file --calibrate writes; links' alpha in microseconds).
 nlohmann::json to_json(const MachineProfile& m);
 /// UsageError (one line, naming `where`) when a field is missing or not a positive number.
 MachineProfile machine_from_json(const nlohmann::json& j, const std::string& where);

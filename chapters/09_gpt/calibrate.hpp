@@ -39,9 +39,10 @@ namespace ch09 {
 /// The sizes one rank's compute has on a mesh: the rows of its microbatch (its tokens,
 /// b T / c), and the tp and cp it is cut by.
 struct Shard {
-  std::int64_t rows = 0;
-  int tp = 1;
-  int cp = 1;
+  std::int64_t rows = 0;  ///< tokens of a microbatch on the rank, b T / c
+  int tp = 1;             ///< the tensor-parallel ranks its layers are cut over
+  int cp = 1;             ///< the context-parallel ranks its sequences are cut over
+  /// Ordered (a set of shards), equal when all three are.
   auto operator<=>(const Shard&) const = default;
 };
 /// The Shard of `c`'s model on `c`'s mesh.

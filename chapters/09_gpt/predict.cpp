@@ -94,9 +94,21 @@ class Programs {
  private:
   double cost(const std::string& what) const { return sharing_ * m_.cost(cost_key(what, s_)); }
   bool overlap(Axis axis) const { return c_.overlap[axis]; }
-  /// A collective's work on one core: its time with every rank at once, as a share of turns.
-  double comm(const std::string& op, int group, double bytes) const {
-    return m_.link(op, group).seconds(bytes) * turns_;
+  /// A collective's work on one core: its time with every rank at once, as a share of
+  /// turns; over the link between hosts when its group crosses it (`across`).
+  double comm(const std::string& op, int group, double bytes, bool across = false) const {
+    const std::string name = across && m_.links.count(op + "_across") ? op + "_across" : op;
+    return m_.link(name, group).seconds(bytes) * turns_;
+  }
+  /// Whether the group of `axis` through `a` has ranks on more than one host (the
+  /// profile's ranks_per_host consecutive ranks a host).
+  bool across(Axis axis, const At& a) const {
+    const int per_host = m_.ranks_per_host > 0 ? m_.ranks_per_host : c_.mesh.ranks();
+    const int host = rank_of(c_.mesh, a) / per_host;
+    for (int r = 0; r < c_.mesh.ranks(); ++r)
+      if (group_of(axis, at_of(c_.mesh, r)) == group_of(axis, a) && r / per_host != host)
+        return true;
+    return false;
   }
   void compute(double work) { out_.push_back({Kind::compute, work}); }
   void collective(Axis axis, long group, double work) {
@@ -123,7 +135,7 @@ class Programs {
   /// ep's all-to-all of a MoE block's k choices a token: by local expert with --overlap ep.
   void ep_exchange(const At& a) {
     const int local = std::max(1, c_.model.experts / c_.mesh.ep);
-    const double all = comm("alltoall", c_.mesh.ep, c_.model.top_k * bsh());
+    const double all = comm("alltoall", c_.mesh.ep, c_.model.top_k * bsh(), across(Axis::ep, a));
     if (overlap(Axis::ep) && local > 1) {
       background(Axis::ep, all * (local - 1) / local);
       collective(Axis::ep, group_of(Axis::ep, a), all / local);
@@ -174,14 +186,21 @@ class Programs {
     At prev = a, next = a;
     prev.pp = (a.pp + p - 1) % p, next.pp = (a.pp + 1) % p;
     const double message = bsh() / (c_.sequence_parallel ? mesh.tp : 1);
-    const double latency = p > 1 ? m_.link("sendrecv", 2).seconds(message) : 0.0;
+    const int per_host = m_.ranks_per_host > 0 ? m_.ranks_per_host : mesh.ranks();
+    auto latency = [&](const At& to) {
+      const bool far = rank_of(mesh, to) / per_host != rank_of(mesh, a) / per_host;
+      // Across hosts, the stage's ranks on this host send at once, sharing the link.
+      const double sharing_link = std::min(per_host, mesh.ranks() / p);
+      return far && m_.links.count("link") ? m_.link("link", 2).seconds(message * sharing_link)
+                                           : m_.link("sendrecv", 2).seconds(message);
+    };
     switch (o.kind) {
       case ch04::OpKind::forward:
         if (!first) out_.push_back({Kind::recv, 0, Axis::pp, 0, rank_of(mesh, prev)});
         if (first) compute(cost("first_stage_forward"));
         for (int b = 0; b < per_chunk; ++b) block_forward(a, first_block + b);
         if (last) compute(cost("last_stage_forward"));
-        if (!last) out_.push_back({Kind::send, latency, Axis::pp, 0, rank_of(mesh, next)});
+        if (!last) out_.push_back({Kind::send, latency(next), Axis::pp, 0, rank_of(mesh, next)});
         break;
       case ch04::OpKind::backward: {
         if (!last) out_.push_back({Kind::recv, 0, Axis::pp, 0, rank_of(mesh, next)});
@@ -195,10 +214,10 @@ class Programs {
           const int done = per_chunk - b;
           if (last_backward && dp_overlaps() &&
               done * buckets / per_chunk != (done - 1) * buckets / per_chunk && done < per_chunk)
-            background(Axis::dp, dp_work(buckets));
+            background(Axis::dp, dp_work(a, buckets));
         }
         if (first && !split_w) compute(cost("first_stage_backward_weight"));
-        if (!first) out_.push_back({Kind::send, latency, Axis::pp, 0, rank_of(mesh, prev)});
+        if (!first) out_.push_back({Kind::send, latency(prev), Axis::pp, 0, rank_of(mesh, prev)});
         break;
       }
       case ch04::OpKind::weight:
@@ -229,8 +248,10 @@ class Programs {
            (c_.mesh.pp == 1 ? 2 * C : 0.0);
   }
   /// One of `buckets` equal sums of the gradients over the replicas.
-  double dp_work(int buckets = 1) const {
-    return replicas() > 1 ? comm("allreduce", replicas(), parameters() * 4 / buckets) : 0.0;
+  double dp_work(const At& a, int buckets = 1) const {
+    return replicas() > 1
+               ? comm("allreduce", replicas(), parameters() * 4 / buckets, across(Axis::dp, a))
+               : 0.0;
   }
 
   /// After the pipeline: dp's sums (the last bucket, or all of them), ZeRO-1's
@@ -245,16 +266,19 @@ class Programs {
                    comm("reduce_scatter", replicas(), parameters() * 4) +
                        comm("allgather", replicas(), parameters() * 4));
       else if (dp_overlaps())
-        collective(Axis::dp, dp, dp_work(std::max(1, c_.buckets)));
+        collective(Axis::dp, dp, dp_work(a, std::max(1, c_.buckets)));
       else
-        collective(Axis::dp, dp, dp_work());
+        collective(Axis::dp, dp, dp_work(a));
     }
     out_.push_back({Kind::wait, 0, Axis::dp, 0, 1});
     if (mesh.pp > 1 && (a.pp == 0 || a.pp == mesh.pp - 1)) {
-      At tie = a;
-      tie.pp = 0;
-      collective(Axis::pp, long(rank_of(mesh, tie)) * 8 + 7,
-                 comm("allreduce", 2, double(c_.model.vocab / mesh.tp * c_.model.channels) * 4));
+      At first = a, last = a;
+      first.pp = 0, last.pp = mesh.pp - 1;
+      const int per_host = m_.ranks_per_host > 0 ? m_.ranks_per_host : mesh.ranks();
+      const bool far = rank_of(mesh, first) / per_host != rank_of(mesh, last) / per_host;
+      collective(
+          Axis::pp, long(rank_of(mesh, first)) * 8 + 7,
+          comm("allreduce", 2, double(c_.model.vocab / mesh.tp * c_.model.channels) * 4, far));
     }
     if (mesh.ranks() > 1) collective(Axis::dp, -1, comm("allreduce", std::min(mesh.ranks(), 8), 8));
     compute(sharing_ * parameters() / (c_.zero ? c_.replicas() : 1) *
