@@ -1,7 +1,6 @@
 // Chapter 09's machine profile and its predictions: see calibrate.hpp.
 #include "calibrate.hpp"
 
-#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,8 +11,6 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <set>
-#include <sstream>
-#include <thread>
 
 #include "attention_and_loss.hpp"
 #include "gpt.hpp"
@@ -51,47 +48,6 @@ std::string cost_key(const std::string& what, const Shard& s) {
 }
 
 namespace {
-
-// ---------------------------------------------------------------------------
-// The CPU, as Linux describes it
-
-std::string cpuinfo_field(const std::string& key) {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind(key, 0) == 0) {
-      const auto colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(std::min(line.size(), colon + 2));
-    }
-  return "";
-}
-
-/// The highest clock the kernel reports: cpufreq's maximum, else /proc/cpuinfo's MHz.
-double clock_ghz() {
-  std::ifstream max("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq");
-  double khz = 0;
-  if (max >> khz && khz > 0) return khz / 1e6;
-  double best = 0;
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("cpu MHz", 0) == 0)
-      best = std::max(best, std::atof(line.c_str() + line.find(':') + 1));
-  return best > 0 ? best / 1e3 : 1.0;
-}
-
-int fp32_lanes() {
-  std::istringstream flags(" " + cpuinfo_field("flags") + " ");
-  std::set<std::string> have;
-  for (std::string f; flags >> f;) have.insert(f);
-  if (have.count("avx512f")) return 16;
-  if (have.count("avx2") && have.count("fma")) return 8;
-  return 4;
-}
-
-int cores() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return std::max(1u, std::thread::hardware_concurrency());
-}
 
 // ---------------------------------------------------------------------------
 // Timing on one core
@@ -463,10 +419,12 @@ void calibrate(Context& ctx, const TrainConfig& base, const std::string& path) {
   }
   // One core's rates, measured by rank 0 while the others wait.
   if (ctx.rank() == 0) {
-    m.cpu = cpuinfo_field("model name");
-    m.cores = cores();
-    m.clock_ghz = clock_ghz();
-    m.fp32_lanes = fp32_lanes();
+    const shardlab::bench::HostCpu& cpu = shardlab::bench::host_cpu();
+    m.cpu = cpu.name;
+    m.cores = cpu.cores;
+    m.clock_ghz = cpu.clock_ghz;
+    m.fp32_lanes = cpu.fp32_lanes;
+    m.fma_units = cpu.fma_units;
     m.memory_bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
     m.gemm_gflops = shardlab::bench::host_gemm_peak_gflops();
     m.triad_GBps = triad_GBps();

@@ -58,13 +58,15 @@ double report_bubble(shardlab::Context& ctx, const TrainConfig& c, Mesh& mesh,
 void report_planner(shardlab::Context& ctx, const TrainConfig& c, const StepResult& last,
                     const shardlab::memory::Usage& used, double measured_bubble);
 
-/// Tokens per second over the run's steps, and the model FLOPs (PaLM's, Chowdhery et al.
-/// 2022, appendix B: (6 N + 12 L H Q T) a token, N every parameter but the learned
-/// positions, the tied wte once, a MoE block's k experts a token) over a peak, times the
-/// devices: on a GPU its FP32 peak, which makes the share PaLM's MFU; on a CPU one core's
-/// measured GEMM rate, below its peak, which makes it an upper bound on the MFU. JSON:
-/// tokens_per_second, model_flops_per_token, peak_gflops_per_device, peak_is,
-/// model_flops_over_peak.
+/// Tokens per second over the run's steps, and PaLM's model FLOPs utilisation (Chowdhery
+/// et al. 2022, appendix B): (6 N + 12 L H Q T) a token (N every parameter but the learned
+/// positions, the tied wte once, a MoE block's k experts a token) times tokens/s, over the
+/// devices' theoretical peak: on a CPU cores x clock x FMA lanes x FMA units x 2
+/// (bench::host_cpu), on a GPU its FP32 peak. On a CPU also the same FLOPs over what the
+/// cores achieve (one core's best 512^3 GEMM, measured), and, with recomputation, the
+/// hardware FLOPs utilisation (Korthikanti et al. 2022: the second forward counted). JSON:
+/// tokens_per_second, model_flops_per_token, hardware_flops_per_token,
+/// peak_gflops_per_device, peak_is, mfu, hfu, gemm_gflops_per_device, model_flops_over_gemm.
 void report_throughput(shardlab::Context& ctx, const TrainConfig& c, int steps, double seconds);
 
 /// The meshes of `ranks` ranks over the five axes that can run `c`'s model (check_config:

@@ -1,11 +1,17 @@
 // bench: the timing loop, and each row written once (see bench.hpp).
 #include "shardlab/bench.hpp"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <sstream>
+#include <thread>
 
 #include "shardlab/check.hpp"
 #include "shardlab/cuda.hpp"
@@ -195,6 +201,43 @@ double mean_ratio(const std::vector<Row>& rows, const std::string& a, const std:
     sum += bw ? x[i].busbw_GBps / y[i].busbw_GBps : x[i].tflops / y[i].tflops;
   }
   return sum / static_cast<double>(x.size());
+}
+
+const HostCpu& host_cpu() {
+  static const HostCpu cpu = [] {
+    HostCpu c;
+    std::string flags, vendor;
+    double mhz = 0;
+    int family = 0;
+    std::ifstream info("/proc/cpuinfo");
+    for (std::string line; std::getline(info, line);) {
+      const auto colon = line.find(':');
+      if (colon == std::string::npos) continue;
+      const std::string value = line.substr(std::min(line.size(), colon + 2));
+      if (line.rfind("model name", 0) == 0 && c.name.empty()) c.name = value;
+      if (line.rfind("flags", 0) == 0 && flags.empty()) flags = " " + value + " ";
+      if (line.rfind("cpu MHz", 0) == 0) mhz = std::max(mhz, std::atof(value.c_str()));
+      if (line.rfind("vendor_id", 0) == 0) vendor = value;
+      if (line.rfind("cpu family", 0) == 0) family = std::atoi(value.c_str());
+    }
+    double khz = 0;
+    std::ifstream max("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq");
+    c.clock_ghz = max >> khz && khz > 0 ? khz / 1e6 : mhz / 1e3;
+    auto has = [&](const char* flag) {
+      return flags.find(std::string(" ") + flag + " ") != std::string::npos;
+    };
+    c.fp32_lanes = has("avx512f") ? 16 : has("avx2") && has("fma") ? 8 : 4;
+    // AMD's Zen 4 (family 25 with AVX-512) runs a 512-bit FMA as two halves on its two
+    // 256-bit units: one 16-lane FMA a cycle.
+    if (vendor == "AuthenticAMD" && family == 25 && c.fp32_lanes == 16) c.fma_units = 1;
+    cpu_set_t set;
+    c.cores = sched_getaffinity(0, sizeof set, &set) == 0
+                  ? std::max(1, CPU_COUNT(&set))
+                  : int(std::max(1u, std::thread::hardware_concurrency()));
+    if (c.name.empty()) c.name = "unknown CPU";
+    return c;
+  }();
+  return cpu;
 }
 
 double host_gemm_peak_gflops() {

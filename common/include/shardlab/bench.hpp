@@ -106,6 +106,20 @@ double mean(const std::vector<Row>& rows, const std::string& name);
 /// Mean over sizes of `a`'s busbw divided by `b`'s (bandwidth), or of their TFLOP/s.
 double mean_ratio(const std::vector<Row>& rows, const std::string& a, const std::string& b);
 
+/// The processor this runs on, as Linux describes it (/proc/cpuinfo, cpufreq): what the
+/// theoretical peak that PaLM's MFU divides by is made of.
+struct HostCpu {
+  std::string name;      ///< "model name"
+  int cores = 1;         ///< the cores this process may run on (its affinity)
+  double clock_ghz = 0;  ///< the highest clock reported: cpufreq's maximum, else "cpu MHz"
+  int fp32_lanes = 4;    ///< float lanes of the widest FMA: AVX-512 16, AVX2 with FMA 8, else 4
+  int fma_units = 2;     ///< FMA units a core: not in /proc/cpuinfo; 2 on current x86 cores
+  /// clock x lanes x FMA units x 2 (an FMA is two FLOPs), GFLOP/s of one core.
+  double peak_gflops_per_core() const { return clock_ghz * fp32_lanes * fma_units * 2; }
+};
+/// This machine's HostCpu (read once).
+const HostCpu& host_cpu();
+
 /// One core's measured FP32 peak, GFLOP/s: the host matmul (its fastest kernel) on
 /// 512 x 512 x 512, the best of eight runs: what MFU divides by on a CPU, whose clock under
 /// turbo and sharing no table gives. Measured once per process (about 30 ms).
