@@ -68,20 +68,27 @@ double seconds_of(F&& f) {
   return best;
 }
 
-/// F alone, F + B, F + B + W of `layer` on `x`, taken apart: {F, B, W} seconds.
-std::array<double, 3> layer_costs(nn::Layer& layer, const Tensor& x) {
+/// F alone, F + B, F + B + W of `layer` on `x`, each timed by `time(call)`, taken apart:
+/// {F, B, W} seconds.
+template <class Time>
+std::array<double, 3> pass_costs(nn::Layer& layer, const Tensor& x, Time&& time) {
   const Tensor dy = shardlab::randn(x.shape()[0], layer.forward(x).out.shape()[1], 7);
-  const double f = seconds_of([&] { (void)layer.forward(x); });
-  const double fb = seconds_of([&] {
+  const double f = time([&] { (void)layer.forward(x); });
+  const double fb = time([&] {
     nn::Forward out = layer.forward(x);
     (void)layer.backward_input(dy, out.saved);
   });
-  const double fbw = seconds_of([&] {
+  const double fbw = time([&] {
     nn::Forward out = layer.forward(x);
     (void)layer.backward_input(dy, out.saved);
     layer.backward_weight(out.saved);
   });
   return {f, std::max(fb - f, 0.0), std::max(fbw - fb, 0.0)};
+}
+
+/// pass_costs on one core.
+std::array<double, 3> layer_costs(nn::Layer& layer, const Tensor& x) {
+  return pass_costs(layer, x, [](auto&& call) { return seconds_of(call); });
 }
 
 void put(MachineProfile& m, const std::string& what, const Shard& s, std::array<double, 3> fbw) {
@@ -153,20 +160,7 @@ void layer_costs_on_groups(Context& ctx, MachineProfile& m, const TrainConfig& c
     }
     return best * turns;
   };
-  auto three = [&](nn::Layer& layer, const Tensor& x) -> std::array<double, 3> {
-    const Tensor dy = shardlab::randn(x.shape()[0], g.channels, 7);
-    const double f = together([&] { (void)layer.forward(x); });
-    const double fb = together([&] {
-      nn::Forward out = layer.forward(x);
-      (void)layer.backward_input(dy, out.saved);
-    });
-    const double fbw = together([&] {
-      nn::Forward out = layer.forward(x);
-      (void)layer.backward_input(dy, out.saved);
-      layer.backward_weight(out.saved);
-    });
-    return {f, std::max(fb - f, 0.0), std::max(fbw - fb, 0.0)};
-  };
+  auto three = [&](nn::Layer& layer, const Tensor& x) { return pass_costs(layer, x, together); };
   const Tensor x = shardlab::randn(s.rows, g.channels, 3 + r);
   std::array<double, 3> a = three(attention, x), b = three(mlp, x);
   // The halves alone run on warm caches; a stage runs its blocks' forwards first and
