@@ -263,6 +263,7 @@ CHAPTERS = {
         # Only the values refused at once: a whole calibration is not this test's work.
         "--calibrate": ["/proc/m.json", "/dev/full/m.json", ""],
         "--predict": ["/nonexistent", "a-file", "/proc", ""],
+        "--mesh": ["auto", "manual", ""],
         "--precision": ["fp32", "fp16", "bf16", "fp8", ""],
         "--scaler": ["none", "static", "dynamic", "some", ""],
         "--init-scale": ["65536", "1e12", "0", "-1", "nan", "x"],

@@ -75,12 +75,14 @@ if [[ "$mode" == run ]]; then
 fi
 
 say "test suite"
-# CI's learner build (below) starts now, at the lowest priority: it takes the cores the
-# tests leave idle while they wait (for processes to start, for timeouts), and what it
-# has not built by the end is built then.
+# CI's learner build (below) starts now, under the idle scheduling class (SCHED_IDLE: it
+# runs only on a core nothing else wants) and two compilers at most: it takes the cores
+# the tests leave idle while they wait (for processes to start, for timeouts), and what
+# it has not built by the end is built then.
 learner_build=
 if [[ "$preset" == ci ]]; then
-  setsid nice -n 19 scripts/check.sh --build-only > build/learner-early.log 2>&1 &
+  setsid chrt --idle 0 env CMAKE_BUILD_PARALLEL_LEVEL=2 scripts/check.sh --build-only \
+    > build/learner-early.log 2>&1 &
   learner_build=$!  # its own process group: the trap stops the compilers too
   trap 'kill -- "-$learner_build" 2>/dev/null || true' EXIT
 fi

@@ -101,8 +101,13 @@ void add_run_flags(CLI::App& app, Settings& s) {
               CLI::Validator());
   cli::option(app, "--predict", s.predict,
               "with --benchmark: each mesh's step predicted from this machine profile "
-              "(--calibrate's), beside the measured one",
+              "(--calibrate's), beside the measured one; with --mesh auto: the one to choose by",
               CLI::Validator());
+  app.add_option_function<std::string>(
+         "--mesh", [&](const std::string& how) { s.mesh_auto = how == "auto"; },
+         "auto: train on the mesh of the ranks that --predict's profile predicts fastest, and "
+         "say why")
+      ->check(CLI::IsMember({"auto"}));
   app.add_flag(
       "--no-reference", [&](std::int64_t) { s.reference = false; },
       "skip one device's training (nothing to compare with)");
@@ -144,8 +149,18 @@ void check_flags(const CLI::App& app, Settings& s) {
                 "(its scaler is dynamic) or --scaler dynamic");
   require_usage(!(s.benchmark && (s.sample || !s.save.empty() || !s.load.empty())),
                 "--benchmark trains fresh models: not with --sample, --save or --load");
-  require_usage(s.benchmark || !app.count("--predict"),
-                "--predict is for --benchmark (each mesh measured beside its prediction)");
+  require_usage(s.benchmark || s.mesh_auto || !app.count("--predict"),
+                "--predict is for --benchmark (each mesh measured beside its prediction) or "
+                "--mesh auto (the mesh predicted fastest)");
+  if (s.mesh_auto) {
+    require_usage(app.count("--predict"),
+                  "--mesh auto chooses by a machine's profile: give --predict FILE "
+                  "(ch09_gpt --calibrate FILE writes one)");
+    require_usage(!s.benchmark && !s.sample, "--mesh auto is for a training run");
+    for (const ch08::AxisInfo& axis : ch08::kAxisInfo)
+      require_usage(!app.count("--" + std::string(axis.name)),
+                    "--" + std::string(axis.name) + " with --mesh auto: the profile chooses the mesh");
+  }
   if (app.count("--calibrate")) {
     for (const char* flag : {"--benchmark", "--sample", "--save", "--load", "--trace"})
       require_usage(!app.count(flag),

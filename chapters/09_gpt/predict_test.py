@@ -6,7 +6,8 @@
 the meshes of the ranks, and the collectives' fits; --benchmark --predict reads it back and
 puts a finite prediction beside every mesh (how close it comes is a benchmark's question,
 not this test's: timings are never asserted here); ch08_plan --machine plans on it; a
-profile without a cost a mesh needs ends the run naming that cost. The wrong versions this
+profile without a cost a mesh needs ends the run naming that cost; --mesh auto trains on the
+mesh the benchmark's prediction puts first. The wrong versions this
 catches (each seen failing): a profile written without the ranks' layout
 (ranks_per_machine), a cost key that the prediction spells another way than the
 calibration, the prediction's columns missing from the CSV.
@@ -72,6 +73,14 @@ else:
     for row in rows:
         if not float(row.get("predicted_ms") or 0) > 0:
             failures.append(f"{row['mesh']}: predicted_ms {row.get('predicted_ms')}")
+
+    # --mesh auto trains on the mesh the same prediction ranks first.
+    fastest = min(rows, key=lambda row: float(row["predicted_ms"]))["mesh"]
+    done = run([ch09, *model, "--mesh", "auto", "--predict", profile, "--steps", "1",
+                "--no-reference", "--json", "--quiet"])
+    chosen = json.loads(done.stdout).get("mesh_auto") if done.returncode == 0 else done.stderr
+    if chosen != fastest:
+        failures.append(f"--mesh auto trained on {chosen!r}, the fastest predicted is {fastest!r}")
 
 done = run([ch08_plan, "--machine", profile, "--model", "custom", "--layers", "2", "--hidden",
             "64", "--heads", "4", "--seq", "64", "--vocab", "256", "--gpus", "2", "--tp", "2",
