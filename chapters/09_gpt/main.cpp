@@ -189,7 +189,8 @@ void choose_mesh(Context& ctx, TrainConfig& c, const ch08::MachineProfile& machi
   ctx.report(t, "mesh_auto",
              "--mesh auto: " + std::to_string(ranked.size()) + " meshes of " +
                  std::to_string(ctx.size()) + " ranks predicted on " + machine.cpu + " (" +
-                 std::to_string(machine.cores) + " cores, the profile's measured layers and "
+                 std::to_string(machine.cores) +
+                 " cores, the profile's measured layers and "
                  "links), the fastest five; training on the first\n");
   ctx.json()["mesh_auto"] = ch08::mesh_name(c.mesh);
 }

@@ -158,8 +158,9 @@ void check_flags(const CLI::App& app, Settings& s) {
                   "(ch09_gpt --calibrate FILE writes one)");
     require_usage(!s.benchmark && !s.sample, "--mesh auto is for a training run");
     for (const ch08::AxisInfo& axis : ch08::kAxisInfo)
-      require_usage(!app.count("--" + std::string(axis.name)),
-                    "--" + std::string(axis.name) + " with --mesh auto: the profile chooses the mesh");
+      require_usage(
+          !app.count("--" + std::string(axis.name)),
+          "--" + std::string(axis.name) + " with --mesh auto: the profile chooses the mesh");
   }
   if (app.count("--calibrate")) {
     for (const char* flag : {"--benchmark", "--sample", "--save", "--load", "--trace"})

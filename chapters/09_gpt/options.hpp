@@ -38,10 +38,10 @@ struct Settings {
   std::string trace;                                                     ///< --trace.
   std::string precision = "fp32";                                        ///< --precision.
   std::string overlap = "all";                                           ///< --overlap.
-  std::string calibrate;  ///< --calibrate: the machine profile to write.
-  std::string predict;    ///< --predict: the machine profile to predict from.
-  bool mesh_auto = false; ///< --mesh auto: the mesh --predict's profile ranks fastest.
-  std::string scaler;     ///< --scaler; "": dynamic with fp16, else none.
+  std::string calibrate;   ///< --calibrate: the machine profile to write.
+  std::string predict;     ///< --predict: the machine profile to predict from.
+  bool mesh_auto = false;  ///< --mesh auto: the mesh --predict's profile ranks fastest.
+  std::string scaler;      ///< --scaler; "": dynamic with fp16, else none.
 };
 
 /// The program's flags, on `app`, setting `s`.
