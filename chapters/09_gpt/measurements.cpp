@@ -296,8 +296,9 @@ void report_throughput(Context& ctx, const TrainConfig& c, int steps, double sec
     // A clock the kernel reports below the one the cores run at (a virtual machine's
     // nominal clock, turbo): the GEMM measured beats that "peak", which then bounds nothing.
     if (achieved > peak) {
-      of += "; the GEMM measured beats that: the cores run faster than the clock reported, "
-            "and the measured rate stands in for the peak";
+      of +=
+          "; the GEMM measured beats that: the cores run faster than the clock reported, "
+          "and the measured rate stands in for the peak";
       peak = achieved;
     }
   }
