@@ -1,1 +1,2 @@
-// Compiled only to build the exercises' precompiled headers (ShardLab.cmake).
+// Compiled only to build the precompiled headers of the exercises and the programs
+// (ShardLab.cmake).
