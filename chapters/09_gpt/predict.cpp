@@ -325,7 +325,6 @@ Run run_together(const std::vector<std::vector<Item>>& programs, int per_machine
   out.blocked.assign(R, {});
   out.active.assign(R, {});
   struct Meeting {
-    int size = 0;
     std::vector<int> arrived;
     double work = 0;
   };
@@ -345,7 +344,7 @@ Run run_together(const std::vector<std::vector<Item>>& programs, int per_machine
   double now = 0;
 
   // Moves rank r through items that take no time, to its next wait or work.
-  auto advance = [&](int r, auto&& self) -> void {
+  auto advance = [&](int r) {
     Rank& k = ranks[r];
     while (k.state == State::running && k.left <= 0) {
       if (k.pc == programs[r].size()) {
@@ -401,9 +400,8 @@ Run run_together(const std::vector<std::vector<Item>>& programs, int per_machine
         }
       }
     }
-    (void)self;
   };
-  for (int r = 0; r < R; ++r) advance(r, advance);
+  for (int r = 0; r < R; ++r) advance(r);
 
   const int machines = (R + per_machine - 1) / per_machine;
   for (int guard = 0; guard < 50'000'000; ++guard) {
@@ -415,7 +413,7 @@ Run run_together(const std::vector<std::vector<Item>>& programs, int per_machine
         const auto& arrivals = sent[{it.peer, r}];
         if (n < arrivals.size() && arrivals[n] <= now) {
           ranks[r].state = State::running;
-          advance(r, advance);
+          advance(r);
         }
       }
     // Who works, and how fast: the machine's cores shared evenly.
@@ -463,11 +461,11 @@ Run run_together(const std::vector<std::vector<Item>>& programs, int per_machine
       Rank& k = ranks[r];
       if ((k.state == State::running || k.state == State::in_collective) && k.left <= 1e-15) {
         k.state = State::running, k.left = 0;
-        advance(r, advance);
+        advance(r);
       }
       if (k.state == State::draining && !pending(k)) {
         k.state = k.pc == programs[r].size() ? State::done : State::running;
-        if (k.state == State::running) advance(r, advance);
+        if (k.state == State::running) advance(r);
       }
     }
   }
