@@ -208,17 +208,24 @@ function(shardlab_mpirun_command out_var ranks)
       ${MPIEXEC_PREFLAGS} ${ARGN} PARENT_SCOPE)
 endfunction()
 
+# A library built only for the precompiled header of ARGN, for other targets to reuse:
+# `name`, from cmake/pch_anchor.cpp, with the flags of `kind` code (shardlab_glue_code or
+# shardlab_learner_code). Made once.
+function(shardlab_pch_library name kind)
+  if(TARGET ${name})
+    return()
+  endif()
+  add_library(${name} STATIC ${PROJECT_SOURCE_DIR}/cmake/pch_anchor.cpp)
+  target_link_libraries(${name} PUBLIC shardlab::common)
+  shardlab_warnings(${name})
+  cmake_language(CALL shardlab_${kind}_code ${name})
+  target_precompile_headers(${name} PRIVATE ${ARGN})
+endfunction()
+
 # The common headers every exercise includes, precompiled once (learner mode): a one-line
 # edit then recompiles in under a second instead of three.
 function(shardlab_exercise_pch)
-  if(TARGET shardlab_exercise_pch)
-    return()
-  endif()
-  add_library(shardlab_exercise_pch STATIC ${PROJECT_SOURCE_DIR}/cmake/pch_anchor.cpp)
-  target_link_libraries(shardlab_exercise_pch PUBLIC shardlab::common)
-  shardlab_warnings(shardlab_exercise_pch)
-  shardlab_learner_code(shardlab_exercise_pch)
-  target_precompile_headers(shardlab_exercise_pch PRIVATE
+  shardlab_pch_library(shardlab_exercise_pch learner
     <shardlab/check.hpp> <shardlab/comm.hpp> <shardlab/memory.hpp> <shardlab/nn.hpp>
     <shardlab/tensor.hpp>)
 endfunction()
@@ -229,15 +236,9 @@ endfunction()
 # planner's test): each such file compiles in 5 s instead of 7. (Not for libraries: every
 # file of a target gets the header, and CLI11's validators are objects each file builds.)
 function(shardlab_program_pch target)
-  if(NOT TARGET shardlab_program_pch)
-    add_library(shardlab_program_pch STATIC ${PROJECT_SOURCE_DIR}/cmake/pch_anchor.cpp)
-    target_link_libraries(shardlab_program_pch PUBLIC shardlab::common)
-    shardlab_warnings(shardlab_program_pch)
-    shardlab_glue_code(shardlab_program_pch)
-    target_precompile_headers(shardlab_program_pch PRIVATE
-      <CLI/CLI.hpp> <nlohmann/json.hpp> <shardlab/cli.hpp> <shardlab/launch.hpp>
-      <shardlab/results.hpp> <shardlab/tensor.hpp>)
-  endif()
+  shardlab_pch_library(shardlab_program_pch glue
+    <CLI/CLI.hpp> <nlohmann/json.hpp> <shardlab/cli.hpp> <shardlab/launch.hpp>
+    <shardlab/results.hpp> <shardlab/tensor.hpp>)
   target_precompile_headers(${target} REUSE_FROM shardlab_program_pch)
 endfunction()
 
