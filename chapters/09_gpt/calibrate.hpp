@@ -73,6 +73,11 @@ struct StepPrediction {
 /// Error when `m` lacks a cost this mesh needs (calibrated for another model).
 StepPrediction predict_step(const TrainConfig& c, const ch08::MachineProfile& m);
 
+/// --mesh auto: every mesh of the ranks that can run `c`'s model (benchmark_meshes),
+/// predicted on `machine`; sets c.mesh to the fastest, and rank 0 says why (the five
+/// fastest and their predicted steps; JSON mesh_auto).
+void choose_mesh(shardlab::Context& ctx, TrainConfig& c, const ch08::MachineProfile& machine);
+
 /// Spearman's rank correlation of two lists (ties at their mean rank); 0 below 2 items.
 double spearman(const std::vector<double>& a, const std::vector<double>& b);
 

@@ -170,31 +170,6 @@ void generate(Context& ctx, const Settings& s) {
   ctx.say(s.prompt + text);
 }
 
-/// --mesh auto: every mesh of the ranks that can run the model, predicted from the
-/// machine's profile; trains on the fastest, and rank 0 says why (the ranking).
-void choose_mesh(Context& ctx, TrainConfig& c, const ch08::MachineProfile& machine) {
-  std::vector<std::pair<double, MeshShape>> ranked;
-  for (const MeshShape& mesh : benchmark_meshes(c, ctx.size())) {
-    TrainConfig t = c;
-    t.mesh = mesh;
-    ranked.emplace_back(predict_step(t, machine).step_s, mesh);
-  }
-  std::stable_sort(ranked.begin(), ranked.end(),
-                   [](const auto& a, const auto& b) { return a.first < b.first; });
-  c.mesh = ranked.front().second;
-  shardlab::Table t({"rank", "mesh", "predicted_step_ms"});
-  for (std::size_t i = 0; i < ranked.size() && i < 5; ++i)
-    t.add({static_cast<std::int64_t>(i + 1), ch08::mesh_name(ranked[i].second),
-           1e3 * ranked[i].first});
-  ctx.report(t, "mesh_auto",
-             "--mesh auto: " + std::to_string(ranked.size()) + " meshes of " +
-                 std::to_string(ctx.size()) + " ranks predicted on " + machine.cpu + " (" +
-                 std::to_string(machine.cores) +
-                 " cores, the profile's measured layers and "
-                 "links), the fastest five; training on the first\n");
-  ctx.json()["mesh_auto"] = ch08::mesh_name(c.mesh);
-}
-
 /// What the flags ask of `ranks` ranks: the mesh (dp what the others leave), chapter 10's
 /// ring where it has cp, the interleaved schedule's chunks, the experts (--sample: its
 /// checkpoint's); --benchmark: a mesh of the ranks that can run the model.

@@ -14,9 +14,11 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <nlohmann/json.hpp>
 
 #include "calibrate.hpp"
-#include "schedule.hpp"  // chapter 04
+#include "measurements.hpp"  // benchmark_meshes
+#include "schedule.hpp"      // chapter 04
 #include "shardlab/check.hpp"
 
 namespace ch09 {
@@ -71,6 +73,7 @@ class Programs {
     const int per_machine =
         std::max(1, m.ranks_per_machine > 0 ? m.ranks_per_machine : c.mesh.ranks());
     turns_ = double(std::min(per_machine, std::max(1, m.cores))) / per_machine;
+    per_host_ = m.ranks_per_host > 0 ? m.ranks_per_host : c.mesh.ranks();
   }
 
   std::vector<Item> of(int rank) {
@@ -89,8 +92,6 @@ class Programs {
     return out_;
   }
 
-  int stages() const { return c_.mesh.pp; }
-
  private:
   double cost(const std::string& what) const { return sharing_ * m_.cost(cost_key(what, s_)); }
   bool overlap(Axis axis) const { return c_.overlap[axis]; }
@@ -100,14 +101,17 @@ class Programs {
     const std::string name = across && m_.links.count(op + "_across") ? op + "_across" : op;
     return m_.link(name, group).seconds(bytes) * turns_;
   }
-  /// Whether the group of `axis` through `a` has ranks on more than one host (the
-  /// profile's ranks_per_host consecutive ranks a host).
+  /// Whether `x` and `y` run on different hosts (the profile's ranks_per_host
+  /// consecutive ranks a host).
+  bool apart(const At& x, const At& y) const {
+    return rank_of(c_.mesh, x) / per_host_ != rank_of(c_.mesh, y) / per_host_;
+  }
+  /// Whether the group of `axis` through `a` has ranks on more than one host.
   bool across(Axis axis, const At& a) const {
-    const int per_host = m_.ranks_per_host > 0 ? m_.ranks_per_host : c_.mesh.ranks();
-    const int host = rank_of(c_.mesh, a) / per_host;
-    for (int r = 0; r < c_.mesh.ranks(); ++r)
-      if (group_of(axis, at_of(c_.mesh, r)) == group_of(axis, a) && r / per_host != host)
-        return true;
+    for (int r = 0; r < c_.mesh.ranks(); ++r) {
+      const At other = at_of(c_.mesh, r);
+      if (group_of(axis, other) == group_of(axis, a) && apart(other, a)) return true;
+    }
     return false;
   }
   void compute(double work) { out_.push_back({Kind::compute, work}); }
@@ -186,13 +190,12 @@ class Programs {
     At prev = a, next = a;
     prev.pp = (a.pp + p - 1) % p, next.pp = (a.pp + 1) % p;
     const double message = bsh() / (c_.sequence_parallel ? mesh.tp : 1);
-    const int per_host = m_.ranks_per_host > 0 ? m_.ranks_per_host : mesh.ranks();
     auto latency = [&](const At& to) {
-      const bool far = rank_of(mesh, to) / per_host != rank_of(mesh, a) / per_host;
       // Across hosts, the stage's ranks on this host send at once, sharing the link.
-      const double sharing_link = std::min(per_host, mesh.ranks() / p);
-      return far && m_.links.count("link") ? m_.link("link", 2).seconds(message * sharing_link)
-                                           : m_.link("sendrecv", 2).seconds(message);
+      const double sharing_link = std::min(per_host_, mesh.ranks() / p);
+      return apart(to, a) && m_.links.count("link")
+                 ? m_.link("link", 2).seconds(message * sharing_link)
+                 : m_.link("sendrecv", 2).seconds(message);
     };
     switch (o.kind) {
       case ch04::OpKind::forward:
@@ -274,11 +277,9 @@ class Programs {
     if (mesh.pp > 1 && (a.pp == 0 || a.pp == mesh.pp - 1)) {
       At first = a, last = a;
       first.pp = 0, last.pp = mesh.pp - 1;
-      const int per_host = m_.ranks_per_host > 0 ? m_.ranks_per_host : mesh.ranks();
-      const bool far = rank_of(mesh, first) / per_host != rank_of(mesh, last) / per_host;
-      collective(
-          Axis::pp, long(rank_of(mesh, first)) * 8 + 7,
-          comm("allreduce", 2, double(c_.model.vocab / mesh.tp * c_.model.channels) * 4, far));
+      collective(Axis::pp, long(rank_of(mesh, first)) * 8 + 7,
+                 comm("allreduce", 2, double(c_.model.vocab / mesh.tp * c_.model.channels) * 4,
+                      apart(first, last)));
     }
     if (mesh.ranks() > 1) collective(Axis::dp, -1, comm("allreduce", std::min(mesh.ranks(), 8), 8));
     compute(sharing_ * parameters() / (c_.zero ? c_.replicas() : 1) *
@@ -289,6 +290,7 @@ class Programs {
   const MachineProfile& m_;
   Shard s_;
   double sharing_ = 1, turns_ = 1;
+  int per_host_ = 1;  ///< consecutive ranks a host
   std::vector<Item> out_;
 };
 
@@ -504,6 +506,29 @@ StepPrediction predict_step(const TrainConfig& c, const MachineProfile& m) {
   }
   out.bubble = own.makespan > 0 ? own.makespan / std::max(1e-12, out.compute_s) - 1 : 0;
   return out;
+}
+
+void choose_mesh(shardlab::Context& ctx, TrainConfig& c, const ch08::MachineProfile& machine) {
+  std::vector<std::pair<double, MeshShape>> ranked;
+  for (const MeshShape& mesh : benchmark_meshes(c, ctx.size())) {
+    TrainConfig t = c;
+    t.mesh = mesh;
+    ranked.emplace_back(predict_step(t, machine).step_s, mesh);
+  }
+  std::stable_sort(ranked.begin(), ranked.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  c.mesh = ranked.front().second;
+  shardlab::Table t({"rank", "mesh", "predicted_step_ms"});
+  for (std::size_t i = 0; i < ranked.size() && i < 5; ++i)
+    t.add({static_cast<std::int64_t>(i + 1), ch08::mesh_name(ranked[i].second),
+           1e3 * ranked[i].first});
+  ctx.report(t, "mesh_auto",
+             "--mesh auto: " + std::to_string(ranked.size()) + " meshes of " +
+                 std::to_string(ctx.size()) + " ranks predicted on " + machine.cpu + " (" +
+                 std::to_string(machine.cores) +
+                 " cores, the profile's measured layers and "
+                 "links), the fastest five; training on the first\n");
+  ctx.json()["mesh_auto"] = ch08::mesh_name(c.mesh);
 }
 
 }  // namespace ch09
