@@ -7,8 +7,6 @@
 #include <cmath>
 #include <fstream>
 #include <limits>
-#include <map>
-#include <nlohmann/json.hpp>
 #include <numeric>
 #include <set>
 
@@ -64,6 +62,22 @@ double seconds_of(F&& f) {
     Stopwatch w;
     for (int i = 0; i < calls; ++i) f();
     best = std::min(best, w.seconds() / calls);
+  }
+  return best;
+}
+
+/// Seconds one call of `f` takes with every rank of `world` calling it at once: the best
+/// of 3 rounds of `calls` calls between two barriers, the slowest rank's (to the last
+/// rank's end: a rank the cores take up late is counted).
+template <class F>
+double seconds_together(Communicator& world, int calls, F&& f) {
+  double best = std::numeric_limits<double>::infinity();
+  for (int round = 0; round < 3; ++round) {
+    world.barrier();
+    Stopwatch w;
+    for (int i = 0; i < calls; ++i) f();
+    world.barrier();
+    best = std::min(best, world.agree(w.seconds() / calls, shardlab::ReduceOp::max));
   }
   return best;
 }
@@ -147,18 +161,10 @@ void layer_costs_on_groups(Context& ctx, MachineProfile& m, const TrainConfig& c
   const int per_machine = std::max(1, m.ranks_per_machine);
   const double turns = double(std::min(per_machine, m.cores)) / per_machine / m.costs.at("sharing");
 
-  // Every rank's calls at once, the slowest rank's time, the best of 3 rounds.
+  // Every rank's calls at once (after one to warm up), as one rank's turns on a core.
   auto together = [&](auto&& f) {
     f();
-    double best = std::numeric_limits<double>::infinity();
-    for (int round = 0; round < 3; ++round) {
-      world.barrier();
-      Stopwatch w;  // to the last rank's end: a rank the cores take up late is counted
-      for (int i = 0; i < 3; ++i) f();
-      world.barrier();
-      best = std::min(best, world.agree(w.seconds() / 3, shardlab::ReduceOp::max));
-    }
-    return best * turns;
+    return seconds_together(world, 3, f) * turns;
   };
   auto three = [&](nn::Layer& layer, const Tensor& x) { return pass_costs(layer, x, together); };
   const Tensor x = shardlab::randn(s.rows, g.channels, 3 + r);
@@ -315,17 +321,10 @@ void measure_sharing(Context& ctx, MachineProfile& m, const GptShape& g, const S
   if (world.rank() == 0) alone = seconds_of(once);
   alone = world.agree(alone, shardlab::ReduceOp::max);
   const int calls = std::clamp(int(0.2 / alone), 4, 2000);  // about 0.2 s of work a rank
-  double best = std::numeric_limits<double>::infinity();
-  for (int round = 0; round < 3; ++round) {
-    world.barrier();
-    Stopwatch w;
-    for (int i = 0; i < calls; ++i) once();
-    world.barrier();
-    best = std::min(best, world.agree(w.seconds(), shardlab::ReduceOp::max));
-  }
+  const double together = seconds_together(world, calls, once);
   const int R = m.ranks_per_machine;
-  const double turns = double(R) / std::min(R, m.cores) * calls * alone;
-  m.costs["sharing"] = std::max(1.0, best / turns);
+  const double turns = double(R) / std::min(R, m.cores) * alone;
+  m.costs["sharing"] = std::max(1.0, together / turns);
 }
 
 /// Where the ranks run: on how many hosts (network names: the link between them) and
@@ -388,10 +387,7 @@ void measure_links(Context& ctx, MachineProfile& m) {
   std::vector<std::pair<double, double>> points;
   for (std::size_t bytes : sizes) {
     double s = 0;
-    if (pair) {
-      Communicator::Uncounted quiet(*link);
-      s = collective_seconds(*link, *link, "sendrecv", bytes);
-    }
+    if (pair) s = collective_seconds(*link, *link, "sendrecv", bytes);
     points.emplace_back(double(bytes), world.agree(s, shardlab::ReduceOp::max));
   }
   m.links["link"][2] = ch08::fit_link(points);
