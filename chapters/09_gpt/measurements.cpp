@@ -5,7 +5,6 @@
 #include <chrono>
 #include <cmath>
 #include <nlohmann/json.hpp>
-#include <thread>
 
 #include "calibrate.hpp"
 #include "mesh_checks.hpp"

@@ -113,7 +113,9 @@ struct HostCpu {
   int cores = 1;         ///< the cores this process may run on (its affinity)
   double clock_ghz = 0;  ///< the highest clock reported: cpufreq's maximum, else "cpu MHz"
   int fp32_lanes = 4;    ///< float lanes of the widest FMA: AVX-512 16, AVX2 with FMA 8, else 4
-  int fma_units = 2;     ///< FMA units a core: not in /proc/cpuinfo; 2 on current x86 cores
+  /// FMA units of that width a core: not in /proc/cpuinfo; 2 on current x86 cores, 1 on
+  /// AMD's Zen 4 at 512 bits (two 256-bit units)
+  int fma_units = 2;
   /// clock x lanes x FMA units x 2 (an FMA is two FLOPs), GFLOP/s of one core.
   double peak_gflops_per_core() const { return clock_ghz * fp32_lanes * fma_units * 2; }
 };
