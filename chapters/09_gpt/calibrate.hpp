@@ -61,10 +61,6 @@ struct StepPrediction {
   double shared_s = 0;    ///< every rank's computation over the cores: the step's floor
   double compute_s = 0;   ///< the busiest rank's computation
   double exposed_s = 0;   ///< the ranks' mean time blocked by communication, every axis
-  double bubble = 0;      ///< pipeline_s over compute_s, less 1
-  /// Per axis, the ranks' mean time in its collectives (those the layers' costs do not
-  /// hold: dp's, ep's, pp's messages are in `exposed` only).
-  ch08::PerAxis<double> comm_s{};
   /// Per axis, the ranks' mean time blocked by it: waiting for their group, a message, or
   /// in the collective.
   ch08::PerAxis<double> exposed{};

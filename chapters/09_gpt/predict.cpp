@@ -301,7 +301,6 @@ struct Run {
   double makespan = 0;
   std::vector<double> compute;                 ///< per rank: its computation's work
   std::vector<ch08::PerAxis<double>> blocked;  ///< per rank and axis: waiting or in a collective
-  std::vector<ch08::PerAxis<double>> active;   ///< of it, in the collective itself
 };
 
 /// Runs the programs on machines of `per_machine` ranks (consecutive) with `cores` each.
@@ -325,7 +324,6 @@ Run run_together(const std::vector<std::vector<Item>>& programs, int per_machine
   Run out;
   out.compute.assign(R, 0.0);
   out.blocked.assign(R, {});
-  out.active.assign(R, {});
   struct Meeting {
     std::vector<int> arrived;
     double work = 0;
@@ -454,7 +452,6 @@ Run run_together(const std::vector<std::vector<Item>>& programs, int per_machine
       if (k.state == State::in_collective || k.state == State::waiting ||
           k.state == State::receiving)
         out.blocked[r][k.axis] += dt;
-      if (k.state == State::in_collective) out.active[r][k.axis] += dt;
       for (auto& [left, axis] : k.background) left -= go;
       std::erase_if(k.background, [](const auto& b) { return b.first <= 1e-15; });
     }
@@ -498,13 +495,10 @@ StepPrediction predict_step(const TrainConfig& c, const MachineProfile& m) {
   // Per axis: the ranks' mean time blocked (waiting for the group, or in the collective).
   for (Axis axis : ch08::kAxes) {
     double sum = 0;
-    double active = 0;
-    for (int r = 0; r < R; ++r) sum += shared.blocked[r][axis], active += shared.active[r][axis];
+    for (int r = 0; r < R; ++r) sum += shared.blocked[r][axis];
     out.exposed[axis] = sum / R;
-    out.comm_s[axis] = active / R;
     out.exposed_s += out.exposed[axis];
   }
-  out.bubble = own.makespan > 0 ? own.makespan / std::max(1e-12, out.compute_s) - 1 : 0;
   return out;
 }
 
