@@ -77,7 +77,7 @@ TpRegion::TpRegion(Communicator& tp, bool sequence_parallel)
 
 TpRegion::TpRegion(Communicator& tp, const TpOptions& options)
     : TpRegion(tp, options.sequence_parallel) {
-  if (split_rows_ || tp.size() == 1) return;  // nothing summed over tp, or rows split
+  if (tp.size() == 1) return;  // nothing summed or gathered over tp
   chunks_ = std::max(1, options.chunks);
   overlap_ = options.overlap;
 }
@@ -103,12 +103,96 @@ Tensor TpRegion::summed_product(const Tensor& a, const Tensor& b, bool transpose
   return y;
 }
 
+namespace {
+
+/// The parts of a rank's `share` rows the collective matmul makes: `chunks`, or one a row.
+int parts_of(std::int64_t share, int chunks) {
+  return static_cast<int>(std::min<std::int64_t>(chunks, std::max<std::int64_t>(share, 1)));
+}
+
+}  // namespace
+
+Tensor TpRegion::scattered_product(const Tensor& a, const Tensor& b, bool transpose_b) const {
+  const int t = tp_.size();
+  require(a.ndim() == 2 && a.rows() % t == 0, [&] {
+    return "sequence parallelism: " + a.describe() + " does not split into " + std::to_string(t) +
+           " equal parts of rows";
+  });
+  const std::int64_t share = a.rows() / t, cols = transpose_b ? b.rows() : b.cols();
+  Tensor mine = shardlab::empty(Shape{share, cols}, a.dtype(), a.memory());
+  const int parts = parts_of(share, chunks_);
+  std::vector<Tensor> staged;  // each part's buffer belongs to its collective until the wait
+  staged.reserve(static_cast<std::size_t>(parts));
+  std::vector<shardlab::Request> pending;
+  for (int c = 0; c < parts; ++c) {
+    const ShardRange rows = shard_range(share, parts, c);
+    Tensor& part =
+        staged.emplace_back(shardlab::empty(Shape{t * rows.length, cols}, a.dtype(), a.memory()));
+    for (int j = 0; j < t; ++j) {  // rank j's rows of this part, j-th (reduce_scatter's order)
+      Tensor to = part.slice(j * rows.length, rows.length);
+      shardlab::matmul_into(to, a.slice(j * share + rows.offset, rows.length), b, false,
+                            transpose_b);
+    }
+    // Waited for at once or not, the same collective: MPI's blocking reduce-scatter may
+    // add the ranks' rows in another order than its non-blocking one.
+    Tensor out = mine.slice(rows.offset, rows.length);
+    pending.push_back(tp_.ireduce_scatter(part, out, shardlab::ReduceOp::sum));
+    if (!overlap_) tp_.wait(pending.back());
+  }
+  tp_.wait_all(pending);
+  return mine;
+}
+
+Tensor TpRegion::gathered_product(const Tensor& mine, const Tensor& b, bool transpose_b,
+                                  Tensor* gathered) const {
+  const int t = tp_.size();
+  const std::int64_t share = mine.rows(), n = share * t;
+  const Shape out_shape{n, transpose_b ? b.rows() : b.cols()};
+  Tensor y = shardlab::empty(out_shape, mine.dtype(), mine.memory());
+  if (gathered) *gathered = shardlab::empty(Shape{n, mine.cols()}, mine.dtype(), mine.memory());
+  const int parts = parts_of(share, chunks_);
+  std::vector<Tensor> staged(static_cast<std::size_t>(parts));
+  std::vector<shardlab::Request> pending(static_cast<std::size_t>(parts));
+  auto rows_of = [&](int c) { return shard_range(share, parts, c); };
+  for (int c = 0; overlap_ && c < parts; ++c) {  // every part on its way, in order
+    const ShardRange rows = rows_of(c);
+    const auto i = static_cast<std::size_t>(c);
+    staged[i] = shardlab::empty(Shape{t * rows.length, mine.cols()}, mine.dtype(), mine.memory());
+    pending[i] = tp_.iallgather(mine.slice(rows.offset, rows.length), staged[i]);
+  }
+  for (int c = 0; c < parts; ++c) {
+    const ShardRange rows = rows_of(c);
+    const auto i = static_cast<std::size_t>(c);
+    if (overlap_)
+      tp_.wait(pending[i]);
+    else  // the learner's gather_rows, on this part
+      staged[i] = gather_rows(tp_, mine.slice(rows.offset, rows.length));
+    for (int j = 0; j < t; ++j) {  // rank j's rows of the part go back to rank j's place
+      const Tensor from = staged[i].slice(j * rows.length, rows.length);
+      const std::int64_t at = j * share + rows.offset;
+      Tensor to = y.slice(at, rows.length);
+      shardlab::matmul_into(to, from, b, false, transpose_b);
+      if (gathered) gathered->slice(at, rows.length).copy_from(from);
+    }
+    staged[i] = Tensor();
+  }
+  return y;
+}
+
 Tensor TpRegion::leave_product(const Tensor& x, const Tensor& w) const {
-  return summed_product(x, w, false, g_forward);
+  return split_rows_ ? scattered_product(x, w, false) : summed_product(x, w, false, g_forward);
 }
 
 Tensor TpRegion::enter_backward_product(const Tensor& dy, const Tensor& w) const {
-  return summed_product(dy, w, true, f_backward);
+  return split_rows_ ? scattered_product(dy, w, true) : summed_product(dy, w, true, f_backward);
+}
+
+Tensor TpRegion::enter_product(const Tensor& x, const Tensor& w) const {
+  return gathered_product(x, w, false, nullptr);
+}
+
+Tensor TpRegion::leave_backward_product(const Tensor& dy, const Tensor& w, Tensor& gathered) const {
+  return gathered_product(dy, w, true, &gathered);
 }
 
 Tensor TpRegion::enter_again(const Tensor& kept) const {
@@ -137,6 +221,16 @@ Tensor ColumnParallelLinear::own(const Tensor& whole) const {
 }
 
 nn::Forward ColumnParallelLinear::forward(const Tensor& x) const {
+  if (region_.gathers_by_parts()) {  // Linear's forward, its product by parts as they arrive
+    const std::vector<nn::Parameter*> wb = inner_.parameters();  // W, and b if any
+    Tensor y = region_.enter_product(shardlab::round_to(x, compute_),
+                                     shardlab::round_to(wb[0]->value, compute_));
+    if (wb.size() > 1) add_row(y, shardlab::round_to(wb[1]->value, compute_));
+    nn::Forward f{shardlab::round_to(y, compute_), {}};
+    f.saved.tensors = {x};  // this rank's rows, gathered again in the backward
+    f.saved.children.emplace_back();
+    return f;
+  }
   nn::Forward f = inner_.forward(region_.enter(x));
   nn::Saved inner = std::move(f.saved);
   f.saved = nn::Saved{};
@@ -200,6 +294,16 @@ nn::Forward RowParallelLinear::forward(const Tensor& x) const {
 
 Tensor RowParallelLinear::backward_input(const Tensor& dy, nn::Saved& saved) const {
   require(saved.children.size() == 1, inner_.name() + ": backward without a forward");
+  if (region_.gathers_by_parts()) {  // Linear's backward_input, its product by parts
+    Tensor d;
+    const Tensor dx = region_.leave_backward_product(
+        shardlab::round_to(dy, compute_),
+        shardlab::round_to(inner_.parameters()[0]->value, compute_), d);
+    const ShardRange mine = region_.rows(d.rows());
+    saved.dy = d.slice(mine.offset, mine.length);
+    saved.children[0].dy = d;  // what Linear's backward_weight reads
+    return shardlab::round_to(dx, compute_);
+  }
   const Tensor d = region_.leave_backward(shardlab::round_to(dy, compute_));
   const ShardRange mine = region_.rows(d.rows());
   saved.dy = d.slice(mine.offset, mine.length);  // the bias's gradient: this rank's rows'

@@ -80,11 +80,14 @@ struct TpOptions {
   /// The collective matmul (Wang et al. 2023; Megatron-LM's tp-comm-overlap, PyTorch's
   /// async TP): the products whose output is summed over tp (the row-parallel output, the
   /// column-parallel input's gradient) made in `chunks` parts of rows, each part's
-  /// allreduce started as soon as it is made (`overlap`: while the next part is computed)
-  /// or waited for at once (the same parts, so the same sums). 1: one product, one
-  /// allreduce (the learner's f and g). Not under sequence parallelism.
+  /// allreduce (under sequence parallelism: reduce-scatter) started as soon as it is made
+  /// (`overlap`: while the next part is computed) or waited for at once (the same parts,
+  /// so the same sums); under sequence parallelism the products whose input is gathered
+  /// (the column-parallel input, the row-parallel output's gradient) likewise, each part
+  /// multiplied once its rows have arrived while the next part's travel. 1: one product,
+  /// one collective (the learner's f and g).
   int chunks = 1;
-  bool overlap = false;  ///< with chunks > 1: each part's allreduce runs under the next product
+  bool overlap = false;  ///< with chunks > 1: each part's collective runs under another's product
 };
 
 /// The two edges of a tensor-parallel region on the tp ranks, chosen once: f and g, or
@@ -105,6 +108,12 @@ class TpRegion {
   /// The column-parallel input's gradient where the region chunks: enter_backward(dy W^T),
   /// part by part alike.
   Tensor enter_backward_product(const Tensor& dy, const Tensor& w) const;
+  /// Under sequence parallelism, where the region chunks (gathers_by_parts()): enter(x) W,
+  /// the ranks' rows gathered part by part, each part multiplied once it has arrived.
+  Tensor enter_product(const Tensor& x, const Tensor& w) const;
+  /// leave_backward(dy) W^T alike, part by part; `gathered` gets leave_backward(dy) (every
+  /// row's dL/dy, for the weight's gradient).
+  Tensor leave_backward_product(const Tensor& dy, const Tensor& w, Tensor& gathered) const;
   /// Into a column-parallel product: f(x), or the whole n rows gathered from n/t.
   Tensor enter(const Tensor& x) const { return enter_.forward(tp_, x); }
   /// enter's backward: f's (dL/dx summed over tp), or this rank's rows of the sum. May
@@ -127,8 +136,10 @@ class TpRegion {
   /// The tp communicator.
   Communicator& comm() const { return tp_; }
   /// Whether the summed products go by parts of rows (TpOptions::chunks > 1, on more than
-  /// one tp rank, without sequence parallelism).
+  /// one tp rank).
   bool chunked() const { return chunks_ > 1; }
+  /// Whether the gathered products go by parts too: chunked() under sequence parallelism.
+  bool gathers_by_parts() const { return chunked() && split_rows_; }
 
  private:
   struct Edge {
@@ -139,6 +150,16 @@ class TpRegion {
   /// of a's rows: f's and g's sum, each part's allreduce overlapping the next product.
   Tensor summed_product(const Tensor& a, const Tensor& b, bool transpose_b,
                         void (*sum)(Communicator&, Tensor&)) const;
+  /// Under sequence parallelism: this rank's n/t rows of the sum over tp of a b (a has n
+  /// rows), by parts: part c holds rows shard_range(n/t, parts, c) of every rank's n/t,
+  /// multiplied into one buffer (rank j's rows j-th) and reduce-scattered while the next
+  /// part is multiplied.
+  Tensor scattered_product(const Tensor& a, const Tensor& b, bool transpose_b) const;
+  /// Under sequence parallelism: gather(mine) b by the same parts, every part's all-gather
+  /// started at once and each part multiplied as it arrives; `gathered` (if given) gets
+  /// gather(mine).
+  Tensor gathered_product(const Tensor& mine, const Tensor& b, bool transpose_b,
+                          Tensor* gathered) const;
 
   Communicator& tp_;
   bool split_rows_;

@@ -14,12 +14,15 @@
 #include <doctest/doctest.h>
 
 #include <string>
+#include <utility>
 
 #include "mlp_stack.hpp"
 #include "shardlab/testing.hpp"
+#include "tensor_parallel.hpp"
 
 using namespace shardlab;
 using namespace ch08;
+using shardlab::testing::check_equal;
 using shardlab::testing::on_ranks;
 
 namespace {
@@ -165,6 +168,51 @@ TEST_SUITE("ch08 hybrid") {
     CHECK(b[Axis::dp] == 1120u * 4);
     // pp: the last stage sends only gradients back: 16 rows x 8 x 4 B.
     CHECK(b[Axis::pp] == 16u * 8 * 4);
+  }
+
+  TEST_CASE("the collective matmul under sequence parallelism: by parts, the same bits") {
+    // The block's four tp collectives (the gather into fc1, the reduce-scatter out of fc2,
+    // their backwards) by parts of rows, each part's collective under another part's
+    // product (overlap) or waited for at once: the output, dL/dx and every gradient equal
+    // the whole block's (one gather, one reduce-scatter) bit for bit. Rows a rank: 5 (parts
+    // of 3 and 2), and 1 (one part). Each rank's x and dy are its rows of one tensor.
+    // Wrong versions seen failing: rank j's rows of a part taken from j * part rows instead
+    // of j * n/t ("the block's output y, waited for: 30 of 30 elements differ"); a part
+    // reduce-scattered into the first part's rows ("the block's output y, overlapped"); the
+    // gathered dL/dy kept in part order ("dL/dW1, db1, dW2, db2, waited for"); fc1's bias
+    // left out ("the block's output y, waited for").
+    for (const auto [t, share] : {std::pair{2, 5}, std::pair{3, 5}, std::pair{2, 1}}) {
+      CAPTURE(t);
+      CAPTURE(share);
+      const std::int64_t n = t * share, hidden = 6, ffn = 12;
+      const Tensor x = randn(n, hidden, 31), dy = randn(n, hidden, 32);
+      on_ranks(t, [&](Communicator& tp) {
+        const ShardRange mine = shard_range(n, t, tp.rank());
+        struct Run {
+          Tensor y, dx, grads;
+        };
+        auto run = [&](int chunks, bool overlap) {
+          nn::ParameterStore store;
+          nn::Residual block =
+              parallel_mlp(store, tp, mlp_spec("b", hidden, ffn, 5, 0),
+                           {.sequence_parallel = true, .chunks = chunks, .overlap = overlap});
+          store.allocate();
+          for (nn::Parameter* p : store.parameters())  // b1 and b2 away from 0
+            if (p->name.ends_with("bias")) p->value.copy_from(randn(1, p->value.size(), 33));
+          nn::Forward f = block.forward(x.slice(mine.offset, mine.length));
+          const Tensor dx = block.backward(dy.slice(mine.offset, mine.length), f.saved);
+          return Run{f.out, dx, store.grads().clone()};
+        };
+        const Run whole = run(1, false);
+        for (const bool overlap : {false, true}) {
+          const Run parts = run(2, overlap);
+          const std::string how = overlap ? ", overlapped" : ", waited for";
+          check_equal(parts.y, whole.y, "the block's output y" + how);
+          check_equal(parts.dx, whole.dx, "dL/dx" + how);
+          check_equal(parts.grads, whole.grads, "dL/dW1, db1, dW2, db2" + how);
+        }
+      });
+    }
   }
 
   TEST_CASE("a mesh that does not hold the ranks is refused") {

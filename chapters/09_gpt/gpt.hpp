@@ -231,11 +231,12 @@ struct ModelOptions {
   /// not the exercise's parallel_attention: one device's reference, whose verdict on the mesh
   /// must not rest on the learner's code. One tp rank only.
   bool library_attention = false;
-  /// The tensor-parallel products summed over tp made in this many parts of rows, each
-  /// part's allreduce under the next part's product with `tp_overlap` (TpOptions::chunks:
-  /// the collective matmul), or waited for at once.
+  /// The tensor-parallel products summed over tp (and under sequence parallelism those
+  /// whose input is gathered) made in this many parts of rows, each part's collective under
+  /// another part's product with `tp_overlap` (TpOptions::chunks: the collective matmul),
+  /// or waited for at once.
   int tp_chunks = 1;
-  bool tp_overlap = false;  ///< with tp_chunks > 1: the parts' allreduces overlap
+  bool tp_overlap = false;  ///< with tp_chunks > 1: the parts' collectives overlap
   /// The MoE layers' all-to-alls, one per local expert, each under the previous expert's
   /// work (moe_mlp).
   bool ep_overlap = false;
