@@ -33,6 +33,18 @@
 //        452"
 //   stage 0 in mixed precision never rounding the master back into the f16 values
 //     -> "stage 0 on 1 ranks (mixed): the weights differ ... by up to 0.147726"
+// and stage 1 by group (ZeroConfig::by_group, each group reduce-scattered after its
+// backward, all-gathered by step(), waited for before its forward with overlap):
+//   every group reduce-scattered into the first group's part of the shard
+//     -> "stage 1 by group on 1 ranks (fp32)" failing (the shard's other parts never set)
+//   the update not copied into the all-gather's send buffer
+//     -> "stage 1 by group on 1 ranks (fp32): the weights differ ... by up to 1.24886"
+//   zero_shard_elements counting stage 1 by group as one flat range
+//     -> "stage 1 by group on 4 ranks (fp32): zero_state_bytes differs from the bytes
+//        written out"
+//   only the last group all-gathered
+//     -> "stage 1 by group on 2 ranks (fp32): rank 1 received 296 bytes per step, the
+//        formula says 452"
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -113,6 +125,7 @@ void forward_backward(Model& model, bool classifier, const Rows& rows, ch05::Zer
   std::vector<nn::Saved> saved(layers.size());
   Tensor h = rows.x;
   for (std::size_t i = 0; i < layers.size(); ++i) {
+    if (opt && group[i] >= 0 && opt->by_group()) opt->wait_values(group[i]);
     if (opt && group[i] >= 0) opt->gather(group[i]);
     nn::Forward f = layers[i]->forward(h);
     saved[i] = std::move(f.saved);
@@ -126,6 +139,7 @@ void forward_backward(Model& model, bool classifier, const Rows& rows, ch05::Zer
       opt->prepare_gradients(group[i]);
     }
     dy = layers[i]->backward(dy, saved[i]);
+    if (opt && group[i] >= 0 && opt->by_group()) opt->reduce_group(group[i]);
     if (opt && group[i] >= 0) {
       opt->reduce_gradients(group[i]);
       opt->release(group[i]);
@@ -153,7 +167,7 @@ Tensor plain_data_parallel(Communicator& comm, bool classifier, int steps) {
 
 /// The bytes of each category at `stage`, from the groups' shard_range, written out.
 ch05::StateBytes expected_bytes(const std::vector<std::int64_t>& groups, int stage, DType type,
-                                int N, int r) {
+                                int N, int r, bool by_group) {
   std::uint64_t P = 0, per_group = 0;
   for (std::int64_t n : groups) {
     P += static_cast<std::uint64_t>(n);
@@ -161,7 +175,7 @@ ch05::StateBytes expected_bytes(const std::vector<std::int64_t>& groups, int sta
   }
   const auto flat =
       static_cast<std::uint64_t>(shard_range(static_cast<std::int64_t>(P), N, r).length);
-  const std::uint64_t S = stage == 0 ? P : stage == 1 ? flat : per_group;
+  const std::uint64_t S = stage == 0 ? P : stage == 1 && !by_group ? flat : per_group;
   const std::uint64_t w = dtype_size(type);
   return {w * (stage == 3 ? S : P), w * (stage >= 2 ? S : P), type == DType::f32 ? 0 : 4 * S,
           8 * S};
@@ -171,59 +185,71 @@ template <class Model>
 void check_every_stage(bool classifier) {
   const DType type = classifier ? DType::f32 : DType::f16;
   const int steps = 3;
+  // Stage 1 also by group (Megatron-LM's buckets): each group reduce-scattered after its
+  // backward, all-gathered by step() and waited for before its forward (overlap) or not.
+  struct Variant {
+    int stage;
+    bool prefetch = true, by_group = false, overlap = false;
+  };
+  const Variant variants[] = {{0}, {1},       {1, true, true, false}, {1, true, true, true}, {2},
+                              {3}, {3, false}};
   for (int N : {1, 2, 3, 4})
-    for (int stage = 0; stage <= 3; ++stage)
-      for (bool prefetch : {true, false}) {
-        if (stage < 3 && !prefetch) continue;
-        const std::string what = "stage " + std::to_string(stage) + " on " + std::to_string(N) +
-                                 " ranks (" + (classifier ? "fp32" : "mixed") + ")" +
-                                 (stage == 3 && !prefetch ? " without prefetch" : "");
-        CAPTURE(what);
-        on_ranks(N, [&](Communicator& comm) {
-          const Tensor reference = plain_data_parallel<Model>(comm, classifier, steps);
-          Model model;
-          memory::Tracker tracker;
-          model.store.allocate(Memory::host, type);
-          ch05::ZeroOptimizer opt(comm, model.store,
-                                  {.stage = stage, .adam = adam, .prefetch = prefetch},
-                                  model.groups());
-          const std::vector<std::int64_t> sizes = ch05::group_sizes(model.groups(), model.store);
-          std::uint64_t received = 0;
-          for (int t = 1; t <= steps; ++t) {
-            const CommStats before = comm.stats();
-            forward_backward(model, classifier, rows_of(classifier, comm.rank(), t), &opt);
-            opt.step();
-            received = comm.stats().since(before).total().bytes_received;
-          }
-          // The bytes this rank holds, category by category, and the formula's.
-          const memory::Usage u = tracker.usage();
-          const ch05::StateBytes got{u.live(Category::params), u.live(Category::grads),
-                                     u.live(Category::master), u.live(Category::optimizer)};
-          const ch05::StateBytes want = expected_bytes(sizes, stage, type, N, comm.rank());
-          const std::string names[] = {"params", "grads", "master", "optimizer"};
-          const std::uint64_t have[] = {got.params, got.grads, got.master, got.optimizer};
-          const std::uint64_t need[] = {want.params, want.grads, want.master, want.optimizer};
-          for (int k = 0; k < 4; ++k)
-            CHECK_MESSAGE(have[k] == need[k], what << ": rank " << comm.rank() << "'s " << names[k]
-                                                   << " hold " << have[k] << " bytes, want "
-                                                   << need[k]);
-          CHECK_MESSAGE(
-              (ch05::zero_state_bytes(sizes, {.stage = stage}, type, N, comm.rank()) == want),
-              what << ": zero_state_bytes differs from the bytes written out");
-          CHECK_MESSAGE(
-              opt.shard_elements() == ch05::zero_shard_elements(sizes, stage, N, comm.rank()),
-              what << ": the shard has " << opt.shard_elements() << " elements");
-          const std::uint64_t formula = ch05::zero_comm_bytes(sizes, stage, type, N, comm.rank());
-          CHECK_MESSAGE(received == formula,
-                        what << ": rank " << comm.rank() << " received " << received
-                             << " bytes per step, the formula says " << formula);
-          const Tensor weights = opt.weights();
-          CHECK_MESSAGE(weights.bitwise_equal(reference),
-                        what << ": the weights differ from plain data parallelism's by up to "
-                             << max_abs_diff(weights, reference));
-          CHECK(opt.steps() == steps);
-        });
-      }
+    for (const auto [stage, prefetch, by_group, overlap] : variants) {
+      const std::string what = "stage " + std::to_string(stage) + (by_group ? " by group" : "") +
+                               (overlap ? ", overlapped," : "") + " on " + std::to_string(N) +
+                               " ranks (" + (classifier ? "fp32" : "mixed") + ")" +
+                               (stage == 3 && !prefetch ? " without prefetch" : "");
+      CAPTURE(what);
+      on_ranks(N, [&](Communicator& comm) {
+        const Tensor reference = plain_data_parallel<Model>(comm, classifier, steps);
+        Model model;
+        memory::Tracker tracker;
+        model.store.allocate(Memory::host, type);
+        ch05::ZeroOptimizer opt(comm, model.store,
+                                {.stage = stage,
+                                 .adam = adam,
+                                 .prefetch = prefetch,
+                                 .by_group = by_group,
+                                 .overlap = overlap},
+                                model.groups());
+        const std::vector<std::int64_t> sizes = ch05::group_sizes(model.groups(), model.store);
+        std::uint64_t received = 0;
+        for (int t = 1; t <= steps; ++t) {
+          const CommStats before = comm.stats();
+          forward_backward(model, classifier, rows_of(classifier, comm.rank(), t), &opt);
+          opt.step();
+          received = comm.stats().since(before).total().bytes_received;
+        }
+        // The bytes this rank holds, category by category, and the formula's.
+        const memory::Usage u = tracker.usage();
+        const ch05::StateBytes got{u.live(Category::params), u.live(Category::grads),
+                                   u.live(Category::master), u.live(Category::optimizer)};
+        const ch05::StateBytes want = expected_bytes(sizes, stage, type, N, comm.rank(), by_group);
+        const std::string names[] = {"params", "grads", "master", "optimizer"};
+        const std::uint64_t have[] = {got.params, got.grads, got.master, got.optimizer};
+        const std::uint64_t need[] = {want.params, want.grads, want.master, want.optimizer};
+        for (int k = 0; k < 4; ++k)
+          CHECK_MESSAGE(have[k] == need[k], what << ": rank " << comm.rank() << "'s " << names[k]
+                                                 << " hold " << have[k] << " bytes, want "
+                                                 << need[k]);
+        CHECK_MESSAGE((ch05::zero_state_bytes(sizes, {.stage = stage, .by_group = by_group}, type,
+                                              N, comm.rank()) == want),
+                      what << ": zero_state_bytes differs from the bytes written out");
+        CHECK_MESSAGE(opt.shard_elements() ==
+                          ch05::zero_shard_elements(sizes, stage, N, comm.rank(), by_group),
+                      what << ": the shard has " << opt.shard_elements() << " elements");
+        const std::uint64_t formula =
+            ch05::zero_comm_bytes(sizes, stage, type, N, comm.rank(), by_group);
+        CHECK_MESSAGE(received == formula, what << ": rank " << comm.rank() << " received "
+                                                << received << " bytes per step, the formula says "
+                                                << formula);
+        const Tensor weights = opt.weights();
+        CHECK_MESSAGE(weights.bitwise_equal(reference),
+                      what << ": the weights differ from plain data parallelism's by up to "
+                           << max_abs_diff(weights, reference));
+        CHECK(opt.steps() == steps);
+      });
+    }
 }
 
 }  // namespace

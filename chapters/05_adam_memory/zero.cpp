@@ -32,20 +32,21 @@ std::vector<std::int64_t> group_sizes(const std::vector<std::vector<nn::Paramete
 }
 
 std::int64_t zero_shard_elements(const std::vector<std::int64_t>& groups, int stage, int ranks,
-                                 int rank) {
+                                 int rank, bool by_group) {
   std::int64_t P = 0, S = 0;
   for (std::int64_t n : groups) {
     P += n;
     S += shard_range(n, ranks, rank).length;
   }
   if (stage == 0) return P;
-  if (stage == 1) return shard_range(P, ranks, rank).length;
+  if (stage == 1 && !by_group) return shard_range(P, ranks, rank).length;
   return S;
 }
 
 StateBytes zero_state_bytes(const std::vector<std::int64_t>& groups, const ZeroConfig& config,
                             DType type, int ranks, int rank) {
-  const auto S = static_cast<std::uint64_t>(zero_shard_elements(groups, config.stage, ranks, rank));
+  const auto S = static_cast<std::uint64_t>(
+      zero_shard_elements(groups, config.stage, ranks, rank, config.by_group));
   const auto P = static_cast<std::uint64_t>(zero_shard_elements(groups, 0, ranks, rank));
   const std::uint64_t w = dtype_size(type);  // bytes of a weight or a gradient
   StateBytes b;
@@ -57,13 +58,13 @@ StateBytes zero_state_bytes(const std::vector<std::int64_t>& groups, const ZeroC
 }
 
 std::uint64_t zero_comm_bytes(const std::vector<std::int64_t>& groups, int stage, DType type,
-                              int ranks, int rank) {
+                              int ranks, int rank, bool by_group) {
   if (ranks == 1) return 0;
   const auto P = static_cast<std::uint64_t>(zero_shard_elements(groups, 0, ranks, rank));
   // The shard a reduce-scatter leaves on this rank: of the flat buffer (stage 0's
   // allreduce cuts it as stage 1 does), or of each group (stages 2, 3).
-  const auto S =
-      static_cast<std::uint64_t>(zero_shard_elements(groups, std::max(stage, 1), ranks, rank));
+  const auto S = static_cast<std::uint64_t>(
+      zero_shard_elements(groups, std::max(stage, 1), ranks, rank, by_group));
   std::uint64_t elements = (static_cast<std::uint64_t>(ranks) - 1) * S + (P - S);
   if (stage == 3) elements += P - S;  // the values gathered twice: forward and backward
   return dtype_size(type) * elements;
@@ -128,16 +129,21 @@ ZeroOptimizer::ZeroOptimizer(Communicator& dp, nn::ParameterStore& store, ZeroCo
     v_ = zeros(Shape{shard_size_}, DType::f32, memory);
     return;
   }
-  if (config.stage == 1) {
+  if (config.stage == 1 && !config.by_group) {
     shard1_.push_back(make_shard(comm_, values, type_));
     shard_size_ = shard1_[0].range.length;
     return;
   }
-  // Stages 2 and 3: this rank's range of every group, back to back.
+  // Stages 2 and 3 (and 1 by group): this rank's range of every group, back to back.
   const Shape shape{shard_size_};
   {
-    Scope scope(Category::grads);
+    // Stage 1 keeps the whole gradients: its shard of them is where the sum arrives.
+    Scope scope(config.stage == 1 ? Category::comm : Category::grads);
     grads_ = zeros(shape, type_, memory);
+  }
+  if (config.stage == 1) {
+    Scope scope(Category::comm);
+    send_ = empty(shape, type_, memory);
   }
   if (config.stage == 3) {
     Scope scope(Category::params);
@@ -146,7 +152,7 @@ ZeroOptimizer::ZeroOptimizer(Communicator& dp, nn::ParameterStore& store, ZeroCo
       shard_of(values_, g).copy_from(values.slice(g.offset + g.own.offset, g.own.length));
   }
   if (type_ == DType::f32) {
-    if (config.stage == 3) master_ = values_;  // stage 2 in fp32: views of the values
+    if (config.stage == 3) master_ = values_;  // stages 1, 2 in fp32: views of the values
   } else {
     Scope scope(Category::master);
     master_ = empty(shape, DType::f32, memory);
@@ -159,17 +165,23 @@ ZeroOptimizer::ZeroOptimizer(Communicator& dp, nn::ParameterStore& store, ZeroCo
     m_ = zeros(shape, DType::f32, memory);
     v_ = zeros(shape, DType::f32, memory);
   }
+  if (config.stage == 1) return;
   store.release_grads();
   if (config.stage == 3) store.release_values();
 }
 
 ZeroOptimizer::~ZeroOptimizer() {
-  // A prefetch still in flight (a step left half done by an error): its buffer belongs to
-  // the collective until it completes. The job is ending on that error anyway.
-  if (!pending_.pending()) return;
-  try {
-    comm_.wait(pending_);
-  } catch (...) {
+  // A prefetch, reduce-scatter or all-gather still in flight (a step left half done by an
+  // error, or the last step's values): its buffers belong to the collective until it
+  // completes. After an error the job is ending on it anyway.
+  std::vector<shardlab::Request*> flying{&pending_};
+  for (Group& g : groups_) flying.insert(flying.end(), {&g.reducing, &g.gathering});
+  for (shardlab::Request* r : flying) {
+    if (!r->pending()) continue;
+    try {
+      comm_.wait(*r);
+    } catch (...) {
+    }
   }
 }
 
@@ -178,8 +190,9 @@ Tensor ZeroOptimizer::shard_of(const Tensor& buffer, const Group& g) const {
 }
 
 Tensor ZeroOptimizer::optimizer_weights(const Group& g) {
-  // Stage 2 in fp32: this rank's range of the (whole) values; else its range of master.
-  if (config_.stage == 2 && type_ == DType::f32)
+  // Stage 2 (or 1 by group) in fp32: this rank's range of the (whole) values; else its
+  // range of master.
+  if (config_.stage <= 2 && type_ == DType::f32)
     return store_.values().slice(g.offset + g.own.offset, g.own.length);
   return shard_of(master_, g);
 }
@@ -301,6 +314,20 @@ void ZeroOptimizer::step() {
     if (type_ != DType::f32) values.copy_from(cast(master_, type_));
     return;
   }
+  if (by_group()) {  // Adam on each group's shard, then its all-gather, first group first
+    wait_values();   // the last step's (a group no forward read)
+    if (!reduced_) reduce_groups();
+    reduced_ = false;
+    for (Group& g : groups_) {
+      Tensor w = optimizer_weights(g), m = shard_of(m_, g), v = shard_of(v_, g);
+      nn::adam_update(w, shard_of(grads_, g), m, v, steps_, config_.adam);
+      Tensor send = shard_of(send_, g);
+      send.copy_from(type_ == DType::f32 ? w : cast(w, type_));
+      g.gathering = comm_.iallgatherv(send, values.slice(g.offset, g.size), g.counts);
+      if (!config_.overlap) comm_.wait(g.gathering);
+    }
+    return;
+  }
   if (config_.stage == 1 && !reduced_)
     return zero1_step(comm_, values, store_.grads(), shard1_[0], config_.adam);
   if (config_.stage == 1) {  // zero1_step's steps 2 and 3, its reduce done by reduce_now()
@@ -332,9 +359,85 @@ void ZeroOptimizer::step() {
 Tensor ZeroOptimizer::reduce_now() {
   require(config_.stage == 1 && !reduced_,
           "ZeroOptimizer::reduce_now: stage 1 only, once before each step()");
+  if (by_group()) {
+    reduce_groups();
+    reduced_ = true;
+    return grads_;
+  }
   reduced_ = true;
   comm_.reduce_scatter(store_.grads(), shard1_[0].grad, ReduceOp::sum);
   return shard1_[0].grad;
+}
+
+void ZeroOptimizer::reduce_group(int g) {
+  Group& grp = group(g, "reduce_group");
+  require(by_group() && !reduced_ && !grp.reduce_started, [&] {
+    return "ZeroOptimizer::reduce_group(" + std::to_string(g) +
+           "): stage 1 by group only, each group once before each step's reduce";
+  });
+  grp.reduce_started = true;
+  // Only this rank's range of the sum arrives: (N-1)/N n_g elements in. The non-blocking
+  // collective whether or not it overlaps: the same sums, in the same order.
+  grp.reducing = comm_.ireduce_scatter(store_.grads().slice(grp.offset, grp.size),
+                                       shard_of(grads_, grp), ReduceOp::sum);
+}
+
+void ZeroOptimizer::reduce_groups() {
+  for (int g = static_cast<int>(groups_.size()) - 1; g >= 0; --g)
+    if (!groups_[static_cast<std::size_t>(g)].reduce_started) reduce_group(g);
+  for (Group& g : groups_) {
+    comm_.wait(g.reducing);
+    g.reduce_started = false;
+  }
+}
+
+void ZeroOptimizer::wait_values(int g) {
+  Group& grp = group(g, "wait_values");
+  if (grp.gathering.pending()) comm_.wait(grp.gathering);
+}
+
+void ZeroOptimizer::wait_values() {
+  for (int g = 0; g < static_cast<int>(groups_.size()); ++g) wait_values(g);
+}
+
+std::uint64_t ZeroOptimizer::values_in_flight_sent() const {
+  std::uint64_t sent = 0;
+  for (const Group& g : groups_)
+    if (g.gathering.pending())
+      sent += collective_traffic(Op::allgather, g.counts, dtype_size(type_), comm_.rank()).sent;
+  return sent;
+}
+
+std::vector<shardlab::ShardRange> ZeroOptimizer::shard_ranges() const {
+  require(config_.stage == 1, "ZeroOptimizer::shard_ranges: stage 1 only");
+  if (!by_group()) return {shard1_[0].range};
+  std::vector<shardlab::ShardRange> out;
+  for (const Group& g : groups_) out.push_back({g.offset + g.own.offset, g.own.length});
+  return out;
+}
+
+ZeroOptimizer::RangeState ZeroOptimizer::range_state() {
+  require(config_.stage == 1, "ZeroOptimizer::range_state: stage 1 only");
+  if (!by_group()) {
+    const Shard& s = shard1_[0];
+    return {s.m, s.v, s.range, s.step};
+  }
+  // Each group's m and v gathered whole, this rank's range of the flat order kept.
+  Communicator::Uncounted not_counted(comm_);
+  const ShardRange range = shard_range(store_.size(), comm_.size(), comm_.rank());
+  RangeState out{Tensor(Shape{range.length}, DType::f32, memory_),
+                 Tensor(Shape{range.length}, DType::f32, memory_), range, steps_};
+  for (auto [mine, state] : {std::pair{&m_, &out.m}, std::pair{&v_, &out.v}})
+    for (Group& g : groups_) {
+      const std::int64_t from = std::max(g.offset, range.offset),
+                         to = std::min(g.offset + g.size, range.offset + range.length);
+      Tensor whole(Shape{g.size}, DType::f32, memory_);
+      comm_.allgatherv(shard_of(*mine, g), whole, g.counts);
+      if (from < to)
+        state->slice(from - range.offset, to - from)
+            .copy_from(whole.slice(from - g.offset, to - from));
+    }
+  return out;
 }
 
 std::int64_t ZeroOptimizer::shard_offset() const {
@@ -350,6 +453,17 @@ const Shard& ZeroOptimizer::shard() const {
 void ZeroOptimizer::restore(const Tensor& m, const Tensor& v, int steps) {
   require(config_.stage == 1 && m.size() == store_.size() && v.size() == store_.size(),
           "ZeroOptimizer::restore: stage 1, with m and v of the whole store");
+  if (by_group()) {
+    for (Group& g : groups_) {
+      const std::int64_t at = g.offset + g.own.offset;
+      shard_of(m_, g).copy_from(m.slice(at, g.own.length));
+      shard_of(v_, g).copy_from(v.slice(at, g.own.length));
+      if (type_ != DType::f32)
+        shard_of(master_, g).copy_from(cast(store_.values().slice(at, g.own.length), DType::f32));
+    }
+    steps_ = steps;
+    return;
+  }
   Shard& shard = shard1_[0];
   const ShardRange r = shard.range;
   shard.m.copy_from(m.slice(r.offset, r.length));
@@ -364,7 +478,7 @@ Tensor ZeroOptimizer::weights() {
   const std::int64_t P = store_.size();
   if (config_.stage == 0) return master_.clone();
   Tensor all(Shape{P}, DType::f32, memory_);
-  if (config_.stage == 1) {
+  if (config_.stage == 1 && !by_group()) {
     comm_.allgatherv(shard1_[0].master, all, shard_counts(P, comm_.size()));
     return all;
   }

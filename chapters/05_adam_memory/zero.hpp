@@ -49,6 +49,15 @@ struct ZeroConfig {
   shardlab::nn::AdamConfig adam{};  ///< Adam's settings (its lr is SGD's too)
   bool sgd = false;      ///< stage 0, fp32 only: plain SGD (lr = adam.lr), no optimizer state
   bool prefetch = true;  ///< stage 3: gather the next group while this one runs
+  /// Stage 1 sharded group by group, as stages 2 and 3 shard (Megatron-LM's distributed
+  /// optimizer shards each gradient bucket): a group's gradients can be reduce-scattered as
+  /// soon as its backward is done (reduce_group), and its updated values all-gathered while
+  /// the next step's earlier groups compute (step() with `overlap`, wait_values). S_r is the
+  /// sum of each group's shard_range(n_g, N, r), as at stages 2 and 3.
+  bool by_group = false;
+  /// Stage 1 by group: step() leaves the groups' all-gathers in flight (wait_values(g)
+  /// before group g's values are read) instead of waiting for them.
+  bool overlap = false;
 };
 
 /// The model states ZeRO counts (§3.1), in bytes, on one rank.
@@ -110,6 +119,30 @@ class ZeroOptimizer {
   /// Stage 1: the step that reduce_now() began is not taken (a loss scaler found an inf):
   /// the reduced range is dropped, and the next step reduces afresh.
   void skip_step() { reduced_ = false; }
+  /// Stage 1 by group: starts group g's reduce-scatter of the store's gradients into this
+  /// rank's shard of it (non-blocking; reduce_now() or step() waits). Each group once per
+  /// step, in the same order on every rank; the groups not started by then start in
+  /// reduce_now(), last group first.
+  void reduce_group(int g);
+  /// Stage 1 by group: waits for group g's all-gather of the values step() started.
+  void wait_values(int g);
+  /// Stage 1 by group: waits for every all-gather step() started.
+  void wait_values();
+  /// The bytes this rank sends in the all-gathers step() started that are still in flight
+  /// (counted by the communicator when they are waited for).
+  std::uint64_t values_in_flight_sent() const;
+  /// Stage 1: the ranges of the store's flat order this rank's reduced gradients hold,
+  /// back to back (reduce_now()'s tensor): one, or by group one a group.
+  std::vector<shardlab::ShardRange> shard_ranges() const;
+  /// Stage 1: Adam's m and v over this rank's range shard_range(P, N, r) of the flat order,
+  /// whatever the sharding (by group they are gathered from the ranks first: every rank
+  /// calls it), and the steps taken: what a checkpoint saves.
+  struct RangeState {
+    Tensor m, v;
+    shardlab::ShardRange range;
+    int steps = 0;
+  };
+  RangeState range_state();
   /// Where this rank's range starts in the flat order (stage 1).
   std::int64_t shard_offset() const;
   /// Stage 1: Adam's m and v of this rank's range (views: what a checkpoint saves), and
@@ -129,6 +162,8 @@ class ZeroOptimizer {
   int stage() const { return config_.stage; }
   /// Optimizer steps taken: step() calls, counted from restore()'s `steps` after a restore.
   int steps() const { return steps_; }
+  /// Stage 1 sharded group by group (ZeroConfig::by_group).
+  bool by_group() const { return config_.stage == 1 && config_.by_group; }
   /// G: the number of groups.
   std::size_t group_count() const { return groups_.size(); }
   /// S_r: the elements this rank updates.
@@ -137,12 +172,14 @@ class ZeroOptimizer {
  private:
   struct Group {
     std::vector<shardlab::nn::Parameter*> params;
-    std::vector<shardlab::Shape> shapes;  // theirs (their views may be empty)
-    std::int64_t offset = 0, size = 0;    // in the store's flat order
-    shardlab::ShardRange own;             // this rank's range of the group (stages 2, 3)
-    std::int64_t shard_offset = 0;        // where that range sits in the shard buffers
-    std::vector<std::size_t> counts;      // every rank's range length
-    Tensor gathered, bucket;              // stage 3's values, stages 2-3's full gradients
+    std::vector<shardlab::Shape> shapes;    // theirs (their views may be empty)
+    std::int64_t offset = 0, size = 0;      // in the store's flat order
+    shardlab::ShardRange own;               // this rank's range of the group (stages 2, 3)
+    std::int64_t shard_offset = 0;          // where that range sits in the shard buffers
+    std::vector<std::size_t> counts;        // every rank's range length
+    Tensor gathered, bucket;                // stage 3's values, stages 2-3's full gradients
+    shardlab::Request reducing, gathering;  // stage 1 by group: in flight
+    bool reduce_started = false;            // stage 1 by group: this step
   };
   Tensor shard_of(const Tensor& buffer, const Group& g) const;
   Tensor optimizer_weights(const Group& g);
@@ -159,7 +196,11 @@ class ZeroOptimizer {
   shardlab::Memory memory_ = shardlab::Memory::host;
   std::vector<Group> groups_;
   std::int64_t shard_size_ = 0;
-  Tensor values_, grads_;      // stage 3: S_r values; stages 2, 3: S_r gradients
+  /// Stage 1 by group: every group's reduce-scatter started and waited for.
+  void reduce_groups();
+
+  Tensor values_, grads_;      // stage 3: S_r values; stages 2, 3 (1 by group): S_r gradients
+  Tensor send_;                // stage 1 by group: the updated S_r, all-gathered from here
   Tensor master_, m_, v_;      // stages 0, 2, 3 (stage 1: shard1_)
   std::vector<Shard> shard1_;  // stage 1: zero1.hpp's shard of the flat buffer (0 or 1)
   int steps_ = 0;
@@ -179,9 +220,9 @@ std::vector<std::int64_t> group_sizes(
     const shardlab::nn::ParameterStore& store);
 
 /// S_r for groups of these sizes: P at stage 0, shard_range(P, N, r) at stage 1, the sum
-/// of each group's shard_range(n_g, N, r) at stages 2 and 3.
+/// of each group's shard_range(n_g, N, r) at stages 2 and 3 (and 1 `by_group`).
 std::int64_t zero_shard_elements(const std::vector<std::int64_t>& groups, int stage, int ranks,
-                                 int rank);
+                                 int rank, bool by_group = false);
 
 /// The paper's per-rank formula (§5), with this rank's own S_r in place of P / N (so
 /// exact, uneven shards included). w = 2 bytes (f16) or 4 (f32) per weight or gradient,
@@ -197,8 +238,8 @@ StateBytes zero_state_bytes(const std::vector<std::int64_t>& groups, const ZeroC
 /// stages 0-2 w ((N-1) S + (P - S)) with S the rank's reduce-scatter shard (stage 0's
 /// allreduce cuts the buffer as stage 1 does), stage 3 w (P - S) more (the values are
 /// gathered twice: forward and backward). Even shards: 2 (N-1)/N P and 3 (N-1)/N P
-/// elements, the paper's 2 Psi and 3 Psi (§7).
+/// elements, the paper's 2 Psi and 3 Psi (§7). Stage 1 `by_group`: S by group, as stage 2's.
 std::uint64_t zero_comm_bytes(const std::vector<std::int64_t>& groups, int stage,
-                              shardlab::DType type, int ranks, int rank);
+                              shardlab::DType type, int ranks, int rank, bool by_group = false);
 
 }  // namespace ch05

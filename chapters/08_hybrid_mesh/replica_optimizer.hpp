@@ -1,18 +1,22 @@
 // Data parallelism as the pipelined trainers run it (chapter 08's MLP blocks, chapter 09's
 // GPT), over a mesh's dp axis: chapter 02's GradSync with one bucket (one allreduce of the
 // rank's gradients per step, started before the pipeline's last backward) and Adam or
-// SGD; or chapter 05's ZeRO-1 (reduce-scatter, Adam on this rank's shard, all-gather).
+// SGD; or chapter 05's ZeRO-1 (reduce-scatter, Adam on this rank's shard, all-gather),
+// by buckets with set_buckets (Megatron-LM's distributed optimizer: each bucket sharded on
+// its own, reduce-scattered as backward finishes it, all-gathered under the next forward).
 //
 //   ReplicaOptimizer opt(mesh.dp(), store, zero, adam);
 //   store.zero_grad();
 //   ch04::Hooks hooks;  opt.accumulate(hooks);   // microbatches add up locally
 //   pipeline.run(schedule, stage, hooks);
 //   opt.reduce();                                 // the replicas' gradients summed
-//   auto [g, offset, same] = opt.reduced();       // clip them here, if at all
+//   auto [g, ranges, same] = opt.reduced();       // clip them here, if at all
 //   opt.update();
 #pragma once
 
 #include <memory>
+#include <unordered_map>
+#include <vector>
 
 #include "pipeline.hpp"
 #include "shardlab/comm.hpp"
@@ -39,11 +43,31 @@ class ReplicaOptimizer {
   ReplicaOptimizer(shardlab::Communicator& dp, shardlab::nn::ParameterStore& store, int zero,
                    const shardlab::nn::AdamConfig& adam, bool sgd = false,
                    shardlab::Memory memory = shardlab::Memory::host);
-  /// How the gradients travel (without ZeRO): in buckets of `bucket_bytes` (0: one, the
-  /// whole store), each reduced as soon as ready() has announced all of its gradients
-  /// (`overlap`, chapter 02's Sync::overlap: Megatron-LM's overlap_grad_reduce) or all of
-  /// them in reduce() (Sync::bucketed). The same buckets either way, so the same sums.
+  /// How the gradients travel: in buckets of `bucket_bytes` (0: one, the whole store),
+  /// each reduced as soon as ready() has announced all of its gradients (`overlap`,
+  /// chapter 02's Sync::overlap: Megatron-LM's overlap_grad_reduce) or all of them in
+  /// reduce() (Sync::bucketed). The same buckets either way, so the same sums. Under ZeRO-1
+  /// the buckets are runs of parameters of about `bucket_bytes`, each sharded on its own
+  /// (ZeroConfig::by_group): a bucket's reduce-scatter starts as ready() completes it, and
+  /// with `overlap` update() leaves each bucket's all-gather in flight until
+  /// wait_values() (Megatron-LM's overlap_param_gather). One bucket: chapter 05's stage 1
+  /// as it was (the learner's make_shard and zero1_step).
   void set_buckets(std::int64_t bucket_bytes, bool overlap);
+  /// Under ZeRO-1 by buckets: these parameters' gradients change after backward (a sum
+  /// over other ranks the trainer adds later), so their buckets are reduced in reduced()
+  /// or update(), not as ready() completes them.
+  void set_late(const std::vector<shardlab::nn::Parameter*>& params);
+  /// Under ZeRO-1 by buckets with overlap: waits until `params`' values, all-gathered by
+  /// the last update(), have arrived (before a layer's forward reads them); with no
+  /// argument, every bucket's. Otherwise nothing.
+  void wait_values(const std::vector<shardlab::nn::Parameter*>& params);
+  void wait_values();
+  /// The bytes this rank sends in ZeRO-1's all-gathers still in flight (0 otherwise): a
+  /// step that leaves them to the next counts them as its own.
+  std::uint64_t values_in_flight_sent() const;
+  /// The elements of each bucket the gradients travel in (GradSync's plan, or ZeRO-1's
+  /// buckets; one: the whole store), in the store's order.
+  std::vector<std::int64_t> bucket_elements() const;
   /// Backward has finished these gradients for the step (the parameters of this store
   /// among them; the others are ignored): with overlap, their buckets' reductions start.
   void ready(const shardlab::nn::Parameter& param);
@@ -65,8 +89,9 @@ class ReplicaOptimizer {
   /// ZeRO-1 this rank's range of them, reduced by this call (DeepSpeed's order: reduce,
   /// norm, scale, update) instead of inside update().
   struct Reduced {
-    shardlab::Tensor grads;     ///< the summed gradients: the store's, or ZeRO-1's range
-    std::int64_t offset = 0;    ///< grads[0] is element `offset` of the store's flat order
+    shardlab::Tensor grads;  ///< the summed gradients: the store's, or ZeRO-1's ranges
+    /// The ranges of the store's flat order `grads` holds, back to back.
+    std::vector<shardlab::ShardRange> ranges;
     bool every_replica = true;  ///< the replicas hold the same (count one of them)
   };
   /// This rank's Reduced gradients; after reduce() and before update().
@@ -98,6 +123,14 @@ class ReplicaOptimizer {
   std::unique_ptr<ch02::GradSync> sync_;
   std::unique_ptr<shardlab::nn::Adam> adam_;
   std::unique_ptr<ch05::ZeroOptimizer> zero_;
+  shardlab::nn::AdamConfig adam_config_;
+  // ZeRO-1 by buckets: each parameter's bucket, the gradients each bucket still waits for
+  // this step, the buckets reduced only at the end, whether ready() starts them now.
+  std::unordered_map<const shardlab::nn::Parameter*, int> bucket_of_;
+  std::vector<int> left_, size_in_params_;
+  std::vector<std::int64_t> bucket_sizes_;
+  std::vector<bool> late_;
+  bool overlap_ = false, enabled_ = true;
 };
 
 }  // namespace ch08

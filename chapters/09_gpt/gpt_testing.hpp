@@ -100,7 +100,8 @@ inline Run train(TrainConfig c, int first, int steps, const std::string& load = 
           // routing's): the first that differs, in the rank's words.
           const RoutingCounts routing =
               c.model.experts > 0 ? ep_routing(world, c.mesh, mesh.coords(), r) : RoutingCounts{};
-          const ch08::AxisBytes want = formula_bytes(c, mesh.coords(), routing);
+          const ch08::AxisBytes want =
+              formula_bytes(c, mesh.coords(), routing, trainer.dp_buckets());
           for (ch08::Axis a : ch08::kAxes)
             if (r.bytes[a] != want[a] && mine.bytes_mismatch.empty())
               mine.bytes_mismatch =

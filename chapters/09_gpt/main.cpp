@@ -93,11 +93,11 @@ MeshSteps train_steps(Context& ctx, const Settings& s, Mesh& mesh, Trainer& trai
 /// 4. What the last step sent per axis, what each rank holds, how long the stages waited:
 /// each next to its prediction (measurements.hpp).
 void report_measurements(Context& ctx, const Settings& s, Mesh& mesh, GptModel& model,
-                         const memory::Usage& used, const MeshSteps& run) {
+                         Trainer& trainer, const memory::Usage& used, const MeshSteps& run) {
   const TrainConfig& c = s.run;
-  report_bytes(ctx, c, run.last);
+  report_bytes(ctx, c, run.last, trainer.dp_buckets());
   ch08::report_hosts(ctx, c.mesh, run.last.bytes, run.clock);
-  report_memory(ctx, c, mesh, model, used);
+  report_memory(ctx, c, mesh, model, used, trainer.dp_buckets());
   const double bubble = report_bubble(ctx, c, mesh, run.last.events);
   report_planner(ctx, c, run.last, used, bubble);
   report_profile(ctx, c.mesh, run.profile);
@@ -142,7 +142,7 @@ void train(Context& ctx, const Settings& s) {
   check_training(ctx, curve, c.model.vocab, s.load.empty(), validation);
 
   // 4. Every measurement next to its prediction.
-  report_measurements(ctx, s, mesh, model, tracker.usage(), run);
+  report_measurements(ctx, s, mesh, model, trainer, tracker.usage(), run);
   // 5. A run that failed a check (diverged, or off one device's curve) leaves the folder
   // as it was: a bad model does not replace a good one.
   if (s.save.empty()) return;

@@ -35,13 +35,14 @@ std::vector<std::vector<std::int64_t>> gather(Context& ctx,
 
 }  // namespace
 
-void report_bytes(Context& ctx, const TrainConfig& c, const StepResult& last) {
+void report_bytes(Context& ctx, const TrainConfig& c, const StepResult& last,
+                  const DpBuckets& buckets) {
   const Coords at = ch08::coords_of(c.mesh, ctx.rank());
   // The MoE blocks' all-to-alls and experts follow from the step's routing: its ep group's.
   const RoutingCounts routing =
       c.model.experts > 0 ? ep_routing(ctx.comm(), c.mesh, at, last) : RoutingCounts{};
   ch08::report_axis_bytes(
-      ctx, c.mesh, last.bytes, formula_bytes(c, at, routing),
+      ctx, c.mesh, last.bytes, formula_bytes(c, at, routing, buckets),
       "\nbytes each rank sent in the last step, per axis, and the formulas (train.hpp)");
 }
 
@@ -58,16 +59,20 @@ double block_activation_floats(const GptShape& g, int tp, Recompute recompute,
 }
 
 void report_memory(Context& ctx, const TrainConfig& c, Mesh& mesh, GptModel& model,
-                   const memory::Usage& used) {
+                   const memory::Usage& used, const DpBuckets& buckets) {
   const Coords& at = mesh.coords();
-  const ch05::ZeroConfig zc{.stage = c.zero, .adam = c.adam};
-  // ZeRO-1 shards Adam's state over the ranks that hold the same weights: the replicas,
-  // and for the experts the expert replicas.
-  ch05::StateBytes states = ch05::zero_state_bytes({model.store().size()}, zc, shardlab::DType::f32,
-                                                   mesh.replicas().size(), mesh.replicas().rank());
-  const ch05::StateBytes experts =
-      ch05::zero_state_bytes({model.expert_store().size()}, zc, shardlab::DType::f32,
-                             mesh.expert_replicas().size(), mesh.expert_replicas().rank());
+  const ch05::ZeroConfig zc{.stage = c.zero, .adam = c.adam, .by_group = true};
+  // ZeRO-1 shards Adam's state over the ranks that hold the same weights, each bucket on
+  // its own: the replicas, and for the experts the expert replicas.
+  auto or_whole = [](const std::vector<std::int64_t>& b, const nn::ParameterStore& store) {
+    return b.empty() ? std::vector<std::int64_t>{store.size()} : b;
+  };
+  ch05::StateBytes states =
+      ch05::zero_state_bytes(or_whole(buckets.dense, model.store()), zc, shardlab::DType::f32,
+                             mesh.replicas().size(), mesh.replicas().rank());
+  const ch05::StateBytes experts = ch05::zero_state_bytes(
+      or_whole(buckets.experts, model.expert_store()), zc, shardlab::DType::f32,
+      mesh.expert_replicas().size(), mesh.expert_replicas().rank());
   states.params += experts.params;
   states.grads += experts.grads;
   states.master += experts.master;

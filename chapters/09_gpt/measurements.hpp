@@ -20,7 +20,8 @@ namespace ch09 {
 
 /// Bytes per axis of the last step, every rank, measured and by formula; a check that
 /// they are equal.
-void report_bytes(shardlab::Context& ctx, const TrainConfig& c, const StepResult& last);
+void report_bytes(shardlab::Context& ctx, const TrainConfig& c, const StepResult& last,
+                  const DpBuckets& buckets);
 
 /// Activations one block keeps per token for its backward, in floats, with tp ranks t:
 /// each LayerNorm's input (C) and its normalised output the next Linear keeps (C), c_attn's
@@ -39,9 +40,9 @@ double block_activation_floats(const GptShape& g, int tp, Recompute recompute,
 /// Model states per rank against chapter 05's formula (its tp x pp shard; ZeRO-1: its
 /// dp shard of Adam's state), and the activations' peak against the blocks' count for
 /// the microbatches 1F1B keeps in flight on its stage (min(p - s, m)); a check that the
-/// states are equal.
+/// states are equal. `buckets`: ZeRO-1 shards each on its own.
 void report_memory(shardlab::Context& ctx, const TrainConfig& c, Mesh& mesh, GptModel& model,
-                   const shardlab::memory::Usage& used);
+                   const shardlab::memory::Usage& used, const DpBuckets& buckets);
 
 /// The last step's bubble (idle over busy time), measured on the stages of replica 0's
 /// tp rank 0, next to chapter 04's simulation with the measured op times and its formula.

@@ -38,13 +38,21 @@ constexpr Axis kOverlapping[] = {Axis::dp, Axis::pp, Axis::ep, Axis::cp, Axis::t
 /// layer's weight gradients are made right after its input gradient, layer by layer (as
 /// autograd does), instead of the chunk's B for every layer and then its W for every layer:
 /// the same products in another order, so the last layers' buckets can go while the first
-/// layers' backward still runs.
+/// layers' backward still runs. Its forward first waits for its weights (`before`: ZeRO-1's
+/// all-gather of the last step's update, still on its way while the earlier layers ran).
 class Announced final : public nn::Layer {
  public:
-  Announced(std::shared_ptr<nn::Layer> inner, bool eager, std::function<void(nn::Layer&)> done)
-      : inner_(std::move(inner)), eager_(eager), done_(std::move(done)) {}
+  Announced(std::shared_ptr<nn::Layer> inner, bool eager, std::function<void(nn::Layer&)> done,
+            std::function<void(const nn::Layer&)> before)
+      : inner_(std::move(inner)),
+        eager_(eager),
+        done_(std::move(done)),
+        before_(std::move(before)) {}
   std::string name() const override { return inner_->name(); }
-  nn::Forward forward(const Tensor& x) const override { return inner_->forward(x); }
+  nn::Forward forward(const Tensor& x) const override {
+    before_(*inner_);
+    return inner_->forward(x);
+  }
   Tensor backward_input(const Tensor& dy, nn::Saved& saved) const override {
     Tensor dx = inner_->backward_input(dy, saved);
     if (eager_) {
@@ -64,6 +72,7 @@ class Announced final : public nn::Layer {
   std::shared_ptr<nn::Layer> inner_;
   bool eager_;
   std::function<void(nn::Layer&)> done_;
+  std::function<void(const nn::Layer&)> before_;
 };
 }  // namespace
 
@@ -163,17 +172,44 @@ Trainer::Trainer(Mesh& mesh, GptModel& model, const TrainConfig& c, const Corpus
   };
   replicas_->set_buckets(bucket_bytes(model.store()), overlap);
   if (experts_) experts_->set_buckets(bucket_bytes(model.expert_store()), overlap);
-  if (!overlap || c.zero != 0) return;
+  if (!overlap) return;
+  // ZeRO-1: the gradients sync_gradients() still adds to after backward (wte's two copies,
+  // sequence parallelism's whole weights) wait for it; their buckets are reduced after it.
+  if (c.zero != 0) {
+    std::vector<nn::Parameter*> late;
+    if (c.mesh.pp > 1 && model.tied()) late.push_back(model.tied());
+    const std::vector<nn::Parameter*> params = model.store().parameters();
+    for (std::size_t i = 0; i < params.size(); ++i)
+      if (model.sequence_parallel() && model.pieces()[i].cut == Cut::whole &&
+          model.pieces()[i].rows_part)
+        late.push_back(params[i]);
+    replicas_->set_late(late);
+  }
   const bool eager = !schedule_.split_backward();
   for (int k = 0; k < model.chunks(); ++k) {
     const nn::Sequential& chunk = model.chunk(k);
     auto& run =
         announced_.emplace_back(std::make_unique<nn::Sequential>(chunk.slice(0, chunk.size())));
     for (std::size_t i = 0; i < chunk.size(); ++i)
-      run->set(i, std::make_shared<Announced>(chunk.layer(i), eager, [this](nn::Layer& layer) {
-                 announce(layer.parameters());
-               }));
+      run->set(
+          i, std::make_shared<Announced>(
+                 chunk.layer(i), eager, [this](nn::Layer& layer) { announce(layer.parameters()); },
+                 [this](const nn::Layer& layer) { weights_ready(layer.parameters()); }));
   }
+}
+
+std::uint64_t Trainer::values_in_flight_sent() const {
+  return replicas_->values_in_flight_sent() + (experts_ ? experts_->values_in_flight_sent() : 0);
+}
+
+DpBuckets Trainer::dp_buckets() const {
+  return {replicas_->bucket_elements(),
+          experts_ ? experts_->bucket_elements() : std::vector<std::int64_t>{}};
+}
+
+void Trainer::weights_ready(const std::vector<nn::Parameter*>& params) {
+  replicas_->wait_values(params);
+  if (experts_) experts_->wait_values(params);
 }
 
 nn::Layer& Trainer::chunk_to_run(int c) {
@@ -202,7 +238,8 @@ class Trainer::Meter {
   Meter(Trainer& t)
       : trainer_(t),
         recorder_(t.profile_, t.mesh_.world(), timed_communicators(t)),
-        bytes_(t.mesh_) {
+        bytes_(t.mesh_),
+        carried_in_(t.values_in_flight_sent()) {
     for (Communicator* channel : t.pipeline_.channels()) bytes_.count_as(Axis::pp, *channel);
     bytes_.count_as(Axis::pp, *t.embedding_group_);
     t.profile_ = nullptr;
@@ -220,6 +257,9 @@ class Trainer::Meter {
     recorder_.finish();
     Trainer& t = trainer_;
     result.bytes = bytes_.sent();
+    // A step's bytes are what it started: ZeRO-1's all-gathers of this step's update,
+    // still in flight, are its own; the last step's, which ended in this one, are not.
+    result.bytes[Axis::dp] += t.values_in_flight_sent() - carried_in_;
     result.events = std::move(ran.events);
     // The batch's loss: the last stage's shares, once per replica (tp rank 0), summed.
     const bool counts = t.model_.last() && t.mesh_.coords().tp == 0;
@@ -250,6 +290,7 @@ class Trainer::Meter {
   Trainer& trainer_;
   StepRecorder recorder_;
   ch08::AxisMeter bytes_;
+  std::uint64_t carried_in_;  // the last step's all-gathers still in flight
 };
 
 StepResult Trainer::step(int step) {
@@ -297,6 +338,7 @@ ch04::StageRun Trainer::run_pipeline(const std::vector<std::vector<std::int64_t>
   stage.loss = [&](const Tensor& out, int j) {
     const auto start = StepRecorder::Clock::now();
     TiedHead& head = *model_.head();
+    weights_ready(head.parameters());
     nn::Forward logits = head.forward(out);
     const VocabLoss loss = vocab_parallel_cross_entropy(mesh_.tp(), logits.out.to(Memory::host),
                                                         data_.ids(microbatches[j], 1, positions),
@@ -425,17 +467,21 @@ double Trainer::clip_gradients(ch08::ReplicaOptimizer::Reduced& reduced,
   // of wte (the pieces say which); the experts' likewise over their replicas.
   auto squares_of = [](const ch08::ReplicaOptimizer::Reduced& r, Communicator& replicas,
                        nn::ParameterStore& store, const std::vector<Piece>& pieces) {
-    const std::int64_t first = r.offset, end = first + r.grads.size();
     const Tensor grads = r.grads.to(Memory::host);  // a copy under --device cuda
     double squares = 0;
     if (r.every_replica && replicas.rank() != 0) return squares;
     const std::vector<nn::Parameter*> params = store.parameters();
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      const std::int64_t from = std::max(first, params[i]->offset),
-                         to = std::min(end, params[i]->offset + params[i]->value.size());
-      if (!pieces[i].counted || from >= to) continue;
-      for (float g : grads.slice(from - first, to - from).span())
-        squares += static_cast<double>(g) * g;
+    std::int64_t at = 0;  // where the range starts in grads
+    for (const shardlab::ShardRange& range : r.ranges) {
+      const std::int64_t first = range.offset, end = first + range.length;
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        const std::int64_t from = std::max(first, params[i]->offset),
+                           to = std::min(end, params[i]->offset + params[i]->value.size());
+        if (!pieces[i].counted || from >= to) continue;
+        for (float g : grads.slice(at + from - first, to - from).span())
+          squares += static_cast<double>(g) * g;
+      }
+      at += range.length;
     }
     return squares;
   };
@@ -475,6 +521,8 @@ Tensor Trainer::forward_only(const Tensor& ids) {
 }
 
 double Trainer::evaluate(const std::vector<std::int64_t>& starts) {
+  replicas_->wait_values();  // ZeRO-1's all-gathers of the last update
+  if (experts_) experts_->wait_values();
   const Coords& at = mesh_.coords();
   const shardlab::ShardRange mine =
       shard_range(static_cast<std::int64_t>(starts.size()), c_.replicas(), c_.replica(at));
@@ -683,20 +731,30 @@ void add_expert_bytes(const TrainConfig& c, const Coords& at, const RoutingCount
 /// dp's bytes: one allreduce of the rank's dense parameters over the dp x ep x cp replicas
 /// (this rank at (dp_i ep + ep_i) cp + cp_i), and of its experts' over the dp x cp expert
 /// replicas (at dp_i cp + cp_i).
-std::uint64_t dp_bytes(const TrainConfig& c, const Coords& at) {
+std::uint64_t dp_bytes(const TrainConfig& c, const Coords& at, const DpBuckets& buckets) {
   const MeshShape& m = c.mesh;
   std::int64_t params = 0, expert_params = 0;
   for (const Piece& p : pieces_of(c.model, m, at, c.chunks)) params += p.size();
   for (const Piece& p : expert_pieces_of(c.model, m, at, c.chunks)) expert_params += p.size();
-  std::uint64_t out = allreduce_bytes(params, c.replica(at) * m.cp + at.cp, c.replicas() * m.cp);
-  if (c.model.experts > 0) out += allreduce_bytes(expert_params, at.dp * m.cp + at.cp, m.dp * m.cp);
+  // Bucket by bucket (the ring cuts each into its own N parts).
+  auto by_buckets = [](const std::vector<std::int64_t>& sizes, std::int64_t whole, int rank,
+                       int ranks) {
+    std::uint64_t out = 0;
+    for (std::int64_t n : sizes.empty() ? std::vector<std::int64_t>{whole} : sizes)
+      out += allreduce_bytes(n, rank, ranks);
+    return out;
+  };
+  std::uint64_t out =
+      by_buckets(buckets.dense, params, c.replica(at) * m.cp + at.cp, c.replicas() * m.cp);
+  if (c.model.experts > 0)
+    out += by_buckets(buckets.experts, expert_params, at.dp * m.cp + at.cp, m.dp * m.cp);
   return out;
 }
 
 }  // namespace
 
-ch08::AxisBytes formula_bytes(const TrainConfig& c, const Coords& at,
-                              const RoutingCounts& routing) {
+ch08::AxisBytes formula_bytes(const TrainConfig& c, const Coords& at, const RoutingCounts& routing,
+                              const DpBuckets& buckets) {
   const MeshShape& m = c.mesh;
   const shardlab::ShardRange mine = shard_range(c.batch, c.replicas(), c.replica(at));
   const std::int64_t tokens = c.model.context / m.cp;  // of each sequence, on this rank
@@ -715,7 +773,7 @@ ch08::AxisBytes formula_bytes(const TrainConfig& c, const Coords& at,
       if (p.cut == Cut::whole && p.rows_part) whole += p.size();
     out[Axis::tp] += allreduce_bytes(whole, at.tp, m.tp);
   }
-  out[Axis::dp] = dp_bytes(c, at);
+  out[Axis::dp] = dp_bytes(c, at, buckets);
   // wte's gradient, summed between the first and the last stage.
   if (m.pp > 1 && (at.pp == 0 || at.pp == m.pp - 1))
     out[Axis::pp] += allreduce_bytes(

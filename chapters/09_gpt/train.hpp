@@ -142,6 +142,12 @@ struct StepResult {
 RoutingCounts ep_routing(Communicator& world, const MeshShape& mesh, const Coords& at,
                          const StepResult& result);
 
+/// The elements of each bucket the replicas' gradients travel in, the dense weights' and
+/// the experts' (ReplicaOptimizer::bucket_elements); empty: one bucket, the rank's store.
+struct DpBuckets {
+  std::vector<std::int64_t> dense, experts;
+};
+
 /// One rank's part of the training: the steps of the whole mesh, the validation loss, and
 /// what a checkpoint saves besides the model.
 class Trainer {
@@ -164,6 +170,8 @@ class Trainer {
   ch08::ReplicaOptimizer& optimizer() { return *replicas_; }
   /// The experts' (over the expert replicas), alike; nullptr in a dense model.
   ch08::ReplicaOptimizer* expert_optimizer() { return experts_.get(); }
+  /// The buckets the replicas' gradients travel in (the optimizers' bucket_elements).
+  DpBuckets dp_buckets() const;
   /// The loss scaler (Scaler::none in fp32 and, by default, bf16), saved alike.
   ch06::LossScaler& scaler() { return scaler_; }
 
@@ -214,6 +222,11 @@ class Trainer {
   nn::Layer& chunk_to_run(int c);
   /// Tells the optimizers the gradients of `params` are final for the step.
   void announce(const std::vector<nn::Parameter*>& params);
+  /// Waits until ZeRO-1's all-gathers of the last update have brought these weights
+  /// (--overlap dp: they travel while the earlier layers' forward runs).
+  void weights_ready(const std::vector<nn::Parameter*>& params);
+  /// The bytes this rank sends in ZeRO-1's all-gathers still in flight.
+  std::uint64_t values_in_flight_sent() const;
 
   friend std::string sample(Trainer&, const std::string&, int, float, int, std::uint64_t,
                             const std::function<void(int)>&);
@@ -256,6 +269,7 @@ std::int64_t parameter_count(const GptShape& shape, int experts_per_token = -1);
 ///   tp  in a MoE block the experts' f and g: an allreduce of each local expert's rows
 ///       forward (twice under full recompute) and backward, instead of the dense MLP's;
 ///       under sequence parallelism the rows gathered before it and dL/dy's after
+/// dp's allreduce (ZeRO-1: reduce-scatter and all-gather) goes bucket by bucket: `buckets`.
 ch08::AxisBytes formula_bytes(const TrainConfig& c, const Coords& at,
-                              const RoutingCounts& routing = {});
+                              const RoutingCounts& routing = {}, const DpBuckets& buckets = {});
 }  // namespace ch09

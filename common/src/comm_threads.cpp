@@ -787,6 +787,17 @@ class ThreadComm final : public Communicator {
 
   // -- the progress thread -------------------------------------------------------------
 
+  /// SHARDLAB_COLLECTIVE_DELAY_MS, read once: how late each non-blocking collective starts.
+  static std::chrono::microseconds collective_delay() {
+    static const std::chrono::microseconds late = [] {
+      const char* ms = std::getenv("SHARDLAB_COLLECTIVE_DELAY_MS");
+      const double value = ms ? std::strtod(ms, nullptr) : 0.0;
+      return std::chrono::microseconds(
+          value > 0 && value < 1e6 ? static_cast<std::int64_t>(value * 1000) : 0);
+    }();
+    return late;
+  }
+
   void start_progress_thread() {
     if (progress_.joinable()) return;
     progress_ = std::thread([this] { progress_loop(); });
@@ -802,6 +813,8 @@ class ThreadComm final : public Communicator {
         task = queue_.front();
         queue_.pop_front();
       }
+      if (const std::chrono::microseconds late = collective_delay(); late.count() > 0)
+        std::this_thread::sleep_for(late);  // a slow link (comm_threads.hpp)
       task->began = steady_ns();
       try {
         if (task->device >= 0) cuda::set_device(task->device);

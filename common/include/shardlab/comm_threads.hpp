@@ -13,7 +13,10 @@
 //
 // Non-blocking collectives (iallreduce, ...) run on a progress thread of the rank's own,
 // in the order they were started, while the rank's thread goes on computing; a blocking
-// collective first lets the pending ones finish.
+// collective first lets the pending ones finish. With SHARDLAB_COLLECTIVE_DELAY_MS=d in
+// the environment each one starts d milliseconds late (a slow link, for tests): a buffer
+// read before its wait() still holds what it held before, so a missing wait changes the
+// results instead of hiding behind a fast memcpy.
 //
 // Device (CUDA) buffers work too: copies go through cudaMemcpy, reductions are kernels, so
 // N ranks can share one GPU or use several.
