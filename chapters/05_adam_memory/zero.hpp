@@ -138,10 +138,12 @@ class ZeroOptimizer {
   /// whatever the sharding (by group they are gathered from the ranks first: every rank
   /// calls it), and the steps taken: what a checkpoint saves.
   struct RangeState {
-    Tensor m, v;
-    shardlab::ShardRange range;
-    int steps = 0;
+    Tensor m;                    ///< Adam's first moments over `range`
+    Tensor v;                    ///< its second moments
+    shardlab::ShardRange range;  ///< shard_range(P, N, r) of the flat order
+    int steps = 0;               ///< the steps Adam has taken
   };
+  /// This rank's RangeState (every rank calls it).
   RangeState range_state();
   /// Where this rank's range starts in the flat order (stage 1).
   std::int64_t shard_offset() const;

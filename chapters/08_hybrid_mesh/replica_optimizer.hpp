@@ -61,6 +61,7 @@ class ReplicaOptimizer {
   /// the last update(), have arrived (before a layer's forward reads them); with no
   /// argument, every bucket's. Otherwise nothing.
   void wait_values(const std::vector<shardlab::nn::Parameter*>& params);
+  /// wait_values for every bucket.
   void wait_values();
   /// The bytes this rank sends in ZeRO-1's all-gathers still in flight (0 otherwise): a
   /// step that leaves them to the next counts them as its own.

@@ -145,7 +145,8 @@ RoutingCounts ep_routing(Communicator& world, const MeshShape& mesh, const Coord
 /// The elements of each bucket the replicas' gradients travel in, the dense weights' and
 /// the experts' (ReplicaOptimizer::bucket_elements); empty: one bucket, the rank's store.
 struct DpBuckets {
-  std::vector<std::int64_t> dense, experts;
+  std::vector<std::int64_t> dense;    ///< the dense weights' buckets
+  std::vector<std::int64_t> experts;  ///< the experts' (over the expert replicas)
 };
 
 /// One rank's part of the training: the steps of the whole mesh, the validation loss, and
