@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Chapter 09 next to PyTorch on this CPU, in one sitting: torch_baseline.py and ch09_gpt take
-# turns, ROUNDS times each (default 3), on one thread (one device) and then on two threads
-# (PyTorch) against the default 8-rank mesh; every line is one run's tokens/s.
+# turns, ROUNDS times each (default 3), on one thread (one device), then on two threads
+# (PyTorch) against the default 8-rank mesh and against dp 2 (a rank a core); every line is
+# one run's tokens/s.
 #
 #   scripts/ch09_vs_torch.sh [PYTHON_WITH_TORCH] [ROUNDS]
 #
@@ -22,4 +23,7 @@ for ((i = 1; i <= rounds; i++)); do
 done
 for ((i = 1; i <= rounds; i++)); do
   echo "2 threads  pytorch $(torch_rate --threads 2)   ch09 8-rank mesh $(rate $bin --no-reference --steps 30)"
+done
+for ((i = 1; i <= rounds; i++)); do
+  echo "2 threads  pytorch $(torch_rate --threads 2)   ch09 dp 2 $(rate $bin --ranks 2 --dp 2 --tp 1 --pp 1 --no-reference --steps 30)"
 done
