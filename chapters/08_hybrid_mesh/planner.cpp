@@ -411,8 +411,14 @@ double hidden_seconds(Axis axis, double seconds, double compute_s, double backwa
                       const Layout& L, int local_experts) {
   if (!L.overlap || seconds <= 0) return 0;
   switch (axis) {
-    case Axis::dp:
-      return std::min(seconds * (1 - 1.0 / std::max(1, L.buckets)), backward_s);
+    case Axis::dp: {
+      const double all_but_one = 1 - 1.0 / std::max(1, L.buckets);
+      if (L.zero == 0) return std::min(seconds * all_but_one, backward_s);
+      // The reduce-scatter under the backward, the all-gather under the forward (2N and
+      // 4N FLOPs a token: half the backward's time).
+      return std::min(seconds / 2 * all_but_one, backward_s) +
+             std::min(seconds / 2 * all_but_one, backward_s / 2);
+    }
     case Axis::tp:
       return std::min(seconds / 2, compute_s);
     case Axis::pp:

@@ -925,6 +925,11 @@ TEST_SUITE("ch08 planner") {
     L.buckets = 8;
     CHECK(hidden_seconds(Axis::dp, 8, 100, 100, L) == 7);
     CHECK(hidden_seconds(Axis::dp, 8, 100, 1, L) == 1);  // only under the last backward
+    L.zero = 1;  // 4 reduce-scattered (3.5 under the backward), 4 gathered (3.5 under forward)
+    CHECK(hidden_seconds(Axis::dp, 8, 100, 100, L) == 7);
+    CHECK(hidden_seconds(Axis::dp, 8, 100, 4, L) == 3.5 + 2);  // a forward half a backward
+    CHECK(hidden_seconds(Axis::dp, 8, 100, 2, L) == 2 + 1);
+    L.zero = 0;
     CHECK(hidden_seconds(Axis::cp, 8, 100, 0, L) == 8);
     CHECK(hidden_seconds(Axis::cp, 8, 3, 0, L) == 3);
     CHECK(hidden_seconds(Axis::ep, 8, 100, 0, L, 4) == 6);

@@ -87,6 +87,13 @@ class Programs {
     std::size_t last_b = 0;
     for (std::size_t i = 0; i < ops.size(); ++i)
       if (ops[i].kind == ch04::OpKind::backward) last_b = i;
+    // ZeRO-1 overlapping: the last step's update comes by bucket, the first layers' bucket
+    // waited for before they run, the others under the forward.
+    if (dp_overlaps() && c_.zero) {
+      const int buckets = std::max(1, c_.buckets);
+      collective(Axis::dp, group_of(Axis::dp, a), dp_work(a, buckets, "allgather"));
+      background(Axis::dp, (buckets - 1) * dp_work(a, buckets, "allgather"));
+    }
     for (std::size_t i = 0; i < ops.size(); ++i) op(a, ops[i], i == last_b);
     finish(a);
     return out_;
@@ -234,7 +241,7 @@ class Programs {
     }
   }
 
-  bool dp_overlaps() const { return overlap(Axis::dp) && c_.zero == 0 && replicas() > 1; }
+  bool dp_overlaps() const { return overlap(Axis::dp) && replicas() > 1; }
   int replicas() const { return c_.replicas() * c_.mesh.cp; }
 
   /// The first stage's parameters a rank holds (the most of any stage): its blocks' shards
@@ -250,11 +257,12 @@ class Programs {
     return blocks + double(g.vocab) / t * C + double(g.context) * C +
            (c_.mesh.pp == 1 ? 2 * C : 0.0);
   }
-  /// One of `buckets` equal sums of the gradients over the replicas.
-  double dp_work(const At& a, int buckets = 1) const {
-    return replicas() > 1
-               ? comm("allreduce", replicas(), parameters() * 4 / buckets, across(Axis::dp, a))
-               : 0.0;
+  /// One of `buckets` equal sums of the gradients over the replicas (`op`: allreduce, or
+  /// under ZeRO-1 its reduce-scatter; or the all-gather of the updated weights).
+  double dp_work(const At& a, int buckets = 1, const std::string& op = "") const {
+    const std::string name = !op.empty() ? op : c_.zero ? "reduce_scatter" : "allreduce";
+    return replicas() > 1 ? comm(name, replicas(), parameters() * 4 / buckets, across(Axis::dp, a))
+                          : 0.0;
   }
 
   /// After the pipeline: dp's sums (the last bucket, or all of them), ZeRO-1's
@@ -264,12 +272,10 @@ class Programs {
     const MeshShape& mesh = c_.mesh;
     if (replicas() > 1) {
       const long dp = group_of(Axis::dp, a);
-      if (c_.zero)
-        collective(Axis::dp, dp,
-                   comm("reduce_scatter", replicas(), parameters() * 4) +
-                       comm("allgather", replicas(), parameters() * 4));
-      else if (dp_overlaps())
-        collective(Axis::dp, dp, dp_work(a, std::max(1, c_.buckets)));
+      if (dp_overlaps())  // the last bucket (ZeRO-1: its reduce-scatter; the all-gathers
+        collective(Axis::dp, dp, dp_work(a, std::max(1, c_.buckets)));  // are the next step's)
+      else if (c_.zero)
+        collective(Axis::dp, dp, dp_work(a) + dp_work(a, 1, "allgather"));
       else
         collective(Axis::dp, dp, dp_work(a));
     }
