@@ -290,17 +290,31 @@ double activation_bytes_per_layer(const ModelSpec& m, int b, int tp, bool sp, Re
   return sp ? sbh * (34 / t + attention / t) : sbh * (10 + 24 / t + attention / t);
 }
 
+namespace {
+
+/// One GPU's share of an MLP (8 h^2 + 5 h): fc1's weight and bias and fc2's weight split
+/// over t, fc2's bias whole (added once, after the row-parallel sum).
+double mlp_share(double h, double t) { return (8 * h * h + 4 * h) / t + h; }
+
+/// One GPU's share of a layer's attention and its two norms (4 h^2 + 8 h): the QKV
+/// weight and bias and the projection's weight over t; the projection's bias and the
+/// norms' 4 h whole on every tp rank.
+double attention_share(double h, double t) { return (4 * h * h + 3 * h) / t + 5 * h; }
+
+}  // namespace
+
 double stage_parameters(const ModelSpec& m, int tp, int pp) {
-  const double h = m.hidden, layer = 12 * h * h + 13 * h;
+  const double h = m.hidden, t = tp;
   const int layers = m.layers / pp, moe = m.moe_layers(0, layers);
   // A MoE layer's dense part: the layer less its MLP, and the router (whole).
-  return double(layers - moe) * layer / tp +
-         moe * ((layer - mlp_parameters(h)) / tp + h * m.experts) + double(m.vocab) * h / tp +
-         double(m.seq) * h;
+  // With one stage, the first is the last: the final norm's 2 h, whole, too.
+  return double(layers - moe) * (attention_share(h, t) + mlp_share(h, t)) +
+         moe * (attention_share(h, t) + h * m.experts) + double(m.vocab) * h / t +
+         double(m.seq) * h + (pp == 1 ? 2 * h : 0.0);
 }
 
 double expert_parameters(const ModelSpec& m, int tp, int pp, int ep) {
-  return double(m.moe_layers(0, m.layers / pp)) * (m.experts / ep) * mlp_parameters(m.hidden) / tp;
+  return double(m.moe_layers(0, m.layers / pp)) * (m.experts / ep) * mlp_share(m.hidden, tp);
 }
 
 MemoryEstimate memory_per_gpu(const ModelSpec& m, const Layout& L, ch05::Precision precision) {

@@ -191,15 +191,18 @@ double activation_bytes_per_layer(const ModelSpec& model, int microbatch_size, i
                                   bool sequence_parallel, Recompute recompute, int cp = 1);
 
 /// The parameters one GPU of the first pipeline stage holds: its l/p layers, (12 h^2 + 13 h)
-/// each, split over t (the 13 h of biases and norms counted as split too, under 0.01%), and
+/// each, split over t but for the 6 h every tp rank holds whole (Megatron-LM's: the two
+/// norms' 4 h, the biases of the attention's projection and of the MLP's second Linear,
+/// added once after the row-parallel sums), so (12 h^2 + 7 h)/t + 6 h, and
 /// the embeddings: the word embedding V h split over t (Megatron splits it by vocabulary),
-/// the position embedding s h whole on every tp rank. (The last stage holds a tied copy of
-/// the word embedding as the output layer, as many; inner stages hold layers only.) With
-/// t = p = 1 this is P. The dense weights only: a MoE layer counts its attention, norms and
+/// the position embedding s h whole on every tp rank; with one stage, the final norm's 2 h
+/// too. (The last stage holds a tied copy of the word embedding as the output layer, as
+/// many; inner stages hold layers only.) With t = p = 1 this is P and the final norm (eq.
+/// 2 leaves it out). The dense weights only: a MoE layer counts its attention, norms and
 /// router (4 h^2 + 8 h over t, and h E), its experts are expert_parameters'.
 double stage_parameters(const ModelSpec& model, int tp, int pp);
 /// The experts one GPU of the first stage holds: of its MoE layers, E/e experts each,
-/// (8 h^2 + 5 h)/t of each. 0 in a dense model.
+/// (8 h^2 + 4 h)/t + h of each (the second bias whole). 0 in a dense model.
 double expert_parameters(const ModelSpec& model, int tp, int pp, int ep);
 
 /// Bytes one GPU of the first stage needs, by category. Model states: chapter 05's

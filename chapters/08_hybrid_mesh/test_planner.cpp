@@ -29,9 +29,11 @@
 //   1F1B's first stage holding all m microbatches instead of min(p, m)
 //     -> "1T, tp 8, no sp, no recompute" (1050 == 131.25 GiB)
 //   the word embedding not split over tp
-//     -> "stage parameters by hand" (1512 == 1256)
+//     -> "stage parameters by hand" (1560 == 1304)
+//   the norms and the two biases every tp rank holds whole counted as split over t
+//     -> "stage parameters by hand" (1256 == 1304)
 //   memory_per_gpu passing dp = 1 to ZeRO (no sharding)
-//     -> "ZeRO 1: optimizer / dp" (15072 == 7536)
+//     -> "ZeRO 1: optimizer / dp" (15648 == 7824)
 //   the search dropping the layouts that do not fit
 //     -> "every valid layout is found: 13 == 35", "the search keeps the layouts that do not fit"
 //   the search sorted slowest first
@@ -255,18 +257,20 @@ TEST_SUITE("ch08 planner") {
 
   TEST_CASE("memory by category for one layout by hand, and what each ZeRO stage shrinks") {
     // tiny on dp 2 x tp 2 x pp 2, m 4, b 1, no recomputation. The first stage: 2 layers of
-    // 12 h^2 + 13 h = 872, over t = 2: 872; embeddings V h / t = 256 and s h = 128: 1256.
+    // 12 h^2 + 13 h = 872, of which the norms' 4 h and two biases' 2 h (48) are whole on each
+    // tp rank and the other 824 over t = 2: 2 x 460 = 920; embeddings V h / t = 256 and
+    // s h = 128: 1304.
     const ModelSpec m = tiny();
-    CHECK_MESSAGE(stage_parameters(m, 2, 2) == 1256, "stage parameters by hand");
-    CHECK(stage_parameters(m, 1, 1) == doctest::Approx(parameters(m)));
+    CHECK_MESSAGE(stage_parameters(m, 2, 2) == 1304, "stage parameters by hand");
+    CHECK(stage_parameters(m, 1, 1) == doctest::Approx(parameters(m) + 2 * 8));  // + ln_f
     Layout L{.mesh = {.pp = 2, .dp = 2, .tp = 2}, .microbatches = 4, .recompute = Recompute::none};
     MemoryEstimate e = memory_per_gpu(m, L);
-    CHECK(e.params == 2 * 1256);
-    CHECK(e.grads == 2 * 1256);
-    CHECK(e.optimizer == 12 * 1256);
+    CHECK(e.params == 2 * 1304);
+    CHECK(e.grads == 2 * 1304);
+    CHECK(e.optimizer == 12 * 1304);
     // 128 (10 + 12 + 20) = 5376 a layer, x 2 layers x min(p = 2, m = 4) microbatches.
     CHECK(e.activations == 5376 * 2 * 2);
-    CHECK(e.total() == 2512 + 2512 + 15072 + 21504);
+    CHECK(e.total() == 2608 + 2608 + 15648 + 21504);
     L.microbatches = 8;
     CHECK_MESSAGE(memory_per_gpu(m, L).activations == 21504, "activations, m = 8");
     L.microbatches = 1;
@@ -274,20 +278,20 @@ TEST_SUITE("ch08 planner") {
     L.microbatches = 4;
     L.zero = 1;
     e = memory_per_gpu(m, L);
-    CHECK_MESSAGE(e.optimizer == 7536, "ZeRO 1: optimizer / dp");
-    CHECK((e.params == 2512 && e.grads == 2512 && e.activations == 21504));
+    CHECK_MESSAGE(e.optimizer == 7824, "ZeRO 1: optimizer / dp");
+    CHECK((e.params == 2608 && e.grads == 2608 && e.activations == 21504));
     L.zero = 2;
     e = memory_per_gpu(m, L);
-    CHECK_MESSAGE((e.grads == 1256 && e.optimizer == 7536 && e.params == 2512), "ZeRO 2");
+    CHECK_MESSAGE((e.grads == 1304 && e.optimizer == 7824 && e.params == 2608), "ZeRO 2");
     L.zero = 3;
     e = memory_per_gpu(m, L);
-    CHECK_MESSAGE((e.params == 1256 && e.grads == 1256 && e.optimizer == 7536), "ZeRO 3");
+    CHECK_MESSAGE((e.params == 1304 && e.grads == 1304 && e.optimizer == 7824), "ZeRO 3");
     CHECK(e.activations == 21504);  // ZeRO never touches activations
   }
 
   TEST_CASE("each axis's bytes, time, and the bubble for one layout by hand") {
     // b s h = 128 values = 256 bytes. tp: 2 layers x 4 microbatches x 4 allreduces x
-    // 2 (t-1)/t = 1 x 256 = 8192. dp: 2 (d-1)/d x 1256 x 2 bytes = 2512. pp (2 stages):
+    // 2 (t-1)/t = 1 x 256 = 8192. dp: 2 (d-1)/d x 1304 x 2 bytes = 2608. pp (2 stages):
     // one direction a microbatch, 4 x 256 = 1024.
     const ModelSpec m = tiny();
     ClusterSpec c = a100();
@@ -296,7 +300,7 @@ TEST_SUITE("ch08 planner") {
     Layout L{.mesh = {.pp = 2, .dp = 2, .tp = 2}, .microbatches = 4, .recompute = Recompute::none};
     StepEstimate st = step_time(m, c, L);
     CHECK_MESSAGE(st.axes[Axis::tp].bytes == 8192, "tp bytes by hand");
-    CHECK(st.axes[Axis::dp].bytes == 2512);
+    CHECK(st.axes[Axis::dp].bytes == 2608);
     CHECK_MESSAGE(st.axes[Axis::pp].bytes == 1024, "pp bytes, pp 2");
     CHECK((!st.axes[Axis::tp].crosses_nodes && !st.axes[Axis::dp].crosses_nodes &&
            !st.axes[Axis::pp].crosses_nodes));
@@ -312,7 +316,7 @@ TEST_SUITE("ch08 planner") {
                   "tp bytes with full recomputation");
     L.recompute = Recompute::none;
     L.zero = 3;
-    CHECK(step_time(m, c, L).axes[Axis::dp].bytes == 3768);  // 3 (d-1)/d x 1256 x 2
+    CHECK(step_time(m, c, L).axes[Axis::dp].bytes == 3912);  // 3 (d-1)/d x 1304 x 2
     L.zero = 0;
     L.sequence_parallel = true;
     st = step_time(m, c, L);
@@ -602,12 +606,14 @@ TEST_SUITE("ch08 planner") {
     CHECK(moe.moe_layers(0, 4) == 2);
     CHECK(moe.moe_layers(1, 2) == 1);  // layers 1 and 2: layer 2 has one
     CHECK(moe.moe_layers(1, 1) == 0);
-    // Experts over ep: 2 MoE layers x 4/e experts x (8 h^2 + 5 h)/t.
+    // Experts over ep: 2 MoE layers x 4/e experts x ((8 h^2 + 4 h)/t + h): fc2's bias whole.
     CHECK(expert_parameters(moe, 1, 1, 2) == 2 * 2 * (8 * 64 + 5 * 8));
-    CHECK(expert_parameters(moe, 2, 2, 4) == 1 * 1 * (8 * 64 + 5 * 8) / 2.0);
+    CHECK(expert_parameters(moe, 2, 2, 4) == 1 * 1 * ((8 * 64 + 4 * 8) / 2.0 + 8));
     // The dense weights lose the MoE layers' MLPs and gain their routers.
     CHECK(stage_parameters(moe, 1, 1) ==
           stage_parameters(m, 1, 1) - 2 * (8 * 64 + 5 * 8) + 2 * 8 * 4);
+    CHECK(stage_parameters(moe, 2, 1) ==
+          stage_parameters(m, 2, 1) - 2 * ((8 * 64 + 4 * 8) / 2.0 + 8) + 2 * 8 * 4);
     Layout E{.mesh = {.pp = 1, .dp = 2, .ep = 2, .tp = 1},
              .microbatches = 2,
              .recompute = Recompute::none};
