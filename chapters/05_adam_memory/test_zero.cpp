@@ -194,7 +194,7 @@ void check_every_stage(bool classifier) {
   const Variant variants[] = {{0}, {1},       {1, true, true, false}, {1, true, true, true}, {2},
                               {3}, {3, false}};
   for (int N : {1, 2, 3, 4})
-    for (const auto [stage, prefetch, by_group, overlap] : variants) {
+    for (const auto& [stage, prefetch, by_group, overlap] : variants) {
       const std::string what = "stage " + std::to_string(stage) + (by_group ? " by group" : "") +
                                (overlap ? ", overlapped," : "") + " on " + std::to_string(N) +
                                " ranks (" + (classifier ? "fp32" : "mixed") + ")" +

@@ -181,7 +181,7 @@ TEST_SUITE("ch08 hybrid") {
     // reduce-scattered into the first part's rows ("the block's output y, overlapped"); the
     // gathered dL/dy kept in part order ("dL/dW1, db1, dW2, db2, waited for"); fc1's bias
     // left out ("the block's output y, waited for").
-    for (const auto [t, share] : {std::pair{2, 5}, std::pair{3, 5}, std::pair{2, 1}}) {
+    for (const auto& [t, share] : {std::pair{2, 5}, std::pair{3, 5}, std::pair{2, 1}}) {
       CAPTURE(t);
       CAPTURE(share);
       const std::int64_t n = t * share, hidden = 6, ffn = 12;
