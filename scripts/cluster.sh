@@ -17,7 +17,8 @@
 #   overlap  chapter 09's GPT on dp 2, one rank on each host, its gradients across the
 #          link: for each per-rank batch, the step with --overlap all and none beside
 #          compute, communication, their max and their sum, and the overlap condition's
-#          knee (program options, when given, are added to every run)
+#          knee (program options, when given, are added to every run; 16 gradient
+#          buckets unless they give --buckets)
 #   run    PROGRAM [options]: any program under mpirun across the hosts
 # Program options, when given, replace the defaults of ch03, ch08 and ch09 (--link-gbit
 # and --timeout are added unless given).
@@ -417,12 +418,13 @@ PY
 }
 
 overlap() {  # overlap [program options]: dp 2 across the link, each per-rank batch twice
-  local per code=0 mode
+  local per code=0 mode buckets=(--buckets 16)
+  [[ " $* " == *" --buckets "* ]] && buckets=()  # the options' own
   for per in 1 2 4 8 16; do
     for mode in none all; do
       say "ch09_gpt dp 2 across the hosts, $per sequences a rank, --overlap $mode"
       run_program node ch09_gpt --pp 1 --dp 2 --tp 1 --batch $((2 * per)) --microbatches 1 \
-        --buckets 16 --steps 10 --no-reference --overlap "$mode" "$@" --json \
+        "${buckets[@]}" --steps 10 --no-reference --overlap "$mode" "$@" --json \
         > "$state/overlap_${per}_$mode.json" || code=$?
       [[ $code -eq 0 ]] || return "$code"
     done
