@@ -419,7 +419,7 @@ PY
 
 overlap() {  # overlap [program options]: dp 2 across the link, each per-rank batch twice
   local per code=0 mode buckets=(--buckets 16)
-  [[ " $* " == *" --buckets "* ]] && buckets=()  # the options' own
+  [[ " $* " == *" --buckets "* || " $* " == *" --buckets="* ]] && buckets=()  # the options' own
   for per in 1 2 4 8 16; do
     for mode in none all; do
       say "ch09_gpt dp 2 across the hosts, $per sequences a rank, --overlap $mode"

@@ -42,6 +42,8 @@
 //   zero_shard_elements counting stage 1 by group as one flat range
 //     -> "stage 1 by group on 4 ranks (fp32): zero_state_bytes differs from the bytes
 //        written out"
+//   step() waiting for every all-gather though asked to overlap
+//     -> "stage 1 by group, overlapped, on 2 ranks (fp32): step() waited"
 //   only the last group all-gathered
 //     -> "stage 1 by group on 2 ranks (fp32): rank 1 received 296 bytes per step, the
 //        formula says 452"
@@ -218,6 +220,9 @@ void check_every_stage(bool classifier) {
           const CommStats before = comm.stats();
           forward_backward(model, classifier, rows_of(classifier, comm.rank(), t), &opt);
           opt.step();
+          // Overlapped: the all-gathers still travel when step() returns.
+          if (overlap && N > 1)
+            CHECK_MESSAGE(opt.values_in_flight_sent() > 0, what << ": step() waited");
           received = comm.stats().since(before).total().bytes_received;
         }
         // The bytes this rank holds, category by category, and the formula's.

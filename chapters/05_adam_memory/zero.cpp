@@ -401,6 +401,9 @@ void ZeroOptimizer::wait_values() {
 }
 
 std::uint64_t ZeroOptimizer::values_in_flight_sent() const {
+  // A backend that models its traffic (MPI, NCCL) counts a collective when it starts; the
+  // threads backend counts what it moved when it is waited for.
+  if (comm_.stats().is_modeled(Op::allgather)) return 0;
   std::uint64_t sent = 0;
   for (const Group& g : groups_)
     if (g.gathering.pending())
@@ -441,12 +444,14 @@ ZeroOptimizer::RangeState ZeroOptimizer::range_state() {
 }
 
 std::int64_t ZeroOptimizer::shard_offset() const {
-  require(config_.stage == 1, "ZeroOptimizer::shard_offset: stage 1 only");
+  require(config_.stage == 1 && !by_group(),
+          "ZeroOptimizer::shard_offset: stage 1 only, one range (by group: shard_ranges)");
   return shard1_[0].range.offset;
 }
 
 const Shard& ZeroOptimizer::shard() const {
-  require(config_.stage == 1, "ZeroOptimizer::shard: stage 1 only");
+  require(config_.stage == 1 && !by_group(),
+          "ZeroOptimizer::shard: stage 1 only, one range (by group: range_state)");
   return shard1_[0];
 }
 
@@ -474,6 +479,7 @@ void ZeroOptimizer::restore(const Tensor& m, const Tensor& v, int steps) {
 }
 
 Tensor ZeroOptimizer::weights() {
+  wait_values();  // stage 1 by group: the last step's all-gathers, whose buffers these are
   Communicator::Uncounted not_counted(comm_);
   const std::int64_t P = store_.size();
   if (config_.stage == 0) return master_.clone();

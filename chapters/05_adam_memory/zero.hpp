@@ -106,14 +106,16 @@ class ZeroOptimizer {
   /// Stages 0 and 1: nothing (step() reduces the whole buffer at once).
   void reduce_gradients(int g);
   /// Reduces what is not reduced yet, applies Adam (or SGD) to this rank's S_r and brings
-  /// the updated values where the stage keeps them: after it every rank's values (its
-  /// shard at stage 3) are those of plain data parallelism with the summed gradients.
+  /// the updated values where the stage keeps them: after it (stage 1 by group with
+  /// overlap: after wait_values) every rank's values (its shard at stage 3) are those of
+  /// plain data parallelism with the summed gradients.
   void step();
   /// Stage 1, for a step that needs the summed gradients before the update (clipping by
   /// the global norm, as DeepSpeed's ZeRO-1 does it: reduce, take the norm of the
   /// partitions, scale, update): the reduce-scatter of step(), now. Returns this rank's
   /// range of the summed gradients (element 0 is element shard_offset() of the flat
-  /// order), to read and scale in place; the next step() updates from it without
+  /// order; by group, the ranges shard_ranges() lists, back to back), to read and scale in
+  /// place; the next step() updates from it without
   /// reducing again. Other stages refuse it.
   Tensor reduce_now();
   /// Stage 1: the step that reduce_now() began is not taken (a loss scaler found an inf):
@@ -129,7 +131,8 @@ class ZeroOptimizer {
   /// Stage 1 by group: waits for every all-gather step() started.
   void wait_values();
   /// The bytes this rank sends in the all-gathers step() started that are still in flight
-  /// (counted by the communicator when they are waited for).
+  /// and not counted yet by the communicator (the threads backend counts them when they
+  /// are waited for; a backend that models its traffic, when they start: 0 there).
   std::uint64_t values_in_flight_sent() const;
   /// Stage 1: the ranges of the store's flat order this rank's reduced gradients hold,
   /// back to back (reduce_now()'s tensor): one, or by group one a group.

@@ -109,7 +109,8 @@ struct StepMeasure {
 /// start() before a step, stop() after it, on every rank of `world`. The counters are read
 /// with no step running anywhere: start() reads between two barriers (so no rank sends its
 /// first message before every host's counter is read), stop() after one (every rank has
-/// received all it was sent). The barriers are not counted as any axis's bytes.
+/// received all it was sent, but for chapter 09's ZeRO-1 all-gathers left to run under the
+/// next step's forward). The barriers are not counted as any axis's bytes.
 class StepClock {
  public:
   /// A step begins: a barrier, the reading, a barrier, the clock.

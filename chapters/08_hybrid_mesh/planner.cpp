@@ -427,10 +427,12 @@ double hidden_seconds(Axis axis, double seconds, double compute_s, double backwa
   switch (axis) {
     case Axis::dp: {
       const double all_but_one = 1 - 1.0 / std::max(1, L.buckets);
-      if (L.zero == 0) return std::min(seconds * all_but_one, backward_s);
-      // The reduce-scatter under the backward, the all-gather under the forward (2N and
-      // 4N FLOPs a token: half the backward's time).
-      return std::min(seconds / 2 * all_but_one, backward_s) +
+      if (L.zero == 0 || L.zero == 3) return std::min(seconds * all_but_one, backward_s);
+      // The reduce-scatter under the backward (not under sequence parallelism, whose
+      // norms' gradients are summed over tp after it), the all-gather under the forward
+      // (2N and 4N FLOPs a token: half the backward's time).
+      const bool after_tp = L.sequence_parallel && L.mesh.tp > 1;
+      return (after_tp ? 0.0 : std::min(seconds / 2 * all_but_one, backward_s)) +
              std::min(seconds / 2 * all_but_one, backward_s / 2);
     }
     case Axis::tp:

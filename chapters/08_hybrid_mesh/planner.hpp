@@ -279,9 +279,11 @@ struct AxisCost {
 /// chapter 09 does (`ch09_gpt --overlap`), each bounded by the computation it runs under:
 ///   dp  the gradients' buckets go as the last microbatch's backward makes them: all but
 ///       the last bucket, under that backward (Megatron-LM's overlap_grad_reduce); with
-///       ZeRO, half the bytes so (the reduce-scatter) and the other half (the updated
-///       weights' all-gather) all but the first bucket under the next step's first
-///       forward, half as long as a backward (Megatron-LM's overlap_param_gather)
+///       ZeRO-1 or 2, half the bytes so (the reduce-scatter; not under sequence
+///       parallelism, whose norms' gradients are summed over tp after the backward) and
+///       the other half (the updated weights' all-gather) all but the first bucket under
+///       the next step's first forward, half as long as a backward (Megatron-LM's
+///       overlap_param_gather)
 ///   tp  the collective matmul in 2 parts: the first part's sum under the second's product
 ///   pp  every receive posted ahead: all but the first message of the step's m
 ///   cp  the ring's blocks pass while the block computes: all of it, under the computation

@@ -12,6 +12,8 @@
 //   opt.reduce();                                 // the replicas' gradients summed
 //   auto [g, ranges, same] = opt.reduced();       // clip them here, if at all
 //   opt.update();
+//   // ZeRO-1 by buckets with overlap: the weights arrive bucket by bucket; a layer waits:
+//   opt.wait_values(layer.parameters());         // then runs its forward
 #pragma once
 
 #include <memory>

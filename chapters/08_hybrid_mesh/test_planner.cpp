@@ -935,6 +935,9 @@ TEST_SUITE("ch08 planner") {
     CHECK(hidden_seconds(Axis::dp, 8, 100, 100, L) == 7);
     CHECK(hidden_seconds(Axis::dp, 8, 100, 4, L) == 3.5 + 2);  // a forward half a backward
     CHECK(hidden_seconds(Axis::dp, 8, 100, 2, L) == 2 + 1);
+    L.sequence_parallel = true;  // the reduce-scatter after tp's sums: only the all-gather
+    CHECK(hidden_seconds(Axis::dp, 8, 100, 100, L) == 3.5);
+    L.sequence_parallel = false;
     L.zero = 0;
     CHECK(hidden_seconds(Axis::cp, 8, 100, 0, L) == 8);
     CHECK(hidden_seconds(Axis::cp, 8, 3, 0, L) == 3);

@@ -222,7 +222,7 @@ class Programs {
           block_backward(a, first_block + b, !split_w);
           // dp's buckets, the last layers' first, as their gradients are made.
           const int done = per_chunk - b;
-          if (last_backward && dp_overlaps() &&
+          if (last_backward && dp_overlaps() && !zero_after_tp() &&
               done * buckets / per_chunk != (done - 1) * buckets / per_chunk && done < per_chunk)
             background(Axis::dp, dp_work(a, buckets));
         }
@@ -242,6 +242,9 @@ class Programs {
   }
 
   bool dp_overlaps() const { return overlap(Axis::dp) && replicas() > 1; }
+  /// ZeRO-1 under sequence parallelism: every bucket holds a norm whose gradient is summed
+  /// over tp after backward, so the reduce-scatters all come after it.
+  bool zero_after_tp() const { return c_.zero != 0 && c_.sequence_parallel && c_.mesh.tp > 1; }
   int replicas() const { return c_.replicas() * c_.mesh.cp; }
 
   /// The first stage's parameters a rank holds (the most of any stage): its blocks' shards
@@ -272,8 +275,10 @@ class Programs {
     const MeshShape& mesh = c_.mesh;
     if (replicas() > 1) {
       const long dp = group_of(Axis::dp, a);
-      if (dp_overlaps())  // the last bucket (ZeRO-1: its reduce-scatter; the all-gathers
-        collective(Axis::dp, dp, dp_work(a, std::max(1, c_.buckets)));  // are the next step's)
+      if (dp_overlaps() && zero_after_tp())    // every reduce-scatter (the all-gathers are
+        collective(Axis::dp, dp, dp_work(a));  // the next step's)
+      else if (dp_overlaps())                  // the last bucket (ZeRO-1: its reduce-scatter)
+        collective(Axis::dp, dp, dp_work(a, std::max(1, c_.buckets)));
       else if (c_.zero)
         collective(Axis::dp, dp, dp_work(a) + dp_work(a, 1, "allgather"));
       else

@@ -368,7 +368,9 @@ ch04::StageRun Trainer::run_pipeline(const std::vector<std::vector<std::int64_t>
 void Trainer::sync_gradients() {
   // The replicas' sums first, then those over tp and between the stages, as Megatron-LM's
   // finalize_model_grads orders them: the buckets can go while backward runs (--overlap
-  // dp), before those. ZeRO-1's reduce-scatter comes after them (in reduced()).
+  // dp), before those. ZeRO-1's buckets whose gradients those sums change (wte's,
+  // sequence parallelism's whole weights) are reduce-scattered after them (in reduced()),
+  // the others as backward finished them.
   if (c_.zero == 0) {
     replicas_->reduce();
     if (experts_) experts_->reduce();
@@ -381,7 +383,7 @@ void Trainer::sync_gradients() {
 
 void Trainer::unscale_and_clip(StepResult& result) {
   // ZeRO-1 without clipping or a scaler reduces inside its update (chapter 05's
-  // zero1_step): no norm then.
+  // zero1_step, or by buckets): no norm then.
   const bool scaled = c_.scaler != ch06::Scaler::none;
   result.loss_scale = scaler_.scale();
   if (c_.zero != 0 && c_.clip <= 0 && !scaled) return;
@@ -501,6 +503,8 @@ double Trainer::clip_gradients(ch08::ReplicaOptimizer::Reduced& reduced,
 }
 
 Tensor Trainer::forward_only(const Tensor& ids) {
+  replicas_->wait_values();  // ZeRO-1's all-gathers of the last update
+  if (experts_) experts_->wait_values();
   // Virtual stage k = c p + s runs on stage s as its chunk c; each passes its output to
   // the next (on this stage itself when p = 1).
   Communicator& pp = mesh_.pp();
@@ -521,8 +525,6 @@ Tensor Trainer::forward_only(const Tensor& ids) {
 }
 
 double Trainer::evaluate(const std::vector<std::int64_t>& starts) {
-  replicas_->wait_values();  // ZeRO-1's all-gathers of the last update
-  if (experts_) experts_->wait_values();
   const Coords& at = mesh_.coords();
   const shardlab::ShardRange mine =
       shard_range(static_cast<std::int64_t>(starts.size()), c_.replicas(), c_.replica(at));
