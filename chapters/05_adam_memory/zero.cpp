@@ -141,10 +141,6 @@ ZeroOptimizer::ZeroOptimizer(Communicator& dp, nn::ParameterStore& store, ZeroCo
     Scope scope(config.stage == 1 ? Category::comm : Category::grads);
     grads_ = zeros(shape, type_, memory);
   }
-  if (config.stage == 1) {
-    Scope scope(Category::comm);
-    send_ = empty(shape, type_, memory);
-  }
   if (config.stage == 3) {
     Scope scope(Category::params);
     values_ = empty(shape, type_, memory);
@@ -314,23 +310,13 @@ void ZeroOptimizer::step() {
     if (type_ != DType::f32) values.copy_from(cast(master_, type_));
     return;
   }
-  if (by_group()) {  // Adam on each group's shard, then its all-gather, first group first
+  if (by_group()) {  // then as stage 2, each group's all-gather left in flight with overlap
     wait_values();   // the last step's (a group no forward read)
     if (!reduced_) reduce_groups();
     reduced_ = false;
-    for (Group& g : groups_) {
-      Tensor w = optimizer_weights(g), m = shard_of(m_, g), v = shard_of(v_, g);
-      nn::adam_update(w, shard_of(grads_, g), m, v, steps_, config_.adam);
-      Tensor send = shard_of(send_, g);
-      send.copy_from(type_ == DType::f32 ? w : cast(w, type_));
-      g.gathering = comm_.iallgatherv(send, values.slice(g.offset, g.size), g.counts);
-      if (!config_.overlap) comm_.wait(g.gathering);
-    }
-    return;
-  }
-  if (config_.stage == 1 && !reduced_)
+  } else if (config_.stage == 1 && !reduced_) {
     return zero1_step(comm_, values, store_.grads(), shard1_[0], config_.adam);
-  if (config_.stage == 1) {  // zero1_step's steps 2 and 3, its reduce done by reduce_now()
+  } else if (config_.stage == 1) {  // zero1_step's steps 2 and 3, its reduce by reduce_now()
     reduced_ = false;
     Shard& shard = shard1_[0];
     nn::adam_update(shard.master, shard.grad, shard.m, shard.v, ++shard.step, config_.adam);
@@ -347,12 +333,12 @@ void ZeroOptimizer::step() {
       if (type_ != DType::f32) shard_of(values_, g).copy_from(cast(w, type_));
       continue;
     }
-    Tensor send;
     {
       Scope scope(Category::comm);
-      send = cast(w, type_);
+      g.send = cast(w, type_);  // the all-gather's until it completes
     }
-    comm_.allgatherv(send, values.slice(g.offset, g.size), g.counts);
+    g.gathering = comm_.iallgatherv(g.send, values.slice(g.offset, g.size), g.counts);
+    if (!by_group() || !config_.overlap) finish_gather(g);
   }
 }
 
@@ -391,10 +377,13 @@ void ZeroOptimizer::reduce_groups() {
   }
 }
 
-void ZeroOptimizer::wait_values(int g) {
-  Group& grp = group(g, "wait_values");
-  if (grp.gathering.pending()) comm_.wait(grp.gathering);
+void ZeroOptimizer::finish_gather(Group& g) {
+  if (!g.gathering.pending()) return;
+  comm_.wait(g.gathering);
+  g.send = Tensor();
 }
+
+void ZeroOptimizer::wait_values(int g) { finish_gather(group(g, "wait_values")); }
 
 void ZeroOptimizer::wait_values() {
   for (int g = 0; g < static_cast<int>(groups_.size()); ++g) wait_values(g);

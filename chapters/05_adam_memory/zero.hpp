@@ -183,7 +183,8 @@ class ZeroOptimizer {
     std::int64_t shard_offset = 0;          // where that range sits in the shard buffers
     std::vector<std::size_t> counts;        // every rank's range length
     Tensor gathered, bucket;                // stage 3's values, stages 2-3's full gradients
-    shardlab::Request reducing, gathering;  // stage 1 by group: in flight
+    Tensor send;                            // stages 1 (by group), 2: the updated range sent
+    shardlab::Request reducing, gathering;  // in flight (reducing: stage 1 by group)
     bool reduce_started = false;            // stage 1 by group: this step
   };
   Tensor shard_of(const Tensor& buffer, const Group& g) const;
@@ -203,9 +204,10 @@ class ZeroOptimizer {
   std::int64_t shard_size_ = 0;
   /// Stage 1 by group: every group's reduce-scatter started and waited for.
   void reduce_groups();
+  /// Waits for group g's all-gather, if one is in flight, and frees what it sent.
+  void finish_gather(Group& g);
 
   Tensor values_, grads_;      // stage 3: S_r values; stages 2, 3 (1 by group): S_r gradients
-  Tensor send_;                // stage 1 by group: the updated S_r, all-gathered from here
   Tensor master_, m_, v_;      // stages 0, 2, 3 (stage 1: shard1_)
   std::vector<Shard> shard1_;  // stage 1: zero1.hpp's shard of the flat buffer (0 or 1)
   int steps_ = 0;
