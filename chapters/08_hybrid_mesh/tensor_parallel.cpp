@@ -37,12 +37,26 @@ Tensor gather_rows(Communicator& tp, const Tensor& mine) {
   return ch01::gather_rows(tp, mine, mine.rows() * tp.size());  // chapter 01's, on even rows
 }
 
-Tensor scatter_rows(Communicator& tp, const Tensor& partial) {
-  const int t = tp.size();
+namespace {
+
+/// Error unless `partial` splits into t equal parts of rows (a reduce-scatter's input).
+void require_even_rows(const Tensor& partial, int t) {
   require(partial.ndim() == 2 && partial.rows() % t == 0, [&] {
     return "sequence parallelism: " + partial.describe() + " does not split into " +
            std::to_string(t) + " equal parts of rows";
   });
+}
+
+/// The parts of `rows` rows the collective matmul makes: `chunks`, or one a row.
+int parts_of(std::int64_t rows, int chunks) {
+  return static_cast<int>(std::min<std::int64_t>(chunks, std::max<std::int64_t>(rows, 1)));
+}
+
+}  // namespace
+
+Tensor scatter_rows(Communicator& tp, const Tensor& partial) {
+  const int t = tp.size();
+  require_even_rows(partial, t);
   Tensor mine(partial.rows() / t, partial.cols());
   tp.reduce_scatter(partial, mine, shardlab::ReduceOp::sum);
   return mine;
@@ -86,8 +100,7 @@ Tensor TpRegion::summed_product(const Tensor& a, const Tensor& b, bool transpose
                                 void (*sum)(Communicator&, Tensor&)) const {
   Tensor y =
       shardlab::empty(Shape{a.rows(), transpose_b ? b.rows() : b.cols()}, a.dtype(), a.memory());
-  const int parts =
-      static_cast<int>(std::min<std::int64_t>(chunks_, std::max<std::int64_t>(a.rows(), 1)));
+  const int parts = parts_of(a.rows(), chunks_);
   std::vector<shardlab::Request> pending;
   for (int c = 0; c < parts; ++c) {
     const ShardRange rows = shard_range(a.rows(), parts, c);
@@ -103,21 +116,9 @@ Tensor TpRegion::summed_product(const Tensor& a, const Tensor& b, bool transpose
   return y;
 }
 
-namespace {
-
-/// The parts of a rank's `share` rows the collective matmul makes: `chunks`, or one a row.
-int parts_of(std::int64_t share, int chunks) {
-  return static_cast<int>(std::min<std::int64_t>(chunks, std::max<std::int64_t>(share, 1)));
-}
-
-}  // namespace
-
 Tensor TpRegion::scattered_product(const Tensor& a, const Tensor& b, bool transpose_b) const {
   const int t = tp_.size();
-  require(a.ndim() == 2 && a.rows() % t == 0, [&] {
-    return "sequence parallelism: " + a.describe() + " does not split into " + std::to_string(t) +
-           " equal parts of rows";
-  });
+  require_even_rows(a, t);
   const std::int64_t share = a.rows() / t, cols = transpose_b ? b.rows() : b.cols();
   Tensor mine = shardlab::empty(Shape{share, cols}, a.dtype(), a.memory());
   const int parts = parts_of(share, chunks_);

@@ -169,6 +169,9 @@ struct Piece {
   /// be summed over tp (false: the MoE layer's, which runs whole on every tp rank).
   bool rows_part = true;
   std::int64_t size() const;  ///< elements this rank holds
+  /// Under sequence parallelism, whether this rank's gradient is its rows' part, summed
+  /// over tp after backward: Cut::whole and rows_part.
+  bool summed_over_tp() const { return cut == Cut::whole && rows_part; }
 };
 
 /// Chunk c of a rank's pipeline stage: its virtual stage k = ch04::virtual_stage(pp_i, c, p)

@@ -63,16 +63,12 @@ void report_memory(Context& ctx, const TrainConfig& c, Mesh& mesh, GptModel& mod
   const Coords& at = mesh.coords();
   const ch05::ZeroConfig zc{.stage = c.zero, .adam = c.adam, .by_group = true};
   // ZeRO-1 shards Adam's state over the ranks that hold the same weights, each bucket on
-  // its own: the replicas, and for the experts the expert replicas.
-  auto or_whole = [](const std::vector<std::int64_t>& b, const nn::ParameterStore& store) {
-    return b.empty() ? std::vector<std::int64_t>{store.size()} : b;
-  };
-  ch05::StateBytes states =
-      ch05::zero_state_bytes(or_whole(buckets.dense, model.store()), zc, shardlab::DType::f32,
-                             mesh.replicas().size(), mesh.replicas().rank());
-  const ch05::StateBytes experts = ch05::zero_state_bytes(
-      or_whole(buckets.experts, model.expert_store()), zc, shardlab::DType::f32,
-      mesh.expert_replicas().size(), mesh.expert_replicas().rank());
+  // its own: the replicas, and for the experts the expert replicas (no buckets: none).
+  ch05::StateBytes states = ch05::zero_state_bytes(buckets.dense, zc, shardlab::DType::f32,
+                                                   mesh.replicas().size(), mesh.replicas().rank());
+  const ch05::StateBytes experts =
+      ch05::zero_state_bytes(buckets.experts, zc, shardlab::DType::f32,
+                             mesh.expert_replicas().size(), mesh.expert_replicas().rank());
   states.params += experts.params;
   states.grads += experts.grads;
   states.master += experts.master;

@@ -180,8 +180,7 @@ Trainer::Trainer(Mesh& mesh, GptModel& model, const TrainConfig& c, const Corpus
     if (c.mesh.pp > 1 && model.tied()) late.push_back(model.tied());
     const std::vector<nn::Parameter*> params = model.store().parameters();
     for (std::size_t i = 0; i < params.size(); ++i)
-      if (model.sequence_parallel() && model.pieces()[i].cut == Cut::whole &&
-          model.pieces()[i].rows_part)
+      if (model.sequence_parallel() && model.pieces()[i].summed_over_tp())
         late.push_back(params[i]);
     replicas_->set_late(late);
   }
@@ -444,7 +443,7 @@ void Trainer::sum_replicated_gradients() {
   std::int64_t n = 0;
   const std::vector<nn::Parameter*> params = model_.store().parameters();
   for (std::size_t i = 0; i < params.size(); ++i)
-    if (model_.pieces()[i].cut == Cut::whole && model_.pieces()[i].rows_part) {
+    if (model_.pieces()[i].summed_over_tp()) {
       grads.push_back(params[i]->grad.flat());
       n += grads.back().size();
     }
@@ -772,7 +771,7 @@ ch08::AxisBytes formula_bytes(const TrainConfig& c, const Coords& at, const Rout
   if (c.sequence_parallel && m.tp > 1) {
     std::int64_t whole = 0;
     for (const Piece& p : pieces_of(c.model, m, at, c.chunks))
-      if (p.cut == Cut::whole && p.rows_part) whole += p.size();
+      if (p.summed_over_tp()) whole += p.size();
     out[Axis::tp] += allreduce_bytes(whole, at.tp, m.tp);
   }
   out[Axis::dp] = dp_bytes(c, at, buckets);
