@@ -20,6 +20,8 @@
 //   transposed a packed as if it were not transposed            differs, avx2 5x1x2 a^T
 //   the second row block packed from the first (ic ignored)     row 96 differs, avx2 97x1x1
 //   the reference with out += a * b (two roundings)             last bit differs, 1x1x2
+//   the 4 x 4 transposes' leftover lines (rows % 4) not copied  differs (a, and b^T)
+//   the 4 x 4 transposes' leftover k (kc % 4) stopping one short differs (a, and b^T)
 
 #include <doctest/doctest.h>
 
