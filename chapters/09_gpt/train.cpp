@@ -479,8 +479,7 @@ double Trainer::clip_gradients(ch08::ReplicaOptimizer::Reduced& reduced,
         const std::int64_t from = std::max(first, params[i]->offset),
                            to = std::min(end, params[i]->offset + params[i]->value.size());
         if (!pieces[i].counted || from >= to) continue;
-        for (float g : grads.slice(at + from - first, to - from).span())
-          squares += static_cast<double>(g) * g;
+        squares += shardlab::sum_of_squares(grads.slice(at + from - first, to - from));
       }
       at += range.length;
     }

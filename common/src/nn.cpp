@@ -229,6 +229,60 @@ LayerNorm::LayerNorm(ParameterStore& store, const std::string& name, std::int64_
       beta_(&store.add(name + ".beta", zeros(Shape{1, channels}))),
       eps_(eps) {}
 
+namespace {
+/// LayerNorm's rows on the host: each row's mean and variance in double (lane_sum's order),
+/// then y = (x - mean) rstd gamma + beta in float. (The GPU's kernel sums in its threads'
+/// order: the two agree to rounding, not bit for bit.)
+SHARDLAB_VECTOR_CLONES void layernorm_rows(const float* __restrict x, const float* __restrict gamma,
+                                           const float* __restrict beta, float* __restrict y,
+                                           float* __restrict mean, float* __restrict rstd,
+                                           std::int64_t B, std::int64_t C, float eps) {
+  for (std::int64_t i = 0; i < B; ++i) {
+    const float* row = x + i * C;
+    const double m =
+        vmath::lane_sum(C, [row](std::int64_t j) { return static_cast<double>(row[j]); }) /
+        static_cast<double>(C);
+    const double var = vmath::lane_sum(C,
+                                       [row, m](std::int64_t j) {
+                                         const double d = row[j] - m;
+                                         return d * d;
+                                       }) /
+                       static_cast<double>(C);
+    const auto s = static_cast<float>(1.0 / std::sqrt(var + eps));
+    const auto mf = static_cast<float>(m);
+    mean[i] = mf;
+    rstd[i] = s;
+    float* out = y + i * C;
+    for (std::int64_t j = 0; j < C; ++j) out[j] = (row[j] - mf) * s * gamma[j] + beta[j];
+  }
+}
+
+/// dx of LayerNorm's rows. With xhat = (x - mean) rstd and g = dy gamma (floats):
+///   dx = rstd (g - mean(g) - xhat mean(g xhat)), the two means in double.
+SHARDLAB_VECTOR_CLONES void layernorm_dx_rows(const float* __restrict x,
+                                              const float* __restrict mean,
+                                              const float* __restrict rstd,
+                                              const float* __restrict gamma,
+                                              const float* __restrict dy, float* __restrict dx,
+                                              std::int64_t B, std::int64_t C) {
+  for (std::int64_t i = 0; i < B; ++i) {
+    const float *xi = x + i * C, *dyi = dy + i * C;
+    const float m = mean[i], s = rstd[i];
+    auto g = [&](std::int64_t j) { return dyi[j] * gamma[j]; };
+    auto xhat = [&](std::int64_t j) { return (xi[j] - m) * s; };
+    const double mean_g =
+        vmath::lane_sum(C, [&](std::int64_t j) { return static_cast<double>(g(j)); }) /
+        static_cast<double>(C);
+    const double mean_gx =
+        vmath::lane_sum(C, [&](std::int64_t j) { return static_cast<double>(g(j)) * xhat(j); }) /
+        static_cast<double>(C);
+    const auto mg = static_cast<float>(mean_g), mgx = static_cast<float>(mean_gx);
+    float* out = dx + i * C;
+    for (std::int64_t j = 0; j < C; ++j) out[j] = s * (g(j) - mg - xhat(j) * mgx);
+  }
+}
+}  // namespace
+
 Forward LayerNorm::forward(const Tensor& x) const {
   const std::int64_t C = gamma_->value.cols();
   require(x.ndim() == 2 && x.cols() == C, [&] {
@@ -248,25 +302,8 @@ Forward LayerNorm::forward(const Tensor& x) const {
     return f;
   }
   Tensor y(B, C), mean(B), rstd(B);
-  const float* px = x.data();
-  const float* g = gamma_->value.data();
-  const float* b = beta_->value.data();
-  float* py = y.data();
-  float* pm = mean.data();
-  float* ps = rstd.data();
-  for (std::int64_t i = 0; i < B; ++i) {
-    const float* row = px + i * C;
-    double sum = 0;
-    for (std::int64_t j = 0; j < C; ++j) sum += row[j];
-    const double m = sum / static_cast<double>(C);
-    double var = 0;
-    for (std::int64_t j = 0; j < C; ++j) var += (row[j] - m) * (row[j] - m);
-    var /= static_cast<double>(C);
-    const auto s = static_cast<float>(1.0 / std::sqrt(var + eps_));
-    pm[i] = static_cast<float>(m);
-    ps[i] = s;
-    for (std::int64_t j = 0; j < C; ++j) py[i * C + j] = (row[j] - pm[i]) * s * g[j] + b[j];
-  }
+  layernorm_rows(x.data(), gamma_->value.data(), beta_->value.data(), y.data(), mean.data(),
+                 rstd.data(), B, C, eps_);
   Forward f{std::move(y), {}};
   f.saved.tensors = {x, mean, rstd};
   return f;
@@ -286,30 +323,9 @@ Tensor LayerNorm::backward_input(const Tensor& dy, Saved& saved) const {
                                       dy.data(), dx.data(), B, C);
     return dx;
   }
-  // With xhat = (x - mean) * rstd and g = dy * gamma:
-  //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
   Tensor dx(B, C);
-  const float* gamma = gamma_->value.data();
-  const float *px = x.data(), *pm = mean.data(), *ps = rstd.data(), *pdy = dy.data();
-  float* pdx = dx.data();
-  for (std::int64_t i = 0; i < B; ++i) {
-    const float *xi = px + i * C, *dyi = pdy + i * C;
-    double mean_g = 0, mean_gx = 0;
-    for (std::int64_t j = 0; j < C; ++j) {
-      const float xhat = (xi[j] - pm[i]) * ps[i];
-      const float g = dyi[j] * gamma[j];
-      mean_g += g;
-      mean_gx += static_cast<double>(g) * xhat;
-    }
-    mean_g /= static_cast<double>(C);
-    mean_gx /= static_cast<double>(C);
-    for (std::int64_t j = 0; j < C; ++j) {
-      const float xhat = (xi[j] - pm[i]) * ps[i];
-      const float g = dyi[j] * gamma[j];
-      pdx[i * C + j] =
-          ps[i] * (g - static_cast<float>(mean_g) - xhat * static_cast<float>(mean_gx));
-    }
-  }
+  layernorm_dx_rows(x.data(), mean.data(), rstd.data(), gamma_->value.data(), dy.data(), dx.data(),
+                    B, C);
   return dx;
 }
 
@@ -736,7 +752,9 @@ inline float lerp(float start, float end, float w) {
 }
 /// Adam over n elements, the gradient of type G (float, Half or BFloat16) read as a float.
 template <class G>
-void adam_loop(float* p, const G* g, float* m, float* v, std::int64_t n, const AdamStep& k) {
+SHARDLAB_VECTOR_CLONES void adam_loop(float* __restrict p, const G* __restrict g,
+                                      float* __restrict m, float* __restrict v, std::int64_t n,
+                                      const AdamStep& k) {
   for (std::int64_t i = 0; i < n; ++i) {
     float grad;
     if constexpr (std::is_same_v<G, float>)

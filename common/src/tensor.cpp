@@ -751,6 +751,13 @@ Tensor column_sums(const Tensor& x) {
   return out;
 }
 
+double sum_of_squares(const Tensor& x) {
+  require_f32(x, "sum_of_squares");
+  require(!x.on_device(),
+          [&] { return "sum_of_squares: needs a host tensor, got " + x.describe(); });
+  return vmath::sum_of_squares(x.data(), x.size());
+}
+
 namespace {
 /// y = f(x) element by element: `kernel` on a device, `host` on the host (f(x) of one
 /// element, or a loop over the array: vector_math's).

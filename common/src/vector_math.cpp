@@ -104,6 +104,10 @@ bool has_avx2() {
 
 float exp(float x) { return portable::exp_of<Scalar>(x); }
 
+SHARDLAB_VECTOR_CLONES double sum_of_squares(const float* x, std::int64_t n) {
+  return lane_sum(n, [x](std::int64_t i) { return static_cast<double>(x[i]) * x[i]; });
+}
+
 void exp(const float* x, float shift, float* y, std::int64_t n) {
   SHARDLAB_VMATH_DISPATCH(exp_loop(x, shift, y, n));
 }

@@ -6,7 +6,10 @@
 // round trip); index_rows reading row i instead of row index[i], scatter_add_rows
 // overwriting instead of adding (gather and scatter-add); max_abs_diff dropping NaN
 // (NaN never compares equal); a freed block handed back without zeroing it, no cache at
-// all, a cache that keeps blocks past its capacity.
+// all, a cache that keeps blocks past its capacity; sum_of_squares summed in order (one
+// running sum), its last size mod 8 elements dropped, its eight sums added s0 + s1 + ... +
+// s7, every term into the first sum, its squares taken in float (each: "sum_of_squares(n = ...)"
+// with the two sums).
 #include <doctest/doctest.h>
 #include <unistd.h>
 
@@ -163,6 +166,36 @@ TEST_SUITE("tensor") {
     CHECK(max_abs(a) == 4.0);
     check_equal(transpose(Tensor::from({{1, 2, 3}})), Tensor::from({{1}, {2}, {3}}), "transpose");
     CHECK_THROWS_AS(add(a, zeros(1, 2)), Error);
+  }
+
+  TEST_CASE("sum_of_squares: eight running sums in double, in its order, the tail after") {
+    // The order written out here, in plain double arithmetic (this file is built for any
+    // x86-64, the library's loop for this CPU's widest vectors).
+    auto by_definition = [](const Tensor& x) {
+      const float* p = x.data();
+      const std::int64_t n = x.size(), whole = n / 8 * 8;
+      double s[8] = {};
+      for (std::int64_t i = 0; i < whole; ++i) s[i % 8] += static_cast<double>(p[i]) * p[i];
+      double sum = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+      for (std::int64_t i = whole; i < n; ++i) sum += static_cast<double>(p[i]) * p[i];
+      return sum;
+    };
+    bool order_shows = false;  // the data tell one order from another
+    for (std::int64_t n : {0, 1, 7, 8, 9, 15, 16, 17, 63, 1000, 4099}) {
+      // Values spread over nine decades, so that the order of the additions shows.
+      Tensor x = randn(Shape{n}, 11 + static_cast<std::uint64_t>(n));
+      for (std::int64_t i = 0; i < n; ++i) x.data()[i] *= std::pow(10.0f, float(i % 9) - 4);
+      double in_order = 0;
+      for (float v : x.span()) in_order += static_cast<double>(v) * v;
+      order_shows = order_shows || in_order != by_definition(x);
+      const double got = sum_of_squares(x), want = by_definition(x);
+      CHECK_MESSAGE(got == want,
+                    "sum_of_squares(n = " << n << "): " << got << ", its order gives " << want);
+      if (n > 1)  // a shard starting anywhere: the same definition over its own elements
+        CHECK(sum_of_squares(x.slice(1, n - 1)) == by_definition(x.slice(1, n - 1)));
+    }
+    CHECK_MESSAGE(order_shows, "the data do not tell the sums' order from summing in order");
+    CHECK_THROWS_AS(sum_of_squares(zeros(Shape{2}, DType::f16)), Error);
   }
 
   TEST_CASE("NaN and infinity never compare equal: max_abs_diff, max_abs, all_finite") {

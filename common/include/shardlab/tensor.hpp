@@ -309,6 +309,10 @@ void scale_in_place(Tensor& t, float s);
 void add_row(Tensor& y, const Tensor& row);
 /// The 1 x N sums of the columns of x (M x N), each summed over i in order.
 Tensor column_sums(const Tensor& x);
+/// The sum of x's squares (f32 on the host), in double: eight running sums (element i in
+/// sum i mod 8) added in a fixed order, then the last size mod 8 in order; the same bits
+/// on every CPU, vectorised where it has AVX2 or AVX-512.
+double sum_of_squares(const Tensor& x);
 /// tanh(x), and dL/dx = dy * (1 - y^2) from y = tanh(x). These four take f16 and bf16
 /// too: computed in f32 and rounded once to the input's type.
 Tensor tanh(const Tensor& x);
