@@ -12,6 +12,7 @@
 #include "shardlab/check.hpp"
 #include "shardlab/results.hpp"
 #include "shardlab/tensor.hpp"
+#include "vector_math.hpp"
 
 namespace shardlab {
 
@@ -572,7 +573,7 @@ bool Communicator::all_true(bool mine) {
 
 namespace {
 template <class T>
-void reduce_typed(T* acc, const T* x, std::size_t n, ReduceOp op) {
+SHARDLAB_VECTOR_CLONES void reduce_typed(T* acc, const T* x, std::size_t n, ReduceOp op) {
   switch (op) {
     case ReduceOp::sum:
     case ReduceOp::avg:

@@ -609,12 +609,14 @@ Tensor host_map(const Tensor& a, F&& f) {
   return out;
 }
 template <class F>
+SHARDLAB_VECTOR_CLONES void zip_loop(const float* __restrict x, const float* __restrict z,
+                                     float* __restrict y, std::int64_t n, F f) {
+  for (std::int64_t i = 0; i < n; ++i) y[i] = f(x[i], z[i]);
+}
+template <class F>
 Tensor host_zip(const Tensor& a, const Tensor& b, F&& f) {
   Tensor out = empty(a.shape());
-  const float* x = a.data();
-  const float* z = b.data();
-  float* y = out.data();
-  for (std::int64_t i = 0; i < a.size(); ++i) y[i] = f(x[i], z[i]);
+  zip_loop(a.data(), b.data(), out.data(), a.size(), f);
   return out;
 }
 
@@ -706,19 +708,38 @@ Tensor scale(const Tensor& a, float s) {
   return out;
 }
 
+namespace {
+// The host's loops, one per CPU (vector_math.hpp). x and y may overlap in axpy and
+// add_row (the compiler checks, and takes the plain loop then).
+SHARDLAB_VECTOR_CLONES void axpy_loop(float alpha, const float* x, float* y, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+SHARDLAB_VECTOR_CLONES void scale_loop(float* y, float s, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) y[i] *= s;
+}
+SHARDLAB_VECTOR_CLONES void add_row_loop(float* y, const float* row, std::int64_t rows,
+                                         std::int64_t cols) {
+  for (std::int64_t i = 0; i < rows; ++i)
+    for (std::int64_t j = 0; j < cols; ++j) y[i * cols + j] += row[j];
+}
+SHARDLAB_VECTOR_CLONES void column_sums_loop(const float* __restrict x, float* __restrict out,
+                                             std::int64_t rows, std::int64_t cols) {
+  for (std::int64_t i = 0; i < rows; ++i)
+    for (std::int64_t j = 0; j < cols; ++j) out[j] += x[i * cols + j];
+}
+}  // namespace
+
 void axpy(float alpha, const Tensor& x, Tensor& y) {
   require_f32(y, "axpy");
   require_like(x, y, "axpy");
   if (y.on_device()) return kernels::axpy(alpha, x.data(), y.data(), y.size());
-  const float* px = x.data();
-  float* py = y.data();
-  for (std::int64_t i = 0; i < y.size(); ++i) py[i] += alpha * px[i];
+  axpy_loop(alpha, x.data(), y.data(), y.size());
 }
 
 void scale_in_place(Tensor& t, float s) {
   require_f32(t, "scale");
   if (t.on_device()) return kernels::scale(t.data(), s, t.size());
-  for (float& v : t) v *= s;
+  scale_loop(t.data(), s, t.size());
 }
 
 void add_row(Tensor& y, const Tensor& row) {
@@ -730,10 +751,7 @@ void add_row(Tensor& y, const Tensor& row) {
                    y.describe();
           });
   if (y.on_device()) return kernels::add_row(y.data(), row.data(), y.rows(), y.cols());
-  const float* r = row.data();
-  float* p = y.data();
-  for (std::int64_t i = 0; i < y.rows(); ++i)
-    for (std::int64_t j = 0; j < y.cols(); ++j) p[i * y.cols() + j] += r[j];
+  add_row_loop(y.data(), row.data(), y.rows(), y.cols());
 }
 
 Tensor column_sums(const Tensor& x) {
@@ -744,10 +762,7 @@ Tensor column_sums(const Tensor& x) {
     if (x.size()) kernels::column_sums(x.data(), out.data(), x.rows(), x.cols());
     return out;
   }
-  const float* p = x.data();
-  float* o = out.data();
-  for (std::int64_t i = 0; i < x.rows(); ++i)
-    for (std::int64_t j = 0; j < x.cols(); ++j) o[j] += p[i * x.cols() + j];
+  column_sums_loop(x.data(), out.data(), x.rows(), x.cols());
   return out;
 }
 
