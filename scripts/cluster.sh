@@ -420,11 +420,11 @@ PY
 overlap() {  # overlap [program options]: dp 2 across the link, each per-rank batch twice
   local per code=0 mode buckets=(--buckets 16)
   [[ " $* " == *" --buckets "* || " $* " == *" --buckets="* ]] && buckets=()  # the options' own
-  for per in 1 2 4 8 16; do
+  for per in 1 2 3 4 5 6 8 16; do
     for mode in none all; do
       say "ch09_gpt dp 2 across the hosts, $per sequences a rank, --overlap $mode"
       run_program node ch09_gpt --pp 1 --dp 2 --tp 1 --batch $((2 * per)) --microbatches 1 \
-        "${buckets[@]}" --steps 10 --no-reference --overlap "$mode" "$@" --json \
+        "${buckets[@]}" --steps 30 --no-reference --overlap "$mode" "$@" --json \
         > "$state/overlap_${per}_$mode.json" || code=$?
       [[ $code -eq 0 ]] || return "$code"
     done
@@ -438,7 +438,7 @@ context = int(given.group(1)) if given else 64
 def load(per, mode):
     return json.loads((state / f"overlap_{per}_{mode}.json").read_text())
 rows = []
-for per in (1, 2, 4, 8, 16):
+for per in (1, 2, 3, 4, 5, 6, 8, 16):
     none, both = load(per, "none"), load(per, "all")
     tokens = per * context  # a rank's, a step
     step = lambda run: 1e3 * 2 * tokens / run["tokens_per_second"]  # the run's mean step
