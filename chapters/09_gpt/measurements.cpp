@@ -58,6 +58,74 @@ double block_activation_floats(const GptShape& g, int tp, Recompute recompute,
   return 4 * whole + 12 * C / t + softmax;
 }
 
+std::optional<double> modelled_activation_peak(const TrainConfig& c, const Coords& at,
+                                               std::int64_t held, std::int64_t vocab_rows) {
+  using ch08::Axis;
+  const bool modelled = (c.schedule == "1f1b" || c.schedule == "gpipe") && c.chunks == 1 &&
+                        c.recompute == Recompute::none && !(c.sequence_parallel && c.mesh.tp > 1) &&
+                        c.model.experts == 0 && c.precision == shardlab::DType::f32 &&
+                        c.memory == Memory::host && c.overlap[Axis::dp] &&
+                        (c.mesh.pp == 1 || c.overlap[Axis::pp]);
+  if (!modelled) return std::nullopt;
+  // Floats a token of the microbatch on this rank, unless said.
+  const auto C = static_cast<double>(c.model.channels), t = static_cast<double>(c.mesh.tp),
+             V = static_cast<double>(vocab_rows);
+  const int p = c.mesh.pp, s = at.pp;
+  const bool first = s == 0, last = s == p - 1, sends = !last;
+  // What an F keeps: its blocks' (and their LayerNorms' mean and rstd), the first stage's
+  // ids (4 bytes a token), the last stage's ln_f input, output, mean and rstd.
+  const double kept =
+      (c.model.layers / p) * (block_activation_floats(c.model, c.mesh.tp, Recompute::none, false,
+                                                      c.mesh.cp > 1 ? c.context.get() : nullptr) +
+                              4) +
+      (first ? 1 : 0) + (last ? 2 * C + 2 : 0);
+  // A B's working set over what its stage held, n tokens: the last block's MLP backward at
+  // its largest (fc2's input gradient and GELU's, with the row-parallel layer's copy of dy;
+  // or the residual's sum, with fc1's input gradient and LayerNorm's; or fc2's weight
+  // gradient, 4C x C/t, a weight's worth whatever the tokens); on the last stage one C
+  // more (the head's dx beside ln_f's, less ln_f's input and its mean and rstd), and the
+  // loss's moment (the head's input copy, the logits, their softmax and gradient, the
+  // head's dx, its weight gradient V x C/t).
+  auto working = [&](double n) {
+    double w = std::max({C + 8 * C / t, 4 * C + 4 * C / t, 3 * C + 4 * C / t + 4 * C * C / t / n});
+    if (last) w = std::max(w + C - 2, 2 * C + 3 * V + 1 + V * C / n);
+    return w;
+  };
+  const ch04::Schedule schedule = ch04::make_schedule(c.schedule, p, c.microbatches, c.chunks);
+  const std::vector<ch04::Op>& ops = schedule.ops[static_cast<std::size_t>(s)];
+  const std::int64_t replica = shardlab::shard_range(c.batch, c.replicas(), c.replica(at)).length;
+  auto tokens = [&](const ch04::Op& op) {
+    return static_cast<double>(
+        shardlab::shard_range(replica, c.microbatches, op.microbatch).length * held);
+  };
+  // A receive: an F's input (not on the first stage), a B's gradient (not on the last).
+  auto receives = [&](const ch04::Op& op) {
+    return p > 1 && (op.kind == ch04::OpKind::forward ? !first : !last);
+  };
+  double live = 0, peak = 0;  // bytes
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const ch04::Op& op = ops[i];
+    const double n = tokens(op), bytes = 4 * n;
+    // The next op's receive, posted by this one (the first op posts its own, in its F).
+    const double posted =
+        i + 1 < ops.size() && receives(ops[i + 1]) ? 4 * C * tokens(ops[i + 1]) : 0;
+    if (op.kind == ch04::OpKind::forward) {
+      // Its input came in a buffer posted by the op before (counted there), save the
+      // first op's; its output's copy kept until its B on a stage that sends; for a
+      // moment the output and that copy both.
+      const double input = !first && i > 0 ? C : 0, out = sends ? C : 0;
+      peak = std::max(peak, live + bytes * (kept - input + 2 * out) + posted);
+      live += bytes * (kept - input + out) + posted;
+    } else {
+      peak = std::max(peak, live + bytes * working(n) + posted);
+      // Its microbatch's kept tensors (its input's buffer too) and its output's copy go;
+      // the gradient it sends (not on the first stage) stays to the end of the step.
+      live += bytes * (-kept - (sends ? C : 0) + (first ? 0 : C)) + posted;
+    }
+  }
+  return peak;
+}
+
 void report_memory(Context& ctx, const TrainConfig& c, Mesh& mesh, GptModel& model,
                    const memory::Usage& used, const DpBuckets& buckets) {
   const Coords& at = mesh.coords();
@@ -89,29 +157,38 @@ void report_memory(Context& ctx, const TrainConfig& c, Mesh& mesh, GptModel& mod
       block_activation_floats(c.model, c.mesh.tp, c.recompute, c.sequence_parallel && c.mesh.tp > 1,
                               c.mesh.cp > 1 ? c.context.get() : nullptr) *
       static_cast<double>(tokens) * (c.model.layers / c.mesh.pp) * in_flight;
+  const std::optional<double> modelled = modelled_activation_peak(
+      c, at, static_cast<std::int64_t>(model.positions().size()), model.vocab().length);
   const auto every =
       gather(ctx, {states.params, used.live(Category::params), states.grads,
                    used.live(Category::grads), states.optimizer + states.master,
                    used.live(Category::optimizer) + used.live(Category::master),
-                   static_cast<std::uint64_t>(blocks), used.peak(Category::activations)});
+                   static_cast<std::uint64_t>(blocks), used.peak(Category::activations),
+                   static_cast<std::uint64_t>(modelled.value_or(0))});
   Table mem({"rank", "params", "params_measured", "grads", "grads_measured", "optimizer",
-             "optimizer_measured", "activations_blocks", "activations_peak"});
+             "optimizer_measured", "activations_blocks", "activations_model", "activations_peak"});
   for (std::size_t r = 0; r < every[0].size(); ++r)
     mem.add({r, every[0][r], every[1][r], every[2][r], every[3][r], every[4][r], every[5][r],
-             every[6][r], every[7][r]});
-  ctx.report(mem, "memory_per_rank",
-             "\nmemory per rank, bytes: the model states by chapter 05's formula over the rank's "
-             "shard, and the ledger's; the activations of the stage's blocks for the microbatches "
-             "the schedule keeps in flight (4C + 12C/t + HT/t floats a token and block; selective "
-             "recompute: 4C + 12C/t; full: C; sequence parallel: each C over t), and the ledger's "
-             "peak (the logits, the "
-             "messages, the loss's softmax and a block's recomputed activations besides)" +
-                 std::string(c.mesh.cp > 1 ? "; cp: H/t log-sum-exps a token for the HT/t" : "") +
-                 (c.model.experts > 0 ? "; a MoE block counted as a dense one (its experts "
-                                        "keep k rows' worth a token, and its routing)"
-                                      : ""));
+             every[6][r], modelled ? shardlab::Cell(every[8][r]) : shardlab::Cell(""),
+             every[7][r]});
+  ctx.report(
+      mem, "memory_per_rank",
+      "\nmemory per rank, bytes: the model states by chapter 05's formula over the rank's "
+      "shard, and the ledger's; the activations of the stage's blocks for the microbatches "
+      "the schedule keeps in flight (4C + 12C/t + HT/t floats a token and block; selective "
+      "recompute: 4C + 12C/t; full: C; sequence parallel: each C over t); the peak the step's "
+      "ops reach as this program allocates (the blocks, the messages, the loss's logits "
+      "and the backward's gradients op by op: modelled_activation_peak, blank where it "
+      "does not reach), and the ledger's peak" +
+          std::string(c.mesh.cp > 1 ? "; cp: H/t log-sum-exps a token for the HT/t" : "") +
+          (c.model.experts > 0 ? "; a MoE block counted as a dense one (its experts "
+                                 "keep k rows' worth a token, and its routing)"
+                               : ""));
   ctx.verify(every[0] == every[1] && every[2] == every[3] && every[4] == every[5],
              "a rank's model states differ from the formula (memory_per_rank)");
+  if (modelled)
+    ctx.verify(every[7] == every[8],
+               "a rank's activations' peak differs from the model of the step (memory_per_rank)");
 }
 
 double report_bubble(Context& ctx, const TrainConfig& c, Mesh& mesh,
@@ -191,7 +268,8 @@ void run_benchmark(Context& ctx, const TrainConfig& base, const Corpus& data, in
                    const ch08::MachineProfile* machine) {
   std::vector<std::string> columns{"mesh"};
   for (ch08::Axis a : ch08::kAxes) columns.emplace_back(ch08::axis_name(a));
-  for (const char* column : {"tokens_per_second", "step_ms", "first_loss", "last_loss"})
+  for (const char* column : {"tokens_per_second", "step_ms", "first_loss", "last_loss",
+                             "activations_model", "activations_peak"})
     columns.emplace_back(column);
   if (machine)
     for (const char* column : {"predicted_ms", "error", "pipeline_ms", "shared_ms", "exposed_ms"})
@@ -203,6 +281,7 @@ void run_benchmark(Context& ctx, const TrainConfig& base, const Corpus& data, in
     TrainConfig c = base;
     c.mesh = shape;
     const std::string name = ch08::mesh_name(shape);
+    memory::Tracker tracker;  // this mesh's memory, from its first tensor
     Mesh mesh(ctx.comm(), c.mesh);
     GptModel model(mesh, c.model, c.model_options());
     Trainer trainer(mesh, model, c, data);
@@ -217,12 +296,23 @@ void run_benchmark(Context& ctx, const TrainConfig& base, const Corpus& data, in
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
         shardlab::ReduceOp::max);
     const double timed = std::max(1, steps - 1);
+    // The activations' peak, the largest rank's, and the model of it on every rank.
+    const auto peak = static_cast<double>(tracker.usage().peak(memory::Category::activations));
+    const std::optional<double> modelled = modelled_activation_peak(
+        c, mesh.coords(), static_cast<std::int64_t>(model.positions().size()),
+        model.vocab().length);
+    if (modelled)
+      ctx.verify(ctx.comm().all_true(*modelled == peak),
+                 name + ": a rank's activations' peak differs from the model of the step");
     std::vector<shardlab::Cell> row{name};
     for (ch08::Axis a : ch08::kAxes) row.emplace_back(shape.size(a));
     for (shardlab::Cell cell : std::vector<shardlab::Cell>{
              timed * static_cast<double>(c.batch * c.model.context) / seconds,
              1e3 * seconds / timed, loss.front(), loss.back()})
       row.push_back(cell);
+    row.push_back(modelled ? shardlab::Cell(ctx.comm().agree(*modelled, shardlab::ReduceOp::max))
+                           : shardlab::Cell(""));
+    row.emplace_back(ctx.comm().agree(peak, shardlab::ReduceOp::max));
     if (machine) {
       const StepPrediction p = predict_step(c, *machine);
       const double step = seconds / timed, error = p.step_s / step - 1;

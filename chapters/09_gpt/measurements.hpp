@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,22 @@ void report_bytes(shardlab::Context& ctx, const TrainConfig& c, const StepResult
 double block_activation_floats(const GptShape& g, int tp, Recompute recompute,
                                bool sequence_parallel = false,
                                const ContextParallel* context = nullptr);
+
+/// The bytes of activations this rank holds at its peak, as this program allocates them:
+/// its stage's ops in chapter 04's schedule order, each F adding what the microbatch's
+/// blocks keep (block_activation_floats, and the two LayerNorms' mean and rstd), the
+/// embedding's ids and ln_f's tensors, and the stage's messages (an F's output kept until
+/// its B under pp's overlap, a receive posted one op ahead, a B's gradient sent and kept
+/// to the end of the step); each B freeing its microbatch's and reaching, first, the
+/// largest of four moments of its last block's backward (the MLP's two input gradients,
+/// its residual's sum, fc2's weight gradient) or of the loss (the logits, their softmax and
+/// gradient, the head's weight gradient). `held`: the tokens of a sequence on this rank;
+/// `vocab_rows`: its share of the vocabulary. std::nullopt where the model does not
+/// reach: recomputation, sequence parallelism, experts, 16-bit products, a GPU, the
+/// interleaved and ZB-H1 schedules, dp's or pp's communication not overlapped (which
+/// change when a layer's weight gradient is made and when a message is let go).
+std::optional<double> modelled_activation_peak(const TrainConfig& c, const Coords& at,
+                                               std::int64_t held, std::int64_t vocab_rows);
 
 /// Model states per rank against chapter 05's formula (its tp x pp shard; ZeRO-1: its
 /// dp shard of Adam's state), and the activations' peak against the blocks' count for
