@@ -24,6 +24,20 @@ namespace memory = shardlab::memory;
 
 namespace {
 
+/// The activations' peak equal to its model on every rank (`where`: the table or mesh). The
+/// model follows the reference code's allocations: in the learner's build, whose code may
+/// allocate otherwise and be right, a difference is said, not a failure.
+void check_modelled_peak(Context& ctx, bool equal, const std::string& where) {
+#if defined(SHARDLAB_LEARNER_BUILD)
+  if (!equal)
+    ctx.say(where +
+            ": a rank's activations' peak differs from the model of the step, which "
+            "follows the reference code's allocations (yours may allocate otherwise)");
+#else
+  ctx.verify(equal, where + ": a rank's activations' peak differs from the model of the step");
+#endif
+}
+
 /// Every rank's value of each of `mine`, on every rank: every[k][r].
 std::vector<std::vector<std::int64_t>> gather(Context& ctx,
                                               const std::vector<std::uint64_t>& mine) {
@@ -186,9 +200,7 @@ void report_memory(Context& ctx, const TrainConfig& c, Mesh& mesh, GptModel& mod
                                : ""));
   ctx.verify(every[0] == every[1] && every[2] == every[3] && every[4] == every[5],
              "a rank's model states differ from the formula (memory_per_rank)");
-  if (modelled)
-    ctx.verify(every[7] == every[8],
-               "a rank's activations' peak differs from the model of the step (memory_per_rank)");
+  if (modelled) check_modelled_peak(ctx, every[7] == every[8], "memory_per_rank");
 }
 
 double report_bubble(Context& ctx, const TrainConfig& c, Mesh& mesh,
@@ -301,9 +313,7 @@ void run_benchmark(Context& ctx, const TrainConfig& base, const Corpus& data, in
     const std::optional<double> modelled = modelled_activation_peak(
         c, mesh.coords(), static_cast<std::int64_t>(model.positions().size()),
         model.vocab().length);
-    if (modelled)
-      ctx.verify(ctx.comm().all_true(*modelled == peak),
-                 name + ": a rank's activations' peak differs from the model of the step");
+    if (modelled) check_modelled_peak(ctx, ctx.comm().all_true(*modelled == peak), name);
     std::vector<shardlab::Cell> row{name};
     for (ch08::Axis a : ch08::kAxes) row.emplace_back(shape.size(a));
     for (shardlab::Cell cell : std::vector<shardlab::Cell>{
