@@ -418,9 +418,9 @@ PY
 }
 
 overlap() {  # overlap [program options]: dp 2 across the link, each per-rank batch twice
-  local per code=0 mode buckets=(--buckets 16)
+  local per code=0 mode buckets=(--buckets 16) sequences=(1 2 3 4 5 6 8 16)  # a rank's, a step
   [[ " $* " == *" --buckets "* || " $* " == *" --buckets="* ]] && buckets=()  # the options' own
-  for per in 1 2 3 4 5 6 8 16; do
+  for per in "${sequences[@]}"; do
     for mode in none all; do
       say "ch09_gpt dp 2 across the hosts, $per sequences a rank, --overlap $mode"
       run_program node ch09_gpt --pp 1 --dp 2 --tp 1 --batch $((2 * per)) --microbatches 1 \
@@ -429,7 +429,7 @@ overlap() {  # overlap [program options]: dp 2 across the link, each per-rank ba
       [[ $code -eq 0 ]] || return "$code"
     done
   done
-  python3 - "$state" "$link_gbit" "$csv_dir" "$*" >&2 <<'PY'
+  python3 - "$state" "$link_gbit" "$csv_dir" "$*" "${sequences[*]}" >&2 <<'PY'
 import csv, json, re, statistics, sys
 from pathlib import Path
 state, gbit, csv_dir = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
@@ -438,7 +438,7 @@ context = int(given.group(1)) if given else 64
 def load(per, mode):
     return json.loads((state / f"overlap_{per}_{mode}.json").read_text())
 rows = []
-for per in (1, 2, 3, 4, 5, 6, 8, 16):
+for per in map(int, sys.argv[5].split()):  # the sequences a rank the runs above had
     none, both = load(per, "none"), load(per, "all")
     tokens = per * context  # a rank's, a step
     step = lambda run: 1e3 * 2 * tokens / run["tokens_per_second"]  # the run's mean step
