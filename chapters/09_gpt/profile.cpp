@@ -166,36 +166,38 @@ double length(const Intervals& v) {
   return sum;
 }
 
+/// The compute spans' union, and the union of the waits (every axis' calls).
+std::pair<Intervals, Intervals> computing_and_waiting(const std::vector<Span>& spans) {
+  Intervals computing, waiting;
+  for (const Span& s : spans)
+    (s.axis == "compute" ? computing : waiting).emplace_back(s.start, s.end);
+  return {merged(computing), merged(waiting)};
+}
+
 }  // namespace
 
 double Profile::hidden(ch08::Axis axis) const {
   // The axis' operations at work (a union: buckets in flight together count once) while
   // the rank computed: in a compute span, and not waiting on any axis inside it.
-  Intervals computing, waiting, work;
-  for (const Span& s : spans) {
-    if (s.axis == "compute") {
-      computing.emplace_back(s.start, s.end);
-      continue;
-    }
-    waiting.emplace_back(s.start, s.end);
+  Intervals work;
+  for (const Span& s : spans)
     if (s.axis == ch08::axis_name(axis)) work.emplace_back(s.work_start, s.work_end);
-  }
-  const Intervals busy = overlay(merged(computing), merged(waiting), false);
+  const auto [computing, waiting] = computing_and_waiting(spans);
+  const Intervals busy = overlay(computing, waiting, false);
   return length(overlay(merged(work), busy, true));
 }
 
 double Profile::compute() const {
-  double inside = 0;
-  for (const ch08::AxisInfo& info : ch08::kAxisInfo)
-    if (info.inside_layer) inside += seconds(info.axis);
-  return total(spans, "compute") - inside;
+  // The compute spans less the waits inside them: tp's, cp's and ep's inside a layer's
+  // pass, and dp's where a layer or Adam waits for a bucket (ZeRO-1's all-gathers).
+  const auto [computing, waiting] = computing_and_waiting(spans);
+  return length(overlay(computing, waiting, false));
 }
 
 double Profile::wait() const {
-  double between = 0;
-  for (const ch08::AxisInfo& info : ch08::kAxisInfo)
-    if (!info.inside_layer) between += seconds(info.axis);
-  return std::max(0.0, step - total(spans, "compute") - between);
+  auto [computing, waiting] = computing_and_waiting(spans);
+  computing.insert(computing.end(), waiting.begin(), waiting.end());
+  return std::max(0.0, step - length(merged(computing)));
 }
 
 void write_profile_trace(Context& ctx, const MeshShape& mesh, const Profile& mine,

@@ -42,8 +42,9 @@ struct Span {
 struct Profile {
   std::vector<Span> spans;  ///< in the order they ended
   double step = 0;          ///< seconds, from the common start to this rank's end
-  /// Seconds of compute, less the communication inside it (the axes whose calls happen
-  /// inside a layer's pass: AxisInfo::inside_layer).
+  /// Seconds of compute, less every wait inside it: the axes whose calls happen inside a
+  /// layer's pass (AxisInfo::inside_layer), and dp's where a layer or Adam waits for a
+  /// bucket (ZeRO-1's all-gathers).
   double compute() const;
   /// Seconds the rank waited for `axis`'s communicators, in blocking calls and in waits
   /// for non-blocking ones: the exposed communication (pp: the embedding group's

@@ -645,41 +645,68 @@ TEST_CASE("hidden communication: an axis' work while the rank computes, in fligh
   CHECK(p.hidden(ch08::Axis::pp) == 0);
 }
 
+TEST_CASE("compute leaves out every wait inside it, whatever the axis") {
+  // Adam 0-10 waiting for ZeRO-1's all-gathers at 2-4 and a tp call at 6-7; a forward 10-20
+  // waiting for a bucket's all-gather at 12-13; the reduce-scatter's wait 20-25 between
+  // them; the step ends at 27. Wrong versions this fails: only the axes inside a layer's
+  // pass taken out (compute 19, and the wait, the step less the compute spans and every
+  // wait, below 0: shown as 0), every wait taken out of compute whether inside it or not
+  // (compute 11).
+  Profile p;
+  p.step = 27;
+  p.spans = {
+      {"optimizer", "compute", 0, 10, 0, 10},     {"dp allgather wait", "dp", 2, 4, 1, 4},
+      {"tp allreduce", "tp", 6, 7, 6, 7},         {"F", "compute", 10, 20, 10, 20},
+      {"dp allgather wait", "dp", 12, 13, 8, 13}, {"dp reduce_scatter wait", "dp", 20, 25, 15, 25}};
+  CHECK(p.compute() == doctest::Approx(16));
+  CHECK(p.seconds(ch08::Axis::dp) == doctest::Approx(8));
+  CHECK(p.seconds(ch08::Axis::tp) == doctest::Approx(1));
+  CHECK(p.wait() == doctest::Approx(2));
+  CHECK(p.hidden(ch08::Axis::dp) == doctest::Approx(10));  // [1, 2], [8, 12], [15, 20]
+}
+
 TEST_CASE("a step's profile accounts for the whole step, on every axis") {
   const Corpus data = Corpus::load(text_file(), 8);
-  const TrainConfig c = small({.pp = 2, .dp = 2, .tp = 2});
-  on_ranks(8, [&](Communicator& world) {
-    Mesh mesh(world, c.mesh);
-    GptModel model(mesh, c.model);
-    Trainer trainer(mesh, model, c, data);
-    trainer.step(0);
-    Profile p;
-    trainer.profile_next_step(&p);
-    trainer.step(1);
-    REQUIRE(p.step > 0);
-    int passes = 0, updates = 0;
-    for (const Span& s : p.spans) {
-      CHECK(s.start >= 0);
-      CHECK(s.end <= p.step + 1e-9);
-      CHECK(s.start <= s.end);
-      CHECK(s.work_start <= s.work_end);
-      passes += s.axis == "compute" && s.name != "loss" && s.name != "optimizer";
-      updates += s.name == "optimizer";
-    }
-    CHECK(passes == 3 * c.microbatches);  // F, B and W of each microbatch
-    CHECK(updates == 1);                  // Adam's step
-    for (ch08::Axis a : ch08::kAxes) {    // what ran under the computation fits in the step
-      CHECK(p.hidden(a) >= 0);
-      CHECK(p.hidden(a) <= p.step - p.wait() + 1e-9);
-    }
-    CHECK(p.seconds(ch08::Axis::tp) > 0);
-    CHECK(p.seconds(ch08::Axis::dp) > 0);
-    CHECK(p.seconds(ch08::Axis::pp) > 0);  // the embedding group: first and last stage
-    CHECK(std::abs(p.compute() + p.seconds(ch08::Axis::tp) + p.seconds(ch08::Axis::dp) +
-                   p.seconds(ch08::Axis::pp) + p.wait() - p.step) < 1e-6 * 8);
-    trainer.step(2);  // profiled once only
-    CHECK(p.spans.size() > 0);
-  });
+  TrainConfig zero = small({.pp = 2, .dp = 2, .tp = 2});
+  zero.zero = 1;  // the all-gathers waited for inside Adam (overlap none) or the forward (all)
+  TrainConfig zero_none = zero;
+  zero_none.overlap = overlap_of("none");
+  for (const TrainConfig& c : {small({.pp = 2, .dp = 2, .tp = 2}), zero, zero_none}) {
+    CAPTURE(c.zero);
+    CAPTURE(c.overlap[ch08::Axis::dp]);
+    on_ranks(8, [&](Communicator& world) {
+      Mesh mesh(world, c.mesh);
+      GptModel model(mesh, c.model);
+      Trainer trainer(mesh, model, c, data);
+      trainer.step(0);
+      Profile p;
+      trainer.profile_next_step(&p);
+      trainer.step(1);
+      REQUIRE(p.step > 0);
+      int passes = 0, updates = 0;
+      for (const Span& s : p.spans) {
+        CHECK(s.start >= 0);
+        CHECK(s.end <= p.step + 1e-9);
+        CHECK(s.start <= s.end);
+        CHECK(s.work_start <= s.work_end);
+        passes += s.axis == "compute" && s.name != "loss" && s.name != "optimizer";
+        updates += s.name == "optimizer";
+      }
+      CHECK(passes == 3 * c.microbatches);  // F, B and W of each microbatch
+      CHECK(updates == 1);                  // Adam's step
+      for (ch08::Axis a : ch08::kAxes) {    // what ran under the computation fits in the step
+        CHECK(p.hidden(a) >= 0);
+        CHECK(p.hidden(a) <= p.step - p.wait() + 1e-9);
+      }
+      CHECK(p.seconds(ch08::Axis::tp) > 0);
+      CHECK(p.seconds(ch08::Axis::dp) > 0);
+      CHECK(p.seconds(ch08::Axis::pp) > 0);  // the embedding group: first and last stage
+      CHECK(std::abs(p.compute() + p.seconds(ch08::Axis::tp) + p.seconds(ch08::Axis::dp) +
+                     p.seconds(ch08::Axis::pp) + p.wait() - p.step) < 1e-6 * 8);
+      trainer.step(2);  // profiled once only
+      CHECK(p.spans.size() > 0);
+    });
+  }
 }
 
 TEST_CASE("c_attn's columns go from each head's q, k, v side by side to GPT-2's [q | k | v]") {
