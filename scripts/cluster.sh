@@ -144,7 +144,7 @@ teardown() {
       done
     done
     for ns in node0 node1; do ip netns del "$ns" 2> /dev/null; done
-    rm -rf /etc/netns/node0 /etc/netns/node1 "$state/made" "$state/hostfile" "$state/slot.json" "$state/node.json"
+    rm -rf /etc/netns/node0 /etc/netns/node1 "$state/made" "$state/hostfile" "$state/rankfile" "$state/slot.json" "$state/node.json"
   fi
   exit "$code"
 }
@@ -234,13 +234,28 @@ if [[ $(id -u) -eq 0 ]]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_
 # algorithm's pairs) reached 0.48 of the link each way in this project's runs, over two
 # 0.92 — a property of Open MPI's TCP transport, not of the algorithms. And ranks that
 # wait yield their core (each host has as many slots as ranks, so Open MPI would spin, but
-# the two hosts share this machine's cores: a spinning rank takes the core of the rank it
-# waits for, and steps took 0.2 s or 0.8 s by chance).
-mpirun_on_cluster() {  # mpirun_on_cluster MAP_BY PROGRAM ARGS... &: becomes mpirun (exec)
-  local map=$1
-  shift
+# the two hosts share this machine's cores: with more ranks than cores, a spinning rank
+# takes the core of the rank it waits for).
+#
+# Each rank is bound to a core of its own, counted across both hosts (a rankfile): left to
+# itself, each host's Open MPI binds its first rank to core 0, as it would on a machine of
+# its own, and with a rank on each host both ranks ran on core 0 while core 1 idled (dp 2
+# across the link: each rank used 0.45 of a core, and the step's compute took twice its
+# time on one device).
+write_rankfile() {  # write_rankfile: node0's ranks, then node1's, on cores 0, 1, ... in turn
+  local h r core=0 cores
+  cores=$(nproc)
+  : > "$state/rankfile"
+  for h in 0 1; do
+    for r in $(ranks_on "$h"); do
+      printf 'rank %d=node%d slot=%d\n' "$r" "$h" $((core++ % cores)) >> "$state/rankfile"
+    done
+  done
+}
+mpirun_on_cluster() {  # mpirun_on_cluster PROGRAM ARGS... &: becomes mpirun (exec)
+  write_rankfile  # by $current_map
   exec ip netns exec node0 unshare --uts /bin/sh -c 'printf node0 > /proc/sys/kernel/hostname && exec "$@"' sh \
-    mpirun --hostfile "$state/hostfile" -np "$ranks" --map-by "$map" \
+    mpirun --hostfile "$state/hostfile" -np "$ranks" --rankfile "$state/rankfile" \
     --mca plm_rsh_agent "$root/scripts/cluster_agent.sh" \
     --mca btl self,vader,tcp --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24 \
     --mca oob_tcp_keepalive_time 1 --mca oob_tcp_keepalive_intvl 1 --mca oob_tcp_keepalive_probes 3 \
@@ -345,7 +360,7 @@ run_program() {  # run_program MAP_BY PROGRAM ARGS...
   start_fault
   local started code took
   started=$(date +%s.%N)
-  mpirun_on_cluster "$map" "$path" "${args[@]}" 9>&- 2> >(trap '' INT TERM HUP; name_lost_ranks >&2) &
+  mpirun_on_cluster "$path" "${args[@]}" 9>&- 2> >(trap '' INT TERM HUP; name_lost_ranks >&2) &
   job_pid=$!
   wait "$job_pid"
   code=$?
