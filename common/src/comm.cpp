@@ -10,6 +10,7 @@
 #include <numeric>
 
 #include "shardlab/check.hpp"
+#include "shardlab/half.hpp"
 #include "shardlab/results.hpp"
 #include "shardlab/tensor.hpp"
 #include "vector_math.hpp"
@@ -629,6 +630,53 @@ void finish_reduce(void* acc, std::size_t count, DType type, ReduceOp op, int ra
     using T = decltype(zero);
     divide_typed(static_cast<T*>(acc), count, ranks);
   });
+}
+
+void reduce_in_rank_order(void* dst, std::span<const void* const> sources, std::size_t count,
+                          DType type, ReduceOp op) {
+  const int ranks = static_cast<int>(sources.size());
+  if (ranks == 0 || count == 0) return;
+  const bool half = type == DType::f16 || type == DType::bf16;
+  const std::size_t elem = dtype_size(type);
+  // One pass over memory: each block is gathered into a small accumulator that stays in
+  // L1, then written out once.
+  constexpr std::size_t block = 2048;  // elements
+  alignas(64) unsigned char acc[block * 8];
+  alignas(64) float incoming[block];
+  const DType acc_type = half ? DType::f32 : type;
+  const std::size_t acc_elem = dtype_size(acc_type);
+  for (std::size_t done = 0; done < count; done += block) {
+    const std::size_t len = std::min(block, count - done);
+    for (int q = 0; q < ranks; ++q) {
+      const char* x = static_cast<const char*>(sources[static_cast<std::size_t>(q)]) + done * elem;
+      if (!half) {
+        if (q == 0)
+          std::memcpy(acc, x, len * elem);
+        else
+          reduce_into(acc, x, len, type, op);
+        continue;
+      }
+      float* into = q == 0 ? reinterpret_cast<float*>(acc) : incoming;
+      for (std::size_t i = 0; i < len; ++i) {
+        std::uint16_t bits = 0;
+        std::memcpy(&bits, x + i * 2, 2);
+        into[i] = type == DType::f16 ? half_bits_to_float(bits) : bf16_bits_to_float(bits);
+      }
+      if (q > 0) reduce_into(acc, incoming, len, DType::f32, op);
+    }
+    finish_reduce(acc, len, acc_type, op, ranks);
+    char* d = static_cast<char*>(dst) + done * elem;
+    if (!half) {
+      std::memcpy(d, acc, len * acc_elem);
+      continue;
+    }
+    const float* sums = reinterpret_cast<const float*>(acc);
+    for (std::size_t i = 0; i < len; ++i) {
+      const std::uint16_t bits =
+          type == DType::f16 ? float_to_half_bits(sums[i]) : float_to_bf16_bits(sums[i]);
+      std::memcpy(d + i * 2, &bits, 2);
+    }
+  }
 }
 
 Traffic collective_traffic(Op op, std::size_t count, std::size_t elem, int rank, int ranks,

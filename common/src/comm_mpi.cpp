@@ -777,12 +777,11 @@ class MpiComm final : public Communicator {
         MPI_CHECK(MPI_Bcast(c.out, as_int(c.count, "broadcast"), t, c.root, comm_));
         return;
       case Op::reduce_scatter: {
-        const VCounts l =
-            v_counts(shard_counts(static_cast<std::int64_t>(c.count), size()), "reduce_scatter");
-        MPI_CHECK(
-            MPI_Reduce_scatter(c.in, c.out, l.counts.data(), t, mpi_op(c.reduce, c.type), comm_));
-        return finish_avg(c.out, l.counts[static_cast<std::size_t>(rank())], c.type, c.reduce,
-                          size());
+        Exchange x = exchange(c);
+        MPI_CHECK(MPI_Alltoallv(c.in, x.sends.counts.data(), x.sends.displs.data(), t,
+                                x.blocks.data(), x.receives.counts.data(), x.receives.displs.data(),
+                                t, comm_));
+        return x.reduce(c);
       }
       case Op::allgather: {
         const VCounts l = v_counts(c.counts, "allgather");
@@ -835,16 +834,13 @@ class MpiComm final : public Communicator {
         break;
       }
       case Op::reduce_scatter: {
-        r->layout =
-            v_counts(shard_counts(static_cast<std::int64_t>(c.count), size()), "reduce_scatter");
-        const MPI_Op op = mpi_op(c.reduce, c.type);
+        auto x = std::make_shared<Exchange>(exchange(c));
         r->tested.post = [=] {
-          return MPI_Ireduce_scatter(c.in, c.out, q->layout.counts.data(), t, op, comm,
-                                     &q->request);
+          return MPI_Ialltoallv(c.in, x->sends.counts.data(), x->sends.displs.data(), t,
+                                x->blocks.data(), x->receives.counts.data(),
+                                x->receives.displs.data(), t, comm, &q->request);
         };
-        const auto mine =
-            static_cast<std::size_t>(r->layout.counts[static_cast<std::size_t>(rank())]);
-        r->finish = [=] { finish_avg(c.out, mine, c.type, c.reduce, ranks); };
+        r->finish = [=] { x->reduce(c); };
         break;
       }
       case Op::allgather: {
@@ -893,6 +889,44 @@ class MpiComm final : public Communicator {
   }
 
  private:
+  /// A reduce-scatter as an exchange: block q of every rank's `in` goes to rank q (an
+  /// alltoallv: each rank sends (N - 1)/N of its buffer, as a ring would), and each rank
+  /// then adds the N blocks of its own in rank order (reduce_in_rank_order: the threads
+  /// backend's bits, blocking or not). Open MPI's non-blocking reduce-scatter (libnbc)
+  /// reduces the whole buffer to rank 0 along a tree and scatters it from there: of two
+  /// ranks, rank 1 sent its whole buffer, twice a ring's bytes (ZeRO-1's reduce-scatters
+  /// across scripts/cluster.sh's link took as long as a whole allreduce).
+  struct Exchange {
+    VCounts sends, receives;
+    std::vector<unsigned char> blocks;  // rank q's block of mine at q * mine (not my own)
+    std::size_t mine = 0, elem = 0;
+    int rank = 0;
+    void reduce(const Collective& c) const {
+      std::vector<const void*> sources;
+      for (int q = 0; q < static_cast<int>(sends.counts.size()); ++q)
+        sources.push_back(q == rank ? static_cast<const unsigned char*>(c.in) +
+                                          static_cast<std::size_t>(sends.displs[q]) * elem
+                                    : blocks.data() + static_cast<std::size_t>(q) * mine * elem);
+      reduce_in_rank_order(c.out, sources, mine, c.type, c.reduce);
+    }
+  };
+  Exchange exchange(const Collective& c) const {
+    Exchange x;
+    const std::vector<std::size_t> counts =
+        shard_counts(static_cast<std::int64_t>(c.count), size());
+    x.sends = v_counts(counts, "reduce_scatter");
+    x.rank = rank();
+    x.mine = counts[static_cast<std::size_t>(x.rank)];
+    x.elem = dtype_size(c.type);
+    x.sends.counts[static_cast<std::size_t>(x.rank)] = 0;  // my own block stays where it is
+    for (int q = 0; q < size(); ++q) {
+      x.receives.counts.push_back(q == x.rank ? 0 : as_int(x.mine, "reduce_scatter"));
+      x.receives.displs.push_back(as_int(static_cast<std::size_t>(q) * x.mine, "reduce_scatter"));
+    }
+    x.blocks.resize(static_cast<std::size_t>(size()) * x.mine * x.elem);
+    return x;
+  }
+
   Check start_check(const Collective& c, const std::string& text = "") {
     const int N = size(), me = rank();
     Check check;

@@ -613,9 +613,8 @@ class ThreadComm final : public Communicator {
     }
   }
 
-  /// dst = op over q = 0..N-1 of chunk c of rank q's input, in rank order. f16 and bf16
-  /// are added in f32 and rounded once at the end. dst may be one of the inputs (every
-  /// input's block is read before the block is written).
+  /// dst = op over q = 0..N-1 of chunk c of rank q's input, in rank order
+  /// (reduce_in_rank_order, on the host). dst may be one of the inputs.
   void reduce_chunk(const Slot::Call& k, Bytes c, void* dst, Traffic& t) {
     for (int q = 0; q < size(); ++q) read_from(q, c.length, t);
     if (c.length == 0) return;
@@ -623,45 +622,9 @@ class ThreadComm final : public Communicator {
     const std::size_t n = c.length / elem;
     auto source = [&](int q) { return static_cast<const char*>(call(q).in) + c.offset; };
     if (k.memory == Memory::device) return reduce_chunk_on_device(k, n, source, dst);
-    // Host: one pass over memory — each block is gathered into a small accumulator that
-    // stays in L1, then written out once.
-    constexpr std::size_t block = 2048;  // elements
-    alignas(64) unsigned char acc[block * 8];
-    alignas(64) float incoming[block];
-    const DType acc_type = is_half(k.type) ? DType::f32 : k.type;
-    const std::size_t acc_elem = dtype_size(acc_type);
-    for (std::size_t done = 0; done < n; done += block) {
-      const std::size_t len = std::min(block, n - done);
-      for (int q = 0; q < size(); ++q) {
-        const char* x = source(q) + done * elem;
-        if (!is_half(k.type)) {
-          if (q == 0)
-            std::memcpy(acc, x, len * elem);
-          else
-            reduce_into(acc, x, len, k.type, k.reduce);
-          continue;
-        }
-        float* into = q == 0 ? reinterpret_cast<float*>(acc) : incoming;
-        for (std::size_t i = 0; i < len; ++i) {
-          std::uint16_t bits = 0;
-          std::memcpy(&bits, x + i * 2, 2);
-          into[i] = k.type == DType::f16 ? half_bits_to_float(bits) : bf16_bits_to_float(bits);
-        }
-        if (q > 0) reduce_into(acc, incoming, len, DType::f32, k.reduce);
-      }
-      finish_reduce(acc, len, acc_type, k.reduce, size());
-      char* d = static_cast<char*>(dst) + done * elem;
-      if (!is_half(k.type)) {
-        std::memcpy(d, acc, len * acc_elem);
-        continue;
-      }
-      const float* sums = reinterpret_cast<const float*>(acc);
-      for (std::size_t i = 0; i < len; ++i) {
-        const std::uint16_t bits =
-            k.type == DType::f16 ? float_to_half_bits(sums[i]) : float_to_bf16_bits(sums[i]);
-        std::memcpy(d + i * 2, &bits, 2);
-      }
-    }
+    std::vector<const void*> sources;
+    for (int q = 0; q < size(); ++q) sources.push_back(source(q));
+    reduce_in_rank_order(dst, sources, n, k.type, k.reduce);
   }
 
   /// The same on the device: stage each rank's chunk into this rank's GPU (it may live on

@@ -5,6 +5,7 @@
 // reference computed here from the inputs' formula (never from another collective).
 // Inputs are small integers, so sums are exact in every type and every summation order,
 // and results compare bit for bit; a value from the wrong rank or the wrong place differs.
+// One case (reduce_scatter_adds_in_rank_order) chooses data whose sum shows the order.
 //
 // Wrong versions this suite was checked against (each planted in the library, one at a
 // time; the case that caught it is named):
@@ -20,6 +21,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <numeric>
 #include <string>
@@ -103,11 +105,16 @@ bool same(const std::vector<T>& got, const std::vector<T>& want, const std::stri
   }
   std::size_t bad = 0;
   std::string first;
+  auto shown = [](double v) {  // every digit that tells two floats apart
+    char text[32];
+    std::snprintf(text, sizeof text, "%.9g", v);
+    return std::string(text);
+  };
   for (std::size_t i = 0; i < got.size(); ++i) {
     if (bits_equal(got[i], want[i])) continue;
     if (++bad <= 3)
-      first += " [" + std::to_string(i) + "] got " + std::to_string(to_double(got[i])) +
-               ", expected " + std::to_string(to_double(want[i])) + ";";
+      first += " [" + std::to_string(i) + "] got " + shown(to_double(got[i])) + ", expected " +
+               shown(to_double(want[i])) + ";";
   }
   if (bad == 0) return true;
   FAIL_CHECK("rank " << rank << ": " << what << ": " << bad << " of " << got.size()
@@ -218,6 +225,49 @@ inline void reduce_scatter_uneven_shards(Communicator& comm) {
 
 /// Rank q's count in the uneven gathers: 0, 1 or 2 elements, zeros included.
 inline std::size_t uneven_count(int q) { return static_cast<std::size_t>((q * 5 + 1) % 3); }
+
+/// reduce_scatter and ireduce_scatter add in rank order, halves in f32 rounded once at the
+/// end, the same bits on every backend: data whose sum shows the order. f32: every rank
+/// but the last holds 2^-24, the last 1; in rank order the small ones add up first (three
+/// ranks: 1 + 2^-23), any order that adds the 1 earlier gives 1. f16 and bf16: rank 0
+/// holds 1, the others half an ulp of 1 each; added in f32, three ranks make 1 + an ulp,
+/// rounded at each step, 1. With two ranks every order agrees: the cases bite from three.
+/// Wrong versions this fails (three ranks): Open MPI's own MPI_Reduce_scatter (its order
+/// is its own), the blocks added from the last rank down, halves rounded after each
+/// addition.
+inline void reduce_scatter_adds_in_rank_order(Communicator& comm) {
+  const int n = comm.size(), r = comm.rank();
+  const std::size_t count = 5 * static_cast<std::size_t>(n) + 2;
+  const ShardRange mine = shard_range(static_cast<std::int64_t>(count), n, r);
+  const auto length = static_cast<std::size_t>(mine.length);
+  for_each_type([&](auto zero) {
+    using T = decltype(zero);
+    constexpr bool half = std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
+    if constexpr (std::is_same_v<T, float> || half) {
+      const float ulp = std::is_same_v<T, float>  ? 0x1p-23f
+                        : std::is_same_v<T, Half> ? 0x1p-10f
+                                                  : 0x1p-7f;
+      auto value = [&](int q) {
+        if constexpr (half) return q == 0 ? 1.0f : ulp / 2;
+        return q == n - 1 ? 1.0f : ulp / 2;
+      };
+      for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
+        float sum = 0;  // in rank order, in f32
+        for (int q = 0; q < n; ++q) sum += value(q);
+        if (op == ReduceOp::avg) sum /= static_cast<float>(n);
+        const std::vector<T> in(count, to<T>(value(r))), want(length, to<T>(sum));
+        std::vector<T> out(length), out_nb(length);
+        comm.reduce_scatter(in, out, op);
+        Request started = comm.ireduce_scatter(in, out_nb, op);
+        comm.wait(started);
+        const std::string what =
+            std::string(reduce_op_name(op)) + " of " + std::to_string(n) + " ranks, in rank order";
+        same(out, want, "reduce_scatter " + what, r);
+        same(out_nb, want, "ireduce_scatter " + what, r);
+      }
+    }
+  });
+}
 
 inline void allgather_and_gather(Communicator& comm) {
   const int n = comm.size(), r = comm.rank();

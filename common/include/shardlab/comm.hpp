@@ -605,6 +605,12 @@ class Communicator {
 void reduce_into(void* acc, const void* x, std::size_t count, DType type, ReduceOp op);
 /// For avg: divides the accumulated sums by `ranks`; nothing for the other ops.
 void finish_reduce(void* acc, std::size_t count, DType type, ReduceOp op, int ranks);
+/// dst = op over the ranks' blocks sources[0], sources[1], ... (`count` elements each), in
+/// rank order, finished (avg divides by their number); f16 and bf16 added in f32 and
+/// rounded once at the end. dst may be one of the sources (each block is read before it is
+/// written). The threads and MPI backends both reduce this way, so their bits agree.
+void reduce_in_rank_order(void* dst, std::span<const void* const> sources, std::size_t count,
+                          DType type, ReduceOp op);
 
 /// The traffic model of one collective over `ranks` ranks, for `rank`, with `count`
 /// elements of `elem` bytes — what the threads backend's algorithms move, and what the
