@@ -337,8 +337,21 @@ void ZeroOptimizer::step() {
       Scope scope(Category::comm);
       g.send = cast(w, type_);  // the all-gather's until it completes
     }
+    if (by_group() && config_.overlap) {
+      g.gather_due = true;  // start_gathers(), as the next step begins
+      continue;
+    }
     g.gathering = comm_.iallgatherv(g.send, values.slice(g.offset, g.size), g.counts);
-    if (!by_group() || !config_.overlap) finish_gather(g);
+    finish_gather(g);
+  }
+}
+
+void ZeroOptimizer::start_gathers() {
+  Tensor& values = store_.values();
+  for (Group& g : groups_) {
+    if (!g.gather_due) continue;
+    g.gather_due = false;
+    g.gathering = comm_.iallgatherv(g.send, values.slice(g.offset, g.size), g.counts);
   }
 }
 
@@ -378,6 +391,7 @@ void ZeroOptimizer::reduce_groups() {
 }
 
 void ZeroOptimizer::finish_gather(Group& g) {
+  if (g.gather_due) start_gathers();  // every group's, in order, as on every rank
   if (!g.gathering.pending()) return;
   comm_.wait(g.gathering);
   g.send = Tensor();
@@ -392,10 +406,10 @@ void ZeroOptimizer::wait_values() {
 std::uint64_t ZeroOptimizer::values_in_flight_sent() const {
   // A backend that models its traffic (MPI, NCCL) counts a collective when it starts; the
   // threads backend counts what it moved when it is waited for.
-  if (comm_.stats().is_modeled(Op::allgather)) return 0;
+  const bool counted_at_start = comm_.stats().is_modeled(Op::allgather);
   std::uint64_t sent = 0;
   for (const Group& g : groups_)
-    if (g.gathering.pending())
+    if (g.gather_due || (g.gathering.pending() && !counted_at_start))
       sent += collective_traffic(Op::allgather, g.counts, dtype_size(type_), comm_.rank()).sent;
   return sent;
 }

@@ -55,8 +55,9 @@ struct ZeroConfig {
   /// the next step's earlier groups compute (step() with `overlap`, wait_values). S_r is the
   /// sum of each group's shard_range(n_g, N, r), as at stages 2 and 3.
   bool by_group = false;
-  /// Stage 1 by group: step() leaves the groups' all-gathers in flight (wait_values(g)
-  /// before group g's values are read) instead of waiting for them.
+  /// Stage 1 by group: step() leaves the groups' all-gathers to start with the next step
+  /// (start_gathers(), or the first wait_values) and to travel under its forward
+  /// (wait_values(g) before group g's values are read) instead of waiting for them.
   bool overlap = false;
 };
 
@@ -126,13 +127,21 @@ class ZeroOptimizer {
   /// step, in the same order on every rank; the groups not started by then start in
   /// reduce_now(), last group first.
   void reduce_group(int g);
-  /// Stage 1 by group: waits for group g's all-gather of the values step() started.
+  /// Stage 1 by group with overlap: starts the all-gathers of the values step() updated,
+  /// group by group in order (every rank at the same point: a step's beginning). Step()
+  /// leaves them unstarted: a call of any communicator across the same link between the
+  /// update and the next forward (the loss a step reports, a barrier) would otherwise
+  /// queue behind their bytes. Nothing when none is due.
+  void start_gathers();
+  /// Stage 1 by group: waits for group g's all-gather of the values step() updated
+  /// (start_gathers() first, when they are not started).
   void wait_values(int g);
-  /// Stage 1 by group: waits for every all-gather step() started.
+  /// Stage 1 by group: waits for every all-gather of them.
   void wait_values();
-  /// The bytes this rank sends in the all-gathers step() started that are still in flight
-  /// and not counted yet by the communicator (the threads backend counts them when they
-  /// are waited for; a backend that models its traffic, when they start: 0 there).
+  /// The bytes this rank sends in the all-gathers of step()'s values not counted yet by
+  /// the communicator: those still to start, and those in flight where the backend counts
+  /// a collective when it is waited for (the threads backend; a backend that models its
+  /// traffic counts it when it starts).
   std::uint64_t values_in_flight_sent() const;
   /// Stage 1: the ranges of the store's flat order this rank's reduced gradients hold,
   /// back to back (reduce_now()'s tensor): one, or by group one a group.
@@ -186,6 +195,7 @@ class ZeroOptimizer {
     Tensor send;                            // stages 1 (by group), 2: the updated range sent
     shardlab::Request reducing, gathering;  // in flight (reducing: stage 1 by group)
     bool reduce_started = false;            // stage 1 by group: this step
+    bool gather_due = false;                // stage 1 by group with overlap: updated, unsent
   };
   Tensor shard_of(const Tensor& buffer, const Group& g) const;
   Tensor optimizer_weights(const Group& g);

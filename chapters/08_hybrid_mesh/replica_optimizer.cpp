@@ -81,6 +81,10 @@ void ReplicaOptimizer::wait_values() {
   if (zero_) zero_->wait_values();
 }
 
+void ReplicaOptimizer::start_values() {
+  if (zero_) zero_->start_gathers();
+}
+
 std::uint64_t ReplicaOptimizer::values_in_flight_sent() const {
   return zero_ ? zero_->values_in_flight_sent() : 0;
 }

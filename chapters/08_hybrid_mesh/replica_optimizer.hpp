@@ -65,6 +65,10 @@ class ReplicaOptimizer {
   void wait_values(const std::vector<shardlab::nn::Parameter*>& params);
   /// wait_values for every bucket.
   void wait_values();
+  /// Under ZeRO-1 by buckets with overlap: starts the all-gathers of the last update()'s
+  /// values, first bucket first (ZeroOptimizer::start_gathers), as a step begins: they
+  /// travel under its forward. Otherwise nothing.
+  void start_values();
   /// The bytes this rank sends in ZeRO-1's all-gathers still in flight (0 otherwise): a
   /// step that leaves them to the next counts them as its own.
   std::uint64_t values_in_flight_sent() const;

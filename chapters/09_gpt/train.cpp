@@ -294,6 +294,8 @@ class Trainer::Meter {
 
 StepResult Trainer::step(int step) {
   Meter meter(*this);
+  replicas_->start_values();  // ZeRO-1's all-gathers of the last update, under the forward
+  if (experts_) experts_->start_values();
   const std::vector<std::vector<std::int64_t>> microbatches = microbatches_of(step);  // 1.
   ch04::StageRun ran = run_pipeline(microbatches, meter);                             // 2.
   sync_gradients();                                                                   // 3.
