@@ -435,8 +435,9 @@ function(shardlab_add_chapter chapter)
   endif()
 
   # Under mpirun the program prints the same results as with threads (only the
-  # backend's name, and whether its traffic is modeled, differ). MPI_RANKS 2 where
-  # OpenMPI's allreduce of 3 ranks sums in another order than the threads backend.
+  # backend's name, and whether its traffic is modeled, differ): both backends' allreduce
+  # and reduce-scatter add the ranks' blocks in rank order. MPI_RANKS where a program asks
+  # for another number of ranks (chapter 07's experts split evenly over 2).
   if(SHARDLAB_HAVE_MPI)
     shardlab_mpirun_command(mpi_cmd ${ARG_MPI_RANKS} ${program} --json --quiet ${ARG_MPI_ARGS}
                             ${ARG_RUN_ARGS})

@@ -323,6 +323,11 @@ struct Tested {
   MPI_Comm comm = MPI_COMM_NULL;
   std::function<int()> post;
   bool posted = false;
+  // A collective in two parts (an allreduce: a reduce-scatter, then an all-gather): run
+  // once the first part's request completes, `then` does the work between them and gives
+  // MPI the second part, in the same request (an error code); it is empty once it ran.
+  std::function<int()> then;
+  bool first_done = false;  // the first part complete, `then` not run yet
 };
 
 /// The progress thread: Open MPI moves a non-blocking operation on only inside MPI calls
@@ -367,8 +372,10 @@ class Progress {
   /// status and code.
   bool test(Tested& t, MPI_Status& status, int& code) {
     std::lock_guard<std::mutex> lock(m_);
-    if (t.comm != MPI_COMM_NULL) pump(t.comm);
-    if (t.comm == MPI_COMM_NULL || t.posted) test_locked(t);
+    if (t.comm != MPI_COMM_NULL)
+      pump(t.comm);  // in its line, in order
+    else
+      test_locked(t);
     status = t.status;
     code = t.code;
     return t.complete;
@@ -404,14 +411,27 @@ class Progress {
     if (t.code != MPI_SUCCESS) t.complete = true;
     return t.code;
   }
-  void test_locked(Tested& t) {
+  /// Tests `t`; a first part found complete goes on to its second only `in_order` (every
+  /// collective given to MPI before it on its communicator has given MPI its second part:
+  /// MPI matches a communicator's collectives in the order they are posted, and a rank's
+  /// first parts may complete in another order than another rank's).
+  void test_locked(Tested& t, bool in_order = true) {
     if (t.complete) return;
-    int done = 0;
-    t.code = MPI_Test(t.request, &done, &t.status);
-    if (t.code != MPI_SUCCESS || done) {
-      t.complete = true;
-      t.done_ns.store(steady_ns(), std::memory_order_release);
+    if (!t.first_done) {
+      int done = 0;
+      t.code = MPI_Test(t.request, &done, &t.status);
+      if (t.code == MPI_SUCCESS && !done) return;
+      if (t.code != MPI_SUCCESS || !t.then) return finished(t);
+      t.first_done = true;
     }
+    if (!in_order) return;
+    t.first_done = false;
+    t.code = std::exchange(t.then, nullptr)();
+    if (t.code != MPI_SUCCESS) finished(t);
+  }
+  static void finished(Tested& t) {
+    t.complete = true;
+    t.done_ns.store(steady_ns(), std::memory_order_release);
   }
   /// At most this many of a communicator's collectives in flight at once: on the two-host
   /// cluster (scripts/cluster.sh overlap), dp 2 with 16 buckets stepped in 128 ms with one
@@ -424,9 +444,11 @@ class Progress {
     const auto line = lines_.find(comm);
     if (line == lines_.end()) return;
     std::deque<Tested*>& q = line->second;
+    bool in_order = true;  // the collectives before q[i] have posted their second parts
     for (std::size_t i = 0; i < q.size() && i < kInFlight; ++i) {
       if (!q[i]->posted) post_now(*q[i]);
-      test_locked(*q[i]);
+      test_locked(*q[i], in_order);
+      in_order = in_order && !q[i]->then;
     }
     while (!q.empty() && q.front()->complete) q.pop_front();
     if (q.empty()) lines_.erase(line);
@@ -460,10 +482,17 @@ bool poll(MPI_Request& request, MPI_Status& status, Deadline deadline, int& code
           Tested* tested = nullptr) {
   for (int polls = 0;; ++polls) {
     int done = 0;
-    if (tested && thread_multiple)
+    if (tested && thread_multiple) {
       done = progress.test(*tested, status, code);
-    else
+    } else {
       code = MPI_Test(&request, &done, &status);
+      // Without the progress thread a collective's second part goes to MPI as the rank
+      // waits for it: in the program's order, the same on every rank.
+      if (code == MPI_SUCCESS && done && tested && tested->then) {
+        code = std::exchange(tested->then, nullptr)();
+        done = 0;
+      }
+    }
     if (code != MPI_SUCCESS || done) return true;
     if (deadline.passed()) return false;
     beat();
@@ -676,9 +705,12 @@ class MpiComm final : public Communicator {
     MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     MPI_CHECK(MPI_Comm_dup(comm_, &checks_));  // the collective checks' own messages
     MPI_CHECK(MPI_Comm_set_errhandler(checks_, MPI_ERRORS_RETURN));
+    MPI_CHECK(MPI_Comm_dup(comm_, &seconds_));  // the two-part collectives' second parts
+    MPI_CHECK(MPI_Comm_set_errhandler(seconds_, MPI_ERRORS_RETURN));
   }
   ~MpiComm() override {
     MPI_Comm_free(&checks_);
+    MPI_Comm_free(&seconds_);
     if (owned_) MPI_Comm_free(&comm_);
   }
   std::string_view backend() const override { return "mpi"; }
@@ -759,10 +791,16 @@ class MpiComm final : public Communicator {
       case Op::barrier:
         MPI_CHECK(MPI_Barrier(comm_));
         return;
-      case Op::allreduce:
-        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, c.out, as_int(c.count, "allreduce"), t,
-                                mpi_op(c.reduce, c.type), comm_));
-        return finish_avg(c.out, c.count, c.type, c.reduce, size());
+      case Op::allreduce: {
+        Exchange x = exchange(c);
+        MPI_CHECK(MPI_Alltoallv(c.out, x.sends.counts.data(), x.sends.displs.data(), t,
+                                x.blocks.data(), x.receives.counts.data(), x.receives.displs.data(),
+                                t, comm_));
+        x.reduce(c.out, x.mine_in(c.out), c.type, c.reduce);
+        MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, t, c.out, x.all.counts.data(),
+                                 x.all.displs.data(), t, seconds_));
+        return;
+      }
       case Op::reduce: {
         const int n = as_int(c.count, "reduce");
         if (rank() == c.root) {
@@ -781,7 +819,7 @@ class MpiComm final : public Communicator {
         MPI_CHECK(MPI_Alltoallv(c.in, x.sends.counts.data(), x.sends.displs.data(), t,
                                 x.blocks.data(), x.receives.counts.data(), x.receives.displs.data(),
                                 t, comm_));
-        return x.reduce(c);
+        return x.reduce(c.in, c.out, c.type, c.reduce);
       }
       case Op::allgather: {
         const VCounts l = v_counts(c.counts, "allgather");
@@ -820,17 +858,21 @@ class MpiComm final : public Communicator {
     // The check travels with the collective and is settled first at wait().
     if (checking()) r->check = std::make_unique<Check>(start_check(c));
     const MPI_Datatype t = mpi_type(c.type);
-    const int ranks = size();
     MpiCollective* q = r.get();  // the calls below run now, or on the progress thread
-    const MPI_Comm comm = comm_;
+    const MPI_Comm comm = comm_, seconds = seconds_;
     switch (c.op) {
-      case Op::allreduce: {
-        const int n = as_int(c.count, "allreduce");
-        const MPI_Op op = mpi_op(c.reduce, c.type);
+      case Op::allreduce: {  // a reduce-scatter, then an all-gather of the reduced blocks
+        auto x = std::make_shared<Exchange>(exchange(c));
         r->tested.post = [=] {
-          return MPI_Iallreduce(MPI_IN_PLACE, c.out, n, t, op, comm, &q->request);
+          return MPI_Ialltoallv(c.out, x->sends.counts.data(), x->sends.displs.data(), t,
+                                x->blocks.data(), x->receives.counts.data(),
+                                x->receives.displs.data(), t, comm, &q->request);
         };
-        r->finish = [=] { finish_avg(c.out, c.count, c.type, c.reduce, ranks); };
+        r->tested.then = [=] {
+          x->reduce(c.out, x->mine_in(c.out), c.type, c.reduce);
+          return MPI_Iallgatherv(MPI_IN_PLACE, 0, t, c.out, x->all.counts.data(),
+                                 x->all.displs.data(), t, seconds, &q->request);
+        };
         break;
       }
       case Op::reduce_scatter: {
@@ -840,7 +882,7 @@ class MpiComm final : public Communicator {
                                 x->blocks.data(), x->receives.counts.data(),
                                 x->receives.displs.data(), t, comm, &q->request);
         };
-        r->finish = [=] { x->reduce(c); };
+        r->finish = [=] { x->reduce(c.in, c.out, c.type, c.reduce); };
         break;
       }
       case Op::allgather: {
@@ -889,39 +931,50 @@ class MpiComm final : public Communicator {
   }
 
  private:
-  /// A reduce-scatter as an exchange: block q of every rank's `in` goes to rank q (an
+  /// A reduce-scatter as an exchange: block q of every rank's buffer goes to rank q (an
   /// alltoallv: each rank sends (N - 1)/N of its buffer, as a ring would), and each rank
   /// then adds the N blocks of its own in rank order (reduce_in_rank_order: the threads
-  /// backend's bits, blocking or not). Open MPI's non-blocking reduce-scatter (libnbc)
-  /// reduces the whole buffer to rank 0 along a tree and scatters it from there: of two
-  /// ranks, rank 1 sent its whole buffer, twice a ring's bytes (ZeRO-1's reduce-scatters
-  /// across scripts/cluster.sh's link took as long as a whole allreduce).
+  /// backend's bits, blocking or not). An allreduce is that, then an all-gather of the
+  /// reduced blocks: what the threads backend does, with the same bits. Open MPI's
+  /// non-blocking collectives (libnbc) do otherwise: its reduce-scatter reduces the whole
+  /// buffer to rank 0 along a tree and scatters it from there, and its in-place allreduce
+  /// of fewer than 4 ranks goes up a tree to rank 0 and back down (of two ranks, rank 1
+  /// sends its whole buffer, then rank 0 the whole sum: one way at a time).
   struct Exchange {
     VCounts sends, receives;
+    VCounts all;                        // every rank's block of the whole (the all-gather)
     std::vector<unsigned char> blocks;  // rank q's block of mine at q * mine (not my own)
     std::size_t mine = 0, elem = 0;
     int rank = 0;
-    void reduce(const Collective& c) const {
+    /// Where this rank's block lies in a whole buffer.
+    void* mine_in(const void* whole) const {
+      return const_cast<unsigned char*>(static_cast<const unsigned char*>(whole)) +
+             static_cast<std::size_t>(all.displs[static_cast<std::size_t>(rank)]) * elem;
+    }
+    /// into = the sum, in rank order, of this rank's block of `whole` and the blocks the
+    /// others sent (into may be that block).
+    void reduce(const void* whole, void* into, DType type, ReduceOp op) const {
       std::vector<const void*> sources;
-      for (int q = 0; q < static_cast<int>(sends.counts.size()); ++q)
-        sources.push_back(q == rank ? static_cast<const unsigned char*>(c.in) +
-                                          static_cast<std::size_t>(sends.displs[q]) * elem
+      for (int q = 0; q < static_cast<int>(all.counts.size()); ++q)
+        sources.push_back(q == rank ? mine_in(whole)
                                     : blocks.data() + static_cast<std::size_t>(q) * mine * elem);
-      reduce_in_rank_order(c.out, sources, mine, c.type, c.reduce);
+      reduce_in_rank_order(into, sources, mine, type, op);
     }
   };
   Exchange exchange(const Collective& c) const {
     Exchange x;
+    const char* what = op_name(c.op).data();
     const std::vector<std::size_t> counts =
         shard_counts(static_cast<std::int64_t>(c.count), size());
-    x.sends = v_counts(counts, "reduce_scatter");
+    x.all = v_counts(counts, what);
+    x.sends = x.all;
     x.rank = rank();
     x.mine = counts[static_cast<std::size_t>(x.rank)];
     x.elem = dtype_size(c.type);
     x.sends.counts[static_cast<std::size_t>(x.rank)] = 0;  // my own block stays where it is
     for (int q = 0; q < size(); ++q) {
-      x.receives.counts.push_back(q == x.rank ? 0 : as_int(x.mine, "reduce_scatter"));
-      x.receives.displs.push_back(as_int(static_cast<std::size_t>(q) * x.mine, "reduce_scatter"));
+      x.receives.counts.push_back(q == x.rank ? 0 : as_int(x.mine, what));
+      x.receives.displs.push_back(as_int(static_cast<std::size_t>(q) * x.mine, what));
     }
     x.blocks.resize(static_cast<std::size_t>(size()) * x.mine * x.elem);
     return x;
@@ -1088,6 +1141,13 @@ class MpiComm final : public Communicator {
 
   MPI_Comm comm_;
   MPI_Comm checks_ = MPI_COMM_NULL;
+  // The second parts of the two-part collectives (an allreduce's all-gather): MPI matches
+  // a communicator's collectives in the order they are posted, and a second part goes to
+  // MPI when its first completes, which on one rank may come before the next first part is
+  // posted and on another after. Apart, each communicator has its own order: comm_ the
+  // first parts' (the order the collectives were started), this one the second parts'
+  // (the same: Progress posts them in it).
+  MPI_Comm seconds_ = MPI_COMM_NULL;
   bool owned_;
   std::int64_t checked_ = 0;  // collectives checked so far
 };

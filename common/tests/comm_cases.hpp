@@ -5,7 +5,7 @@
 // reference computed here from the inputs' formula (never from another collective).
 // Inputs are small integers, so sums are exact in every type and every summation order,
 // and results compare bit for bit; a value from the wrong rank or the wrong place differs.
-// One case (reduce_scatter_adds_in_rank_order) chooses data whose sum shows the order.
+// One case (reductions_add_in_rank_order) chooses data whose sum shows the order.
 //
 // Wrong versions this suite was checked against (each planted in the library, one at a
 // time; the case that caught it is named):
@@ -226,16 +226,17 @@ inline void reduce_scatter_uneven_shards(Communicator& comm) {
 /// Rank q's count in the uneven gathers: 0, 1 or 2 elements, zeros included.
 inline std::size_t uneven_count(int q) { return static_cast<std::size_t>((q * 5 + 1) % 3); }
 
-/// reduce_scatter and ireduce_scatter add in rank order, halves in f32 rounded once at the
-/// end, the same bits on every backend: data whose sum shows the order. f32: every rank
-/// but the last holds 2^-24, the last 1; in rank order the small ones add up first (three
-/// ranks: 1 + 2^-23), any order that adds the 1 earlier gives 1. f16 and bf16: rank 0
-/// holds 1, the others half an ulp of 1 each; added in f32, three ranks make 1 + an ulp,
-/// rounded at each step, 1. With two ranks every order agrees: the cases bite from three.
-/// Wrong versions this fails (three ranks): Open MPI's own MPI_Reduce_scatter (its order
-/// is its own), the blocks added from the last rank down, halves rounded after each
-/// addition.
-inline void reduce_scatter_adds_in_rank_order(Communicator& comm) {
+/// allreduce, reduce_scatter and their non-blocking forms add in rank order, halves in
+/// f32 rounded once at the end, the same bits on every backend: data whose sum shows the
+/// order. f32: every rank but the last holds 2^-24, the last 1; in rank order the small
+/// ones add up first (three ranks: 1 + 2^-23), any order that adds the 1 earlier gives 1.
+/// f16 and bf16: rank 0 holds 1, the others half an ulp of 1 each; added in f32, three
+/// ranks make 1 + an ulp, rounded at each step, 1. With two ranks every order agrees: the
+/// case bites from three. Wrong versions this fails (three ranks): Open MPI's own
+/// MPI_Reduce_scatter, MPI_Allreduce and MPI_Iallreduce (their order is their own; halves
+/// rounded after each addition), the blocks added from the last rank down, halves
+/// rounded after each addition in the shared reduction.
+inline void reductions_add_in_rank_order(Communicator& comm) {
   const int n = comm.size(), r = comm.rank();
   const std::size_t count = 5 * static_cast<std::size_t>(n) + 2;
   const ShardRange mine = shard_range(static_cast<std::int64_t>(count), n, r);
@@ -255,15 +256,21 @@ inline void reduce_scatter_adds_in_rank_order(Communicator& comm) {
         float sum = 0;  // in rank order, in f32
         for (int q = 0; q < n; ++q) sum += value(q);
         if (op == ReduceOp::avg) sum /= static_cast<float>(n);
-        const std::vector<T> in(count, to<T>(value(r))), want(length, to<T>(sum));
-        std::vector<T> out(length), out_nb(length);
+        const std::vector<T> in(count, to<T>(value(r))), want(length, to<T>(sum)),
+            want_all(count, to<T>(sum));
+        std::vector<T> out(length), out_nb(length), all = in, all_nb = in;
         comm.reduce_scatter(in, out, op);
         Request started = comm.ireduce_scatter(in, out_nb, op);
+        comm.wait(started);
+        comm.allreduce(all, op);
+        started = comm.iallreduce(all_nb, op);
         comm.wait(started);
         const std::string what =
             std::string(reduce_op_name(op)) + " of " + std::to_string(n) + " ranks, in rank order";
         same(out, want, "reduce_scatter " + what, r);
         same(out_nb, want, "ireduce_scatter " + what, r);
+        same(all, want_all, "allreduce " + what, r);
+        same(all_nb, want_all, "iallreduce " + what, r);
       }
     }
   });

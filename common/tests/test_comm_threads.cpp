@@ -29,8 +29,8 @@ TEST_SUITE("comm.threads") {
   TEST_CASE("reduce_scatter gives rank r shard r of the sum, uneven shards included") {
     for_each_world_size([](int n) { run_threads(n, cases::reduce_scatter_uneven_shards); });
   }
-  TEST_CASE("reduce_scatter adds in rank order") {
-    for_each_world_size([](int n) { run_threads(n, cases::reduce_scatter_adds_in_rank_order); });
+  TEST_CASE("allreduce and reduce_scatter add in rank order") {
+    for_each_world_size([](int n) { run_threads(n, cases::reductions_add_in_rank_order); });
   }
   TEST_CASE("allgather, allgatherv and gatherv put every rank's block in its place") {
     for_each_world_size([](int n) { run_threads(n, cases::allgather_and_gather); });
