@@ -36,6 +36,8 @@
 #                       exponent or leading zero)
 #   --build DIR         where the programs were built (default build/default)
 #   --csv-dir DIR       overlap: also write its table to DIR/09_gpt_overlap.csv
+#   --rounds R          overlap: every run R times, the sizes and modes in turn, and the
+#                       medians tabulated (1 to 20, default 3)
 #
 # Needs root (or CAP_SYS_ADMIN and CAP_NET_ADMIN), iproute2 (ip, tc with tbf), util-linux's
 # unshare and Open MPI. Without the rights to make namespaces it says so in one line and
@@ -51,7 +53,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 say() { echo "cluster: $*" >&2; }
 usage() { say "error: $* (usage: scripts/cluster.sh [options] ch03|ch08|ch09|run [program options]; the options are in its first lines)"; exit 2; }
 
-link_gbit=1 per_node=2 map_by=slot timeout=20 fault="" build="$root/build/default" csv_dir=""
+link_gbit=1 per_node=2 map_by=slot timeout=20 fault="" build="$root/build/default" csv_dir="" rounds=3
 # Numbers as the user writes them: digits, a point and digits; no sign, no exponent, and no
 # leading zero (bash's arithmetic reads 08 as octal, and `08` is no way to write a rank).
 whole='(0|[1-9][0-9]*)'
@@ -83,6 +85,7 @@ while [[ $# -gt 0 && "$1" == --* ]]; do
     --fault) fault=$2; parse_fault "$2" ;;
     --build) build=$(cd "$2" 2>/dev/null && pwd) || usage "--build $2: no such folder" ;;
     --csv-dir) csv_dir=$(mkdir -p "$2" 2>/dev/null && cd "$2" && pwd) || usage "--csv-dir $2: cannot make that folder" ;;
+    --rounds) rounds=$2; [[ $2 =~ ^[1-9][0-9]?$ ]] && ((rounds <= 20)) || usage "--rounds $2: 1 to 20" ;;
     *) usage "unknown option $1" ;;
   esac
   shift 2
@@ -433,45 +436,57 @@ PY
 }
 
 overlap() {  # overlap [program options]: dp 2 across the link, each per-rank batch twice
-  local per code=0 mode buckets=(--buckets 16) sequences=(1 2 3 4 5 6 8 16)  # a rank's, a step
+  local per code=0 mode round buckets=(--buckets 16) sequences=(1 2 3 4 5 6 8 16)  # a rank's
   [[ " $* " == *" --buckets "* || " $* " == *" --buckets="* ]] && buckets=()  # the options' own
-  for per in "${sequences[@]}"; do
-    for mode in none all; do
-      say "ch09_gpt dp 2 across the hosts, $per sequences a rank, --overlap $mode"
-      run_program node ch09_gpt --pp 1 --dp 2 --tp 1 --batch $((2 * per)) --microbatches 1 \
-        "${buckets[@]}" --steps 30 --no-reference --overlap "$mode" "$@" --json \
-        > "$state/overlap_${per}_$mode.json" || code=$?
-      [[ $code -eq 0 ]] || return "$code"
+  # Round by round, every size and mode in turn: a slow minute of the shared machine
+  # falls on every column alike, and the medians leave it out.
+  for ((round = 1; round <= rounds; round++)); do
+    for per in "${sequences[@]}"; do
+      for mode in none all; do
+        say "round $round of $rounds: ch09_gpt dp 2 across the hosts, $per sequences a rank, --overlap $mode"
+        run_program node ch09_gpt --pp 1 --dp 2 --tp 1 --batch $((2 * per)) --microbatches 1 \
+          "${buckets[@]}" --steps 30 --no-reference --overlap "$mode" "$@" --json \
+          > "$state/overlap_${per}_${mode}_$round.json" || code=$?
+        [[ $code -eq 0 ]] || return "$code"
+      done
     done
   done
-  python3 - "$state" "$link_gbit" "$csv_dir" "$*" "${sequences[*]}" >&2 <<'PY'
+  python3 - "$state" "$link_gbit" "$csv_dir" "$*" "${sequences[*]}" "$rounds" >&2 <<'PY'
 import csv, json, re, statistics, sys
 from pathlib import Path
-state, gbit, csv_dir = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+state, gbit, csv_dir, rounds = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3], int(sys.argv[6])
 given = re.search(r"--context (\d+)", sys.argv[4])
 context = int(given.group(1)) if given else 64
-def load(per, mode):
-    return json.loads((state / f"overlap_{per}_{mode}.json").read_text())
+def runs(per, mode):
+    return [json.loads((state / f"overlap_{per}_{mode}_{k}.json").read_text())
+            for k in range(1, rounds + 1)]
+# A run's step: its median step (the first steps, connecting and warming up, left out). Its
+# parts: the last step's profile, the median rank's, in ms. Each the median of the rounds.
+step = lambda run: run["step_ms"]
+def ms(run, column):
+    return statistics.median(r[column] * r["step_ms"] for r in run["profile"])
+def median(values):
+    return statistics.median(values)
 rows = []
 for per in map(int, sys.argv[5].split()):  # the sequences a rank the runs above had
-    none, both = load(per, "none"), load(per, "all")
+    none, both = runs(per, "none"), runs(per, "all")
     tokens = per * context  # a rank's, a step
-    step = lambda run: 1e3 * 2 * tokens / run["tokens_per_second"]  # the run's mean step
-    # A share of the last step's profile (the median rank's), of the mean step.
-    ms = lambda run, column: step(run) * statistics.median(r[column] for r in run["profile"])
-    compute, comm = ms(none, "compute"), ms(none, "dp_exposed")
+    compute = median(ms(run, "compute") for run in none)
+    comm = median(ms(run, "dp_exposed") for run in none)
     rows.append({
         "sequences_per_rank": per, "tokens_per_rank": tokens,
-        "step_none_ms": round(step(none), 1), "step_all_ms": round(step(both), 1),
+        "step_none_ms": round(median(step(run) for run in none), 1),
+        "step_all_ms": round(median(step(run) for run in both), 1),
         "compute_ms": round(compute, 1), "comm_ms": round(comm, 1),
         "max_ms": round(max(compute, comm), 1), "sum_ms": round(compute + comm, 1),
-        "exposed_all_ms": round(ms(both, "dp_exposed"), 1),
+        "exposed_all_ms": round(median(ms(run, "dp_exposed") for run in both), 1),
         "backward_ms": round(2 / 3 * compute, 1),
-        "dp_bytes": statistics.median(r["dp_bytes"] for r in none["bytes_per_axis"]),
-        "flops_per_token": none["model_flops_per_token"],
+        "dp_bytes": statistics.median(r["dp_bytes"] for r in none[0]["bytes_per_axis"]),
+        "flops_per_token": none[0]["model_flops_per_token"],
     })
 print(f"\ncluster: ch09_gpt, dp 2 with a rank on each host, its gradients over the {gbit:g} Gbit/s link "
-      "(the steps' mean; compute and communication: their shares of the last step, the median rank's)")
+      f"(the medians of {rounds} rounds: each run's median step, and the parts of its last step, "
+      "the median rank's)")
 print(f"  {'seq/rank':>8}{'tokens':>8}{'compute':>9}{'comm':>8}{'max':>8}{'sum':>8}"
       f"{'none':>8}{'all':>8}{'all/max':>9}{'none/all':>10}{'exposed':>9}{'comm-bwd':>10}")
 for r in rows:
