@@ -435,9 +435,10 @@ function(shardlab_add_chapter chapter)
   endif()
 
   # Under mpirun the program prints the same results as with threads (only the
-  # backend's name, and whether its traffic is modeled, differ): both backends' allreduce
-  # and reduce-scatter add the ranks' blocks in rank order. MPI_RANKS where a program asks
-  # for another number of ranks (chapter 07's experts split evenly over 2).
+  # backend's name, and whether its traffic is modeled, differ). MPI_RANKS 2 where the
+  # blocking allreduce of 3 ranks, Open MPI's own, adds in another order than the threads
+  # backend (the non-blocking collectives and the reduce-scatter add in rank order on
+  # both), or where a program asks for 2 (chapter 07's experts).
   if(SHARDLAB_HAVE_MPI)
     shardlab_mpirun_command(mpi_cmd ${ARG_MPI_RANKS} ${program} --json --quiet ${ARG_MPI_ARGS}
                             ${ARG_RUN_ARGS})

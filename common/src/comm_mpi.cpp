@@ -791,16 +791,10 @@ class MpiComm final : public Communicator {
       case Op::barrier:
         MPI_CHECK(MPI_Barrier(comm_));
         return;
-      case Op::allreduce: {
-        Exchange x = exchange(c);
-        MPI_CHECK(MPI_Alltoallv(c.out, x.sends.counts.data(), x.sends.displs.data(), t,
-                                x.blocks.data(), x.receives.counts.data(), x.receives.displs.data(),
-                                t, comm_));
-        x.reduce(c.out, x.mine_in(c.out), c.type, c.reduce);
-        MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, t, c.out, x.all.counts.data(),
-                                 x.all.displs.data(), t, seconds_));
-        return;
-      }
+      case Op::allreduce:  // Open MPI's own (see Exchange)
+        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, c.out, as_int(c.count, "allreduce"), t,
+                                mpi_op(c.reduce, c.type), comm_));
+        return finish_avg(c.out, c.count, c.type, c.reduce, size());
       case Op::reduce: {
         const int n = as_int(c.count, "reduce");
         if (rank() == c.root) {
@@ -934,12 +928,15 @@ class MpiComm final : public Communicator {
   /// A reduce-scatter as an exchange: block q of every rank's buffer goes to rank q (an
   /// alltoallv: each rank sends (N - 1)/N of its buffer, as a ring would), and each rank
   /// then adds the N blocks of its own in rank order (reduce_in_rank_order: the threads
-  /// backend's bits, blocking or not). An allreduce is that, then an all-gather of the
-  /// reduced blocks: what the threads backend does, with the same bits. Open MPI's
-  /// non-blocking collectives (libnbc) do otherwise: its reduce-scatter reduces the whole
-  /// buffer to rank 0 along a tree and scatters it from there, and its in-place allreduce
-  /// of fewer than 4 ranks goes up a tree to rank 0 and back down (of two ranks, rank 1
-  /// sends its whole buffer, then rank 0 the whole sum: one way at a time).
+  /// backend's bits, blocking or not). A non-blocking allreduce is that, then an
+  /// all-gather of the reduced blocks: what the threads backend does, with the same bits.
+  /// Open MPI's non-blocking collectives (libnbc) do otherwise: its reduce-scatter reduces
+  /// the whole buffer to rank 0 along a tree and scatters it from there, and its in-place
+  /// allreduce of fewer than 4 ranks goes up a tree to rank 0 and back down (of two ranks,
+  /// rank 1 sends its whole buffer, then rank 0 the whole sum: one way at a time). The
+  /// blocking allreduce stays Open MPI's own (its tuned algorithms, its order of addition):
+  /// across two hosts of two ranks it crosses the link with 2 S where an exchange would
+  /// with 4 S (chapter 03, scripts/cluster.sh ch03).
   struct Exchange {
     VCounts sends, receives;
     VCounts all;                        // every rank's block of the whole (the all-gather)

@@ -30,7 +30,9 @@ TEST_SUITE("comm.threads") {
     for_each_world_size([](int n) { run_threads(n, cases::reduce_scatter_uneven_shards); });
   }
   TEST_CASE("allreduce and reduce_scatter add in rank order") {
-    for_each_world_size([](int n) { run_threads(n, cases::reductions_add_in_rank_order); });
+    for_each_world_size([](int n) {
+      run_threads(n, [](Communicator& comm) { cases::reductions_add_in_rank_order(comm); });
+    });
   }
   TEST_CASE("allgather, allgatherv and gatherv put every rank's block in its place") {
     for_each_world_size([](int n) { run_threads(n, cases::allgather_and_gather); });
