@@ -49,8 +49,11 @@ def plot_throughput(rate, csv_dir):
 def plot_overlap(sweep, csv_dir):
     """scripts/cluster.sh overlap's sweep against a rank's tokens: left, the step with and
     without overlap beside compute, communication and their max; right, the communication
-    left exposed with overlap beside what the overlap condition predicts, max(0, comm -
-    backward), whose knee is where a rank's backward lasts as long as the allreduce."""
+    left exposed with overlap beside what the overlap condition predicts (max(0, comm -
+    backward); under ZeRO-1 the reduce-scatter's half against the backward and the
+    all-gather's against the forward), whose knee is where a rank's backward lasts as long
+    as the allreduce."""
+    zero = "zero" in sweep and bool(sweep["zero"].iloc[0])
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     x = sweep["tokens_per_rank"]
     knee = sweep["knee_tokens"].iloc[0]
@@ -58,12 +61,18 @@ def plot_overlap(sweep, csv_dir):
     left.plot(x, sweep["step_all_ms"], marker="o", label="step, --overlap all")
     left.plot(x, sweep["max_ms"], linestyle="--", color="grey", label="max(compute, comm)")
     left.plot(x, sweep["compute_ms"], linestyle=":", label="compute")
-    left.plot(x, sweep["comm_ms"], linestyle=":", label="comm (the allreduce alone)")
+    alone = "reduce-scatter and all-gather" if zero else "the allreduce"
+    left.plot(x, sweep["comm_ms"], linestyle=":", label=f"comm ({alone} alone)")
     left.set_ylabel("ms a step")
     left.set_title("the step")
-    predicted = (sweep["comm_ms"] - sweep["backward_ms"]).clip(lower=0)
+    if "predicted_exposed_ms" in sweep:
+        predicted = sweep["predicted_exposed_ms"]
+    else:  # a table from before the column
+        predicted = (sweep["comm_ms"] - sweep["backward_ms"]).clip(lower=0)
+    formula = ("max(0, comm/2 - backward) + max(0, comm/2 - forward)" if zero
+               else "max(0, comm - backward)")
     right.plot(x, sweep["exposed_all_ms"], marker="o", label="exposed, measured (--overlap all)")
-    right.plot(x, predicted, marker="s", linestyle="--", label="max(0, comm - backward)")
+    right.plot(x, predicted, marker="s", linestyle="--", label=formula)
     right.set_ylabel("ms of communication the rank waited for")
     right.set_title("what overlap cannot hide")
     for ax in (left, right):
@@ -73,7 +82,8 @@ def plot_overlap(sweep, csv_dir):
         ax.set_xlabel("tokens per rank and step")
     left.legend(fontsize=8, loc="upper left")
     right.legend(fontsize=8, loc="center right")
-    fig.suptitle(f"dp 2 across a {sweep['link_gbit'].iloc[0]:g} Gbit/s link (knee: a rank's "
+    fig.suptitle(f"dp 2{' with ZeRO-1' if zero else ''} across a "
+                 f"{sweep['link_gbit'].iloc[0]:g} Gbit/s link (knee: a rank's "
                  "tokens T = 2(d-1)/d C/busbw)")
     return save(fig, Path(csv_dir) / "09_gpt_overlap.png")
 

@@ -457,6 +457,7 @@ from pathlib import Path
 state, gbit, csv_dir, rounds = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3], int(sys.argv[6])
 given = re.search(r"--context (\d+)", sys.argv[4])
 context = int(given.group(1)) if given else 64
+zero = re.search(r"--zero 1\b", sys.argv[4]) is not None
 def runs(per, mode):
     return [json.loads((state / f"overlap_{per}_{mode}_{k}.json").read_text())
             for k in range(1, rounds + 1)]
@@ -473,6 +474,13 @@ for per in map(int, sys.argv[5].split()):  # the sequences a rank the runs above
     tokens = per * context  # a rank's, a step
     compute = median(ms(run, "compute") for run in none)
     comm = median(ms(run, "dp_exposed") for run in none)
+    # What overlap cannot hide, by the overlap condition: the allreduce under the backward
+    # (about 2/3 of the compute: 4 of the 6 N FLOPs a token); under ZeRO-1 the
+    # reduce-scatter (half the bytes) under the backward, the all-gather under the forward.
+    if zero:
+        predicted = max(0.0, comm / 2 - 2 / 3 * compute) + max(0.0, comm / 2 - compute / 3)
+    else:
+        predicted = max(0.0, comm - 2 / 3 * compute)
     rows.append({
         "sequences_per_rank": per, "tokens_per_rank": tokens,
         "step_none_ms": round(median(step(run) for run in none), 1),
@@ -481,20 +489,21 @@ for per in map(int, sys.argv[5].split()):  # the sequences a rank the runs above
         "max_ms": round(max(compute, comm), 1), "sum_ms": round(compute + comm, 1),
         "exposed_all_ms": round(median(ms(run, "dp_exposed") for run in both), 1),
         "backward_ms": round(2 / 3 * compute, 1),
+        "predicted_exposed_ms": round(predicted, 1), "zero": int(zero),
         "dp_bytes": statistics.median(r["dp_bytes"] for r in none[0]["bytes_per_axis"]),
         "flops_per_token": none[0]["model_flops_per_token"],
     })
-print(f"\ncluster: ch09_gpt, dp 2 with a rank on each host, its gradients over the {gbit:g} Gbit/s link "
+print(f"\ncluster: ch09_gpt, dp 2{' with ZeRO-1' if zero else ''} with a rank on each host, its gradients over the {gbit:g} Gbit/s link "
       f"(the medians of {rounds} rounds: each run's median step, and the parts of its last step, "
       "the median rank's)")
 print(f"  {'seq/rank':>8}{'tokens':>8}{'compute':>9}{'comm':>8}{'max':>8}{'sum':>8}"
-      f"{'none':>8}{'all':>8}{'all/max':>9}{'none/all':>10}{'exposed':>9}{'comm-bwd':>10}")
+      f"{'none':>8}{'all':>8}{'all/max':>9}{'none/all':>10}{'exposed':>9}{'predicted':>11}")
 for r in rows:
     print(f"  {r['sequences_per_rank']:>8}{r['tokens_per_rank']:>8}{r['compute_ms']:>7.0f}ms"
           f"{r['comm_ms']:>6.0f}ms{r['max_ms']:>6.0f}ms{r['sum_ms']:>6.0f}ms{r['step_none_ms']:>6.0f}ms"
           f"{r['step_all_ms']:>6.0f}ms{r['step_all_ms'] / r['max_ms']:>9.2f}"
           f"{r['step_none_ms'] / r['step_all_ms']:>10.2f}{r['exposed_all_ms']:>7.0f}ms"
-          f"{max(0.0, r['comm_ms'] - r['backward_ms']):>8.0f}ms")
+          f"{r['predicted_exposed_ms']:>9.0f}ms")
 # The overlap condition (the Ultra-Scale Playbook's A3, the Scaling Book's B/X > C/W): the
 # backward's 4 N T FLOPs take longer than the ring allreduce's 2 (d-1)/d 4N bytes when a
 # rank's tokens T > 2 (d-1)/d C / busbw, C the rank's FLOP rate, busbw the allreduce's.
@@ -505,8 +514,10 @@ knee = rate / busbw  # d = 2: 2 (d-1)/d = 1
 print(f"  the knee by the formula: T > 2(d-1)/d C/busbw = {rate / 1e9:.3g} GFLOP/s / "
       f"{busbw / 1e6:.3g} MB/s = {knee:.0f} tokens a rank (C and busbw measured at "
       f"{big['sequences_per_rank']} sequences a rank)")
-print("  compute, comm: --overlap none's compute and dp wait; backward ~ 2/3 of compute "
-      "(4 of the 6 N FLOPs a token); exposed: --overlap all's dp wait")
+print("  compute, comm: --overlap none's compute and dp wait; exposed: --overlap all's dp wait; "
+      "predicted: " + ("max(0, comm/2 - backward) + max(0, comm/2 - forward)" if zero else
+                       "max(0, comm - backward)") + ", the backward 2/3 of the compute (4 of "
+      "the 6 N FLOPs a token), the forward 1/3")
 if csv_dir:
     path = Path(csv_dir) / "09_gpt_overlap.csv"
     with path.open("w", newline="") as f:
