@@ -12,7 +12,10 @@
 /// chosen when the program loads (GCC's target_clones). The library builds without
 /// -ffp-contract and without math's errno, so each copy's vectors do an element's
 /// operations exactly as the plain loop does: the same bits, only more lanes at once.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+/// Not under ThreadSanitizer: a clone's resolver runs while the loader relocates the
+/// program, before TSan's runtime is set up, and the instrumented resolver crashed every
+/// program of that build before main.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define SHARDLAB_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define SHARDLAB_VECTOR_CLONES
