@@ -435,7 +435,7 @@ print(f"  tp across / tp inside: {bytes}, {s1 / s0:.3g} x the step time; the lin
 PY
 }
 
-overlap() {  # overlap [program options]: dp 2 across the link, each per-rank batch twice
+overlap() {  # overlap [program options]: dp 2 across the link, each per-rank batch both ways, --rounds times
   local per code=0 mode round buckets=(--buckets 16) sequences=(1 2 3 4 5 6 8 16)  # a rank's
   [[ " $* " == *" --buckets "* || " $* " == *" --buckets="* ]] && buckets=()  # the options' own
   # Round by round, every size and mode in turn: a slow minute of the shared machine
