@@ -452,8 +452,9 @@ overlap() {  # overlap [program options]: dp 2 across the link, each per-rank ba
     done
   done
   python3 - "$state" "$link_gbit" "$csv_dir" "$*" "${sequences[*]}" "$rounds" >&2 <<'PY'
-import csv, json, re, statistics, sys
+import csv, json, re, sys
 from pathlib import Path
+from statistics import median
 state, gbit, csv_dir, rounds = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3], int(sys.argv[6])
 given = re.search(r"--context (\d+)", sys.argv[4])
 context = int(given.group(1)) if given else 64
@@ -463,11 +464,8 @@ def runs(per, mode):
             for k in range(1, rounds + 1)]
 # A run's step: its median step (the first steps, connecting and warming up, left out). Its
 # parts: the last step's profile, the median rank's, in ms. Each the median of the rounds.
-step = lambda run: run["step_ms"]
 def ms(run, column):
-    return statistics.median(r[column] * r["step_ms"] for r in run["profile"])
-def median(values):
-    return statistics.median(values)
+    return median(r[column] * r["step_ms"] for r in run["profile"])
 rows = []
 for per in map(int, sys.argv[5].split()):  # the sequences a rank the runs above had
     none, both = runs(per, "none"), runs(per, "all")
@@ -477,20 +475,21 @@ for per in map(int, sys.argv[5].split()):  # the sequences a rank the runs above
     # What overlap cannot hide, by the overlap condition: the allreduce under the backward
     # (about 2/3 of the compute: 4 of the 6 N FLOPs a token); under ZeRO-1 the
     # reduce-scatter (half the bytes) under the backward, the all-gather under the forward.
+    backward, forward = 2 / 3 * compute, compute / 3
     if zero:
-        predicted = max(0.0, comm / 2 - 2 / 3 * compute) + max(0.0, comm / 2 - compute / 3)
+        predicted = max(0.0, comm / 2 - backward) + max(0.0, comm / 2 - forward)
     else:
-        predicted = max(0.0, comm - 2 / 3 * compute)
+        predicted = max(0.0, comm - backward)
     rows.append({
         "sequences_per_rank": per, "tokens_per_rank": tokens,
-        "step_none_ms": round(median(step(run) for run in none), 1),
-        "step_all_ms": round(median(step(run) for run in both), 1),
+        "step_none_ms": round(median(run["step_ms"] for run in none), 1),
+        "step_all_ms": round(median(run["step_ms"] for run in both), 1),
         "compute_ms": round(compute, 1), "comm_ms": round(comm, 1),
         "max_ms": round(max(compute, comm), 1), "sum_ms": round(compute + comm, 1),
         "exposed_all_ms": round(median(ms(run, "dp_exposed") for run in both), 1),
-        "backward_ms": round(2 / 3 * compute, 1),
+        "backward_ms": round(backward, 1),
         "predicted_exposed_ms": round(predicted, 1), "zero": int(zero),
-        "dp_bytes": statistics.median(r["dp_bytes"] for r in none[0]["bytes_per_axis"]),
+        "dp_bytes": median(r["dp_bytes"] for r in none[0]["bytes_per_axis"]),
         "flops_per_token": none[0]["model_flops_per_token"],
     })
 print(f"\ncluster: ch09_gpt, dp 2{' with ZeRO-1' if zero else ''} with a rank on each host, its gradients over the {gbit:g} Gbit/s link "

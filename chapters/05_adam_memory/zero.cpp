@@ -337,12 +337,8 @@ void ZeroOptimizer::step() {
       Scope scope(Category::comm);
       g.send = cast(w, type_);  // the all-gather's until it completes
     }
-    if (by_group() && config_.overlap) {
-      g.gather_due = true;  // start_gathers(), as the next step begins
-      continue;
-    }
-    g.gathering = comm_.iallgatherv(g.send, values.slice(g.offset, g.size), g.counts);
-    finish_gather(g);
+    g.gather_due = true;  // with overlap, start_gathers() as the next step begins
+    if (!by_group() || !config_.overlap) finish_gather(g);
   }
 }
 

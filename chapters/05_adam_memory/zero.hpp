@@ -195,7 +195,7 @@ class ZeroOptimizer {
     Tensor send;                            // stages 1 (by group), 2: the updated range sent
     shardlab::Request reducing, gathering;  // in flight (reducing: stage 1 by group)
     bool reduce_started = false;            // stage 1 by group: this step
-    bool gather_due = false;                // stage 1 by group with overlap: updated, unsent
+    bool gather_due = false;                // updated, its all-gather not started yet
   };
   Tensor shard_of(const Tensor& buffer, const Group& g) const;
   Tensor optimizer_weights(const Group& g);

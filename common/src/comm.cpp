@@ -636,7 +636,7 @@ void reduce_in_rank_order(void* dst, std::span<const void* const> sources, std::
                           DType type, ReduceOp op) {
   const int ranks = static_cast<int>(sources.size());
   if (ranks == 0 || count == 0) return;
-  const bool half = type == DType::f16 || type == DType::bf16;
+  const bool half = is_half(type);
   const std::size_t elem = dtype_size(type);
   // One pass over memory: each block is gathered into a small accumulator that stays in
   // L1, then written out once.

@@ -810,9 +810,7 @@ class MpiComm final : public Communicator {
         return;
       case Op::reduce_scatter: {
         Exchange x = exchange(c);
-        MPI_CHECK(MPI_Alltoallv(c.in, x.sends.counts.data(), x.sends.displs.data(), t,
-                                x.blocks.data(), x.receives.counts.data(), x.receives.displs.data(),
-                                t, comm_));
+        MPI_CHECK(x.send(c.in, t, comm_));
         return x.reduce(c.in, c.out, c.type, c.reduce);
       }
       case Op::allgather: {
@@ -857,11 +855,7 @@ class MpiComm final : public Communicator {
     switch (c.op) {
       case Op::allreduce: {  // a reduce-scatter, then an all-gather of the reduced blocks
         auto x = std::make_shared<Exchange>(exchange(c));
-        r->tested.post = [=] {
-          return MPI_Ialltoallv(c.out, x->sends.counts.data(), x->sends.displs.data(), t,
-                                x->blocks.data(), x->receives.counts.data(),
-                                x->receives.displs.data(), t, comm, &q->request);
-        };
+        r->tested.post = [=] { return x->send(c.out, t, comm, &q->request); };
         r->tested.then = [=] {
           x->reduce(c.out, x->mine_in(c.out), c.type, c.reduce);
           return MPI_Iallgatherv(MPI_IN_PLACE, 0, t, c.out, x->all.counts.data(),
@@ -871,11 +865,7 @@ class MpiComm final : public Communicator {
       }
       case Op::reduce_scatter: {
         auto x = std::make_shared<Exchange>(exchange(c));
-        r->tested.post = [=] {
-          return MPI_Ialltoallv(c.in, x->sends.counts.data(), x->sends.displs.data(), t,
-                                x->blocks.data(), x->receives.counts.data(),
-                                x->receives.displs.data(), t, comm, &q->request);
-        };
+        r->tested.post = [=] { return x->send(c.in, t, comm, &q->request); };
         r->finish = [=] { x->reduce(c.in, c.out, c.type, c.reduce); };
         break;
       }
@@ -943,6 +933,15 @@ class MpiComm final : public Communicator {
     std::vector<unsigned char> blocks;  // rank q's block of mine at q * mine (not my own)
     std::size_t mine = 0, elem = 0;
     int rank = 0;
+    /// Block q of `whole` to rank q, the others' blocks of mine into `blocks`: an alltoallv,
+    /// non-blocking into `request` when given one. MPI's error code.
+    int send(const void* whole, MPI_Datatype t, MPI_Comm comm, MPI_Request* request = nullptr) {
+      if (request)
+        return MPI_Ialltoallv(whole, sends.counts.data(), sends.displs.data(), t, blocks.data(),
+                              receives.counts.data(), receives.displs.data(), t, comm, request);
+      return MPI_Alltoallv(whole, sends.counts.data(), sends.displs.data(), t, blocks.data(),
+                           receives.counts.data(), receives.displs.data(), t, comm);
+    }
     /// Where this rank's block lies in a whole buffer.
     void* mine_in(const void* whole) const {
       return const_cast<unsigned char*>(static_cast<const unsigned char*>(whole)) +
