@@ -74,6 +74,34 @@ double MachineProfile::cost(const std::string& name) const {
   return it->second;
 }
 
+double CoreGroups::turns() const {
+  double share = 1;
+  for (std::size_t g = 0; g < cores.size(); ++g)
+    if (ranks[g] > 0) share = std::min(share, double(std::min(ranks[g], cores[g])) / ranks[g]);
+  return share;
+}
+
+int CoreGroups::cores_in_use() const {
+  int n = 0;
+  for (std::size_t g = 0; g < cores.size(); ++g) n += std::min(ranks[g], cores[g]);
+  return std::max(1, n);
+}
+
+CoreGroups MachineProfile::core_groups(int R) const {
+  CoreGroups out;
+  if (int(core_group.size()) == R && !group_cores.empty()) {
+    out.of = core_group;
+    out.cores = group_cores;
+  } else {
+    const int per_machine = std::clamp(ranks_per_machine > 0 ? ranks_per_machine : R, 1, R);
+    for (int r = 0; r < R; ++r) out.of.push_back(r / per_machine);
+    out.cores.assign(std::size_t((R + per_machine - 1) / per_machine), std::max(1, cores));
+  }
+  out.ranks.assign(out.cores.size(), 0);
+  for (int g : out.of) ++out.ranks[std::size_t(g)];
+  return out;
+}
+
 json to_json(const MachineProfile& m) {
   json j;
   j["cpu"] = m.cpu;
@@ -95,6 +123,10 @@ json to_json(const MachineProfile& m) {
   j["ranks"] = m.ranks;
   j["ranks_per_host"] = m.ranks_per_host;
   j["ranks_per_machine"] = m.ranks_per_machine;
+  if (!m.core_group.empty()) {
+    j["core_group"] = m.core_group;
+    j["group_cores"] = m.group_cores;
+  }
   json links = json::object();
   for (const auto& [op, groups] : m.links)
     for (const auto& [size, fit] : groups)
@@ -149,6 +181,26 @@ MachineProfile machine_from_json(const json& j, const std::string& where) {
   m.ranks_per_host = whole(j, "ranks_per_host", where);
   m.ranks_per_machine =
       j.contains("ranks_per_machine") ? whole(j, "ranks_per_machine", where) : m.ranks_per_host;
+  if (j.contains("core_group") || j.contains("group_cores")) {
+    auto whole_numbers = [&](const std::string& key, int least) {
+      require_usage(j.contains(key) && j[key].is_array(),
+                    where + ": 'core_group' and 'group_cores' come together, each an array");
+      std::vector<int> out;
+      for (const json& x : j[key]) {
+        require_usage(x.is_number_integer() && x.get<int>() >= least,
+                      where + ": '" + key + "' holds whole numbers from " + std::to_string(least));
+        out.push_back(x.get<int>());
+      }
+      return out;
+    };
+    m.core_group = whole_numbers("core_group", 0);
+    m.group_cores = whole_numbers("group_cores", 1);
+    require_usage(int(m.core_group.size()) == m.ranks,
+                  where + ": 'core_group' must name a group for each of the 'ranks'");
+    for (int g : m.core_group)
+      require_usage(g < int(m.group_cores.size()),
+                    where + ": 'core_group' names a group 'group_cores' does not have");
+  }
   require_usage(!j.contains("links") || j["links"].is_object(),
                 where + ": 'links' must be an object (operation -> group size -> fit)");
   const json links = j.value("links", json::object());

@@ -39,6 +39,19 @@ struct GemmRate {
   double gflops = 0;  ///< 2 m n k / seconds / 1e9
 };
 
+/// The ranks as they share cores: ranks whose CPU sets overlap (on one machine) take turns
+/// on that set's cores; ranks in different groups never slow each other down.
+struct CoreGroups {
+  std::vector<int> of;     ///< rank -> its group
+  std::vector<int> cores;  ///< group -> its cores
+  std::vector<int> ranks;  ///< group -> its ranks
+  /// The share of a core each rank of the most crowded group gets while every rank
+  /// computes: min over the groups of min(ranks, cores) / ranks.
+  double turns() const;
+  /// The cores the ranks keep busy while all compute: the sum of min(ranks, cores).
+  int cores_in_use() const;
+};
+
 /// What `ch09_gpt --calibrate` measured (see the top).
 struct MachineProfile {
   std::string cpu;             ///< the processor's name (/proc/cpuinfo)
@@ -55,8 +68,10 @@ struct MachineProfile {
   std::string backend;                        ///< the collectives' backend: threads or mpi
   int ranks = 0;                              ///< the ranks the links were measured with
   int ranks_per_host = 0;                     ///< of them on one host (its network name)
-  int ranks_per_machine = 0;  ///< of them on one machine (its kernel): sharing its cores
-  int first_elsewhere = 0;    ///< the first rank on another host than rank 0's; 0: none
+  int ranks_per_machine = 0;     ///< of them on one machine (its kernel): sharing its cores
+  int first_elsewhere = 0;       ///< the first rank on another host than rank 0's; 0: none
+  std::vector<int> core_group;   ///< rank -> its core group as it ran (empty: see core_groups)
+  std::vector<int> group_cores;  ///< core group -> its cores
   std::map<std::string, std::map<int, LinkFit>> links;  ///< operation -> group size -> fit
   std::string model;  ///< the model the costs are of (chapter 09's describe)
 
@@ -73,6 +88,9 @@ struct MachineProfile {
   const LinkFit& link(const std::string& op, int group) const;
   /// costs[name]; Error naming the calibration to run when it is missing.
   double cost(const std::string& name) const;
+  /// How `R` ranks share cores: as measured where the profile holds R ranks' groups; else
+  /// ranks_per_machine consecutive ranks (all R without it) a machine of `cores` cores.
+  CoreGroups core_groups(int R) const;
 };
 
 /// The profile as JSON (the file --calibrate writes; links' alpha in microseconds).

@@ -1024,5 +1024,27 @@ TEST_SUITE("ch08 planner") {
     j["links"]["allreduce"]["two"] = {{"alpha_us", 1}, {"beta_GBps", 1}};
     CHECK_THROWS_AS(machine_from_json(j, "test"), UsageError);
     CHECK_THROWS_AS(load_machine("/nonexistent/machine.json"), UsageError);
+
+    // The ranks' core groups come back; one without the other, a group that is not there,
+    // or a group for another number of ranks is refused.
+    p.ranks = 4;
+    p.core_group = {0, 1, 0, 1};
+    p.group_cores = {1, 1};
+    const MachineProfile pinned = machine_from_json(to_json(p), "test");
+    CHECK(pinned.core_group == p.core_group);
+    CHECK(pinned.group_cores == p.group_cores);
+    CHECK(pinned.core_groups(4).turns() == 0.5);
+    j = to_json(p);
+    j.erase("group_cores");
+    CHECK_THROWS_AS(machine_from_json(j, "test"), UsageError);
+    j = to_json(p);
+    j["core_group"] = {0, 2, 0, 1};
+    CHECK_THROWS_AS(machine_from_json(j, "test"), UsageError);
+    j = to_json(p);
+    j["core_group"] = {0, 1};
+    CHECK_THROWS_AS(machine_from_json(j, "test"), UsageError);
+    j = to_json(p);
+    j["group_cores"] = {1, 0};
+    CHECK_THROWS_AS(machine_from_json(j, "test"), UsageError);
   }
 }

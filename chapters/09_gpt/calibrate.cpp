@@ -1,14 +1,17 @@
 // Chapter 09's machine profile and its predictions: see calibrate.hpp.
 #include "calibrate.hpp"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <set>
+#include <sstream>
 
 #include "attention_and_loss.hpp"
 #include "gpt.hpp"
@@ -158,8 +161,7 @@ void layer_costs_on_groups(Context& ctx, MachineProfile& m, const TrainConfig& c
         ch08::parallel_mlp(store, *tp, mlp_spec(name, g, block), blocks.tp)));
   }
   store.allocate();
-  const int per_machine = std::max(1, m.ranks_per_machine);
-  const double turns = double(std::min(per_machine, m.cores)) / per_machine / m.costs.at("sharing");
+  const double turns = m.core_groups(world.size()).turns() / m.costs.at("sharing");
 
   // Every rank's calls at once (after one to warm up), as one rank's turns on a core.
   auto together = [&](auto&& f) {
@@ -322,13 +324,26 @@ void measure_sharing(Context& ctx, MachineProfile& m, const GptShape& g, const S
   alone = world.agree(alone, shardlab::ReduceOp::max);
   const int calls = std::clamp(int(0.2 / alone), 4, 2000);  // about 0.2 s of work a rank
   const double together = seconds_together(world, calls, once);
-  const int R = m.ranks_per_machine;
-  const double turns = double(R) / std::min(R, m.cores) * alone;
+  const double turns = alone / m.core_groups(world.size()).turns();
   m.costs["sharing"] = std::max(1.0, together / turns);
 }
 
+/// The CPUs the calling thread may run on (its affinity), as "0,1"; "" where unknown.
+std::string cpus_of_this_thread() {
+  std::string out;
+#ifdef __linux__
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return out;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+    if (CPU_ISSET(cpu, &set)) out += (out.empty() ? "" : ",") + std::to_string(cpu);
+#endif
+  return out;
+}
+
 /// Where the ranks run: on how many hosts (network names: the link between them) and
-/// machines (kernels: the cores they share; scripts/cluster.sh's hosts are one machine's).
+/// machines (kernels: the cores they share; scripts/cluster.sh's hosts are one machine's),
+/// and on which of its cores (a rank pinned to one shares it with the others pinned there).
 void where_ranks_are(Context& ctx, MachineProfile& m) {
   Communicator& world = ctx.comm();
   char name[256] = {};
@@ -337,8 +352,10 @@ void where_ranks_are(Context& ctx, MachineProfile& m) {
   std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
   const std::vector<std::string> hosts = world.gather_strings(name, 0);
   const std::vector<std::string> kernels = world.gather_strings(boot, 0);
+  const std::vector<std::string> cpus = world.gather_strings(cpus_of_this_thread(), 0);
   double per_host = 0, per_machine = 0, elsewhere = 0;
   if (world.rank() == 0) {
+    group_cores(kernels, cpus, m);
     per_host = double(std::count(hosts.begin(), hosts.end(), hosts[0]));
     per_machine = double(std::count(kernels.begin(), kernels.end(), kernels[0]));
     const auto other =
@@ -349,6 +366,16 @@ void where_ranks_are(Context& ctx, MachineProfile& m) {
   m.ranks_per_machine = int(world.agree(per_machine, shardlab::ReduceOp::max));
   m.first_elsewhere = int(world.agree(elsewhere, shardlab::ReduceOp::max));
   m.cores = int(world.agree(double(m.cores), shardlab::ReduceOp::max));
+  // Rank 0's groups to every rank (a whole number each: the max over ranks of it and 0s).
+  const int groups = int(world.agree(double(m.group_cores.size()), shardlab::ReduceOp::max));
+  if (groups == 0) return;
+  auto from_rank_0 = [&](std::vector<int>& v, std::size_t n) {
+    v.resize(n, 0);
+    for (int& x : v)
+      x = int(world.agree(world.rank() == 0 ? double(x) : 0.0, shardlab::ReduceOp::max));
+  };
+  from_rank_0(m.core_group, std::size_t(world.size()));
+  from_rank_0(m.group_cores, std::size_t(groups));
 }
 
 void measure_links(Context& ctx, MachineProfile& m) {
@@ -395,6 +422,37 @@ void measure_links(Context& ctx, MachineProfile& m) {
 
 }  // namespace
 
+void group_cores(const std::vector<std::string>& kernels, const std::vector<std::string>& cpus,
+                 ch08::MachineProfile& m) {
+  const std::size_t R = cpus.size();
+  std::vector<std::set<int>> sets(R);
+  for (std::size_t r = 0; r < R; ++r) {
+    if (cpus[r].empty()) return;
+    std::stringstream list(cpus[r]);
+    for (std::string cpu; std::getline(list, cpu, ',');) sets[r].insert(std::stoi(cpu));
+  }
+  std::vector<std::size_t> root(R);
+  std::iota(root.begin(), root.end(), std::size_t{0});
+  auto find = [&](std::size_t r) {
+    while (root[r] != r) r = root[r] = root[root[r]];
+    return r;
+  };
+  for (std::size_t i = 0; i < R; ++i)
+    for (std::size_t j = i + 1; j < R; ++j)
+      if (kernels[i] == kernels[j] &&
+          std::any_of(sets[i].begin(), sets[i].end(), [&](int c) { return sets[j].count(c); }))
+        root[find(j)] = find(i);
+  std::map<std::size_t, int> group;  // a root -> its group, numbered as first met
+  std::vector<std::set<int>> cores;
+  for (std::size_t r = 0; r < R; ++r) {
+    const auto [at, fresh] = group.try_emplace(find(r), int(cores.size()));
+    if (fresh) cores.emplace_back();
+    m.core_group.push_back(at->second);
+    cores[std::size_t(at->second)].insert(sets[r].begin(), sets[r].end());
+  }
+  for (const std::set<int>& c : cores) m.group_cores.push_back(int(c.size()));
+}
+
 void calibrate(Context& ctx, const TrainConfig& base, const std::string& path) {
   MachineProfile m;
   const GptShape& g = base.model;
@@ -434,11 +492,19 @@ void calibrate(Context& ctx, const TrainConfig& base, const std::string& path) {
     Table t({"what", "value", "unit"});
     t.add({"cpu", m.cpu, ""});
     t.add({"cores", m.cores, ""});
+    const ch08::CoreGroups groups = m.core_groups(m.ranks);
+    for (std::size_t k = 0; k < groups.cores.size(); ++k) {
+      std::string ranks;
+      for (int r = 0; r < m.ranks; ++r)
+        if (groups.of[std::size_t(r)] == int(k))
+          ranks += (ranks.empty() ? "" : " ") + std::to_string(r);
+      t.add({"ranks " + ranks + " share", groups.cores[k], "cores"});
+    }
     t.add({"peak (cores x clock x lanes x FMA units x 2)", m.peak_gflops(), "GFLOP/s"});
     t.add({"GEMM 512^3, one core", m.gemm_gflops, "GFLOP/s"});
     t.add({"STREAM triad, one core", m.triad_GBps, "GB/s"});
-    for (const auto& [op, groups] : m.links)
-      for (const auto& [size, fit] : groups)
+    for (const auto& [op, sizes] : m.links)
+      for (const auto& [size, fit] : sizes)
         t.add({op + " over " + std::to_string(size) + ": alpha, beta",
                format_number(fit.alpha_s * 1e6, 3) + " us, " + format_number(fit.beta_GBps, 3),
                "GB/s"});

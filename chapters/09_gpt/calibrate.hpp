@@ -54,6 +54,12 @@ std::string cost_key(const std::string& what, const Shard& s);
 /// (benchmark_meshes), written to `path` by rank 0; a summary table.
 void calibrate(shardlab::Context& ctx, const TrainConfig& c, const std::string& path);
 
+/// The ranks' core groups (m.core_group, m.group_cores) from each rank's machine
+/// (`kernels`, any name) and CPUs (`cpus`, "0,1"): ranks on one machine whose CPUs overlap
+/// share a group, its cores the CPUs of all of them. None where a rank's CPUs are unknown.
+void group_cores(const std::vector<std::string>& kernels, const std::vector<std::string>& cpus,
+                 ch08::MachineProfile& m);
+
 /// One mesh's step on paper: its parts, seconds.
 struct StepPrediction {
   double step_s = 0;      ///< the prediction: the ranks together on the machine's cores

@@ -70,9 +70,7 @@ class Programs {
  public:
   Programs(const TrainConfig& c, const MachineProfile& m) : c_(c), m_(m), s_(shard_of(c)) {
     sharing_ = m.costs.count("sharing") ? m.costs.at("sharing") : 1.0;
-    const int per_machine =
-        std::max(1, m.ranks_per_machine > 0 ? m.ranks_per_machine : c.mesh.ranks());
-    turns_ = double(std::min(per_machine, std::max(1, m.cores))) / per_machine;
+    turns_ = m.core_groups(c.mesh.ranks()).turns();
     per_host_ = m.ranks_per_host > 0 ? m.ranks_per_host : c.mesh.ranks();
   }
 
@@ -314,8 +312,8 @@ struct Run {
   std::vector<ch08::PerAxis<double>> blocked;  ///< per rank and axis: waiting or in a collective
 };
 
-/// Runs the programs on machines of `per_machine` ranks (consecutive) with `cores` each.
-Run run_together(const std::vector<std::vector<Item>>& programs, int per_machine, int cores) {
+/// Runs the programs, each rank on its group's cores.
+Run run_together(const std::vector<std::vector<Item>>& programs, const ch08::CoreGroups& groups) {
   const int R = int(programs.size());
   enum class State { running, in_collective, waiting, receiving, draining, done };
   struct Rank {
@@ -414,7 +412,6 @@ Run run_together(const std::vector<std::vector<Item>>& programs, int per_machine
   };
   for (int r = 0; r < R; ++r) advance(r);
 
-  const int machines = (R + per_machine - 1) / per_machine;
   for (int guard = 0; guard < 50'000'000; ++guard) {
     // Receivers whose message has come go on.
     for (int r = 0; r < R; ++r)
@@ -427,19 +424,19 @@ Run run_together(const std::vector<std::vector<Item>>& programs, int per_machine
           advance(r);
         }
       }
-    // Who works, and how fast: the machine's cores shared evenly.
-    std::vector<int> busy(machines, 0);
+    // Who works, and how fast: each group's cores shared evenly.
+    std::vector<int> busy(groups.cores.size(), 0);
     bool all_done = true;
     for (int r = 0; r < R; ++r) {
       const Rank& k = ranks[r];
       if (k.state != State::done) all_done = false;
-      busy[r / per_machine] +=
+      busy[std::size_t(groups.of[std::size_t(r)])] +=
           (k.state == State::running || k.state == State::in_collective) + int(k.background.size());
     }
     if (all_done) break;
     auto rate = [&](int r) {
-      const int b = busy[r / per_machine];
-      return b <= cores ? 1.0 : double(cores) / b;
+      const std::size_t g = std::size_t(groups.of[std::size_t(r)]);
+      return busy[g] <= groups.cores[g] ? 1.0 : double(groups.cores[g]) / busy[g];
     };
     double dt = std::numeric_limits<double>::infinity();
     for (int r = 0; r < R; ++r) {
@@ -490,9 +487,12 @@ StepPrediction predict_step(const TrainConfig& c, const MachineProfile& m) {
   const int R = c.mesh.ranks();
   std::vector<std::vector<Item>> programs;
   for (int r = 0; r < R; ++r) programs.push_back(make.of(r));
-  const int per_machine = std::clamp(m.ranks_per_machine > 0 ? m.ranks_per_machine : R, 1, R);
-  const Run shared = run_together(programs, per_machine, std::max(1, m.cores));
-  const Run own = run_together(programs, 1, 1);
+  const ch08::CoreGroups groups = m.core_groups(R);
+  ch08::CoreGroups alone;  // a core a rank
+  for (int r = 0; r < R; ++r)
+    alone.of.push_back(r), alone.cores.push_back(1), alone.ranks.push_back(1);
+  const Run shared = run_together(programs, groups);
+  const Run own = run_together(programs, alone);
   StepPrediction out;
   out.step_s = shared.makespan;
   out.pipeline_s = own.makespan;
@@ -501,8 +501,7 @@ StepPrediction predict_step(const TrainConfig& c, const MachineProfile& m) {
     work += shared.compute[r];
     out.compute_s = std::max(out.compute_s, shared.compute[r]);
   }
-  const double machines = double(R) / per_machine;
-  out.shared_s = work / (machines * std::min(per_machine, std::max(1, m.cores)));
+  out.shared_s = work / groups.cores_in_use();
   // Per axis: the ranks' mean time blocked (waiting for the group, or in the collective).
   for (Axis axis : ch08::kAxes) {
     double sum = 0;

@@ -9,7 +9,7 @@ not this test's: timings are never asserted here); ch08_plan --machine plans on 
 profile without a cost a mesh needs ends the run naming that cost; --mesh auto trains on the
 mesh the benchmark's prediction puts first. The wrong versions this
 catches (each seen failing): a profile written without the ranks' layout
-(ranks_per_machine), a cost key that the prediction spells another way than the
+(ranks_per_machine) or its core groups, a cost key that the prediction spells another way than the
 calibration, the prediction's columns missing from the CSV.
 """
 import csv
@@ -53,6 +53,11 @@ for shard in ("r256 t2 c1", "r128 t1 c2", "r128 t1 c1", "r256 t1 c1"):
                  "first_stage_forward", "core_attention_forward"):
         if not costs.get(f"{what} {shard}", 0) > 0:
             failures.append(f"no positive cost '{what} {shard}'")
+# Both ranks are threads of one process: one group, on the CPUs this process may use.
+cpus = len(os.sched_getaffinity(0))
+if m.get("core_group") != [0, 0] or m.get("group_cores") != [cpus]:
+    failures.append(f"2 threads on {cpus} CPUs: core_group {m.get('core_group')}, "
+                    f"group_cores {m.get('group_cores')} (expected [0, 0] and [{cpus}])")
 if not costs.get("sharing", 0) >= 1:
     failures.append(f"sharing {costs.get('sharing')}: at least 1")
 

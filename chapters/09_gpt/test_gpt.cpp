@@ -744,12 +744,41 @@ TEST_CASE("sampling gives the same text on one device and on a mesh") {
   CHECK(text_on({.pp = 2, .dp = 1, .tp = 4}, 0.8f) == text_on({.pp = 1, .dp = 1, .tp = 1}, 0.8f));
 }
 
+// Which ranks share which cores, from their machines and CPU sets. Wrong versions this was
+// checked against: ranks grouped by machine alone (-> "pinned apart"), by equal CPU sets
+// rather than overlapping ones (-> "overlapping sets"), a group's cores counted as its
+// first rank's (-> "the union's cores").
+TEST_CASE("the ranks' core groups from their CPU sets") {
+  // "groups | cores": each rank's group, then each group's cores.
+  auto groups = [](std::vector<std::string> kernels, std::vector<std::string> cpus) {
+    ch08::MachineProfile m;
+    group_cores(kernels, cpus, m);
+    std::string out;
+    for (int g : m.core_group) out += std::to_string(g) + " ";
+    out += "|";
+    for (int n : m.group_cores) out += " " + std::to_string(n);
+    return out;
+  };
+  // Threads: every rank may run on both cores.
+  CHECK(groups({"a", "a", "a"}, {"0,1", "0,1", "0,1"}) == "0 0 0 | 2");
+  // scripts/cluster.sh: one kernel, ranks pinned to cores 0 1 0 1.
+  CHECK_MESSAGE(groups({"a", "a", "a", "a"}, {"0", "1", "0", "1"}) == "0 1 0 1 | 1 1",
+                "pinned apart");
+  CHECK_MESSAGE(groups({"a", "a", "a"}, {"0", "0,1", "1,2"}) == "0 0 0 | 3", "overlapping sets");
+  CHECK_MESSAGE(groups({"a", "a"}, {"3", "1,2,3"}) == "0 0 | 3", "the union's cores");
+  // Two machines: the same CPU numbers are other cores.
+  CHECK(groups({"a", "b"}, {"0", "0"}) == "0 1 | 1 1");
+  // A rank's CPUs unknown: no groups (the profile falls back to its machine's cores).
+  CHECK(groups({"a", "a"}, {"0", ""}) == "|");
+}
+
 // The prediction (calibrate.hpp) against a machine whose every cost is a round number,
 // composed by hand. Wrong versions this was checked against: the W ops' time left out of
 // an unsplit backward (-> "one rank: every op's cost"), every rank on a core of its own
 // (-> "8 ranks on 2 cores"), the overlapped buckets waited for at once (-> "dp: the last
 // bucket exposed"), a receive that goes on before its message came (-> "the slower
-// stage's wait"), Spearman without the ties' mean rank (-> "ties").
+// stage's wait"), Spearman without the ties' mean rank (-> "ties"), the profile's core
+// groups left aside for its ranks_per_machine (-> "a core each").
 TEST_CASE("the step predicted from a machine's costs, by hand") {
   TrainConfig c;
   c.model.layers = 4;
@@ -811,6 +840,37 @@ TEST_CASE("the step predicted from a machine's costs, by hand") {
   c.model.layers = 4;
   c.mesh = {.pp = 1, .dp = 1, .tp = 2};
   CHECK_THROWS_WITH_AS(predict_step(c, m), doctest::Contains("r128 t2 c1"), shardlab::Error);
+
+  // Ranks pinned to cores share only those: two replicas on one core take turns (116 ms),
+  // on a core each they do not (58 ms), whatever the machine's ranks_per_machine says.
+  // scripts/cluster.sh pins 4 ranks to cores 0 1 0 1: pipeline stages 0 and 2 share one.
+  c.model.layers = 4;
+  c.mesh = {.pp = 1, .dp = 2, .tp = 1};
+  c.batch = 8;
+  m.cores = 1;
+  m.ranks = 2;
+  m.ranks_per_machine = 2;
+  m.core_group = {0, 0};
+  m.group_cores = {1};
+  CHECK_MESSAGE(predict_step(c, m).step_s == doctest::Approx(0.116), "two ranks on one core");
+  m.core_group = {0, 1};
+  m.group_cores = {1, 1};
+  CHECK_MESSAGE(predict_step(c, m).step_s == doctest::Approx(0.058), "a core each");
+  const ch08::CoreGroups pinned = m.core_groups(2);
+  CHECK(pinned.turns() == 1);
+  CHECK(pinned.cores_in_use() == 2);
+  m.core_group = {0, 1, 0, 1};
+  m.group_cores = {1, 1};
+  m.ranks = 4;
+  const ch08::CoreGroups cluster = m.core_groups(4);
+  CHECK(cluster.ranks == std::vector<int>{2, 2});
+  CHECK(cluster.turns() == 0.5);
+  CHECK(cluster.cores_in_use() == 2);
+  // Another number of ranks than the profile's: its machine's cores, ranks_per_machine
+  // consecutive ranks each.
+  const ch08::CoreGroups other = m.core_groups(8);
+  CHECK(other.of == std::vector<int>{0, 0, 1, 1, 2, 2, 3, 3});
+  CHECK(other.cores == std::vector<int>{1, 1, 1, 1});
 
   CHECK(spearman({1, 2, 3, 4}, {10, 20, 30, 40}) == doctest::Approx(1));
   CHECK(spearman({1, 2, 3, 4}, {4, 3, 2, 1}) == doctest::Approx(-1));
