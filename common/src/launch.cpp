@@ -460,6 +460,13 @@ void Program::check_memory() const {
 }
 
 int Program::run_threads(const Body& body) {
+  for (options_.attempt = 0;; ++options_.attempt) {
+    const auto [code, failure] = run_threads_once(body);
+    if (failure.empty() || !restart_ || !restart_(options_.attempt + 1, failure)) return code;
+  }
+}
+
+std::pair<int, std::string> Program::run_threads_once(const Body& body) {
   const int n = options_.ranks;
   std::vector<int> codes(static_cast<std::size_t>(n), 0);
   std::vector<std::exception_ptr> errors;
@@ -472,7 +479,7 @@ int Program::run_threads(const Body& body) {
         name_);
   } catch (const std::exception& e) {  // the rank threads could not all start
     std::fprintf(stderr, "%s: %s\n", name_.c_str(), e.what());
-    return 1;
+    return {1, ""};
   }
   // Report the ranks that failed first-hand, not the ones stopped because of them; one
   // line per distinct error (the "rank r: " its message starts with aside), saying how
@@ -508,7 +515,9 @@ int Program::run_threads(const Body& body) {
         stderr, "%s: %s%s%s\n", name_.c_str(), r.code == 2 ? "error: " : "", r.line.c_str(),
         r.ranks > 1 ? (" (" + std::to_string(r.ranks) + " ranks reported this)").c_str() : "");
   for (int c : codes) code = std::max(code, c);
-  return code;
+  const auto failed =
+      std::find_if(reports.begin(), reports.end(), [](const Report& r) { return r.code == 1; });
+  return {code, failed == reports.end() ? "" : failed->line};
 }
 
 int Program::run_mpi(const Body& body) {

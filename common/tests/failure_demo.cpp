@@ -10,8 +10,11 @@
 //   --mode busy       the last rank computes for an hour while the others allreduce
 //   --mode even       needs an even number of ranks (Program::world_size): 3 is bad usage
 //   --mode ok         nothing goes wrong
+//   --mode throw-once the last rank throws in the first run only
+//   --restarts N      run the job again, up to N times, after a rank failed (threads)
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <vector>
@@ -21,11 +24,21 @@
 int main(int argc, char** argv) {
   shardlab::Program program("failure_demo", "Fails on purpose, to show how failures end a job");
   std::string mode = "ok";
+  int restarts = 0;
   program.cli()
       .add_option("--mode", mode,
-                  "deadlock, throw, mismatch, verify, shape, skip, busy, even or ok")
-      ->check(CLI::IsMember(
-          {"deadlock", "throw", "mismatch", "verify", "shape", "skip", "busy", "even", "ok"}));
+                  "deadlock, throw, throw-once, mismatch, verify, shape, skip, busy, even or ok")
+      ->check(CLI::IsMember({"deadlock", "throw", "throw-once", "mismatch", "verify", "shape",
+                             "skip", "busy", "even", "ok"}));
+  program.cli()
+      .add_option("--restarts", restarts, "run the job again after a failure, N times")
+      ->check(CLI::Range(0, 100));
+  program.restart([&](int attempt, const std::string& failure) {
+    if (attempt > restarts) return false;
+    std::fprintf(stderr, "failure_demo: restart %d of %d after: %s\n", attempt, restarts,
+                 failure.c_str());
+    return true;
+  });
   program.world_size([&](const shardlab::Options&, int ranks) {
     shardlab::require_usage(
         mode != "even" || ranks % 2 == 0,
@@ -35,7 +48,8 @@ int main(int argc, char** argv) {
     auto& comm = ctx.comm();
     std::vector<float> buf(mode == "mismatch" && ctx.rank() != 0 ? 6 : 8, 1.0f);
     if (mode == "deadlock") comm.recv(buf, (ctx.rank() + 1) % ctx.size(), 7);
-    if (mode == "throw" && ctx.rank() == ctx.size() - 1)
+    const bool throws = mode == "throw" || (mode == "throw-once" && ctx.options().attempt == 0);
+    if (throws && ctx.rank() == ctx.size() - 1)
       throw std::runtime_error("rank " + std::to_string(ctx.rank()) + " failed on purpose");
     if (mode == "mismatch") comm.allreduce(buf);
     if (mode == "skip") {
@@ -55,6 +69,7 @@ int main(int argc, char** argv) {
     comm.barrier();
     ctx.verify(mode != "verify", "the answer was wrong on purpose");
     ctx.json()["mode"] = mode;
+    ctx.json()["attempt"] = ctx.options().attempt;
     ctx.say("done");
   });
 }

@@ -32,6 +32,7 @@
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
+#include <utility>
 
 #include "shardlab/comm.hpp"
 #include "shardlab/results.hpp"
@@ -53,6 +54,7 @@ struct Options {
   bool quiet = false;               ///< --quiet: no human-readable text.
   double timeout_s = 60;            ///< --timeout: how long a blocking call may wait (seconds).
   double memory_limit_gib = 0;      ///< --memory-limit (GiB): 0 = what the machine can give now.
+  int attempt = 0;  ///< which run of the job this is: 0, then 1, 2, ... (Program::restart)
   /// Where a rank's tensors live: Memory::device under --device cuda (or --backend nccl).
   Memory memory() const { return device == "cuda" ? Memory::device : Memory::host; }
 };
@@ -183,6 +185,16 @@ class Program {
   /// The run writes CSV files when `when()` holds (a benchmark mode): --csv-dir is then
   /// made and tried before the ranks start, not after the benchmark.
   void writes_csv(std::function<bool()> when) { writes_csv_ = std::move(when); }
+  /// A supervisor, on the threads backend: when a run ends because a rank failed (an
+  /// error it raised, or a --timeout it ran into; not bad usage, not a failed
+  /// verification), `again(attempt, failure)` says whether to run the job once more, from
+  /// the start, on fresh ranks; `attempt` is the run that would come (1, 2, ...), `failure`
+  /// the first failing rank's line. Options::attempt tells the body which run it is in. A
+  /// rank that never returns ends the process (nothing to restart), and under mpirun the
+  /// job ends as without a supervisor: a launcher around mpirun starts it again.
+  void restart(std::function<bool(int attempt, const std::string& failure)> again) {
+    restart_ = std::move(again);
+  }
   /// Parses argv, runs `body` on every rank, returns the exit code (see the top).
   int run(int argc, char** argv, const Body& body);
   /// The common flags: the defaults until run() has parsed argv.
@@ -190,6 +202,9 @@ class Program {
 
  private:
   int run_threads(const Body& body);
+  /// One run of the job on threads: its exit code, and the first failing rank's line when
+  /// a rank failed first-hand (else empty).
+  std::pair<int, std::string> run_threads_once(const Body& body);
   int run_mpi(const Body& body);
   void check_memory() const;
   std::string name_;
@@ -198,6 +213,7 @@ class Program {
   std::function<void(const Options&)> validate_;
   std::function<void(const Options&, int)> world_size_;
   std::function<double(const Options&)> memory_estimate_;
+  std::function<bool(int, const std::string&)> restart_;
   std::function<bool()> writes_csv_;
   bool ranks_given_ = false;
   std::function<int(const Options&)> default_ranks_from_;
