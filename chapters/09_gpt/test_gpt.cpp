@@ -26,6 +26,10 @@
 //     loss differs at step 3: 5.28347, one device 5.28408"
 //   the loss scaler's state not saved (the resumed run starts from 2^16 again): the
 //     resumed scale and loss differ
+//   ZeRO-1's moments not put back on a resume: "the resumed run's checkpoint differs from
+//     the uninterrupted run's" (zero 1, optimizer-0000*-of-00002.safetensors); Adam's step
+//     count not put back (its bias correction from step 1 again): the same, zero 0, and
+//     the second resumed loss
 //   c_attn's columns saved in this model's layout instead of [q | k | v]: not here (the
 //     files load, into this program too); ch09.hugging_face_layout's other GPT-2 gives
 //     4.418 where the program said 4.395
@@ -57,6 +61,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "calibrate.hpp"
@@ -475,6 +480,35 @@ TEST_CASE("a checkpoint resumes on the same mesh bit for bit, and on another to 
   REQUIRE(same.loss.size() == 2);
   CHECK(same.loss[0] == whole.loss[2]);
   CHECK(same.loss[1] == whole.loss[3]);
+  // Not only the losses: the weights and Adam's moments after the resumed steps are the
+  // uninterrupted run's, byte for byte (every file of the two final checkpoints), dense
+  // and with ZeRO-1 (each replica's shard of the moments saved and put back).
+  for (const int zero : {0, 1}) {
+    CAPTURE(zero);
+    TrainConfig c = small({.pp = 2, .dp = 2, .tp = 2});
+    c.zero = zero;
+    const std::string base = dir + "_z" + std::to_string(zero);
+    for (const char* end : {"_half", "_whole", "_resumed"}) fs::remove_all(base + end);
+    train(c, 0, 4, "", base + "_whole");
+    train(c, 0, 2, "", base + "_half");
+    train(c, 2, 2, base + "_half", base + "_resumed");
+    int files = 0;
+    for (const auto& entry : fs::directory_iterator(base + "_whole")) {
+      const std::string name = entry.path().filename().string();
+      CAPTURE(name);
+      auto bytes = [](const fs::path& path) {
+        std::ifstream in(path, std::ios::binary);
+        return std::string(std::istreambuf_iterator<char>(in), {});
+      };
+      const fs::path resumed = fs::path(base + "_resumed") / name;
+      REQUIRE(fs::exists(resumed));
+      CHECK_MESSAGE(bytes(entry.path()) == bytes(resumed),
+                    "the resumed run's checkpoint differs from the uninterrupted run's");
+      ++files;
+    }
+    CHECK(files >= 6);  // the stages' weights and moments, their indexes, trainer.json
+    for (const char* end : {"_half", "_whole", "_resumed"}) fs::remove_all(base + end);
+  }
   for (MeshShape m : {MeshShape{.pp = 1, .dp = 4, .tp = 2}, MeshShape{.pp = 1, .dp = 1, .tp = 1},
                       MeshShape{.pp = 4, .dp = 1, .tp = 1}}) {
     const std::string mesh_shape =
