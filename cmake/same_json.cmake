@@ -13,9 +13,11 @@ foreach(which FIRST SECOND)
   endforeach()
   # Whether a strategy's traffic was measured or modeled depends on the backend too.
   string(REGEX REPLACE "\"traffic_modeled\" *: *(true|false)" "" out "${out}")
-  # Timings (-DTIMED=<regex of keys>) differ from run to run: only their presence counts.
+  # Timings (-DTIMED=<regex of keys>) differ from run to run: only their presence counts,
+  # a number's or a text's (one that says what a measurement found).
   if(TIMED)
     string(REGEX REPLACE "\"(${TIMED})\" *: *[-+0-9.eE]+" "\"\\1\": timed" out "${out}")
+    string(REGEX REPLACE "\"(${TIMED})\" *: *\"[^\"]*\"" "\"\\1\": timed" out "${out}")
   endif()
   set(result_${which} "${out}")  # not a list: the JSON may hold ';'
 endforeach()
