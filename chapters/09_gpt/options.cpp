@@ -11,8 +11,6 @@ namespace ch09 {
 using shardlab::require_usage;
 namespace cli = shardlab::cli;
 
-namespace {
-
 /// The mesh, and the model's shape and experts.
 void add_model_flags(CLI::App& app, Settings& s) {
   GptShape& g = s.run.model;
@@ -72,6 +70,8 @@ void add_training_flags(CLI::App& app, Settings& s) {
                "split the rows between the tensor-parallel regions over tp (Korthikanti et al.)");
 }
 
+namespace {
+
 /// What the run reads and writes, the sampling, the benchmark, the reference.
 void add_run_flags(CLI::App& app, Settings& s) {
   cli::option(app, "--log-every", s.log_every, "a row of the loss curve every N steps",
@@ -121,8 +121,19 @@ void add_flags(CLI::App& app, Settings& s) {
   add_run_flags(app, s);
 }
 
-void check_flags(const CLI::App& app, Settings& s) {
+void check_training_flags(const CLI::App& app, Settings& s) {
   s.run.overlap = overlap_of(s.overlap);
+  const TrainConfig& c = s.run;
+  for (const char* flag : {"--moe-every", "--capacity-factor", "--aux-alpha"})
+    require_usage(c.model.experts > 0 || !app.count(flag),
+                  std::string(flag) + " is for a model with --experts E");
+  require_usage(!app.count("--init-scale") || c.scaler == ch06::Scaler::dynamic,
+                "--init-scale is the dynamic loss scaler's first scale: give --precision fp16 "
+                "(its scaler is dynamic) or --scaler dynamic");
+}
+
+void check_flags(const CLI::App& app, Settings& s) {
+  check_training_flags(app, s);
   const TrainConfig& c = s.run;
   // Flags that would do nothing are refused, not ignored.
   for (const char* flag : {"--prompt", "--temperature"})
@@ -130,9 +141,6 @@ void check_flags(const CLI::App& app, Settings& s) {
   require_usage(s.sample || c.model.experts > 0 || !app.count("--top-k"),
                 "--top-k is for --sample N (how it draws), or with --experts E (the experts a "
                 "token goes to)");
-  for (const char* flag : {"--moe-every", "--capacity-factor", "--aux-alpha"})
-    require_usage(c.model.experts > 0 || !app.count(flag),
-                  std::string(flag) + " is for a model with --experts E");
   for (const char* flag : {"--experts", "--moe-every", "--capacity-factor", "--aux-alpha"})
     require_usage(!s.sample || !app.count(flag),
                   std::string(flag) + " with --sample: the model's experts are --load's");
@@ -144,9 +152,6 @@ void check_flags(const CLI::App& app, Settings& s) {
     require_usage(!s.benchmark || !app.count("--" + std::string(axis.name)),
                   "--" + std::string(axis.name) +
                       " with --benchmark: it trains every mesh of the ranks in turn");
-  require_usage(!app.count("--init-scale") || c.scaler == ch06::Scaler::dynamic,
-                "--init-scale is the dynamic loss scaler's first scale: give --precision fp16 "
-                "(its scaler is dynamic) or --scaler dynamic");
   require_usage(!(s.benchmark && (s.sample || !s.save.empty() || !s.load.empty())),
                 "--benchmark trains fresh models: not with --sample, --save or --load");
   require_usage(s.benchmark || s.mesh_auto || !app.count("--predict"),

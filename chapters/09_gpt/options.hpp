@@ -46,6 +46,13 @@ struct Settings {
 
 /// The program's flags, on `app`, setting `s`.
 void add_flags(CLI::App& app, Settings& s);
+/// Of them, the mesh's and the model's (chapter 11 trains the same model)...
+void add_model_flags(CLI::App& app, Settings& s);
+/// ...and the training's: the batch, the schedule, the optimizer, recomputation, precision.
+void add_training_flags(CLI::App& app, Settings& s);
+/// Once those are parsed: --overlap's axes; the experts' flags only with --experts, and
+/// --init-scale only with the dynamic scaler (shardlab::UsageError).
+void check_training_flags(const CLI::App& app, Settings& s);
 
 /// Once the flags are parsed: the ones that would do nothing (--prompt without --sample,
 /// --moe-every without --experts, ...) or contradict each other are refused with

@@ -1,0 +1,65 @@
+// Chapter 11: the failures injected, and the goodput of a run that recovered.
+#include "faults.hpp"
+
+#include <algorithm>
+#include <map>
+#include <regex>
+
+#include "shardlab/check.hpp"
+
+namespace ch11 {
+
+using shardlab::require_usage;
+
+Fault parse_fault(const std::string& spec) {
+  static const std::regex form(R"((kill|hang)@(0|[1-9][0-9]{0,5})@(0|[1-9][0-9]{0,5}))");
+  std::smatch m;
+  require_usage(std::regex_match(spec, m, form),
+                "--inject " + spec +
+                    ": kill@RANK@STEP or hang@RANK@STEP (RANK and STEP whole numbers from 0, "
+                    "such as kill@3@10), or none");
+  Fault f;
+  f.kind = m[1] == "kill" ? Fault::Kind::kill : Fault::Kind::hang;
+  f.rank = std::stoi(m[2]);
+  f.step = std::stoi(m[3]);
+  f.spec = spec;
+  return f;
+}
+
+std::vector<Fault> parse_faults(const std::vector<std::string>& specs, int ranks, int steps) {
+  std::vector<Fault> out;
+  if (specs.size() == 1 && specs[0] == "none") return out;
+  for (const std::string& spec : specs) {
+    const Fault f = parse_fault(spec);
+    require_usage(f.rank < ranks, "--inject " + spec + ": rank " + std::to_string(f.rank) +
+                                      ", but the run has ranks 0 to " + std::to_string(ranks - 1));
+    require_usage(f.step < steps, "--inject " + spec + ": step " + std::to_string(f.step) +
+                                      ", but the run has steps 0 to " + std::to_string(steps - 1));
+    out.push_back(f);
+  }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const Fault& a, const Fault& b) { return a.step < b.step; });
+  return out;
+}
+
+Goodput goodput_of(const std::vector<Attempt>& attempts) {
+  Goodput g;
+  if (attempts.empty()) return g;
+  g.wall = attempts.back().end - attempts.front().start;
+  // The attempt whose result of each step stands: the last that completed it.
+  std::map<int, std::size_t> kept;
+  for (std::size_t a = 0; a < attempts.size(); ++a)
+    for (int step : attempts[a].steps) kept[step] = a;
+  for (std::size_t a = 0; a < attempts.size(); ++a) {
+    const Attempt& at = attempts[a];
+    for (std::size_t i = 0; i < at.steps.size(); ++i)
+      (kept[at.steps[i]] == a ? g.useful : g.lost) += at.step_s[i];
+    for (double c : at.checkpoint_s) g.checkpoints += c;
+  }
+  // The rest: noticing a failure (a --timeout for a rank that hangs), starting the ranks
+  // again, building the model, loading the checkpoint.
+  g.restart = std::max(0.0, g.wall - g.useful - g.lost - g.checkpoints);
+  return g;
+}
+
+}  // namespace ch11
