@@ -282,6 +282,17 @@ CHAPTERS = {
         "--benchmark": None,
     },
 }
+# Chapter 11 trains chapter 09's model: its mesh, model and training flags, and its own.
+CHAPTERS["ch11"] = {flag: values for flag, values in CHAPTERS["ch09"].items()
+                    if flag not in ("--save", "--load", "--sample", "--prompt", "--temperature",
+                                    "--no-reference", "--benchmark", "--trace", "--calibrate",
+                                    "--predict", "--mesh", "--log-every")}
+CHAPTERS["ch11"].update({
+    "--inject": ["none", "kill@1@1", "hang@0@1", "kill@7@0", "kill@8@1", "kill@1@99", "nan@1@1",
+                 "kill@-1@1", "kill@1", ""],
+    "--checkpoint-every": ["0", "1", "2", "-1", "100001", "x"],
+    "--checkpoint-dir": ["out/ckpt", "/proc/ckpt", "/dev/full", ""],
+})
 
 # Pairs whose product is what matters: drawn together, so that a large value meets
 # another large one (refused) or a small one (fast), never a slow middle.
@@ -311,6 +322,7 @@ PAIRS = {
 # 64 MiB, chapter 07's all-to-alls up to 256 MiB and chapter 04's a model 256 wide: the
 # benchmark modes' sizes are the machine's business, not the flags' (those drawn stay).
 FILL = {"ch09": [(("--steps",), "2")],
+        "ch11": [(("--steps",), "2")],
         "ch03": [(("-n", "--iters"), "2"), (("-w", "--warmup_iters"), "1"),
                  (("-e", "--maxbytes"), "1M")],
         "ch04": [(("--width",), "64")],

@@ -2,6 +2,9 @@
 #include "faults.hpp"
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <regex>
 
@@ -60,6 +63,20 @@ Goodput goodput_of(const std::vector<Attempt>& attempts) {
   // again, building the model, loading the checkpoint.
   g.restart = std::max(0.0, g.wall - g.useful - g.lost - g.checkpoints);
   return g;
+}
+
+std::string first_difference(const std::string& a, const std::string& b) {
+  namespace fs = std::filesystem;
+  auto bytes = [](const fs::path& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  for (const auto& entry : fs::directory_iterator(a)) {
+    const fs::path other = fs::path(b) / entry.path().filename();
+    if (!fs::exists(other) || bytes(entry.path()) != bytes(other))
+      return entry.path().filename().string();
+  }
+  return "";
 }
 
 }  // namespace ch11

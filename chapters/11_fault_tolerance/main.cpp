@@ -17,24 +17,25 @@
 // with --load).
 //
 // Run:
-//   build/default/bin/ch11_fault_tolerance                          kill@3@10, 20 steps
+//   build/default/bin/ch11_fault_tolerance                          kill@7@10, 20 steps
 //   build/default/bin/ch11_fault_tolerance --inject hang@5@7 --timeout 2
 //   build/default/bin/ch11_fault_tolerance --inject kill@1@3 --inject kill@6@13
 //   build/default/bin/ch11_fault_tolerance --checkpoint-every 0     no checkpoints: from 0
 //
 // Expected: one failure, one restart from step 8 (steps 8 to 10 lost), the final weights
 // and Adam's moments equal to the uninterrupted run's, and the goodput table.
+#include <unistd.h>
+
 #include <chrono>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <thread>
 
 #include "checkpoint.hpp"
+#include "context_parallel.hpp"  // chapter 10: ring_context, for --cp
 #include "faults.hpp"
+#include "mesh_flags.hpp"
 #include "options.hpp"
 #include "recovery.hpp"
-#include "ring_attention.hpp"  // chapter 10: ring_context, for --cp
 #include "shardlab/cli.hpp"
 #include "shardlab/launch.hpp"
 #include "shardlab/timer.hpp"
@@ -48,15 +49,18 @@ namespace fs = std::filesystem;
 namespace {
 
 struct Settings11 {
-  ch09::Settings run;  ///< the model, the mesh and the training (chapter 09's flags)
-  std::vector<std::string> inject{"kill@3@10"};
-  int every = 4;                                ///< --checkpoint-every
-  std::string dir = "results/ch11_checkpoint";  ///< --checkpoint-dir
+  ch09::Settings run;               ///< the model, the mesh and the training (chapter 09's flags)
+  std::vector<std::string> inject;  ///< --inject; none given: the last rank killed halfway
+  int every = 4;                    ///< --checkpoint-every
+  std::string dir;                  ///< --checkpoint-dir; "": a temporary folder of the run's own
   std::vector<Fault> faults;
 };
 
 /// Rank 0's record of the attempts (they run one after another in this process).
 std::vector<Attempt> attempts;
+/// The checkpoints' folder when --checkpoint-dir is not given: one of the run's own,
+/// named by a process id every rank agrees on (removed at the end).
+fs::path temporary;
 const Stopwatch since_start;
 
 /// The fault, on the rank it hits: a kill ends the rank's thread with an error (as a lost
@@ -69,20 +73,6 @@ void strike(Context& ctx, const Fault& f) {
     ctx.comm().check_not_aborted();
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-}
-
-/// Every file of checkpoint `a` equal, byte for byte, to `b`'s: "" or the first that is not.
-std::string differs(const fs::path& a, const fs::path& b) {
-  auto bytes = [](const fs::path& path) {
-    std::ifstream in(path, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  };
-  for (const auto& entry : fs::directory_iterator(a)) {
-    const fs::path other = b / entry.path().filename();
-    if (!fs::exists(other) || bytes(entry.path()) != bytes(other))
-      return entry.path().filename().string();
-  }
-  return "";
 }
 
 /// Steps first .. steps - 1, a checkpoint after every `every`-th, the armed fault struck
@@ -112,22 +102,30 @@ void report_goodput(Context& ctx) {
     table.add({int(a), at.resumed, int(at.steps.size()), int(at.checkpoint_s.size()),
                at.end - at.start, at.failure.empty() ? "finished" : at.failure});
   }
-  ctx.report(table, "attempts", "\nthe attempts: the step each went on from, what it did, how it ended");
+  ctx.report(table, "attempts",
+             "\nthe attempts: the step each went on from, what it did, how it ended");
   const Goodput g = goodput_of(attempts);
   Table time({"part", "seconds", "share"});
-  for (const auto& [part, seconds] :
-       {std::pair{"useful steps", g.useful}, {"steps lost and trained again", g.lost},
-        {"checkpoints", g.checkpoints}, {"noticing, restarting, loading", g.restart}})
+  for (const auto& [part, seconds] : {std::pair{"useful steps", g.useful},
+                                      {"steps lost and trained again", g.lost},
+                                      {"checkpoints", g.checkpoints},
+                                      {"noticing, restarting, loading", g.restart}})
     time.add({part, seconds, g.wall > 0 ? seconds / g.wall : 0.0});
   time.add({"wall", g.wall, 1.0});
   ctx.report(time, "goodput",
              "\nwhere the wall time went: the goodput (useful steps over wall time) is " +
                  format_number(100 * g.fraction(), 3) + " %");
-  ctx.json()["goodput"] = g.fraction();
+  ctx.json()["goodput_fraction"] = g.fraction();
 }
 
-void run(Context& ctx, const Settings11& s) {
+void run(Context& ctx, Settings11 s) {
   const TrainConfig& c = s.run.run;
+  if (s.dir.empty()) {
+    const auto pid = static_cast<long>(ctx.comm().agree(double(getpid()), ReduceOp::max));
+    const fs::path mine = fs::temp_directory_path() / ("shardlab_ch11_" + std::to_string(pid));
+    if (ctx.rank() == 0) temporary = mine;  // the ranks may be threads of one process
+    s.dir = (mine / "checkpoint").string();
+  }
   const int attempt = ctx.options().attempt;
   const bool first_attempt = attempt == 0;
   Attempt rec;
@@ -135,6 +133,13 @@ void run(Context& ctx, const Settings11& s) {
   if (first_attempt && ctx.rank() == 0) {
     attempts.clear();
     fs::remove_all(s.dir);  // a run of its own: no checkpoint of an earlier one
+  }
+  if (first_attempt) {
+    std::string faults;
+    for (const Fault& f : s.faults) faults += (faults.empty() ? "" : ", ") + f.spec;
+    ctx.say("Chapter 11 - " + describe(c, ctx.comm().backend()) + "; " +
+            std::to_string(s.run.steps) + " steps, a checkpoint after every " +
+            std::to_string(s.every) + "; failures: " + (faults.empty() ? "none" : faults) + "\n");
   }
   ctx.comm().barrier();
   const Fault* armed = std::size_t(attempt) < s.faults.size() ? &s.faults[attempt] : nullptr;
@@ -170,7 +175,8 @@ void run(Context& ctx, const Settings11& s) {
   ctx.comm().barrier();
   rec.end = since_start.seconds();
   if (ctx.rank() == 0) attempts.push_back(rec);
-  ctx.json()["attempts"] = int(attempts.size());
+  ctx.comm().barrier();  // rank 0's record whole before any rank reads it
+  ctx.json()["restarts"] = int(attempts.size()) - 1;
   report_goodput(ctx);
 
   // The same run without failures, from the start: its final checkpoint and this run's,
@@ -185,15 +191,17 @@ void run(Context& ctx, const Settings11& s) {
                   trainer2.expert_optimizer());
   std::string file;
   if (ctx.rank() == 0) {
-    file = differs(clean, recovered);
+    file = first_difference(clean, recovered);
     fs::remove_all(recovered);
     fs::remove_all(clean);
   }
   ctx.verify(ctx.comm().all_true(file.empty()),
              "the recovered run's " + file + " differs from the run without failures");
   ctx.json()["equal_to_uninterrupted"] = file.empty();
-  ctx.say("\nthe final weights and Adam's moments equal the run without failures, byte for "
-          "byte: " + std::string(file.empty() ? "yes" : "no, " + file));
+  ctx.say(
+      "\nthe final weights and Adam's moments equal the run without failures, byte for "
+      "byte: " +
+      std::string(file.empty() ? "yes" : "no, " + file));
 }
 
 }  // namespace
@@ -212,15 +220,21 @@ int main(int argc, char** argv) {
   cli::option(cli, "--data", s.run.data, "the text to learn (the chapters' READMEs)",
               CLI::Validator());
   cli.add_option("--inject", s.inject,
-                 "a failure: kill@RANK@STEP or hang@RANK@STEP (several allowed), or none");
+                 "a failure: kill@RANK@STEP or hang@RANK@STEP (several allowed), or none "
+                 "[kill@LAST_RANK@STEPS/2]")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   cli::option(cli, "--checkpoint-every", s.every, "a checkpoint after every K steps (0: none)",
               cli::whole(0, 100000));
-  cli::option(cli, "--checkpoint-dir", s.dir, "where the checkpoints go", CLI::Validator());
+  cli::option(cli, "--checkpoint-dir", s.dir,
+              "where the checkpoints go (kept; default: a temporary folder, removed)",
+              CLI::Validator());
   program.world_size([&](const Options&, int ranks) {
     c.mesh = ch08::mesh_for_ranks(s.run.mesh, ranks);
     if (c.mesh.cp > 1)
       c.context = ch10::ring_context(ch10::Split::zigzag, c.overlap[ch08::Axis::cp]);
     check_config(c);
+    if (s.inject.empty())
+      s.inject = {"kill@" + std::to_string(ranks - 1) + "@" + std::to_string(s.run.steps / 2)};
     s.faults = parse_faults(s.inject, ranks, s.run.steps);
   });
   program.validate([&](const Options& o) {
@@ -229,20 +243,22 @@ int main(int argc, char** argv) {
     c.recompute = ch08::parse_recompute(s.run.recompute);
     set_precision(c, s.run.precision, s.run.scaler);
     check_training_flags(cli, s.run);
-    check_save_target(s.dir);
+    if (!s.dir.empty()) check_save_target(s.dir);
   });
   program.restart([&](int attempt, const std::string& failure) {
     if (std::size_t(attempt) > s.faults.size()) return false;
     if (!attempts.empty()) attempts.back().failure = failure;
-    std::fprintf(stderr, "ch11_fault_tolerance: restart %d after: %s\n", attempt,
-                 failure.c_str());
+    std::fprintf(stderr, "ch11_fault_tolerance: restart %d after: %s\n", attempt, failure.c_str());
     return true;
   });
   program.memory_estimate([&](const Options& o) {
     return 2 * run_bytes(c, o.backend == "threads" || o.backend == "auto");
   });
-  return program.run(argc, argv, [&](Context& ctx) {
+  const int code = program.run(argc, argv, [&](Context& ctx) {
     ctx.json()["chapter"] = "11_fault_tolerance";
     run(ctx, s);
   });
+  std::error_code ignored;  // under mpirun, another process may have removed it
+  if (!temporary.empty()) fs::remove_all(temporary, ignored);
+  return code;
 }

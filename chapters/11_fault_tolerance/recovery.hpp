@@ -17,6 +17,7 @@
 
 namespace ch11 {
 
+// [exercise]
 /// Young's optimal time between checkpoints, √(2 δ M): `checkpoint_s` the time one
 /// checkpoint takes (δ), `mtbf_s` the job's mean time between failures (M), both in
 /// seconds (any one unit for both).
@@ -44,5 +45,6 @@ struct ResumePoint {
 /// step's work is lost too): the checkpoint it goes on from and the steps lost. Step t
 /// trains on batch t, so going on from step s trains every batch once, none twice.
 ResumePoint resume_point(int every, int failed_at);
+// [exercise]
 
 }  // namespace ch11

@@ -6,13 +6,14 @@
 //   Young's interval without the 2 (√(δM)): "Young: 5 min checkpoints, failures every
 //     24 h" 84.85 for 120
 //   Daly's interval without its "− δ" (the period, not the work between checkpoints):
-//     "Daly's figure: M = 24 h" 121.7 for 117
-//   Daly's first correction 1/2 instead of 1/3: "Daly's figure: M = 24 h" 118.2
-//   the waste losing a whole interval a failure (T, not T/2): "waste" 0.2778 for 0.1944,
-//     and its minimum at 42.4, not Young's 60
+//     "Daly's figure: M = 24 h gives 121.69"
+//   Daly's first correction 1/2 instead of 1/3: "Daly's figure: M = 24 h gives 117.523"
+//     (118 rounded)
+//   the waste losing a whole interval a failure (T, not T/2): "waste 0.277778" (0.1944)
 //   resume_point from the checkpoint the failing step would have written ((f+1)/k k):
-//     "every 5, failing in step 4: step 5, the run's 0"
-//   resume_point not counting the failing step as lost (f − s): "lost 4, the run's 5"
+//     "every 1, failing in step 0: step 1, the run's 0"
+//   resume_point not counting the failing step as lost (f − s): "every 0, failing in
+//     step 0: lost 0, the run's 1"
 //   resume_point dividing by `every` when there are no checkpoints: a crash (SIGFPE)
 #include <doctest/doctest.h>
 
@@ -25,8 +26,9 @@ using namespace ch11;
 
 TEST_CASE("Young's and Daly's checkpoint intervals, against their numbers") {
   // Young: √(2 δ M), in minutes: δ 5, M 24 h = 1440 min -> √14400 = 120; M 6 h -> 60.
-  CHECK_MESSAGE(young_interval(5, 1440) == doctest::Approx(120),
-                "Young: 5 min checkpoints, failures every 24 h: " << young_interval(5, 1440));
+  const double young = young_interval(5, 1440);
+  CHECK_MESSAGE(young == doctest::Approx(120),
+                "Young: 5 min checkpoints, failures every 24 h: " << young);
   CHECK(young_interval(5, 360) == doctest::Approx(60));
   CHECK(young_interval(0.5, 185.6) == doctest::Approx(std::sqrt(185.6)));
   // Daly (2006), his figures' captions: with 5-minute dumps, the optimum compute time

@@ -5,6 +5,7 @@
 // Daly's paper, the waste's minimum where Young puts it, and the step a restarted run goes
 // on from for every failing step.
 #include "recovery.hpp"
+
 #include "shardlab/check.hpp"
 
 namespace ch11 {
