@@ -6,9 +6,13 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <regex>
 
 #include "shardlab/check.hpp"
+#include "shardlab/format.hpp"
+#include "shardlab/launch.hpp"
+#include "shardlab/results.hpp"
 
 namespace ch11 {
 
@@ -63,6 +67,30 @@ Goodput goodput_of(const std::vector<Attempt>& attempts) {
   // again, building the model, loading the checkpoint.
   g.restart = std::max(0.0, g.wall - g.useful - g.lost - g.checkpoints);
   return g;
+}
+
+void report_goodput(shardlab::Context& ctx, const std::vector<Attempt>& attempts) {
+  shardlab::Table table(
+      {"attempt", "went_on_from", "steps_trained", "checkpoints", "seconds", "ended"});
+  for (std::size_t a = 0; a < attempts.size(); ++a) {
+    const Attempt& at = attempts[a];
+    table.add({int(a), at.resumed, int(at.steps.size()), int(at.checkpoint_s.size()),
+               at.end - at.start, at.failure.empty() ? "finished" : at.failure});
+  }
+  ctx.report(table, "attempts",
+             "\nthe attempts: the step each went on from, what it did, how it ended");
+  const Goodput g = goodput_of(attempts);
+  shardlab::Table time({"part", "seconds", "share"});
+  for (const auto& [part, seconds] : {std::pair{"useful steps", g.useful},
+                                      {"steps lost and trained again", g.lost},
+                                      {"checkpoints", g.checkpoints},
+                                      {"noticing, restarting, loading", g.restart}})
+    time.add({part, seconds, g.wall > 0 ? seconds / g.wall : 0.0});
+  time.add({"wall", g.wall, 1.0});
+  ctx.report(time, "goodput",
+             "\nwhere the wall time went: the goodput (useful steps over wall time) is " +
+                 shardlab::format_number(100 * g.fraction(), 3) + " %");
+  ctx.json()["goodput_fraction"] = g.fraction();
 }
 
 std::string first_difference(const std::string& a, const std::string& b) {

@@ -5,6 +5,10 @@
 #include <string>
 #include <vector>
 
+namespace shardlab {
+class Context;
+}
+
 namespace ch11 {
 
 /// A failure to inject: `kill@RANK@STEP` (the rank ends without a word, as a process
@@ -55,6 +59,10 @@ struct Goodput {
 /// The goodput of `attempts` (the last one the run that finished): a step's time is
 /// useful in the last attempt that completed it, lost in the others.
 Goodput goodput_of(const std::vector<Attempt>& attempts);
+
+/// The attempts (rank 0's; the other ranks' empty) as a table, and where the wall time
+/// went, with the goodput in the JSON (goodput_fraction).
+void report_goodput(shardlab::Context& ctx, const std::vector<Attempt>& attempts);
 
 /// The first file of checkpoint folder `a` that folder `b` lacks or holds other bytes in;
 /// "" when every file is the same, byte for byte.

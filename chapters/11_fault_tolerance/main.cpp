@@ -94,30 +94,6 @@ void train_from(Context& ctx, const Settings11& s, Mesh& mesh, GptModel& model, 
   }
 }
 
-/// What the run did, attempt by attempt, and where its wall time went.
-void report_goodput(Context& ctx) {
-  Table table({"attempt", "went_on_from", "steps_trained", "checkpoints", "seconds", "ended"});
-  for (std::size_t a = 0; a < attempts.size(); ++a) {
-    const Attempt& at = attempts[a];
-    table.add({int(a), at.resumed, int(at.steps.size()), int(at.checkpoint_s.size()),
-               at.end - at.start, at.failure.empty() ? "finished" : at.failure});
-  }
-  ctx.report(table, "attempts",
-             "\nthe attempts: the step each went on from, what it did, how it ended");
-  const Goodput g = goodput_of(attempts);
-  Table time({"part", "seconds", "share"});
-  for (const auto& [part, seconds] : {std::pair{"useful steps", g.useful},
-                                      {"steps lost and trained again", g.lost},
-                                      {"checkpoints", g.checkpoints},
-                                      {"noticing, restarting, loading", g.restart}})
-    time.add({part, seconds, g.wall > 0 ? seconds / g.wall : 0.0});
-  time.add({"wall", g.wall, 1.0});
-  ctx.report(time, "goodput",
-             "\nwhere the wall time went: the goodput (useful steps over wall time) is " +
-                 format_number(100 * g.fraction(), 3) + " %");
-  ctx.json()["goodput_fraction"] = g.fraction();
-}
-
 void run(Context& ctx, Settings11 s) {
   const TrainConfig& c = s.run.run;
   if (s.dir.empty()) {
@@ -177,7 +153,7 @@ void run(Context& ctx, Settings11 s) {
   if (ctx.rank() == 0) attempts.push_back(rec);
   ctx.comm().barrier();  // rank 0's record whole before any rank reads it
   ctx.json()["restarts"] = int(attempts.size()) - 1;
-  report_goodput(ctx);
+  report_goodput(ctx, attempts);
 
   // The same run without failures, from the start: its final checkpoint and this run's,
   // byte for byte (the weights, Adam's moments, the step).
