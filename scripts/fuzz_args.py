@@ -50,6 +50,8 @@ COMMON = {
     "--timeout": ["1", "5", "0", "0.0001", "nan", "inf", "-inf", "-1", "1e9", "abc"],
     "--memory-limit": ["0", "0.001", "2", "-1", "nan", "inf", "1e7", "abc"],
     "--csv-dir": ["out", "out/deeper", "/dev/full", "/proc", "a-file", ""],
+    "--flight-record": ["0", "1", "64", "-1", "abc", "1e9", "1000001"],
+    "--flight-dir": ["flights", "/proc/flights", "a-file", ""],
     "--json": None,  # a flag without a value
     "-q": None,
     "--quiet": None,
@@ -292,6 +294,7 @@ CHAPTERS["ch11"].update({
                  "kill@-1@1", "kill@1", ""],
     "--checkpoint-every": ["0", "1", "2", "-1", "100001", "x"],
     "--checkpoint-dir": ["out/ckpt", "/proc/ckpt", "/dev/full", ""],
+    "--compare-flights": ["flights", "/nonexistent", "a-file", ""],
 })
 
 # Pairs whose product is what matters: drawn together, so that a large value meets

@@ -80,9 +80,12 @@ Mesh::Mesh(Communicator& world, MeshShape shape) : world_(world), shape_(shape) 
                   std::to_string(key) + " of its group, but coords_of puts it at " + name + " = " +
                   std::to_string(coords_.at(axis)));
     axes_.push_back(world.split(color, key));
+    axes_.back()->name_flights(name);  // a flight record's "tp[4,5]"
   }
   replicas_ = split_across(world, shape, coords_, kReplicaAxes);
+  replicas_->name_flights("replicas");
   expert_replicas_ = split_across(world, shape, coords_, kExpertReplicaAxes);
+  expert_replicas_->name_flights("expert_replicas");
 }
 
 Communicator& Mesh::axis(Axis axis) { return *axes_[index_of(axis)]; }

@@ -93,6 +93,39 @@ void report_goodput(shardlab::Context& ctx, const std::vector<Attempt>& attempts
   ctx.json()["goodput_fraction"] = g.fraction();
 }
 
+shardlab::FlightVerdict compare_flight_dir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  static const std::regex name(R"(rank_(0|[1-9][0-9]{0,5})\.json)");
+  std::map<int, shardlab::FlightRecord> found;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(dir, error)) {
+    std::smatch m;
+    const std::string file = entry.path().filename().string();
+    if (!std::regex_match(file, m, name)) continue;
+    std::ifstream in(entry.path());
+    nlohmann::json j;
+    try {
+      in >> j;
+    } catch (const nlohmann::json::exception& e) {
+      throw shardlab::UsageError("--compare-flights: " + entry.path().string() + " is not JSON (" +
+                                 e.what() + ")");
+    }
+    found[std::stoi(m[1])] = shardlab::flight_record_from_json(j);
+  }
+  require_usage(!error && !found.empty(),
+                "--compare-flights " + dir + ": no flight records (rank_R.json) there");
+  // The job's size: the largest world rank any record's groups hold.
+  int ranks = 0;
+  for (const auto& [rank, record] : found) {
+    ranks = std::max(ranks, rank + 1);
+    for (const auto& [group, members] : record.groups)
+      for (int q : members) ranks = std::max(ranks, q + 1);
+  }
+  std::vector<std::optional<shardlab::FlightRecord>> records(static_cast<std::size_t>(ranks));
+  for (auto& [rank, record] : found) records[static_cast<std::size_t>(rank)] = std::move(record);
+  return shardlab::compare_flights(records);
+}
+
 std::string first_difference(const std::string& a, const std::string& b) {
   namespace fs = std::filesystem;
   auto bytes = [](const fs::path& path) {

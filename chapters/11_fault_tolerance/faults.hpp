@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "shardlab/flight.hpp"
+
 namespace shardlab {
 class Context;
 }
@@ -63,6 +65,11 @@ Goodput goodput_of(const std::vector<Attempt>& attempts);
 /// The attempts (rank 0's; the other ranks' empty) as a table, and where the wall time
 /// went, with the goodput in the JSON (goodput_fraction).
 void report_goodput(shardlab::Context& ctx, const std::vector<Attempt>& attempts);
+
+/// The flight records a job under mpirun left in `dir` (--flight-dir: rank_R.json, one
+/// per process that could write its own), compared (shardlab::compare_flights); a rank
+/// without a file is a rank whose process was gone. UsageError when `dir` holds none.
+shardlab::FlightVerdict compare_flight_dir(const std::string& dir);
 
 /// The first file of checkpoint folder `a` that folder `b` lacks or holds other bytes in;
 /// "" when every file is the same, byte for byte.

@@ -53,6 +53,7 @@ struct Settings11 {
   std::vector<std::string> inject;  ///< --inject; none given: the last rank killed halfway
   int every = 4;                    ///< --checkpoint-every
   std::string dir;                  ///< --checkpoint-dir; "": a temporary folder of the run's own
+  std::string compare;              ///< --compare-flights: the records of a job to compare
   std::vector<Fault> faults;
 };
 
@@ -204,7 +205,13 @@ int main(int argc, char** argv) {
   cli::option(cli, "--checkpoint-dir", s.dir,
               "where the checkpoints go (kept; default: a temporary folder, removed)",
               CLI::Validator());
+  cli::option(cli, "--compare-flights", s.compare,
+              "only compare the flight records a failed job wrote (--flight-dir DIR)",
+              CLI::Validator());
+  program.default_flight_record(64);
+  program.default_ranks([&](const Options& o) { return s.compare.empty() ? o.ranks : 1; });
   program.world_size([&](const Options&, int ranks) {
+    if (!s.compare.empty()) return;
     c.mesh = ch08::mesh_for_ranks(s.run.mesh, ranks);
     if (c.mesh.cp > 1)
       c.context = ch10::ring_context(ch10::Split::zigzag, c.overlap[ch08::Axis::cp]);
@@ -232,7 +239,13 @@ int main(int argc, char** argv) {
   });
   const int code = program.run(argc, argv, [&](Context& ctx) {
     ctx.json()["chapter"] = "11_fault_tolerance";
-    run(ctx, s);
+    if (s.compare.empty()) return run(ctx, s);
+    // A job under mpirun cannot compare its ranks' records as it fails: they are written
+    // (--flight-dir) and compared here, afterwards.
+    const FlightVerdict v = compare_flight_dir(s.compare);
+    for (const std::string& line : v.lines) ctx.say("flight recorder: " + line);
+    ctx.json()["stopped"] = v.stopped;
+    ctx.json()["deadlocked"] = v.deadlocked;
   });
   std::error_code ignored;  // under mpirun, another process may have removed it
   if (!temporary.empty()) fs::remove_all(temporary, ignored);

@@ -10,6 +10,7 @@
 #include <numeric>
 
 #include "shardlab/check.hpp"
+#include "shardlab/flight.hpp"
 #include "shardlab/half.hpp"
 #include "shardlab/results.hpp"
 #include "shardlab/tensor.hpp"
@@ -242,8 +243,11 @@ Request Communicator::isend(ConstBuffer buf, int peer, int tag) {
   if (counting_) ++stats_[Op::send].calls;
   count_traffic(Op::send, peer == rank_ ? 0 : buf.bytes(), 0);
   if (trace_) trace_({Op::send, peer, tag, buf.data, buf.bytes()});
+  const std::uint64_t flight = fly(Op::send, peer, buf.bytes(), DType::u8);
   const auto at = now();  // before the backend, which may move the message at once
-  return posted(isend_impl(buf.data, buf.bytes(), buf.memory, peer, tag), Op::send, at);
+  Request r = posted(isend_impl(buf.data, buf.bytes(), buf.memory, peer, tag), Op::send, at);
+  if (r.pending()) r.impl()->flight = flight;
+  return r;
 }
 
 Request Communicator::irecv(MutableBuffer buf, int peer, int tag) {
@@ -251,8 +255,11 @@ Request Communicator::irecv(MutableBuffer buf, int peer, int tag) {
   if (counting_) ++stats_[Op::recv].calls;
   count_traffic(Op::recv, 0, peer == rank_ ? 0 : buf.bytes());
   if (trace_) trace_({Op::recv, peer, tag, buf.data, buf.bytes()});
+  const std::uint64_t flight = fly(Op::recv, peer, buf.bytes(), DType::u8);
   const auto at = now();  // before the backend, which may move the message at once
-  return posted(irecv_impl(buf.data, buf.bytes(), buf.memory, peer, tag), Op::recv, at);
+  Request r = posted(irecv_impl(buf.data, buf.bytes(), buf.memory, peer, tag), Op::recv, at);
+  if (r.pending()) r.impl()->flight = flight;
+  return r;
 }
 
 void Communicator::send(ConstBuffer buf, int peer, int tag) {
@@ -279,8 +286,12 @@ void Communicator::sendrecv(ConstBuffer out, int dest, MutableBuffer in, int sou
     trace_({Op::recv, source, tag, in.data, in.bytes()});
   }
   // Post the receive first, so a ring of sendrecvs never waits on itself.
+  const std::uint64_t flights[2] = {fly(Op::recv, source, in.bytes(), DType::u8),
+                                    fly(Op::send, dest, out.bytes(), DType::u8)};
   Request requests[2] = {irecv_impl(in.data, in.bytes(), in.memory, source, tag),
                          isend_impl(out.data, out.bytes(), out.memory, dest, tag)};
+  for (int i = 0; i < 2; ++i)
+    if (requests[i].pending()) requests[i].impl()->flight = flights[i];
   wait_all(requests);
 }
 
@@ -289,6 +300,7 @@ void Communicator::wait(Request& request) {
   const auto start = std::chrono::steady_clock::now();
   Request::Impl& impl = *request.impl();
   wait_impl(impl);
+  landed(impl.flight);
   if (call_hook_) {
     CallTimes t;
     t.op = impl.op;
@@ -310,9 +322,19 @@ void Communicator::wait(Request& request) {
   request.reset();
 }
 
+std::size_t Communicator::flight_count(const Collective& c) const {
+  if (c.counts.empty()) return c.count;  // allgather(v) and gather(v): this rank's share
+  if (!c.vector) return c.counts[static_cast<std::size_t>(rank_)];
+  std::size_t sent = 0;  // alltoallv: all it sends
+  for (std::size_t k : c.counts) sent += k;
+  return sent;
+}
+
 void Communicator::collective(const Collective& c) {
+  const std::uint64_t flight = fly(c.op, -1, flight_count(c), c.type);
   const auto start = std::chrono::steady_clock::now();
   run_collective(c);
+  landed(flight);
   if (call_hook_) {
     const auto end = std::chrono::steady_clock::now();
     call_hook_({c.op, true, start, start, end, start, end});
@@ -320,9 +342,48 @@ void Communicator::collective(const Collective& c) {
 }
 
 Request Communicator::start(Collective c) {
+  const std::uint64_t flight = fly(c.op, -1, flight_count(c), c.type);
   const auto at = now();
   const Op op = c.op;
-  return posted(start_collective(std::move(c)), op, at);
+  Request r = posted(start_collective(std::move(c)), op, at);
+  if (r.pending()) r.impl()->flight = flight;
+  return r;
+}
+
+// ---------------------------------------------------------------------------
+// The flight record
+
+void Communicator::record_flights(std::shared_ptr<FlightRecorder> recorder) {
+  recorder_ = std::move(recorder);
+  if (!recorder_) return;
+  if (flight_members_.empty()) {  // the world: its own numbers
+    for (int q = 0; q < size_; ++q) flight_members_.push_back(q);
+  }
+  name_flights(flight_name_);
+}
+
+void Communicator::name_flights(std::string name) {
+  flight_name_ = std::move(name);
+  flight_group_ = flight_name_ + "[";
+  for (std::size_t i = 0; i < flight_members_.size(); ++i)
+    flight_group_ += (i ? "," : "") + std::to_string(flight_members_[i]);
+  flight_group_ += "]";
+}
+
+std::uint64_t Communicator::fly(Op op, int peer, std::size_t count, DType type) {
+  if (!recorder_) return 0;
+  Flight f;
+  f.group = flight_group_;
+  f.op = op;
+  f.peer = peer < 0 ? -1 : flight_members_[static_cast<std::size_t>(peer)];
+  f.count = count;
+  f.type = type;
+  f.start = std::chrono::duration<double>(now().time_since_epoch()).count();
+  return recorder_->started(std::move(f), flight_members_);
+}
+
+void Communicator::landed(std::uint64_t id) {
+  if (recorder_ && id) recorder_->finished(id);
 }
 
 Request Communicator::posted(Request request, Op op, std::chrono::steady_clock::time_point at) {
@@ -458,7 +519,21 @@ void Communicator::barrier() {
 std::unique_ptr<Communicator> Communicator::split(int color, int key) {
   if (color < 0)
     throw Error("rank " + std::to_string(rank_) + ": split: color must be non-negative");
-  return split_impl(color, key);
+  if (!recorder_) return split_impl(color, key);
+  // The new group's members in the world's numbers: the ranks of this one with the same
+  // colour, ordered by key, then by rank (as split orders them).
+  const std::vector<int> colors = gather_values(color), keys = gather_values(key);
+  std::vector<int> mine;
+  for (int q = 0; q < size_; ++q)
+    if (colors[static_cast<std::size_t>(q)] == color) mine.push_back(q);
+  std::stable_sort(mine.begin(), mine.end(), [&](int a, int b) {
+    return keys[static_cast<std::size_t>(a)] < keys[static_cast<std::size_t>(b)];
+  });
+  std::unique_ptr<Communicator> child = split_impl(color, key);
+  for (int q : mine) child->flight_members_.push_back(flight_members_[static_cast<std::size_t>(q)]);
+  child->flight_name_ = flight_name_ + "/" + std::to_string(color);
+  child->record_flights(recorder_);
+  return child;
 }
 
 // ---------------------------------------------------------------------------

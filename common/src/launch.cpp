@@ -23,6 +23,7 @@
 #include "shardlab/comm_nccl.hpp"
 #include "shardlab/comm_threads.hpp"
 #include "shardlab/cuda.hpp"
+#include "shardlab/flight.hpp"
 #include "shardlab/tensor.hpp"
 #include "shardlab/version.hpp"
 
@@ -262,8 +263,25 @@ Outcome classify(const std::exception_ptr& error) {
   }
 }
 
-/// Runs the body on one rank, with the end-of-job agreement on `ok` and the JSON.
-int run_rank(Communicator& host, const Options& options, const Body& body) {
+/// Writes `record` to DIR/rank_R.json (--flight-dir); a file that cannot be written is
+/// said on stderr, not thrown (the job is failing already).
+void write_flight_record(const std::string& program, const std::string& dir,
+                         const FlightRecord& record) {
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  const std::string path = dir + "/rank_" + std::to_string(record.rank) + ".json";
+  std::ofstream out(path);
+  out << flight_record_json(record).dump(1) << "\n";
+  if (!out)
+    std::fprintf(stderr, "%s: could not write the flight record %s\n", program.c_str(),
+                 path.c_str());
+}
+
+/// Runs the body on one rank, with the end-of-job agreement on `ok` and the JSON; the
+/// rank's calls go to `recorder` when there is one (--flight-record).
+int run_rank(Communicator& host, const Options& options, const Body& body,
+             std::shared_ptr<FlightRecorder> recorder = nullptr) {
+  if (recorder) host.record_flights(std::move(recorder));
   std::unique_ptr<Communicator> gpus;
   if (options.device == "cuda") {
     // Threads share one process, so their rank is their place on the machine; processes
@@ -335,6 +353,18 @@ Program::Program(std::string name, std::string description)
                    "SHARDLAB_MEMORY_LIMIT_GIB)")
       ->check(cli::between(0.0, 1e6))
       ->capture_default_str();
+  app_->add_option("--flight-record", options_.flight_record,
+                   "each rank keeps its last N calls; when the job fails they are compared "
+                   "and the rank where the ranks part is named (0: off)")
+      ->check(cli::whole(0, 1000000))
+      ->capture_default_str();
+  app_->add_option("--flight-dir", options_.flight_dir,
+                   "where each rank writes its flight record (rank_R.json) when the job fails");
+}
+
+void Program::default_flight_record(int calls) {
+  options_.flight_record = calls;
+  app_->get_option("--flight-record")->default_str(std::to_string(calls));
 }
 
 Program::~Program() = default;
@@ -470,11 +500,17 @@ std::pair<int, std::string> Program::run_threads_once(const Body& body) {
   const int n = options_.ranks;
   std::vector<int> codes(static_cast<std::size_t>(n), 0);
   std::vector<std::exception_ptr> errors;
+  std::vector<std::shared_ptr<FlightRecorder>> recorders(static_cast<std::size_t>(n));
+  if (options_.flight_record > 0)
+    for (int r = 0; r < n; ++r)
+      recorders[static_cast<std::size_t>(r)] =
+          std::make_shared<FlightRecorder>(r, static_cast<std::size_t>(options_.flight_record));
   try {
     errors = run_ranks(
         n, std::chrono::milliseconds(static_cast<long>(options_.timeout_s * 1000)),
         [&](Communicator& comm) {
-          codes[static_cast<std::size_t>(comm.rank())] = run_rank(comm, options_, body);
+          const auto r = static_cast<std::size_t>(comm.rank());
+          codes[r] = run_rank(comm, options_, body, recorders[r]);
         },
         name_);
   } catch (const std::exception& e) {  // the rank threads could not all start
@@ -517,6 +553,15 @@ std::pair<int, std::string> Program::run_threads_once(const Body& body) {
   for (int c : codes) code = std::max(code, c);
   const auto failed =
       std::find_if(reports.begin(), reports.end(), [](const Report& r) { return r.code == 1; });
+  if (failed != reports.end() && options_.flight_record > 0) {
+    // The ranks' records, written out and compared: where the ranks part.
+    std::vector<std::optional<FlightRecord>> records;
+    for (const auto& recorder : recorders) records.push_back(recorder->record());
+    if (!options_.flight_dir.empty())
+      for (const auto& record : records) write_flight_record(name_, options_.flight_dir, *record);
+    for (const std::string& line : compare_flights(records).lines)
+      std::fprintf(stderr, "%s: flight recorder: %s\n", name_.c_str(), line.c_str());
+  }
   return {code, failed == reports.end() ? "" : failed->line};
 }
 
@@ -533,15 +578,22 @@ int Program::run_mpi(const Body& body) {
     return 2;
   }
   int code = 0;
+  std::shared_ptr<FlightRecorder> recorder;
+  if (options_.flight_record > 0)
+    recorder =
+        std::make_shared<FlightRecorder>(rank, static_cast<std::size_t>(options_.flight_record));
   try {
     auto comm = mpi::world(std::chrono::milliseconds(static_cast<long>(options_.timeout_s * 1000)));
-    code = run_rank(*comm, options_, body);
+    code = run_rank(*comm, options_, body, recorder);
     // Every rank agreed on the code; rank 0 has written the results before the barrier.
     if (code != 0) {
       comm->barrier();
       mpi::end_job(code);
     }
   } catch (...) {
+    // Under mpirun each process writes its own record; a launcher compares them.
+    if (recorder && !options_.flight_dir.empty())
+      write_flight_record(name_, options_.flight_dir, recorder->record());
     const Outcome f = classify(std::current_exception());
     int order = 0;
     try {

@@ -59,6 +59,8 @@
 
 namespace shardlab {
 
+class FlightRecorder;  // flight.hpp
+
 // ---------------------------------------------------------------------------
 // Reductions
 
@@ -234,6 +236,7 @@ class Request {
     virtual ~Impl() = default;
     Op op = Op::count_;  ///< the operation (Communicator sets it when it posts the request)
     std::chrono::steady_clock::time_point posted;  ///< when it was posted
+    std::uint64_t flight = 0;  ///< its call in the flight record (0: none; flight.hpp)
     /// When the backend began and finished the operation's work, steady-clock nanoseconds
     /// since its epoch, where the backend knows (threads: the progress thread's run of a
     /// collective, the copy of a message); {0, 0} where it does not (MPI, NCCL).
@@ -418,6 +421,16 @@ class Communicator {
   /// An empty function stops tracing.
   void trace_messages(std::function<void(const MessageEvent&)> hook) { trace_ = std::move(hook); }
 
+  /// Keeps this rank's calls on this communicator, and on every communicator split from it
+  /// afterwards, in `recorder` (flight.hpp), `recorder->rank()` being this rank's number in
+  /// the world; null stops. A split then costs an allgather of the colours and keys on
+  /// this communicator (uncounted), to learn the new group's members.
+  void record_flights(std::shared_ptr<FlightRecorder> recorder);
+  /// The name this communicator's calls get in the flight record, before its members' world
+  /// ranks: "tp" gives "tp[4,5]" (the world is "world"; a split, its parent's name and the
+  /// colour, "world/3").
+  void name_flights(std::string name);
+
   /// One call as time_calls reports it, in the steady clock's times. A blocking call
   /// (a collective, or send and recv: a post and a wait) is communication the rank waited
   /// for whole: posted = began = waited, done = returned. A wait for a non-blocking
@@ -585,6 +598,17 @@ class Communicator {
   std::optional<std::chrono::steady_clock::time_point> wait_all_deadline_;
   std::function<void(const MessageEvent&)> trace_;
   CallHook call_hook_;
+  // The flight record (record_flights): the recorder, this group's name and members.
+  std::shared_ptr<FlightRecorder> recorder_;
+  std::string flight_name_ = "world";
+  std::string flight_group_;
+  std::vector<int> flight_members_;
+  /// Notes a call starting on this communicator in the flight record (0 when none).
+  std::uint64_t fly(Op op, int peer, std::size_t count, DType type);
+  /// The call `id` of the flight record returned.
+  void landed(std::uint64_t id);
+  /// A collective's count as its flight record shows it (allgather: this rank's share).
+  std::size_t flight_count(const Collective& c) const;
   /// run_collective, timed for call_hook_ when one is set.
   void collective(const Collective& c);
   /// start_collective, the request marked with its operation and the time it was posted.

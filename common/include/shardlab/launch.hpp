@@ -19,7 +19,8 @@
 //   2  bad usage: one line on stderr saying what is wrong
 //
 // Common flags: --ranks N, --backend auto|threads|mpi|nccl, --device cpu|cuda, --seed S,
-// --json, --csv-dir DIR, --quiet, --timeout SECONDS, --memory-limit GIB, --help, --version.
+// --json, --csv-dir DIR, --quiet, --timeout SECONDS, --memory-limit GIB, --flight-record N,
+// --flight-dir DIR, --help, --version.
 //
 // This header names CLI11's and nlohmann-json's types without including them (they are
 // heavy); a program that adds flags or JSON fields includes them itself.
@@ -55,6 +56,12 @@ struct Options {
   double timeout_s = 60;            ///< --timeout: how long a blocking call may wait (seconds).
   double memory_limit_gib = 0;      ///< --memory-limit (GiB): 0 = what the machine can give now.
   int attempt = 0;  ///< which run of the job this is: 0, then 1, 2, ... (Program::restart)
+  /// --flight-record: each rank keeps its last N calls and, when the job fails, the ranks'
+  /// records are compared (flight.hpp); 0: none.
+  int flight_record = 0;
+  /// --flight-dir: where each rank writes its flight record (rank_R.json) when the job
+  /// fails; "": nowhere (on threads the records are compared in the process).
+  std::string flight_dir;
   /// Where a rank's tensors live: Memory::device under --device cuda (or --backend nccl).
   Memory memory() const { return device == "cuda" ? Memory::device : Memory::host; }
 };
@@ -195,6 +202,8 @@ class Program {
   void restart(std::function<bool(int attempt, const std::string& failure)> again) {
     restart_ = std::move(again);
   }
+  /// The flight recorder's length when --flight-record is not given (0: off unless asked).
+  void default_flight_record(int calls);
   /// Parses argv, runs `body` on every rank, returns the exit code (see the top).
   int run(int argc, char** argv, const Body& body);
   /// The common flags: the defaults until run() has parsed argv.
