@@ -217,6 +217,7 @@ nn::Layer& Trainer::chunk_to_run(int c) {
 }
 
 void Trainer::announce(const std::vector<nn::Parameter*>& params) {
+  if (local_gradients_) local_gradients_(params);
   for (const nn::Parameter* p : params) {
     replicas_->ready(*p);
     if (experts_) experts_->ready(*p);
@@ -298,7 +299,11 @@ StepResult Trainer::step(int step) {
   if (experts_) experts_->start_values();
   const std::vector<std::vector<std::int64_t>> microbatches = microbatches_of(step);  // 1.
   ch04::StageRun ran = run_pipeline(microbatches, meter);                             // 2.
-  sync_gradients();                                                                   // 3.
+  if (local_gradients_ && announced_.empty()) {  // not announced layer by layer: all now
+    local_gradients_(model_.store().parameters());
+    if (experts_) local_gradients_(model_.expert_store().parameters());
+  }
+  sync_gradients();  // 3.
   StepResult result;
   unscale_and_clip(result);  // 4.
   const auto start = StepRecorder::Clock::now();
@@ -399,6 +404,8 @@ void Trainer::unscale_and_clip(StepResult& result) {
     }
   if (!result.skipped)
     result.grad_norm = clip_gradients(reduced, experts_ ? &expert_reduced : nullptr);
+  // The norm is every rank's (agreed): all skip together.
+  if (c_.skip_nonfinite && !std::isfinite(result.grad_norm)) result.skipped = true;
 }
 
 void Trainer::update(const StepResult& result) {

@@ -85,6 +85,10 @@ struct TrainConfig {
   /// dp's gradients travel in this many buckets per store, the last layers' first
   /// (overlapping or not: the same buckets either way).
   int buckets = 4;
+  /// A step whose gradient norm is not finite (an inf or a NaN in any gradient) is skipped
+  /// on every rank, no update made, as GradScaler skips one, even without a loss scaler
+  /// (chapter 11's recovery from a NaN). Taken where the norm is: with clipping or a scaler.
+  bool skip_nonfinite = false;
   /// The attention across the cp ranks when mesh.cp > 1 (context.hpp; chapter 10's ring).
   std::shared_ptr<const ContextParallel> context;
   /// What GptModel needs of it besides the shape.
@@ -175,6 +179,14 @@ class Trainer {
   DpBuckets dp_buckets() const;
   /// The loss scaler (Scaler::none in fp32 and, by default, bf16), saved alike.
   ch06::LossScaler& scaler() { return scaler_; }
+  /// What a hook on this rank's gradients gets: parameters whose gradients its backward
+  /// has finished for the step, not yet summed with the other ranks'.
+  using GradientHook = std::function<void(const std::vector<nn::Parameter*>&)>;
+  /// Calls `hook` with the parameters whose gradients this rank's backward has finished,
+  /// before they are summed over the replicas: layer by layer as backward goes on (under
+  /// --overlap dp, where they leave as soon as they are made), or all of them after it.
+  /// Chapter 11 looks there for a NaN, and puts one there on purpose. Empty: none.
+  void on_local_gradients(GradientHook hook) { local_gradients_ = std::move(hook); }
 
  private:
   class Meter;  // what a step measures besides its work (train.cpp)
@@ -216,6 +228,7 @@ class Trainer {
   std::unique_ptr<ch08::ReplicaOptimizer> experts_;   // the same over the expert replicas
   ch06::LossScaler scaler_;
   Profile* profile_ = nullptr;
+  GradientHook local_gradients_;
   // With dp overlapping: the chunks as the pipeline runs them, each layer announcing its
   // gradients to the optimizers as soon as its backward has made them.
   std::vector<std::unique_ptr<nn::Sequential>> announced_;

@@ -19,17 +19,31 @@ namespace ch11 {
 using shardlab::require_usage;
 
 Fault parse_fault(const std::string& spec) {
-  static const std::regex form(R"((kill|hang)@(0|[1-9][0-9]{0,5})@(0|[1-9][0-9]{0,5}))");
-  std::smatch m;
-  require_usage(std::regex_match(spec, m, form),
-                "--inject " + spec +
-                    ": kill@RANK@STEP or hang@RANK@STEP (RANK and STEP whole numbers from 0, "
-                    "such as kill@3@10), or none");
+  static const std::regex at_step(
+      R"((kill|hang|nan|flip)@(0|[1-9][0-9]{0,5})@(0|[1-9][0-9]{0,5}))");
+  static const std::regex slow(R"(slow@(0|[1-9][0-9]{0,5})@([0-9]{1,3}(\.[0-9]{1,6})?))");
+  const std::string forms =
+      "--inject " + spec +
+      ": kill@RANK@STEP, hang@RANK@STEP, nan@RANK@STEP, flip@RANK@STEP or slow@RANK@FACTOR "
+      "(RANK and STEP whole numbers from 0, FACTOR from 1 to 100: kill@3@10, slow@2@3), or none";
   Fault f;
-  f.kind = m[1] == "kill" ? Fault::Kind::kill : Fault::Kind::hang;
+  f.spec = spec;
+  std::smatch m;
+  if (std::regex_match(spec, m, slow)) {
+    f.kind = Fault::Kind::slow;
+    f.rank = std::stoi(m[1]);
+    f.factor = std::stod(m[2]);
+    require_usage(f.factor >= 1 && f.factor <= 100, forms);
+    return f;
+  }
+  require_usage(std::regex_match(spec, m, at_step), forms);
+  const std::string kind = m[1];
+  f.kind = kind == "kill"   ? Fault::Kind::kill
+           : kind == "hang" ? Fault::Kind::hang
+           : kind == "nan"  ? Fault::Kind::nan
+                            : Fault::Kind::flip;
   f.rank = std::stoi(m[2]);
   f.step = std::stoi(m[3]);
-  f.spec = spec;
   return f;
 }
 
@@ -49,6 +63,40 @@ std::vector<Fault> parse_faults(const std::vector<std::string>& specs, int ranks
   return out;
 }
 
+std::uint64_t checksum(const shardlab::Tensor& t) {
+  const shardlab::Tensor host = t.to(shardlab::Memory::host);
+  const auto* bytes = static_cast<const unsigned char*>(host.raw());
+  const std::size_t n = static_cast<std::size_t>(host.size()) * shardlab::dtype_size(host.dtype());
+  std::uint64_t h = 14695981039346656037ull;  // FNV-1a's offset basis and prime
+  for (std::size_t i = 0; i < n; ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+  return h;
+}
+
+ReplicaVote vote(const std::vector<std::uint64_t>& sums) {
+  ReplicaVote v;
+  const int n = static_cast<int>(sums.size());
+  for (int i = 0; i < n && v.healthy < 0; ++i)
+    if (2 * std::count(sums.begin(), sums.end(), sums[static_cast<std::size_t>(i)]) > n)
+      v.healthy = i;
+  for (int i = 0; i < n; ++i)
+    if (v.healthy < 0 ? std::count(sums.begin(), sums.end(), sums[std::size_t(i)]) < n
+                      : sums[std::size_t(i)] != sums[std::size_t(v.healthy)])
+      v.odd.push_back(i);
+  return v;
+}
+
+std::vector<int> stragglers(const std::vector<double>& busy, double over) {
+  std::vector<double> sorted = busy;
+  std::sort(sorted.begin(), sorted.end());
+  std::vector<int> out;
+  if (sorted.empty()) return out;
+  const std::size_t n = sorted.size();
+  const double median = n % 2 ? sorted[n / 2] : (sorted[n / 2 - 1] + sorted[n / 2]) / 2;
+  for (std::size_t r = 0; r < n; ++r)
+    if (busy[r] > over * median) out.push_back(static_cast<int>(r));
+  return out;
+}
+
 Goodput goodput_of(const std::vector<Attempt>& attempts) {
   Goodput g;
   if (attempts.empty()) return g;
@@ -59,14 +107,29 @@ Goodput goodput_of(const std::vector<Attempt>& attempts) {
     for (int step : attempts[a].steps) kept[step] = a;
   for (std::size_t a = 0; a < attempts.size(); ++a) {
     const Attempt& at = attempts[a];
-    for (std::size_t i = 0; i < at.steps.size(); ++i)
-      (kept[at.steps[i]] == a ? g.useful : g.lost) += at.step_s[i];
+    for (std::size_t i = 0; i < at.steps.size(); ++i) {
+      const bool skipped =
+          std::find(at.skipped.begin(), at.skipped.end(), at.steps[i]) != at.skipped.end();
+      (kept[at.steps[i]] == a && !skipped ? g.useful : g.lost) += at.step_s[i];
+    }
     for (double c : at.checkpoint_s) g.checkpoints += c;
+    g.checks += at.check_s;
   }
   // The rest: noticing a failure (a --timeout for a rank that hangs), starting the ranks
   // again, building the model, loading the checkpoint.
-  g.restart = std::max(0.0, g.wall - g.useful - g.lost - g.checkpoints);
+  g.restart = std::max(0.0, g.wall - g.useful - g.lost - g.checkpoints - g.checks);
   return g;
+}
+
+std::vector<int> skipped_steps(const std::vector<Attempt>& attempts) {
+  std::map<int, bool> skipped;  // the last attempt that trained each step has the say
+  for (const Attempt& at : attempts)
+    for (int step : at.steps)
+      skipped[step] = std::find(at.skipped.begin(), at.skipped.end(), step) != at.skipped.end();
+  std::vector<int> out;
+  for (const auto& [step, yes] : skipped)
+    if (yes) out.push_back(step);
+  return out;
 }
 
 void report_goodput(shardlab::Context& ctx, const std::vector<Attempt>& attempts) {
@@ -82,9 +145,10 @@ void report_goodput(shardlab::Context& ctx, const std::vector<Attempt>& attempts
   const Goodput g = goodput_of(attempts);
   shardlab::Table time({"part", "seconds", "share"});
   for (const auto& [part, seconds] : {std::pair{"useful steps", g.useful},
-                                      {"steps lost and trained again", g.lost},
+                                      {"steps lost (trained again, or skipped)", g.lost},
                                       {"checkpoints", g.checkpoints},
-                                      {"noticing, restarting, loading", g.restart}})
+                                      {"replica checks", g.checks},
+                                      {"starting, noticing, restarting, loading", g.restart}})
     time.add({part, seconds, g.wall > 0 ? seconds / g.wall : 0.0});
   time.add({"wall", g.wall, 1.0});
   ctx.report(time, "goodput",

@@ -2,10 +2,12 @@
 // recovers from them did, attempt by attempt (its goodput).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "shardlab/flight.hpp"
+#include "shardlab/tensor.hpp"
 
 namespace shardlab {
 class Context;
@@ -13,25 +15,50 @@ class Context;
 
 namespace ch11 {
 
-/// A failure to inject: `kill@RANK@STEP` (the rank ends without a word, as a process
-/// killed or a machine lost would) or `hang@RANK@STEP` (the rank stops inside the step and
-/// never answers again, as a deadlocked GPU would).
+/// A failure to inject (--inject), on one rank:
+///   kill@RANK@STEP   the rank ends without a word, as a process killed or a machine lost
+///   hang@RANK@STEP   it stops in the step and never answers again (a deadlocked GPU)
+///   slow@RANK@FACTOR every step of it takes FACTOR times its time (a straggler)
+///   nan@RANK@STEP    a NaN in one of its gradients of that step
+///   flip@RANK@STEP   one bit of one of its weights flipped after that step's update (silent
+///                    data corruption: its data-parallel replica no longer equals the others)
 struct Fault {
-  /// What the rank does: ends (kill), or stops answering (hang).
-  enum class Kind { kill, hang };
-  Kind kind = Kind::kill;  ///< kill or hang
-  int rank = 0;            ///< the rank that fails
-  int step = 0;            ///< during this step (from 0)
+  /// What happens to the rank.
+  enum class Kind { kill, hang, slow, nan, flip };
+  Kind kind = Kind::kill;  ///< which failure
+  int rank = 0;            ///< the rank it strikes
+  int step = 0;            ///< during (flip: after) this step, from 0; slow: every step
+  double factor = 1;       ///< slow: how many times longer its steps take
   std::string spec;        ///< as given
 };
 
 /// The fault `spec` names; shardlab::UsageError (one line, naming the spec) when it is not
-/// kill@RANK@STEP or hang@RANK@STEP with whole numbers.
+/// one of the forms above with whole numbers (FACTOR: a number from 1 to 100).
 Fault parse_fault(const std::string& spec);
 
-/// `specs` parsed ("none" alone: no fault), in the order their steps come; UsageError when
-/// a rank is not one of `ranks` or a step not one of `steps`.
+/// `specs` parsed ("none" alone: no fault), in the order their steps come (slow ones
+/// first); UsageError when a rank is not one of `ranks` or a step not one of `steps`.
 std::vector<Fault> parse_faults(const std::vector<std::string>& specs, int ranks, int steps);
+
+/// A checksum of a tensor's bytes (64-bit FNV-1a): replicas that hold the same weights
+/// have the same one; one flipped bit changes it.
+std::uint64_t checksum(const shardlab::Tensor& t);
+
+/// Which of a group's replicas differ, from each one's checksum (in the group's order).
+struct ReplicaVote {
+  std::vector<int> odd;  ///< the replicas that differ from the majority (all, without one)
+  int healthy = -1;      ///< a replica holding the majority's value; -1: no strict majority
+  /// True when every replica holds the same value.
+  bool agree() const { return odd.empty(); }
+};
+/// The vote of `sums`: a value held by more than half the replicas is the healthy one and
+/// the others are odd; with no such value (two replicas that differ) every replica is odd
+/// and none is known healthy.
+ReplicaVote vote(const std::vector<std::uint64_t>& sums);
+
+/// The stragglers among ranks whose typical step kept them busy (not waiting for others)
+/// `busy[r]` seconds: those busier than `over` times the median rank.
+std::vector<int> stragglers(const std::vector<double>& busy, double over = 1.5);
 
 /// What one attempt of the run did (rank 0's clock, seconds from the run's start).
 struct Attempt {
@@ -41,6 +68,9 @@ struct Attempt {
   std::vector<int> steps;            ///< the steps it completed, in order
   std::vector<double> step_s;        ///< and each one's time
   std::vector<double> checkpoint_s;  ///< each checkpoint it wrote, its time
+  double check_s = 0;                ///< its replica checks' time, all together
+  std::vector<int> skipped;          ///< the steps it trained but skipped (a NaN): no update
+  int failed_at = -1;                ///< the step it was in when it failed (or its last)
   double end = 0;                    ///< it ended (finished, or failed and stopped)
   std::string failure;               ///< why it ended early ("": it finished)
 };
@@ -53,14 +83,20 @@ struct Goodput {
   double useful = 0;       ///< the steps whose results the run kept
   double lost = 0;         ///< the steps trained and then lost to a failure
   double checkpoints = 0;  ///< writing checkpoints
-  double restart = 0;      ///< the rest: noticing, starting again, building, loading
+  double checks = 0;       ///< comparing the replicas' weights (and waiting for them there)
+  double restart = 0;      ///< the rest: starting, noticing, starting again, loading
   /// The goodput: useful over wall (0 for no time).
   double fraction() const { return wall > 0 ? useful / wall : 0; }
 };
 
 /// The goodput of `attempts` (the last one the run that finished): a step's time is
-/// useful in the last attempt that completed it, lost in the others.
+/// useful in the last attempt that completed it, lost in the others and where that
+/// attempt skipped it.
 Goodput goodput_of(const std::vector<Attempt>& attempts);
+
+/// The steps whose update the run skipped in the end (skipped by the last attempt that
+/// trained them): what a run without failures must skip to be equal to it.
+std::vector<int> skipped_steps(const std::vector<Attempt>& attempts);
 
 /// The attempts (rank 0's; the other ranks' empty) as a table, and where the wall time
 /// went, with the goodput in the JSON (goodput_fraction).

@@ -1,33 +1,49 @@
 // Chapter 11 — training through failures: chapter 09's GPT trained while ranks are made to
-// fail on purpose, recovered from its last checkpoint, and checked to end where a run
-// without failures ends, bit for bit.
+// fail on purpose, each failure noticed, its rank named, and the run recovered — checked to
+// end where a run without failures ends, bit for bit.
 //
 // A job on thousands of devices fails every few hours (Llama 3's 16,384 GPUs: 419
-// unexpected interruptions in 54 days, Dubey et al. 2024, §3.3.4). This program kills a
-// rank (`kill@RANK@STEP`: it ends without a word) or stops one inside a step
-// (`hang@RANK@STEP`: the others notice within --timeout, naming it); the job ends, a
-// supervisor starts it again on fresh ranks (Program::restart), and the run goes on from
-// the last complete checkpoint (written every --checkpoint-every steps): the steps since
-// are lost and trained again, each on the batch of its step, so no batch is trained twice
-// or skipped. At the end it trains the same run without failures and compares the two
-// final checkpoints byte for byte, and says where the wall time went (the goodput).
+// unexpected interruptions in 54 days, Dubey et al. 2024, §3.3.4). This program:
+//   kill@RANK@STEP   the rank ends without a word; the job ends, a supervisor starts it
+//                    again on fresh ranks (Program::restart) from the last complete
+//                    checkpoint (every --checkpoint-every steps): the steps since are lost
+//                    and trained again, each on the batch of its step;
+//   hang@RANK@STEP   the rank stops; the others notice within --timeout, and the flight
+//                    recorder (shardlab/flight.hpp) names the rank they all wait for;
+//   slow@RANK@F      the rank's steps take F times as long: the job runs at its pace, and
+//                    the ranks' busy times (not waiting) name it;
+//   nan@RANK@STEP    a NaN in one of its gradients: the rank that made it is named, and the
+//                    step is skipped on every rank (no update), as GradScaler skips one;
+//   flip@RANK@STEP   one bit of its weights flipped: the replicas' checksums (every
+//                    --check-every steps, and before every checkpoint) name the replica that
+//                    differs; it copies a healthy one's weights when a majority agrees, and
+//                    the run restarts from the last checkpoint when none does.
+// At the end it trains the same run without failures (skipping the steps the NaNs made it
+// skip) and compares the two final checkpoints byte for byte, and says where the wall time
+// went (the goodput).
 //
 // Simplified: the ranks are threads of one process and the supervisor is the program;
-// under mpirun a failure ends the job (a launcher around mpirun would start it again
-// with --load).
+// under mpirun a failure ends the job (its ranks write their flight records, --flight-dir;
+// a launcher around mpirun would start it again with --load).
 //
 // Run:
 //   build/default/bin/ch11_fault_tolerance                          kill@7@10, 20 steps
 //   build/default/bin/ch11_fault_tolerance --inject hang@5@7 --timeout 2
 //   build/default/bin/ch11_fault_tolerance --inject kill@1@3 --inject kill@6@13
+//   build/default/bin/ch11_fault_tolerance --inject nan@2@5 --inject slow@6@3
+//   build/default/bin/ch11_fault_tolerance --inject flip@1@6 --dp 4 --tp 1
 //   build/default/bin/ch11_fault_tolerance --checkpoint-every 0     no checkpoints: from 0
 //
 // Expected: one failure, one restart from step 8 (steps 8 to 10 lost), the final weights
 // and Adam's moments equal to the uninterrupted run's, and the goodput table.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
+#include <limits>
 #include <thread>
 
 #include "checkpoint.hpp"
@@ -37,6 +53,7 @@
 #include "options.hpp"
 #include "recovery.hpp"
 #include "shardlab/cli.hpp"
+#include "shardlab/format.hpp"
 #include "shardlab/launch.hpp"
 #include "shardlab/timer.hpp"
 #include "train.hpp"
@@ -52,6 +69,7 @@ struct Settings11 {
   ch09::Settings run;               ///< the model, the mesh and the training (chapter 09's flags)
   std::vector<std::string> inject;  ///< --inject; none given: the last rank killed halfway
   int every = 4;                    ///< --checkpoint-every
+  int check_every = 1;              ///< --check-every: the replicas' checksums
   std::string dir;                  ///< --checkpoint-dir; "": a temporary folder of the run's own
   std::string compare;              ///< --compare-flights: the records of a job to compare
   std::vector<Fault> faults;
@@ -59,40 +77,161 @@ struct Settings11 {
 
 /// Rank 0's record of the attempts (they run one after another in this process).
 std::vector<Attempt> attempts;
+/// Which faults have struck: a failure happens once, not again when its step is trained
+/// again (each flag written by the fault's own rank; the attempts follow one another).
+std::vector<char> struck;
 /// The checkpoints' folder when --checkpoint-dir is not given: one of the run's own,
 /// named by a process id every rank agrees on (removed at the end).
 fs::path temporary;
 const Stopwatch since_start;
 
-/// The fault, on the rank it hits: a kill ends the rank's thread with an error (as a lost
-/// process would end); a hang stops answering until the job has ended around it.
-void strike(Context& ctx, const Fault& f) {
-  if (f.kind == Fault::Kind::kill)
-    throw std::runtime_error("rank " + std::to_string(f.rank) + " killed in step " +
-                             std::to_string(f.step) + " (--inject " + f.spec + ")");
-  for (;;) {  // CommAborted once another rank's --timeout has ended the job
-    ctx.comm().check_not_aborted();
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-}
-
-/// Steps first .. steps - 1, a checkpoint after every `every`-th, the armed fault struck
-/// at its step; rank 0 notes each step's and checkpoint's time in `rec`.
-void train_from(Context& ctx, const Settings11& s, Mesh& mesh, GptModel& model, Trainer& trainer,
-                int first, const Fault* armed, Attempt& rec) {
-  for (int t = first; t < s.run.steps; ++t) {
-    if (armed && armed->step == t && armed->rank == ctx.rank()) strike(ctx, *armed);
-    const Stopwatch step;
-    (void)trainer.step(t);
-    rec.steps.push_back(t);
-    rec.step_s.push_back(step.seconds());
-    if (s.every > 0 && (t + 1) % s.every == 0 && t + 1 < s.run.steps) {
-      const Stopwatch save;
-      save_checkpoint(s.dir, mesh, model, &trainer.optimizer(), t + 1, &trainer.scaler(),
-                      trainer.expert_optimizer());
-      rec.checkpoint_s.push_back(save.seconds());
+/// A fault of this rank, for this step, that has not struck yet (null: none).
+const Fault* due(const Settings11& s, int rank, int step, Fault::Kind kind) {
+  for (std::size_t i = 0; i < s.faults.size(); ++i) {
+    const Fault& f = s.faults[i];
+    if (f.kind == kind && f.rank == rank && f.step == step && !struck[i]) {
+      struck[i] = 1;
+      return &f;
     }
   }
+  return nullptr;
+}
+
+/// A kill ends the rank's thread with an error (as a lost process would end); a hang stops
+/// answering until the job has ended around it.
+void kill_or_hang(Context& ctx, const Settings11& s, int t) {
+  if (const Fault* f = due(s, ctx.rank(), t, Fault::Kind::kill))
+    throw std::runtime_error("rank " + std::to_string(f->rank) + " killed in step " +
+                             std::to_string(t) + " (--inject " + f->spec + ")");
+  if (due(s, ctx.rank(), t, Fault::Kind::hang))
+    for (;;) {  // CommAborted once another rank's --timeout has ended the job
+      ctx.comm().check_not_aborted();
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+}
+
+/// The replicas' weights compared by checksum (every rank calls it): true when they agree.
+/// A replica that differs is named; with a majority it copies a healthy replica's weights
+/// (`repair`: the check came right after the step that could have changed them), else the
+/// job fails and restarts from the last checkpoint, written only after such a check.
+bool check_replicas(Context& ctx, Mesh& mesh, GptModel& model, int t, bool repair) {
+  Communicator& replicas = mesh.replicas();
+  const std::vector<std::int64_t> signed_sums =
+      replicas.gather_values(static_cast<std::int64_t>(checksum(model.store().values())));
+  const std::vector<std::uint64_t> sums(signed_sums.begin(), signed_sums.end());
+  const ReplicaVote v = vote(sums);
+  std::vector<int> odd;  // in the world's numbers
+  for (int i : v.odd)
+    odd.push_back(ch08::group_along(mesh.shape(), mesh.coords(), ch08::kReplicaAxes)[i]);
+  const bool whole = ctx.comm().all_true(v.agree()),
+             repairable = ctx.comm().all_true(v.healthy >= 0);
+  if (whole) return true;
+  std::string line;
+  if (!v.agree() && replicas.rank() == v.odd.front())
+    line =
+        "after step " + std::to_string(t) + ": the weights of rank " + std::to_string(odd.front()) +
+        " differ from " +
+        (v.healthy >= 0 ? "the other replicas'" : "its replica's (two disagree: which is right?)");
+  const std::vector<std::string> lines = ctx.comm().gather_strings(line);
+  for (const std::string& l : lines)
+    if (!l.empty()) ctx.say(l);
+  if (!repair || !repairable)
+    throw std::runtime_error("the replicas' weights differ after step " + std::to_string(t) +
+                             " (silent data corruption): restarting from the last checkpoint");
+  replicas.broadcast(model.store().values(), v.healthy);
+  ctx.say("after step " + std::to_string(t) + ": the odd replica copied a healthy one's weights");
+  return false;
+}
+
+/// Steps first .. steps - 1, with this rank's faults; a checkpoint after every `every`-th;
+/// rank 0 notes each step's and checkpoint's time in `rec`.
+void train_from(Context& ctx, const Settings11& s, Mesh& mesh, GptModel& model, Trainer& trainer,
+                int first, Attempt& rec, std::vector<double>& busy) {
+  const Fault* slow = nullptr;
+  for (const Fault& f : s.faults)
+    if (f.kind == Fault::Kind::slow && f.rank == ctx.rank()) slow = &f;
+  const Fault* poison = nullptr;  // this step's nan fault
+  bool made_nan = false;          // this rank's gradients held a NaN before they were summed
+  trainer.on_local_gradients([&](const std::vector<nn::Parameter*>& params) {
+    if (poison && !params.empty()) {
+      Tensor host = params.front()->grad.to(Memory::host);
+      host.data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
+      params.front()->grad.copy_from(host);
+      poison = nullptr;
+    }
+    for (const nn::Parameter* p : params)
+      made_nan = made_nan || !std::isfinite(shardlab::sum_of_squares(p->grad.to(Memory::host)));
+  });
+  // The seconds this rank waited in calls, on any communicator (the flight recorder's).
+  const auto waits = ctx.comm().flight_recorder();
+  std::vector<double> work;  // this rank's own work per step (its busy time less the slowing)
+  for (int t = first; t < s.run.steps; ++t) {
+    rec.failed_at = t;
+    kill_or_hang(ctx, s, t);
+    poison = due(s, ctx.rank(), t, Fault::Kind::nan);
+    made_nan = false;
+    const Stopwatch step;
+    const double waited = waits->waited();
+    double slept = 0;  // a straggler: each step, factor - 1 times its last step's work more
+    if (slow && !work.empty()) {
+      slept = (slow->factor - 1) * work.back();
+      std::this_thread::sleep_for(std::chrono::duration<double>(slept));
+    }
+    const StepResult result = trainer.step(t);
+    busy.push_back(step.seconds() - (waits->waited() - waited));  // not waiting for others
+    work.push_back(busy.back() - slept);
+    rec.steps.push_back(t);
+    rec.step_s.push_back(step.seconds());
+    if (result.skipped) {
+      const std::vector<int> who = ctx.comm().gather_values(int(made_nan));
+      std::string ranks;
+      for (std::size_t r = 0; r < who.size(); ++r)
+        if (who[r]) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+      ctx.say("step " + std::to_string(t) + ": the gradient norm is not finite; rank(s) " +
+              (ranks.empty() ? "none" : ranks) +
+              " made a NaN before the sum; the step is skipped on every rank");
+      rec.skipped.push_back(t);
+    }
+    if (due(s, ctx.rank(), t, Fault::Kind::flip)) {  // bit 16 of the rank's first weight
+      Tensor host = model.store().values().to(Memory::host);
+      std::uint32_t bits = 0;
+      std::memcpy(&bits, host.data<float>(), 4);
+      bits ^= 1u << 16;
+      std::memcpy(host.data<float>(), &bits, 4);
+      model.store().values().copy_from(host);
+    }
+    const bool save = s.every > 0 && (t + 1) % s.every == 0 && t + 1 < s.run.steps;
+    if (s.run.run.zero == 0 && ((s.check_every > 0 && (t + 1) % s.check_every == 0) || save)) {
+      const Stopwatch checking;  // (ZeRO-1's replicas hold their whole weights only later)
+      check_replicas(ctx, mesh, model, t, s.check_every == 1);
+      rec.check_s += checking.seconds();
+    }
+    if (save) {
+      const Stopwatch saving;
+      save_checkpoint(s.dir, mesh, model, &trainer.optimizer(), t + 1, &trainer.scaler(),
+                      trainer.expert_optimizer());
+      rec.checkpoint_s.push_back(saving.seconds());
+    }
+  }
+  trainer.on_local_gradients({});
+}
+
+/// The stragglers, from every rank's median busy time per step (every rank calls it).
+void report_stragglers(Context& ctx, std::vector<double> busy) {
+  std::sort(busy.begin(), busy.end());
+  const double median = busy.empty() ? 0 : busy[busy.size() / 2];
+  const std::vector<double> all = ctx.comm().gather_values(median);
+  const std::vector<int> slow = stragglers(all);
+  std::vector<double> sorted = all;
+  std::sort(sorted.begin(), sorted.end());
+  const double typical = sorted[sorted.size() / 2];
+  std::string text;
+  for (int r : slow)
+    text += (text.empty() ? "" : ", ") + std::to_string(r) + " (" +
+            format_number(all[std::size_t(r)] / typical, 2) + "x)";
+  ctx.say("\nstragglers (a rank's median busy step against the median rank's, " +
+          format_number(1e3 * typical, 3) + " ms): " + (text.empty() ? "none" : "rank " + text));
+  ctx.json()["stragglers"] = slow;
 }
 
 void run(Context& ctx, Settings11 s) {
@@ -109,6 +248,7 @@ void run(Context& ctx, Settings11 s) {
   rec.start = since_start.seconds();
   if (first_attempt && ctx.rank() == 0) {
     attempts.clear();
+    struck.assign(s.faults.size(), 0);
     fs::remove_all(s.dir);  // a run of its own: no checkpoint of an earlier one
   }
   if (first_attempt) {
@@ -119,7 +259,10 @@ void run(Context& ctx, Settings11 s) {
             std::to_string(s.every) + "; failures: " + (faults.empty() ? "none" : faults) + "\n");
   }
   ctx.comm().barrier();
-  const Fault* armed = std::size_t(attempt) < s.faults.size() ? &s.faults[attempt] : nullptr;
+  // A recorder on every communicator of the rank (they are split from this one below): the
+  // time each rank waits for the others, which names a straggler.
+  if (!ctx.comm().flight_recorder())
+    ctx.comm().record_flights(std::make_shared<FlightRecorder>(ctx.rank(), 1));
   const Corpus data = Corpus::load(s.run.data, c.model.context);
   Mesh mesh(ctx.comm(), c.mesh);
   GptModel model(mesh, c.model, c.model_options());
@@ -130,7 +273,9 @@ void run(Context& ctx, Settings11 s) {
       first = load_checkpoint(s.dir, model, &trainer.optimizer(), &trainer.scaler(),
                               trainer.expert_optimizer());
     // The bookkeeping (the learner's resume_point) against the checkpoint the run found.
-    const ResumePoint p = resume_point(s.every, s.faults[std::size_t(attempt) - 1].step);
+    const int failed_at =
+        ctx.comm().agree(ctx.rank() == 0 ? attempts.back().failed_at : 0, ReduceOp::max);
+    const ResumePoint p = resume_point(s.every, failed_at);
     ctx.verify(p.step == first, "resume_point says step " + std::to_string(p.step) +
                                     ", the last complete checkpoint is of step " +
                                     std::to_string(first));
@@ -139,8 +284,9 @@ void run(Context& ctx, Settings11 s) {
   }
   rec.resumed = first;
   rec.ready = since_start.seconds();
+  std::vector<double> busy;  // this rank's busy seconds, step by step
   try {
-    train_from(ctx, s, mesh, model, trainer, first, armed, rec);
+    train_from(ctx, s, mesh, model, trainer, first, rec, busy);
   } catch (...) {
     if (ctx.rank() == 0) {
       rec.end = since_start.seconds();
@@ -155,15 +301,22 @@ void run(Context& ctx, Settings11 s) {
   ctx.comm().barrier();  // rank 0's record whole before any rank reads it
   ctx.json()["restarts"] = int(attempts.size()) - 1;
   report_goodput(ctx, attempts);
+  report_stragglers(ctx, busy);
 
-  // The same run without failures, from the start: its final checkpoint and this run's,
-  // byte for byte (the weights, Adam's moments, the step).
+  // The same run without failures, from the start, skipping the steps this one skipped in
+  // the end: its final checkpoint and this run's, byte for byte (the weights, Adam's
+  // moments, the step).
+  std::vector<int> skip = ctx.rank() == 0 ? skipped_steps(attempts) : std::vector<int>{};
+  const int skips = ctx.comm().agree(int(skip.size()), ReduceOp::max);
+  skip.resize(std::size_t(skips));
+  ctx.comm().broadcast(skip, 0);
   const std::string recovered = s.dir + "_recovered", clean = s.dir + "_uninterrupted";
   save_checkpoint(recovered, mesh, model, &trainer.optimizer(), s.run.steps, &trainer.scaler(),
                   trainer.expert_optimizer());
   GptModel model2(mesh, c.model, c.model_options());
   Trainer trainer2(mesh, model2, c, data);
-  for (int t = 0; t < s.run.steps; ++t) (void)trainer2.step(t);
+  for (int t = 0; t < s.run.steps; ++t)
+    if (std::find(skip.begin(), skip.end(), t) == skip.end()) (void)trainer2.step(t);
   save_checkpoint(clean, mesh, model2, &trainer2.optimizer(), s.run.steps, &trainer2.scaler(),
                   trainer2.expert_optimizer());
   std::string file;
@@ -175,10 +328,12 @@ void run(Context& ctx, Settings11 s) {
   ctx.verify(ctx.comm().all_true(file.empty()),
              "the recovered run's " + file + " differs from the run without failures");
   ctx.json()["equal_to_uninterrupted"] = file.empty();
-  ctx.say(
-      "\nthe final weights and Adam's moments equal the run without failures, byte for "
-      "byte: " +
-      std::string(file.empty() ? "yes" : "no, " + file));
+  ctx.json()["skipped_steps"] = skip;
+  std::string skipped;
+  for (int t : skip) skipped += (skipped.empty() ? "" : ", ") + std::to_string(t);
+  ctx.say("\nthe final weights and Adam's moments equal the run without failures" +
+          (skip.empty() ? std::string() : " that skips step(s) " + skipped + " too") +
+          ", byte for byte: " + std::string(file.empty() ? "yes" : "no, " + file));
 }
 
 }  // namespace
@@ -197,10 +352,14 @@ int main(int argc, char** argv) {
   cli::option(cli, "--data", s.run.data, "the text to learn (the chapters' READMEs)",
               CLI::Validator());
   cli.add_option("--inject", s.inject,
-                 "a failure: kill@RANK@STEP or hang@RANK@STEP (several allowed), or none "
-                 "[kill@LAST_RANK@STEPS/2]")
+                 "a failure: kill@RANK@STEP, hang@RANK@STEP, nan@RANK@STEP, flip@RANK@STEP or "
+                 "slow@RANK@FACTOR (several allowed), or none [kill@LAST_RANK@STEPS/2]")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   cli::option(cli, "--checkpoint-every", s.every, "a checkpoint after every K steps (0: none)",
+              cli::whole(0, 100000));
+  cli::option(cli, "--check-every", s.check_every,
+              "compare the data-parallel replicas' weights (checksums) after every K steps and "
+              "before each checkpoint (0: only before checkpoints)",
               cli::whole(0, 100000));
   cli::option(cli, "--checkpoint-dir", s.dir,
               "where the checkpoints go (kept; default: a temporary folder, removed)",
@@ -219,6 +378,7 @@ int main(int argc, char** argv) {
     if (s.inject.empty())
       s.inject = {"kill@" + std::to_string(ranks - 1) + "@" + std::to_string(s.run.steps / 2)};
     s.faults = parse_faults(s.inject, ranks, s.run.steps);
+    struck.assign(s.faults.size(), 0);  // before any rank starts; kept across the restarts
   });
   program.validate([&](const Options& o) {
     c.model.seed = o.seed;
@@ -226,6 +386,19 @@ int main(int argc, char** argv) {
     c.recompute = ch08::parse_recompute(s.run.recompute);
     set_precision(c, s.run.precision, s.run.scaler);
     check_training_flags(cli, s.run);
+    c.skip_nonfinite = true;  // a NaN's step is skipped (its norm is taken: see below)
+    for (const Fault& f : s.faults) {
+      require_usage(
+          f.kind != Fault::Kind::flip || c.zero == 0,
+          "--inject " + f.spec +
+              ": under --zero 1 every replica's weights come from "
+              "one shard's owner each step, so a flipped bit heals or spreads; use --zero 0");
+      require_usage(
+          f.kind != Fault::Kind::nan || c.zero == 0 || c.clip > 0 || c.scaler != ch06::Scaler::none,
+          "--inject " + f.spec +
+              ": with --zero 1, --clip 0 and no scaler no gradient "
+              "norm is taken, so a NaN is not seen; keep --clip");
+    }
     if (!s.dir.empty()) check_save_target(s.dir);
   });
   program.restart([&](int attempt, const std::string& failure) {

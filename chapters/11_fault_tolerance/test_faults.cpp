@@ -4,8 +4,15 @@
 // Wrong versions this test was checked against, and what each gives:
 //   a step's time counted useful in every attempt that trained it: "useful 8" (6)
 //   the faults left in the order given: "sorted by step"
+//   a skipped step's time counted useful: "useful 6" (5) in "a skipped step is lost"
+//   skipped_steps from every attempt, not the last that trained the step: {3, 4} ({4})
+//   the vote's majority as "at least half" (two of four): "2 against 2" finds one healthy
+//   the odd replicas without a majority left empty: "two that differ" gives agree()
+//   stragglers against the mean instead of the median: "one slow of four" names none
+//   (the mean, 2.5, times 1.5 is 3.75 < 7 — names it too; see "two slow of five")
 #include <doctest/doctest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -20,8 +27,19 @@ TEST_CASE("--inject's specs") {
   CHECK(k.rank == 3);
   CHECK(k.step == 10);
   CHECK(parse_fault("hang@0@0").kind == Fault::Kind::hang);
-  for (const char* bad : {"kill", "kill@3", "nan@1@3", "kill@-1@3", "kill@01@3", "kill@1@2 ",
-                          "kill@1@2@3", "KILL@1@2", "kill@1@1234567"})
+  CHECK(parse_fault("nan@2@5").kind == Fault::Kind::nan);
+  const Fault flip = parse_fault("flip@1@6");
+  CHECK(flip.kind == Fault::Kind::flip);
+  CHECK(flip.step == 6);
+  const Fault slow = parse_fault("slow@6@2.5");
+  CHECK(slow.kind == Fault::Kind::slow);
+  CHECK(slow.rank == 6);
+  CHECK(slow.factor == 2.5);
+  CHECK(parse_fault("slow@0@100").factor == 100);
+  for (const char* bad :
+       {"kill", "kill@3", "nap@1@3", "kill@-1@3", "kill@01@3", "kill@1@2 ", "kill@1@2@3",
+        "KILL@1@2", "kill@1@1234567", "flip@1", "slow@1", "slow@1@0.5", "slow@1@101", "slow@1@abc",
+        "slow@1@-2", "slow@1@1e3", "nan@1@x"})
     CHECK_THROWS_AS(parse_fault(bad), shardlab::UsageError);
   const std::vector<Fault> two = parse_faults({"kill@6@13", "hang@1@3"}, 8, 20);
   REQUIRE(two.size() == 2);
@@ -43,6 +61,9 @@ TEST_CASE("where the time went, attempt by attempt") {
              .steps = {0, 1, 2, 3},
              .step_s = {1, 1, 1, 1},
              .checkpoint_s = {0.5},
+             .check_s = 0,
+             .skipped = {},
+             .failed_at = 3,
              .end = 6.5,
              .failure = "rank 1"};
   Attempt a1{.start = 7,
@@ -51,6 +72,9 @@ TEST_CASE("where the time went, attempt by attempt") {
              .steps = {2, 3, 4, 5},
              .step_s = {1, 1, 1, 1},
              .checkpoint_s = {},
+             .check_s = 0,
+             .skipped = {},
+             .failed_at = 5,
              .end = 12,
              .failure = ""};
   const Goodput g = goodput_of({a0, a1});
@@ -79,4 +103,63 @@ TEST_CASE("two checkpoint folders compared file by file") {
   fs::remove(root / "b" / "model.safetensors");
   CHECK(first_difference((root / "a").string(), (root / "b").string()) == "model.safetensors");
   fs::remove_all(root);
+}
+
+TEST_CASE("a skipped step is lost, and a run without failures skips it only if kept skipped") {
+  // Attempt 0 trains steps 0-4 (1 s each), skipping step 4 (a NaN), and fails in step 5;
+  // attempt 1 goes on from 3 and trains 3-6, skipping step 6 this time. Useful: steps 0-2
+  // of attempt 0 and 3-5 of attempt 1, 6 s; lost: attempt 0's 3 and 4 (trained again) and
+  // attempt 1's 6 (skipped), 3 s. The run in the end skipped step 6 only.
+  Attempt a0;
+  a0.steps = {0, 1, 2, 3, 4};
+  a0.step_s = {1, 1, 1, 1, 1};
+  a0.skipped = {4};
+  a0.end = 5;
+  Attempt a1;
+  a1.start = a1.ready = 5;
+  a1.resumed = 3;
+  a1.steps = {3, 4, 5, 6};
+  a1.step_s = {1, 1, 1, 1};
+  a1.skipped = {6};
+  a1.end = 9;
+  const Goodput g = goodput_of({a0, a1});
+  CHECK_MESSAGE(g.useful == doctest::Approx(6), "useful " << g.useful);  // 0-2, then 3-5
+  CHECK(g.lost == doctest::Approx(3));  // attempt 0's 3 and 4, attempt 1's 6
+  CHECK(skipped_steps({a0, a1}) == std::vector<int>{6});
+  CHECK(skipped_steps({a0}) == std::vector<int>{4});
+}
+
+TEST_CASE("the replicas' vote: the odd one out, or no majority") {
+  CHECK(vote({7, 7, 7, 7}).agree());
+  CHECK(vote({7, 7, 7, 7}).healthy == 0);
+  const ReplicaVote one = vote({7, 9, 7, 7});
+  CHECK(one.odd == std::vector<int>{1});
+  CHECK(one.healthy == 0);
+  CHECK(vote({9, 7, 7}).healthy == 1);
+  const ReplicaVote two = vote({7, 9});  // two that differ: which is right?
+  CHECK(!two.agree());
+  CHECK(two.odd == std::vector<int>{0, 1});
+  CHECK(two.healthy == -1);
+  const ReplicaVote tie = vote({7, 7, 9, 9});  // 2 against 2
+  CHECK(tie.healthy == -1);
+  CHECK(tie.odd.size() == 4);
+  CHECK(vote({5}).agree());
+  // A checksum sees one flipped bit, and only that.
+  shardlab::Tensor a = shardlab::Tensor::from_vector(std::vector<float>{1, 2, 3, 4});
+  shardlab::Tensor b = shardlab::Tensor::from_vector(std::vector<float>{1, 2, 3, 4});
+  CHECK(checksum(a) == checksum(b));
+  std::uint32_t bits = 0;
+  std::memcpy(&bits, b.data<float>() + 3, 4);
+  bits ^= 1u << 16;
+  std::memcpy(b.data<float>() + 3, &bits, 4);
+  CHECK(checksum(a) != checksum(b));
+}
+
+TEST_CASE("stragglers: busier than 1.5 times the median rank") {
+  CHECK(stragglers({1, 1, 1, 7}) == std::vector<int>{3});        // one slow of four
+  CHECK(stragglers({1, 1, 7, 1, 7}) == std::vector<int>{2, 4});  // two slow of five
+  CHECK(stragglers({1, 1.2, 0.9, 1.4}).empty());
+  CHECK(stragglers({1, 4}) == std::vector<int>{1});  // the median of two is their mean, 2.5
+  CHECK(stragglers({1, 2}).empty());
+  CHECK(stragglers({}).empty());
 }

@@ -300,7 +300,7 @@ void Communicator::wait(Request& request) {
   const auto start = std::chrono::steady_clock::now();
   Request::Impl& impl = *request.impl();
   wait_impl(impl);
-  landed(impl.flight);
+  landed(impl.flight, start);
   if (call_hook_) {
     CallTimes t;
     t.op = impl.op;
@@ -334,7 +334,7 @@ void Communicator::collective(const Collective& c) {
   const std::uint64_t flight = fly(c.op, -1, flight_count(c), c.type);
   const auto start = std::chrono::steady_clock::now();
   run_collective(c);
-  landed(flight);
+  landed(flight, start);
   if (call_hook_) {
     const auto end = std::chrono::steady_clock::now();
     call_hook_({c.op, true, start, start, end, start, end});
@@ -382,8 +382,10 @@ std::uint64_t Communicator::fly(Op op, int peer, std::size_t count, DType type) 
   return recorder_->started(std::move(f), flight_members_);
 }
 
-void Communicator::landed(std::uint64_t id) {
-  if (recorder_ && id) recorder_->finished(id);
+void Communicator::landed(std::uint64_t id, std::chrono::steady_clock::time_point since) {
+  if (!recorder_) return;
+  if (id) recorder_->finished(id);
+  recorder_->waited(std::chrono::duration<double>(now() - since).count());
 }
 
 Request Communicator::posted(Request request, Op op, std::chrono::steady_clock::time_point at) {

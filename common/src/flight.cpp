@@ -62,6 +62,16 @@ void FlightRecorder::finished(std::uint64_t id) {
     }
 }
 
+void FlightRecorder::waited(double seconds) {
+  const std::lock_guard lock(mutex_);
+  waited_ += seconds;
+}
+
+double FlightRecorder::waited() const {
+  const std::lock_guard lock(mutex_);
+  return waited_;
+}
+
 FlightRecord FlightRecorder::record() const {
   const std::lock_guard lock(mutex_);
   FlightRecord out = totals_;
@@ -128,6 +138,7 @@ FlightVerdict compare_flights(const std::vector<std::optional<FlightRecord>>& re
       waits[static_cast<std::size_t>(r)].push_back(std::move(w));
     }
   }
+  v.anyone_waited = anyone_waits;
   if (!anyone_waits) {
     v.lines.push_back("no rank was inside a call when the job ended");
     return v;

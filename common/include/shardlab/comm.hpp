@@ -426,6 +426,8 @@ class Communicator {
   /// the world; null stops. A split then costs an allgather of the colours and keys on
   /// this communicator (uncounted), to learn the new group's members.
   void record_flights(std::shared_ptr<FlightRecorder> recorder);
+  /// The recorder record_flights gave (null: none).
+  const std::shared_ptr<FlightRecorder>& flight_recorder() const { return recorder_; }
   /// The name this communicator's calls get in the flight record, before its members' world
   /// ranks: "tp" gives "tp[4,5]" (the world is "world"; a split, its parent's name and the
   /// colour, "world/3").
@@ -605,8 +607,8 @@ class Communicator {
   std::vector<int> flight_members_;
   /// Notes a call starting on this communicator in the flight record (0 when none).
   std::uint64_t fly(Op op, int peer, std::size_t count, DType type);
-  /// The call `id` of the flight record returned.
-  void landed(std::uint64_t id);
+  /// The call `id` of the flight record returned, after the rank waited `since` start.
+  void landed(std::uint64_t id, std::chrono::steady_clock::time_point since);
   /// A collective's count as its flight record shows it (allgather: this rank's share).
   std::size_t flight_count(const Collective& c) const;
   /// run_collective, timed for call_hook_ when one is set.

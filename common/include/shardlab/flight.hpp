@@ -78,6 +78,12 @@ class FlightRecorder {
   void finished(std::uint64_t id);
   /// A copy of what it holds.
   FlightRecord record() const;
+  /// Adds `seconds` this rank spent blocked in a call (Communicator does, for a blocking
+  /// call whole and for a wait on a request).
+  void waited(double seconds);
+  /// The seconds this rank has spent blocked in calls on any of its communicators: its
+  /// exposed communication and its waits for slower ranks (a straggler waits least).
+  double waited() const;
 
  private:
   int rank_;
@@ -85,6 +91,7 @@ class FlightRecorder {
   mutable std::mutex mutex_;
   std::deque<std::pair<std::uint64_t, Flight>> kept_;
   std::uint64_t next_id_ = 1;
+  double waited_ = 0;
   FlightRecord totals_;  // started and groups (flights unused)
 };
 
@@ -99,6 +106,7 @@ struct FlightVerdict {
   std::vector<int> stopped;
   std::vector<int> deadlocked;     ///< ranks waiting for each other in a circle
   std::vector<std::string> lines;  ///< the verdict in words, one line each
+  bool anyone_waited = false;      ///< some rank was inside a call that never returned
 };
 /// Compares the ranks' records (see the top); `records[r]` is world rank r's.
 FlightVerdict compare_flights(const std::vector<std::optional<FlightRecord>>& records);
