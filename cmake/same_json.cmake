@@ -18,6 +18,8 @@ foreach(which FIRST SECOND)
   if(TIMED)
     string(REGEX REPLACE "\"(${TIMED})\" *: *[-+0-9.eE]+" "\"\\1\": timed" out "${out}")
     string(REGEX REPLACE "\"(${TIMED})\" *: *\"[^\"]*\"" "\"\\1\": timed" out "${out}")
+    # ...and a list of numbers decided by a timing (the ranks a run found slow).
+    string(REGEX REPLACE "\"(${TIMED})\" *: *\\[[-+0-9.eE, \n]*\\]" "\"\\1\": timed" out "${out}")
   endif()
   set(result_${which} "${out}")  # not a list: the JSON may hold ';'
 endforeach()

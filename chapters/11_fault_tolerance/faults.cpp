@@ -2,11 +2,13 @@
 #include "faults.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <regex>
 
 #include "shardlab/check.hpp"
@@ -60,6 +62,21 @@ std::vector<Fault> parse_faults(const std::vector<std::string>& specs, int ranks
   }
   std::stable_sort(out.begin(), out.end(),
                    [](const Fault& a, const Fault& b) { return a.step < b.step; });
+  return out;
+}
+
+std::vector<Fault> draw_failures(double mtbf_steps, std::uint64_t seed, int ranks, int steps) {
+  std::mt19937_64 draw(seed);
+  auto uniform = [&] { return static_cast<double>(draw() >> 11) * 0x1.0p-53; };  // [0, 1)
+  std::vector<Fault> out;
+  for (double at = -std::log(1 - uniform()) * mtbf_steps; at < steps;
+       at += -std::log(1 - uniform()) * mtbf_steps) {
+    Fault f;
+    f.rank = static_cast<int>(uniform() * ranks);
+    f.step = static_cast<int>(at);
+    f.spec = "kill@" + std::to_string(f.rank) + "@" + std::to_string(f.step);
+    out.push_back(f);
+  }
   return out;
 }
 

@@ -40,6 +40,14 @@ Fault parse_fault(const std::string& spec);
 /// first); UsageError when a rank is not one of `ranks` or a step not one of `steps`.
 std::vector<Fault> parse_faults(const std::vector<std::string>& specs, int ranks, int steps);
 
+/// Failures drawn from a mean time between failures of `mtbf_steps` steps (--mtbf-steps):
+/// the gaps between them exponential (a memoryless failure process, as in Young's and
+/// Daly's model), each a kill of a rank drawn uniformly from `ranks`, in steps 0..steps-1.
+/// The same `seed` gives the same failures (a std::mt19937_64 of the seed, its numbers
+/// turned into the gaps here, not by the library's distributions, which differ between
+/// standard libraries).
+std::vector<Fault> draw_failures(double mtbf_steps, std::uint64_t seed, int ranks, int steps);
+
 /// A checksum of a tensor's bytes (64-bit FNV-1a): replicas that hold the same weights
 /// have the same one; one flipped bit changes it.
 std::uint64_t checksum(const shardlab::Tensor& t);

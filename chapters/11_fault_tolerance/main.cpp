@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -68,13 +69,17 @@ namespace {
 struct Settings11 {
   ch09::Settings run;               ///< the model, the mesh and the training (chapter 09's flags)
   std::vector<std::string> inject;  ///< --inject; none given: the last rank killed halfway
-  int every = 4;                    ///< --checkpoint-every
+  int every = 4;                    ///< --checkpoint-every (0: none; auto: set after step 0)
+  bool every_auto = false;          ///< --checkpoint-every auto: at Young's interval
+  double mtbf_steps = 0;            ///< --mtbf-steps: failures drawn at this mean gap
   int check_every = 1;              ///< --check-every: the replicas' checksums
   std::string dir;                  ///< --checkpoint-dir; "": a temporary folder of the run's own
   std::string compare;              ///< --compare-flights: the records of a job to compare
   std::vector<Fault> faults;
 };
 
+/// --checkpoint-every auto's choice, once made (0: not yet), kept for the restarts.
+std::atomic<int> chosen_every{0};
 /// Rank 0's record of the attempts (they run one after another in this process).
 std::vector<Attempt> attempts;
 /// Which faults have struck: a failure happens once, not again when its step is trained
@@ -143,10 +148,37 @@ bool check_replicas(Context& ctx, Mesh& mesh, GptModel& model, int t, bool repai
   return false;
 }
 
+/// --checkpoint-every auto, after the run's first step: Young's interval √(2 δ M) (the
+/// learner's young_interval) from δ, one checkpoint's time (written once, aside, to measure
+/// it), and M, --mtbf-steps steps of the time the step took; in whole steps, at least one.
+/// Every rank calls it, and every rank gets the same answer.
+int choose_interval(Context& ctx, const Settings11& s, Mesh& mesh, GptModel& model,
+                    Trainer& trainer, const Attempt& rec) {
+  const std::string aside = s.dir + "_measure";
+  const Stopwatch saving;
+  save_checkpoint(aside, mesh, model, &trainer.optimizer(), 0, &trainer.scaler(),
+                  trainer.expert_optimizer());
+  const double delta = ctx.comm().agree(saving.seconds(), ReduceOp::max);
+  if (ctx.rank() == 0) fs::remove_all(aside);
+  const double step = ctx.comm().agree(ctx.rank() == 0 ? rec.step_s.back() : 0.0, ReduceOp::max);
+  const double mtbf = s.mtbf_steps * step, interval = young_interval(delta, mtbf);
+  const int every = std::max(1, static_cast<int>(std::lround(interval / step)));
+  chosen_every = every;
+  ctx.say("--checkpoint-every auto: a checkpoint takes " + format_number(1e3 * delta, 3) +
+          " ms, a step " + format_number(1e3 * step, 3) + " ms, a failure comes every " +
+          format_number(s.mtbf_steps, 3) + " steps (" + format_number(mtbf, 3) +
+          " s): Young's interval is " + format_number(interval, 3) + " s, a checkpoint every " +
+          std::to_string(every) + " steps");
+  ctx.json()["checkpoint_every"] = every;
+  ctx.json()["checkpoint_seconds"] = delta;
+  return every;
+}
+
 /// Steps first .. steps - 1, with this rank's faults; a checkpoint after every `every`-th;
 /// rank 0 notes each step's and checkpoint's time in `rec`.
 void train_from(Context& ctx, const Settings11& s, Mesh& mesh, GptModel& model, Trainer& trainer,
                 int first, Attempt& rec, std::vector<double>& busy) {
+  int every = s.every_auto ? chosen_every.load() : s.every;
   const Fault* slow = nullptr;
   for (const Fault& f : s.faults)
     if (f.kind == Fault::Kind::slow && f.rank == ctx.rank()) slow = &f;
@@ -200,7 +232,8 @@ void train_from(Context& ctx, const Settings11& s, Mesh& mesh, GptModel& model, 
       std::memcpy(host.data<float>(), &bits, 4);
       model.store().values().copy_from(host);
     }
-    const bool save = s.every > 0 && (t + 1) % s.every == 0 && t + 1 < s.run.steps;
+    if (s.every_auto && every == 0) every = choose_interval(ctx, s, mesh, model, trainer, rec);
+    const bool save = every > 0 && (t + 1) % every == 0 && t + 1 < s.run.steps;
     if (s.run.run.zero == 0 && ((s.check_every > 0 && (t + 1) % s.check_every == 0) || save)) {
       const Stopwatch checking;  // (ZeRO-1's replicas hold their whole weights only later)
       check_replicas(ctx, mesh, model, t, s.check_every == 1);
@@ -248,6 +281,7 @@ void run(Context& ctx, Settings11 s) {
   rec.start = since_start.seconds();
   if (first_attempt && ctx.rank() == 0) {
     attempts.clear();
+    chosen_every = 0;
     struck.assign(s.faults.size(), 0);
     fs::remove_all(s.dir);  // a run of its own: no checkpoint of an earlier one
   }
@@ -255,8 +289,15 @@ void run(Context& ctx, Settings11 s) {
     std::string faults;
     for (const Fault& f : s.faults) faults += (faults.empty() ? "" : ", ") + f.spec;
     ctx.say("Chapter 11 - " + describe(c, ctx.comm().backend()) + "; " +
-            std::to_string(s.run.steps) + " steps, a checkpoint after every " +
-            std::to_string(s.every) + "; failures: " + (faults.empty() ? "none" : faults) + "\n");
+            std::to_string(s.run.steps) + " steps, " +
+            (s.every_auto ? "checkpoints at Young's interval"
+                          : "a checkpoint after every " + std::to_string(s.every)) +
+            "; failures: " + (faults.empty() ? "none" : faults) +
+            (s.mtbf_steps > 0
+                 ? " (drawn: one every " + format_number(s.mtbf_steps, 3) +
+                       " steps on average, --seed " + std::to_string(ctx.options().seed) + ")"
+                 : "") +
+            "\n");
   }
   ctx.comm().barrier();
   // A recorder on every communicator of the rank (they are split from this one below): the
@@ -275,7 +316,7 @@ void run(Context& ctx, Settings11 s) {
     // The bookkeeping (the learner's resume_point) against the checkpoint the run found.
     const int failed_at =
         ctx.comm().agree(ctx.rank() == 0 ? attempts.back().failed_at : 0, ReduceOp::max);
-    const ResumePoint p = resume_point(s.every, failed_at);
+    const ResumePoint p = resume_point(s.every_auto ? chosen_every.load() : s.every, failed_at);
     ctx.verify(p.step == first, "resume_point says step " + std::to_string(p.step) +
                                     ", the last complete checkpoint is of step " +
                                     std::to_string(first));
@@ -355,8 +396,15 @@ int main(int argc, char** argv) {
                  "a failure: kill@RANK@STEP, hang@RANK@STEP, nan@RANK@STEP, flip@RANK@STEP or "
                  "slow@RANK@FACTOR (several allowed), or none [kill@LAST_RANK@STEPS/2]")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  cli::option(cli, "--checkpoint-every", s.every, "a checkpoint after every K steps (0: none)",
-              cli::whole(0, 100000));
+  std::string every = "4";
+  cli::option(cli, "--checkpoint-every", every,
+              "a checkpoint after every K steps (0: none), or auto: at Young's interval from "
+              "the checkpoint's time and --mtbf-steps",
+              CLI::Validator());
+  cli::option(cli, "--mtbf-steps", s.mtbf_steps,
+              "failures drawn (kills, at exponential gaps, from --seed) every N steps on "
+              "average; 0: only --inject's",
+              cli::between(0.0, 1e6));
   cli::option(cli, "--check-every", s.check_every,
               "compare the data-parallel replicas' weights (checksums) after every K steps and "
               "before each checkpoint (0: only before checkpoints)",
@@ -369,15 +417,40 @@ int main(int argc, char** argv) {
               CLI::Validator());
   program.default_flight_record(64);
   program.default_ranks([&](const Options& o) { return s.compare.empty() ? o.ranks : 1; });
-  program.world_size([&](const Options&, int ranks) {
+  program.world_size([&](const Options& o, int ranks) {
     if (!s.compare.empty()) return;
     c.mesh = ch08::mesh_for_ranks(s.run.mesh, ranks);
     if (c.mesh.cp > 1)
       c.context = ch10::ring_context(ch10::Split::zigzag, c.overlap[ch08::Axis::cp]);
     check_config(c);
+    s.every_auto = every == "auto";
+    if (!s.every_auto) {
+      std::size_t used = 0;
+      int k = -1;
+      try {
+        k = std::stoi(every, &used);
+      } catch (const std::exception&) {
+      }
+      require_usage(
+          used == every.size() && k >= 0 && k <= 100000 &&
+              every.find_first_not_of("0123456789") == std::string::npos,
+          "--checkpoint-every " + every + ": a whole number of steps, 0 to 100000, or auto");
+      s.every = k;
+    } else {
+      require_usage(s.mtbf_steps > 0,
+                    "--checkpoint-every auto needs --mtbf-steps N: Young's "
+                    "interval is set by how often failures come");
+    }
+    if (s.inject.empty() && s.mtbf_steps > 0) s.inject = {"none"};
     if (s.inject.empty())
       s.inject = {"kill@" + std::to_string(ranks - 1) + "@" + std::to_string(s.run.steps / 2)};
     s.faults = parse_faults(s.inject, ranks, s.run.steps);
+    if (s.mtbf_steps > 0) {
+      for (const Fault& f : draw_failures(s.mtbf_steps, o.seed, ranks, s.run.steps))
+        s.faults.push_back(f);
+      std::stable_sort(s.faults.begin(), s.faults.end(),
+                       [](const Fault& a, const Fault& b) { return a.step < b.step; });
+    }
     struck.assign(s.faults.size(), 0);  // before any rank starts; kept across the restarts
   });
   program.validate([&](const Options& o) {

@@ -8,10 +8,13 @@
 //   skipped_steps from every attempt, not the last that trained the step: {3, 4} ({4})
 //   the vote's majority as "at least half" (two of four): "2 against 2" finds one healthy
 //   the odd replicas without a majority left empty: "two that differ" gives agree()
+//   draw_failures' gaps uniform on [0, 2N) instead of exponential: "a gap longer than 3N"
+//   (none of 20,000 such gaps is; about 5 % of exponential ones are)
 //   stragglers against the mean instead of the median: "one slow of four" names none
 //   (the mean, 2.5, times 1.5 is 3.75 < 7 — names it too; see "two slow of five")
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -162,4 +165,39 @@ TEST_CASE("stragglers: busier than 1.5 times the median rank") {
   CHECK(stragglers({1, 4}) == std::vector<int>{1});  // the median of two is their mean, 2.5
   CHECK(stragglers({1, 2}).empty());
   CHECK(stragglers({}).empty());
+}
+
+TEST_CASE("failures drawn from a mean time between them: seeded, exponential gaps") {
+  const std::vector<Fault> a = draw_failures(8, 3, 8, 40), b = draw_failures(8, 3, 8, 40);
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    CHECK(a[i].spec == b[i].spec);
+    CHECK(a[i].kind == Fault::Kind::kill);
+    CHECK(a[i].spec == "kill@" + std::to_string(a[i].rank) + "@" + std::to_string(a[i].step));
+  }
+  CHECK(draw_failures(8, 4, 8, 40).size() + a.size() > 0);
+  bool differ = draw_failures(8, 4, 8, 40).size() != a.size();
+  for (std::size_t i = 0; !differ && i < a.size(); ++i)
+    differ = draw_failures(8, 4, 8, 40)[i].spec != a[i].spec;
+  CHECK_MESSAGE(differ, "another seed, other failures");
+  // Over 2,000,000 steps with a failure every 100 on average: about 20,000 failures (a
+  // Poisson count: within 3 % is 4 standard deviations), every step and rank in range, in
+  // order, the ranks about equally often, and the gaps exponential: P(gap > 3N) = e^-3.
+  const std::vector<Fault> many = draw_failures(100, 1, 4, 2000000);
+  CHECK(many.size() == doctest::Approx(20000).epsilon(0.03));
+  std::vector<int> per_rank(4, 0);
+  int long_gaps = 0;
+  for (std::size_t i = 0; i < many.size(); ++i) {
+    REQUIRE(many[i].rank >= 0);
+    REQUIRE(many[i].rank < 4);
+    REQUIRE(many[i].step < 2000000);
+    if (i > 0) {
+      REQUIRE(many[i].step >= many[i - 1].step);
+      long_gaps += many[i].step - many[i - 1].step > 300;
+    }
+    ++per_rank[std::size_t(many[i].rank)];
+  }
+  for (int n : per_rank) CHECK(n == doctest::Approx(5000).epsilon(0.1));
+  CHECK(double(long_gaps) / double(many.size()) == doctest::Approx(std::exp(-3.0)).epsilon(0.15));
+  CHECK(draw_failures(1e6, 1, 8, 10).size() <= 1);
 }

@@ -187,7 +187,7 @@ FlightVerdict compare_flights(const std::vector<std::optional<FlightRecord>>& re
     const auto& rec = records[static_cast<std::size_t>(q)];
     std::string line = "rank " + std::to_string(q);
     if (!rec) {
-      line += " left no record (its process is gone)";
+      line += " left no record (its process is gone, or never stopped to write it)";
     } else if (!waits[static_cast<std::size_t>(q)].empty()) {
       line += " is inside " + waits[static_cast<std::size_t>(q)].front().call.describe() +
               ", which every rank of its group entered";

@@ -593,9 +593,13 @@ int Program::run_mpi(const Body& body) {
       mpi::end_job(code);
     }
   } catch (...) {
-    // Under mpirun each process writes its own record; a launcher compares them.
-    if (recorder && !options_.flight_dir.empty())
+    // Under mpirun each process writes its own record, for a launcher to compare. The
+    // others write theirs when their own waits run out, within one --timeout of this one:
+    // the job is ended only after that, so that every rank that can still write has.
+    if (recorder && !options_.flight_dir.empty()) {
       write_flight_record(name_, options_.flight_dir, recorder->record());
+      std::this_thread::sleep_for(std::chrono::duration<double>(options_.timeout_s + 0.5));
+    }
     const Outcome f = classify(std::current_exception());
     int order = 0;
     try {

@@ -60,7 +60,8 @@ struct Options {
   /// records are compared (flight.hpp); 0: none.
   int flight_record = 0;
   /// --flight-dir: where each rank writes its flight record (rank_R.json) when the job
-  /// fails; "": nowhere (on threads the records are compared in the process).
+  /// fails; "": nowhere (on threads the records are compared in the process). Under
+  /// mpirun a failing job then ends one --timeout later, once the other ranks have written.
   std::string flight_dir;
   /// Where a rank's tensors live: Memory::device under --device cuda (or --backend nccl).
   Memory memory() const { return device == "cuda" ? Memory::device : Memory::host; }
