@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -84,8 +85,14 @@ std::uint64_t checksum(const shardlab::Tensor& t) {
   const shardlab::Tensor host = t.to(shardlab::Memory::host);
   const auto* bytes = static_cast<const unsigned char*>(host.raw());
   const std::size_t n = static_cast<std::size_t>(host.size()) * shardlab::dtype_size(host.dtype());
-  std::uint64_t h = 14695981039346656037ull;  // FNV-1a's offset basis and prime
-  for (std::size_t i = 0; i < n; ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+  // FNV-1a's offset basis and prime, over 8 bytes at a time (then the last few).
+  std::uint64_t h = 14695981039346656037ull, word = 0;
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    std::memcpy(&word, bytes + i, 8);
+    h = (h ^ word) * 1099511628211ull;
+  }
+  for (; i < n; ++i) h = (h ^ bytes[i]) * 1099511628211ull;
   return h;
 }
 

@@ -48,8 +48,8 @@ std::vector<Fault> parse_faults(const std::vector<std::string>& specs, int ranks
 /// standard libraries).
 std::vector<Fault> draw_failures(double mtbf_steps, std::uint64_t seed, int ranks, int steps);
 
-/// A checksum of a tensor's bytes (64-bit FNV-1a): replicas that hold the same weights
-/// have the same one; one flipped bit changes it.
+/// A checksum of a tensor's bytes (64-bit FNV-1a, over 8-byte words): replicas that hold
+/// the same weights have the same one; one flipped bit changes it.
 std::uint64_t checksum(const shardlab::Tensor& t);
 
 /// Which of a group's replicas differ, from each one's checksum (in the group's order).

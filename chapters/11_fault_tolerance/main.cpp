@@ -128,9 +128,11 @@ bool check_replicas(Context& ctx, Mesh& mesh, GptModel& model, int t, bool repai
   std::vector<int> odd;  // in the world's numbers
   for (int i : v.odd)
     odd.push_back(ch08::group_along(mesh.shape(), mesh.coords(), ch08::kReplicaAxes)[i]);
-  const bool whole = ctx.comm().all_true(v.agree()),
-             repairable = ctx.comm().all_true(v.healthy >= 0);
-  if (whole) return true;
+  // One agreement for both: 0 every group agrees, 1 some differ but each has a majority,
+  // 2 some group has none.
+  const int state = ctx.comm().agree(v.agree() ? 0 : v.healthy >= 0 ? 1 : 2, ReduceOp::max);
+  if (state == 0) return true;
+  const bool repairable = state == 1;
   std::string line;
   if (!v.agree() && replicas.rank() == v.odd.front())
     line =
