@@ -16,12 +16,12 @@ class Context;
 namespace ch11 {
 
 /// A failure to inject (--inject), on one rank:
-///   kill@RANK@STEP   the rank ends without a word, as a process killed or a machine lost
-///   hang@RANK@STEP   it stops in the step and never answers again (a deadlocked GPU)
-///   slow@RANK@FACTOR every step of it takes FACTOR times its time (a straggler)
-///   nan@RANK@STEP    a NaN in one of its gradients of that step
-///   flip@RANK@STEP   one bit of one of its weights flipped after that step's update (silent
-///                    data corruption: its data-parallel replica no longer equals the others)
+/// - `kill@RANK@STEP`: the rank ends without a word, as a process killed or a machine lost;
+/// - `hang@RANK@STEP`: it stops in the step and never answers again (a deadlocked GPU);
+/// - `slow@RANK@FACTOR`: every step of it takes FACTOR times its time (a straggler);
+/// - `nan@RANK@STEP`: a NaN in one of its gradients of that step;
+/// - `flip@RANK@STEP`: one bit of one of its weights flipped after that step's update
+///   (silent data corruption: its data-parallel replica no longer equals the others).
 struct Fault {
   /// What happens to the rank.
   enum class Kind { kill, hang, slow, nan, flip };
