@@ -158,6 +158,13 @@ CHAPTERS = [
              Figure("10_ring_attention_time.png",
                     "Forward and backward of the slowest rank against the ring's size: the "
                     "ring runs at that rank's pace (threads on this machine).")]),
+    Chapter("11", "11_fault_tolerance", "training through failures",
+            [["ch11_fault_tolerance", "--sweep", "--steps", "12", "--rounds", "1",
+              "--intervals", "1,4", "--csv-dir", "{out}"]],
+            ["11_fault_tolerance.csv"],
+            [Figure("11_fault_tolerance_waste.png",
+                    "The waste of a run with failures against its checkpoint interval: "
+                    "measured, and Young's formula with its minimum.")]),
 ]
 
 # The README's figures (small copies, committed as docs/images/readme_NAME: the site

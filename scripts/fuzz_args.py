@@ -182,6 +182,9 @@ CHAPTERS = {
         "--zero": ["0", "1", "2", "-1", "x"],
         # another program's flags: refused
         "--plan": None,
+    "--sweep": None,
+    "--intervals": ["1", "1,4", "0", "x", "", "2,100001"],
+    "--rounds": ["1", "2", "0", "-1", "x"],
         "--layout": None,
         "--model": ["1t"],
     },
@@ -194,6 +197,9 @@ CHAPTERS = {
         "--gpus-per-node": ["8", "1", "4", "16", "0", "1048577", "x"],
         "--csv": None,
         "--plan": None,
+    "--sweep": None,
+    "--intervals": ["1", "1,4", "0", "x", "", "2,100001"],
+    "--rounds": ["1", "2", "0", "-1", "x"],
         "--steps": ["4"],
     },
     "ch08_plan": {
@@ -297,6 +303,10 @@ CHAPTERS["ch11"].update({
     "--mtbf-steps": ["0", "2", "8", "-1", "x", "nan"],
     "--checkpoint-dir": ["out/ckpt", "/proc/ckpt", "/dev/full", ""],
     "--compare-flights": ["flights", "/nonexistent", "a-file", ""],
+    "--plan": None,
+    "--sweep": None,
+    "--intervals": ["1", "1,4", "0", "x", "", "2,100001"],
+    "--rounds": ["1", "2", "0", "-1", "x"],
 })
 
 # Pairs whose product is what matters: drawn together, so that a large value meets
@@ -327,7 +337,7 @@ PAIRS = {
 # 64 MiB, chapter 07's all-to-alls up to 256 MiB and chapter 04's a model 256 wide: the
 # benchmark modes' sizes are the machine's business, not the flags' (those drawn stay).
 FILL = {"ch09": [(("--steps",), "2")],
-        "ch11": [(("--steps",), "2")],
+        "ch11": [(("--steps",), "2"), (("--rounds",), "1"), (("--intervals",), "1,2")],
         "ch03": [(("-n", "--iters"), "2"), (("-w", "--warmup_iters"), "1"),
                  (("-e", "--maxbytes"), "1M")],
         "ch04": [(("--width",), "64")],

@@ -53,10 +53,12 @@
 #include "mesh_flags.hpp"
 #include "options.hpp"
 #include "recovery.hpp"
+#include "reliability.hpp"
 #include "shardlab/cli.hpp"
 #include "shardlab/format.hpp"
 #include "shardlab/launch.hpp"
 #include "shardlab/timer.hpp"
+#include "sweep.hpp"
 #include "train.hpp"
 
 using namespace shardlab;
@@ -75,6 +77,10 @@ struct Settings11 {
   int check_every = 1;              ///< --check-every: the replicas' checksums
   std::string dir;                  ///< --checkpoint-dir; "": a temporary folder of the run's own
   std::string compare;              ///< --compare-flights: the records of a job to compare
+  bool plan = false;                ///< --plan: the planner, on paper
+  bool sweep = false;               ///< --sweep: the waste against the checkpoint interval
+  std::vector<int> intervals = {1, 2, 3, 4, 6, 8, 12};  ///< --intervals: the sweep's
+  int rounds = 3;                                       ///< --rounds: the sweep's runs each
   std::vector<Fault> faults;
 };
 
@@ -271,6 +277,7 @@ void report_stragglers(Context& ctx, std::vector<double> busy) {
 
 void run(Context& ctx, Settings11 s) {
   const TrainConfig& c = s.run.run;
+  const Corpus data = Corpus::load(s.run.data, c.model.context);  // a bad --data: one line
   if (s.dir.empty()) {
     const auto pid = static_cast<long>(ctx.comm().agree(double(getpid()), ReduceOp::max));
     const fs::path mine = fs::temp_directory_path() / ("shardlab_ch11_" + std::to_string(pid));
@@ -306,7 +313,6 @@ void run(Context& ctx, Settings11 s) {
   // time each rank waits for the others, which names a straggler.
   if (!ctx.comm().flight_recorder())
     ctx.comm().record_flights(std::make_shared<FlightRecorder>(ctx.rank(), 1));
-  const Corpus data = Corpus::load(s.run.data, c.model.context);
   Mesh mesh(ctx.comm(), c.mesh);
   GptModel model(mesh, c.model, c.model_options());
   Trainer trainer(mesh, model, c, data);
@@ -418,9 +424,22 @@ int main(int argc, char** argv) {
               "only compare the flight records a failed job wrote (--flight-dir DIR)",
               CLI::Validator());
   program.default_flight_record(64);
-  program.default_ranks([&](const Options& o) { return s.compare.empty() ? o.ranks : 1; });
+  cli.add_flag("--plan", s.plan,
+               "only the planner: Llama 3's failures, and what keeps a job's goodput above "
+               "90 % and 95 % as it grows");
+  cli.add_flag("--sweep", s.sweep,
+               "a benchmark: the waste measured against the checkpoint interval (--intervals) "
+               "with failures every --mtbf-steps (10), beside Young's formula; a CSV");
+  cli.add_option("--intervals", s.intervals, "the checkpoint intervals the sweep tries, in steps")
+      ->delimiter(',')
+      ->check(cli::whole(1, 100000));
+  cli::option(cli, "--rounds", s.rounds,
+              "the sweep's runs per interval, each with its own failures", cli::whole(1, 1000));
+  program.writes_csv([&] { return s.sweep; });
+  program.default_ranks(
+      [&](const Options& o) { return s.compare.empty() && !s.plan ? o.ranks : 1; });
   program.world_size([&](const Options& o, int ranks) {
-    if (!s.compare.empty()) return;
+    if (!s.compare.empty() || s.plan) return;
     c.mesh = ch08::mesh_for_ranks(s.run.mesh, ranks);
     if (c.mesh.cp > 1)
       c.context = ch10::ring_context(ch10::Split::zigzag, c.overlap[ch08::Axis::cp]);
@@ -442,6 +461,13 @@ int main(int argc, char** argv) {
       require_usage(s.mtbf_steps > 0,
                     "--checkpoint-every auto needs --mtbf-steps N: Young's "
                     "interval is set by how often failures come");
+    }
+    if (s.sweep) {
+      require_usage(s.inject.empty(),
+                    "--sweep draws its own failures (--mtbf-steps), "
+                    "not --inject's");
+      if (s.mtbf_steps == 0) s.mtbf_steps = 10;
+      return;
     }
     if (s.inject.empty() && s.mtbf_steps > 0) s.inject = {"none"};
     if (s.inject.empty())
@@ -487,6 +513,19 @@ int main(int argc, char** argv) {
   });
   const int code = program.run(argc, argv, [&](Context& ctx) {
     ctx.json()["chapter"] = "11_fault_tolerance";
+    if (s.plan) return report_plan(ctx);
+    if (s.sweep) {
+      SweepSettings sw{c,           s.run.data, s.run.steps,        s.mtbf_steps,
+                       s.intervals, s.rounds,   ctx.options().seed, s.dir};
+      if (sw.dir.empty()) {
+        const auto pid = static_cast<long>(ctx.comm().agree(double(getpid()), ReduceOp::max));
+        sw.dir =
+            (fs::temp_directory_path() / ("shardlab_ch11_sweep_" + std::to_string(pid))).string();
+      }
+      sweep_waste(ctx, sw);
+      if (ctx.rank() == 0 && s.dir.empty()) fs::remove_all(sw.dir);
+      return;
+    }
     if (s.compare.empty()) return run(ctx, s);
     // A job under mpirun cannot compare its ranks' records as it fails: they are written
     // (--flight-dir) and compared here, afterwards.
