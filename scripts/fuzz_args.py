@@ -182,9 +182,6 @@ CHAPTERS = {
         "--zero": ["0", "1", "2", "-1", "x"],
         # another program's flags: refused
         "--plan": None,
-    "--sweep": None,
-    "--intervals": ["1", "1,4", "0", "x", "", "2,100001"],
-    "--rounds": ["1", "2", "0", "-1", "x"],
         "--layout": None,
         "--model": ["1t"],
     },
@@ -197,9 +194,6 @@ CHAPTERS = {
         "--gpus-per-node": ["8", "1", "4", "16", "0", "1048577", "x"],
         "--csv": None,
         "--plan": None,
-    "--sweep": None,
-    "--intervals": ["1", "1,4", "0", "x", "", "2,100001"],
-    "--rounds": ["1", "2", "0", "-1", "x"],
         "--steps": ["4"],
     },
     "ch08_plan": {
@@ -304,6 +298,8 @@ CHAPTERS["ch11"].update({
     "--checkpoint-dir": ["out/ckpt", "/proc/ckpt", "/dev/full", ""],
     "--compare-flights": ["flights", "/nonexistent", "a-file", ""],
     "--plan": None,
+    "--elastic": None,
+    "--save": ["out/final", "/proc/final", ""],
     "--sweep": None,
     "--intervals": ["1", "1,4", "0", "x", "", "2,100001"],
     "--rounds": ["1", "2", "0", "-1", "x"],

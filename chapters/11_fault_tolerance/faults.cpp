@@ -10,7 +10,6 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <regex>
 
 #include "shardlab/check.hpp"
 #include "shardlab/format.hpp"
@@ -21,32 +20,59 @@ namespace ch11 {
 
 using shardlab::require_usage;
 
+namespace {
+
+/// `text` as a whole number from 0 with at most six digits and no leading zero; -1 when it
+/// is not one.
+int whole(const std::string& text) {
+  if (text.empty() || text.size() > 6 || (text.size() > 1 && text[0] == '0') ||
+      text.find_first_not_of("0123456789") != std::string::npos)
+    return -1;
+  return std::stoi(text);
+}
+
+/// `text` as a factor: digits, at most three before a point and six after; -1 when not.
+double factor(const std::string& text) {
+  const std::size_t point = text.find('.');
+  const std::string in = text.substr(0, point),
+                    frac = point == std::string::npos ? "0" : text.substr(point + 1);
+  const bool digits = !in.empty() && in.size() <= 3 && !frac.empty() && frac.size() <= 6 &&
+                      in.find_first_not_of("0123456789") == std::string::npos &&
+                      frac.find_first_not_of("0123456789") == std::string::npos;
+  return digits ? std::stod(in + "." + frac) : -1;
+}
+
+}  // namespace
+
 Fault parse_fault(const std::string& spec) {
-  static const std::regex at_step(
-      R"((kill|hang|nan|flip)@(0|[1-9][0-9]{0,5})@(0|[1-9][0-9]{0,5}))");
-  static const std::regex slow(R"(slow@(0|[1-9][0-9]{0,5})@([0-9]{1,3}(\.[0-9]{1,6})?))");
   const std::string forms =
       "--inject " + spec +
       ": kill@RANK@STEP, hang@RANK@STEP, nan@RANK@STEP, flip@RANK@STEP or slow@RANK@FACTOR "
       "(RANK and STEP whole numbers from 0, FACTOR from 1 to 100: kill@3@10, slow@2@3), or none";
+  // KIND@RANK@VALUE: exactly two @.
+  const std::size_t first = spec.find('@'), second = spec.find('@', first + 1);
+  require_usage(first != std::string::npos && second != std::string::npos &&
+                    spec.find('@', second + 1) == std::string::npos,
+                forms);
+  const std::string kind = spec.substr(0, first), rank = spec.substr(first + 1, second - first - 1),
+                    value = spec.substr(second + 1);
   Fault f;
   f.spec = spec;
-  std::smatch m;
-  if (std::regex_match(spec, m, slow)) {
+  f.rank = whole(rank);
+  require_usage(f.rank >= 0, forms);
+  if (kind == "slow") {
     f.kind = Fault::Kind::slow;
-    f.rank = std::stoi(m[1]);
-    f.factor = std::stod(m[2]);
+    f.factor = factor(value);
     require_usage(f.factor >= 1 && f.factor <= 100, forms);
     return f;
   }
-  require_usage(std::regex_match(spec, m, at_step), forms);
-  const std::string kind = m[1];
+  require_usage(kind == "kill" || kind == "hang" || kind == "nan" || kind == "flip", forms);
   f.kind = kind == "kill"   ? Fault::Kind::kill
            : kind == "hang" ? Fault::Kind::hang
            : kind == "nan"  ? Fault::Kind::nan
                             : Fault::Kind::flip;
-  f.rank = std::stoi(m[2]);
-  f.step = std::stoi(m[3]);
+  f.step = whole(value);
+  require_usage(f.step >= 0, forms);
   return f;
 }
 
@@ -183,13 +209,14 @@ void report_goodput(shardlab::Context& ctx, const std::vector<Attempt>& attempts
 
 shardlab::FlightVerdict compare_flight_dir(const std::string& dir) {
   namespace fs = std::filesystem;
-  static const std::regex name(R"(rank_(0|[1-9][0-9]{0,5})\.json)");
   std::map<int, shardlab::FlightRecord> found;
   std::error_code error;
   for (const auto& entry : fs::directory_iterator(dir, error)) {
-    std::smatch m;
-    const std::string file = entry.path().filename().string();
-    if (!std::regex_match(file, m, name)) continue;
+    const std::string file = entry.path().filename().string();  // rank_R.json
+    const bool named = file.size() > 10 && file.rfind("rank_", 0) == 0 &&
+                       file.compare(file.size() - 5, 5, ".json") == 0;
+    const int rank = named ? whole(file.substr(5, file.size() - 10)) : -1;
+    if (rank < 0) continue;
     std::ifstream in(entry.path());
     nlohmann::json j;
     try {
@@ -198,7 +225,7 @@ shardlab::FlightVerdict compare_flight_dir(const std::string& dir) {
       throw shardlab::UsageError("--compare-flights: " + entry.path().string() + " is not JSON (" +
                                  e.what() + ")");
     }
-    found[std::stoi(m[1])] = shardlab::flight_record_from_json(j);
+    found[rank] = shardlab::flight_record_from_json(j);
   }
   require_usage(!error && !found.empty(),
                 "--compare-flights " + dir + ": no flight records (rank_R.json) there");

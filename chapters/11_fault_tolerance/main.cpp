@@ -78,12 +78,18 @@ struct Settings11 {
   std::string dir;                  ///< --checkpoint-dir; "": a temporary folder of the run's own
   std::string compare;              ///< --compare-flights: the records of a job to compare
   bool plan = false;                ///< --plan: the planner, on paper
+  bool elastic = false;             ///< --elastic: go on with the ranks that remain
+  std::string save;                 ///< --save: the final checkpoint
   bool sweep = false;               ///< --sweep: the waste against the checkpoint interval
   std::vector<int> intervals = {1, 2, 3, 4, 6, 8, 12};  ///< --intervals: the sweep's
   int rounds = 3;                                       ///< --rounds: the sweep's runs each
   std::vector<Fault> faults;
 };
 
+/// The first attempt's number of ranks, and the step an elastic restart changed the mesh
+/// at (-1: it did not).
+std::atomic<int> mesh_ranks{0};
+std::atomic<int> mesh_changed_at{-1};
 /// --checkpoint-every auto's choice, once made (0: not yet), kept for the restarts.
 std::atomic<int> chosen_every{0};
 /// Rank 0's record of the attempts (they run one after another in this process).
@@ -139,12 +145,15 @@ bool check_replicas(Context& ctx, Mesh& mesh, GptModel& model, int t, bool repai
   const int state = ctx.comm().agree(v.agree() ? 0 : v.healthy >= 0 ? 1 : 2, ReduceOp::max);
   if (state == 0) return true;
   const bool repairable = state == 1;
-  std::string line;
-  if (!v.agree() && replicas.rank() == v.odd.front())
-    line =
-        "after step " + std::to_string(t) + ": the weights of rank " + std::to_string(odd.front()) +
-        " differ from " +
-        (v.healthy >= 0 ? "the other replicas'" : "its replica's (two disagree: which is right?)");
+  std::string line, ranks;  // one line per group of replicas that disagree
+  for (std::size_t i = 0; i < odd.size(); ++i)
+    ranks += (i == 0 ? "" : i + 1 == odd.size() ? " and " : ", ") + std::to_string(odd[i]);
+  if (!v.agree() && replicas.rank() == 0)
+    line = "after step " + std::to_string(t) + ": " +
+           (v.healthy >= 0 ? "the weights of rank" + std::string(odd.size() > 1 ? "s " : " ") +
+                                 ranks + " differ from the other replicas'"
+                           : "the weights of ranks " + ranks +
+                                 " disagree, and no majority says which is right");
   const std::vector<std::string> lines = ctx.comm().gather_strings(line);
   for (const std::string& l : lines)
     if (!l.empty()) ctx.say(l);
@@ -275,7 +284,30 @@ void report_stragglers(Context& ctx, std::vector<double> busy) {
   ctx.json()["stragglers"] = slow;
 }
 
+/// The mesh for `ranks` ranks: the axes given, data parallelism taking what is left; an
+/// elastic restart (--elastic) on fewer ranks keeps every axis but dp.
+MeshShape mesh_of(const Settings11& s, int ranks) {
+  const std::vector<ch08::Axis> all(std::begin(ch08::kAxes), std::end(ch08::kAxes));
+  if (ch08::product(s.run.run.mesh, all) == ranks) return s.run.run.mesh;
+  MeshShape shape = s.run.mesh;  // as the flags gave it
+  shape.dp = 0;
+  return ch08::mesh_for_ranks(shape, ranks);
+}
+
+/// The most ranks, below `now`, that the mesh's other axes and the batch allow; 0: none.
+int fewer_ranks(const Settings11& s, int now) {
+  for (int r = now - 1; r >= 1; --r) try {
+      TrainConfig c = s.run.run;
+      c.mesh = mesh_of(s, r);
+      check_config(c);
+      return r;
+    } catch (const UsageError&) {
+    }
+  return 0;
+}
+
 void run(Context& ctx, Settings11 s) {
+  s.run.run.mesh = mesh_of(s, ctx.size());  // fewer ranks after an elastic restart
   const TrainConfig& c = s.run.run;
   const Corpus data = Corpus::load(s.run.data, c.model.context);  // a bad --data: one line
   if (s.dir.empty()) {
@@ -293,6 +325,10 @@ void run(Context& ctx, Settings11 s) {
     chosen_every = 0;
     struck.assign(s.faults.size(), 0);
     fs::remove_all(s.dir);  // a run of its own: no checkpoint of an earlier one
+  }
+  if (first_attempt) {  // every rank (processes under mpirun), the same values
+    mesh_ranks = ctx.size();
+    mesh_changed_at = -1;
   }
   if (first_attempt) {
     std::string faults;
@@ -329,7 +365,11 @@ void run(Context& ctx, Settings11 s) {
                                     ", the last complete checkpoint is of step " +
                                     std::to_string(first));
     ctx.say("attempt " + std::to_string(attempt) + ": from the checkpoint of step " +
-            std::to_string(first) + ", " + std::to_string(p.lost) + " steps lost");
+            std::to_string(first) + ", " + std::to_string(p.lost) + " steps lost" +
+            (ctx.size() == mesh_ranks
+                 ? ""
+                 : "; on " + std::to_string(ctx.size()) + " ranks, " + ch08::mesh_name(c.mesh)));
+    if (ctx.size() != mesh_ranks) mesh_changed_at = first;
   }
   rec.resumed = first;
   rec.ready = since_start.seconds();
@@ -355,6 +395,21 @@ void run(Context& ctx, Settings11 s) {
   // The same run without failures, from the start, skipping the steps this one skipped in
   // the end: its final checkpoint and this run's, byte for byte (the weights, Adam's
   // moments, the step).
+  if (!s.save.empty())
+    save_checkpoint(s.save, mesh, model, &trainer.optimizer(), s.run.steps, &trainer.scaler(),
+                    trainer.expert_optimizer());
+  if (ctx.size() != mesh_ranks) {
+    // The mesh changed: a run without failures on this mesh alone is not the reference; a
+    // run that changes mesh at the same step is (chapter 09's --save, then --load on this
+    // mesh: the test ch11.elastic_equals_ch09 compares them).
+    ctx.json()["mesh_changed_at"] = mesh_changed_at.load();
+    ctx.say("\nthe mesh changed at step " + std::to_string(mesh_changed_at.load()) + " (" +
+            std::to_string(mesh_ranks.load()) + " ranks to " + std::to_string(ctx.size()) +
+            "): its reference is not a run without failures on one mesh but one that changes "
+            "mesh at the same step, chapter 09's --save on the first and --load on this one "
+            "(--save DIR keeps this run's final checkpoint to compare)");
+    return;
+  }
   std::vector<int> skip = ctx.rank() == 0 ? skipped_steps(attempts) : std::vector<int>{};
   const int skips = ctx.comm().agree(int(skip.size()), ReduceOp::max);
   skip.resize(std::size_t(skips));
@@ -427,6 +482,10 @@ int main(int argc, char** argv) {
   cli.add_flag("--plan", s.plan,
                "only the planner: Llama 3's failures, and what keeps a job's goodput above "
                "90 % and 95 % as it grows");
+  cli.add_flag("--elastic", s.elastic,
+               "after a rank is lost, go on with the ranks that remain: data parallelism "
+               "shrinks to the replicas they hold (the batch and its order unchanged)");
+  cli::option(cli, "--save", s.save, "write the final checkpoint there", CLI::Validator());
   cli.add_flag("--sweep", s.sweep,
                "a benchmark: the waste measured against the checkpoint interval (--intervals) "
                "with failures every --mtbf-steps (10), beside Young's formula; a CSV");
@@ -501,11 +560,26 @@ int main(int argc, char** argv) {
               "norm is taken, so a NaN is not seen; keep --clip");
     }
     if (!s.dir.empty()) check_save_target(s.dir);
+    if (!s.save.empty()) check_save_target(s.save);
   });
   program.restart([&](int attempt, const std::string& failure) {
     if (std::size_t(attempt) > s.faults.size()) return false;
     if (!attempts.empty()) attempts.back().failure = failure;
-    std::fprintf(stderr, "ch11_fault_tolerance: restart %d after: %s\n", attempt, failure.c_str());
+    std::string on;
+    if (s.elastic) {  // the lost rank's place is not filled: one rank fewer, or as many fewer as
+                      // the mesh needs
+      const int now = program.options().ranks, fewer = fewer_ranks(s, now);
+      if (fewer == 0) {
+        std::fprintf(stderr,
+                     "ch11_fault_tolerance: no smaller mesh fits (--elastic keeps every axis "
+                     "but dp): not restarting\n");
+        return false;
+      }
+      program.resize(fewer);
+      on = " on " + std::to_string(fewer) + " ranks";
+    }
+    std::fprintf(stderr, "ch11_fault_tolerance: restart %d%s after: %s\n", attempt, on.c_str(),
+                 failure.c_str());
     return true;
   });
   program.memory_estimate([&](const Options& o) {

@@ -4,7 +4,8 @@
 //
 // Wrong versions this test was checked against, and what each gives:
 //   one GPU's MTBF taken as the job's (not times the GPUs): gpu_mtbf_hours 3.09
-//   the shares against all 466 interruptions, not the 419 unexpected ones: 17 disagree
+//   the shares against all 466 interruptions, not the 419 unexpected ones: ch11.plan fails
+//   (the program's table; this file counts its own shares)
 //   longest_checkpoint without the square (M (1 - g - R/M) / 2): 9.28 minutes, not 0.928
 //   longest_restart without Young's part (M (1 - g)): 74.2 minutes, not 19.7
 #include <doctest/doctest.h>

@@ -2,7 +2,6 @@
 #include "shardlab/flight.hpp"
 
 #include <algorithm>
-#include <nlohmann/json.hpp>
 #include <set>
 
 #include "shardlab/format.hpp"
@@ -235,67 +234,6 @@ FlightVerdict compare_flights(const std::vector<std::optional<FlightRecord>>& re
       }
   }
   return v;
-}
-
-// ---------------------------------------------------------------------------
-// JSON
-
-nlohmann::json flight_record_json(const FlightRecord& record) {
-  nlohmann::json j;
-  j["rank"] = record.rank;
-  j["started"] = record.started;
-  j["groups"] = record.groups;
-  nlohmann::json flights = nlohmann::json::array();
-  for (const Flight& f : record.flights)
-    flights.push_back({{"group", f.group},
-                       {"seq", f.seq},
-                       {"op", std::string(op_name(f.op))},
-                       {"peer", f.peer},
-                       {"count", f.count},
-                       {"type", std::string(dtype_name(f.type))},
-                       {"start", f.start},
-                       {"end", f.end}});
-  j["flights"] = std::move(flights);
-  return j;
-}
-
-FlightRecord flight_record_from_json(const nlohmann::json& j) {
-  try {
-    FlightRecord r;
-    r.rank = j.at("rank").get<int>();
-    r.started = j.at("started").get<std::map<std::string, std::uint64_t>>();
-    r.groups = j.at("groups").get<std::map<std::string, std::vector<int>>>();
-    for (const nlohmann::json& f : j.at("flights")) {
-      Flight x;
-      x.group = f.at("group").get<std::string>();
-      x.seq = f.at("seq").get<std::uint64_t>();
-      const std::string op = f.at("op").get<std::string>();
-      bool known = false;
-      for (std::size_t o = 0; o < op_count; ++o)
-        if (op_name(static_cast<Op>(o)) == op) {
-          x.op = static_cast<Op>(o);
-          known = true;
-        }
-      if (!known) throw Error("unknown operation '" + op + "'");
-      x.peer = f.at("peer").get<int>();
-      x.count = f.at("count").get<std::size_t>();
-      const std::string type = f.at("type").get<std::string>();
-      known = false;
-      for (DType t :
-           {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i32, DType::i64, DType::u8})
-        if (dtype_name(t) == type) {
-          x.type = t;
-          known = true;
-        }
-      if (!known) throw Error("unknown type '" + type + "'");
-      x.start = f.at("start").get<double>();
-      x.end = f.at("end").get<double>();
-      r.flights.push_back(std::move(x));
-    }
-    return r;
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(std::string("a flight record: ") + e.what());
-  }
 }
 
 }  // namespace shardlab

@@ -205,6 +205,9 @@ class Program {
   }
   /// The flight recorder's length when --flight-record is not given (0: off unless asked).
   void default_flight_record(int calls);
+  /// From a restart callback: the next run of the job has `ranks` ranks (threads), an
+  /// elastic restart on the ranks that remain. The body sees them as Context::size().
+  void resize(int ranks) { options_.ranks = ranks; }
   /// Parses argv, runs `body` on every rank, returns the exit code (see the top).
   int run(int argc, char** argv, const Body& body);
   /// The common flags: the defaults until run() has parsed argv.
