@@ -11,7 +11,8 @@ site's gallery page (docs/gallery.md: `make docs` after `make plots` shows them 
 
 With --from DIR nothing is run: the CSVs already in DIR are plotted (a chapter whose CSVs
 are missing is skipped and listed), so figures of a larger run of your own get the same
-page. --readme-figures DIR also writes small copies of the README's figures into DIR.
+page; several --from folders are searched in turn (the test suite's: each chapter's
+benchmark test writes its own), and --require-all makes a missing chapter an error. --readme-figures DIR also writes small copies of the README's figures into DIR.
 """
 import argparse
 import html
@@ -254,8 +255,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bin", default="build/default/bin", help="the chapter programs")
     parser.add_argument("--out", default="build/default/plots", help="where figures go")
-    parser.add_argument("--from", dest="source", metavar="DIR",
-                        help="plot the CSVs already in DIR instead of running anything")
+    parser.add_argument("--from", dest="sources", metavar="DIR", action="append",
+                        help="plot the CSVs already in DIR instead of running anything "
+                             "(repeatable: each chapter's from the first DIR holding them)")
+    parser.add_argument("--require-all", action="store_true",
+                        help="fail (exit 1) when a chapter has no figures")
     parser.add_argument("--only", metavar="NN", action="append",
                         help="only this chapter (repeatable)")
     parser.add_argument("--readme-figures", metavar="DIR",
@@ -264,18 +268,21 @@ def main():
 
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    source = Path(args.source).resolve() if args.source else None
+    sources = [Path(s).resolve() for s in args.sources or []]
     chapters = [c for c in CHAPTERS if not args.only or c.number in args.only]
     if args.only and not chapters:
-        print(f"gallery: no chapter {', '.join(args.only)} (01 to 09)", file=sys.stderr)
+        print(f"gallery: no chapter {', '.join(args.only)} (01 to {CHAPTERS[-1].number})",
+              file=sys.stderr)
         return 2
     fresh = []  # drawn and checked now
     for chapter in chapters:
-        if source:
-            missing = [c for c in chapter.csvs if not (source / c).exists()]
-            if missing:
-                print(f"skip chapter {chapter.number}: no {', '.join(missing)} in {source}")
+        if sources:
+            holding = [d for d in sources if all((d / c).exists() for c in chapter.csvs)]
+            if not holding:
+                print(f"skip chapter {chapter.number}: no folder given holds "
+                      f"{', '.join(chapter.csvs)}")
                 continue
+            source = holding[0]
             if source != out:
                 for csv in chapter.csvs:
                     shutil.copy(source / csv, out / csv)
@@ -308,6 +315,10 @@ def main():
             if (out / name).exists():
                 shrink_png(out / name, target / f"readme_{name}")
                 print(f"wrote {target / f'readme_{name}'}")
+    missing = [c.number for c in chapters if c not in fresh]
+    if args.require_all and missing:  # drawn now, not left from an earlier run
+        print(f"gallery: no figures drawn for chapter(s) {', '.join(missing)}", file=sys.stderr)
+        return 1
     return 0
 
 
