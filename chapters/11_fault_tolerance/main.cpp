@@ -22,6 +22,9 @@
 // skip) and compares the two final checkpoints byte for byte, and says where the wall time
 // went (the goodput).
 //
+// This file reads the flags and supervises the attempts; one attempt's steps, faults and
+// checks are fault_run.cpp's, the report of the attempts faults.cpp's.
+//
 // Simplified: the ranks are threads of one process and the supervisor is the program;
 // under mpirun a failure ends the job (its ranks write their flight records, --flight-dir;
 // a launcher around mpirun would start it again with --load).
@@ -39,25 +42,17 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <cmath>
-#include <cstring>
 #include <filesystem>
-#include <limits>
-#include <thread>
 
 #include "checkpoint.hpp"
 #include "context_parallel.hpp"  // chapter 10: ring_context, for --cp
+#include "fault_run.hpp"
 #include "faults.hpp"
 #include "mesh_flags.hpp"
 #include "options.hpp"
-#include "recovery.hpp"
 #include "reliability.hpp"
 #include "shardlab/cli.hpp"
-#include "shardlab/format.hpp"
 #include "shardlab/launch.hpp"
-#include "shardlab/timer.hpp"
 #include "sweep.hpp"
 #include "train.hpp"
 
@@ -65,382 +60,6 @@ using namespace shardlab;
 using namespace ch09;
 using namespace ch11;
 namespace fs = std::filesystem;
-
-namespace {
-
-struct Settings11 {
-  ch09::Settings run;               ///< the model, the mesh and the training (chapter 09's flags)
-  std::vector<std::string> inject;  ///< --inject; none given: the last rank killed halfway
-  int every = 4;                    ///< --checkpoint-every (0: none; auto: set after step 0)
-  bool every_auto = false;          ///< --checkpoint-every auto: at Young's interval
-  double mtbf_steps = 0;            ///< --mtbf-steps: failures drawn at this mean gap
-  int check_every = 1;              ///< --check-every: the replicas' checksums
-  std::string dir;                  ///< --checkpoint-dir; "": a temporary folder of the run's own
-  std::string compare;              ///< --compare-flights: the records of a job to compare
-  bool plan = false;                ///< --plan: the planner, on paper
-  bool elastic = false;             ///< --elastic: go on with the ranks that remain
-  std::string save;                 ///< --save: the final checkpoint
-  bool sweep = false;               ///< --sweep: the waste against the checkpoint interval
-  std::vector<int> intervals = {1, 2, 3, 4, 6, 8, 12};  ///< --intervals: the sweep's
-  int rounds = 3;                                       ///< --rounds: the sweep's runs each
-  std::vector<Fault> faults;
-};
-
-/// The first attempt's number of ranks, and the step an elastic restart changed the mesh
-/// at (-1: it did not).
-std::atomic<int> mesh_ranks{0};
-std::atomic<int> mesh_changed_at{-1};
-/// --checkpoint-every auto's choice, once made (0: not yet), kept for the restarts.
-std::atomic<int> chosen_every{0};
-/// Rank 0's record of the attempts (they run one after another in this process).
-std::vector<Attempt> attempts;
-/// Which faults have struck: a failure happens once, not again when its step is trained
-/// again (each flag written by the fault's own rank; the attempts follow one another).
-std::vector<char> struck;
-/// The checkpoints' folder when --checkpoint-dir is not given: one of the run's own,
-/// named by a process id every rank agrees on (removed at the end).
-fs::path temporary;
-const Stopwatch since_start;
-
-/// A fault of this rank, for this step, that has not struck yet (null: none).
-const Fault* due(const Settings11& s, int rank, int step, Fault::Kind kind) {
-  for (std::size_t i = 0; i < s.faults.size(); ++i) {
-    const Fault& f = s.faults[i];
-    if (f.kind == kind && f.rank == rank && f.step == step && !struck[i]) {
-      struck[i] = 1;
-      return &f;
-    }
-  }
-  return nullptr;
-}
-
-/// A kill ends the rank's thread with an error (as a lost process would end); a hang stops
-/// answering until the job has ended around it.
-void kill_or_hang(Context& ctx, const Settings11& s, int t) {
-  if (const Fault* f = due(s, ctx.rank(), t, Fault::Kind::kill))
-    throw std::runtime_error("rank " + std::to_string(f->rank) + " killed in step " +
-                             std::to_string(t) + " (--inject " + f->spec + ")");
-  if (due(s, ctx.rank(), t, Fault::Kind::hang))
-    for (;;) {  // CommAborted once another rank's --timeout has ended the job
-      ctx.comm().check_not_aborted();
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-}
-
-/// The replicas' weights compared by checksum (every rank calls it): true when they agree.
-/// A replica that differs is named; with a majority it copies a healthy replica's weights
-/// (`repair`: the check came right after the step that could have changed them), else the
-/// job fails and restarts from the last checkpoint, written only after such a check.
-bool check_replicas(Context& ctx, Mesh& mesh, GptModel& model, int t, bool repair) {
-  Communicator& replicas = mesh.replicas();
-  const std::vector<std::int64_t> signed_sums =
-      replicas.gather_values(static_cast<std::int64_t>(checksum(model.store().values())));
-  const std::vector<std::uint64_t> sums(signed_sums.begin(), signed_sums.end());
-  const ReplicaVote v = vote(sums);
-  std::vector<int> odd;  // in the world's numbers
-  for (int i : v.odd)
-    odd.push_back(ch08::group_along(mesh.shape(), mesh.coords(), ch08::kReplicaAxes)[i]);
-  // One agreement for both: 0 every group agrees, 1 some differ but each has a majority,
-  // 2 some group has none.
-  const int state = ctx.comm().agree(v.agree() ? 0 : v.healthy >= 0 ? 1 : 2, ReduceOp::max);
-  if (state == 0) return true;
-  const bool repairable = state == 1;
-  std::string line, ranks;  // one line per group of replicas that disagree
-  for (std::size_t i = 0; i < odd.size(); ++i)
-    ranks += (i == 0 ? "" : i + 1 == odd.size() ? " and " : ", ") + std::to_string(odd[i]);
-  if (!v.agree() && replicas.rank() == 0)
-    line = "after step " + std::to_string(t) + ": " +
-           (v.healthy >= 0 ? "the weights of rank" + std::string(odd.size() > 1 ? "s " : " ") +
-                                 ranks + " differ from the other replicas'"
-                           : "the weights of ranks " + ranks +
-                                 " disagree, and no majority says which is right");
-  const std::vector<std::string> lines = ctx.comm().gather_strings(line);
-  for (const std::string& l : lines)
-    if (!l.empty()) ctx.say(l);
-  if (!repair || !repairable)
-    throw std::runtime_error("the replicas' weights differ after step " + std::to_string(t) +
-                             " (silent data corruption): restarting from the last checkpoint");
-  replicas.broadcast(model.store().values(), v.healthy);
-  ctx.say("after step " + std::to_string(t) + ": the odd replica copied a healthy one's weights");
-  return false;
-}
-
-/// --checkpoint-every auto, after the run's first step: Young's interval √(2 δ M) (the
-/// learner's young_interval) from δ, one checkpoint's time (written once, aside, to measure
-/// it), and M, --mtbf-steps steps of the time the step took; in whole steps, at least one.
-/// Every rank calls it, and every rank gets the same answer.
-int choose_interval(Context& ctx, const Settings11& s, Mesh& mesh, GptModel& model,
-                    Trainer& trainer, const Attempt& rec) {
-  const std::string aside = s.dir + "_measure";
-  const Stopwatch saving;
-  save_checkpoint(aside, mesh, model, &trainer.optimizer(), 0, &trainer.scaler(),
-                  trainer.expert_optimizer());
-  const double delta = ctx.comm().agree(saving.seconds(), ReduceOp::max);
-  if (ctx.rank() == 0) fs::remove_all(aside);
-  const double step = ctx.comm().agree(ctx.rank() == 0 ? rec.step_s.back() : 0.0, ReduceOp::max);
-  const double mtbf = s.mtbf_steps * step, interval = young_interval(delta, mtbf);
-  const int every = std::max(1, static_cast<int>(std::lround(interval / step)));
-  chosen_every = every;
-  ctx.say("--checkpoint-every auto: a checkpoint takes " + format_number(1e3 * delta, 3) +
-          " ms, a step " + format_number(1e3 * step, 3) + " ms, a failure comes every " +
-          format_number(s.mtbf_steps, 3) + " steps (" + format_number(mtbf, 3) +
-          " s): Young's interval is " + format_number(interval, 3) + " s, a checkpoint every " +
-          std::to_string(every) + " steps");
-  ctx.json()["checkpoint_every"] = every;
-  ctx.json()["checkpoint_seconds"] = delta;
-  return every;
-}
-
-/// Steps first .. steps - 1, with this rank's faults; a checkpoint after every `every`-th;
-/// rank 0 notes each step's and checkpoint's time in `rec`.
-void train_from(Context& ctx, const Settings11& s, Mesh& mesh, GptModel& model, Trainer& trainer,
-                int first, Attempt& rec, std::vector<double>& busy) {
-  int every = s.every_auto ? chosen_every.load() : s.every;
-  const Fault* slow = nullptr;
-  for (const Fault& f : s.faults)
-    if (f.kind == Fault::Kind::slow && f.rank == ctx.rank()) slow = &f;
-  const Fault* poison = nullptr;  // this step's nan fault
-  bool made_nan = false;          // this rank's gradients held a NaN before they were summed
-  trainer.on_local_gradients([&](const std::vector<nn::Parameter*>& params) {
-    if (poison && !params.empty()) {
-      Tensor host = params.front()->grad.to(Memory::host);
-      host.data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
-      params.front()->grad.copy_from(host);
-      poison = nullptr;
-    }
-    for (const nn::Parameter* p : params)
-      made_nan = made_nan || !std::isfinite(shardlab::sum_of_squares(p->grad.to(Memory::host)));
-  });
-  // The seconds this rank waited in calls, on any communicator (the flight recorder's).
-  const auto waits = ctx.comm().flight_recorder();
-  std::vector<double> work;  // this rank's own work per step (its busy time less the slowing)
-  for (int t = first; t < s.run.steps; ++t) {
-    rec.failed_at = t;
-    kill_or_hang(ctx, s, t);
-    poison = due(s, ctx.rank(), t, Fault::Kind::nan);
-    made_nan = false;
-    const Stopwatch step;
-    const double waited = waits->waited();
-    double slept = 0;  // a straggler: each step, factor - 1 times its last step's work more
-    if (slow && !work.empty()) {
-      slept = (slow->factor - 1) * work.back();
-      std::this_thread::sleep_for(std::chrono::duration<double>(slept));
-    }
-    const StepResult result = trainer.step(t);
-    busy.push_back(step.seconds() - (waits->waited() - waited));  // not waiting for others
-    work.push_back(busy.back() - slept);
-    rec.steps.push_back(t);
-    rec.step_s.push_back(step.seconds());
-    if (result.skipped) {
-      const std::vector<int> who = ctx.comm().gather_values(int(made_nan));
-      std::string ranks;
-      for (std::size_t r = 0; r < who.size(); ++r)
-        if (who[r]) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-      ctx.say("step " + std::to_string(t) + ": the gradient norm is not finite; rank(s) " +
-              (ranks.empty() ? "none" : ranks) +
-              " made a NaN before the sum; the step is skipped on every rank");
-      rec.skipped.push_back(t);
-    }
-    if (due(s, ctx.rank(), t, Fault::Kind::flip)) {  // bit 16 of the rank's first weight
-      Tensor host = model.store().values().to(Memory::host);
-      std::uint32_t bits = 0;
-      std::memcpy(&bits, host.data<float>(), 4);
-      bits ^= 1u << 16;
-      std::memcpy(host.data<float>(), &bits, 4);
-      model.store().values().copy_from(host);
-    }
-    if (s.every_auto && every == 0) every = choose_interval(ctx, s, mesh, model, trainer, rec);
-    const bool save = every > 0 && (t + 1) % every == 0 && t + 1 < s.run.steps;
-    if (s.run.run.zero == 0 && ((s.check_every > 0 && (t + 1) % s.check_every == 0) || save)) {
-      const Stopwatch checking;  // (ZeRO-1's replicas hold their whole weights only later)
-      check_replicas(ctx, mesh, model, t, s.check_every == 1);
-      rec.check_s += checking.seconds();
-    }
-    if (save) {
-      const Stopwatch saving;
-      save_checkpoint(s.dir, mesh, model, &trainer.optimizer(), t + 1, &trainer.scaler(),
-                      trainer.expert_optimizer());
-      rec.checkpoint_s.push_back(saving.seconds());
-    }
-  }
-  trainer.on_local_gradients({});
-}
-
-/// The stragglers, from every rank's median busy time per step (every rank calls it).
-void report_stragglers(Context& ctx, std::vector<double> busy) {
-  std::sort(busy.begin(), busy.end());
-  const double median = busy.empty() ? 0 : busy[busy.size() / 2];
-  const std::vector<double> all = ctx.comm().gather_values(median);
-  const std::vector<int> slow = stragglers(all);
-  std::vector<double> sorted = all;
-  std::sort(sorted.begin(), sorted.end());
-  const double typical = sorted[sorted.size() / 2];
-  std::string text;
-  for (int r : slow)
-    text += (text.empty() ? "" : ", ") + std::to_string(r) + " (" +
-            format_number(all[std::size_t(r)] / typical, 2) + "x)";
-  ctx.say("\nstragglers (a rank's median busy step against the median rank's, " +
-          format_number(1e3 * typical, 3) + " ms): " + (text.empty() ? "none" : "rank " + text));
-  ctx.json()["stragglers"] = slow;
-}
-
-/// The mesh for `ranks` ranks: the axes given, data parallelism taking what is left; an
-/// elastic restart (--elastic) on fewer ranks keeps every axis but dp.
-MeshShape mesh_of(const Settings11& s, int ranks) {
-  const std::vector<ch08::Axis> all(std::begin(ch08::kAxes), std::end(ch08::kAxes));
-  if (ch08::product(s.run.run.mesh, all) == ranks) return s.run.run.mesh;
-  MeshShape shape = s.run.mesh;  // as the flags gave it
-  shape.dp = 0;
-  return ch08::mesh_for_ranks(shape, ranks);
-}
-
-/// The most ranks, below `now`, that the mesh's other axes and the batch allow; 0: none.
-int fewer_ranks(const Settings11& s, int now) {
-  for (int r = now - 1; r >= 1; --r) try {
-      TrainConfig c = s.run.run;
-      c.mesh = mesh_of(s, r);
-      check_config(c);
-      return r;
-    } catch (const UsageError&) {
-    }
-  return 0;
-}
-
-void run(Context& ctx, Settings11 s) {
-  s.run.run.mesh = mesh_of(s, ctx.size());  // fewer ranks after an elastic restart
-  const TrainConfig& c = s.run.run;
-  const Corpus data = Corpus::load(s.run.data, c.model.context);  // a bad --data: one line
-  if (s.dir.empty()) {
-    const auto pid = static_cast<long>(ctx.comm().agree(double(getpid()), ReduceOp::max));
-    const fs::path mine = fs::temp_directory_path() / ("shardlab_ch11_" + std::to_string(pid));
-    if (ctx.rank() == 0) temporary = mine;  // the ranks may be threads of one process
-    s.dir = (mine / "checkpoint").string();
-  }
-  const int attempt = ctx.options().attempt;
-  const bool first_attempt = attempt == 0;
-  Attempt rec;
-  rec.start = since_start.seconds();
-  if (first_attempt && ctx.rank() == 0) {
-    attempts.clear();
-    chosen_every = 0;
-    struck.assign(s.faults.size(), 0);
-    fs::remove_all(s.dir);  // a run of its own: no checkpoint of an earlier one
-  }
-  if (first_attempt) {  // every rank (processes under mpirun), the same values
-    mesh_ranks = ctx.size();
-    mesh_changed_at = -1;
-  }
-  if (first_attempt) {
-    std::string faults;
-    for (const Fault& f : s.faults) faults += (faults.empty() ? "" : ", ") + f.spec;
-    ctx.say("Chapter 11 - " + describe(c, ctx.comm().backend()) + "; " +
-            std::to_string(s.run.steps) + " steps, " +
-            (s.every_auto ? "checkpoints at Young's interval"
-                          : "a checkpoint after every " + std::to_string(s.every)) +
-            "; failures: " + (faults.empty() ? "none" : faults) +
-            (s.mtbf_steps > 0
-                 ? " (drawn: one every " + format_number(s.mtbf_steps, 3) +
-                       " steps on average, --seed " + std::to_string(ctx.options().seed) + ")"
-                 : "") +
-            "\n");
-  }
-  ctx.comm().barrier();
-  // A recorder on every communicator of the rank (they are split from this one below): the
-  // time each rank waits for the others, which names a straggler.
-  if (!ctx.comm().flight_recorder())
-    ctx.comm().record_flights(std::make_shared<FlightRecorder>(ctx.rank(), 1));
-  Mesh mesh(ctx.comm(), c.mesh);
-  GptModel model(mesh, c.model, c.model_options());
-  Trainer trainer(mesh, model, c, data);
-  int first = 0;
-  if (!first_attempt) {
-    if (fs::exists(s.dir))
-      first = load_checkpoint(s.dir, model, &trainer.optimizer(), &trainer.scaler(),
-                              trainer.expert_optimizer());
-    // The bookkeeping (the learner's resume_point) against the checkpoint the run found.
-    const int failed_at =
-        ctx.comm().agree(ctx.rank() == 0 ? attempts.back().failed_at : 0, ReduceOp::max);
-    const ResumePoint p = resume_point(s.every_auto ? chosen_every.load() : s.every, failed_at);
-    ctx.verify(p.step == first, "resume_point says step " + std::to_string(p.step) +
-                                    ", the last complete checkpoint is of step " +
-                                    std::to_string(first));
-    ctx.say("attempt " + std::to_string(attempt) + ": from the checkpoint of step " +
-            std::to_string(first) + ", " + std::to_string(p.lost) + " steps lost" +
-            (ctx.size() == mesh_ranks
-                 ? ""
-                 : "; on " + std::to_string(ctx.size()) + " ranks, " + ch08::mesh_name(c.mesh)));
-    if (ctx.size() != mesh_ranks) mesh_changed_at = first;
-  }
-  rec.resumed = first;
-  rec.ready = since_start.seconds();
-  std::vector<double> busy;  // this rank's busy seconds, step by step
-  try {
-    train_from(ctx, s, mesh, model, trainer, first, rec, busy);
-  } catch (...) {
-    if (ctx.rank() == 0) {
-      rec.end = since_start.seconds();
-      rec.failure = "failed";
-      attempts.push_back(rec);
-    }
-    throw;
-  }
-  ctx.comm().barrier();
-  rec.end = since_start.seconds();
-  if (ctx.rank() == 0) attempts.push_back(rec);
-  ctx.comm().barrier();  // rank 0's record whole before any rank reads it
-  ctx.json()["restarts"] = int(attempts.size()) - 1;
-  report_goodput(ctx, attempts);
-  report_stragglers(ctx, busy);
-
-  // The same run without failures, from the start, skipping the steps this one skipped in
-  // the end: its final checkpoint and this run's, byte for byte (the weights, Adam's
-  // moments, the step).
-  if (!s.save.empty())
-    save_checkpoint(s.save, mesh, model, &trainer.optimizer(), s.run.steps, &trainer.scaler(),
-                    trainer.expert_optimizer());
-  if (ctx.size() != mesh_ranks) {
-    // The mesh changed: a run without failures on this mesh alone is not the reference; a
-    // run that changes mesh at the same step is (chapter 09's --save, then --load on this
-    // mesh: the test ch11.elastic_equals_ch09 compares them).
-    ctx.json()["mesh_changed_at"] = mesh_changed_at.load();
-    ctx.say("\nthe mesh changed at step " + std::to_string(mesh_changed_at.load()) + " (" +
-            std::to_string(mesh_ranks.load()) + " ranks to " + std::to_string(ctx.size()) +
-            "): its reference is not a run without failures on one mesh but one that changes "
-            "mesh at the same step, chapter 09's --save on the first and --load on this one "
-            "(--save DIR keeps this run's final checkpoint to compare)");
-    return;
-  }
-  std::vector<int> skip = ctx.rank() == 0 ? skipped_steps(attempts) : std::vector<int>{};
-  const int skips = ctx.comm().agree(int(skip.size()), ReduceOp::max);
-  skip.resize(std::size_t(skips));
-  ctx.comm().broadcast(skip, 0);
-  const std::string recovered = s.dir + "_recovered", clean = s.dir + "_uninterrupted";
-  save_checkpoint(recovered, mesh, model, &trainer.optimizer(), s.run.steps, &trainer.scaler(),
-                  trainer.expert_optimizer());
-  GptModel model2(mesh, c.model, c.model_options());
-  Trainer trainer2(mesh, model2, c, data);
-  for (int t = 0; t < s.run.steps; ++t)
-    if (std::find(skip.begin(), skip.end(), t) == skip.end()) (void)trainer2.step(t);
-  save_checkpoint(clean, mesh, model2, &trainer2.optimizer(), s.run.steps, &trainer2.scaler(),
-                  trainer2.expert_optimizer());
-  std::string file;
-  if (ctx.rank() == 0) {
-    file = first_difference(clean, recovered);
-    fs::remove_all(recovered);
-    fs::remove_all(clean);
-  }
-  ctx.verify(ctx.comm().all_true(file.empty()),
-             "the recovered run's " + file + " differs from the run without failures");
-  ctx.json()["equal_to_uninterrupted"] = file.empty();
-  ctx.json()["skipped_steps"] = skip;
-  std::string skipped;
-  for (int t : skip) skipped += (skipped.empty() ? "" : ", ") + std::to_string(t);
-  ctx.say("\nthe final weights and Adam's moments equal the run without failures" +
-          (skip.empty() ? std::string() : " that skips step(s) " + skipped + " too") +
-          ", byte for byte: " + std::string(file.empty() ? "yes" : "no, " + file));
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   Program program("ch11_fault_tolerance",
@@ -538,7 +157,7 @@ int main(int argc, char** argv) {
       std::stable_sort(s.faults.begin(), s.faults.end(),
                        [](const Fault& a, const Fault& b) { return a.step < b.step; });
     }
-    struck.assign(s.faults.size(), 0);  // before any rank starts; kept across the restarts
+    arm_faults(s.faults.size());  // before any rank starts; kept across the restarts
   });
   program.validate([&](const Options& o) {
     c.model.seed = o.seed;
@@ -564,7 +183,7 @@ int main(int argc, char** argv) {
   });
   program.restart([&](int attempt, const std::string& failure) {
     if (std::size_t(attempt) > s.faults.size()) return false;
-    if (!attempts.empty()) attempts.back().failure = failure;
+    note_failure(failure);
     std::string on;
     if (s.elastic) {  // the lost rank's place is not filled: one rank fewer, or as many fewer as
                       // the mesh needs
@@ -600,7 +219,7 @@ int main(int argc, char** argv) {
       if (ctx.rank() == 0 && s.dir.empty()) fs::remove_all(sw.dir);
       return;
     }
-    if (s.compare.empty()) return run(ctx, s);
+    if (s.compare.empty()) return train_through_failures(ctx, s);
     // A job under mpirun cannot compare its ranks' records as it fails: they are written
     // (--flight-dir) and compared here, afterwards.
     const FlightVerdict v = compare_flight_dir(s.compare);
@@ -608,7 +227,6 @@ int main(int argc, char** argv) {
     ctx.json()["stopped"] = v.stopped;
     ctx.json()["deadlocked"] = v.deadlocked;
   });
-  std::error_code ignored;  // under mpirun, another process may have removed it
-  if (!temporary.empty()) fs::remove_all(temporary, ignored);
+  remove_temporary();
   return code;
 }
