@@ -70,42 +70,38 @@ void kill_or_hang(Context& ctx, const Settings11& s, int t) {
     }
 }
 
-/// The replicas' weights compared by checksum (every rank calls it): true when they agree.
-/// A replica that differs is named; with a majority it copies a healthy replica's weights
-/// (`repair`: the check came right after the step that could have changed them), else the
-/// job fails and restarts from the last checkpoint, written only after such a check.
-bool check_replicas(Context& ctx, Mesh& mesh, GptModel& model, int t, bool repair) {
+/// The replicas' weights compared by checksum (every rank calls it). A replica that
+/// differs is named; with a majority it copies a healthy replica's weights (`repair`: the
+/// check came right after the step that could have changed them), else the job fails and
+/// restarts from the last checkpoint, written only after such a check.
+void check_replicas(Context& ctx, Mesh& mesh, GptModel& model, int t, bool repair) {
   Communicator& replicas = mesh.replicas();
   const std::vector<std::int64_t> signed_sums =
       replicas.gather_values(static_cast<std::int64_t>(checksum(model.store().values())));
   const std::vector<std::uint64_t> sums(signed_sums.begin(), signed_sums.end());
   const ReplicaVote v = vote(sums);
-  std::vector<int> odd;  // in the world's numbers
-  for (int i : v.odd)
-    odd.push_back(ch08::group_along(mesh.shape(), mesh.coords(), ch08::kReplicaAxes)[i]);
   // One agreement for both: 0 every group agrees, 1 some differ but each has a majority,
   // 2 some group has none.
   const int state = ctx.comm().agree(v.agree() ? 0 : v.healthy >= 0 ? 1 : 2, ReduceOp::max);
-  if (state == 0) return true;
-  const bool repairable = state == 1;
-  std::string line, ranks;  // one line per group of replicas that disagree
-  for (std::size_t i = 0; i < odd.size(); ++i)
-    ranks += (i == 0 ? "" : i + 1 == odd.size() ? " and " : ", ") + std::to_string(odd[i]);
-  if (!v.agree() && replicas.rank() == 0)
-    line = "after step " + std::to_string(t) + ": " +
-           (v.healthy >= 0 ? "the weights of rank" + std::string(odd.size() > 1 ? "s " : " ") +
-                                 ranks + " differ from the other replicas'"
-                           : "the weights of ranks " + ranks +
-                                 " disagree, and no majority says which is right");
+  if (state == 0) return;
+  std::string line;  // one line per group of replicas that disagree
+  if (!v.agree() && replicas.rank() == 0) {
+    const std::vector<int> group =
+        ch08::group_along(mesh.shape(), mesh.coords(), ch08::kReplicaAxes);
+    std::vector<int> odd;  // in the world's numbers
+    for (int i : v.odd) odd.push_back(group[static_cast<std::size_t>(i)]);
+    line = "after step " + std::to_string(t) + ": the weights of " + format_ranks(odd) +
+           (v.healthy >= 0 ? " differ from the other replicas'"
+                           : " disagree, and no majority says which is right");
+  }
   const std::vector<std::string> lines = ctx.comm().gather_strings(line);
   for (const std::string& l : lines)
     if (!l.empty()) ctx.say(l);
-  if (!repair || !repairable)
+  if (!repair || state == 2)
     throw std::runtime_error("the replicas' weights differ after step " + std::to_string(t) +
                              " (silent data corruption): restarting from the last checkpoint");
   replicas.broadcast(model.store().values(), v.healthy);
   ctx.say("after step " + std::to_string(t) + ": the odd replica copied a healthy one's weights");
-  return false;
 }
 
 /// --checkpoint-every auto, after the run's first step: Young's interval √(2 δ M) (the
@@ -210,14 +206,10 @@ void train_from(Context& ctx, const Settings11& s, Mesh& mesh, GptModel& model, 
 }
 
 /// The stragglers, from every rank's median busy time per step (every rank calls it).
-void report_stragglers(Context& ctx, std::vector<double> busy) {
-  std::sort(busy.begin(), busy.end());
-  const double median = busy.empty() ? 0 : busy[busy.size() / 2];
-  const std::vector<double> all = ctx.comm().gather_values(median);
+void report_stragglers(Context& ctx, const std::vector<double>& busy) {
+  const std::vector<double> all = ctx.comm().gather_values(median(busy));
   const std::vector<int> slow = stragglers(all);
-  std::vector<double> sorted = all;
-  std::sort(sorted.begin(), sorted.end());
-  const double typical = sorted[sorted.size() / 2];
+  const double typical = median(all);  // what stragglers() compares with
   std::string text;
   for (int r : slow)
     text += (text.empty() ? "" : ", ") + std::to_string(r) + " (" +
@@ -237,7 +229,9 @@ MeshShape mesh_of(const Settings11& s, int ranks) {
   return ch08::mesh_for_ranks(shape, ranks);
 }
 
-void run_attempt(Context& ctx, Settings11 s) {
+}  // namespace
+
+void train_through_failures(Context& ctx, Settings11 s) {
   s.run.run.mesh = mesh_of(s, ctx.size());  // fewer ranks after an elastic restart
   const TrainConfig& c = s.run.run;
   const Corpus data = Corpus::load(s.run.data, c.model.context);  // a bad --data: one line
@@ -251,17 +245,14 @@ void run_attempt(Context& ctx, Settings11 s) {
   const bool first_attempt = attempt == 0;
   Attempt rec;
   rec.start = since_start.seconds();
-  if (first_attempt && ctx.rank() == 0) {
+  if (first_attempt && ctx.rank() == 0) {  // (the faults armed by arm_faults)
     attempts.clear();
     chosen_every = 0;
-    struck.assign(s.faults.size(), 0);
     fs::remove_all(s.dir);  // a run of its own: no checkpoint of an earlier one
   }
   if (first_attempt) {  // every rank (processes under mpirun), the same values
     mesh_ranks = ctx.size();
     mesh_changed_at = -1;
-  }
-  if (first_attempt) {
     std::string faults;
     for (const Fault& f : s.faults) faults += (faults.empty() ? "" : ", ") + f.spec;
     ctx.say("Chapter 11 - " + describe(c, ctx.comm().backend()) + "; " +
@@ -326,10 +317,13 @@ void run_attempt(Context& ctx, Settings11 s) {
   // The same run without failures, from the start, skipping the steps this one skipped in
   // the end: its final checkpoint and this run's, byte for byte (the weights, Adam's
   // moments, the step).
-  if (!s.save.empty())
-    save_checkpoint(s.save, mesh, model, &trainer.optimizer(), s.run.steps, &trainer.scaler(),
+  // This run's final checkpoint, written once: to --save, or aside to be compared.
+  const std::string recovered = s.save.empty() ? s.dir + "_recovered" : s.save;
+  const bool mesh_changed = ctx.size() != mesh_ranks;
+  if (!mesh_changed || !s.save.empty())
+    save_checkpoint(recovered, mesh, model, &trainer.optimizer(), s.run.steps, &trainer.scaler(),
                     trainer.expert_optimizer());
-  if (ctx.size() != mesh_ranks) {
+  if (mesh_changed) {
     // The mesh changed: a run without failures on this mesh alone is not the reference; a
     // run that changes mesh at the same step is (chapter 09's --save, then --load on this
     // mesh: the test ch11.elastic_equals_ch09 compares them).
@@ -345,9 +339,7 @@ void run_attempt(Context& ctx, Settings11 s) {
   const int skips = ctx.comm().agree(int(skip.size()), ReduceOp::max);
   skip.resize(std::size_t(skips));
   ctx.comm().broadcast(skip, 0);
-  const std::string recovered = s.dir + "_recovered", clean = s.dir + "_uninterrupted";
-  save_checkpoint(recovered, mesh, model, &trainer.optimizer(), s.run.steps, &trainer.scaler(),
-                  trainer.expert_optimizer());
+  const std::string clean = s.dir + "_uninterrupted";
   GptModel model2(mesh, c.model, c.model_options());
   Trainer trainer2(mesh, model2, c, data);
   for (int t = 0; t < s.run.steps; ++t)
@@ -357,7 +349,7 @@ void run_attempt(Context& ctx, Settings11 s) {
   std::string file;
   if (ctx.rank() == 0) {
     file = first_difference(clean, recovered);
-    fs::remove_all(recovered);
+    if (s.save.empty()) fs::remove_all(recovered);
     fs::remove_all(clean);
   }
   ctx.verify(ctx.comm().all_true(file.empty()),
@@ -370,8 +362,6 @@ void run_attempt(Context& ctx, Settings11 s) {
           (skip.empty() ? std::string() : " that skips step(s) " + skipped + " too") +
           ", byte for byte: " + std::string(file.empty() ? "yes" : "no, " + file));
 }
-
-}  // namespace
 
 /// The most ranks, below `now`, that the mesh's other axes and the batch allow; 0: none.
 int fewer_ranks(const Settings11& s, int now) {
@@ -386,8 +376,6 @@ int fewer_ranks(const Settings11& s, int now) {
 }
 
 void arm_faults(std::size_t faults) { struck.assign(faults, 0); }
-
-void train_through_failures(Context& ctx, Settings11 s) { run_attempt(ctx, std::move(s)); }
 
 void note_failure(const std::string& failure) {
   if (!attempts.empty()) attempts.back().failure = failure;

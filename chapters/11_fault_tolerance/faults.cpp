@@ -135,15 +135,18 @@ ReplicaVote vote(const std::vector<std::uint64_t>& sums) {
   return v;
 }
 
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const std::size_t n = values.size();
+  if (n == 0) return 0;
+  return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
 std::vector<int> stragglers(const std::vector<double>& busy, double over) {
-  std::vector<double> sorted = busy;
-  std::sort(sorted.begin(), sorted.end());
+  const double typical = median(busy);
   std::vector<int> out;
-  if (sorted.empty()) return out;
-  const std::size_t n = sorted.size();
-  const double median = n % 2 ? sorted[n / 2] : (sorted[n / 2 - 1] + sorted[n / 2]) / 2;
-  for (std::size_t r = 0; r < n; ++r)
-    if (busy[r] > over * median) out.push_back(static_cast<int>(r));
+  for (std::size_t r = 0; r < busy.size(); ++r)
+    if (busy[r] > over * typical) out.push_back(static_cast<int>(r));
   return out;
 }
 

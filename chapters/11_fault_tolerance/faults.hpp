@@ -64,6 +64,9 @@ struct ReplicaVote {
 /// and none is known healthy.
 ReplicaVote vote(const std::vector<std::uint64_t>& sums);
 
+/// The median of `values` (the mean of the middle two for an even count; 0 for none).
+double median(std::vector<double> values);
+
 /// The stragglers among ranks whose typical step kept them busy (not waiting for others)
 /// `busy[r]` seconds: those busier than `over` times the median rank.
 std::vector<int> stragglers(const std::vector<double>& busy, double over = 1.5);

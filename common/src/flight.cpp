@@ -10,13 +10,6 @@ namespace shardlab {
 
 namespace {
 bool point_to_point(Op op) { return op == Op::send || op == Op::recv; }
-
-std::string ranks_text(const std::vector<int>& ranks) {
-  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
-  for (std::size_t i = 0; i < ranks.size(); ++i)
-    out += (i == 0 ? "" : i + 1 == ranks.size() ? " and " : ", ") + std::to_string(ranks[i]);
-  return out;
-}
 }  // namespace
 
 std::string Flight::describe() const {
@@ -206,21 +199,21 @@ FlightVerdict compare_flights(const std::vector<std::optional<FlightRecord>>& re
                         std::find(w.on.begin(), w.on.end(), q) != w.on.end());
       (same ? in_call : elsewhere).push_back(r);
     }
-    line += ": " + ranks_text(in_call) + " wait" + (in_call.size() == 1 ? "s" : "") +
+    line += ": " + format_ranks(in_call) + " wait" + (in_call.size() == 1 ? "s" : "") +
             " for it in " + call->call.describe();
     if (!elsewhere.empty())
-      line += "; " + ranks_text(elsewhere) + (elsewhere.size() == 1 ? " waits" : " wait") +
+      line += "; " + format_ranks(elsewhere) + (elsewhere.size() == 1 ? " waits" : " wait") +
               " for it in other calls";
     v.lines.push_back(line);
   }
   if (!v.deadlocked.empty()) {
-    std::string line = ranks_text(v.deadlocked) + " wait for each other (a deadlock of the " +
+    std::string line = format_ranks(v.deadlocked) + " wait for each other (a deadlock of the " +
                        "program's own calls):";
     for (int r : v.deadlocked)
       for (const Wait& w : waits[static_cast<std::size_t>(r)])
         if (!w.on.empty())
           line += " rank " + std::to_string(r) + " in " + w.call.describe() + " for " +
-                  ranks_text(w.on) + ";";
+                  format_ranks(w.on) + ";";
     line.pop_back();
     v.lines.push_back(line);
   }

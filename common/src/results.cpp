@@ -267,4 +267,11 @@ std::string format_seconds(std::chrono::milliseconds t) {
   return format_number(static_cast<double>(t.count()) / 1000.0, 3) + " s";
 }
 
+std::string format_ranks(const std::vector<int>& ranks) {
+  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
+  for (std::size_t i = 0; i < ranks.size(); ++i)
+    out += (i == 0 ? "" : i + 1 == ranks.size() ? " and " : ", ") + std::to_string(ranks[i]);
+  return out;
+}
+
 }  // namespace shardlab

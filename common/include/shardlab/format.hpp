@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <string>
+#include <vector>
 
 namespace shardlab {
 
@@ -10,5 +11,7 @@ namespace shardlab {
 std::string format_number(double value, int digits = 6);
 /// A duration as the communicators' messages give it: "2.5 s" (3 significant digits).
 std::string format_seconds(std::chrono::milliseconds t);
+/// Ranks as messages name them: "rank 3", "ranks 0 and 2", "ranks 0, 1 and 3".
+std::string format_ranks(const std::vector<int>& ranks);
 
 }  // namespace shardlab
