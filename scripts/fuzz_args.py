@@ -299,6 +299,7 @@ CHAPTERS["ch11"].update({
     "--compare-flights": ["flights", "/nonexistent", "a-file", ""],
     "--plan": None,
     "--elastic": None,
+    "--async-checkpoints": None,
     "--save": ["out/final", "/proc/final", ""],
     "--sweep": None,
     "--intervals": ["1", "1,4", "0", "x", "", "2,100001"],

@@ -396,16 +396,16 @@ nlohmann::json checksums(const std::map<std::string, Tensor>& tensors) {
 
 namespace {
 
-/// Step 1 of a save: this rank's shard in DIR.partial/ranks: of each set of weights, the
-/// first of the ranks that hold the same its pieces' values, and Adam's m and v as this
-/// rank keeps them (that rank all of them; under ZeRO-1 every copy its range). Returns
-/// whether it wrote the dense weights (its stage's files are then its to assemble).
-bool write_shard(const fs::path& partial, Mesh& mesh, GptModel& model,
-                 const ch08::ReplicaOptimizer* optimizer, const ch08::ReplicaOptimizer* experts,
-                 int states) {
-  Communicator& world = mesh.world();
+/// What step 1 of a save writes for this rank, copied to host memory: of each set of
+/// weights, the first of the ranks that hold the same its pieces' values, and Adam's m and
+/// v as this rank keeps them (that rank all of them; under ZeRO-1 every copy its range).
+/// `lead`: whether it holds the dense weights (its stage's files are then its to assemble).
+std::map<std::string, Tensor> shard_of(Mesh& mesh, GptModel& model,
+                                       const ch08::ReplicaOptimizer* optimizer,
+                                       const ch08::ReplicaOptimizer* experts, int states, bool copy,
+                                       bool& lead) {
   std::map<std::string, Tensor> mine;
-  bool lead = false;
+  lead = false;
   for (const WeightSet& set : kWeightSets) {
     const bool dense = std::string(set.prefix).empty();
     const ch08::ReplicaOptimizer* o = dense ? optimizer : experts;
@@ -413,37 +413,40 @@ bool write_shard(const fs::path& partial, Mesh& mesh, GptModel& model,
     if (!dense && model.expert_pieces().empty()) continue;
     const ch08::ReplicaOptimizer::State st = o ? o->state() : ch08::ReplicaOptimizer::State{};
     const bool first =
-        ch08::group_along(mesh.shape(), mesh.coords(), set.copies).front() == world.rank();
+        ch08::group_along(mesh.shape(), mesh.coords(), set.copies).front() == mesh.world().rank();
     if (dense) lead = first;
     const std::string prefix = set.prefix;
-    if (first) mine.emplace(prefix + "values", store.values().to(Memory::host));
+    // `copy`: copies (to() of a host tensor shares it), for training to go on while they
+    // are written.
+    auto host = [copy](const Tensor& t) {
+      Tensor h = t.to(Memory::host);
+      return copy && h.raw() == t.raw() ? h.clone() : h;
+    };
+    if (first) mine.emplace(prefix + "values", host(store.values()));
     if (states == 3 && (first || !st.every_replica)) {
-      mine.emplace(prefix + "exp_avg", st.m.to(Memory::host));
-      mine.emplace(prefix + "exp_avg_sq", st.v.to(Memory::host));
+      mine.emplace(prefix + "exp_avg", host(st.m));
+      mine.emplace(prefix + "exp_avg_sq", host(st.v));
     }
   }
-  if (!mine.empty()) write_safetensors(rank_file(partial, world.rank()).string(), mine);
-  return lead;
+  return mine;
 }
 
 /// Step 3 of a save, on rank 0: the indexes, config.json and trainer.json into DIR.partial,
 /// then DIR.partial becomes DIR.
-void finish_save(const fs::path& partial, const fs::path& final_dir, const GptModel& model,
-                 const MeshShape& shape, int states, int step, int adam_steps,
-                 const ch06::LossScaler* scaler) {
-  const GptShape& g = model.shape();
+void finish_save(const fs::path& partial, const fs::path& final_dir, const CheckpointSnapshot& c) {
+  const GptShape& g = c.model;
   fs::remove_all(partial / "ranks");
   write_json(partial / "model.safetensors.index.json",
-             index_json(g, shape, model.chunks(), "model", {""}));
-  if (states == 3)
+             index_json(g, c.mesh, c.chunks, "model", {""}));
+  if (c.states == 3)
     write_json(partial / "optimizer.safetensors.index.json",
-               index_json(g, shape, model.chunks(), "optimizer", {"exp_avg.", "exp_avg_sq."}));
+               index_json(g, c.mesh, c.chunks, "optimizer", {"exp_avg.", "exp_avg_sq."}));
   write_json(partial / "config.json", config_json(g));
-  nlohmann::json trainer = {{"step", step}, {"adam_steps", adam_steps}, {"seed", g.seed}};
+  nlohmann::json trainer = {{"step", c.step}, {"adam_steps", c.adam_steps}, {"seed", g.seed}};
   trainer[kChecksums] = checksums(read_tensors(partial, "model"));
-  if (scaler && scaler->kind() != ch06::Scaler::none) {
-    trainer["loss_scale"] = scaler->scale();
-    trainer["growth_tracker"] = scaler->dynamic().growth_tracker();
+  if (c.scaled) {
+    trainer["loss_scale"] = c.loss_scale;
+    trainer["growth_tracker"] = c.growth_tracker;
   }
   write_json(partial / "trainer.json", trainer);
   // The new folder and the old swap names in one step (renameat2's RENAME_EXCHANGE), so a
@@ -463,10 +466,31 @@ void finish_save(const fs::path& partial, const fs::path& final_dir, const GptMo
 
 }  // namespace
 
-void save_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
-                     const ch08::ReplicaOptimizer* optimizer, int step,
-                     const ch06::LossScaler* scaler, const ch08::ReplicaOptimizer* experts) {
-  Communicator& world = mesh.world();
+CheckpointSnapshot snapshot_checkpoint(Mesh& mesh, GptModel& model,
+                                       const ch08::ReplicaOptimizer* optimizer, int step,
+                                       const ch06::LossScaler* scaler,
+                                       const ch08::ReplicaOptimizer* experts, bool copy) {
+  CheckpointSnapshot c;
+  const ch08::ReplicaOptimizer::State state =
+      optimizer ? optimizer->state() : ch08::ReplicaOptimizer::State{};
+  c.states = state.m.defined() ? 3 : 1;
+  c.sharded = c.states == 3 && !state.every_replica;
+  c.adam_steps = state.steps;
+  c.shard = shard_of(mesh, model, optimizer, experts, c.states, copy, c.lead);
+  c.mesh = mesh.shape();
+  c.coords = mesh.coords();
+  c.model = model.shape();
+  c.chunks = model.chunks();
+  c.step = step;
+  if (scaler && scaler->kind() != ch06::Scaler::none) {
+    c.scaled = true;
+    c.loss_scale = scaler->scale();
+    c.growth_tracker = scaler->dynamic().growth_tracker();
+  }
+  return c;
+}
+
+void write_checkpoint(const std::string& dir, Communicator& world, const CheckpointSnapshot& c) {
   Communicator::Uncounted not_counted(world);
   const fs::path partial = dir + ".partial";
   // 0. Every rank is here (one that died before the save leaves nothing behind); rank 0
@@ -479,20 +503,22 @@ void save_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
   }
   world.barrier();
   // 1. Each rank writes its shard.
-  const ch08::ReplicaOptimizer::State state =
-      optimizer ? optimizer->state() : ch08::ReplicaOptimizer::State{};
-  const int states = state.m.defined() ? 3 : 1;
-  const bool lead = write_shard(partial, mesh, model, optimizer, experts, states);
+  if (!c.shard.empty()) write_safetensors(rank_file(partial, world.rank()).string(), c.shard);
   world.barrier();
   // 2. The first rank of each pipeline stage assembles the stage's whole tensors.
-  if (lead && mesh.coords().tp == 0)
-    assemble_stage(partial, mesh.shape(), model.shape(), model.chunks(), mesh.coords().pp, states,
-                   !state.every_replica);
+  if (c.lead && c.coords.tp == 0)
+    assemble_stage(partial, c.mesh, c.model, c.chunks, c.coords.pp, c.states, c.sharded);
   world.barrier();
   // 3. Rank 0 writes the indexes and the rest, and only now does DIR change.
-  if (world.rank() == 0)
-    finish_save(partial, dir, model, mesh.shape(), states, step, state.steps, scaler);
+  if (world.rank() == 0) finish_save(partial, dir, c);
   world.barrier();
+}
+
+void save_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
+                     const ch08::ReplicaOptimizer* optimizer, int step,
+                     const ch06::LossScaler* scaler, const ch08::ReplicaOptimizer* experts) {
+  write_checkpoint(dir, mesh.world(),
+                   snapshot_checkpoint(mesh, model, optimizer, step, scaler, experts, false));
 }
 
 void read_expert_config(const std::string& dir, GptShape& shape) {

@@ -64,6 +64,37 @@ void save_checkpoint(const std::string& dir, Mesh& mesh, GptModel& model,
                      const ch08::ReplicaOptimizer* optimizer, int step,
                      const ch06::LossScaler* scaler = nullptr,
                      const ch08::ReplicaOptimizer* experts = nullptr);
+
+/// What save_checkpoint writes for one rank, taken apart from the writing, for a save that
+/// goes on in the background while the training goes on (chapter 11's asynchronous
+/// checkpoints): this rank's shard in host memory, and what the files need to know.
+struct CheckpointSnapshot {
+  std::map<std::string, Tensor> shard;  ///< this rank's file: values, exp_avg, exp_avg_sq
+  bool lead = false;       ///< it holds its stage's dense weights: it assembles the stage
+  MeshShape mesh;          ///< the mesh it was saved on
+  ch08::Coords coords;     ///< this rank's place in it
+  GptShape model;          ///< the model's shape (config.json)
+  int chunks = 1;          ///< the model's pipeline chunks
+  int states = 1;          ///< 1: the weights; 3: and Adam's m and v
+  bool sharded = false;    ///< m and v sharded over the replicas (ZeRO-1)
+  int step = 0;            ///< the steps done
+  int adam_steps = 0;      ///< Adam's step count
+  bool scaled = false;     ///< a loss scaler's state is kept
+  double loss_scale = 0;   ///< its scale
+  int growth_tracker = 0;  ///< and its growth tracker
+};
+/// This rank's part of the checkpoint of step `step`, in host memory: copies (`copy`), or,
+/// where they are on the host already, the tensors themselves (for a save that ends before
+/// training goes on). No communication.
+CheckpointSnapshot snapshot_checkpoint(Mesh& mesh, GptModel& model,
+                                       const ch08::ReplicaOptimizer* optimizer, int step,
+                                       const ch06::LossScaler* scaler = nullptr,
+                                       const ch08::ReplicaOptimizer* experts = nullptr,
+                                       bool copy = true);
+/// Writes the ranks' snapshots as the checkpoint in `dir` (after check_save_target), in
+/// the three moves above; every rank of `world` calls it, from any one thread of the rank:
+/// a communicator of its own for a save in the background.
+void write_checkpoint(const std::string& dir, Communicator& world, const CheckpointSnapshot& c);
 /// Loads DIR into this rank's model (and Adam's state, when `optimizer` keeps one, and the
 /// experts' into `experts`); returns the step to go on from. UsageError (exit 2) for a
 /// folder that is not such a checkpoint, a model of another shape (a MoE checkpoint into a

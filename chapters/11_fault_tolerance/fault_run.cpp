@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "background_save.hpp"
 #include "checkpoint.hpp"
 #include "mesh_flags.hpp"
 #include "recovery.hpp"
@@ -106,16 +107,21 @@ void check_replicas(Context& ctx, Mesh& mesh, GptModel& model, int t, bool repai
 
 /// --checkpoint-every auto, after the run's first step: Young's interval √(2 δ M) (the
 /// learner's young_interval) from δ, one checkpoint's time (written once, aside, to measure
-/// it), and M, --mtbf-steps steps of the time the step took; in whole steps, at least one.
-/// Every rank calls it, and every rank gets the same answer.
+/// it; with --async-checkpoints, the copy to memory alone), and M, --mtbf-steps steps of the time
+/// the step took; in whole steps, at least one. Every rank calls it, and every rank gets the same
+/// answer.
 int choose_interval(Context& ctx, const Settings11& s, Mesh& mesh, GptModel& model,
                     Trainer& trainer, const Attempt& rec) {
   const std::string aside = s.dir + "_measure";
   const Stopwatch saving;
-  save_checkpoint(aside, mesh, model, &trainer.optimizer(), 0, &trainer.scaler(),
-                  trainer.expert_optimizer());
+  if (s.async)  // what the training pays: the copy (the files are written beside the steps)
+    (void)snapshot_checkpoint(mesh, model, &trainer.optimizer(), 0, &trainer.scaler(),
+                              trainer.expert_optimizer());
+  else
+    save_checkpoint(aside, mesh, model, &trainer.optimizer(), 0, &trainer.scaler(),
+                    trainer.expert_optimizer());
   const double delta = ctx.comm().agree(saving.seconds(), ReduceOp::max);
-  if (ctx.rank() == 0) fs::remove_all(aside);
+  if (ctx.rank() == 0 && !s.async) fs::remove_all(aside);
   const double step = ctx.comm().agree(ctx.rank() == 0 ? rec.step_s.back() : 0.0, ReduceOp::max);
   const double mtbf = s.mtbf_steps * step, interval = young_interval(delta, mtbf);
   const int every = std::max(1, static_cast<int>(std::lround(interval / step)));
@@ -123,8 +129,9 @@ int choose_interval(Context& ctx, const Settings11& s, Mesh& mesh, GptModel& mod
   ctx.say("--checkpoint-every auto: a checkpoint takes " + format_number(1e3 * delta, 3) +
           " ms, a step " + format_number(1e3 * step, 3) + " ms, a failure comes every " +
           format_number(s.mtbf_steps, 3) + " steps (" + format_number(mtbf, 3) +
-          " s): Young's interval is " + format_number(interval, 3) + " s, a checkpoint every " +
-          std::to_string(every) + " steps");
+          " s): Young's interval is " + format_number(interval, 3) +
+          " s, a checkpoint after every " +
+          (every == 1 ? "step" : std::to_string(every) + " steps"));
   ctx.json()["checkpoint_every"] = every;
   ctx.json()["checkpoint_seconds"] = delta;
   return every;
@@ -133,7 +140,7 @@ int choose_interval(Context& ctx, const Settings11& s, Mesh& mesh, GptModel& mod
 /// Steps first .. steps - 1, with this rank's faults; a checkpoint after every `every`-th;
 /// rank 0 notes each step's and checkpoint's time in `rec`.
 void train_from(Context& ctx, const Settings11& s, Mesh& mesh, GptModel& model, Trainer& trainer,
-                int first, Attempt& rec, std::vector<double>& busy) {
+                BackgroundSaver* saver, int first, Attempt& rec, std::vector<double>& busy) {
   int every = s.every_auto ? chosen_every.load() : s.every;
   const Fault* slow = nullptr;
   for (const Fault& f : s.faults)
@@ -197,12 +204,25 @@ void train_from(Context& ctx, const Settings11& s, Mesh& mesh, GptModel& model, 
     }
     if (save) {
       const Stopwatch saving;
-      save_checkpoint(s.dir, mesh, model, &trainer.optimizer(), t + 1, &trainer.scaler(),
-                      trainer.expert_optimizer());
+      if (saver) {  // the copy now (and the wait for the save before), the files meanwhile
+        const double written = saver->wait();
+        if (written > 0) rec.written_s.push_back(written);
+        saver->start(s.dir, snapshot_checkpoint(mesh, model, &trainer.optimizer(), t + 1,
+                                                &trainer.scaler(), trainer.expert_optimizer()));
+      } else {
+        save_checkpoint(s.dir, mesh, model, &trainer.optimizer(), t + 1, &trainer.scaler(),
+                        trainer.expert_optimizer());
+      }
       rec.checkpoint_s.push_back(saving.seconds());
     }
   }
   trainer.on_local_gradients({});
+  if (saver) {  // the last save in flight, before the run ends (the training waits for it)
+    const Stopwatch waiting;
+    const double written = saver->wait();
+    if (written > 0) rec.written_s.push_back(written);
+    if (!rec.checkpoint_s.empty()) rec.checkpoint_s.back() += waiting.seconds();
+  }
 }
 
 /// The stragglers, from every rank's median busy time per step (every rank calls it).
@@ -271,6 +291,8 @@ void train_through_failures(Context& ctx, Settings11 s) {
   // time each rank waits for the others, which names a straggler.
   if (!ctx.comm().flight_recorder())
     ctx.comm().record_flights(std::make_shared<FlightRecorder>(ctx.rank(), 1));
+  std::unique_ptr<BackgroundSaver> saver;
+  if (s.async) saver = std::make_unique<BackgroundSaver>(ctx.comm());
   Mesh mesh(ctx.comm(), c.mesh);
   GptModel model(mesh, c.model, c.model_options());
   Trainer trainer(mesh, model, c, data);
@@ -282,12 +304,20 @@ void train_through_failures(Context& ctx, Settings11 s) {
     // The bookkeeping (the learner's resume_point) against the checkpoint the run found.
     const int failed_at =
         ctx.comm().agree(ctx.rank() == 0 ? attempts.back().failed_at : 0, ReduceOp::max);
-    const ResumePoint p = resume_point(s.every_auto ? chosen_every.load() : s.every, failed_at);
-    ctx.verify(p.step == first, "resume_point says step " + std::to_string(p.step) +
-                                    ", the last complete checkpoint is of step " +
-                                    std::to_string(first));
+    const int every = s.every_auto ? chosen_every.load() : s.every;
+    const ResumePoint p = resume_point(every, failed_at);
+    // A save in the background may not have ended when its job did (a process killed with
+    // it): the run goes on from the one before.
+    const bool unfinished = s.async && first == p.step - every && first >= 0;
+    ctx.verify(p.step == first || unfinished, "resume_point says step " + std::to_string(p.step) +
+                                                  ", the last complete checkpoint is of step " +
+                                                  std::to_string(first));
     ctx.say("attempt " + std::to_string(attempt) + ": from the checkpoint of step " +
-            std::to_string(first) + ", " + std::to_string(p.lost) + " steps lost" +
+            std::to_string(first) + ", " + std::to_string(p.lost + (unfinished ? every : 0)) +
+            " steps lost" +
+            (unfinished ? " (the save of step " + std::to_string(p.step) +
+                              " was still being written when the job failed)"
+                        : "") +
             (ctx.size() == mesh_ranks
                  ? ""
                  : "; on " + std::to_string(ctx.size()) + " ranks, " + ch08::mesh_name(c.mesh)));
@@ -297,7 +327,7 @@ void train_through_failures(Context& ctx, Settings11 s) {
   rec.ready = since_start.seconds();
   std::vector<double> busy;  // this rank's busy seconds, step by step
   try {
-    train_from(ctx, s, mesh, model, trainer, first, rec, busy);
+    train_from(ctx, s, mesh, model, trainer, saver.get(), first, rec, busy);
   } catch (...) {
     if (ctx.rank() == 0) {
       rec.end = since_start.seconds();

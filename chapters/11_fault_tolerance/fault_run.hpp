@@ -28,6 +28,7 @@ struct Settings11 {
   bool plan = false;                ///< --plan: the planner, on paper
   bool elastic = false;             ///< --elastic: go on with the ranks that remain
   std::string save;                 ///< --save: the final checkpoint
+  bool async = false;               ///< --async-checkpoints: written in the background
   bool sweep = false;               ///< --sweep: the waste against the checkpoint interval
   std::vector<int> intervals = {1, 2, 3, 4, 6, 8, 12};  ///< --intervals: the sweep's
   int rounds = 3;                                       ///< --rounds: the sweep's runs each

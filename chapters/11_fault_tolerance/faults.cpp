@@ -208,6 +208,23 @@ void report_goodput(shardlab::Context& ctx, const std::vector<Attempt>& attempts
              "\nwhere the wall time went: the goodput (useful steps over wall time) is " +
                  shardlab::format_number(100 * g.fraction(), 3) + " %");
   ctx.json()["goodput_fraction"] = g.fraction();
+  // δ, the checkpoint's cost to the training, as this run paid it.
+  std::vector<double> blocked, written;
+  for (const Attempt& at : attempts) {
+    blocked.insert(blocked.end(), at.checkpoint_s.begin(), at.checkpoint_s.end());
+    written.insert(written.end(), at.written_s.begin(), at.written_s.end());
+  }
+  if (blocked.empty()) return;
+  const std::string each = shardlab::format_number(1e3 * median(blocked), 3) + " ms";
+  ctx.say(written.empty()
+              ? "a checkpoint stopped training for " + each +
+                    " (the median; written there and then)"
+              : "a checkpoint stopped training for " + each +
+                    " (the median: the copy to memory, and any wait for the save before it); "
+                    "written in " +
+                    shardlab::format_number(1e3 * median(written), 3) + " ms in the background");
+  ctx.json()["checkpoint_blocked_s"] = median(blocked);
+  if (!written.empty()) ctx.json()["checkpoint_written_s"] = median(written);
 }
 
 shardlab::FlightVerdict compare_flight_dir(const std::string& dir) {

@@ -78,7 +78,8 @@ struct Attempt {
   int resumed = 0;                   ///< the step it went on from
   std::vector<int> steps;            ///< the steps it completed, in order
   std::vector<double> step_s;        ///< and each one's time
-  std::vector<double> checkpoint_s;  ///< each checkpoint it wrote, its time
+  std::vector<double> checkpoint_s;  ///< each checkpoint, the time it stopped training for
+  std::vector<double> written_s;     ///< each background save (--async-checkpoints), its write
   double check_s = 0;                ///< its replica checks' time, all together
   std::vector<int> skipped;          ///< the steps it trained but skipped (a NaN): no update
   int failed_at = -1;                ///< the step it was in when it failed (or its last)

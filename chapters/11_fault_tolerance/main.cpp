@@ -105,6 +105,9 @@ int main(int argc, char** argv) {
                "after a rank is lost, go on with the ranks that remain: data parallelism "
                "shrinks to the replicas they hold (the batch and its order unchanged)");
   cli::option(cli, "--save", s.save, "write the final checkpoint there", CLI::Validator());
+  cli.add_flag("--async-checkpoints", s.async,
+               "write the checkpoints in the background: training stops only for the copy "
+               "to memory");
   cli.add_flag("--sweep", s.sweep,
                "a benchmark: the waste measured against the checkpoint interval (--intervals) "
                "with failures every --mtbf-steps (10), beside Young's formula; a CSV");
