@@ -485,6 +485,11 @@ function(shardlab_add_chapter chapter)
   endif()
   add_test(NAME ${short}.solution COMMAND test_${short}_solution)
   set_tests_properties(${short}.solution PROPERTIES LABELS "${short};solution" TIMEOUT 120)
+  # Whatever links with the solution links with the exercise (cmake/same_symbols.cmake).
+  add_test(NAME ${short}.exercise_links_like_solution
+    COMMAND ${CMAKE_COMMAND} -DNM=${CMAKE_NM} -DSOLUTION=$<TARGET_FILE:${target}_solution>
+            -DEXERCISE=$<TARGET_FILE:${target}_exercise> -P ${PROJECT_SOURCE_DIR}/cmake/same_symbols.cmake)
+  set_tests_properties(${short}.exercise_links_like_solution PROPERTIES LABELS "${short};solution")
   if(SHARDLAB_LEARNER)
     add_test(NAME ${short}.exercise COMMAND test_${short}_exercise)
     set_tests_properties(${short}.exercise PROPERTIES LABELS "${short};exercise" TIMEOUT 120)

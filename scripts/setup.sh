@@ -79,8 +79,11 @@ say "test suite"
 # runs only on a core nothing else wants) and two compilers at most: it takes the cores
 # the tests leave idle while they wait (for processes to start, for timeouts), and what
 # it has not built by the end is built then.
+# It builds the exercises' tests, not the chapter programs a learner runs beside them: the
+# suite's chNN.exercise_links_like_solution says that those link with the exercises.
 learner_build=
 if [[ "$preset" == ci ]]; then
+  export CHECK_PROGRAMS=0
   setsid chrt --idle 0 env CMAKE_BUILD_PARALLEL_LEVEL=2 scripts/check.sh --build-only \
     > build/learner-early.log 2>&1 &
   learner_build=$!  # its own process group: the trap stops the compilers too
