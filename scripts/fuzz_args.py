@@ -300,6 +300,8 @@ CHAPTERS["ch11"].update({
     "--plan": None,
     "--elastic": None,
     "--async-checkpoints": None,
+    "--processes": ["0", "-1", "x", "4097", ""],  # refused: a valid one would start mpirun
+    "--mpirun": ["mpirun", ""],
     "--save": ["out/final", "/proc/final", ""],
     "--sweep": None,
     "--intervals": ["1", "1,4", "0", "x", "", "2,100001"],

@@ -25,6 +25,7 @@
 
 namespace ch11 {
 
+/// One rank's saves in the background: one in flight at a time, on a communicator of its own.
 class BackgroundSaver {
  public:
   /// Splits a communicator for the saves from `world` (every rank calls it, in the same

@@ -7,8 +7,10 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -45,25 +47,136 @@ std::vector<char> struck;
 /// named by a process id every rank agrees on (removed at the end).
 fs::path temporary;
 const Stopwatch since_start;
+/// A supervised run's start (its first attempt's, seconds since the epoch, rank 0's clock:
+/// its attempts are processes one after another); -1: a run of one process.
+double run_t0 = -1;
 
-/// A fault of this rank, for this step, that has not struck yet (null: none).
+double epoch_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+/// Seconds from the run's start, on rank 0's clock.
+double clock_s() { return run_t0 >= 0 ? epoch_seconds() - run_t0 : since_start.seconds(); }
+
+/// A supervised run's fault I has struck: its file, holding what happened.
+fs::path struck_file(const Settings11& s, std::size_t i) {
+  return fs::path(run_folder(s)) / ("struck-" + std::to_string(i));
+}
+
+fs::path attempt_file(const Settings11& s, int attempt) {
+  return fs::path(run_folder(s)) / ("attempt-" + std::to_string(attempt) + ".json");
+}
+
+/// Rank 0's record of this attempt of a supervised run, written whole or not at all (a
+/// new file renamed over the old: the process may be killed while it writes).
+void save_attempt(const Settings11& s, const Attempt& a, int ranks) {
+  const nlohmann::json j = {{"start", a.start},
+                            {"ready", a.ready},
+                            {"resumed", a.resumed},
+                            {"steps", a.steps},
+                            {"step_s", a.step_s},
+                            {"checkpoint_s", a.checkpoint_s},
+                            {"written_s", a.written_s},
+                            {"check_s", a.check_s},
+                            {"skipped", a.skipped},
+                            {"failed_at", a.failed_at},
+                            {"end", a.end},
+                            {"failure", a.failure},
+                            {"t0", run_t0},
+                            {"ranks", ranks},
+                            {"first_ranks", mesh_ranks.load()},
+                            {"every", s.every_auto ? chosen_every.load() : s.every},
+                            {"mesh_changed_at", mesh_changed_at.load()}};
+  const fs::path file = attempt_file(s, s.attempt), next = file.string() + ".new";
+  std::ofstream(next) << j.dump();
+  fs::rename(next, file);
+}
+
+/// The attempts of a supervised run before this one, from their files (every process reads
+/// them: the checkpoint interval, the first mesh and the faults that struck are every
+/// rank's to know; the attempts themselves rank 0's).
+void resume_supervised(Context& ctx, const Settings11& s) {
+  if (s.attempt == 0) {
+    run_t0 = ctx.comm().agree(ctx.rank() == 0 ? epoch_seconds() : 0.0, ReduceOp::max);
+    return;
+  }
+  attempts.clear();
+  nlohmann::json last;
+  for (int k = 0; k < s.attempt; ++k) {
+    std::ifstream in(attempt_file(s, k));
+    nlohmann::json j;
+    try {
+      in >> j;
+    } catch (const nlohmann::json::exception&) {
+      throw std::runtime_error("the supervised run's record " + attempt_file(s, k).string() +
+                               " is missing or not whole");
+    }
+    Attempt a;
+    a.start = j.at("start");
+    a.ready = j.at("ready");
+    a.resumed = j.at("resumed");
+    a.steps = j.at("steps").get<std::vector<int>>();
+    a.step_s = j.at("step_s").get<std::vector<double>>();
+    a.checkpoint_s = j.at("checkpoint_s").get<std::vector<double>>();
+    a.written_s = j.at("written_s").get<std::vector<double>>();
+    a.check_s = j.at("check_s");
+    a.skipped = j.at("skipped").get<std::vector<int>>();
+    a.failed_at = j.at("failed_at");
+    a.end = j.at("end");
+    a.failure = j.at("failure");
+    attempts.push_back(a);
+    if (k == 0) {
+      run_t0 = j.at("t0");
+      mesh_ranks = j.at("first_ranks").get<int>();
+    }
+    last = j;
+  }
+  chosen_every = last.at("every").get<int>();
+  mesh_changed_at = last.at("mesh_changed_at").get<int>();
+  for (std::size_t i = 0; i < s.faults.size(); ++i) struck[i] = fs::exists(struck_file(s, i));
+}
+
+/// What a fault did, in the words of a supervised run's record.
+const char* what_it_did(Fault::Kind kind) {
+  switch (kind) {
+    case Fault::Kind::kill:
+      return "killed";
+    case Fault::Kind::hang:
+      return "hung";
+    case Fault::Kind::nan:
+      return "made a NaN";
+    case Fault::Kind::flip:
+      return "had a bit of its weights flipped";
+    default:
+      return "slowed";
+  }
+}
+
+/// A fault of this rank, for this step, that has not struck yet (null: none). In a
+/// supervised run its file is written before it strikes: the process may not live on.
 const Fault* due(const Settings11& s, int rank, int step, Fault::Kind kind) {
   for (std::size_t i = 0; i < s.faults.size(); ++i) {
     const Fault& f = s.faults[i];
     if (f.kind == kind && f.rank == rank && f.step == step && !struck[i]) {
       struck[i] = 1;
+      if (s.attempt >= 0)
+        std::ofstream(struck_file(s, i)) << "rank " << f.rank << " " << what_it_did(kind)
+                                         << " in step " << step << " (--inject " << f.spec << ")";
       return &f;
     }
   }
   return nullptr;
 }
 
-/// A kill ends the rank's thread with an error (as a lost process would end); a hang stops
-/// answering until the job has ended around it.
+/// A kill ends the rank's thread with an error (as a lost process would end), or under
+/// mpirun the process itself (SIGKILL: it says nothing more); a hang stops answering until
+/// the job has ended around it.
 void kill_or_hang(Context& ctx, const Settings11& s, int t) {
-  if (const Fault* f = due(s, ctx.rank(), t, Fault::Kind::kill))
+  if (const Fault* f = due(s, ctx.rank(), t, Fault::Kind::kill)) {
+    if (ctx.comm().backend() == "mpi") ::raise(SIGKILL);
     throw std::runtime_error("rank " + std::to_string(f->rank) + " killed in step " +
                              std::to_string(t) + " (--inject " + f->spec + ")");
+  }
   if (due(s, ctx.rank(), t, Fault::Kind::hang))
     for (;;) {  // CommAborted once another rank's --timeout has ended the job
       ctx.comm().check_not_aborted();
@@ -162,6 +275,10 @@ void train_from(Context& ctx, const Settings11& s, Mesh& mesh, GptModel& model, 
   std::vector<double> work;  // this rank's own work per step (its busy time less the slowing)
   for (int t = first; t < s.run.steps; ++t) {
     rec.failed_at = t;
+    if (s.attempt >= 0 && ctx.rank() == 0) {  // as far as it got, should the job end here
+      rec.end = clock_s();
+      save_attempt(s, rec, ctx.size());
+    }
     kill_or_hang(ctx, s, t);
     poison = due(s, ctx.rank(), t, Fault::Kind::nan);
     made_nan = false;
@@ -261,10 +378,11 @@ void train_through_failures(Context& ctx, Settings11 s) {
     if (ctx.rank() == 0) temporary = mine;  // the ranks may be threads of one process
     s.dir = (mine / "checkpoint").string();
   }
-  const int attempt = ctx.options().attempt;
+  const int attempt = s.attempt >= 0 ? s.attempt : ctx.options().attempt;
   const bool first_attempt = attempt == 0;
+  if (s.attempt >= 0) resume_supervised(ctx, s);
   Attempt rec;
-  rec.start = since_start.seconds();
+  rec.start = clock_s();
   if (first_attempt && ctx.rank() == 0) {  // (the faults armed by arm_faults)
     attempts.clear();
     chosen_every = 0;
@@ -286,6 +404,8 @@ void train_through_failures(Context& ctx, Settings11 s) {
                  : "") +
             "\n");
   }
+  // A supervised run's record of this attempt exists before any rank can fail.
+  if (s.attempt >= 0 && ctx.rank() == 0) save_attempt(s, rec, ctx.size());
   ctx.comm().barrier();
   // A recorder on every communicator of the rank (they are split from this one below): the
   // time each rank waits for the others, which names a straggler.
@@ -324,21 +444,23 @@ void train_through_failures(Context& ctx, Settings11 s) {
     if (ctx.size() != mesh_ranks) mesh_changed_at = first;
   }
   rec.resumed = first;
-  rec.ready = since_start.seconds();
+  rec.ready = clock_s();
   std::vector<double> busy;  // this rank's busy seconds, step by step
   try {
     train_from(ctx, s, mesh, model, trainer, saver.get(), first, rec, busy);
   } catch (...) {
     if (ctx.rank() == 0) {
-      rec.end = since_start.seconds();
+      rec.end = clock_s();
       rec.failure = "failed";
       attempts.push_back(rec);
+      if (s.attempt >= 0) save_attempt(s, rec, ctx.size());
     }
     throw;
   }
   ctx.comm().barrier();
-  rec.end = since_start.seconds();
+  rec.end = clock_s();
   if (ctx.rank() == 0) attempts.push_back(rec);
+  if (ctx.rank() == 0 && s.attempt >= 0) save_attempt(s, rec, ctx.size());
   ctx.comm().barrier();  // rank 0's record whole before any rank reads it
   ctx.json()["restarts"] = int(attempts.size()) - 1;
   report_goodput(ctx, attempts);
@@ -406,6 +528,34 @@ int fewer_ranks(const Settings11& s, int now) {
 }
 
 void arm_faults(std::size_t faults) { struck.assign(faults, 0); }
+
+std::string run_folder(const Settings11& s) { return s.dir + ".run"; }
+
+std::string last_struck(const Settings11& s, std::vector<char>& seen) {
+  seen.resize(s.faults.size(), 0);
+  std::string text;
+  for (std::size_t i = 0; i < s.faults.size(); ++i) {
+    if (seen[i] || !fs::exists(struck_file(s, i))) continue;
+    seen[i] = 1;
+    std::ifstream in(struck_file(s, i));
+    std::getline(in, text);
+  }
+  return text;
+}
+
+void note_supervised_failure(const Settings11& s, const std::string& failure) {
+  nlohmann::json j;
+  std::ifstream in(attempt_file(s, s.attempt));
+  try {
+    in >> j;
+  } catch (const nlohmann::json::exception&) {
+    return;  // the job ended before its rank 0 wrote: resume_supervised says so
+  }
+  j["failure"] = failure;
+  const fs::path file = attempt_file(s, s.attempt), next = file.string() + ".new";
+  std::ofstream(next) << j.dump();
+  fs::rename(next, file);
+}
 
 void note_failure(const std::string& failure) {
   if (!attempts.empty()) attempts.back().failure = failure;

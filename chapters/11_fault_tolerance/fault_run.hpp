@@ -29,7 +29,12 @@ struct Settings11 {
   bool elastic = false;             ///< --elastic: go on with the ranks that remain
   std::string save;                 ///< --save: the final checkpoint
   bool async = false;               ///< --async-checkpoints: written in the background
-  bool sweep = false;               ///< --sweep: the waste against the checkpoint interval
+  int processes = 0;                ///< --processes: supervise N processes under mpirun
+  std::string mpirun = "mpirun";    ///< --mpirun: the command that starts them
+  /// --attempt (hidden): this job is attempt K of a supervised run (--processes), its
+  /// record kept in the run's folder (run_folder) for the next; -1: not supervised.
+  int attempt = -1;
+  bool sweep = false;  ///< --sweep: the waste against the checkpoint interval
   std::vector<int> intervals = {1, 2, 3, 4, 6, 8, 12};  ///< --intervals: the sweep's
   int rounds = 3;                                       ///< --rounds: the sweep's runs each
   std::vector<Fault> faults;  ///< the failures of --inject and --mtbf-steps, by step
@@ -54,5 +59,18 @@ int fewer_ranks(const Settings11& s, int now);
 
 /// Removes the run's temporary checkpoint folder (when --checkpoint-dir was not given).
 void remove_temporary();
+
+/// A supervised run's record beside its checkpoints (DIR.run/): each attempt's
+/// (attempt-K.json, rank 0's, rewritten at every step: a process may be killed at any
+/// moment), and each fault that struck (struck-I, written by its rank before it acts,
+/// holding what happened), so that the next attempt, in new processes, knows.
+std::string run_folder(const Settings11& s);
+
+/// What the faults that struck since the last call said (the text of the last struck-I
+/// not `seen` yet; `seen` updated), or "" when none struck.
+std::string last_struck(const Settings11& s, std::vector<char>& seen);
+
+/// The supervisor's word on how attempt s.attempt ended, into its record.
+void note_supervised_failure(const Settings11& s, const std::string& failure);
 
 }  // namespace ch11

@@ -25,9 +25,11 @@
 // This file reads the flags and supervises the attempts; one attempt's steps, faults and
 // checks are fault_run.cpp's, the report of the attempts faults.cpp's.
 //
-// Simplified: the ranks are threads of one process and the supervisor is the program;
-// under mpirun a failure ends the job (its ranks write their flight records, --flight-dir;
-// a launcher around mpirun would start it again with --load).
+// The supervisor is the program itself for ranks that are threads (Program::restart); for
+// processes, --processes N makes it start mpirun on itself and start it again after a
+// failure (supervisor.cpp), the attempts' records and the faults that struck kept beside
+// the checkpoints, since a killed process keeps nothing. --async-checkpoints writes the
+// checkpoints in the background (background_save.cpp).
 //
 // Run:
 //   build/default/bin/ch11_fault_tolerance                          kill@7@10, 20 steps
@@ -36,6 +38,7 @@
 //   build/default/bin/ch11_fault_tolerance --inject nan@2@5 --inject slow@6@3
 //   build/default/bin/ch11_fault_tolerance --inject flip@1@6 --dp 4 --tp 1
 //   build/default/bin/ch11_fault_tolerance --checkpoint-every 0     no checkpoints: from 0
+//   build/default/bin/ch11_fault_tolerance --processes 8             under mpirun, supervised
 //
 // Expected: one failure, one restart from step 8 (steps 8 to 10 lost), the final weights
 // and Adam's moments equal to the uninterrupted run's, and the goodput table.
@@ -53,6 +56,7 @@
 #include "reliability.hpp"
 #include "shardlab/cli.hpp"
 #include "shardlab/launch.hpp"
+#include "supervisor.hpp"
 #include "sweep.hpp"
 #include "train.hpp"
 
@@ -105,6 +109,19 @@ int main(int argc, char** argv) {
                "after a rank is lost, go on with the ranks that remain: data parallelism "
                "shrinks to the replicas they hold (the batch and its order unchanged)");
   cli::option(cli, "--save", s.save, "write the final checkpoint there", CLI::Validator());
+  cli::option(cli, "--processes", s.processes,
+              "run the job as N processes under mpirun and supervise it: after a failure, "
+              "new processes go on from the last checkpoint (torchrun's elastic agent)",
+              cli::whole(1, 4096));
+  cli::option(cli, "--mpirun", s.mpirun, "with --processes: the command that starts them",
+              CLI::Validator());
+  cli.add_option("--attempt", s.attempt, "(the supervisor's: which attempt this job is)")
+      ->group("")
+      ->check(cli::whole(0, 100000));
+  int first_ranks = 0;  // the supervisor's: the first attempt's processes, which the faults
+  cli.add_option("--first-ranks", first_ranks, "(the supervisor's)")  // were drawn for
+      ->group("")
+      ->check(cli::whole(1, 4096));
   cli.add_flag("--async-checkpoints", s.async,
                "write the checkpoints in the background: training stops only for the copy "
                "to memory");
@@ -117,10 +134,18 @@ int main(int argc, char** argv) {
   cli::option(cli, "--rounds", s.rounds,
               "the sweep's runs per interval, each with its own failures", cli::whole(1, 1000));
   program.writes_csv([&] { return s.sweep; });
-  program.default_ranks(
-      [&](const Options& o) { return s.compare.empty() && !s.plan ? o.ranks : 1; });
+  program.default_ranks([&](const Options& o) {
+    return s.compare.empty() && !s.plan && s.processes == 0 ? o.ranks : 1;
+  });
   program.world_size([&](const Options& o, int ranks) {
     if (!s.compare.empty() || s.plan) return;
+    if (s.processes > 0) {  // the supervisor: the job's ranks are the processes it starts
+      require_usage(!started_by_mpirun(),
+                    "--processes starts mpirun itself: run the program alone");
+      require_usage(ranks == 1, "--processes N is the job's size: drop --ranks");
+      require_usage(s.sweep == false, "--sweep runs on threads: drop --processes");
+      ranks = s.processes;
+    }
     c.mesh = ch08::mesh_for_ranks(s.run.mesh, ranks);
     if (c.mesh.cp > 1)
       c.context = ch10::ring_context(ch10::Split::zigzag, c.overlap[ch08::Axis::cp]);
@@ -153,9 +178,12 @@ int main(int argc, char** argv) {
     if (s.inject.empty() && s.mtbf_steps > 0) s.inject = {"none"};
     if (s.inject.empty())
       s.inject = {"kill@" + std::to_string(ranks - 1) + "@" + std::to_string(s.run.steps / 2)};
-    s.faults = parse_faults(s.inject, ranks, s.run.steps);
+    // The faults of the whole run, on its first mesh (a supervised attempt after an elastic
+    // restart has fewer ranks).
+    const int first = first_ranks > 0 ? first_ranks : ranks;
+    s.faults = parse_faults(s.inject, first, s.run.steps);
     if (s.mtbf_steps > 0) {
-      for (const Fault& f : draw_failures(s.mtbf_steps, o.seed, ranks, s.run.steps))
+      for (const Fault& f : draw_failures(s.mtbf_steps, o.seed, first, s.run.steps))
         s.faults.push_back(f);
       std::stable_sort(s.faults.begin(), s.faults.end(),
                        [](const Fault& a, const Fault& b) { return a.step < b.step; });
@@ -203,6 +231,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ch11_fault_tolerance: restart %d%s after: %s\n", attempt, on.c_str(),
                  failure.c_str());
     return true;
+  });
+  const std::vector<std::string> args(argv, argv + argc);
+  program.instead([&](const Options& o) -> std::optional<int> {
+    if (s.processes == 0) return std::nullopt;
+    return supervise(s, args, o.json);
   });
   program.memory_estimate([&](const Options& o) {
     return 2 * run_bytes(c, o.backend == "threads" || o.backend == "auto");

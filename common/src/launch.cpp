@@ -452,6 +452,8 @@ int Program::run(int argc, char** argv, const Body& body) {
     if (speaks) std::fprintf(stderr, "%s: %s\n", name_.c_str(), e.what());
     return let_rank_0_speak(speaks, 1);
   }
+  if (instead_)
+    if (const std::optional<int> code = instead_(options_)) return *code;
   // NCCL rides on a host communicator: MPI under mpirun, threads otherwise.
   const bool mpi = options_.backend == "mpi" || (options_.backend == "nccl" && under_mpirun);
   return mpi ? run_mpi(body) : run_threads(body);

@@ -32,6 +32,7 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -193,6 +194,10 @@ class Program {
   /// The run writes CSV files when `when()` holds (a benchmark mode): --csv-dir is then
   /// made and tried before the ranks start, not after the benchmark.
   void writes_csv(std::function<bool()> when) { writes_csv_ = std::move(when); }
+  /// After the flags are parsed and checked: `run` may do the program's work itself, in
+  /// this process and without ranks (a supervisor that starts other processes), and return
+  /// the exit code; std::nullopt goes on to start the ranks.
+  void instead(std::function<std::optional<int>(const Options&)> run) { instead_ = std::move(run); }
   /// A supervisor, on the threads backend: when a run ends because a rank failed (an
   /// error it raised, or a --timeout it ran into; not bad usage, not a failed
   /// verification), `again(attempt, failure)` says whether to run the job once more, from
@@ -227,6 +232,7 @@ class Program {
   std::function<void(const Options&, int)> world_size_;
   std::function<double(const Options&)> memory_estimate_;
   std::function<bool(int, const std::string&)> restart_;
+  std::function<std::optional<int>(const Options&)> instead_;
   std::function<bool()> writes_csv_;
   bool ranks_given_ = false;
   std::function<int(const Options&)> default_ranks_from_;
