@@ -67,8 +67,15 @@ fs::path attempt_file(const Settings11& s, int attempt) {
   return fs::path(run_folder(s)) / ("attempt-" + std::to_string(attempt) + ".json");
 }
 
-/// Rank 0's record of this attempt of a supervised run, written whole or not at all (a
-/// new file renamed over the old: the process may be killed while it writes).
+/// `j` into `file`, whole or not at all: a new file renamed over the old (the process may
+/// be killed while it writes).
+void write_whole(const fs::path& file, const nlohmann::json& j) {
+  const fs::path next = file.string() + ".new";
+  std::ofstream(next) << j.dump();
+  fs::rename(next, file);
+}
+
+/// Rank 0's record of this attempt of a supervised run.
 void save_attempt(const Settings11& s, const Attempt& a, int ranks) {
   const nlohmann::json j = {{"start", a.start},
                             {"ready", a.ready},
@@ -87,9 +94,7 @@ void save_attempt(const Settings11& s, const Attempt& a, int ranks) {
                             {"first_ranks", mesh_ranks.load()},
                             {"every", s.every_auto ? chosen_every.load() : s.every},
                             {"mesh_changed_at", mesh_changed_at.load()}};
-  const fs::path file = attempt_file(s, s.attempt), next = file.string() + ".new";
-  std::ofstream(next) << j.dump();
-  fs::rename(next, file);
+  write_whole(attempt_file(s, s.attempt), j);
 }
 
 /// The attempts of a supervised run before this one, from their files (every process reads
@@ -552,9 +557,7 @@ void note_supervised_failure(const Settings11& s, const std::string& failure) {
     return;  // the job ended before its rank 0 wrote: resume_supervised says so
   }
   j["failure"] = failure;
-  const fs::path file = attempt_file(s, s.attempt), next = file.string() + ".new";
-  std::ofstream(next) << j.dump();
-  fs::rename(next, file);
+  write_whole(attempt_file(s, s.attempt), j);
 }
 
 void note_failure(const std::string& failure) {
