@@ -196,9 +196,9 @@ function(shardlab_add_notebook_test short slug)
   endif()
   string(JOIN "," expect ${ARG_EXPECT})
   add_test(NAME ${short}.notebook
-    COMMAND ${CMAKE_COMMAND} -DPYTHON=${PROJECT_SOURCE_DIR}/.venv/bin/python
-            -DNOTEBOOK=${PROJECT_SOURCE_DIR}/notebooks/${slug}.ipynb -DRESULTS=${ARG_RESULTS}
-            -DEXPECT=${expect} -P ${PROJECT_SOURCE_DIR}/cmake/notebook.cmake)
+    COMMAND ${PROJECT_SOURCE_DIR}/.venv/bin/python ${PROJECT_SOURCE_DIR}/notebooks/run_notebook.py
+            ${PROJECT_SOURCE_DIR}/notebooks/${slug}.ipynb --results ${ARG_RESULTS}
+            --expect ${expect})
   set_tests_properties(${short}.notebook PROPERTIES LABELS "${short};benchmark" TIMEOUT 300
     DEPENDS ${ARG_DEPENDS})
 endfunction()

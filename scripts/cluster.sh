@@ -20,6 +20,10 @@
 #          knee (program options, when given, are added to every run; 16 gradient
 #          buckets unless they give --buckets)
 #   run    PROGRAM [options]: any program under mpirun across the hosts
+#   mpirun -np N PROGRAM [options]: the same, N ranks, half on each host: a stand-in for
+#          mpirun (chapter 11's supervisor starts each attempt so: --mpirun
+#          "scripts/cluster.sh mpirun", a cluster made afresh each time, a lost host back).
+#          The ranks see SHARDLAB_CLUSTER=1: a rank told to fail takes its host's link down.
 # Program options, when given, replace the defaults of ch03, ch08 and ch09 (--link-gbit
 # and --timeout are added unless given).
 #
@@ -93,7 +97,13 @@ done
 [[ $# -ge 1 ]] || usage "what to run: ch03, ch08, ch09, overlap or run PROGRAM"
 what=$1
 shift
-case "$what" in ch03|ch08|ch09|overlap|run) ;; *) usage "unknown $what: ch03, ch08, ch09, overlap or run PROGRAM" ;; esac
+case "$what" in ch03|ch08|ch09|overlap|run|mpirun) ;; *) usage "unknown $what: ch03, ch08, ch09, overlap, run PROGRAM or mpirun -np N PROGRAM" ;; esac
+if [[ $what == mpirun ]]; then
+  [[ $# -ge 3 && $1 == -np ]] || usage "mpirun: -np N PROGRAM [options]"
+  [[ $2 =~ ^[1-9][0-9]?$ ]] && (($2 % 2 == 0)) || usage "mpirun -np $2: an even number of ranks up to 98, half on each host"
+  per_node=$(($2 / 2))
+  shift 2
+fi
 ranks=$((2 * per_node))
 # chapter 09's comparison runs one tp group of two ranks; the overlap experiment one
 # data-parallel pair, a rank on each host
@@ -273,7 +283,7 @@ mpirun_on_cluster() {  # mpirun_on_cluster PROGRAM ARGS... &: becomes mpirun (ex
     --mca btl_tcp_links 2 --mca mpi_yield_when_idle 1 \
     --mca btl_tcp_eager_limit 1048576 --mca btl_tcp_rndv_eager_limit 1048576 \
     --mca btl_tcp_max_send_size 1048576 --mca btl_tcp_sndbuf 4194304 --mca btl_tcp_rcvbuf 4194304 \
-    "$@"
+    ${SHARDLAB_CLUSTER:+-x SHARDLAB_CLUSTER} "$@"
 }
 
 # --- faults ---------------------------------------------------------------------------------
@@ -547,6 +557,10 @@ with_link() {  # the program's options, with --link-gbit unless given
 case "$what" in
   run)
     [[ $# -ge 1 ]] || usage "run: which program?"
+    run_program "$map_by" "$@"
+    ;;
+  mpirun)
+    export SHARDLAB_CLUSTER=1
     run_program "$map_by" "$@"
     ;;
   ch03)

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -141,11 +142,27 @@ void resume_supervised(Context& ctx, const Settings11& s) {
   for (std::size_t i = 0; i < s.faults.size(); ++i) struck[i] = fs::exists(struck_file(s, i));
 }
 
+/// On scripts/cluster.sh's hosts (its mpirun stand-in says so): a rank killed there takes
+/// its host's link down, and the host is lost with every rank on it.
+bool on_cluster() { return std::getenv("SHARDLAB_CLUSTER") != nullptr; }
+
+/// Takes this host's network links down (every interface but the loopback): the host is
+/// cut off, as a node whose network card or switch port fails.
+void take_host_down() {
+  for (const auto& entry : fs::directory_iterator("/sys/class/net")) {
+    const std::string link = entry.path().filename().string();
+    if (link == "lo") continue;
+    const std::string command = "ip link set dev " + link + " down";
+    if (std::system(command.c_str()) != 0)
+      std::fprintf(stderr, "ch11_fault_tolerance: '%s' failed\n", command.c_str());
+  }
+}
+
 /// What a fault did, in the words of a supervised run's record.
 const char* what_it_did(Fault::Kind kind) {
   switch (kind) {
     case Fault::Kind::kill:
-      return "killed";
+      return on_cluster() ? "took its host's link down" : "killed";
     case Fault::Kind::hang:
       return "hung";
     case Fault::Kind::nan:
@@ -178,6 +195,10 @@ const Fault* due(const Settings11& s, int rank, int step, Fault::Kind kind) {
 /// the job has ended around it.
 void kill_or_hang(Context& ctx, const Settings11& s, int t) {
   if (const Fault* f = due(s, ctx.rank(), t, Fault::Kind::kill)) {
+    if (ctx.comm().backend() == "mpi" && on_cluster()) {
+      take_host_down();  // the host is gone: its ranks wait, cut off, until the job ends
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
     if (ctx.comm().backend() == "mpi") ::raise(SIGKILL);
     throw std::runtime_error("rank " + std::to_string(f->rank) + " killed in step " +
                              std::to_string(t) + " (--inject " + f->spec + ")");
