@@ -55,7 +55,7 @@ set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 say() { echo "cluster: $*" >&2; }
-usage() { say "error: $* (usage: scripts/cluster.sh [options] ch03|ch08|ch09|run [program options]; the options are in its first lines)"; exit 2; }
+usage() { say "error: $* (usage: scripts/cluster.sh [options] ch03|ch08|ch09|overlap|run|mpirun [program options]; the options are in its first lines)"; exit 2; }
 
 link_gbit=1 per_node=2 map_by=slot timeout=20 fault="" build="$root/build/default" csv_dir="" rounds=3
 # Numbers as the user writes them: digits, a point and digits; no sign, no exponent, and no

@@ -300,6 +300,7 @@ CHAPTERS["ch11"].update({
     "--plan": None,
     "--elastic": None,
     "--async-checkpoints": None,
+    "--memory-checkpoints": None,
     "--processes": ["0", "-1", "x", "4097", ""],  # refused: a valid one would start mpirun
     "--mpirun": ["mpirun", ""],
     "--save": ["out/final", "/proc/final", ""],

@@ -19,6 +19,7 @@
 #include "background_save.hpp"
 #include "checkpoint.hpp"
 #include "mesh_flags.hpp"
+#include "peer_memory.hpp"
 #include "recovery.hpp"
 #include "shardlab/format.hpp"
 #include "shardlab/launch.hpp"
@@ -200,6 +201,7 @@ void kill_or_hang(Context& ctx, const Settings11& s, int t) {
       for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
     }
     if (ctx.comm().backend() == "mpi") ::raise(SIGKILL);
+    lose_memory(ctx.rank());  // its host's memory with it (--memory-checkpoints)
     throw std::runtime_error("rank " + std::to_string(f->rank) + " killed in step " +
                              std::to_string(t) + " (--inject " + f->spec + ")");
   }
@@ -356,6 +358,7 @@ void train_from(Context& ctx, const Settings11& s, Mesh& mesh, GptModel& model, 
         save_checkpoint(s.dir, mesh, model, &trainer.optimizer(), t + 1, &trainer.scaler(),
                         trainer.expert_optimizer());
       }
+      if (s.memory) keep_in_memory(ctx.comm(), model, trainer, t + 1);
       rec.checkpoint_s.push_back(saving.seconds());
     }
   }
@@ -412,6 +415,7 @@ void train_through_failures(Context& ctx, Settings11 s) {
   if (first_attempt && ctx.rank() == 0) {  // (the faults armed by arm_faults)
     attempts.clear();
     chosen_every = 0;
+    clear_memory(ctx.size());
     fs::remove_all(s.dir);  // a run of its own: no checkpoint of an earlier one
   }
   if (first_attempt) {  // every rank (processes under mpirun), the same values
@@ -444,9 +448,22 @@ void train_through_failures(Context& ctx, Settings11 s) {
   Trainer trainer(mesh, model, c, data);
   int first = 0;
   if (!first_attempt) {
-    if (fs::exists(s.dir))
+    const Stopwatch loading;
+    std::string how;  // --memory-checkpoints: where each rank's state came from
+    const int in_memory = s.memory ? restore_from_memory(ctx.comm(), model, trainer, how) : -1;
+    if (in_memory >= 0)
+      first = in_memory;
+    else if (fs::exists(s.dir))
       first = load_checkpoint(s.dir, model, &trainer.optimizer(), &trainer.scaler(),
                               trainer.expert_optimizer());
+    const double loaded = ctx.comm().agree(loading.seconds(), ReduceOp::max);
+    ctx.json()["load_seconds"] = loaded;
+    if (s.memory)
+      ctx.say("attempt " + std::to_string(attempt) +
+              (in_memory >= 0 ? ": the state of step " + std::to_string(first) + " from memory (" +
+                                    how + ") in "
+                              : ": nothing whole in memory, the state from storage in ") +
+              format_number(1e3 * loaded, 3) + " ms");
     // The bookkeeping (the learner's resume_point) against the checkpoint the run found.
     const int failed_at =
         ctx.comm().agree(ctx.rank() == 0 ? attempts.back().failed_at : 0, ReduceOp::max);

@@ -29,6 +29,7 @@ struct Settings11 {
   bool elastic = false;             ///< --elastic: go on with the ranks that remain
   std::string save;                 ///< --save: the final checkpoint
   bool async = false;               ///< --async-checkpoints: written in the background
+  bool memory = false;              ///< --memory-checkpoints: kept in memory, and by a peer
   int processes = 0;                ///< --processes: supervise N processes under mpirun
   std::string mpirun = "mpirun";    ///< --mpirun: the command that starts them
   /// --attempt (hidden): this job is attempt K of a supervised run (--processes), its

@@ -122,6 +122,9 @@ int main(int argc, char** argv) {
   cli.add_option("--first-ranks", first_ranks, "(the supervisor's)")  // were drawn for
       ->group("")
       ->check(cli::whole(1, 4096));
+  cli.add_flag("--memory-checkpoints", s.memory,
+               "keep each checkpoint in memory too, the rank's and a copy on a peer on another "
+               "host (Gemini): a restart takes the state from there when it can");
   cli.add_flag("--async-checkpoints", s.async,
                "write the checkpoints in the background: training stops only for the copy "
                "to memory");
@@ -144,6 +147,10 @@ int main(int argc, char** argv) {
                     "--processes starts mpirun itself: run the program alone");
       require_usage(ranks == 1, "--processes N is the job's size: drop --ranks");
       require_usage(s.sweep == false, "--sweep runs on threads: drop --processes");
+      require_usage(!s.memory,
+                    "--memory-checkpoints keeps the copies in the ranks' memory, which "
+                    "processes started again do not have (Gemini keeps them in an agent on "
+                    "each machine): on threads only");
       ranks = s.processes;
     }
     c.mesh = ch08::mesh_for_ranks(s.run.mesh, ranks);
@@ -209,6 +216,9 @@ int main(int argc, char** argv) {
               ": with --zero 1, --clip 0 and no scaler no gradient "
               "norm is taken, so a NaN is not seen; keep --clip");
     }
+    require_usage(!s.memory || c.zero == 0,
+                  "--memory-checkpoints with --zero 1: ZeRO-1's Adam state is kept in buckets "
+                  "spread over the replicas, which a rank's copy does not restore; use --zero 0");
     if (!s.dir.empty()) check_save_target(s.dir);
     if (!s.save.empty()) check_save_target(s.save);
   });

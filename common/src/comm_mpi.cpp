@@ -22,6 +22,7 @@ void fail(const std::string& line, int code, int) {
 }
 int world_rank() { return 0; }
 int world_size() { return 1; }
+std::vector<std::string> hosts() { return {}; }
 std::unique_ptr<Communicator> world(std::chrono::milliseconds) { missing(); }
 }  // namespace shardlab::mpi
 
@@ -1302,6 +1303,8 @@ int world_size() {
   MPI_Comm_size(MPI_COMM_WORLD, &s);
   return s;
 }
+
+std::vector<std::string> hosts() { return world_hosts; }
 
 std::unique_ptr<Communicator> world(std::chrono::milliseconds timeout) {
   return std::make_unique<MpiComm>(MPI_COMM_WORLD, false, timeout);

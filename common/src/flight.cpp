@@ -64,6 +64,11 @@ double FlightRecorder::waited() const {
   return waited_;
 }
 
+void FlightRecorder::set_hosts(std::vector<std::string> hosts) {
+  const std::lock_guard lock(mutex_);
+  totals_.hosts = std::move(hosts);
+}
+
 FlightRecord FlightRecorder::record() const {
   const std::lock_guard lock(mutex_);
   FlightRecord out = totals_;
@@ -113,6 +118,17 @@ std::vector<int> waits_for(const std::vector<std::optional<FlightRecord>>& recor
 
 FlightVerdict compare_flights(const std::vector<std::optional<FlightRecord>>& records) {
   FlightVerdict v;
+  // " (on node1)" for a rank named, where the records know the ranks' hosts and there
+  // are several (the cause may be the host, or the network to it).
+  std::vector<std::string> hosts;
+  for (const auto& rec : records)
+    if (rec && hosts.empty()) hosts = rec->hosts;
+  const bool several =
+      std::any_of(hosts.begin(), hosts.end(), [&](const std::string& h) { return h != hosts[0]; });
+  auto where = [&](int q) {
+    return several && std::size_t(q) < hosts.size() ? " (on " + hosts[std::size_t(q)] + ")"
+                                                    : std::string();
+  };
   const int n = static_cast<int>(records.size());
   // Each rank's unreturned calls and whom they wait for.
   std::vector<std::vector<Wait>> waits(static_cast<std::size_t>(n));
@@ -177,7 +193,7 @@ FlightVerdict compare_flights(const std::vector<std::optional<FlightRecord>>& re
           if (!call || w.on.size() < call->on.size()) call = &w;
         }
     const auto& rec = records[static_cast<std::size_t>(q)];
-    std::string line = "rank " + std::to_string(q);
+    std::string line = "rank " + std::to_string(q) + where(q);
     if (!rec) {
       line += " left no record (its process is gone, or never stopped to write it)";
     } else if (!waits[static_cast<std::size_t>(q)].empty()) {

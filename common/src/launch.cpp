@@ -586,6 +586,7 @@ int Program::run_mpi(const Body& body) {
   if (options_.flight_record > 0)
     recorder =
         std::make_shared<FlightRecorder>(rank, static_cast<std::size_t>(options_.flight_record));
+  if (recorder) recorder->set_hosts(mpi::hosts());
   try {
     auto comm = mpi::world(std::chrono::milliseconds(static_cast<long>(options_.timeout_s * 1000)));
     code = run_rank(*comm, options_, body, recorder);
@@ -626,6 +627,7 @@ nlohmann::json flight_record_json(const FlightRecord& record) {
   j["rank"] = record.rank;
   j["started"] = record.started;
   j["groups"] = record.groups;
+  if (!record.hosts.empty()) j["hosts"] = record.hosts;
   nlohmann::json flights = nlohmann::json::array();
   for (const Flight& f : record.flights)
     flights.push_back({{"group", f.group},
@@ -646,6 +648,7 @@ FlightRecord flight_record_from_json(const nlohmann::json& j) {
     r.rank = j.at("rank").get<int>();
     r.started = j.at("started").get<std::map<std::string, std::uint64_t>>();
     r.groups = j.at("groups").get<std::map<std::string, std::vector<int>>>();
+    if (j.contains("hosts")) r.hosts = j.at("hosts").get<std::vector<std::string>>();
     for (const nlohmann::json& f : j.at("flights")) {
       Flight x;
       x.group = f.at("group").get<std::string>();

@@ -10,7 +10,9 @@
 //     "every rank entered" finds a deadlock between ranks whose early calls left the ring;
 //   - a collective's waiters taken as the ranks with more calls, not fewer: "sub-groups";
 //   - a rank without a record ignored: "a killed rank leaves no record" names nobody;
-//   - a circle taken for a stop: "a deadlock" would name 0 or 1 as stopped.
+//   - a circle taken for a stop: "a deadlock" would name 0 or 1 as stopped;
+//   - the host said whatever the hosts (one machine too): "a rank named says its host"
+//     gets "rank 3 (on vm)"; the hosts left out of the JSON: the last check there.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -146,6 +148,28 @@ TEST_SUITE("flight recorder") {
     CHECK(v.lines.at(0).rfind("rank 1 left no record (its process is gone, or never stopped to "
                               "write it): ranks 0 and 2",
                               0) == 0);
+  }
+
+  TEST_CASE("a rank named says its host, where the ranks ran on several") {
+    auto records = recorded(4, [](Communicator& comm) {
+      std::vector<float> x(2);
+      if (comm.rank() == 3) hang(comm);
+      comm.allreduce(x);
+    });
+    records[3].reset();  // its host gone
+    for (auto& r : records)
+      if (r) r->hosts = {"node0", "node0", "node1", "node1"};
+    FlightVerdict v = compare_flights(records);
+    INFO(joined(v));
+    CHECK(v.lines.at(0).rfind("rank 3 (on node1) left no record", 0) == 0);
+    // One host for all (threads; a machine of its own): no host said.
+    for (auto& r : records)
+      if (r) r->hosts = {"vm", "vm", "vm", "vm"};
+    v = compare_flights(records);
+    CHECK(v.lines.at(0).rfind("rank 3 left no record", 0) == 0);
+    // And it survives the JSON a process writes.
+    records[0]->hosts = {"node0", "node0", "node1", "node1"};
+    CHECK(flight_record_from_json(flight_record_json(*records[0])).hosts == records[0]->hosts);
   }
 
   TEST_CASE("the record keeps the last N calls, and counts them all") {

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "shardlab/comm.hpp"
 
@@ -43,6 +44,9 @@ void finalize();
 int world_rank();
 /// The job's size (number of processes) in MPI_COMM_WORLD.
 int world_size();
+/// Every world rank's host name (MPI_Get_processor_name, gathered at init); empty before
+/// init and without MPI.
+std::vector<std::string> hosts();
 /// A communicator over MPI_COMM_WORLD.
 std::unique_ptr<Communicator> world(std::chrono::milliseconds timeout);
 

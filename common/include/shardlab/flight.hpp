@@ -62,6 +62,8 @@ struct FlightRecord {
   std::map<std::string, std::uint64_t> started;
   /// The groups it called, each with its members' world ranks in the group's order.
   std::map<std::string, std::vector<int>> groups;
+  /// Every world rank's host, as this rank knew them (under mpirun); empty: one machine.
+  std::vector<std::string> hosts;
 };
 
 /// One rank's recorder, shared by the communicators of that rank (thread-safe).
@@ -78,6 +80,8 @@ class FlightRecorder {
   void finished(std::uint64_t id);
   /// A copy of what it holds.
   FlightRecord record() const;
+  /// Every world rank's host, for the record (a rank named then says where it ran).
+  void set_hosts(std::vector<std::string> hosts);
   /// Adds `seconds` this rank spent blocked in a call (Communicator does, for a blocking
   /// call whole and for a wait on a request).
   void waited(double seconds);
