@@ -38,7 +38,11 @@ endfunction()
 # 11.9 s without). shardlab_learner_code(target) marks a learner's target. (The project's
 # own warnings are the default build's business; here GCC 12 sees uninitialised members in
 # libstdc++'s std::regex that are not.)
-if(SHARDLAB_LEARNER)
+# SHARDLAB_LEARNER_SANITIZE OFF (the learner-ci preset): neither, and no debug information.
+option(SHARDLAB_LEARNER_SANITIZE "The learner build's sanitizers and debug information" ON)
+if(SHARDLAB_LEARNER AND NOT SHARDLAB_LEARNER_SANITIZE)
+  add_compile_options("$<$<COMPILE_LANGUAGE:CXX>:-Wno-maybe-uninitialized>")
+elseif(SHARDLAB_LEARNER)
   add_compile_options(
     "$<$<COMPILE_LANGUAGE:CXX>:-fno-sanitize=undefined;-g1;-Wno-maybe-uninitialized>")
   # What a program may hold of its own running only on the reference code (chapter 09's
@@ -66,7 +70,9 @@ if(SHARDLAB_LEARNER AND SHARDLAB_AUTO_VAR_INIT)
   add_compile_options("$<$<COMPILE_LANGUAGE:CXX>:-ftrivial-auto-var-init=pattern>")
 endif()
 function(shardlab_learner_code target)
-  target_compile_options(${target} PRIVATE "$<$<COMPILE_LANGUAGE:CXX>:-fsanitize=undefined;-g>")
+  if(SHARDLAB_LEARNER_SANITIZE)
+    target_compile_options(${target} PRIVATE "$<$<COMPILE_LANGUAGE:CXX>:-fsanitize=undefined;-g>")
+  endif()
 endfunction()
 
 # The chapter list in CMakeLists.txt must name every folder in chapters/, in order.

@@ -16,7 +16,9 @@
 # scripts/check.sh --build-only [CH]: the build alone, nothing run (exit 0 when it built).
 # CHECK_PROGRAMS=0: the exercises' tests alone, not the chapter programs beside them (CI,
 # where the default build's test chNN.exercise_links_like_solution stands for them: a
-# program that links with the solution links with the exercise).
+# program that links with the solution links with the exercise). CHECK_PRESET=learner-ci:
+# the same build without the sanitizers, at -O0 (CI, on the untouched stubs, which throw
+# at once: what it checks is the wiring and this script's verdicts, in 70 % of the time).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build_only=false
@@ -58,14 +60,20 @@ if [[ -n "$use_solutions" && ! "$use_solutions" =~ ^[0-9]{2}(\;[0-9]{2})*$ ]]; t
   echo "check: USE_SOLUTIONS takes chapter numbers like 04 or 04,05 (got '$USE_SOLUTIONS')" >&2
   exit 2
 fi
+preset=${CHECK_PRESET:-learner}
+if [[ "$preset" != learner && "$preset" != learner-ci ]]; then
+  echo "check: CHECK_PRESET is learner or learner-ci (got '$preset')" >&2
+  exit 2
+fi
+dir=build/$preset
 configure=true
-if [[ -f build/learner/build.ninja && build/learner/CMakeCache.txt -nt CMakePresets.json ]] &&
-   grep -qxF "SHARDLAB_USE_SOLUTIONS:STRING=$use_solutions" build/learner/CMakeCache.txt; then
+if [[ -f $dir/build.ninja && $dir/CMakeCache.txt -nt CMakePresets.json ]] &&
+   grep -qxF "SHARDLAB_USE_SOLUTIONS:STRING=$use_solutions" "$dir/CMakeCache.txt"; then
   configure=false
 fi
 if ! { { ! $configure ||
-         cmake --preset learner "-DSHARDLAB_USE_SOLUTIONS=$use_solutions" > /dev/null; } &&
-       cmake --build --preset learner --target "${targets[@]}"; } > build/learner.log 2>&1; then
+         cmake --preset "$preset" "-DSHARDLAB_USE_SOLUTIONS=$use_solutions" > /dev/null; } &&
+       cmake --build --preset "$preset" --target "${targets[@]}"; } > build/learner.log 2>&1; then
   # The first error with what the compiler says after it (the candidates it considered,
   # the notes), not only the error lines.
   grep -m1 -A14 -E ": error:|Error" build/learner.log | grep -vE "^\[[0-9]+/[0-9]+\]|^ninja:"
@@ -142,7 +150,7 @@ fi
 declare -A depends_on=()
 while IFS=: read -r number deps; do
   [[ -n "$number" ]] && depends_on[$number]=${deps//,/ }
-done < build/learner/chapter_depends.txt
+done < "$dir/chapter_depends.txt"
 solution_of() { [[ ";$use_solutions;" == *";$1;"* ]]; }
 
 passed_chapters=0
@@ -165,7 +173,7 @@ count_of() {  # count_of LOG KEY: "test cases: 6 | 2 passed" -> total or passed
 
 for name in "${chapters[@]}"; do
   number=${name:0:2}
-  program=build/learner/bin/test_ch${number}_exercise
+  program=$dir/bin/test_ch${number}_exercise
   # First up to the first failure (seconds, even for a deadlock); then, if that failure was
   # quick, the whole suite, for the count of test cases that pass.
   log=$(run_tests "$program" --abort-after=1)
@@ -218,7 +226,7 @@ done
 if [[ -z "$want" ]]; then
   printf '\nprogress: %d of %d chapters done\n' "$passed_chapters" "${#chapters[@]}"
 else
-  printf '\nfull output: build/learner/bin/test_ch%s_exercise; run your program: build/learner/bin/ch%s\n' \
-    "$want" "${chapters[0]}"
+  printf '\nfull output: %s/bin/test_ch%s_exercise; run your program: %s/bin/ch%s\n' "$dir" \
+    "$want" "$dir" "${chapters[0]}"
 fi
 [[ $passed_chapters -eq ${#chapters[@]} ]]

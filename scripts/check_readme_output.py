@@ -26,6 +26,7 @@ one does not, 2 on bad usage.
     scripts/check_readme_output.py --self-test      the matcher against known cases
 """
 import argparse
+import concurrent.futures
 import functools
 import re
 import subprocess
@@ -137,6 +138,9 @@ def main():
     parser.add_argument("--without", action="append", default=[],
                         help="skip the blocks whose commands run this program (mpirun, "
                              "where there is no MPI)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="blocks run at once (each block's commands one after the other; "
+                             "no checked block writes a file another reads)")
     parser.add_argument("readmes", nargs="+")
     args = parser.parse_args()
     bin_dir = Path(args.bin).resolve()
@@ -144,19 +148,29 @@ def main():
         print(f"check_readme_output: error: --bin {args.bin} is not a folder", file=sys.stderr)
         return 2
     checked = failed = skipped = 0
-    printed = {}  # (README, mark's line): what its commands printed, run once for all its ranges
+
+    def run_block(cmds):
+        out = []
+        for cmd in cmds:
+            run = subprocess.run(cmd.replace("build/default/bin/", f"{bin_dir}/"),
+                                 shell=True, capture_output=True, text=True, timeout=300)
+            out += (run.stdout + run.stderr).rstrip("\n").split("\n")
+        return [l.rstrip() for l in out]
+
+    # (README, mark's line, commands): what they printed, run once for all the block's ranges,
+    # --jobs blocks at a time.
+    todo = [(readme, mark, tuple(cmds))
+            for readme in map(Path, args.readmes)
+            for mark, numbers, cmds, expected in blocks(readme)
+            if not any(w in cmd.split() for cmd in cmds for w in args.without)]
+    todo = list(dict.fromkeys(todo))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        printed = dict(zip(todo, pool.map(lambda key: run_block(key[2]), todo)))
     for readme in map(Path, args.readmes):
         for mark, numbers, cmds, expected in blocks(readme):
             if any(w in cmd.split() for cmd in cmds for w in args.without):
                 skipped += 1
                 continue
-            if (readme, mark, tuple(cmds)) not in printed:
-                out = []
-                for cmd in cmds:
-                    run = subprocess.run(cmd.replace("build/default/bin/", f"{bin_dir}/"),
-                                         shell=True, capture_output=True, text=True, timeout=300)
-                    out += (run.stdout + run.stderr).rstrip("\n").split("\n")
-                printed[(readme, mark, tuple(cmds))] = [l.rstrip() for l in out]
             actual = printed[(readme, mark, tuple(cmds))]
             checked += 1
             at = matches(expected, actual)
