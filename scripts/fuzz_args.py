@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Runs every chapter program with random arguments, the way a careless user would.
 
-    scripts/fuzz_args.py [--runs N] [--seed S] [--memory-gb G] PROGRAM...
+    scripts/fuzz_args.py [--runs N] [--seed S] [--memory-gb G] [--jobs J] PROGRAM...
     scripts/fuzz_args.py --self-test     (the judge, on hand-made results)
 
 Each run draws a few flags and a value for each from the tables below (valid values,
@@ -27,11 +27,13 @@ draws depend on the seed alone, so a failure is reproduced by running the same c
 """
 
 import argparse
+import concurrent.futures
 import json
 import os
 import random
 import re
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -497,6 +499,7 @@ def main():
     parser.add_argument("--runs", type=int, default=50, help="runs per program")
     parser.add_argument("--seed", type=int, default=2026)
     parser.add_argument("--memory-gb", type=float, default=3.0, help="address-space cap per run")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time")
     options = parser.parse_args()
 
     cap = int(options.memory_gb * 2**30)
@@ -509,6 +512,9 @@ def main():
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     failures, codes, started, slowest = [], {0: 0, 1: 0, 2: 0}, time.monotonic(), []
+    # The argument lists first, each in a scratch folder of its own (the same draws, in the
+    # same order, however many run at once), then --jobs runs at a time, judged in order.
+    jobs = []  # (program, name, args, scratch)
     for program in options.programs:
         program = os.path.abspath(program)
         name = os.path.basename(program)
@@ -516,33 +522,45 @@ def main():
         rng = random.Random(f"{options.seed}/{name}")
         seen = set()  # argument lists already run: the same draw twice tests nothing new
         for run in range(options.runs):
-            with tempfile.TemporaryDirectory(prefix="shardlab-fuzz-") as scratch:
-                open(os.path.join(scratch, "a-file"), "w").close()
-                for _ in range(REDRAWS):
-                    args = fill(name, draw(rng, table, pairs, scratch))
-                    key = tuple(a.replace(scratch, "SCRATCH") for a in args)
-                    if key not in seen:
-                        break
-                else:
-                    break  # the table holds no new list worth the search
-                seen.add(key)
-                began = time.monotonic()
-                try:
-                    p = subprocess.run([program] + args, cwd=scratch, env=env, preexec_fn=limit,
-                                       capture_output=True, text=True, errors="replace",
-                                       timeout=TIME_LIMIT_S)
-                    rc, out, err = p.returncode, p.stdout, p.stderr
-                except subprocess.TimeoutExpired as e:
-                    rc = None
-                    out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-                    err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
-            codes[rc] = codes.get(rc, 0) + 1
-            problem = judge(name, args, rc, out, err)
-            shown = " ".join(repr(a) if a == "" or " " in a else a for a in args)
-            slowest.append((time.monotonic() - began, f"{name} {shown} (exit {rc})"))
-            if problem:
-                failures.append(f"{name} {shown}: {problem}")
-                print(f"FAIL {name} {shown}\n     {problem}", flush=True)
+            scratch = tempfile.mkdtemp(prefix="shardlab-fuzz-")
+            open(os.path.join(scratch, "a-file"), "w").close()
+            for _ in range(REDRAWS):
+                args = fill(name, draw(rng, table, pairs, scratch))
+                key = tuple(a.replace(scratch, "SCRATCH") for a in args)
+                if key not in seen:
+                    break
+            else:
+                shutil.rmtree(scratch, ignore_errors=True)
+                break  # the table holds no new list worth the search
+            seen.add(key)
+            jobs.append((program, name, args, scratch))
+
+    def execute(job):
+        program, name, args, scratch = job
+        began = time.monotonic()
+        try:
+            p = subprocess.run([program] + args, cwd=scratch, env=env, preexec_fn=limit,
+                               capture_output=True, text=True, errors="replace",
+                               timeout=TIME_LIMIT_S)
+            rc, out, err = p.returncode, p.stdout, p.stderr
+        except subprocess.TimeoutExpired as e:
+            rc = None
+            out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+            err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return rc, out, err, time.monotonic() - began
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, options.jobs)) as pool:
+        results = list(pool.map(execute, jobs))
+    for (program, name, args, scratch), (rc, out, err, seconds) in zip(jobs, results):
+        codes[rc] = codes.get(rc, 0) + 1
+        problem = judge(name, args, rc, out, err)
+        shown = " ".join(repr(a) if a == "" or " " in a else a for a in args)
+        slowest.append((seconds, f"{name} {shown} (exit {rc})"))
+        if problem:
+            failures.append(f"{name} {shown}: {problem}")
+            print(f"FAIL {name} {shown}\n     {problem}", flush=True)
     total = sum(codes.values())
     for seconds, run in sorted(slowest, reverse=True)[:3]:
         print(f"slow: {seconds:.1f} s  {run}")
