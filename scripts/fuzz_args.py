@@ -292,7 +292,7 @@ CHAPTERS["ch11"] = {flag: values for flag, values in CHAPTERS["ch09"].items()
                                     "--no-reference", "--benchmark", "--trace", "--calibrate",
                                     "--predict", "--mesh", "--log-every")}
 CHAPTERS["ch11"].update({
-    "--inject": ["none", "kill@1@1", "hang@0@1", "kill@7@0", "kill@8@1", "kill@1@99", "nan@1@1",
+    "--inject": ["none", "kill@1@1", "hang@0@1", "stall@1@1", "kill@7@0", "kill@8@1", "kill@1@99", "nan@1@1",
                  "flip@2@0", "slow@3@2", "slow@3@0.5", "nap@1@1", "kill@-1@1", "kill@1", ""],
     "--check-every": ["0", "1", "3", "-1", "x"],
     "--checkpoint-every": ["0", "1", "2", "-1", "100001", "x", "auto", ""],

@@ -8,7 +8,8 @@ namespace ch11 {
 using namespace shardlab;
 
 BackgroundSaver::BackgroundSaver(Communicator& world) : comm_(world.split(0, world.rank())) {
-  comm_->record_flights(nullptr);  // the recorder is the training thread's
+  comm_->record_flights(nullptr);       // the recorder is the training thread's,
+  comm_->on_collective_start(nullptr);  // and so is a drill's stall
 }
 
 BackgroundSaver::~BackgroundSaver() {

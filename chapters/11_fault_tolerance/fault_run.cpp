@@ -166,6 +166,8 @@ const char* what_it_did(Fault::Kind kind) {
       return on_cluster() ? "took its host's link down" : "killed";
     case Fault::Kind::hang:
       return "hung";
+    case Fault::Kind::stall:
+      return "stopped inside a collective";
     case Fault::Kind::nan:
       return "made a NaN";
     case Fault::Kind::flip:
@@ -281,7 +283,8 @@ int choose_interval(Context& ctx, const Settings11& s, Mesh& mesh, GptModel& mod
 /// Steps first .. steps - 1, with this rank's faults; a checkpoint after every `every`-th;
 /// rank 0 notes each step's and checkpoint's time in `rec`.
 void train_from(Context& ctx, const Settings11& s, Mesh& mesh, GptModel& model, Trainer& trainer,
-                BackgroundSaver* saver, int first, Attempt& rec, std::vector<double>& busy) {
+                BackgroundSaver* saver, Communicator::StartHook& stall, int first, Attempt& rec,
+                std::vector<double>& busy) {
   int every = s.every_auto ? chosen_every.load() : s.every;
   const Fault* slow = nullptr;
   for (const Fault& f : s.faults)
@@ -308,6 +311,13 @@ void train_from(Context& ctx, const Settings11& s, Mesh& mesh, GptModel& model, 
       save_attempt(s, rec, ctx.size());
     }
     kill_or_hang(ctx, s, t);
+    if (due(s, ctx.rank(), t, Fault::Kind::stall))  // the step's first collective never ends
+      stall = [](const Communicator& comm, Op) {
+        for (;;) {  // CommAborted once another rank's --timeout has ended the job
+          comm.check_not_aborted();
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+      };
     poison = due(s, ctx.rank(), t, Fault::Kind::nan);
     made_nan = false;
     const Stopwatch step;
@@ -441,6 +451,10 @@ void train_through_failures(Context& ctx, Settings11 s) {
   // time each rank waits for the others, which names a straggler.
   if (!ctx.comm().flight_recorder())
     ctx.comm().record_flights(std::make_shared<FlightRecorder>(ctx.rank(), 1));
+  // stall@: a function the rank's collectives run as they start, on every communicator
+  // split from this one (set when the fault strikes).
+  auto stall = std::make_shared<Communicator::StartHook>();
+  ctx.comm().on_collective_start(stall);
   std::unique_ptr<BackgroundSaver> saver;
   if (s.async) saver = std::make_unique<BackgroundSaver>(ctx.comm());
   Mesh mesh(ctx.comm(), c.mesh);
@@ -490,7 +504,7 @@ void train_through_failures(Context& ctx, Settings11 s) {
   rec.ready = clock_s();
   std::vector<double> busy;  // this rank's busy seconds, step by step
   try {
-    train_from(ctx, s, mesh, model, trainer, saver.get(), first, rec, busy);
+    train_from(ctx, s, mesh, model, trainer, saver.get(), *stall, first, rec, busy);
   } catch (...) {
     if (ctx.rank() == 0) {
       rec.end = clock_s();

@@ -47,7 +47,8 @@ double factor(const std::string& text) {
 Fault parse_fault(const std::string& spec) {
   const std::string forms =
       "--inject " + spec +
-      ": kill@RANK@STEP, hang@RANK@STEP, nan@RANK@STEP, flip@RANK@STEP or slow@RANK@FACTOR "
+      ": kill@RANK@STEP, hang@RANK@STEP, stall@RANK@STEP, nan@RANK@STEP, flip@RANK@STEP or "
+      "slow@RANK@FACTOR "
       "(RANK and STEP whole numbers from 0, FACTOR from 1 to 100: kill@3@10, slow@2@3), or none";
   // KIND@RANK@VALUE: exactly two @.
   const std::size_t first = spec.find('@'), second = spec.find('@', first + 1);
@@ -66,11 +67,14 @@ Fault parse_fault(const std::string& spec) {
     require_usage(f.factor >= 1 && f.factor <= 100, forms);
     return f;
   }
-  require_usage(kind == "kill" || kind == "hang" || kind == "nan" || kind == "flip", forms);
-  f.kind = kind == "kill"   ? Fault::Kind::kill
-           : kind == "hang" ? Fault::Kind::hang
-           : kind == "nan"  ? Fault::Kind::nan
-                            : Fault::Kind::flip;
+  require_usage(
+      kind == "kill" || kind == "hang" || kind == "stall" || kind == "nan" || kind == "flip",
+      forms);
+  f.kind = kind == "kill"    ? Fault::Kind::kill
+           : kind == "hang"  ? Fault::Kind::hang
+           : kind == "stall" ? Fault::Kind::stall
+           : kind == "nan"   ? Fault::Kind::nan
+                             : Fault::Kind::flip;
   f.step = whole(value);
   require_usage(f.step >= 0, forms);
   return f;

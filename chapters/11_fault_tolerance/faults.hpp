@@ -17,14 +17,17 @@ namespace ch11 {
 
 /// A failure to inject (--inject), on one rank:
 /// - `kill@RANK@STEP`: the rank ends without a word, as a process killed or a machine lost;
-/// - `hang@RANK@STEP`: it stops in the step and never answers again (a deadlocked GPU);
+/// - `hang@RANK@STEP`: it stops in the step, between two calls, and never answers again
+///   (a deadlocked GPU);
+/// - `stall@RANK@STEP`: it stops inside the first collective of the step, once it has
+///   entered it (a kernel that never ends inside the collective);
 /// - `slow@RANK@FACTOR`: every step of it takes FACTOR times its time (a straggler);
 /// - `nan@RANK@STEP`: a NaN in one of its gradients of that step;
 /// - `flip@RANK@STEP`: one bit of one of its weights flipped after that step's update
 ///   (silent data corruption: its data-parallel replica no longer equals the others).
 struct Fault {
   /// What happens to the rank.
-  enum class Kind { kill, hang, slow, nan, flip };
+  enum class Kind { kill, hang, slow, nan, flip, stall };
   Kind kind = Kind::kill;  ///< which failure
   int rank = 0;            ///< the rank it strikes
   int step = 0;            ///< during (flip: after) this step, from 0; slow: every step

@@ -10,6 +10,8 @@
 //                    and trained again, each on the batch of its step;
 //   hang@RANK@STEP   the rank stops; the others notice within --timeout, and the flight
 //                    recorder (shardlab/flight.hpp) names the rank they all wait for;
+//   stall@RANK@STEP  the rank stops inside the step's first collective, once entered:
+//                    every member of that call is inside it, and the records say so;
 //   slow@RANK@F      the rank's steps take F times as long: the job runs at its pace, and
 //                    the ranks' busy times (not waiting) name it;
 //   nan@RANK@STEP    a NaN in one of its gradients: the rank that made it is named, and the
@@ -79,8 +81,9 @@ int main(int argc, char** argv) {
   cli::option(cli, "--data", s.run.data, "the text to learn (the chapters' READMEs)",
               CLI::Validator());
   cli.add_option("--inject", s.inject,
-                 "a failure: kill@RANK@STEP, hang@RANK@STEP, nan@RANK@STEP, flip@RANK@STEP or "
-                 "slow@RANK@FACTOR (several allowed), or none [kill@LAST_RANK@STEPS/2]")
+                 "a failure: kill@RANK@STEP, hang@RANK@STEP, stall@RANK@STEP, nan@RANK@STEP, "
+                 "flip@RANK@STEP or slow@RANK@FACTOR (several allowed), or none "
+                 "[kill@LAST_RANK@STEPS/2]")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   std::string every = "4";
   cli::option(cli, "--checkpoint-every", every,

@@ -30,6 +30,7 @@ TEST_CASE("--inject's specs") {
   CHECK(k.rank == 3);
   CHECK(k.step == 10);
   CHECK(parse_fault("hang@0@0").kind == Fault::Kind::hang);
+  CHECK(parse_fault("stall@4@2").kind == Fault::Kind::stall);
   CHECK(parse_fault("nan@2@5").kind == Fault::Kind::nan);
   const Fault flip = parse_fault("flip@1@6");
   CHECK(flip.kind == Fault::Kind::flip);

@@ -332,6 +332,7 @@ std::size_t Communicator::flight_count(const Collective& c) const {
 
 void Communicator::collective(const Collective& c) {
   const std::uint64_t flight = fly(c.op, -1, flight_count(c), c.type);
+  if (start_hook_ && *start_hook_) (*start_hook_)(*this, c.op);
   const auto start = std::chrono::steady_clock::now();
   run_collective(c);
   landed(flight, start);
@@ -343,6 +344,7 @@ void Communicator::collective(const Collective& c) {
 
 Request Communicator::start(Collective c) {
   const std::uint64_t flight = fly(c.op, -1, flight_count(c), c.type);
+  if (start_hook_ && *start_hook_) (*start_hook_)(*this, c.op);
   const auto at = now();
   const Op op = c.op;
   Request r = posted(start_collective(std::move(c)), op, at);
@@ -535,6 +537,7 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key) {
   for (int q : mine) child->flight_members_.push_back(flight_members_[static_cast<std::size_t>(q)]);
   child->flight_name_ = flight_name_ + "/" + std::to_string(color);
   child->record_flights(recorder_);
+  child->start_hook_ = start_hook_;
   return child;
 }
 

@@ -11,11 +11,14 @@
 //   - a collective's waiters taken as the ranks with more calls, not fewer: "sub-groups";
 //   - a rank without a record ignored: "a killed rank leaves no record" names nobody;
 //   - a circle taken for a stop: "a deadlock" would name 0 or 1 as stopped;
+//   - the start hook not inherited by a split: "a rank stopped inside a collective" hooks
+//     nothing (hooked 0) and rank 1 waits outside;
 //   - the host said whatever the hosts (one machine too): "a rank named says its host"
 //     gets "rank 3 (on vm)"; the hosts left out of the JSON: the last check there.
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -148,6 +151,37 @@ TEST_SUITE("flight recorder") {
     CHECK(v.lines.at(0).rfind("rank 1 left no record (its process is gone, or never stopped to "
                               "write it): ranks 0 and 2",
                               0) == 0);
+  }
+
+  TEST_CASE("a rank stopped inside a collective (a start hook): its group all inside it") {
+    std::atomic<int> hooked{0};
+    auto records = recorded(3, [&](Communicator& comm) {
+      auto hook = std::make_shared<Communicator::StartHook>();
+      comm.on_collective_start(hook);
+      const auto pair = comm.split(comm.rank() < 2 ? 0 : 1, comm.rank());  // inherits it
+      std::vector<float> x(2);
+      comm.allreduce(x);  // every rank once, then rank 1 stops inside its group's next
+      if (comm.rank() == 1)
+        *hook = [&](const Communicator& c, Op op) {
+          hooked += op == Op::allreduce;
+          for (;;) {
+            c.check_not_aborted();
+            std::this_thread::sleep_for(5ms);
+          }
+        };
+      if (comm.rank() < 2) pair->allreduce(x);
+      comm.barrier();
+    });
+    const FlightVerdict v = compare_flights(records);
+    INFO(joined(v));
+    CHECK(hooked == 1);
+    // Ranks 0 and 1 are both inside world/0[0,1]'s allreduce #1, which both entered: the
+    // records cannot tell which of the two stopped (the timeout's heartbeat can); rank 2
+    // waits for them in the world's barrier.
+    REQUIRE(v.lines.size() >= 2);
+    CHECK(v.lines[0].rfind("rank 0 is inside world/0[0,1] allreduce #1", 0) == 0);
+    CHECK(v.lines[1].rfind("rank 1 is inside world/0[0,1] allreduce #1", 0) == 0);
+    CHECK(v.lines[0].find("rank 2 waits for it in world[0,1,2] barrier") != std::string::npos);
   }
 
   TEST_CASE("a rank named says its host, where the ranks ran on several") {

@@ -467,6 +467,16 @@ class Communicator {
   /// stops it.
   void time_calls(CallHook hook) { call_hook_ = std::move(hook); }
 
+  /// What a drill may run as each collective of a rank starts (chapter 11's stall): called
+  /// once the call is flight-recorded, so that a hook that does not return leaves the rank
+  /// inside the call, as the other members see it (it should wait for CommAborted:
+  /// check_not_aborted). Empty: nothing.
+  using StartHook = std::function<void(const Communicator&, Op)>;
+  /// Calls `*hook` (when it holds a function) as each collective on this communicator, and
+  /// on every one split from it from now on, starts; the function may be set later, for
+  /// all of them at once. Null stops.
+  void on_collective_start(std::shared_ptr<StartHook> hook) { start_hook_ = std::move(hook); }
+
   // -- bookkeeping (uncounted) ---------------------------------------------------
   /// Gathers one string from every rank to `root`; the result has size() entries on root
   /// and is empty elsewhere.
@@ -600,6 +610,7 @@ class Communicator {
   std::optional<std::chrono::steady_clock::time_point> wait_all_deadline_;
   std::function<void(const MessageEvent&)> trace_;
   CallHook call_hook_;
+  std::shared_ptr<StartHook> start_hook_;  // on_collective_start
   // The flight record (record_flights): the recorder, this group's name and members.
   std::shared_ptr<FlightRecorder> recorder_;
   std::string flight_name_ = "world";
