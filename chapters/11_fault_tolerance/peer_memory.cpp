@@ -91,19 +91,36 @@ void unpack(const Copy& c, GptModel& model, Trainer& trainer) {
     trainer.scaler().restore(static_cast<float>(c.meta[s]), int(c.meta[s + 1]));
 }
 
-/// Sends `c` to `to` while receiving into the result from `from` (sizes first: the ranks'
-/// states differ in size from stage to stage).
-Copy swap(Communicator& world, const Copy& c, int to, int from) {
-  std::int64_t sizes[2] = {c.data.size(), std::int64_t(c.meta.size())}, theirs[2] = {0, 0};
-  world.sendrecv(std::span<const std::int64_t>(sizes, 2), to, std::span<std::int64_t>(theirs, 2),
-                 from, 71);
+/// A copy on its way to another rank: its sizes first (the ranks' states differ in size
+/// from stage to stage), its numbers, its meta; wait for `sent` before `c` changes.
+struct Outgoing {
+  std::int64_t sizes[2] = {0, 0};
+  std::vector<Request> sent;
+};
+
+void send_copy(Communicator& world, const Copy& c, int to, Outgoing& out) {
+  out.sizes[0] = c.data.size();
+  out.sizes[1] = std::int64_t(c.meta.size());
+  out.sent.push_back(world.isend(std::span<const std::int64_t>(out.sizes, 2), to, 74));
+  out.sent.push_back(world.isend(c.data, to, 75));
+  out.sent.push_back(world.isend(std::span<const double>(c.meta), to, 76));
+}
+
+Copy recv_copy(Communicator& world, int from) {
+  std::int64_t sizes[2] = {0, 0};
+  world.recv(std::span<std::int64_t>(sizes, 2), from, 74);
   Copy got;
-  got.data = Tensor(Shape{theirs[0]}, DType::f32);
-  got.meta.resize(std::size_t(theirs[1]));
-  world.sendrecv(c.data, to, got.data, from, 72);
-  world.sendrecv(std::span<const double>(c.meta), to, std::span<double>(got.meta), from, 73);
+  got.data = Tensor(Shape{sizes[0]}, DType::f32);
+  got.meta.resize(std::size_t(sizes[1]));
+  world.recv(got.data, from, 75);
+  world.recv(std::span<double>(got.meta), from, 76);
   got.step = int(got.meta.at(0));
   return got;
+}
+
+void wait_sent(Communicator& world, Outgoing& out) {
+  for (Request& q : out.sent) world.wait(q);
+  out.sent.clear();
 }
 
 }  // namespace
@@ -116,7 +133,10 @@ std::int64_t keep_in_memory(Communicator& world, GptModel& model, Trainer& train
   mine.own = pack(model, trainer, step);
   const int n = world.size();
   if (n == 1) return 0;
-  mine.held = swap(world, mine.own, peer_of(world.rank(), n), held_for(world.rank(), n));
+  Outgoing out;
+  send_copy(world, mine.own, peer_of(world.rank(), n), out);
+  mine.held = recv_copy(world, held_for(world.rank(), n));
+  wait_sent(world, out);
   return 4 * mine.own.data.size();
 }
 
@@ -149,24 +169,10 @@ int restore_from_memory(Communicator& world, GptModel& model, Trainer& trainer, 
   const bool send =
       n > 1 && std::find(from_peer.begin(), from_peer.end(), lost_to) != from_peer.end();
   const bool receive = std::find(from_peer.begin(), from_peer.end(), r) != from_peer.end();
-  std::vector<Request> sent;
-  std::int64_t sizes[2] = {mine.held.data.size(), std::int64_t(mine.held.meta.size())};
-  if (send) {
-    sent.push_back(world.isend(std::span<const std::int64_t>(sizes, 2), lost_to, 74));
-    sent.push_back(world.isend(mine.held.data, lost_to, 75));
-    sent.push_back(world.isend(std::span<const double>(mine.held.meta), lost_to, 76));
-  }
-  Copy restored = mine.own;
-  if (receive) {
-    std::int64_t theirs[2] = {0, 0};
-    world.recv(std::span<std::int64_t>(theirs, 2), peer_of(r, n), 74);
-    restored.data = Tensor(Shape{theirs[0]}, DType::f32);
-    restored.meta.resize(std::size_t(theirs[1]));
-    world.recv(restored.data, peer_of(r, n), 75);
-    world.recv(std::span<double>(restored.meta), peer_of(r, n), 76);
-    restored.step = int(restored.meta.at(0));
-  }
-  for (Request& q : sent) world.wait(q);
+  Outgoing out;
+  if (send) send_copy(world, mine.held, lost_to, out);
+  const Copy restored = receive ? recv_copy(world, peer_of(r, n)) : mine.own;
+  wait_sent(world, out);
   unpack(restored, model, trainer);
   if (receive) slots[std::size_t(r)].own = restored;  // its memory holds it again
   for (int q : from_peer)
