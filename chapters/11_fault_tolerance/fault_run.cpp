@@ -584,6 +584,48 @@ int fewer_ranks(const Settings11& s, int now) {
   return 0;
 }
 
+void settle_faults(Settings11& s, const std::string& every, int ranks, int first_ranks,
+                   std::uint64_t seed) {
+  s.every_auto = every == "auto";
+  if (!s.every_auto) {
+    std::size_t used = 0;
+    int k = -1;
+    try {
+      k = std::stoi(every, &used);
+    } catch (const std::exception&) {
+    }
+    require_usage(
+        used == every.size() && k >= 0 && k <= 100000 &&
+            every.find_first_not_of("0123456789") == std::string::npos,
+        "--checkpoint-every " + every + ": a whole number of steps, 0 to 100000, or auto");
+    s.every = k;
+  } else {
+    require_usage(s.mtbf_steps > 0,
+                  "--checkpoint-every auto needs --mtbf-steps N: Young's "
+                  "interval is set by how often failures come");
+  }
+  if (s.sweep) {
+    require_usage(s.inject.empty(),
+                  "--sweep draws its own failures (--mtbf-steps), "
+                  "not --inject's");
+    if (s.mtbf_steps == 0) s.mtbf_steps = 10;
+    return;
+  }
+  if (s.inject.empty() && s.mtbf_steps > 0) s.inject = {"none"};
+  if (s.inject.empty())
+    s.inject = {"kill@" + std::to_string(ranks - 1) + "@" + std::to_string(s.run.steps / 2)};
+  // The faults of the whole run, on its first mesh (a supervised attempt after an elastic
+  // restart has fewer ranks).
+  const int first = first_ranks > 0 ? first_ranks : ranks;
+  s.faults = parse_faults(s.inject, first, s.run.steps);
+  if (s.mtbf_steps > 0) {
+    for (const Fault& f : draw_failures(s.mtbf_steps, seed, first, s.run.steps))
+      s.faults.push_back(f);
+    std::stable_sort(s.faults.begin(), s.faults.end(),
+                     [](const Fault& a, const Fault& b) { return a.step < b.step; });
+  }
+}
+
 void arm_faults(std::size_t faults) { struck.assign(faults, 0); }
 
 std::string run_folder(const Settings11& s) { return s.dir + ".run"; }

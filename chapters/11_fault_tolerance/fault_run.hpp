@@ -41,6 +41,14 @@ struct Settings11 {
   std::vector<Fault> faults;  ///< the failures of --inject and --mtbf-steps, by step
 };
 
+/// Once the flags are read, for a run of `ranks` ranks: the checkpoint interval from
+/// --checkpoint-every's `every` (a whole number of steps, or auto; UsageError otherwise),
+/// and the faults, --inject's (the last rank killed halfway when none is given) and those
+/// drawn from --mtbf-steps and `seed`, by step, on the run's first mesh (`first_ranks`, a
+/// supervised attempt's --first-ranks; 0: `ranks`). The sweep's are its own: none here.
+void settle_faults(Settings11& s, const std::string& every, int ranks, int first_ranks,
+                   std::uint64_t seed);
+
 /// Before the first attempt: `faults` failures, none struck yet (a failure strikes once,
 /// not again when its step is trained again after a restart).
 void arm_faults(std::size_t faults);
